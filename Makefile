@@ -1,0 +1,80 @@
+# mesanet: `make` builds the library, the tool and the tests; `make test` runs the tests.
+#
+# Knobs: CUDA=0 turns the CUDA backend off even where nvcc exists; NATIVE=0 builds for
+# generic x86-64 instead of this machine's instruction set; BLAS_CFLAGS/BLAS_LIBS point at
+# another CBLAS.
+
+CC      ?= gcc
+NATIVE  ?= 1
+OPT     ?= -O3
+ARCH    := $(if $(filter 1,$(NATIVE)),-march=native,)
+# -ffp-contract=fast: ISO C mode turns FMA contraction off; the numerics are tested with
+# tolerances that allow it, and without it the CPU loops run at half speed.
+CFLAGS  += -std=c11 $(OPT) $(ARCH) -ffp-contract=fast -fopenmp -D_DEFAULT_SOURCE \
+           -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Iinclude -Isrc -MMD -MP
+LDLIBS  += -lm
+
+# OpenBLAS, preferably its OpenMP build: called inside our own parallel regions it then
+# runs single-threaded instead of oversubscribing the cores.
+OPENBLAS_OMP := /usr/lib/x86_64-linux-gnu/openblas-openmp
+ifneq ($(wildcard $(OPENBLAS_OMP)/libopenblas.so),)
+  BLAS_CFLAGS ?= -I/usr/include/x86_64-linux-gnu/openblas-openmp
+  BLAS_LIBS   ?= -L$(OPENBLAS_OMP) -Wl,-rpath,$(OPENBLAS_OMP) -lopenblas
+else
+  BLAS_CFLAGS ?= $(shell pkg-config --cflags openblas 2>/dev/null)
+  BLAS_LIBS   ?= $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+endif
+CFLAGS += $(BLAS_CFLAGS)
+LDLIBS := $(BLAS_LIBS) $(LDLIBS)
+
+BUILD   := build
+LIB_SRC := $(wildcard src/*/*.c)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+TOOL_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/*.c))
+TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/*.c))
+BENCH_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard bench/*.c))
+
+# CUDA backend: built when nvcc is found, unless CUDA=0.
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA    ?= $(if $(NVCC),1,0)
+CU_SRC  := $(wildcard src/cuda/*.cu)
+ifeq ($(CUDA),1)
+  ifneq ($(CU_SRC),)
+    CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+    CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/%.o)
+    NVCCFLAGS ?= -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
+                 -Xcompiler -Wall,-Werror -Werror all-warnings -Iinclude -Isrc
+    CFLAGS    += -DMN_HAVE_CUDA
+    LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+  endif
+endif
+
+.PHONY: all test clean
+all: $(BUILD)/libmesanet.a $(BUILD)/mesanet $(BUILD)/run_tests
+
+$(BUILD)/libmesanet.a: $(LIB_OBJ) $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
+$(BUILD)/mesanet: $(TOOL_OBJ) $(BENCH_OBJ) $(BUILD)/libmesanet.a
+	$(CC) $(CFLAGS) -o $@ $(TOOL_OBJ) $(BENCH_OBJ) $(BUILD)/libmesanet.a $(LDLIBS)
+
+$(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libmesanet.a
+	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libmesanet.a $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# The whole suite, on the CPU; ends with "N passed, M failed".
+test: all
+	./$(BUILD)/run_tests
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BENCH_OBJ:.o=.d)

@@ -1,0 +1,103 @@
+/*
+ * mesanet: MesaNet and the linear-RNN language models it is compared with,
+ * in C. This is the public interface of libmesanet.
+ *
+ * Conventions
+ * - Every function returns a status: MN_OK (0) or one of the MN_ERR_* codes,
+ *   with a human-readable message in mn_last_error() (per thread).
+ * - Tensors are row-major with the token-major layout [B, T, H, D]: B
+ *   sequences, T tokens, H heads, D features per head (fla's layout).
+ */
+#ifndef MESANET_H
+#define MESANET_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    MN_OK = 0,
+    MN_ERR_ARG = 1,          // a bad argument: size, shape, null pointer, option
+    MN_ERR_NOMEM = 2,        // an allocation failed
+    MN_ERR_IO = 3,           // a file could not be opened, read or written
+    MN_ERR_FORMAT = 4,       // a file's content is not what was expected
+    MN_ERR_NUMERIC = 5,      // NaN or infinity where finite numbers are required
+    MN_ERR_UNSUPPORTED = 6,  // valid, but not available in this build or backend
+};
+
+// The message of the last error on this thread.
+const char *mn_last_error(void);
+
+// ---------------------------------------------------------------------------
+// The Mesa layer core (paper section 3; ../shared/spec/mesa-layer.md)
+//
+// Per head and sequence, with states H (Dk x Dk) and G (Dv x Dk):
+//     H_t = gamma_t H_{t-1} + beta_t k_t k_t^T
+//     G_t = gamma_t G_{t-1} + beta_t v_t k_t^T
+//     x_t = (H_t + diag(lambda))^{-1} q_t        (conjugate gradient)
+//     o_t = G_t x_t
+// The forget gate enters in log form, g_t = log gamma_t <= 0.
+
+typedef enum { MN_CG_INIT_ZERO = 0, MN_CG_INIT_JACOBI = 1, MN_CG_INIT_GIVEN = 2 } MnCgInit;
+typedef enum { MN_PRECOND_NONE = 0, MN_PRECOND_JACOBI = 1 } MnPrecond;
+typedef enum { MN_FORM_AUTO = 0, MN_FORM_CHUNK = 1, MN_FORM_RECURRENT = 2 } MnMesaForm;
+
+typedef struct {
+    int max_steps;      // CG steps at most (the paper trains with 30)
+    float tol;          // 0: always max_steps; > 0: stop a system when ||r|| <= tol ||q||
+    MnPrecond precond;  // plain CG or Jacobi-preconditioned CG
+    MnCgInit init;      // initial guess: zero, q / diag(H + Lambda), or given (x0)
+    MnMesaForm form;    // chunkwise-parallel or recurrent; AUTO picks the faster
+    int chunk;          // chunk size C of the chunkwise form (0: 64)
+    int check;          // nonzero: fail with MN_ERR_NUMERIC on non-finite inputs or outputs
+} MnSolver;
+
+// 30 steps, no tolerance, no preconditioner, zero initial guess, AUTO form, C = 64.
+MnSolver mn_solver_default(void);
+
+typedef struct {
+    int B, T, H;  // sequences, tokens per sequence, heads
+    int Dk, Dv;   // query/key size and value size per head
+} MnMesaDims;
+
+typedef struct {
+    const float *q;       // [B,T,H,Dk] queries
+    const float *k;       // [B,T,H,Dk] keys
+    const float *v;       // [B,T,H,Dv] values
+    const float *g;       // [B,T,H]    log forget gate, <= 0
+    const float *beta;    // [B,T,H]    input gate
+    const float *lambda;  // [H,Dk]     ridge, > 0
+    const float *h0;      // [B,H,Dk,Dk] initial H, or NULL for zero
+    const float *g0;      // [B,H,Dv,Dk] initial G, or NULL for zero
+    const float *x0;      // [B,T,H,Dk] initial guesses, only for MN_CG_INIT_GIVEN
+    float *o;             // [B,T,H,Dv] output
+    float *x;             // [B,T,H,Dk] solutions, kept for the backward
+    float *hT;            // [B,H,Dk,Dk] final H, or NULL (may alias h0)
+    float *gT;            // [B,H,Dv,Dk] final G, or NULL (may alias g0)
+    int *steps;           // [B,T,H] CG steps used per system, or NULL
+} MnMesaFwd;
+
+typedef struct {
+    const float *q, *k, *v, *g, *beta, *lambda, *h0, *g0;  // the forward's inputs
+    const float *x;       // [B,T,H,Dk] the forward's solutions
+    const float *o;       // [B,T,H,Dv] the forward's output
+    const float *dout;    // [B,T,H,Dv] dL/do
+    const float *dhT;     // [B,H,Dk,Dk] dL/dH_T, or NULL
+    const float *dgT;     // [B,H,Dv,Dk] dL/dG_T, or NULL
+    float *dq, *dk, *dv;  // gradients, same shapes as the inputs (overwritten)
+    float *dg, *dbeta;    // [B,T,H]
+    float *dlambda;       // [H,Dk], summed over the batch
+    float *dh0, *dg0;     // [B,H,Dk,Dk], [B,H,Dv,Dk], or NULL
+    int *steps;           // [B,T,H] CG steps of the backward solve, or NULL
+} MnMesaBwd;
+
+// Forward and backward (implicit differentiation: a second CG solve with the
+// same matrices; spec section 4). dh0 is the gradient with respect to H_0 as a
+// general matrix (not symmetrised), as in fla.
+int mn_mesa_forward(const MnMesaDims *dims, const MnSolver *solver, const MnMesaFwd *io);
+int mn_mesa_backward(const MnMesaDims *dims, const MnSolver *solver, const MnMesaBwd *io);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,42 @@
+#include "mesa_args.h"
+
+#include <stdint.h>
+
+#include "common.h"
+
+int mesa_check_dims(const MnMesaDims *d) {
+    if (!d) return mn_error(MN_ERR_ARG, "mesa: dims is NULL");
+    const struct {
+        const char *name;
+        int value;
+    } f[] = {{"B", d->B}, {"T", d->T}, {"H", d->H}, {"Dk", d->Dk}, {"Dv", d->Dv}};
+    for (int i = 0; i < 5; i++)
+        if (f[i].value <= 0) return mn_error(MN_ERR_ARG, "mesa: %s must be > 0, got %d", f[i].name, f[i].value);
+    if (d->Dk > 4096 || d->Dv > 4096)
+        return mn_error(MN_ERR_ARG, "mesa: head sizes above 4096 are not supported (Dk=%d, Dv=%d)", d->Dk, d->Dv);
+    double n = (double)d->B * d->T * d->H * (d->Dk > d->Dv ? d->Dk : d->Dv);
+    if (n > (double)INT64_MAX / 8)
+        return mn_error(MN_ERR_ARG, "mesa: B*T*H*D = %.3g elements is too large", n);
+    return MN_OK;
+}
+
+int mesa_check_solver(const MnSolver *s) {
+    if (!s) return mn_error(MN_ERR_ARG, "mesa: solver is NULL");
+    if (s->max_steps < 0) return mn_error(MN_ERR_ARG, "mesa: solver max_steps must be >= 0, got %d", s->max_steps);
+    if (!(s->tol >= 0)) return mn_error(MN_ERR_ARG, "mesa: solver tol must be >= 0, got %g", (double)s->tol);
+    if (s->chunk < 0 || s->chunk > 1024)
+        return mn_error(MN_ERR_ARG, "mesa: solver chunk must be in [1, 1024] (0: default 64), got %d", s->chunk);
+    if (s->precond != MN_PRECOND_NONE && s->precond != MN_PRECOND_JACOBI)
+        return mn_error(MN_ERR_ARG, "mesa: unknown preconditioner %d", (int)s->precond);
+    if (s->init != MN_CG_INIT_ZERO && s->init != MN_CG_INIT_JACOBI && s->init != MN_CG_INIT_GIVEN)
+        return mn_error(MN_ERR_ARG, "mesa: unknown initial guess %d", (int)s->init);
+    if (s->form != MN_FORM_AUTO && s->form != MN_FORM_CHUNK && s->form != MN_FORM_RECURRENT)
+        return mn_error(MN_ERR_ARG, "mesa: unknown form %d", (int)s->form);
+    return MN_OK;
+}
+
+MnSolver mn_solver_default(void) {
+    MnSolver s = {.max_steps = 30, .tol = 0, .precond = MN_PRECOND_NONE, .init = MN_CG_INIT_ZERO,
+                  .form = MN_FORM_AUTO, .chunk = 64, .check = 0};
+    return s;
+}

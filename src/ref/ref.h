@@ -1,0 +1,45 @@
+/*
+ * Float64 references: every op of the library written the plainest way, in
+ * double precision, straight from the spec. They are the ground truth the fast
+ * paths are tested against, and they are themselves tested against finite
+ * differences and the golden file. Speed is not a goal here.
+ */
+#ifndef MN_REF_H
+#define MN_REF_H
+
+#include "mesanet.h"
+
+// ---------------------------------------------------------------------------
+// Dense linear algebra on small double matrices (row-major n x n).
+
+// Cholesky factorisation in place (lower triangle); MN_ERR_NUMERIC if the
+// matrix is not positive definite.
+int ref_cholesky(double *a, int n);
+// Solves L L^T x = b for x, given the factor from ref_cholesky.
+void ref_cholesky_solve(const double *l, int n, const double *b, double *x);
+
+// Conjugate gradient on one system A x = q, A symmetric positive definite
+// (n x n), following the spec's pseudo-code exactly. x0 is the initial guess
+// for MN_CG_INIT_GIVEN. Returns the steps taken.
+int ref_cg(const double *a, int n, const double *q, const double *x0, const MnSolver *s, double *x);
+
+// ---------------------------------------------------------------------------
+// The Mesa core, recurrent form, float64. Same shapes as MnMesaFwd/MnMesaBwd.
+
+typedef struct {
+    const double *q, *k, *v, *g, *beta, *lambda, *h0, *g0, *x0;
+    double *o, *x, *hT, *gT;
+    int *steps;
+} MesaFwd64;
+
+typedef struct {
+    const double *q, *k, *v, *g, *beta, *lambda, *h0, *g0, *x, *o, *dout, *dhT, *dgT;
+    double *dq, *dk, *dv, *dg, *dbeta, *dlambda, *dh0, *dg0;
+} MesaBwd64;
+
+// solver == NULL: exact solve by Cholesky per token (the reference of the
+// spec); otherwise float64 CG with that solver's settings.
+int ref_mesa_forward(const MnMesaDims *d, const MnSolver *solver, const MesaFwd64 *io);
+int ref_mesa_backward(const MnMesaDims *d, const MnSolver *solver, const MesaBwd64 *io);
+
+#endif
