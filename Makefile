@@ -64,7 +64,8 @@ $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libmesanet.a
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	@echo "cc $<"
+	@$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)

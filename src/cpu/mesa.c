@@ -1,0 +1,175 @@
+/*
+ * The public Mesa core on the CPU: argument checks, the choice between the
+ * chunkwise and the recurrent form, and threads over (sequence, head) pairs.
+ */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/mesa_args.h"
+#include "mesa_cpu.h"
+
+// The form AUTO runs, from `mesanet bench mesa` on this CPU (README, "CPU
+// crossover"): the recurrent form keeps a token's Dk x Dk matrix in the L1/L2
+// cache and wins up to Dk = MESA_RECURRENT_MAX_DK; beyond, the chunkwise form's
+// matrix products win. Short sequences (decode, T < C/2) always go recurrent.
+enum { MESA_RECURRENT_MAX_DK = 64 };
+
+static MnMesaForm pick_form(const MnMesaDims *d, const MnSolver *s, int C) {
+    if (s->form != MN_FORM_AUTO) return s->form;
+    if (d->T < C / 2 || d->Dk <= MESA_RECURRENT_MAX_DK) return MN_FORM_RECURRENT;
+    return MN_FORM_CHUNK;
+}
+
+static int require(const void *p, const char *fn, const char *name) {
+    return p ? MN_OK : mn_error(MN_ERR_ARG, "%s: %s is NULL", fn, name);
+}
+
+// Every element finite (and, for gates, in range): the check mode.
+static int check_finite(const char *fn, const char *name, const float *x, size_t n) {
+    if (!x) return MN_OK;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return mn_error(MN_ERR_NUMERIC, "%s: %s[%zu] = %g is not finite", fn, name, i, (double)x[i]);
+    return MN_OK;
+}
+
+static int check_lambda(const char *fn, const MnMesaDims *d, const float *lambda) {
+    for (size_t i = 0; i < (size_t)d->H * d->Dk; i++)
+        if (!(lambda[i] > 0))
+            return mn_error(MN_ERR_ARG, "%s: lambda[%zu] = %g, must be > 0 (H + Lambda must be positive definite)", fn,
+                            i, (double)lambda[i]);
+    return MN_OK;
+}
+
+static int check_gates(const char *fn, const MnMesaDims *d, const float *g, const float *beta) {
+    size_t n = (size_t)d->B * d->T * d->H;
+    for (size_t i = 0; i < n; i++) {
+        if (!(g[i] <= 0)) return mn_error(MN_ERR_NUMERIC, "%s: g[%zu] = %g, the log forget gate must be <= 0", fn, i, (double)g[i]);
+        if (!(beta[i] >= 0 && isfinite(beta[i])))
+            return mn_error(MN_ERR_NUMERIC, "%s: beta[%zu] = %g, must be finite and >= 0", fn, i, (double)beta[i]);
+    }
+    return MN_OK;
+}
+
+typedef struct {
+    size_t nqk, nv, ng, nh, ngs;  // element counts of q/k, v, g/beta, H states, G states
+} Counts;
+
+static Counts counts(const MnMesaDims *d) {
+    size_t ntok = (size_t)d->B * d->T * d->H;
+    Counts c = {ntok * d->Dk, ntok * d->Dv, ntok, (size_t)d->B * d->H * d->Dk * d->Dk, (size_t)d->B * d->H * d->Dv * d->Dk};
+    return c;
+}
+
+static int check_inputs(const char *fn, const MnMesaDims *d, const float *q, const float *k, const float *v,
+                        const float *g, const float *beta, const float *h0, const float *g0) {
+    Counts c = counts(d);
+    MN_TRY(check_finite(fn, "q", q, c.nqk));
+    MN_TRY(check_finite(fn, "k", k, c.nqk));
+    MN_TRY(check_finite(fn, "v", v, c.nv));
+    MN_TRY(check_gates(fn, d, g, beta));
+    MN_TRY(check_finite(fn, "h0", h0, c.nh));
+    return check_finite(fn, "g0", g0, c.ngs);
+}
+
+static MesaPair pair_of(const MnMesaDims *d, int bh, int C) {
+    MesaPair p = {d->T, d->H, d->Dk, d->Dv, C, (size_t)(bh / d->H) * d->T * d->H + (size_t)(bh % d->H), bh % d->H};
+    return p;
+}
+
+static int threads_for(const MnMesaDims *d) { return mn_max(1, mn_min(omp_get_max_threads(), d->B * d->H)); }
+
+int mn_mesa_forward(const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io) {
+    const char *fn = "mn_mesa_forward";
+    MN_TRY(mesa_check_dims(d));
+    MN_TRY(mesa_check_solver(s));
+    if (!io) return mn_error(MN_ERR_ARG, "%s: io is NULL", fn);
+    MN_TRY(require(io->q, fn, "q"));
+    MN_TRY(require(io->k, fn, "k"));
+    MN_TRY(require(io->v, fn, "v"));
+    MN_TRY(require(io->g, fn, "g"));
+    MN_TRY(require(io->beta, fn, "beta"));
+    MN_TRY(require(io->lambda, fn, "lambda"));
+    MN_TRY(require(io->o, fn, "o"));
+    MN_TRY(require(io->x, fn, "x"));
+    if (s->init == MN_CG_INIT_GIVEN) MN_TRY(require(io->x0, fn, "x0 (initial guess MN_CG_INIT_GIVEN)"));
+    MN_TRY(check_lambda(fn, d, io->lambda));
+    if (s->check) MN_TRY(check_inputs(fn, d, io->q, io->k, io->v, io->g, io->beta, io->h0, io->g0));
+
+    int C = s->chunk ? s->chunk : 64;
+    MnMesaForm form = pick_form(d, s, C);
+    size_t per = form == MN_FORM_CHUNK ? mesa_chunk_fwd_floats(d, C) : mesa_rec_fwd_floats(d);
+    int nt = threads_for(d);
+    float *work = mn_calloc((size_t)nt * per, sizeof(float));
+    if (!work) return MN_ERR_NOMEM;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int bh = 0; bh < d->B * d->H; bh++) {
+        MesaPair p = pair_of(d, bh, C);
+        float *mine = work + (size_t)omp_get_thread_num() * per;
+        if (form == MN_FORM_CHUNK)
+            mesa_chunk_forward(&p, s, io, bh, mine);
+        else
+            mesa_rec_forward(&p, s, io, bh, mine);
+    }
+    mn_free(work);
+    if (s->check) {
+        Counts c = counts(d);
+        MN_TRY(check_finite(fn, "output o", io->o, c.nv));
+        MN_TRY(check_finite(fn, "final state hT", io->hT, c.nh));
+        MN_TRY(check_finite(fn, "final state gT", io->gT, c.ngs));
+    }
+    return MN_OK;
+}
+
+int mn_mesa_backward(const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io) {
+    const char *fn = "mn_mesa_backward";
+    MN_TRY(mesa_check_dims(d));
+    MN_TRY(mesa_check_solver(s));
+    if (!io) return mn_error(MN_ERR_ARG, "%s: io is NULL", fn);
+    const struct {
+        const void *p;
+        const char *name;
+    } req[] = {{io->q, "q"},       {io->k, "k"},   {io->v, "v"},   {io->g, "g"},   {io->beta, "beta"},
+               {io->lambda, "lambda"}, {io->x, "x"}, {io->o, "o"}, {io->dout, "dout"}, {io->dq, "dq"},
+               {io->dk, "dk"},     {io->dv, "dv"}, {io->dg, "dg"}, {io->dbeta, "dbeta"}, {io->dlambda, "dlambda"}};
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++) MN_TRY(require(req[i].p, fn, req[i].name));
+    MN_TRY(check_lambda(fn, d, io->lambda));
+    Counts c = counts(d);
+    if (s->check) {
+        MN_TRY(check_inputs(fn, d, io->q, io->k, io->v, io->g, io->beta, io->h0, io->g0));
+        MN_TRY(check_finite(fn, "x", io->x, c.nqk));
+        MN_TRY(check_finite(fn, "dout", io->dout, c.nv));
+    }
+
+    int C = s->chunk ? s->chunk : 64;
+    MnMesaForm form = pick_form(d, s, C);
+    size_t per = form == MN_FORM_CHUNK ? mesa_chunk_bwd_floats(d, C) : mesa_rec_bwd_floats(d, C);
+    int nt = threads_for(d), npairs = d->B * d->H;
+    // One dlambda partial per pair, summed in a fixed order: results do not
+    // depend on how the pairs were scheduled (resumed runs stay bit-exact).
+    float *work = mn_calloc((size_t)nt * per + (size_t)npairs * d->Dk, sizeof(float));
+    if (!work) return MN_ERR_NOMEM;
+    float *parts = work + (size_t)nt * per;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int bh = 0; bh < npairs; bh++) {
+        MesaPair p = pair_of(d, bh, C);
+        float *mine = work + (size_t)omp_get_thread_num() * per, *part = parts + (size_t)bh * d->Dk;
+        if (form == MN_FORM_CHUNK)
+            mesa_chunk_backward(&p, s, io, bh, mine, part);
+        else
+            mesa_rec_backward(&p, s, io, bh, mine, part);
+    }
+    memset(io->dlambda, 0, sizeof(float) * (size_t)d->H * d->Dk);
+    for (int bh = 0; bh < npairs; bh++)
+        for (int i = 0; i < d->Dk; i++) io->dlambda[(size_t)(bh % d->H) * d->Dk + i] += parts[(size_t)bh * d->Dk + i];
+    mn_free(work);
+    if (s->check) {
+        MN_TRY(check_finite(fn, "dq", io->dq, c.nqk));
+        MN_TRY(check_finite(fn, "dk", io->dk, c.nqk));
+        MN_TRY(check_finite(fn, "dv", io->dv, c.nv));
+        MN_TRY(check_finite(fn, "dg", io->dg, c.ng));
+        MN_TRY(check_finite(fn, "dbeta", io->dbeta, c.ng));
+    }
+    return MN_OK;
+}
