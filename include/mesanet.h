@@ -48,11 +48,11 @@ typedef struct {
     MnPrecond precond;  // plain CG or Jacobi-preconditioned CG
     MnCgInit init;      // initial guess: zero, q / diag(H + Lambda), or given (x0)
     MnMesaForm form;    // chunkwise-parallel or recurrent; AUTO picks the faster
-    int chunk;          // chunk size C of the chunkwise form (0: 64)
+    int chunk;          // chunk size C of the chunkwise form (0: the backend's best)
     int check;          // nonzero: fail with MN_ERR_NUMERIC on non-finite inputs or outputs
 } MnSolver;
 
-// 30 steps, no tolerance, no preconditioner, zero initial guess, AUTO form, C = 64.
+// 30 steps, no tolerance, no preconditioner, zero initial guess, AUTO form and chunk.
 MnSolver mn_solver_default(void);
 
 typedef struct {

@@ -25,7 +25,7 @@ int mesa_check_solver(const MnSolver *s) {
     if (s->max_steps < 0) return mn_error(MN_ERR_ARG, "mesa: solver max_steps must be >= 0, got %d", s->max_steps);
     if (!(s->tol >= 0)) return mn_error(MN_ERR_ARG, "mesa: solver tol must be >= 0, got %g", (double)s->tol);
     if (s->chunk < 0 || s->chunk > 1024)
-        return mn_error(MN_ERR_ARG, "mesa: solver chunk must be in [1, 1024] (0: default 64), got %d", s->chunk);
+        return mn_error(MN_ERR_ARG, "mesa: solver chunk must be in [1, 1024] (0: the backend's default), got %d", s->chunk);
     if (s->precond != MN_PRECOND_NONE && s->precond != MN_PRECOND_JACOBI)
         return mn_error(MN_ERR_ARG, "mesa: unknown preconditioner %d", (int)s->precond);
     if (s->init != MN_CG_INIT_ZERO && s->init != MN_CG_INIT_JACOBI && s->init != MN_CG_INIT_GIVEN)
@@ -37,6 +37,6 @@ int mesa_check_solver(const MnSolver *s) {
 
 MnSolver mn_solver_default(void) {
     MnSolver s = {.max_steps = 30, .tol = 0, .precond = MN_PRECOND_NONE, .init = MN_CG_INIT_ZERO,
-                  .form = MN_FORM_AUTO, .chunk = 64, .check = 0};
+                  .form = MN_FORM_AUTO, .chunk = 0, .check = 0};
     return s;
 }

@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "vec.h"
+
 // A row also stops when its residual reaches float32 rounding level: past
 // ||r|| ~ u ||q|| (u = 2^-24) CG in float32 no longer improves x, and its
 // recursively updated residual shrinks into denormals where alpha = r.z / p.Ap
@@ -20,12 +22,6 @@ void cg_work_init(CgWork *w, float *mem, int n, int D) {
     w->rz = w->apc + nd;
     w->thresh = w->rz + n;
     w->active = (int *)(w->thresh + n);  // an int fits a float's slot
-}
-
-static inline float dot(const float *a, const float *b, int n) {
-    float s = 0;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
 }
 
 // z = M^{-1} r for one row (M = I or M = diag(A)).
@@ -55,12 +51,12 @@ static int cg_start(CgApply apply, void *ctx, int n, int D, const MnSolver *s, c
     int m = 0;
     for (int j = 0; j < n; j++) {
         const float *qj = q + (size_t)j * D, *rj = w->r + (size_t)j * D;
-        w->thresh[j] = tol2 * dot(qj, qj, D);
-        if (!(dot(rj, rj, D) > w->thresh[j])) continue;  // already solved (q = 0, or a perfect guess)
+        w->thresh[j] = tol2 * vdot(qj, qj, D);
+        if (!(vdot(rj, rj, D) > w->thresh[j])) continue;  // already solved (q = 0, or a perfect guess)
         float *zj = w->z + (size_t)j * D;
         precondition(zj, rj, pre ? pre + (size_t)j * D : NULL, D);
         memcpy(w->p + (size_t)j * D, zj, sizeof(float) * D);
-        w->rz[j] = dot(rj, zj, D);
+        w->rz[j] = vdot(rj, zj, D);
         w->active[m++] = j;
     }
     return m;
@@ -80,7 +76,7 @@ void cg_solve(CgApply apply, void *ctx, int n, int D, const MnSolver *s, const f
             float *xj = x + (size_t)j * D, *rj = w->r + (size_t)j * D, *pj = w->p + (size_t)j * D;
             float *zj = w->z + (size_t)j * D;
             const float *apj = w->apc + (size_t)a * D;
-            float pap = dot(pj, apj, D);
+            float pap = vdot(pj, apj, D);
             if (!(pap > 0) || !(w->rz[j] > 0)) continue;  // exact convergence or non-finite input
             float alpha = w->rz[j] / pap;
             for (int i = 0; i < D; i++) {
@@ -88,9 +84,9 @@ void cg_solve(CgApply apply, void *ctx, int n, int D, const MnSolver *s, const f
                 rj[i] -= alpha * apj[i];
             }
             if (steps) steps[j] = step;
-            if (!(dot(rj, rj, D) > w->thresh[j])) continue;  // met the tolerance
+            if (!(vdot(rj, rj, D) > w->thresh[j])) continue;  // met the tolerance
             precondition(zj, rj, pre ? pre + (size_t)j * D : NULL, D);
-            float rz_new = dot(rj, zj, D);
+            float rz_new = vdot(rj, zj, D);
             float beta = rz_new / w->rz[j];
             for (int i = 0; i < D; i++) pj[i] = zj[i] + beta * pj[i];
             w->rz[j] = rz_new;

@@ -10,17 +10,20 @@
 #include "core/mesa_args.h"
 #include "mesa_cpu.h"
 
-// The form AUTO runs, from `mesanet bench mesa` on this CPU (README, "CPU
-// crossover"): the recurrent form keeps a token's Dk x Dk matrix in the L1/L2
-// cache and wins up to Dk = MESA_RECURRENT_MAX_DK; beyond, the chunkwise form's
-// matrix products win. Short sequences (decode, T < C/2) always go recurrent.
-enum { MESA_RECURRENT_MAX_DK = 64 };
-
+// The form AUTO runs, from `mesanet bench mesa` on this machine's CPU (README,
+// "Mesa layer on the CPU"): the chunkwise form was faster at every head size
+// measured (16 to 128) once a sequence fills a few chunks; the recurrent form
+// wins for short inputs, where a chunk would be mostly empty (decode, T = 1).
 static MnMesaForm pick_form(const MnMesaDims *d, const MnSolver *s, int C) {
     if (s->form != MN_FORM_AUTO) return s->form;
-    if (d->T < C / 2 || d->Dk <= MESA_RECURRENT_MAX_DK) return MN_FORM_RECURRENT;
-    return MN_FORM_CHUNK;
+    return d->T < C / 2 ? MN_FORM_RECURRENT : MN_FORM_CHUNK;
 }
+
+// The CPU's chunk size when the solver leaves it to us (chunk = 0): per CG
+// step a chunk costs 2 C Dk^2 (the state term, as the recurrent form) plus
+// 4 C^2 Dk (the intra-chunk products), so small chunks waste the least work
+// as long as the matrix products stay efficient; 16 measured best up to Dk = 128.
+static int default_chunk(const MnMesaDims *d) { return d->Dk <= 128 ? 16 : 32; }
 
 static int require(const void *p, const char *fn, const char *name) {
     return p ? MN_OK : mn_error(MN_ERR_ARG, "%s: %s is NULL", fn, name);
@@ -97,7 +100,7 @@ int mn_mesa_forward(const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io)
     MN_TRY(check_lambda(fn, d, io->lambda));
     if (s->check) MN_TRY(check_inputs(fn, d, io->q, io->k, io->v, io->g, io->beta, io->h0, io->g0));
 
-    int C = s->chunk ? s->chunk : 64;
+    int C = s->chunk ? s->chunk : default_chunk(d);
     MnMesaForm form = pick_form(d, s, C);
     size_t per = form == MN_FORM_CHUNK ? mesa_chunk_fwd_floats(d, C) : mesa_rec_fwd_floats(d);
     int nt = threads_for(d);
@@ -142,7 +145,7 @@ int mn_mesa_backward(const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io
         MN_TRY(check_finite(fn, "dout", io->dout, c.nv));
     }
 
-    int C = s->chunk ? s->chunk : 64;
+    int C = s->chunk ? s->chunk : default_chunk(d);
     MnMesaForm form = pick_form(d, s, C);
     size_t per = form == MN_FORM_CHUNK ? mesa_chunk_bwd_floats(d, C) : mesa_rec_bwd_floats(d, C);
     int nt = threads_for(d), npairs = d->B * d->H;

@@ -30,7 +30,7 @@ static void dense_operator(void *ctx, const float *p, const int *rows, int m, fl
     for (int r = 0; r < m; r++) {  // m is 1 here: one system per token
         const float *pr = p + (size_t)r * op->dk;
         float *ar = ap + (size_t)r * op->dk;
-        matvec_t(ar, op->h, pr, op->dk, op->dk);
+        symv(ar, op->h, pr, op->dk);
         for (int i = 0; i < op->dk; i++) ar[i] += op->lambda[i] * pr[i];
     }
 }
@@ -138,7 +138,7 @@ void mesa_rec_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *io
             float gnext = t + 1 < T ? expf(io->g[pair_tok(p, t + 1)]) : 1.0f;
             matvec_t(r, gt, delta, dv, dk);                          // r = G_t^T delta
             solve_token(ht, lambda, dk, &s2, r, NULL, y, io->steps ? io->steps + ti : NULL, diag, &cg);
-            matvec_t(hx, ht, x, dk, dk);                             // H_t x_t
+            symv(hx, ht, x, dk);                                     // H_t x_t
             decay_rank1(gbar, gnext, 1.0f, delta, x, dv, dk);        // Gbar_t = delta x^T + gamma Gbar_{t+1}
             decay_rank1(hbar, gnext, -1.0f, y, x, dk, dk);           // Hbar_t = -y x^T + gamma Hbar_{t+1}
             matvec(pv, gbar, k, dv, dk);

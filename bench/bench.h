@@ -1,0 +1,11 @@
+// Benchmarks behind `mesanet bench`, and their shared helpers.
+#ifndef MN_BENCH_H
+#define MN_BENCH_H
+
+int bench_mesa(int argc, char **argv);
+
+double bench_median(double *t, int n);
+// Best-of-reps rate of an n x n x n sgemm with the current threads.
+double bench_sgemm_gflops(int n, int reps);
+
+#endif

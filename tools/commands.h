@@ -1,0 +1,28 @@
+// The subcommands of the mesanet tool, and the option parser they share.
+#ifndef MN_COMMANDS_H
+#define MN_COMMANDS_H
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);  // argv[0] is the command's name
+    const char *help;
+} Command;
+
+int cmd_bench(int argc, char **argv);
+
+typedef enum { OPT_INT, OPT_FLOAT, OPT_STRING, OPT_FLAG } OptType;
+
+typedef struct {
+    const char *name;  // without the leading "--"
+    OptType type;
+    void *dst;         // int*, float*, const char**, int* (flag: set to 1)
+    const char *help;  // shown by --help, with the default value
+} Option;
+
+// Parses "--name value" / "--name=value" options and up to max_pos positional
+// arguments. Returns 0 on success; prints help and returns 2 for --help, or an
+// error naming the option and returns 1.
+int parse_args(int argc, char **argv, const char *usage, const Option *opts, int nopts, char **pos, int *npos,
+               int max_pos);
+
+#endif
