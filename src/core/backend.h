@@ -1,0 +1,128 @@
+/*
+ * The op table every backend implements: the model and the mixers are written
+ * once against it, and run on the float64 reference ("ref"), the float32 CPU
+ * ("cpu") or the GPU ("cuda").
+ *
+ * Buffers are opaque pointers into the backend's memory, allocated by it. Their
+ * element type depends on the backend and the buffer's kind: double on ref,
+ * float on cpu; on cuda, MEM_ACT buffers are bfloat16 and MEM_F32 float32. The
+ * model never dereferences them; it moves data in and out with the upload and
+ * download functions, which convert from and to host float/double.
+ *
+ * Conventions: shapes are row-major; N is a count of rows (tokens, or tokens x
+ * heads); outputs come first. Parameter gradients accumulate (+=), so that
+ * micro-batches add up; activation gradients are overwritten unless the op
+ * takes an `accum` flag, which makes it add instead (a tensor feeding several
+ * ops receives the sum of their gradients).
+ */
+#ifndef MN_BACKEND_H
+#define MN_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mesanet.h"
+
+typedef enum {
+    MEM_PARAM,  // parameters and their gradients (float64 ref, float32 cpu, bf16 compute copy on cuda)
+    MEM_ACT,    // activations and their gradients
+    MEM_F32,    // small tensors that stay at least float32 everywhere (norm statistics, gates, losses, optimiser state)
+    MEM_I32,    // int32 (tokens, targets)
+} MemKind;
+
+typedef struct Backend Backend;
+
+struct Backend {
+    const char *name;
+    void *ctx;  // backend-private (cuda: stream, cuBLAS handles)
+
+    // --- memory ---------------------------------------------------------------
+    void *(*alloc)(const Backend *be, size_t n, MemKind kind);  // zeroed; NULL + mn_error on failure
+    void (*free)(const Backend *be, void *p);
+    void (*zero)(const Backend *be, void *p, size_t n, MemKind kind);
+    void (*copy)(const Backend *be, void *dst, const void *src, size_t n, MemKind kind);
+    int (*upload)(const Backend *be, void *dst, const double *src, size_t n, MemKind kind);
+    int (*download)(const Backend *be, double *dst, const void *src, size_t n, MemKind kind);
+    int (*upload_f32)(const Backend *be, void *dst, const float *src, size_t n, MemKind kind);
+    int (*download_f32)(const Backend *be, float *dst, const void *src, size_t n, MemKind kind);
+    int (*upload_i32)(const Backend *be, void *dst, const int32_t *src, size_t n);
+    int (*sync)(const Backend *be);  // waits for queued work; reports asynchronous errors
+
+    // --- dense layers -------------------------------------------------------------
+    // y[N,O] = x[N,I] W[O,I]^T + bias[O] (bias may be NULL)
+    int (*linear_fwd)(const Backend *be, void *y, const void *x, const void *w, const void *bias, int N, int I, int O);
+    // dx[N,I] (=, or += with accum; NULL: skipped) = dy W;  dw[O,I] += dy^T x;  dbias[O] += sum_n dy
+    int (*linear_bwd)(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x,
+                      const void *w, int N, int I, int O, int accum);
+
+    // --- normalisation and activations ----------------------------------------------
+    // RMSNorm over groups of `group` features of each row of D (group divides D):
+    // y = x / rms(x) * w, w of length wlen = group (shared by the groups) or D.
+    // rstd[N * D/group] (MEM_F32) keeps 1/rms for the backward.
+    int (*rmsnorm_fwd)(const Backend *be, void *y, void *rstd, const void *x, const void *w, int N, int D, int group,
+                       int wlen, float eps);
+    int (*rmsnorm_bwd)(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w,
+                       const void *rstd, int N, int D, int group, int wlen, int accum);
+    // L2 normalisation over groups: y = x / ||x||, inv[N * D/group] (MEM_F32) = 1/||x||.
+    int (*l2norm_fwd)(const Backend *be, void *y, void *inv, const void *x, int N, int D, int group, float eps);
+    int (*l2norm_bwd)(const Backend *be, void *dx, const void *dy, const void *y, const void *inv, int N, int D,
+                      int group);
+    // y = silu(x) = x sigmoid(x), elementwise over n.
+    int (*silu_fwd)(const Backend *be, void *y, const void *x, size_t n);
+    int (*silu_bwd)(const Backend *be, void *dx, const void *dy, const void *x, size_t n);
+    // h = silu(g) (.) u (SwiGLU; also the output gate).
+    int (*swiglu_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
+    int (*swiglu_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
+    // x += y
+    int (*add)(const Backend *be, void *x, const void *y, size_t n);
+
+    // --- sequence ops -------------------------------------------------------------------
+    // Causal depthwise convolution over time: y[b,t,c] = sum_j w[c,j] x[b, t-K+1+j, c], x of [B,T,C],
+    // w [C,K]. Inputs before t = 0 come from state_in[B,K-1,C] (zeros if NULL); state_out
+    // (if not NULL) receives the last K-1 inputs, for decoding. state_out may alias state_in.
+    int (*conv_fwd)(const Backend *be, void *y, const void *x, const void *w, int B, int T, int C, int K,
+                    const void *state_in, void *state_out);
+    // dx = (=) gradient for x; dw += gradient for w. No gradient flows into state_in.
+    int (*conv_bwd)(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w, int B, int T,
+                    int C, int K, const void *state_in);
+    // x[N,D] = scale * E[tokens[n]];  dE[tokens[n]] += scale * dx[n]
+    int (*embed_fwd)(const Backend *be, void *x, const void *tokens, const void *e, int N, int D, float scale);
+    int (*embed_bwd)(const Backend *be, void *de, const void *dx, const void *tokens, int N, int D, float scale);
+    // Cross-entropy of softcapped logits, cap * tanh(z / cap) (cap = 0: none). losses[N] (MEM_F32)
+    // gets -log p(target); rows with target < 0 get 0. If grad_scale != 0, logits is overwritten by
+    // grad_scale * dloss/dz (0 in ignored rows).
+    int (*xent)(const Backend *be, void *logits, void *losses, const void *targets, int N, int V, float cap,
+                float grad_scale);
+
+    // --- the Mesa layer ------------------------------------------------------------------
+    // Gates from the projections a, b [N,H]: beta = sigmoid(b), log gamma = g =
+    // min(logsigmoid(a), log(1 - beta / hmax)) (the forget-gate bound; hmax = 0: none). MEM_F32.
+    int (*mesa_gates_fwd)(const Backend *be, void *g, void *beta, const void *a, const void *b, size_t n, float hmax);
+    // da, db (=) from dg, dbeta
+    int (*mesa_gates_bwd)(const Backend *be, void *da, void *db, const void *dg, const void *dbeta, const void *a,
+                          const void *b, size_t n, float hmax);
+    // lambda = softplus(p) + lo;  dp += dlambda * sigmoid(p)
+    int (*softplus_fwd)(const Backend *be, void *y, const void *p, size_t n, float lo);
+    int (*softplus_bwd)(const Backend *be, void *dp, const void *dy, const void *p, size_t n);
+    // The core of spec sections 1-4 with the layout of MnMesaFwd/MnMesaBwd, whose pointers are
+    // this backend's buffers (q, k, v, x, o: MEM_ACT or wider; g, beta, lambda, states: MEM_F32).
+    int (*mesa_fwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io);
+    int (*mesa_bwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
+
+    // --- optimiser -----------------------------------------------------------------------
+    // AdamW on n parameters: m, v (MEM_F32) moments; decoupled weight decay wd; bias correction
+    // with step t (1-based).
+    int (*adamw)(const Backend *be, void *p, const void *g, void *m, void *v, size_t n, float lr, float beta1,
+                 float beta2, float eps, float wd, int t);
+    // sum of squares of x (parameter gradients), into *out
+    int (*sumsq)(const Backend *be, const void *x, size_t n, double *out);
+    // x *= s
+    int (*scale)(const Backend *be, void *x, size_t n, float s);
+};
+
+const Backend *backend_ref(void);  // float64 reference: plain loops, the ground truth
+const Backend *backend_cpu(void);  // float32 CPU: BLAS + OpenMP
+// The backend named "cpu", "ref" or "cuda"; NULL + mn_error if unknown or not built.
+const Backend *backend_by_name(const char *name);
+
+#endif

@@ -1,0 +1,393 @@
+/*
+ * The float64 reference backend: every op of core/backend.h as the plainest
+ * loops in double precision, single-threaded. Buffers are double arrays
+ * (int32 for MEM_I32). The Mesa core solves exactly (Cholesky), whatever the
+ * solver asks: the reference is the ground truth, not a CG study.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/common.h"
+#include "ref.h"
+
+static size_t elem(MemKind k) { return k == MEM_I32 ? sizeof(int32_t) : sizeof(double); }
+
+static void *r_alloc(const Backend *be, size_t n, MemKind k) { return mn_calloc(n ? n : 1, elem(k)); }
+static void r_free(const Backend *be, void *p) { mn_free(p); }
+static void r_zero(const Backend *be, void *p, size_t n, MemKind k) { memset(p, 0, n * elem(k)); }
+static void r_copy(const Backend *be, void *dst, const void *src, size_t n, MemKind k) { memmove(dst, src, n * elem(k)); }
+
+static int r_upload(const Backend *be, void *dst, const double *src, size_t n, MemKind k) {
+    memcpy(dst, src, n * sizeof(double));
+    return MN_OK;
+}
+static int r_download(const Backend *be, double *dst, const void *src, size_t n, MemKind k) {
+    memcpy(dst, src, n * sizeof(double));
+    return MN_OK;
+}
+static int r_upload_f32(const Backend *be, void *dst, const float *src, size_t n, MemKind k) {
+    double *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = src[i];
+    return MN_OK;
+}
+static int r_download_f32(const Backend *be, float *dst, const void *src, size_t n, MemKind k) {
+    const double *s = src;
+    for (size_t i = 0; i < n; i++) dst[i] = (float)s[i];
+    return MN_OK;
+}
+static int r_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t n) {
+    memcpy(dst, src, n * sizeof(int32_t));
+    return MN_OK;
+}
+static int r_sync(const Backend *be) { return MN_OK; }
+
+static int r_linear_fwd(const Backend *be, void *y_, const void *x_, const void *w_, const void *b_, int N, int I, int O) {
+    double *y = y_;
+    const double *x = x_, *w = w_, *b = b_;
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < O; o++) {
+            double s = b ? b[o] : 0;
+            for (int i = 0; i < I; i++) s += x[(size_t)n * I + i] * w[(size_t)o * I + i];
+            y[(size_t)n * O + o] = s;
+        }
+    return MN_OK;
+}
+
+static int r_linear_bwd(const Backend *be, void *dx_, void *dw_, void *db_, const void *dy_, const void *x_,
+                        const void *w_, int N, int I, int O, int accum) {
+    double *dx = dx_, *dw = dw_, *db = db_;
+    const double *dy = dy_, *x = x_, *w = w_;
+    if (dx)
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < I; i++) {
+                double s = 0;
+                for (int o = 0; o < O; o++) s += dy[(size_t)n * O + o] * w[(size_t)o * I + i];
+                dx[(size_t)n * I + i] = (accum ? dx[(size_t)n * I + i] : 0) + s;
+            }
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < O; o++) {
+            double g = dy[(size_t)n * O + o];
+            if (dw)
+                for (int i = 0; i < I; i++) dw[(size_t)o * I + i] += g * x[(size_t)n * I + i];
+            if (db) db[o] += g;
+        }
+    return MN_OK;
+}
+
+static int r_rmsnorm_fwd(const Backend *be, void *y_, void *rstd_, const void *x_, const void *w_, int N, int D,
+                         int group, int wlen, float eps) {
+    double *y = y_, *rstd = rstd_;
+    const double *x = x_, *w = w_;
+    for (size_t r = 0; r < (size_t)N * D / group; r++) {
+        const double *xr = x + r * group;
+        double ss = 0;
+        for (int i = 0; i < group; i++) ss += xr[i] * xr[i];
+        double rs = 1 / sqrt(ss / group + eps);
+        rstd[r] = rs;
+        const double *wr = w + (wlen == group ? 0 : (r % (D / group)) * group);
+        for (int i = 0; i < group; i++) y[r * group + i] = xr[i] * rs * wr[i];
+    }
+    return MN_OK;
+}
+
+static int r_rmsnorm_bwd(const Backend *be, void *dx_, void *dw_, const void *dy_, const void *x_, const void *w_,
+                         const void *rstd_, int N, int D, int group, int wlen, int accum) {
+    double *dx = dx_, *dw = dw_;
+    const double *dy = dy_, *x = x_, *w = w_, *rstd = rstd_;
+    for (size_t r = 0; r < (size_t)N * D / group; r++) {
+        const double *xr = x + r * group, *dyr = dy + r * group;
+        size_t woff = wlen == group ? 0 : (r % (D / group)) * group;
+        double rs = rstd[r], dot = 0;
+        for (int i = 0; i < group; i++) dot += dyr[i] * w[woff + i] * xr[i];
+        for (int i = 0; i < group; i++) {
+            double g = rs * (dyr[i] * w[woff + i] - xr[i] * rs * rs * dot / group);
+            dx[r * group + i] = (accum ? dx[r * group + i] : 0) + g;
+            if (dw) dw[woff + i] += dyr[i] * xr[i] * rs;
+        }
+    }
+    return MN_OK;
+}
+
+static int r_l2norm_fwd(const Backend *be, void *y_, void *inv_, const void *x_, int N, int D, int group, float eps) {
+    double *y = y_, *inv = inv_;
+    const double *x = x_;
+    for (size_t r = 0; r < (size_t)N * D / group; r++) {
+        double ss = 0;
+        for (int i = 0; i < group; i++) ss += x[r * group + i] * x[r * group + i];
+        inv[r] = 1 / sqrt(ss + eps);
+        for (int i = 0; i < group; i++) y[r * group + i] = x[r * group + i] * inv[r];
+    }
+    return MN_OK;
+}
+
+static int r_l2norm_bwd(const Backend *be, void *dx_, const void *dy_, const void *y_, const void *inv_, int N, int D,
+                        int group) {
+    double *dx = dx_;
+    const double *dy = dy_, *y = y_, *inv = inv_;
+    for (size_t r = 0; r < (size_t)N * D / group; r++) {
+        double dot = 0;
+        for (int i = 0; i < group; i++) dot += dy[r * group + i] * y[r * group + i];
+        for (int i = 0; i < group; i++) dx[r * group + i] = inv[r] * (dy[r * group + i] - y[r * group + i] * dot);
+    }
+    return MN_OK;
+}
+
+static double sigmoid(double x) { return 1 / (1 + exp(-x)); }
+
+static int r_silu_fwd(const Backend *be, void *y_, const void *x_, size_t n) {
+    double *y = y_;
+    const double *x = x_;
+    for (size_t i = 0; i < n; i++) y[i] = x[i] * sigmoid(x[i]);
+    return MN_OK;
+}
+
+static double silu_grad(double x) {
+    double s = sigmoid(x);
+    return s * (1 + x * (1 - s));
+}
+
+static int r_silu_bwd(const Backend *be, void *dx_, const void *dy_, const void *x_, size_t n) {
+    double *dx = dx_;
+    const double *dy = dy_, *x = x_;
+    for (size_t i = 0; i < n; i++) dx[i] = dy[i] * silu_grad(x[i]);
+    return MN_OK;
+}
+
+static int r_swiglu_fwd(const Backend *be, void *h_, const void *g_, const void *u_, size_t n) {
+    double *h = h_;
+    const double *g = g_, *u = u_;
+    for (size_t i = 0; i < n; i++) h[i] = g[i] * sigmoid(g[i]) * u[i];
+    return MN_OK;
+}
+
+static int r_swiglu_bwd(const Backend *be, void *dg_, void *du_, const void *dh_, const void *g_, const void *u_,
+                        size_t n) {
+    double *dg = dg_, *du = du_;
+    const double *dh = dh_, *g = g_, *u = u_;
+    for (size_t i = 0; i < n; i++) {
+        dg[i] = dh[i] * u[i] * silu_grad(g[i]);
+        du[i] = dh[i] * g[i] * sigmoid(g[i]);
+    }
+    return MN_OK;
+}
+
+static int r_add(const Backend *be, void *x_, const void *y_, size_t n) {
+    double *x = x_;
+    const double *y = y_;
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+    return MN_OK;
+}
+
+// x at time t of sequence b, channel c, with t < 0 read from the state.
+static double conv_input(const double *x, const double *state, int b, int t, int c, int T, int C, int K) {
+    if (t >= 0) return x[((size_t)b * T + t) * C + c];
+    return state ? state[((size_t)b * (K - 1) + (t + K - 1)) * C + c] : 0;
+}
+
+static int r_conv_fwd(const Backend *be, void *y_, const void *x_, const void *w_, int B, int T, int C, int K,
+                      const void *sin_, void *sout_) {
+    double *y = y_, *sout = sout_;
+    const double *x = x_, *w = w_, *sin = sin_;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) {
+                double s = 0;
+                for (int j = 0; j < K; j++) s += w[(size_t)c * K + j] * conv_input(x, sin, b, t - K + 1 + j, c, T, C, K);
+                y[((size_t)b * T + t) * C + c] = s;
+            }
+    if (sout) {
+        size_t n = (size_t)B * (K - 1) * C;
+        double *tmp = malloc(sizeof(double) * (n ? n : 1));
+        if (!tmp) return mn_error(MN_ERR_NOMEM, "out of memory");
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < K - 1; i++)
+                for (int c = 0; c < C; c++)
+                    tmp[((size_t)b * (K - 1) + i) * C + c] = conv_input(x, sin, b, T - (K - 1) + i, c, T, C, K);
+        memcpy(sout, tmp, sizeof(double) * n);  // via tmp: state_out may alias state_in
+        free(tmp);
+    }
+    return MN_OK;
+}
+
+static int r_conv_bwd(const Backend *be, void *dx_, void *dw_, const void *dy_, const void *x_, const void *w_, int B,
+                      int T, int C, int K, const void *sin_) {
+    double *dx = dx_, *dw = dw_;
+    const double *dy = dy_, *x = x_, *w = w_, *sin = sin_;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) {
+                double s = 0;
+                for (int j = 0; j < K; j++) {
+                    int to = t + K - 1 - j;  // the output that reads x[t] through tap j
+                    if (to < T) s += w[(size_t)c * K + j] * dy[((size_t)b * T + to) * C + c];
+                }
+                dx[((size_t)b * T + t) * C + c] = s;
+            }
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                for (int j = 0; j < K; j++)
+                    dw[(size_t)c * K + j] += dy[((size_t)b * T + t) * C + c] * conv_input(x, sin, b, t - K + 1 + j, c, T, C, K);
+    return MN_OK;
+}
+
+static int r_embed_fwd(const Backend *be, void *x_, const void *tok_, const void *e_, int N, int D, float scale) {
+    double *x = x_;
+    const int32_t *tok = tok_;
+    const double *e = e_;
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < D; i++) x[(size_t)n * D + i] = scale * e[(size_t)tok[n] * D + i];
+    return MN_OK;
+}
+
+static int r_embed_bwd(const Backend *be, void *de_, const void *dx_, const void *tok_, int N, int D, float scale) {
+    double *de = de_;
+    const double *dx = dx_;
+    const int32_t *tok = tok_;
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < D; i++) de[(size_t)tok[n] * D + i] += scale * dx[(size_t)n * D + i];
+    return MN_OK;
+}
+
+static int r_xent(const Backend *be, void *logits_, void *losses_, const void *targets_, int N, int V, float cap,
+                  float grad_scale) {
+    double *logits = logits_, *losses = losses_;
+    const int32_t *targets = targets_;
+    for (int n = 0; n < N; n++) {
+        double *z = logits + (size_t)n * V;
+        int tgt = targets[n];
+        if (tgt < 0) {
+            losses[n] = 0;
+            if (grad_scale != 0) memset(z, 0, sizeof(double) * V);
+            continue;
+        }
+        double mx = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            if (cap > 0) z[i] = cap * tanh(z[i] / cap);
+            mx = fmax(mx, z[i]);
+        }
+        double sum = 0;
+        for (int i = 0; i < V; i++) sum += exp(z[i] - mx);
+        double lse = mx + log(sum);
+        losses[n] = lse - z[tgt];
+        if (grad_scale != 0)
+            for (int i = 0; i < V; i++) {
+                double d = exp(z[i] - lse) - (i == tgt);
+                double dcap = cap > 0 ? 1 - (z[i] / cap) * (z[i] / cap) : 1;
+                z[i] = grad_scale * d * dcap;
+            }
+    }
+    return MN_OK;
+}
+
+// log sigmoid(a) without overflow.
+static double log_sigmoid(double a) { return a >= 0 ? -log1p(exp(-a)) : a - log1p(exp(a)); }
+
+static int r_mesa_gates_fwd(const Backend *be, void *g_, void *beta_, const void *a_, const void *b_, size_t n,
+                            float hmax) {
+    double *g = g_, *beta = beta_;
+    const double *a = a_, *b = b_;
+    for (size_t i = 0; i < n; i++) {
+        beta[i] = sigmoid(b[i]);
+        g[i] = log_sigmoid(a[i]);
+        if (hmax > 0) g[i] = fmin(g[i], log1p(-beta[i] / hmax));
+    }
+    return MN_OK;
+}
+
+static int r_mesa_gates_bwd(const Backend *be, void *da_, void *db_, const void *dg_, const void *dbeta_,
+                            const void *a_, const void *b_, size_t n, float hmax) {
+    double *da = da_, *db = db_;
+    const double *dg = dg_, *dbeta = dbeta_, *a = a_, *b = b_;
+    for (size_t i = 0; i < n; i++) {
+        double beta = sigmoid(b[i]), dbt = dbeta[i];
+        int bounded = hmax > 0 && log1p(-beta / hmax) < log_sigmoid(a[i]);
+        da[i] = bounded ? 0 : dg[i] * sigmoid(-a[i]);
+        if (bounded) dbt += dg[i] * (-1 / hmax) / (1 - beta / hmax);
+        db[i] = dbt * beta * (1 - beta);
+    }
+    return MN_OK;
+}
+
+static double softplus(double p) { return p > 30 ? p : log1p(exp(p)); }
+
+static int r_softplus_fwd(const Backend *be, void *y_, const void *p_, size_t n, float lo) {
+    double *y = y_;
+    const double *p = p_;
+    for (size_t i = 0; i < n; i++) y[i] = softplus(p[i]) + lo;
+    return MN_OK;
+}
+
+static int r_softplus_bwd(const Backend *be, void *dp_, const void *dy_, const void *p_, size_t n) {
+    double *dp = dp_;
+    const double *dy = dy_, *p = p_;
+    for (size_t i = 0; i < n; i++) dp[i] += dy[i] * sigmoid(p[i]);
+    return MN_OK;
+}
+
+// The MnMesa* structs carry this backend's double buffers behind float pointers.
+#define D64(p) ((const double *)(const void *)(p))
+#define W64(p) ((double *)(void *)(p))
+
+static int r_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io) {
+    MesaFwd64 f = {D64(io->q), D64(io->k), D64(io->v), D64(io->g), D64(io->beta), D64(io->lambda), D64(io->h0),
+                   D64(io->g0), D64(io->x0), W64(io->o), W64(io->x), W64(io->hT), W64(io->gT), io->steps};
+    return ref_mesa_forward(d, NULL, &f);
+}
+
+static int r_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io) {
+    MesaBwd64 b = {D64(io->q),    D64(io->k),    D64(io->v),    D64(io->g),     D64(io->beta),  D64(io->lambda),
+                   D64(io->h0),   D64(io->g0),   D64(io->x),    D64(io->o),     D64(io->dout),  D64(io->dhT),
+                   D64(io->dgT),  W64(io->dq),   W64(io->dk),   W64(io->dv),    W64(io->dg),    W64(io->dbeta),
+                   W64(io->dlambda), W64(io->dh0), W64(io->dg0)};
+    if (io->steps) memset(io->steps, 0, sizeof(int) * (size_t)d->B * d->T * d->H);
+    return ref_mesa_backward(d, NULL, &b);
+}
+
+static int r_adamw(const Backend *be, void *p_, const void *g_, void *m_, void *v_, size_t n, float lr, float b1,
+                   float b2, float eps, float wd, int t) {
+    double *p = p_, *m = m_, *v = v_;
+    const double *g = g_;
+    double c1 = 1 - pow(b1, t), c2 = 1 - pow(b2, t);
+    for (size_t i = 0; i < n; i++) {
+        m[i] = b1 * m[i] + (1 - b1) * g[i];
+        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        p[i] -= lr * (m[i] / c1 / (sqrt(v[i] / c2) + eps) + wd * p[i]);
+    }
+    return MN_OK;
+}
+
+static int r_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
+    const double *x = x_;
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += x[i] * x[i];
+    *out = s;
+    return MN_OK;
+}
+
+static int r_scale(const Backend *be, void *x_, size_t n, float s) {
+    double *x = x_;
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+    return MN_OK;
+}
+
+static const Backend ref_backend = {
+    .name = "ref",
+    .alloc = r_alloc, .free = r_free, .zero = r_zero, .copy = r_copy,
+    .upload = r_upload, .download = r_download, .upload_f32 = r_upload_f32, .download_f32 = r_download_f32,
+    .upload_i32 = r_upload_i32, .sync = r_sync,
+    .linear_fwd = r_linear_fwd, .linear_bwd = r_linear_bwd,
+    .rmsnorm_fwd = r_rmsnorm_fwd, .rmsnorm_bwd = r_rmsnorm_bwd,
+    .l2norm_fwd = r_l2norm_fwd, .l2norm_bwd = r_l2norm_bwd,
+    .silu_fwd = r_silu_fwd, .silu_bwd = r_silu_bwd, .swiglu_fwd = r_swiglu_fwd, .swiglu_bwd = r_swiglu_bwd,
+    .add = r_add, .conv_fwd = r_conv_fwd, .conv_bwd = r_conv_bwd,
+    .embed_fwd = r_embed_fwd, .embed_bwd = r_embed_bwd, .xent = r_xent,
+    .mesa_gates_fwd = r_mesa_gates_fwd, .mesa_gates_bwd = r_mesa_gates_bwd,
+    .softplus_fwd = r_softplus_fwd, .softplus_bwd = r_softplus_bwd,
+    .mesa_fwd = r_mesa_fwd, .mesa_bwd = r_mesa_bwd,
+    .adamw = r_adamw, .sumsq = r_sumsq, .scale = r_scale,
+};
+
+const Backend *backend_ref(void) { return &ref_backend; }
