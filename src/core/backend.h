@@ -49,11 +49,12 @@ struct Backend {
     int (*sync)(const Backend *be);  // waits for queued work; reports asynchronous errors
 
     // --- dense layers -------------------------------------------------------------
-    // y[N,O] = x[N,I] W[O,I]^T + bias[O] (bias may be NULL)
-    int (*linear_fwd)(const Backend *be, void *y, const void *x, const void *w, const void *bias, int N, int I, int O);
-    // dx[N,I] (=, or += with accum; NULL: skipped) = dy W;  dw[O,I] += dy^T x;  dbias[O] += sum_n dy
+    // y[N,nout] = x[N,nin] W[nout,nin]^T + bias[nout] (bias may be NULL)
+    int (*linear_fwd)(const Backend *be, void *y, const void *x, const void *w, const void *bias, int N, int nin,
+                      int nout);
+    // dx[N,nin] (=, or += with accum; NULL: skipped) = dy W;  dw += dy^T x;  dbias += sum_n dy
     int (*linear_bwd)(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x,
-                      const void *w, int N, int I, int O, int accum);
+                      const void *w, int N, int nin, int nout, int accum);
 
     // --- normalisation and activations ----------------------------------------------
     // RMSNorm over groups of `group` features of each row of D (group divides D):

@@ -43,34 +43,34 @@ static int r_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t
 }
 static int r_sync(const Backend *be) { return MN_OK; }
 
-static int r_linear_fwd(const Backend *be, void *y_, const void *x_, const void *w_, const void *b_, int N, int I, int O) {
+static int r_linear_fwd(const Backend *be, void *y_, const void *x_, const void *w_, const void *b_, int N, int nin, int nout) {
     double *y = y_;
     const double *x = x_, *w = w_, *b = b_;
     for (int n = 0; n < N; n++)
-        for (int o = 0; o < O; o++) {
+        for (int o = 0; o < nout; o++) {
             double s = b ? b[o] : 0;
-            for (int i = 0; i < I; i++) s += x[(size_t)n * I + i] * w[(size_t)o * I + i];
-            y[(size_t)n * O + o] = s;
+            for (int i = 0; i < nin; i++) s += x[(size_t)n * nin + i] * w[(size_t)o * nin + i];
+            y[(size_t)n * nout + o] = s;
         }
     return MN_OK;
 }
 
 static int r_linear_bwd(const Backend *be, void *dx_, void *dw_, void *db_, const void *dy_, const void *x_,
-                        const void *w_, int N, int I, int O, int accum) {
+                        const void *w_, int N, int nin, int nout, int accum) {
     double *dx = dx_, *dw = dw_, *db = db_;
     const double *dy = dy_, *x = x_, *w = w_;
     if (dx)
         for (int n = 0; n < N; n++)
-            for (int i = 0; i < I; i++) {
+            for (int i = 0; i < nin; i++) {
                 double s = 0;
-                for (int o = 0; o < O; o++) s += dy[(size_t)n * O + o] * w[(size_t)o * I + i];
-                dx[(size_t)n * I + i] = (accum ? dx[(size_t)n * I + i] : 0) + s;
+                for (int o = 0; o < nout; o++) s += dy[(size_t)n * nout + o] * w[(size_t)o * nin + i];
+                dx[(size_t)n * nin + i] = (accum ? dx[(size_t)n * nin + i] : 0) + s;
             }
     for (int n = 0; n < N; n++)
-        for (int o = 0; o < O; o++) {
-            double g = dy[(size_t)n * O + o];
+        for (int o = 0; o < nout; o++) {
+            double g = dy[(size_t)n * nout + o];
             if (dw)
-                for (int i = 0; i < I; i++) dw[(size_t)o * I + i] += g * x[(size_t)n * I + i];
+                for (int i = 0; i < nin; i++) dw[(size_t)o * nin + i] += g * x[(size_t)n * nin + i];
             if (db) db[o] += g;
         }
     return MN_OK;

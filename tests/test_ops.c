@@ -1,0 +1,432 @@
+// Every backend op: the float64 reference against finite differences, and the
+// float32 CPU backend against the reference, on awkward sizes.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/common.h"
+#include "fd.h"
+#include "test.h"
+
+// Float32 against float64: unit roundoff 6e-8, sums of up to ~100 terms with
+// some cancellation: 1e-5 relative (L2 over the tensor) is ample and still
+// catches any indexing or formula error, which shows up as O(1).
+#define F32_TOL 1e-5
+// Central differences with h = 1e-6 in float64: ~1e-9 typical.
+#define FD_TOL 1e-6
+
+static const Backend *R, *C;
+
+static void backends(void) {
+    R = backend_ref();
+    C = backend_cpu();
+}
+
+static double dot64(const double *a, const double *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void cmp(const char *what, const float *got, const double *want, size_t n, double tol) {
+    double e = rel_err32(got, want, n);
+    if (!(e <= tol)) test_fail(__FILE__, __LINE__, "%s: cpu vs ref rel err %.3g > %.3g", what, e, tol);
+}
+
+// ---------------------------------------------------------------------------- linear
+
+typedef struct {
+    int N, I, O;
+    double *x, *w, *b, *wy, *y;
+} LinCtx;
+
+static double lin_loss(void *p) {
+    LinCtx *c = p;
+    R->linear_fwd(R, c->y, c->x, c->w, c->b, c->N, c->I, c->O);
+    return dot64(c->y, c->wy, (size_t)c->N * c->O);
+}
+
+TEST(op_linear) {
+    backends();
+    int N = 7, I = 13, O = 5;
+    LinCtx c = {N, I, O, rand_doubles(1, N * I, -1, 1), rand_doubles(2, O * I, -1, 1), rand_doubles(3, O, -1, 1),
+                rand_doubles(4, N * O, -1, 1), xcalloc(N * O, 8)};
+    double *dx = rand_doubles(5, N * I, -1, 1), *dx0 = xcalloc(N * I, 8), *dw = xcalloc(O * I, 8), *db = xcalloc(O, 8);
+    memcpy(dx0, dx, sizeof(double) * N * I);
+    R->linear_bwd(R, dx, dw, db, c.wy, c.x, c.w, N, I, O, 1);  // accumulate onto dx0
+    for (int i = 0; i < N * I; i++) dx[i] -= dx0[i];
+    fd_check("linear dx (accum)", lin_loss, &c, c.x, dx, N * I, FD_TOL);
+    fd_check("linear dw", lin_loss, &c, c.w, dw, O * I, FD_TOL);
+    fd_check("linear db", lin_loss, &c, c.b, db, O, FD_TOL);
+    // float32
+    float *x = floats_of(c.x, N * I), *w = floats_of(c.w, O * I), *b = floats_of(c.b, O), *wy = floats_of(c.wy, N * O);
+    float *y = xcalloc(N * O, 4), *fdx = xcalloc(N * I, 4), *fdw = xcalloc(O * I, 4), *fdb = xcalloc(O, 4);
+    lin_loss(&c);
+    C->linear_fwd(C, y, x, w, b, N, I, O);
+    cmp("linear y", y, c.y, N * O, F32_TOL);
+    C->linear_bwd(C, fdx, fdw, fdb, wy, x, w, N, I, O, 0);
+    cmp("linear dx", fdx, dx, N * I, F32_TOL);
+    cmp("linear dw", fdw, dw, O * I, F32_TOL);
+    cmp("linear db", fdb, db, O, F32_TOL);
+    free(c.x); free(c.w); free(c.b); free(c.wy); free(c.y); free(dx); free(dx0); free(dw); free(db);
+    free(x); free(w); free(b); free(wy); free(y); free(fdx); free(fdw); free(fdb);
+}
+
+// ---------------------------------------------------------------------------- rmsnorm
+
+typedef struct {
+    int N, D, group, wlen;
+    double *x, *w, *wy, *y, *rstd;
+} NormCtx;
+
+static double norm_loss(void *p) {
+    NormCtx *c = p;
+    R->rmsnorm_fwd(R, c->y, c->rstd, c->x, c->w, c->N, c->D, c->group, c->wlen, 1e-5f);
+    return dot64(c->y, c->wy, (size_t)c->N * c->D);
+}
+
+TEST(op_rmsnorm) {
+    backends();
+    // whole rows; per-head groups with one shared weight (fla's o_norm); per-head groups, own weights
+    int cfg[3][2] = {{18, 18}, {6, 6}, {6, 18}};  // group, wlen with D = 18
+    for (int k = 0; k < 3; k++) {
+        int N = 9, D = 18, group = cfg[k][0], wlen = cfg[k][1];
+        size_t nd = (size_t)N * D, nr = nd / group;
+        NormCtx c = {N, D, group, wlen, rand_doubles(10 + k, nd, -2, 2), rand_doubles(20 + k, wlen, 0.5, 1.5),
+                     rand_doubles(30 + k, nd, -1, 1), xcalloc(nd, 8), xcalloc(nr, 8)};
+        norm_loss(&c);
+        double *dx = xcalloc(nd, 8), *dw = xcalloc(wlen, 8);
+        R->rmsnorm_bwd(R, dx, dw, c.wy, c.x, c.w, c.rstd, N, D, group, wlen, 0);
+        char name[64];
+        snprintf(name, sizeof name, "rmsnorm dx (group %d, w %d)", group, wlen);
+        fd_check(name, norm_loss, &c, c.x, dx, nd, FD_TOL);
+        snprintf(name, sizeof name, "rmsnorm dw (group %d, w %d)", group, wlen);
+        fd_check(name, norm_loss, &c, c.w, dw, wlen, FD_TOL);
+        float *x = floats_of(c.x, nd), *w = floats_of(c.w, wlen), *wy = floats_of(c.wy, nd);
+        float *y = xcalloc(nd, 4), *rstd = xcalloc(nr, 4), *fdx = xcalloc(nd, 4), *fdw = xcalloc(wlen, 4);
+        norm_loss(&c);
+        C->rmsnorm_fwd(C, y, rstd, x, w, N, D, group, wlen, 1e-5f);
+        cmp("rmsnorm y", y, c.y, nd, F32_TOL);
+        C->rmsnorm_bwd(C, fdx, fdw, wy, x, w, rstd, N, D, group, wlen, 0);
+        cmp("rmsnorm dx", fdx, dx, nd, F32_TOL);
+        cmp("rmsnorm dw", fdw, dw, wlen, F32_TOL);
+        free(c.x); free(c.w); free(c.wy); free(c.y); free(c.rstd); free(dx); free(dw);
+        free(x); free(w); free(wy); free(y); free(rstd); free(fdx); free(fdw);
+    }
+}
+
+// ---------------------------------------------------------------------------- l2norm
+
+typedef struct {
+    int N, D, group;
+    double *x, *wy, *y, *inv;
+} L2Ctx;
+
+static double l2_loss(void *p) {
+    L2Ctx *c = p;
+    R->l2norm_fwd(R, c->y, c->inv, c->x, c->N, c->D, c->group, 1e-6f);
+    return dot64(c->y, c->wy, (size_t)c->N * c->D);
+}
+
+TEST(op_l2norm) {
+    backends();
+    int N = 5, D = 21, group = 7;
+    size_t nd = (size_t)N * D;
+    L2Ctx c = {N, D, group, rand_doubles(40, nd, -1, 1), rand_doubles(41, nd, -1, 1), xcalloc(nd, 8), xcalloc(nd / group, 8)};
+    l2_loss(&c);
+    double *dx = xcalloc(nd, 8);
+    R->l2norm_bwd(R, dx, c.wy, c.y, c.inv, N, D, group);
+    fd_check("l2norm dx", l2_loss, &c, c.x, dx, nd, FD_TOL);
+    float *x = floats_of(c.x, nd), *wy = floats_of(c.wy, nd), *y = xcalloc(nd, 4), *inv = xcalloc(nd / group, 4);
+    float *fdx = xcalloc(nd, 4);
+    l2_loss(&c);
+    C->l2norm_fwd(C, y, inv, x, N, D, group, 1e-6f);
+    cmp("l2norm y", y, c.y, nd, F32_TOL);
+    C->l2norm_bwd(C, fdx, wy, y, inv, N, D, group);
+    cmp("l2norm dx", fdx, dx, nd, F32_TOL);
+    free(c.x); free(c.wy); free(c.y); free(c.inv); free(dx); free(x); free(wy); free(y); free(inv); free(fdx);
+}
+
+// ------------------------------------------------------------------- silu and swiglu
+
+typedef struct {
+    size_t n;
+    double *g, *u, *wy, *y;
+} ActCtx;
+
+static double silu_loss(void *p) {
+    ActCtx *c = p;
+    R->silu_fwd(R, c->y, c->g, c->n);
+    return dot64(c->y, c->wy, c->n);
+}
+
+static double swiglu_loss(void *p) {
+    ActCtx *c = p;
+    R->swiglu_fwd(R, c->y, c->g, c->u, c->n);
+    return dot64(c->y, c->wy, c->n);
+}
+
+TEST(op_silu_swiglu) {
+    backends();
+    size_t n = 37;
+    ActCtx c = {n, rand_doubles(50, n, -6, 6), rand_doubles(51, n, -2, 2), rand_doubles(52, n, -1, 1), xcalloc(n, 8)};
+    double *dg = xcalloc(n, 8), *du = xcalloc(n, 8);
+    R->silu_bwd(R, dg, c.wy, c.g, n);
+    fd_check("silu dx", silu_loss, &c, c.g, dg, n, FD_TOL);
+    R->swiglu_bwd(R, dg, du, c.wy, c.g, c.u, n);
+    fd_check("swiglu dg", swiglu_loss, &c, c.g, dg, n, FD_TOL);
+    fd_check("swiglu du", swiglu_loss, &c, c.u, du, n, FD_TOL);
+    float *g = floats_of(c.g, n), *u = floats_of(c.u, n), *wy = floats_of(c.wy, n), *y = xcalloc(n, 4);
+    float *fdg = xcalloc(n, 4), *fdu = xcalloc(n, 4);
+    silu_loss(&c);
+    C->silu_fwd(C, y, g, n);
+    cmp("silu y", y, c.y, n, F32_TOL);
+    swiglu_loss(&c);
+    C->swiglu_fwd(C, y, g, u, n);
+    cmp("swiglu y", y, c.y, n, F32_TOL);
+    C->swiglu_bwd(C, fdg, fdu, wy, g, u, n);
+    cmp("swiglu dg", fdg, dg, n, F32_TOL);
+    cmp("swiglu du", fdu, du, n, F32_TOL);
+    C->silu_bwd(C, fdg, wy, g, n);
+    R->silu_bwd(R, dg, c.wy, c.g, n);
+    cmp("silu dx", fdg, dg, n, F32_TOL);
+    free(c.g); free(c.u); free(c.wy); free(c.y); free(dg); free(du); free(g); free(u); free(wy); free(y);
+    free(fdg); free(fdu);
+}
+
+// ---------------------------------------------------------------------------- conv
+
+typedef struct {
+    int B, T, Ch, K;
+    double *x, *w, *sin, *wy, *y;
+} ConvCtx;
+
+static double conv_loss(void *p) {
+    ConvCtx *c = p;
+    R->conv_fwd(R, c->y, c->x, c->w, c->B, c->T, c->Ch, c->K, c->sin, NULL);
+    return dot64(c->y, c->wy, (size_t)c->B * c->T * c->Ch);
+}
+
+TEST(op_conv) {
+    backends();
+    int B = 2, T = 6, Ch = 5, K = 4;
+    size_t nx = (size_t)B * T * Ch, ns = (size_t)B * (K - 1) * Ch;
+    for (int with_state = 0; with_state < 2; with_state++) {
+        ConvCtx c = {B, T, Ch, K, rand_doubles(60, nx, -1, 1), rand_doubles(61, (size_t)Ch * K, -1, 1),
+                     with_state ? rand_doubles(62, ns, -1, 1) : NULL, rand_doubles(63, nx, -1, 1), xcalloc(nx, 8)};
+        double *dx = xcalloc(nx, 8), *dw = xcalloc((size_t)Ch * K, 8);
+        R->conv_bwd(R, dx, dw, c.wy, c.x, c.w, B, T, Ch, K, c.sin);
+        fd_check(with_state ? "conv dx (state)" : "conv dx", conv_loss, &c, c.x, dx, nx, FD_TOL);
+        fd_check(with_state ? "conv dw (state)" : "conv dw", conv_loss, &c, c.w, dw, (size_t)Ch * K, FD_TOL);
+        float *x = floats_of(c.x, nx), *w = floats_of(c.w, (size_t)Ch * K), *wy = floats_of(c.wy, nx);
+        float *sin = c.sin ? floats_of(c.sin, ns) : NULL, *y = xcalloc(nx, 4), *fdx = xcalloc(nx, 4);
+        float *fdw = xcalloc((size_t)Ch * K, 4);
+        conv_loss(&c);
+        C->conv_fwd(C, y, x, w, B, T, Ch, K, sin, NULL);
+        cmp("conv y", y, c.y, nx, F32_TOL);
+        C->conv_bwd(C, fdx, fdw, wy, x, w, B, T, Ch, K, sin);
+        cmp("conv dx", fdx, dx, nx, F32_TOL);
+        cmp("conv dw", fdw, dw, (size_t)Ch * K, F32_TOL);
+        free(c.x); free(c.w); free(c.sin); free(c.wy); free(c.y); free(dx); free(dw);
+        free(x); free(w); free(wy); free(sin); free(y); free(fdx); free(fdw);
+    }
+}
+
+// Streaming: the output over T tokens equals running the tokens one at a time
+// through the state (in place), with T < K - 1 cases included.
+TEST(op_conv_state_streaming) {
+    backends();
+    int B = 3, T = 9, Ch = 4, K = 4;
+    size_t nx = (size_t)B * T * Ch;
+    double *x = rand_doubles(70, nx, -1, 1), *w = rand_doubles(71, (size_t)Ch * K, -1, 1), *y = xcalloc(nx, 8);
+    R->conv_fwd(R, y, x, w, B, T, Ch, K, NULL, NULL);
+    float *fx = floats_of(x, nx), *fw = floats_of(w, (size_t)Ch * K);
+    float *state = xcalloc((size_t)B * (K - 1) * Ch, 4), *step_y = xcalloc(nx, 4), *xt = xcalloc((size_t)B * 2 * Ch, 4);
+    float *yt = xcalloc((size_t)B * 2 * Ch, 4);
+    for (int t0 = 0; t0 < T;) {
+        int n = t0 == 0 ? 2 : 1;  // a 2-token prefill (shorter than K - 1), then single steps
+        for (int b = 0; b < B; b++)
+            memcpy(xt + (size_t)b * n * Ch, fx + ((size_t)b * T + t0) * Ch, sizeof(float) * n * Ch);
+        C->conv_fwd(C, yt, xt, fw, B, n, Ch, K, t0 ? state : NULL, state);
+        for (int b = 0; b < B; b++)
+            memcpy(step_y + ((size_t)b * T + t0) * Ch, yt + (size_t)b * n * Ch, sizeof(float) * n * Ch);
+        t0 += n;
+    }
+    cmp("conv streamed through its state", step_y, y, nx, F32_TOL);
+    free(x); free(w); free(y); free(fx); free(fw); free(state); free(step_y); free(xt); free(yt);
+}
+
+// -------------------------------------------------------------------- embedding
+
+typedef struct {
+    int N, D;
+    int32_t *tok;
+    double *e, *wy, *y;
+} EmbCtx;
+
+static double emb_loss(void *p) {
+    EmbCtx *c = p;
+    R->embed_fwd(R, c->y, c->tok, c->e, c->N, c->D, 1.7f);
+    return dot64(c->y, c->wy, (size_t)c->N * c->D);
+}
+
+TEST(op_embed) {
+    backends();
+    int N = 8, D = 6, V = 5;
+    int32_t tok[8] = {0, 3, 3, 4, 1, 0, 3, 2};
+    EmbCtx c = {N, D, tok, rand_doubles(80, V * D, -1, 1), rand_doubles(81, N * D, -1, 1), xcalloc(N * D, 8)};
+    double *de = xcalloc(V * D, 8);
+    R->embed_bwd(R, de, c.wy, tok, N, D, 1.7f);
+    fd_check("embed dE (repeated tokens)", emb_loss, &c, c.e, de, V * D, FD_TOL);
+    float *e = floats_of(c.e, V * D), *wy = floats_of(c.wy, N * D), *y = xcalloc(N * D, 4), *fde = xcalloc(V * D, 4);
+    emb_loss(&c);
+    C->embed_fwd(C, y, tok, e, N, D, 1.7f);
+    cmp("embed y", y, c.y, N * D, F32_TOL);
+    C->embed_bwd(C, fde, wy, tok, N, D, 1.7f);
+    cmp("embed dE", fde, de, V * D, F32_TOL);
+    free(c.e); free(c.wy); free(c.y); free(de); free(e); free(wy); free(y); free(fde);
+}
+
+// ----------------------------------------------------------------- cross-entropy
+
+typedef struct {
+    int N, V;
+    float cap;
+    int32_t *tgt;
+    double *z, *work, *loss;
+} XentCtx;
+
+static double xent_loss(void *p) {
+    XentCtx *c = p;
+    memcpy(c->work, c->z, sizeof(double) * c->N * c->V);
+    R->xent(R, c->work, c->loss, c->tgt, c->N, c->V, c->cap, 0);
+    double s = 0;
+    for (int n = 0; n < c->N; n++) s += c->loss[n] * (n + 1);  // distinct weights per row
+    return s;
+}
+
+TEST(op_softcapped_cross_entropy) {
+    backends();
+    int N = 6, V = 11;
+    int32_t tgt[6] = {3, -1, 0, 10, 7, 3};
+    for (int k = 0; k < 2; k++) {
+        float cap = k ? 3.0f : 0.0f;  // a small cap, so that tanh bends the logits a lot
+        XentCtx c = {N, V, cap, tgt, rand_doubles(90, N * V, -5, 5), xcalloc(N * V, 8), xcalloc(N, 8)};
+        // analytic: one call per row weight (grad_scale applies to all rows, so weight rows via the logits)
+        double *grad = xcalloc(N * V, 8);
+        for (int n = 0; n < N; n++) {
+            memcpy(c.work, c.z, sizeof(double) * N * V);
+            R->xent(R, c.work, c.loss, tgt, N, V, cap, (float)(n + 1));
+            memcpy(grad + (size_t)n * V, c.work + (size_t)n * V, sizeof(double) * V);
+        }
+        fd_check(cap > 0 ? "xent dlogits (cap 3)" : "xent dlogits (no cap)", xent_loss, &c, c.z, grad, N * V, FD_TOL);
+        CHECK(c.loss[1] == 0, "ignored target has loss %g", c.loss[1]);
+        float *fz = floats_of(c.z, N * V), *fl = xcalloc(N, 4);
+        memcpy(c.work, c.z, sizeof(double) * N * V);
+        R->xent(R, c.work, c.loss, tgt, N, V, cap, 0.5f);
+        C->xent(C, fz, fl, tgt, N, V, cap, 0.5f);
+        cmp("xent losses", fl, c.loss, N, F32_TOL);
+        cmp("xent grad", fz, c.work, N * V, F32_TOL);
+        free(c.z); free(c.work); free(c.loss); free(grad); free(fz); free(fl);
+    }
+}
+
+// ------------------------------------------------------------------- Mesa gates
+
+typedef struct {
+    size_t n;
+    float hmax;
+    double *a, *b, *wg, *wb, *g, *beta;
+} GateCtx;
+
+static double gate_loss(void *p) {
+    GateCtx *c = p;
+    R->mesa_gates_fwd(R, c->g, c->beta, c->a, c->b, c->n, c->hmax);
+    return dot64(c->g, c->wg, c->n) + dot64(c->beta, c->wb, c->n);
+}
+
+TEST(op_mesa_gates) {
+    backends();
+    size_t n = 40;
+    // hmax = 8 with a in [-2, 8]: the bound log(1 - beta/8) is active for large a (both branches tested)
+    GateCtx c = {n, 8.0f, rand_doubles(100, n, -2, 8), rand_doubles(101, n, -3, 3), rand_doubles(102, n, -1, 1),
+                 rand_doubles(103, n, -1, 1), xcalloc(n, 8), xcalloc(n, 8)};
+    gate_loss(&c);
+    int bounded = 0;
+    for (size_t i = 0; i < n; i++) bounded += c.g[i] < -log1p(exp(-c.a[i])) - 1e-12;
+    test_note("forget-gate bound active for %d of %zu gates", bounded, n);
+    CHECK(bounded > 3 && bounded < (int)n - 3, "both branches of the bound must be exercised (%d bounded)", bounded);
+    double *da = xcalloc(n, 8), *db = xcalloc(n, 8);
+    R->mesa_gates_bwd(R, da, db, c.wg, c.wb, c.a, c.b, n, c.hmax);
+    fd_check("gates da", gate_loss, &c, c.a, da, n, FD_TOL);
+    fd_check("gates db (through beta and the bound)", gate_loss, &c, c.b, db, n, FD_TOL);
+    float *a = floats_of(c.a, n), *b = floats_of(c.b, n), *wg = floats_of(c.wg, n), *wb = floats_of(c.wb, n);
+    float *g = xcalloc(n, 4), *beta = xcalloc(n, 4), *fda = xcalloc(n, 4), *fdb = xcalloc(n, 4);
+    gate_loss(&c);
+    C->mesa_gates_fwd(C, g, beta, a, b, n, c.hmax);
+    cmp("gates g", g, c.g, n, F32_TOL);
+    cmp("gates beta", beta, c.beta, n, F32_TOL);
+    C->mesa_gates_bwd(C, fda, fdb, wg, wb, a, b, n, c.hmax);
+    cmp("gates da", fda, da, n, F32_TOL);
+    cmp("gates db", fdb, db, n, F32_TOL);
+    free(c.a); free(c.b); free(c.wg); free(c.wb); free(c.g); free(c.beta); free(da); free(db);
+    free(a); free(b); free(wg); free(wb); free(g); free(beta); free(fda); free(fdb);
+}
+
+typedef struct {
+    size_t n;
+    double *p, *wy, *y;
+} SpCtx;
+
+static double sp_loss(void *p) {
+    SpCtx *c = p;
+    R->softplus_fwd(R, c->y, c->p, c->n, 0.25f);
+    return dot64(c->y, c->wy, c->n);
+}
+
+TEST(op_softplus) {
+    backends();
+    size_t n = 25;
+    SpCtx c = {n, rand_doubles(110, n, -8, 8), rand_doubles(111, n, -1, 1), xcalloc(n, 8)};
+    double *dp = xcalloc(n, 8);
+    R->softplus_bwd(R, dp, c.wy, c.p, n);
+    fd_check("softplus dp", sp_loss, &c, c.p, dp, n, FD_TOL);
+    float *p = floats_of(c.p, n), *wy = floats_of(c.wy, n), *y = xcalloc(n, 4), *fdp = xcalloc(n, 4);
+    sp_loss(&c);
+    C->softplus_fwd(C, y, p, n, 0.25f);
+    cmp("softplus y", y, c.y, n, F32_TOL);
+    C->softplus_bwd(C, fdp, wy, p, n);
+    cmp("softplus dp", fdp, dp, n, F32_TOL);
+    free(c.p); free(c.wy); free(c.y); free(dp); free(p); free(wy); free(y); free(fdp);
+}
+
+// ---------------------------------------------------------------- optimiser ops
+
+TEST(op_adamw_sumsq_scale_add) {
+    backends();
+    size_t n = 1000;
+    double *p = rand_doubles(120, n, -1, 1), *g = rand_doubles(121, n, -1, 1), *m = xcalloc(n, 8), *v = xcalloc(n, 8);
+    float *fp = floats_of(p, n), *fg = floats_of(g, n), *fm = xcalloc(n, 4), *fv = xcalloc(n, 4);
+    for (int t = 1; t <= 3; t++) {
+        R->adamw(R, p, g, m, v, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        C->adamw(C, fp, fg, fm, fv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    }
+    cmp("adamw p", fp, p, n, F32_TOL);
+    cmp("adamw m", fm, m, n, F32_TOL);
+    cmp("adamw v", fv, v, n, F32_TOL);
+    // The first AdamW step moves every weight by lr (sign of g) plus decay, whatever |g|.
+    double q[2] = {0.5, -2}, dq[2] = {1e-3, -5}, mq[2] = {0}, vq[2] = {0};
+    R->adamw(R, q, dq, mq, vq, 2, 0.1f, 0.9f, 0.95f, 1e-12f, 0.0f, 1);
+    CHECK(fabs(q[0] - 0.4) < 1e-6 && fabs(q[1] + 1.9) < 1e-6, "first step: %g %g", q[0], q[1]);
+    double s64, s32;
+    R->sumsq(R, g, n, &s64);
+    C->sumsq(C, fg, n, &s32);
+    CHECK(fabs(s32 - s64) <= 1e-6 * s64, "sumsq %g vs %g", s32, s64);
+    R->scale(R, g, n, 0.5f);
+    C->scale(C, fg, n, 0.5f);
+    R->add(R, g, p, n);
+    C->add(C, fg, fp, n);
+    cmp("scale + add", fg, g, n, F32_TOL);
+    free(p); free(g); free(m); free(v); free(fp); free(fg); free(fm); free(fv);
+}
