@@ -37,6 +37,7 @@ struct Backend {
     void *ctx;  // backend-private (cuda: stream, cuBLAS handles)
 
     // --- memory ---------------------------------------------------------------
+    size_t (*elem_size)(const Backend *be, MemKind kind);  // bytes per element (for views into a slab)
     void *(*alloc)(const Backend *be, size_t n, MemKind kind);  // zeroed; NULL + mn_error on failure
     void (*free)(const Backend *be, void *p);
     void (*zero)(const Backend *be, void *p, size_t n, MemKind kind);

@@ -19,6 +19,7 @@
 
 static size_t elem(MemKind k) { return k == MEM_I32 ? sizeof(int32_t) : sizeof(float); }
 
+static size_t c_elem_size(const Backend *be, MemKind k) { return elem(k); }
 static void *c_alloc(const Backend *be, size_t n, MemKind k) { return mn_calloc(n ? n : 1, elem(k)); }
 static void c_free(const Backend *be, void *p) { mn_free(p); }
 static void c_zero(const Backend *be, void *p, size_t n, MemKind k) { memset(p, 0, n * elem(k)); }
@@ -417,7 +418,7 @@ static int c_scale(const Backend *be, void *x_, size_t n, float s) {
 
 static const Backend cpu_backend = {
     .name = "cpu",
-    .alloc = c_alloc, .free = c_free, .zero = c_zero, .copy = c_copy,
+    .elem_size = c_elem_size, .alloc = c_alloc, .free = c_free, .zero = c_zero, .copy = c_copy,
     .upload = c_upload, .download = c_download, .upload_f32 = c_upload_f32, .download_f32 = c_download_f32,
     .upload_i32 = c_upload_i32, .sync = c_sync,
     .linear_fwd = c_linear_fwd, .linear_bwd = c_linear_bwd,

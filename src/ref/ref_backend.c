@@ -14,6 +14,7 @@
 
 static size_t elem(MemKind k) { return k == MEM_I32 ? sizeof(int32_t) : sizeof(double); }
 
+static size_t r_elem_size(const Backend *be, MemKind k) { return elem(k); }
 static void *r_alloc(const Backend *be, size_t n, MemKind k) { return mn_calloc(n ? n : 1, elem(k)); }
 static void r_free(const Backend *be, void *p) { mn_free(p); }
 static void r_zero(const Backend *be, void *p, size_t n, MemKind k) { memset(p, 0, n * elem(k)); }
@@ -375,7 +376,7 @@ static int r_scale(const Backend *be, void *x_, size_t n, float s) {
 
 static const Backend ref_backend = {
     .name = "ref",
-    .alloc = r_alloc, .free = r_free, .zero = r_zero, .copy = r_copy,
+    .elem_size = r_elem_size, .alloc = r_alloc, .free = r_free, .zero = r_zero, .copy = r_copy,
     .upload = r_upload, .download = r_download, .upload_f32 = r_upload_f32, .download_f32 = r_download_f32,
     .upload_i32 = r_upload_i32, .sync = r_sync,
     .linear_fwd = r_linear_fwd, .linear_bwd = r_linear_bwd,

@@ -1,0 +1,18 @@
+// The registry of sequence mixers.
+#include <string.h>
+
+#include "core/common.h"
+#include "mixer.h"
+
+static const MixerOps *const mixers[] = {&mixer_mesa};
+
+const MixerOps *mixer_find(const char *name) {
+    char known[256] = "";
+    for (size_t i = 0; i < sizeof mixers / sizeof mixers[0]; i++) {
+        if (!strcmp(mixers[i]->name, name)) return mixers[i];
+        strcat(known, i ? ", " : "");
+        strcat(known, mixers[i]->name);
+    }
+    mn_error(MN_ERR_ARG, "unknown mixer '%s' (known: %s)", name, known);
+    return NULL;
+}

@@ -1,0 +1,50 @@
+/*
+ * The sequence-mixer interface. A mixer maps the block input u [B*T, D]
+ * (already RMS-normalised) to y [B*T, D]. It declares its parameters, runs
+ * forward (saving what its backward needs), backward (accumulating its
+ * parameter gradients) and, for generation, keeps a fixed-size recurrent state
+ * per sequence. Mixers are written against the backend op table, so one file
+ * serves every backend. Adding a mixer: one file here plus a line in mixer.c.
+ */
+#ifndef MN_MIXER_H
+#define MN_MIXER_H
+
+#include "core/backend.h"
+#include "model/config.h"
+
+typedef struct Mixer Mixer;
+
+typedef struct {
+    const char *name;
+    // Appends this layer's parameter specs, names prefixed by `prefix` (e.g. "model.layers.3.").
+    int (*declare)(const ModelConfig *c, const char *prefix, ParamSpec *out, int *n, int max);
+    // Allocates the mixer's private part (m->priv); buffers come lazily with the first forward.
+    int (*create)(Mixer *m);
+    // y[B*T, D] = mixer(u). With use_state, starts from the recurrent state and leaves the final
+    // one there (prefill and decode); otherwise starts from zero and keeps the activations for backward.
+    int (*forward)(Mixer *m, void *y, const void *u, int B, int T, int use_state);
+    // du (=) and the parameter gradients (+=) from dy, for the last forward without state.
+    int (*backward)(Mixer *m, void *du, const void *dy);
+    // Zeroes (allocating if needed) the recurrent state of B sequences.
+    int (*reset_state)(Mixer *m, int B);
+    // Floats of recurrent state per sequence (the constant memory of decoding).
+    size_t (*state_floats)(const ModelConfig *c);
+    void (*destroy)(Mixer *m);
+} MixerOps;
+
+struct Mixer {
+    const MixerOps *ops;
+    const Backend *be;
+    const ModelConfig *cfg;
+    MnSolver solver;          // CG settings for the next call (training, evaluation or decoding)
+    void **w, **dw;           // this layer's parameters and their gradients, in declare() order
+    void *priv;               // the mixer's own buffers
+    double cg_steps, cg_systems;  // CG steps and systems solved since the counters were zeroed
+};
+
+// The mixer named `name`, or NULL with an error listing the known ones.
+const MixerOps *mixer_find(const char *name);
+
+extern const MixerOps mixer_mesa;
+
+#endif

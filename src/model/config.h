@@ -1,0 +1,77 @@
+/*
+ * A model's architecture (ModelConfig) and the declaration of its parameter
+ * tensors (ParamSpec), shared by the backbone and the mixers.
+ *
+ * Configs are JSON files or named presets (config.c). Two architecture
+ * families: "paper", the MesaNet paper's backbone (embedding scaled by
+ * sqrt(D), tied head, logits soft cap 30, forget-gate bound), and "fla", which
+ * matches fla's MesaNetForCausalLM exactly so that checkpoints move between the
+ * two (no scale, no cap, untied head, SwiGLU width 8/3 D rounded up to 256, no
+ * bound, one o_norm weight shared by all heads).
+ */
+#ifndef MN_CONFIG_H
+#define MN_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    char mixer[16];       // sequence mixer of every block: "mesa"
+    char arch[8];         // "paper" or "fla"
+    int vocab_size;       // V
+    int dim;              // D, the residual stream width
+    int n_layers;         // blocks
+    int n_heads;          // H
+    int head_dim;         // Dk = Dv per head
+    int mlp_hidden;       // SwiGLU hidden width F
+    int conv_size;        // short convolution width on q and k (4)
+    float norm_eps;       // RMSNorm epsilon
+    float logit_cap;      // soft cap c of the logits, c tanh(z / c); 0: none
+    int embed_scale;      // 1: the embedding output is multiplied by sqrt(D)
+    int tie_embeddings;   // 1: the output head is the embedding matrix
+    int shared_onorm;     // 1: one o_norm weight [Dk] for all heads (fla); 0: one per head
+    int output_gate;      // 1: y = W_o (RMSNorm(o) (.) SiLU(W_g u))
+    float lambda_min;     // lower bound of lambda = softplus(p) + lambda_min
+    float lambda_init;    // initial lambda
+    float gate_bound;     // h_max of the forget-gate bound (0: none)
+    int seq_len;          // training context length (informational)
+    float resid_scale;    // the variance of W_o and W_down is divided by n_layers^resid_scale
+    int cg_steps;         // CG steps in training (30)
+} ModelConfig;
+
+// Fills the defaults of the "paper" architecture for the given sizes.
+void config_default(ModelConfig *c);
+// A named preset ("tiny", "demo", "125m", "400m", "1b", "fla-162m", "fla-412m"), or MN_ERR_ARG listing them.
+int config_preset(ModelConfig *c, const char *name);
+// Reads a JSON config (unknown keys and impossible sizes are refused, naming the file and key),
+// or, if `spec` is not a file, a preset name.
+int config_load(ModelConfig *c, const char *spec);
+int config_save(const ModelConfig *c, const char *path);
+// MN_ERR_ARG with a message naming the field unless every size is consistent.
+int config_validate(const ModelConfig *c, const char *where);
+
+typedef enum {
+    INIT_NORMAL,       // N(0, init_value^2)
+    INIT_CONST,        // init_value everywhere
+    INIT_FORGET_BIAS,  // per-head forget-gate biases: gamma = sigmoid(bias) spread over heads from 0.9 to 0.999
+} InitKind;
+
+// One parameter tensor: its checkpoint name, shape, initialisation and
+// whether weight decay applies. `offset` (elements) places it in the model's
+// parameter slab.
+typedef struct {
+    char name[96];
+    int ndim;
+    int64_t shape[4];
+    size_t numel;
+    InitKind init;
+    double init_value;  // INIT_NORMAL: standard deviation; INIT_CONST: the value
+    int decay;
+    size_t offset;
+} ParamSpec;
+
+// Appends a spec to list (with room for `max`), returning its index or -1 if full.
+int param_add(ParamSpec *list, int *n, int max, const char *name, int ndim, const int64_t *shape, InitKind init,
+              double value, int decay);
+
+#endif

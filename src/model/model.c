@@ -1,0 +1,360 @@
+/*
+ * The language model: parameters, forward, backward, decoding (model.h).
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+
+// A view `elems` elements into a backend buffer.
+static void *at(const Model *m, void *base, size_t elems, MemKind k) {
+    return (char *)base + elems * m->be->elem_size(m->be, k);
+}
+
+static int declare_backbone(Model *m) {
+    const ModelConfig *c = &m->cfg;
+    int64_t D = c->dim, F = c->mlp_hidden, V = c->vocab_size;
+    double resid = pow((double)c->n_layers, -c->resid_scale);
+    ParamSpec *s = m->specs;
+    int *n = &m->nparams, max = MODEL_MAX_PARAMS;
+    int64_t vd[2] = {V, D}, d1[1] = {D}, fd[2] = {F, D}, df[2] = {D, F};
+    // Embedding N(0, 1/D): with the sqrt(D) scale the residual stream starts at variance 1.
+    m->embed = param_add(s, n, max, "model.embeddings.weight", 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 0);
+    for (int l = 0; l < c->n_layers; l++) {
+        char pre[64], name[96];
+        snprintf(pre, sizeof pre, "model.layers.%d.", l);
+        BlockParams *b = &m->blocks[l];
+        snprintf(name, sizeof name, "%sattn_norm.weight", pre);
+        b->attn_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
+        b->first = *n;
+        MN_TRY(m->mixers[l].ops->declare(c, pre, s, n, max));
+        b->count = *n - b->first;
+        snprintf(name, sizeof name, "%smlp_norm.weight", pre);
+        b->mlp_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
+        snprintf(name, sizeof name, "%smlp.gate_proj.weight", pre);
+        b->gate = param_add(s, n, max, name, 2, fd, INIT_NORMAL, 1 / sqrt((double)D), 1);
+        snprintf(name, sizeof name, "%smlp.up_proj.weight", pre);
+        b->up = param_add(s, n, max, name, 2, fd, INIT_NORMAL, 1 / sqrt((double)D), 1);
+        snprintf(name, sizeof name, "%smlp.down_proj.weight", pre);
+        b->down = param_add(s, n, max, name, 2, df, INIT_NORMAL, resid / sqrt((double)F), 1);
+        if (b->down < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
+    }
+    m->norm_f = param_add(s, n, max, "model.norm.weight", 1, d1, INIT_CONST, 1, 0);
+    m->head = c->tie_embeddings ? m->embed
+                                : param_add(s, n, max, "lm_head.weight", 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 1);
+    if (m->norm_f < 0 || m->head < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
+    return MN_OK;
+}
+
+int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
+    MN_TRY(config_validate(cfg, "model config"));
+    const MixerOps *ops = mixer_find(cfg->mixer);
+    if (!ops) return MN_ERR_ARG;
+    Model *m = calloc(1, sizeof *m);
+    if (!m) return mn_error(MN_ERR_NOMEM, "out of memory");
+    m->cfg = *cfg;
+    m->be = be;
+    m->solver = mn_solver_default();
+    m->solver.max_steps = cfg->cg_steps;
+    int st = MN_OK;
+    m->specs = calloc(MODEL_MAX_PARAMS, sizeof(ParamSpec));
+    m->blocks = calloc((size_t)cfg->n_layers, sizeof(BlockParams));
+    m->mixers = calloc((size_t)cfg->n_layers, sizeof(Mixer));
+    if (!m->specs || !m->blocks || !m->mixers) {
+        st = mn_error(MN_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int l = 0; l < cfg->n_layers; l++) {
+        m->mixers[l].ops = ops;
+        m->mixers[l].be = be;
+        m->mixers[l].cfg = &m->cfg;
+        if ((st = ops->create(&m->mixers[l]))) goto fail;
+    }
+    if ((st = declare_backbone(m))) goto fail;
+    for (int i = 0; i < m->nparams; i++) {
+        m->specs[i].offset = m->total;
+        m->total += m->specs[i].numel;
+    }
+    m->params = be->alloc(be, m->total, MEM_PARAM);
+    m->grads = be->alloc(be, m->total, MEM_PARAM);
+    m->p = calloc((size_t)m->nparams, sizeof(void *));
+    m->g = calloc((size_t)m->nparams, sizeof(void *));
+    if (!m->params || !m->grads || !m->p || !m->g) {
+        st = MN_ERR_NOMEM;
+        goto fail;
+    }
+    for (int i = 0; i < m->nparams; i++) {
+        m->p[i] = at(m, m->params, m->specs[i].offset, MEM_PARAM);
+        m->g[i] = at(m, m->grads, m->specs[i].offset, MEM_PARAM);
+    }
+    for (int l = 0; l < cfg->n_layers; l++) {
+        m->mixers[l].w = m->p + m->blocks[l].first;
+        m->mixers[l].dw = m->g + m->blocks[l].first;
+        m->mixers[l].solver = m->solver;
+    }
+    *out = m;
+    return MN_OK;
+fail:
+    model_free(m);
+    return st;
+}
+
+static void free_activations(Model *m) {
+    void **bufs[] = {&m->tokens, &m->targets, &m->x,      &m->mid,    &m->n1,  &m->n2, &m->r1,
+                     &m->r2,     &m->gate,    &m->up,     &m->act,    &m->xf,  &m->rf, &m->logits,
+                     &m->losses, &m->dx,      &m->dn,     &m->dact,   &m->dgate, &m->dup};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (*bufs[i]) m->be->free(m->be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    m->cap = 0;
+}
+
+void model_free(Model *m) {
+    if (!m) return;
+    free_activations(m);
+    if (m->mixers)
+        for (int l = 0; l < m->cfg.n_layers; l++)
+            if (m->mixers[l].ops && m->mixers[l].priv) m->mixers[l].ops->destroy(&m->mixers[l]);
+    if (m->params) m->be->free(m->be, m->params);
+    if (m->grads) m->be->free(m->be, m->grads);
+    free(m->p);
+    free(m->g);
+    free(m->mixers);
+    free(m->blocks);
+    free(m->specs);
+    free(m);
+}
+
+int model_find_param(const Model *m, const char *name) {
+    for (int i = 0; i < m->nparams; i++)
+        if (!strcmp(m->specs[i].name, name)) return i;
+    return -1;
+}
+
+// Forget-gate biases: gamma_h = 1 - 10^(-1 - 2h/(H-1)), from 0.9 (short memory)
+// to 0.999 (long), so that heads start at different time scales.
+static double forget_bias(int h, int H) {
+    double one_minus = pow(10.0, -1.0 - 2.0 * h / (H > 1 ? H - 1 : 1));
+    return log((1 - one_minus) / one_minus);
+}
+
+int model_init_params(Model *m, uint64_t seed) {
+    enum { CHUNK = 1 << 20 };
+    double *buf = malloc(sizeof(double) * CHUNK);
+    if (!buf) return mn_error(MN_ERR_NOMEM, "out of memory");
+    int st = MN_OK;
+    for (int i = 0; i < m->nparams && !st; i++) {
+        const ParamSpec *s = &m->specs[i];
+        MnRng r;
+        mn_rng_seed(&r, seed * 1000003ull + (uint64_t)i);  // per tensor: independent of the others' sizes
+        for (size_t off = 0; off < s->numel && !st; off += CHUNK) {
+            size_t n = s->numel - off < CHUNK ? s->numel - off : CHUNK;
+            for (size_t j = 0; j < n; j++) {
+                switch (s->init) {
+                case INIT_NORMAL: buf[j] = s->init_value * mn_rng_normal(&r); break;
+                case INIT_CONST: buf[j] = s->init_value; break;
+                case INIT_FORGET_BIAS: buf[j] = forget_bias((int)(off + j), (int)s->numel); break;
+                }
+            }
+            st = m->be->upload(m->be, at(m, m->p[i], off, MEM_PARAM), buf, n, MEM_PARAM);
+        }
+    }
+    free(buf);
+    return st;
+}
+
+static int ensure_capacity(Model *m, int N) {
+    if (N <= m->cap) return MN_OK;
+    free_activations(m);
+    const Backend *be = m->be;
+    size_t L = (size_t)m->cfg.n_layers, D = (size_t)m->cfg.dim, F = (size_t)m->cfg.mlp_hidden;
+    size_t V = (size_t)m->cfg.vocab_size, n = (size_t)N;
+    struct {
+        void **p;
+        size_t count;
+        MemKind kind;
+    } bufs[] = {
+        {&m->tokens, n, MEM_I32},  {&m->targets, n, MEM_I32},  {&m->x, (L + 1) * n * D, MEM_ACT},
+        {&m->mid, L * n * D, MEM_ACT}, {&m->n1, L * n * D, MEM_ACT}, {&m->n2, L * n * D, MEM_ACT},
+        {&m->r1, L * n, MEM_F32},  {&m->r2, L * n, MEM_F32},   {&m->gate, L * n * F, MEM_ACT},
+        {&m->up, L * n * F, MEM_ACT}, {&m->act, L * n * F, MEM_ACT}, {&m->xf, n * D, MEM_ACT},
+        {&m->rf, n, MEM_F32},      {&m->logits, n * V, MEM_ACT}, {&m->losses, n, MEM_F32},
+        {&m->dx, n * D, MEM_ACT},  {&m->dn, n * D, MEM_ACT},   {&m->dact, n * F, MEM_ACT},
+        {&m->dgate, n * F, MEM_ACT}, {&m->dup, n * F, MEM_ACT},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        *bufs[i].p = be->alloc(be, bufs[i].count, bufs[i].kind);
+        if (!*bufs[i].p) {
+            free_activations(m);
+            return MN_ERR_NOMEM;
+        }
+    }
+    m->cap = N;
+    return MN_OK;
+}
+
+static int check_tokens(const Model *m, const int32_t *tokens, const int32_t *targets, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
+            return mn_error(MN_ERR_ARG, "token %d at position %zu is outside the vocabulary [0, %d)", tokens[i], i,
+                            m->cfg.vocab_size);
+        if (targets && targets[i] >= m->cfg.vocab_size)
+            return mn_error(MN_ERR_ARG, "target %d at position %zu is outside the vocabulary [0, %d)", targets[i], i,
+                            m->cfg.vocab_size);
+    }
+    return MN_OK;
+}
+
+// The blocks and the final norm over N = B*T tokens (embedding already in x[0]).
+static int forward_blocks(Model *m, int B, int T, int use_state) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    size_t N = (size_t)B * T, D = (size_t)c->dim, F = (size_t)c->mlp_hidden;
+    for (int l = 0; l < c->n_layers; l++) {
+        const BlockParams *bp = &m->blocks[l];
+        void *x = at(m, m->x, l * N * D, MEM_ACT), *xn = at(m, m->x, (l + 1) * N * D, MEM_ACT);
+        void *mid = at(m, m->mid, l * N * D, MEM_ACT), *n1 = at(m, m->n1, l * N * D, MEM_ACT);
+        void *n2 = at(m, m->n2, l * N * D, MEM_ACT), *r1 = at(m, m->r1, l * N, MEM_F32), *r2 = at(m, m->r2, l * N, MEM_F32);
+        void *gate = at(m, m->gate, l * N * F, MEM_ACT), *up = at(m, m->up, l * N * F, MEM_ACT);
+        void *act = at(m, m->act, l * N * F, MEM_ACT);
+        // u = x + Mixer(RMSNorm(x))
+        MN_TRY(be->rmsnorm_fwd(be, n1, r1, x, m->p[bp->attn_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
+        Mixer *mx = &m->mixers[l];
+        mx->solver = m->solver;
+        MN_TRY(mx->ops->forward(mx, mid, n1, B, T, use_state));
+        MN_TRY(be->add(be, mid, x, N * D));
+        // x' = u + W_down(SiLU(W_gate v) (.) W_up v),  v = RMSNorm(u)
+        MN_TRY(be->rmsnorm_fwd(be, n2, r2, mid, m->p[bp->mlp_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
+        MN_TRY(be->linear_fwd(be, gate, n2, m->p[bp->gate], NULL, (int)N, (int)D, (int)F));
+        MN_TRY(be->linear_fwd(be, up, n2, m->p[bp->up], NULL, (int)N, (int)D, (int)F));
+        MN_TRY(be->swiglu_fwd(be, act, gate, up, N * F));
+        MN_TRY(be->linear_fwd(be, xn, act, m->p[bp->down], NULL, (int)N, (int)F, (int)D));
+        MN_TRY(be->add(be, xn, mid, N * D));
+    }
+    void *xl = at(m, m->x, (size_t)c->n_layers * N * D, MEM_ACT);
+    return be->rmsnorm_fwd(be, m->xf, m->rf, xl, m->p[m->norm_f], (int)N, (int)D, (int)D, (int)D, c->norm_eps);
+}
+
+static float embed_scale(const ModelConfig *c) { return c->embed_scale ? sqrtf((float)c->dim) : 1.0f; }
+
+int model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T, float grad_weight,
+                  double *loss) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    if (B <= 0 || T <= 0) return mn_error(MN_ERR_ARG, "model_forward: B = %d, T = %d must be > 0", B, T);
+    size_t N = (size_t)B * T;
+    MN_TRY(check_tokens(m, tokens, targets, N));
+    MN_TRY(ensure_capacity(m, (int)N));
+    m->B = B;
+    m->T = T;
+    MN_TRY(be->upload_i32(be, m->tokens, tokens, N));
+    MN_TRY(be->embed_fwd(be, m->x, m->tokens, m->p[m->embed], (int)N, c->dim, embed_scale(c)));
+    MN_TRY(forward_blocks(m, B, T, 0));
+    MN_TRY(be->linear_fwd(be, m->logits, m->xf, m->p[m->head], NULL, (int)N, c->dim, c->vocab_size));
+    if (!targets) return MN_OK;
+    MN_TRY(be->upload_i32(be, m->targets, targets, N));
+    MN_TRY(be->xent(be, m->logits, m->losses, m->targets, (int)N, c->vocab_size, c->logit_cap, grad_weight));
+    if (loss) {  // summed in double from the backend's own precision (the reference's gradient checks need it)
+        double *l = malloc(sizeof(double) * N);
+        if (!l) return mn_error(MN_ERR_NOMEM, "out of memory");
+        int st = be->download(be, l, m->losses, N, MEM_F32);
+        double s = 0;
+        for (size_t i = 0; i < N; i++) s += l[i];
+        free(l);
+        MN_TRY(st);
+        *loss = s;
+    }
+    return MN_OK;
+}
+
+int model_backward(Model *m) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int B = m->B, T = m->T;
+    size_t N = (size_t)B * T, D = (size_t)c->dim, F = (size_t)c->mlp_hidden;
+    // logits now hold dloss/dlogits (model_forward with grad_weight)
+    MN_TRY(be->linear_bwd(be, m->dn, m->g[m->head], NULL, m->logits, m->xf, m->p[m->head], (int)N, (int)D,
+                          c->vocab_size, 0));
+    void *xl = at(m, m->x, (size_t)c->n_layers * N * D, MEM_ACT);
+    MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[m->norm_f], m->dn, xl, m->p[m->norm_f], m->rf, (int)N, (int)D, (int)D,
+                           (int)D, 0));
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        const BlockParams *bp = &m->blocks[l];
+        void *x = at(m, m->x, l * N * D, MEM_ACT), *mid = at(m, m->mid, l * N * D, MEM_ACT);
+        void *n1 = at(m, m->n1, l * N * D, MEM_ACT), *n2 = at(m, m->n2, l * N * D, MEM_ACT);
+        void *r1 = at(m, m->r1, l * N, MEM_F32), *r2 = at(m, m->r2, l * N, MEM_F32);
+        void *gate = at(m, m->gate, l * N * F, MEM_ACT), *up = at(m, m->up, l * N * F, MEM_ACT);
+        void *act = at(m, m->act, l * N * F, MEM_ACT);
+        // MLP: dx (the gradient of x') flows to u directly and through the MLP
+        MN_TRY(be->linear_bwd(be, m->dact, m->g[bp->down], NULL, m->dx, act, m->p[bp->down], (int)N, (int)F, (int)D, 0));
+        MN_TRY(be->swiglu_bwd(be, m->dgate, m->dup, m->dact, gate, up, N * F));
+        MN_TRY(be->linear_bwd(be, m->dn, m->g[bp->gate], NULL, m->dgate, n2, m->p[bp->gate], (int)N, (int)D, (int)F, 0));
+        MN_TRY(be->linear_bwd(be, m->dn, m->g[bp->up], NULL, m->dup, n2, m->p[bp->up], (int)N, (int)D, (int)F, 1));
+        MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[bp->mlp_norm], m->dn, mid, m->p[bp->mlp_norm], r2, (int)N, (int)D, (int)D,
+                               (int)D, 1));
+        // mixer: dx (now the gradient of u) flows to x directly and through the mixer
+        Mixer *mx = &m->mixers[l];
+        mx->solver = m->solver;
+        MN_TRY(mx->ops->backward(mx, m->dn, m->dx));
+        MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[bp->attn_norm], m->dn, x, m->p[bp->attn_norm], r1, (int)N, (int)D,
+                               (int)D, (int)D, 1));
+        (void)n1;
+    }
+    return be->embed_bwd(be, m->g[m->embed], m->dx, m->tokens, (int)N, (int)D, embed_scale(c));
+}
+
+int model_zero_grad(Model *m) {
+    m->be->zero(m->be, m->grads, m->total, MEM_PARAM);
+    return MN_OK;
+}
+
+int model_losses(const Model *m, float *out) {
+    return m->be->download_f32(m->be, out, m->losses, (size_t)m->B * m->T, MEM_F32);
+}
+
+int model_reset_state(Model *m, int B) {
+    if (B <= 0) return mn_error(MN_ERR_ARG, "model_reset_state: B = %d must be > 0", B);
+    for (int l = 0; l < m->cfg.n_layers; l++) MN_TRY(m->mixers[l].ops->reset_state(&m->mixers[l], B));
+    m->state_B = B;
+    return MN_OK;
+}
+
+int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    if (B != m->state_B)
+        return mn_error(MN_ERR_ARG, "model_decode: %d sequences, but the state was reset for %d", B, m->state_B);
+    if (T <= 0) return mn_error(MN_ERR_ARG, "model_decode: T = %d must be > 0", T);
+    size_t N = (size_t)B * T, D = (size_t)c->dim, V = (size_t)c->vocab_size;
+    MN_TRY(check_tokens(m, tokens, NULL, N));
+    MN_TRY(ensure_capacity(m, (int)N));
+    m->B = B;
+    m->T = T;
+    MN_TRY(be->upload_i32(be, m->tokens, tokens, N));
+    MN_TRY(be->embed_fwd(be, m->x, m->tokens, m->p[m->embed], (int)N, (int)D, embed_scale(c)));
+    MN_TRY(forward_blocks(m, B, T, 1));
+    // logits of each sequence's last token only
+    for (int b = 0; b < B; b++)
+        be->copy(be, at(m, m->dn, (size_t)b * D, MEM_ACT), at(m, m->xf, ((size_t)b * T + T - 1) * D, MEM_ACT), D, MEM_ACT);
+    MN_TRY(be->linear_fwd(be, m->logits, m->dn, m->p[m->head], NULL, B, (int)D, (int)V));
+    float *out = logits;
+    MN_TRY(be->download_f32(be, out, m->logits, (size_t)B * V, MEM_ACT));
+    if (c->logit_cap > 0)
+        for (size_t i = 0; i < (size_t)B * V; i++) out[i] = c->logit_cap * tanhf(out[i] / c->logit_cap);
+    return MN_OK;
+}
+
+double model_take_cg_steps(Model *m) {
+    double steps = 0, systems = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        steps += m->mixers[l].cg_steps;
+        systems += m->mixers[l].cg_systems;
+        m->mixers[l].cg_steps = m->mixers[l].cg_systems = 0;
+    }
+    return systems > 0 ? steps / systems : 0;
+}

@@ -1,0 +1,81 @@
+/*
+ * The language model (spec: backbone-and-training.md): token embedding (scaled
+ * by sqrt(D) in the paper's architecture), N pre-norm blocks
+ *     u = x + Mixer(RMSNorm(x));   x' = u + W_down(SiLU(W_gate v) (.) W_up v),  v = RMSNorm(u)
+ * a final RMSNorm, logits E h (tied) or W_head h, soft-capped c tanh(z / c).
+ *
+ * One slab holds every parameter and one every gradient (names, shapes and
+ * offsets in `specs`); activations are allocated for the largest B*T seen.
+ */
+#ifndef MN_MODEL_H
+#define MN_MODEL_H
+
+#include "core/backend.h"
+#include "mixers/mixer.h"
+#include "model/config.h"
+
+enum { MODEL_MAX_PARAMS = 4096 };
+
+// Per-block parameter indices into specs.
+typedef struct {
+    int attn_norm, mlp_norm, gate, up, down;
+    int first, count;  // the mixer's tensors: specs[first .. first+count)
+} BlockParams;
+
+typedef struct {
+    ModelConfig cfg;
+    const Backend *be;
+    ParamSpec *specs;        // [nparams]
+    int nparams;
+    size_t total;            // number of parameters
+    void *params, *grads;    // slabs of `total` elements (MEM_PARAM)
+    void **p, **g;           // per-tensor views into the slabs
+    int embed, head, norm_f; // indices of the backbone tensors (head = embed when tied)
+    BlockParams *blocks;     // [n_layers]
+    Mixer *mixers;           // [n_layers]
+    MnSolver solver;         // CG settings for the mixers (training default: cfg.cg_steps fixed steps)
+
+    // activations for up to `cap` tokens (N = B*T), from the last forward
+    int cap, B, T;
+    void *tokens, *targets;  // [N] int32
+    void *x;                 // [(L+1), N, D] the residual stream entering each block, and leaving the last
+    void *mid;               // [L, N, D] after the mixer's residual add
+    void *n1, *n2;           // [L, N, D] normalised inputs of the mixer and of the MLP
+    void *r1, *r2;           // [L, N] f32 their 1/rms
+    void *gate, *up, *act;   // [L, N, F] MLP activations
+    void *xf, *rf;           // [N, D] final norm, [N] its 1/rms
+    void *logits;            // [N, V] logits (capped), or their gradient after a training forward
+    void *losses;            // [N] f32 per-token losses
+    void *dx, *dn, *dact, *dgate, *dup;  // backward scratch: [N,D], [N,D], [N,F] x3
+    int state_B;             // sequences of the decoding state (0: none)
+} Model;
+
+int model_create(Model **out, const ModelConfig *cfg, const Backend *be);
+void model_free(Model *m);
+// Random initialisation of the spec (backbone-and-training.md), from a seed.
+int model_init_params(Model *m, uint64_t seed);
+// The index of the tensor named `name`, or -1.
+int model_find_param(const Model *m, const char *name);
+
+// Forward over B sequences of T tokens (host arrays). With targets (< 0: no
+// loss) the per-token losses are kept and *loss (if not NULL) is their sum.
+// grad_weight != 0 prepares model_backward for the gradient of
+// grad_weight * sum(losses).
+int model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T, float grad_weight,
+                  double *loss);
+// Accumulates (+=) the parameter gradients of the last forward.
+int model_backward(Model *m);
+int model_zero_grad(Model *m);
+// Per-token losses of the last forward, host [B*T].
+int model_losses(const Model *m, float *out);
+
+// Decoding with the recurrent state: reset for B sequences, then feed tokens
+// [B*T] (T >= 1: a prefill or one step); the logits of each sequence's last
+// token go to host logits [B*V].
+int model_reset_state(Model *m, int B);
+int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits);
+
+// CG steps per system since the last call (the mixers' counters), and reset.
+double model_take_cg_steps(Model *m);
+
+#endif
