@@ -1,0 +1,51 @@
+#include "optim.h"
+
+#include <math.h>
+
+#include "core/common.h"
+
+int adamw_init(AdamW *o, const Model *model) {
+    const Backend *be = model->be;
+    o->step = 0;
+    o->m = be->alloc(be, model->total, MEM_F32);
+    o->v = be->alloc(be, model->total, MEM_F32);
+    if (!o->m || !o->v) {
+        adamw_free(o, model);
+        return MN_ERR_NOMEM;
+    }
+    return MN_OK;
+}
+
+void adamw_free(AdamW *o, const Model *model) {
+    if (o->m) model->be->free(model->be, o->m);
+    if (o->v) model->be->free(model->be, o->v);
+    o->m = o->v = NULL;
+}
+
+int adamw_step(AdamW *o, Model *model, float lr, double *grad_norm) {
+    const Backend *be = model->be;
+    double ss;
+    MN_TRY(be->sumsq(be, model->grads, model->total, &ss));
+    double norm = sqrt(ss);
+    if (grad_norm) *grad_norm = norm;
+    if (!isfinite(norm)) return mn_error(MN_ERR_NUMERIC, "gradient norm is %g: refusing the update", norm);
+    if (o->clip > 0 && norm > o->clip) MN_TRY(be->scale(be, model->grads, model->total, (float)(o->clip / norm)));
+    o->step++;
+    size_t esize = be->elem_size(be, MEM_F32);
+    for (int i = 0; i < model->nparams; i++) {
+        const ParamSpec *s = &model->specs[i];
+        void *m = (char *)o->m + s->offset * esize, *v = (char *)o->v + s->offset * esize;
+        MN_TRY(be->adamw(be, model->p[i], model->g[i], m, v, s->numel, lr, o->beta1, o->beta2, o->eps,
+                         s->decay ? o->weight_decay : 0, o->step));
+    }
+    return MN_OK;
+}
+
+float lr_at(const LrSchedule *s, int step) {
+    if (step < s->warmup) return s->peak * (float)(step + 1) / (float)s->warmup;
+    int span = s->total - s->warmup;
+    if (span <= 0) return s->peak;
+    double progress = fmin(1.0, (double)(step - s->warmup) / span);
+    double cosine = 0.5 * (1 + cos(M_PI * progress));
+    return (float)(s->peak * (s->final + (1 - s->final) * cosine));
+}
