@@ -281,6 +281,7 @@ static size_t run_end(const unsigned char *text, size_t len, size_t pos, int cls
 //               character before a non-space (which then joins the next token)
 //   \s+         a single whitespace character before a non-space
 size_t bpe_pretoken_end(const unsigned char *text, size_t len, size_t pos) {
+    if (pos >= len) return len;
     const unsigned char *t = text + pos;
     size_t rest = len - pos, n;
     if (t[0] == '\'' && rest >= 2) {
@@ -533,8 +534,8 @@ void bpe_free(Bpe *bpe) {
     free(bpe);
 }
 
-int bpe_vocab_size(const Bpe *bpe) { return bpe->n; }
-int bpe_eot(const Bpe *bpe) { return bpe->eot; }
+int bpe_vocab_size(const Bpe *bpe) { return bpe ? bpe->n : -1; }
+int bpe_eot(const Bpe *bpe) { return bpe ? bpe->eot : -1; }
 
 // ---------------------------------------------------------------------------
 // Encoding

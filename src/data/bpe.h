@@ -39,6 +39,8 @@ int bpe_eot(const Bpe *bpe);         // id of "<|endoftext|>" (50256 for GPT-2);
 
 // Appends the ids of text[0..len) to *ids, a malloc'ed growable array with *n
 // used and *cap capacity (may be NULL/0/0 initially; free it with free()).
+// A single pre-token (a run of one character class) over 512 MB is refused
+// with MN_ERR_UNSUPPORTED.
 int bpe_encode(const Bpe *bpe, const unsigned char *text, size_t len, int32_t **ids, size_t *n, size_t *cap);
 // The raw bytes of one token (for streaming decode); MN_ERR_ARG for an id out of range.
 int bpe_token_bytes(const Bpe *bpe, int32_t id, const unsigned char **bytes, size_t *len);
@@ -60,7 +62,7 @@ int bpe_train(const unsigned char *text, size_t len, int vocab_size, const char 
 // saving the loaded GPT-2 files reproduces them exactly.
 int bpe_save(const Bpe *bpe, const char *out_dir);
 
-// The end of the pre-token (GPT-2 regex match) that starts at text[pos], pos < len.
+// The end of the pre-token (GPT-2 regex match) that starts at text[pos]; len if pos >= len.
 size_t bpe_pretoken_end(const unsigned char *text, size_t len, size_t pos);
 
 #endif
