@@ -12,6 +12,11 @@
 #include "tools/commands.h"
 
 static const Command commands[] = {
+    {"tokenize", cmd_tokenize, "text files to token shards, training a BPE tokenizer or using GPT-2's"},
+    {"train", cmd_train, "train a language model (MesaNet by default) on token shards"},
+    {"eval", cmd_eval, "perplexity, NLL by token position, CG steps; compare two models"},
+    {"generate", cmd_generate, "generate text from a trained model with its recurrent state"},
+    {"info", cmd_info, "parameters per component and decoding state of a config or run"},
     {"bench", cmd_bench, "time the layers against this machine's matrix-product rate"},
 };
 

@@ -123,55 +123,106 @@ static int set_field(ModelConfig *c, const Field *f, const Json *v, const char *
     return MN_OK;
 }
 
+// Applies the members of a JSON object of our fields (optionally based on a
+// "preset") to c; unknown keys are refused.
+static int config_from_json(ModelConfig *c, const Json *j, const char *where) {
+    if (j->type != JSON_OBJECT) return mn_error(MN_ERR_FORMAT, "%s: a config must be a JSON object", where);
+    const Json *base = json_get(j, "preset");
+    if (base) {
+        if (base->type != JSON_STRING)
+            return mn_error(MN_ERR_FORMAT, "%s:%d: \"preset\" must be a string", where, base->line);
+        MN_TRY(config_preset(c, base->string));
+    } else {
+        config_default(c);
+    }
+    for (int i = 0; i < j->count; i++) {
+        const Json *v = &j->items[i];
+        if (!strcmp(v->key, "preset")) continue;
+        const Field *fd = NULL;
+        for (size_t k = 0; k < NFIELDS; k++)
+            if (!strcmp(fields[k].key, v->key)) fd = &fields[k];
+        if (!fd) return mn_error(MN_ERR_FORMAT, "%s:%d: unknown key \"%s\"", where, v->line, v->key);
+        MN_TRY(set_field(c, fd, v, where));
+    }
+    return config_validate(c, where);
+}
+
+static double hf_number(const Json *j, const char *key, double fallback) {
+    const Json *v = json_get(j, key);
+    return v && (v->type == JSON_NUMBER || v->type == JSON_BOOL) ? v->number : fallback;
+}
+
+// A config.json written by fla's MesaNetConfig (Hugging Face), without our own
+// "mesanet" block: fla's architecture with its sizes.
+static int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
+    const Json *type = json_get(j, "model_type");
+    if (!type || type->type != JSON_STRING || strcmp(type->string, "mesa_net"))
+        return mn_error(MN_ERR_FORMAT, "%s: neither a mesanet config nor a Hugging Face config with model_type \"mesa_net\"",
+                        where);
+    config_default(c);
+    c->dim = (int)hf_number(j, "hidden_size", 2048);
+    c->n_layers = (int)hf_number(j, "num_hidden_layers", 24);
+    c->n_heads = (int)hf_number(j, "num_heads", 16);
+    c->head_dim = (int)hf_number(j, "head_dim", 128);
+    c->vocab_size = (int)hf_number(j, "vocab_size", 32000);
+    config_fla(c);
+    const Json *inter = json_get(j, "intermediate_size");
+    if (inter && inter->type == JSON_NUMBER) {
+        c->mlp_hidden = (int)inter->number;
+    } else {
+        int ratio = (int)hf_number(j, "hidden_ratio", 4), h = c->dim * ratio * 2 / 3;
+        c->mlp_hidden = 256 * ((h + 255) / 256);
+    }
+    c->norm_eps = (float)hf_number(j, "norm_eps", 1e-6);
+    c->tie_embeddings = (int)hf_number(j, "tie_word_embeddings", 0);
+    c->output_gate = (int)hf_number(j, "use_output_gate", 0);
+    c->conv_size = (int)hf_number(j, "conv_size", 4);
+    c->lambda_min = (float)hf_number(j, "lambda_lower_bound", 0.25);
+    c->cg_steps = (int)hf_number(j, "max_cg_step_training", 30);
+    c->seq_len = (int)hf_number(j, "max_position_embeddings", 2048);
+    const Json *act = json_get(j, "hidden_act");
+    if (act && (act->type != JSON_STRING || (strcmp(act->string, "swish") && strcmp(act->string, "silu"))))
+        return mn_error(MN_ERR_FORMAT, "%s: hidden_act must be \"swish\" (SwiGLU), got another", where);
+    return config_validate(c, where);
+}
+
 int config_load(ModelConfig *c, const char *spec) {
     FILE *f = fopen(spec, "rb");
     if (!f) return config_preset(c, spec);
     fclose(f);
     Json *j;
     MN_TRY(json_parse_file(spec, &j));
-    int st = MN_OK;
-    if (j->type != JSON_OBJECT) {
-        st = mn_error(MN_ERR_FORMAT, "%s: a config must be a JSON object", spec);
-        goto done;
-    }
-    // "preset" first: the other keys override it.
-    const Json *base = json_get(j, "preset");
-    if (base) {
-        if (base->type != JSON_STRING) {
-            st = mn_error(MN_ERR_FORMAT, "%s:%d: \"preset\" must be a string", spec, base->line);
-            goto done;
-        }
-        if ((st = config_preset(c, base->string))) goto done;
-    } else {
-        config_default(c);
-    }
-    for (int i = 0; i < j->count && !st; i++) {
-        const Json *v = &j->items[i];
-        if (!strcmp(v->key, "preset")) continue;
-        const Field *fd = NULL;
-        for (size_t k = 0; k < NFIELDS; k++)
-            if (!strcmp(fields[k].key, v->key)) fd = &fields[k];
-        if (!fd) {
-            st = mn_error(MN_ERR_FORMAT, "%s:%d: unknown key \"%s\"", spec, v->line, v->key);
-            break;
-        }
-        st = set_field(c, fd, v, spec);
-    }
-    if (!st) st = config_validate(c, spec);
-done:
+    const Json *ours = json_get(j, "mesanet");
+    int st = ours ? config_from_json(c, ours, spec)
+                  : json_get(j, "model_type") ? config_from_hf(c, j, spec) : config_from_json(c, j, spec);
     json_free(j);
     return st;
 }
 
+// config.json as Hugging Face and fla read it (model_type "mesa_net"), with
+// our complete config in a "mesanet" block that takes precedence on loading.
 int config_save(const ModelConfig *c, const char *path) {
     char tmp[1024];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f) return mn_error(MN_ERR_IO, "%s: cannot open for writing", tmp);
-    fprintf(f, "{\n");
+    fprintf(f, "{\n  \"model_type\": \"mesa_net\",\n  \"architectures\": [\"MesaNetForCausalLM\"],\n");
+    fprintf(f, "  \"attn_mode\": \"chunk\",\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n", c->dim, c->n_layers);
+    fprintf(f, "  \"num_heads\": %d,\n  \"head_dim\": %d,\n  \"vocab_size\": %d,\n", c->n_heads, c->head_dim, c->vocab_size);
+    fprintf(f, "  \"intermediate_size\": %d,\n  \"hidden_ratio\": 4,\n  \"hidden_act\": \"swish\",\n", c->mlp_hidden);
+    fprintf(f, "  \"norm_eps\": %.9g,\n  \"tie_word_embeddings\": %s,\n  \"use_output_gate\": %s,\n", (double)c->norm_eps,
+            c->tie_embeddings ? "true" : "false", c->output_gate ? "true" : "false");
+    fprintf(f, "  \"use_short_conv\": true,\n  \"conv_size\": %d,\n  \"lambda_lower_bound\": %.9g,\n", c->conv_size,
+            (double)c->lambda_min);
+    fprintf(f, "  \"max_cg_step_training\": %d,\n  \"max_cg_step_decoding\": %d,\n  \"max_position_embeddings\": %d,\n",
+            c->cg_steps, c->cg_steps, c->seq_len);
+    fprintf(f, "  \"fuse_norm\": true,\n  \"fuse_swiglu\": true,\n  \"fuse_cross_entropy\": true,\n");
+    fprintf(f, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", c->vocab_size > 50256 ? 50256 : c->vocab_size - 1,
+            c->vocab_size > 50256 ? 50256 : c->vocab_size - 1);
+    fprintf(f, "  \"mesanet\": {\n");
     for (size_t k = 0; k < NFIELDS; k++) {
         const char *src = (const char *)c + fields[k].offset;
-        fprintf(f, "  \"%s\": ", fields[k].key);
+        fprintf(f, "    \"%s\": ", fields[k].key);
         switch (fields[k].type) {
         case F_STR: fprintf(f, "\"%s\"", src); break;
         case F_INT: fprintf(f, "%d", *(const int *)src); break;
@@ -180,7 +231,7 @@ int config_save(const ModelConfig *c, const char *path) {
         }
         fprintf(f, "%s\n", k + 1 < NFIELDS ? "," : "");
     }
-    fprintf(f, "}\n");
+    fprintf(f, "  }\n}\n");
     if (fclose(f)) return mn_error(MN_ERR_IO, "%s: write failed", tmp);
     if (rename(tmp, path)) return mn_error(MN_ERR_IO, "%s: cannot rename to %s", tmp, path);
     return MN_OK;

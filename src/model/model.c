@@ -15,23 +15,25 @@ static void *at(const Model *m, void *base, size_t elems, MemKind k) {
     return (char *)base + elems * m->be->elem_size(m->be, k);
 }
 
-static int declare_backbone(Model *m) {
-    const ModelConfig *c = &m->cfg;
+// Declares every tensor of the model in checkpoint order: the embedding, each
+// block (attn_norm, the mixer's tensors, mlp_norm, gate, up, down), the final
+// norm and, unless tied, the head.
+static int declare_all(const ModelConfig *c, const MixerOps *ops, ParamSpec *s, int *n, BlockParams *blocks,
+                       int *embed, int *norm_f, int *head) {
     int64_t D = c->dim, F = c->mlp_hidden, V = c->vocab_size;
     double resid = pow((double)c->n_layers, -c->resid_scale);
-    ParamSpec *s = m->specs;
-    int *n = &m->nparams, max = MODEL_MAX_PARAMS;
+    int max = MODEL_MAX_PARAMS;
     int64_t vd[2] = {V, D}, d1[1] = {D}, fd[2] = {F, D}, df[2] = {D, F};
     // Embedding N(0, 1/D): with the sqrt(D) scale the residual stream starts at variance 1.
-    m->embed = param_add(s, n, max, "model.embeddings.weight", 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 0);
+    *embed = param_add(s, n, max, "model.embeddings.weight", 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 0);
     for (int l = 0; l < c->n_layers; l++) {
         char pre[64], name[96];
         snprintf(pre, sizeof pre, "model.layers.%d.", l);
-        BlockParams *b = &m->blocks[l];
+        BlockParams *b = &blocks[l];
         snprintf(name, sizeof name, "%sattn_norm.weight", pre);
         b->attn_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
         b->first = *n;
-        MN_TRY(m->mixers[l].ops->declare(c, pre, s, n, max));
+        MN_TRY(ops->declare(c, pre, s, n, max));
         b->count = *n - b->first;
         snprintf(name, sizeof name, "%smlp_norm.weight", pre);
         b->mlp_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
@@ -43,11 +45,27 @@ static int declare_backbone(Model *m) {
         b->down = param_add(s, n, max, name, 2, df, INIT_NORMAL, resid / sqrt((double)F), 1);
         if (b->down < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
     }
-    m->norm_f = param_add(s, n, max, "model.norm.weight", 1, d1, INIT_CONST, 1, 0);
-    m->head = c->tie_embeddings ? m->embed
-                                : param_add(s, n, max, "lm_head.weight", 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 1);
-    if (m->norm_f < 0 || m->head < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
+    *norm_f = param_add(s, n, max, "model.norm.weight", 1, d1, INIT_CONST, 1, 0);
+    *head = c->tie_embeddings ? *embed : param_add(s, n, max, "lm_head.weight", 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 1);
+    if (*norm_f < 0 || *head < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
     return MN_OK;
+}
+
+int model_specs(const ModelConfig *c, ParamSpec **specs, int *n) {
+    MN_TRY(config_validate(c, "model config"));
+    const MixerOps *ops = mixer_find(c->mixer);
+    if (!ops) return MN_ERR_ARG;
+    *specs = calloc(MODEL_MAX_PARAMS, sizeof(ParamSpec));
+    BlockParams *blocks = calloc((size_t)c->n_layers, sizeof(BlockParams));
+    int e, f, h, s = (!*specs || !blocks) ? mn_error(MN_ERR_NOMEM, "out of memory") : MN_OK;
+    *n = 0;
+    if (!s) s = declare_all(c, ops, *specs, n, blocks, &e, &f, &h);
+    free(blocks);
+    if (s) {
+        free(*specs);
+        *specs = NULL;
+    }
+    return s;
 }
 
 int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
@@ -74,7 +92,7 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         m->mixers[l].cfg = &m->cfg;
         if ((st = ops->create(&m->mixers[l]))) goto fail;
     }
-    if ((st = declare_backbone(m))) goto fail;
+    if ((st = declare_all(cfg, ops, m->specs, &m->nparams, m->blocks, &m->embed, &m->norm_f, &m->head))) goto fail;
     for (int i = 0; i < m->nparams; i++) {
         m->specs[i].offset = m->total;
         m->total += m->specs[i].numel;
@@ -252,6 +270,7 @@ int model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B
     MN_TRY(ensure_capacity(m, (int)N));
     m->B = B;
     m->T = T;
+    m->grad_ready = 0;
     MN_TRY(be->upload_i32(be, m->tokens, tokens, N));
     MN_TRY(be->embed_fwd(be, m->x, m->tokens, m->p[m->embed], (int)N, c->dim, embed_scale(c)));
     MN_TRY(forward_blocks(m, B, T, 0));
@@ -259,6 +278,7 @@ int model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B
     if (!targets) return MN_OK;
     MN_TRY(be->upload_i32(be, m->targets, targets, N));
     MN_TRY(be->xent(be, m->logits, m->losses, m->targets, (int)N, c->vocab_size, c->logit_cap, grad_weight));
+    m->grad_ready = grad_weight != 0;
     if (loss) {  // summed in double from the backend's own precision (the reference's gradient checks need it)
         double *l = malloc(sizeof(double) * N);
         if (!l) return mn_error(MN_ERR_NOMEM, "out of memory");
@@ -277,6 +297,8 @@ int model_backward(Model *m) {
     const ModelConfig *c = &m->cfg;
     int B = m->B, T = m->T;
     size_t N = (size_t)B * T, D = (size_t)c->dim, F = (size_t)c->mlp_hidden;
+    if (!m->grad_ready) return mn_error(MN_ERR_ARG, "model_backward: the last forward had no targets and grad_weight");
+    m->grad_ready = 0;
     // logits now hold dloss/dlogits (model_forward with grad_weight)
     MN_TRY(be->linear_bwd(be, m->dn, m->g[m->head], NULL, m->logits, m->xf, m->p[m->head], (int)N, (int)D,
                           c->vocab_size, 0));
@@ -335,6 +357,7 @@ int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits) {
     MN_TRY(ensure_capacity(m, (int)N));
     m->B = B;
     m->T = T;
+    m->grad_ready = 0;
     MN_TRY(be->upload_i32(be, m->tokens, tokens, N));
     MN_TRY(be->embed_fwd(be, m->x, m->tokens, m->p[m->embed], (int)N, (int)D, embed_scale(c)));
     MN_TRY(forward_blocks(m, B, T, 1));

@@ -48,9 +48,12 @@ typedef struct {
     void *losses;            // [N] f32 per-token losses
     void *dx, *dn, *dact, *dgate, *dup;  // backward scratch: [N,D], [N,D], [N,F] x3
     int state_B;             // sequences of the decoding state (0: none)
+    int grad_ready;          // the last forward left dloss/dlogits for model_backward
 } Model;
 
 int model_create(Model **out, const ModelConfig *cfg, const Backend *be);
+// The parameter specs of a config, without allocating the model (free(*specs) after).
+int model_specs(const ModelConfig *c, ParamSpec **specs, int *n);
 void model_free(Model *m);
 // Random initialisation of the spec (backbone-and-training.md), from a seed.
 int model_init_params(Model *m, uint64_t seed);

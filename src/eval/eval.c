@@ -1,0 +1,45 @@
+#include "eval.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+
+int eval_run(Model *m, DataLoader *dl, int batches, EvalResult *r) {
+    int B = dl->B, T = dl->T;
+    size_t N = (size_t)B * T;
+    memset(r, 0, sizeof *r);
+    r->T = T;
+    if (batches <= 0) batches = (int)((loader_num_sequences(dl) + (uint64_t)B - 1) / (uint64_t)B);
+    r->pos_sum = calloc((size_t)T, sizeof(double));
+    r->pos_count = calloc((size_t)T, sizeof(double));
+    int32_t *in = malloc(sizeof(int32_t) * N), *tg = malloc(sizeof(int32_t) * N);
+    float *losses = malloc(sizeof(float) * N);
+    int s = (!r->pos_sum || !r->pos_count || !in || !tg || !losses) ? mn_error(MN_ERR_NOMEM, "out of memory") : MN_OK;
+    model_take_cg_steps(m);
+    for (int b = 0; b < batches && !s; b++) {
+        if ((s = loader_next(dl, in, tg))) break;
+        if ((s = model_forward(m, in, tg, B, T, 0, NULL))) break;
+        if ((s = model_losses(m, losses))) break;
+        for (size_t i = 0; i < N; i++) {
+            if (tg[i] < 0) continue;
+            r->nll_sum += losses[i];
+            r->count += 1;
+            r->pos_sum[i % (size_t)T] += losses[i];
+            r->pos_count[i % (size_t)T] += 1;
+        }
+        r->batches++;
+    }
+    r->cg_steps = model_take_cg_steps(m);
+    free(in);
+    free(tg);
+    free(losses);
+    if (s) eval_free(r);
+    return s;
+}
+
+void eval_free(EvalResult *r) {
+    free(r->pos_sum);
+    free(r->pos_count);
+    r->pos_sum = r->pos_count = NULL;
+}

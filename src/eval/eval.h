@@ -1,0 +1,26 @@
+/*
+ * Evaluation over a token shard: mean NLL (perplexity = exp of it), the NLL by
+ * token position within the sequence (the paper's per-position analysis), and
+ * the mean CG steps the Mesa layers used.
+ */
+#ifndef MN_EVAL_H
+#define MN_EVAL_H
+
+#include "data/loader.h"
+#include "model/model.h"
+
+typedef struct {
+    int T;                 // sequence length
+    double nll_sum, count; // over all scored targets
+    double *pos_sum;       // [T] NLL summed at each position
+    double *pos_count;     // [T] scored targets at each position
+    double cg_steps;       // mean CG steps per system
+    int batches;
+} EvalResult;
+
+// Scores `batches` batches from the loader's current position (0: one pass
+// over the whole split). r is allocated here; free with eval_free.
+int eval_run(Model *m, DataLoader *dl, int batches, EvalResult *r);
+void eval_free(EvalResult *r);
+
+#endif

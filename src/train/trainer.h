@@ -1,0 +1,33 @@
+/*
+ * The training loop: batches from the data loader, gradient accumulation,
+ * AdamW with warm-up and cosine decay, a progress line, periodic validation,
+ * atomic checkpoints, exact resume, and the loss curve as CSV and SVG.
+ */
+#ifndef MN_TRAINER_H
+#define MN_TRAINER_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct {
+    const char *config;     // preset name or JSON file (a resumed run keeps its own)
+    const char *data;       // directory with train.bin and valid.bin (and the tokenizer files)
+    const char *out;        // run directory: checkpoints, loss.csv, loss.svg
+    const char *backend;    // "cpu", "cuda" or "ref"
+    int batch, seq, accum;  // sequences per micro-batch, tokens per sequence, micro-batches per step
+    int steps, warmup;      // optimizer steps in all, warm-up steps
+    float lr, lr_final;     // peak learning rate; the cosine ends at lr_final * lr
+    float weight_decay, clip, beta1, beta2;
+    int eval_every, eval_batches;  // validation every this many steps, over this many batches
+    int save_every;         // checkpoint every this many steps (and at the end)
+    int log_every;          // progress line every this many steps
+    uint64_t seed;
+    int cg_steps;           // CG steps in training (0: the config's)
+    float time_limit;       // minutes; > 0: stop (and save) when reached
+    int resume;             // continue from `out` when it holds a checkpoint
+} TrainOptions;
+
+void train_options_default(TrainOptions *o);
+int train_run(const TrainOptions *o, FILE *log);
+
+#endif
