@@ -1,0 +1,637 @@
+/*
+ * SVG line plots and CSV tables (see plot.h).
+ *
+ * A plot is built in three steps:
+ *   1. the data range over the drawable points (finite, and > 0 on log axes);
+ *   2. the axes: limits and tick values, "nice" numbers on linear axes and
+ *      powers of ten on log axes, thinned until the labels do not collide;
+ *   3. the layout (margins sized to the tick labels, so nothing is clipped)
+ *      and the SVG itself, written with fprintf into an atomic file.
+ * Text widths are estimated (0.6 em per character), which is close enough
+ * for sans-serif digits to keep labels apart and inside the canvas.
+ */
+#include "plot.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/atomic_file.h"
+#include "core/common.h"
+
+#define MAX_TICKS 48
+#define MAX_MINOR 512
+#define FONT "DejaVu Sans, Helvetica, Arial, sans-serif"
+#define TICK_FONT 12.0
+#define LABEL_FONT 13.0
+#define TITLE_FONT 16.0
+#define LEGEND_ROW 18.0
+#define CHAR_EM 0.6  // estimated width of a character, in font sizes
+
+// Tableau 10 (matplotlib's default cycle): distinct, and readable on white.
+static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                      "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+#define NPALETTE ((int)(sizeof palette / sizeof palette[0]))
+
+typedef struct {
+    double v;       // position in data units
+    char text[40];  // label
+    char sup[12];   // superscript after the label ("10" then "-5"), or ""
+} Tick;
+
+typedef struct {
+    int log;                   // log10 scale
+    double lo, hi;             // limits in data units
+    Tick major[MAX_TICKS];     // labelled ticks, with gridlines
+    int nmajor;
+    double minor[MAX_MINOR];   // unlabelled gridlines (log axes)
+    int nminor;
+} Axis;
+
+typedef struct {
+    double W, H;    // canvas
+    double x0, x1;  // plot area, left to right
+    double y0, y1;  // plot area, top to bottom
+} Frame;
+
+// ---------------------------------------------------------------------------
+// Text
+
+// Code points, not bytes, so that UTF-8 labels are measured fairly.
+static double text_width(const char *s, double size) {
+    int n = 0;
+    for (; s && *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n * size * CHAR_EM;
+}
+
+static double tick_width(const Tick *t) { return text_width(t->text, TICK_FONT) + 0.75 * text_width(t->sup, TICK_FONT); }
+
+// Character data with & < > " ' escaped; control characters, which XML 1.0
+// forbids, are dropped.
+static void xml_put(FILE *f, const char *s) {
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        switch (c) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        case '\'': fputs("&apos;", f); break;
+        default:
+            if (c >= 0x20 || c == '\t') fputc(c, f);
+        }
+    }
+}
+
+// Every "-" -> U+2212, the typographic minus of plot labels, in place.
+static void use_minus_sign(char *s, size_t cap) {
+    char *m;
+    while ((m = strchr(s, '-')) && strlen(s) + 3 <= cap) {
+        memmove(m + 3, m + 1, strlen(m + 1) + 1);
+        memcpy(m, "\xe2\x88\x92", 3);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Axes
+
+static void add_major(Axis *a, double v, const char *text, const char *sup) {
+    if (a->nmajor == MAX_TICKS) return;
+    Tick *t = &a->major[a->nmajor++];
+    t->v = v;
+    snprintf(t->text, sizeof t->text, "%s", text);
+    snprintf(t->sup, sizeof t->sup, "%s", sup);
+    use_minus_sign(t->text, sizeof t->text);
+    use_minus_sign(t->sup, sizeof t->sup);
+}
+
+// "1.5e-05" -> "1.5e-5", "1e+06" -> "1e6".
+static void tidy_exponent(char *s) {
+    char *e = strchr(s, 'e');
+    if (e) sprintf(e + 1, "%d", atoi(e + 1));
+}
+
+// A linear tick label with as many decimals as the step needs; exponent
+// notation for very large or very small magnitudes.
+static void format_linear(char *buf, size_t cap, double v, double step, double maxabs) {
+    if (v == 0) {
+        snprintf(buf, cap, "0");
+    } else if (maxabs >= 1e6 || maxabs < 1e-3) {
+        // The fewest digits that pin the value down to a tiny part of a step: "5e6", "1.5e-5".
+        for (int p = 0; p < 17; p++) {
+            snprintf(buf, cap, "%.*e", p, v);
+            if (fabs(strtod(buf, NULL) - v) <= step * 1e-6) break;
+        }
+        tidy_exponent(buf);
+    } else {
+        // Decimals as the step needs, then no trailing zeros: 0, 0.5, 1, 1.5.
+        snprintf(buf, cap, "%.*f", mn_max(0, (int)-floor(log10(step) + 1e-9)), v);
+        if (strchr(buf, '.')) {
+            char *end = buf + strlen(buf) - 1;
+            while (*end == '0') *end-- = 0;
+            if (*end == '.') *end = 0;
+        }
+    }
+}
+
+// Limits on multiples of a 1, 2 or 5 x 10^k step giving about `target` intervals.
+static void axis_linear(Axis *a, double min, double max, int target) {
+    memset(a, 0, sizeof *a);
+    if (max == min) {  // one value: centre it
+        double d = min != 0 ? fabs(min) * 0.1 : 1;
+        min -= d;
+        max += d;
+    }
+    double raw = (max - min) / target, mag = pow(10, floor(log10(raw))), f = raw / mag;
+    double step = (f <= 1 + 1e-9 ? 1 : f <= 2 + 1e-9 ? 2 : f <= 5 + 1e-9 ? 5 : 10) * mag;
+    // The epsilons keep 0.6 / 0.2 = 2.9999999999999996 from adding a step.
+    a->lo = floor(min / step + 1e-9) * step;
+    a->hi = ceil(max / step - 1e-9) * step;
+    int n = (int)llround((a->hi - a->lo) / step);
+    double maxabs = fmax(fabs(a->lo), fabs(a->hi));
+    for (int i = 0; i <= n; i++) {
+        double v = a->lo + i * step;
+        if (fabs(v) < step * 1e-9) v = 0;  // no "-0" or "5.55e-17"
+        char text[40];
+        format_linear(text, sizeof text, v, step, maxabs);
+        add_major(a, v, text, "");
+    }
+}
+
+// m x 10^k with m in 1..10, at or below (dir -1) or above (dir +1) v.
+static double log_lattice(double v, int dir) {
+    double p = pow(10, floor(log10(v)));
+    if (v < p) p /= 10;  // log10 rounded up across a power of ten
+    double m = dir < 0 ? floor(v / p * (1 + 1e-12)) : ceil(v / p * (1 - 1e-12));
+    return fmin(fmax(m, 1), 10) * p;
+}
+
+// Plain digits for 0.001 ... 90000; beyond, 10 or m x 10 (U+00D7) with the
+// exponent as a superscript.
+static void format_log(char *text, size_t cap, char *sup, size_t scap, int m, int k) {
+    sup[0] = 0;
+    if (k >= -3 && k <= 4) {
+        snprintf(text, cap, "%g", m * pow(10, k));
+        return;
+    }
+    if (m == 1) snprintf(text, cap, "10");
+    else snprintf(text, cap, "%d\xc3\x97" "10", m);
+    snprintf(sup, scap, "%d", k);
+}
+
+static int by_value(const void *a, const void *b) {
+    double x = ((const Tick *)a)->v, y = ((const Tick *)b)->v;
+    return x < y ? -1 : x > y;
+}
+
+// Label every stride-th decade, a 1, 2, 5 x 10^j stride leaving at most
+// max_labels labels (doubles span about 630 decades).
+static int decade_stride(double decades, int max_labels) {
+    static const int strides[] = {1, 2, 5, 10, 20, 50, 100, 200, 500};
+    for (int i = 0; i < (int)(sizeof strides / sizeof strides[0]); i++)
+        if ((decades + 1) / strides[i] <= mn_max(max_labels, 2)) return strides[i];
+    return 1000;
+}
+
+// Labels the limits (which lie on the lattice) when a short axis was left
+// with fewer than two labels, so that the scale can still be read. With one
+// label already, only the farther limit, to keep the labels apart.
+static void label_limits(Axis *a) {
+    double ends[2] = {a->lo, a->hi};
+    if (a->nmajor == 1) {
+        double v = a->major[0].v;
+        ends[0] = log10(v / a->lo) > log10(a->hi / v) ? a->lo : a->hi;
+    }
+    int need = 2 - a->nmajor;
+    for (int e = 0; e < need; e++) {
+        int k = (int)floor(log10(ends[e]) + 1e-9), m = (int)lround(ends[e] / pow(10, k));
+        char text[40], sup[12];
+        format_log(text, sizeof text, sup, sizeof sup, m, k);
+        add_major(a, ends[e], text, sup);
+    }
+    qsort(a->major, (size_t)a->nmajor, sizeof a->major[0], by_value);
+}
+
+// Limits on the m x 10^k lattice. Labels: every multiple for one decade,
+// 1, 2, 5 within two, otherwise decades (every `stride`-th so that about
+// max_labels remain); the other multiples become unlabelled gridlines.
+static void log_lattice_ticks(Axis *a, double min, double max, int max_labels) {
+    a->lo = log_lattice(min, -1);
+    a->hi = log_lattice(max, +1);
+    double decades = log10(a->hi) - log10(a->lo);  // not log10(hi / lo): that overflows for 1e-200..1e200
+    int level = decades <= 1.001 && max_labels >= 9 ? 0 : decades <= 2.001 && max_labels >= 7 ? 1 : 2;
+    // With wide strides the unlabelled decades get gridlines only every fifth of one.
+    int stride = decade_stride(decades, max_labels), minor_stride = stride >= 5 ? stride / 5 : 1;
+    int k0 = (int)floor(log10(a->lo)) - 1, k1 = (int)ceil(log10(a->hi)) + 1;
+    for (int k = k0; k <= k1; k++) {
+        for (int m = 1; m <= 9; m++) {
+            double v = m * pow(10, k);
+            if (v < a->lo * (1 - 1e-9) || v > a->hi * (1 + 1e-9)) continue;
+            int labelled = m == 1 ? ((k % stride) + stride) % stride == 0 : level == 0 || (level == 1 && (m == 2 || m == 5));
+            if (labelled) {
+                char text[40], sup[12];
+                format_log(text, sizeof text, sup, sizeof sup, m, k);
+                add_major(a, v, text, sup);
+            } else if ((decades <= 6 || (m == 1 && k % minor_stride == 0)) && a->nminor < MAX_MINOR) {
+                a->minor[a->nminor++] = v;
+            }
+        }
+    }
+    if (a->nmajor < 2) label_limits(a);
+}
+
+// A log axis. Data within a factor of 10 gets linear nice ticks drawn on the
+// log scale: the lattice is too coarse there (9.5..10.5 would get 9..20).
+static void axis_log(Axis *a, double min, double max, int max_labels) {
+    if (max == min) {
+        min /= 2;
+        max *= 2;
+    }
+    if (max / min < 10) {
+        axis_linear(a, min, max, mn_max(max_labels / 2, 2));
+        a->log = 1;
+        if (a->lo > 0) return;  // else a nice limit fell on 0: use the lattice
+    }
+    memset(a, 0, sizeof *a);
+    a->log = 1;
+    log_lattice_ticks(a, min, max, max_labels);
+}
+
+static double axis_t(const Axis *a, double v) { return a->log ? log10(v) : v; }
+
+// Pixel position of v on an axis drawn from p0 (at lo) to p1 (at hi).
+static double axis_px(const Axis *a, double v, double p0, double p1) {
+    double t0 = axis_t(a, a->lo), t1 = axis_t(a, a->hi);
+    return p0 + (axis_t(a, v) - t0) / (t1 - t0) * (p1 - p0);
+}
+
+static void build_axis(Axis *a, int log, double min, double max, int target) {
+    if (log) axis_log(a, min, max, 2 * target);  // denser to start with: labels_fit thins it
+    else axis_linear(a, min, max, target);
+}
+
+// Whether neighbouring labels keep apart on an axis `len` pixels long.
+static int labels_fit(const Axis *a, double len, int horizontal) {
+    for (int i = 1; i < a->nmajor; i++) {
+        double gap = fabs(axis_px(a, a->major[i].v, 0, len) - axis_px(a, a->major[i - 1].v, 0, len));
+        double need = horizontal ? (tick_width(&a->major[i]) + tick_width(&a->major[i - 1])) / 2 + 12 : TICK_FONT * 1.6;
+        if (gap < need) return 0;
+    }
+    return 1;
+}
+
+// The densest ticks (about one per `spacing` pixels at most) whose labels fit.
+static void fit_axis(Axis *a, int log, double min, double max, double len, double spacing, int horizontal) {
+    for (int target = mn_max(2, mn_min(10, (int)(len / spacing))); target >= 1; target--) {
+        build_axis(a, log, min, max, target);
+        if (labels_fit(a, len, horizontal)) return;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Data
+
+typedef struct {
+    double xmin, xmax, ymin, ymax;
+    long n;       // drawable points
+    long finite;  // points with finite x and y, drawable or not
+} Range;
+
+static int drawable(const PlotOpts *o, double x, double y) {
+    return isfinite(x) && isfinite(y) && (!o->log_x || x > 0) && (!o->log_y || y > 0);
+}
+
+static int point_at(const PlotOpts *o, const PlotSeries *s, int i) { return i >= 0 && i < s->n && drawable(o, s->x[i], s->y[i]); }
+
+static void data_range(const PlotOpts *o, const PlotSeries *series, int ns, Range *r) {
+    *r = (Range){INFINITY, -INFINITY, INFINITY, -INFINITY, 0, 0};
+    for (int s = 0; s < ns; s++)
+        for (int i = 0; i < series[s].n; i++) {
+            double x = series[s].x[i], y = series[s].y[i];
+            r->finite += isfinite(x) && isfinite(y);
+            if (!drawable(o, x, y)) continue;
+            r->n++;
+            r->xmin = fmin(r->xmin, x), r->xmax = fmax(r->xmax, x);
+            r->ymin = fmin(r->ymin, y), r->ymax = fmax(r->ymax, y);
+        }
+}
+
+static int check_args(const char *path, const PlotOpts *o, const PlotSeries *series, int ns) {
+    if (!path) return mn_error(MN_ERR_ARG, "plot: path is NULL");
+    if (!series || ns <= 0) return mn_error(MN_ERR_ARG, "plot %s: no series to draw", path);
+    if (!(o->width >= 160 && o->width <= 20000 && o->height >= 120 && o->height <= 20000))
+        return mn_error(MN_ERR_ARG, "plot %s: size %gx%g outside [160, 20000] x [120, 20000]", path, o->width, o->height);
+    for (int s = 0; s < ns; s++) {
+        if (series[s].n < 0) return mn_error(MN_ERR_ARG, "plot %s: series %d has n = %d", path, s, series[s].n);
+        if (series[s].n > 0 && (!series[s].x || !series[s].y))
+            return mn_error(MN_ERR_ARG, "plot %s: series %d ('%s') has NULL x or y", path, s,
+                            series[s].name ? series[s].name : "");
+    }
+    return MN_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Layout
+
+static double max_tick_width(const Axis *a) {
+    double w = 0;
+    for (int i = 0; i < a->nmajor; i++) w = fmax(w, tick_width(&a->major[i]));
+    return w;
+}
+
+// Margins sized to the labels; the y axis is fitted first because the left
+// margin depends on its labels and the x axis on the width left over.
+static void layout(const PlotOpts *o, const Range *r, Axis *ax, Axis *ay, Frame *fr) {
+    fr->W = o->width;
+    fr->H = o->height;
+    fr->y0 = o->title && o->title[0] ? 46 : 18;
+    fr->y1 = fr->H - (8 + 4 + TICK_FONT + 12 + (o->xlabel && o->xlabel[0] ? LABEL_FONT + 10 : 0));
+    fit_axis(ay, o->log_y, r->ymin, r->ymax, fr->y1 - fr->y0, 45, 0);
+    fr->x0 = 12 + (o->ylabel && o->ylabel[0] ? LABEL_FONT + 12 : 0) + max_tick_width(ay) + 10;
+    fr->x1 = fr->W - 24;
+    fit_axis(ax, o->log_x, r->xmin, r->xmax, fr->x1 - fr->x0, 70, 1);
+    // The last x label is centred on the right edge: keep it on the canvas.
+    if (ax->nmajor) fr->x1 = fmin(fr->x1, fr->W - 6 - tick_width(&ax->major[ax->nmajor - 1]) / 2);
+}
+
+// ---------------------------------------------------------------------------
+// Drawing
+
+static void draw_tick_label(FILE *f, const char *cls, const Tick *t, double x, double y, const char *anchor) {
+    fprintf(f, "<text class=\"%s\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\">", cls, x, y, anchor);
+    xml_put(f, t->text);
+    if (t->sup[0]) {
+        fprintf(f, "<tspan dy=\"-0.45em\" font-size=\"%.0f\">", TICK_FONT * 0.75);
+        xml_put(f, t->sup);
+        fputs("</tspan>", f);
+    }
+    fputs("</text>\n", f);
+}
+
+static void draw_grid(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay) {
+    fputs("<g stroke=\"#ececec\" stroke-width=\"1\" shape-rendering=\"crispEdges\">\n", f);
+    for (int i = 0; i < ax->nminor; i++) {
+        double x = axis_px(ax, ax->minor[i], fr->x0, fr->x1);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", x, fr->y0, x, fr->y1);
+    }
+    for (int i = 0; i < ay->nminor; i++) {
+        double y = axis_px(ay, ay->minor[i], fr->y1, fr->y0);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", fr->x0, y, fr->x1, y);
+    }
+    fputs("</g>\n<g stroke=\"#d4d4d4\" stroke-width=\"1\" shape-rendering=\"crispEdges\">\n", f);
+    for (int i = 0; i < ax->nmajor; i++) {
+        double x = axis_px(ax, ax->major[i].v, fr->x0, fr->x1);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", x, fr->y0, x, fr->y1 + 4);
+    }
+    for (int i = 0; i < ay->nmajor; i++) {
+        double y = axis_px(ay, ay->major[i].v, fr->y1, fr->y0);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", fr->x0 - 4, y, fr->x1, y);
+    }
+    fputs("</g>\n", f);
+    // Delta-NLL plots: where zero lies matters more than any other value.
+    if (!ay->log && ay->lo < 0 && ay->hi > 0) {
+        double y = axis_px(ay, 0, fr->y1, fr->y0);
+        fprintf(f, "<line class=\"zero\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#555\" "
+                   "stroke-width=\"1\" shape-rendering=\"crispEdges\"/>\n", fr->x0, y, fr->x1, y);
+    }
+}
+
+static void draw_axes(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay) {
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#444\" "
+               "stroke-width=\"1\" shape-rendering=\"crispEdges\"/>\n", fr->x0, fr->y0, fr->x1 - fr->x0, fr->y1 - fr->y0);
+    fprintf(f, "<g font-size=\"%.0f\" fill=\"#333\">\n", TICK_FONT);
+    for (int i = 0; i < ax->nmajor; i++)
+        draw_tick_label(f, "xtick", &ax->major[i], axis_px(ax, ax->major[i].v, fr->x0, fr->x1), fr->y1 + 8 + TICK_FONT,
+                        "middle");
+    for (int i = 0; i < ay->nmajor; i++)
+        draw_tick_label(f, "ytick", &ay->major[i], fr->x0 - 8, axis_px(ay, ay->major[i].v, fr->y1, fr->y0) + TICK_FONT * 0.35,
+                        "end");
+    fputs("</g>\n", f);
+}
+
+static const char *dash_of(int s) { return s < NPALETTE ? "" : s < 2 * NPALETTE ? "7 4" : "2 3"; }
+
+// One <path> per series (lines broken at skipped points) and a <circle> for
+// each isolated point.
+static void draw_series(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay, const PlotOpts *o, const PlotSeries *s,
+                        int si) {
+    const char *color = palette[si % NPALETTE];
+    int open = 0;
+    for (int i = 0; i < s->n; i++) {
+        if (!point_at(o, s, i)) continue;
+        int prev = point_at(o, s, i - 1), next = point_at(o, s, i + 1);
+        if (!prev && !next) continue;  // drawn as a marker below
+        if (!open) {
+            fprintf(f, "<path class=\"series\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" stroke-linejoin=\"round\" "
+                       "stroke-linecap=\"round\"%s%s%s d=\"", color, *dash_of(si) ? " stroke-dasharray=\"" : "",
+                    dash_of(si), *dash_of(si) ? "\"" : "");
+            open = 1;
+        }
+        fprintf(f, "%c%.2f %.2f ", prev ? 'L' : 'M', axis_px(ax, s->x[i], fr->x0, fr->x1),
+                axis_px(ay, s->y[i], fr->y1, fr->y0));
+    }
+    if (open) fputs("\"/>\n", f);
+    for (int i = 0; i < s->n; i++)
+        if (point_at(o, s, i) && !point_at(o, s, i - 1) && !point_at(o, s, i + 1))
+            fprintf(f, "<circle class=\"marker\" cx=\"%.2f\" cy=\"%.2f\" r=\"3.2\" fill=\"%s\"/>\n",
+                    axis_px(ax, s->x[i], fr->x0, fr->x1), axis_px(ay, s->y[i], fr->y1, fr->y0), color);
+}
+
+static int has_name(const PlotSeries *s) { return s->name && s->name[0]; }
+
+// Whether any two neighbouring points are drawable, i.e. the series has a line.
+static int has_line(const PlotOpts *o, const PlotSeries *s) {
+    for (int i = 0; i + 1 < s->n; i++)
+        if (point_at(o, s, i) && point_at(o, s, i + 1)) return 1;
+    return 0;
+}
+
+// Whether the segment (x0,y0)-(x1,y1) meets the box (Liang-Barsky clipping);
+// a point is a segment of length zero.
+static int segment_hits_box(double x0, double y0, double x1, double y1, double bx, double by, double bw, double bh) {
+    double t0 = 0, t1 = 1, p[4] = {x0 - x1, x1 - x0, y0 - y1, y1 - y0}, q[4] = {x0 - bx, bx + bw - x0, y0 - by, by + bh - y0};
+    for (int i = 0; i < 4; i++) {
+        if (p[i] == 0) {
+            if (q[i] < 0) return 0;  // parallel to this edge and outside it
+            continue;
+        }
+        double r = q[i] / p[i];
+        if (p[i] < 0) t0 = fmax(t0, r);
+        else t1 = fmin(t1, r);
+        if (t0 > t1) return 0;
+    }
+    return 1;
+}
+
+// Line pieces and markers that a box would cover: the legend goes where this
+// is smallest.
+static long pieces_inside(const Frame *fr, const Axis *ax, const Axis *ay, const PlotOpts *o, const PlotSeries *series,
+                          int ns, double bx, double by, double bw, double bh) {
+    long n = 0;
+    for (int s = 0; s < ns; s++) {
+        const PlotSeries *ps = &series[s];
+        for (int i = 0; i < ps->n; i++) {
+            if (!point_at(o, ps, i)) continue;
+            int j = point_at(o, ps, i + 1) ? i + 1 : i;  // the segment to the next point, or the point itself
+            if (j == i && point_at(o, ps, i - 1)) continue;  // the end of a line: counted with its segment
+            n += segment_hits_box(axis_px(ax, ps->x[i], fr->x0, fr->x1), axis_px(ay, ps->y[i], fr->y1, fr->y0),
+                                  axis_px(ax, ps->x[j], fr->x0, fr->x1), axis_px(ay, ps->y[j], fr->y1, fr->y0), bx, by, bw,
+                                  bh);
+        }
+    }
+    return n;
+}
+
+static void draw_legend(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay, const PlotOpts *o,
+                        const PlotSeries *series, int ns) {
+    int rows = 0;
+    double tw = 0;
+    for (int s = 0; s < ns; s++)
+        if (has_name(&series[s])) rows++, tw = fmax(tw, text_width(series[s].name, TICK_FONT));
+    if (!rows) return;
+    double bw = 10 + 24 + 8 + tw + 10, bh = 6 + rows * LEGEND_ROW + 4, inset = 10;
+    // Corners in order of preference: top right, top left, bottom right, bottom left.
+    double cx[4] = {fr->x1 - inset - bw, fr->x0 + inset, fr->x1 - inset - bw, fr->x0 + inset};
+    double cy[4] = {fr->y0 + inset, fr->y0 + inset, fr->y1 - inset - bh, fr->y1 - inset - bh};
+    int best = 0;
+    long best_n = -1;
+    for (int c = 0; c < 4; c++) {
+        // A margin around the box: lines passing just outside it count too.
+        long n = pieces_inside(fr, ax, ay, o, series, ns, cx[c] - 8, cy[c] - 8, bw + 16, bh + 16);
+        if (best_n < 0 || n < best_n) best = c, best_n = n;
+    }
+    double bx = cx[best], by = cy[best];
+    fprintf(f, "<g class=\"legend\" font-size=\"%.0f\">\n", TICK_FONT);
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" rx=\"3\" fill=\"white\" fill-opacity=\"0.9\" "
+               "stroke=\"#bbb\" stroke-width=\"1\"/>\n", bx, by, bw, bh);
+    int row = 0;
+    for (int s = 0; s < ns; s++) {
+        if (!has_name(&series[s])) continue;
+        double y = by + 6 + (row++ + 0.5) * LEGEND_ROW;
+        const char *color = palette[s % NPALETTE];
+        if (has_line(o, &series[s]))
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2.2\"%s%s%s/>\n",
+                    bx + 10, y, bx + 34, y, color, *dash_of(s) ? " stroke-dasharray=\"" : "", dash_of(s),
+                    *dash_of(s) ? "\"" : "");
+        else  // a series of isolated points is shown as its marker
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.2\" fill=\"%s\"/>\n", bx + 22, y, color);
+        fprintf(f, "<text class=\"legend-name\" x=\"%.1f\" y=\"%.1f\" fill=\"#222\">", bx + 42, y + TICK_FONT * 0.35);
+        xml_put(f, series[s].name);
+        fputs("</text>\n", f);
+    }
+    fputs("</g>\n", f);
+}
+
+static void draw_labels(FILE *f, const Frame *fr, const PlotOpts *o) {
+    double mid_x = (fr->x0 + fr->x1) / 2, mid_y = (fr->y0 + fr->y1) / 2;
+    if (o->title && o->title[0]) {
+        fprintf(f, "<text class=\"title\" x=\"%.1f\" y=\"28\" text-anchor=\"middle\" font-size=\"%.0f\" "
+                   "font-weight=\"bold\" fill=\"#222\">", mid_x, TITLE_FONT);
+        xml_put(f, o->title);
+        fputs("</text>\n", f);
+    }
+    if (o->xlabel && o->xlabel[0]) {
+        fprintf(f, "<text class=\"xlabel\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"%.0f\" fill=\"#222\">",
+                mid_x, fr->H - 12, LABEL_FONT);
+        xml_put(f, o->xlabel);
+        fputs("</text>\n", f);
+    }
+    if (o->ylabel && o->ylabel[0]) {
+        fprintf(f, "<text class=\"ylabel\" transform=\"translate(%.1f %.1f) rotate(-90)\" text-anchor=\"middle\" "
+                   "font-size=\"%.0f\" fill=\"#222\">", 12 + LABEL_FONT, mid_y, LABEL_FONT);
+        xml_put(f, o->ylabel);
+        fputs("</text>\n", f);
+    }
+}
+
+int plot_svg(const char *path, const PlotOpts *opts, const PlotSeries *series, int nseries) {
+    PlotOpts o = opts ? *opts : (PlotOpts){0};
+    if (o.width == 0) o.width = 720;
+    if (o.height == 0) o.height = 440;
+    MN_TRY(check_args(path, &o, series, nseries));
+    Range r;
+    data_range(&o, series, nseries, &r);
+    if (r.finite == 0) return mn_error(MN_ERR_NUMERIC, "plot %s: no point has finite x and y", path);
+    if (r.n == 0)
+        return mn_error(MN_ERR_ARG, "plot %s: no point is positive on the log %s axis", path,
+                        o.log_x && o.log_y ? "x and y" : o.log_x ? "x" : "y");
+    if (!isfinite(r.xmax - r.xmin) || !isfinite(r.ymax - r.ymin))
+        return mn_error(MN_ERR_ARG, "plot %s: data range too wide to draw", path);
+    Axis *axes = calloc(2, sizeof(Axis));
+    if (!axes) return mn_error(MN_ERR_NOMEM, "plot %s: out of memory", path);
+    Axis *ax = &axes[0], *ay = &axes[1];
+    Frame fr;
+    layout(&o, &r, ax, ay, &fr);
+
+    AtomicFile af;
+    int s = af_open(&af, path);
+    if (s) {
+        free(axes);
+        return s;
+    }
+    FILE *f = af.f;
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+               "font-family=\"%s\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            fr.W, fr.H, fr.W, fr.H, FONT);
+    draw_grid(f, &fr, ax, ay);
+    for (int i = 0; i < nseries; i++) draw_series(f, &fr, ax, ay, &o, &series[i], i);
+    draw_axes(f, &fr, ax, ay);
+    draw_legend(f, &fr, ax, ay, &o, series, nseries);
+    draw_labels(f, &fr, &o);
+    fputs("</svg>\n", f);
+    free(axes);
+    return af_commit(&af);
+}
+
+// ---------------------------------------------------------------------------
+// CSV
+
+// The fewest of 15, 16, 17 significant digits that strtod reads back exactly
+// (17 always does); this keeps 0.1 as "0.1" rather than 0.10000000000000001.
+static void format_double(char *buf, size_t cap, double v) {
+    if (isnan(v)) snprintf(buf, cap, "nan");
+    else if (isinf(v)) snprintf(buf, cap, v > 0 ? "inf" : "-inf");
+    else
+        for (int p = 15; p <= 17; p++) {
+            snprintf(buf, cap, "%.*g", p, v);
+            if (strtod(buf, NULL) == v) break;
+        }
+}
+
+static void csv_name(FILE *f, const char *s) {
+    if (!strpbrk(s, ",\"\r\n")) {
+        fputs(s, f);
+        return;
+    }
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"') fputc('"', f);  // RFC 4180 doubles quotes inside quotes
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+int csv_write(const char *path, const char *const *columns, int ncol, const double *const *data, int nrow) {
+    if (!path || !columns || !data || ncol <= 0 || nrow < 0)
+        return mn_error(MN_ERR_ARG, "csv %s: need a path, at least one column and nrow >= 0 (ncol=%d, nrow=%d)",
+                        path ? path : "(null)", ncol, nrow);
+    for (int c = 0; c < ncol; c++)
+        if (!columns[c] || (nrow > 0 && !data[c]))
+            return mn_error(MN_ERR_ARG, "csv %s: column %d has no name or no data", path, c);
+    AtomicFile af;
+    MN_TRY(af_open(&af, path));
+    for (int c = 0; c < ncol; c++) {
+        if (c) fputc(',', af.f);
+        csv_name(af.f, columns[c]);
+    }
+    fputc('\n', af.f);
+    char num[40];
+    for (int r = 0; r < nrow; r++)
+        for (int c = 0; c < ncol; c++) {
+            format_double(num, sizeof num, data[c][r]);
+            fputs(num, af.f);
+            fputc(c + 1 < ncol ? ',' : '\n', af.f);
+        }
+    return af_commit(&af);
+}

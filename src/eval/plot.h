@@ -1,0 +1,43 @@
+/*
+ * Result files for people: SVG line plots (loss curves, per-position NLL
+ * curves) and CSV tables, written by hand with no dependency.
+ *
+ * Both writers are atomic (temporary file, fsync, rename; see
+ * core/atomic_file.h), so a plot refreshed during training is never seen
+ * half-written.
+ */
+#ifndef MN_PLOT_H
+#define MN_PLOT_H
+
+typedef struct {
+    const char *name;      // legend entry; NULL or "" leaves the series out of the legend
+    const double *x, *y;   // n points; non-finite ones are skipped, breaking the line
+    int n;
+} PlotSeries;
+
+typedef struct {
+    const char *title, *xlabel, *ylabel;  // any may be NULL; XML characters are escaped
+    int log_x, log_y;                     // log10 axes; points <= 0 on them are skipped
+    double width, height;                 // pixels; 0 -> 720 x 440
+} PlotOpts;
+
+// Draws the series as lines in one plot: "nice" ticks (1, 2, 5 x 10^k) on
+// linear axes, decades on log axes (with 2 and 5, or every integer multiple,
+// when few decades are shown; nice linear values within a factor of 10),
+// gridlines, a legend box in the emptiest
+// corner, a fixed palette of 10 colours (dashed after that), a line at y = 0
+// when the y range spans 0. Isolated points (a single-point series, or a point
+// between two skipped ones) are drawn as markers. opts may be NULL.
+// Errors: no series, nothing finite to draw (MN_ERR_NUMERIC), nothing
+// positive on a log axis, bad sizes.
+int plot_svg(const char *path, const PlotOpts *opts, const PlotSeries *series, int nseries);
+
+// Writes a CSV table: a header line of the ncol column names, then nrow lines
+// with data[c][r] in column c. Names containing , " or a newline are quoted
+// (RFC 4180). Numbers use the fewest significant digits (15, 16 or 17) that
+// read back as the same double, so 0.1 is written "0.1" and every value
+// survives a round trip exactly; NaN and infinities are written nan, inf,
+// -inf, which strtod, Python and pandas read.
+int csv_write(const char *path, const char *const *columns, int ncol, const double *const *data, int nrow);
+
+#endif
