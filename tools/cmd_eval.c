@@ -79,13 +79,13 @@ int cmd_eval(int argc, char **argv) {
     if (st) return st == 2 ? 0 : 1;
     EvalSetup e = {NULL, batch, batches, backend_by_name(backend)};
     if (!e.be) die("%s", mn_last_error());
-    char path[4096], outdir[4096];
+    char path[4096], outdir[4096], shard_path[4096];
     Model *m, *other = NULL;
     if (checkpoint_load_model(run, e.be, &m)) die("%s", mn_last_error());
     if (compare && checkpoint_load_model(compare, e.be, &other)) die("%s", mn_last_error());
     if (!shard) {
-        snprintf(path, sizeof path, "%s/valid.bin", data ? data : "data/demo");
-        shard = path;
+        snprintf(shard_path, sizeof shard_path, "%s/valid.bin", data ? data : "data/demo");
+        shard = shard_path;
     }
     e.shard = shard;
     snprintf(outdir, sizeof outdir, "%s", out ? out : run);

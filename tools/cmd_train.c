@@ -30,6 +30,7 @@ int cmd_train(int argc, char **argv) {
         {"seed", OPT_INT, &seed, "initialisation and data-order seed"},
         {"cg-steps", OPT_INT, &o.cg_steps, "CG steps of the Mesa layers in training (0: the config's, 30)"},
         {"time-limit", OPT_FLOAT, &o.time_limit, "stop and save after this many minutes (0: none)"},
+        {"stop-at", OPT_INT, &o.stop_at, "stop (and save) after this step; resume later with the same command"},
         {"no-resume", OPT_FLAG, &no_resume, "start afresh even if --out holds a checkpoint"},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);

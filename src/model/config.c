@@ -242,7 +242,9 @@ int config_validate(const ModelConfig *c, const char *where) {
         const char *name;
         int value, min, max;
     } ints[] = {
-        {"vocab_size", c->vocab_size, 1, 1 << 24}, {"dim", c->dim, 1, 65536},       {"n_layers", c->n_layers, 1, 1024},
+        {"vocab_size", c->vocab_size, 0, 1 << 24},  // 0: taken from the training data
+        {"dim", c->dim, 1, 65536},
+        {"n_layers", c->n_layers, 1, 1024},
         {"n_heads", c->n_heads, 1, 1024},          {"head_dim", c->head_dim, 1, 1024}, {"mlp_hidden", c->mlp_hidden, 1, 1 << 20},
         {"conv_size", c->conv_size, 1, 8},         {"seq_len", c->seq_len, 1, 1 << 24}, {"cg_steps", c->cg_steps, 0, 10000},
     };

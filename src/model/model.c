@@ -53,6 +53,7 @@ static int declare_all(const ModelConfig *c, const MixerOps *ops, ParamSpec *s, 
 
 int model_specs(const ModelConfig *c, ParamSpec **specs, int *n) {
     MN_TRY(config_validate(c, "model config"));
+    if (c->vocab_size <= 0) return mn_error(MN_ERR_ARG, "model config: vocab_size is not set (0 means: from the data)");
     const MixerOps *ops = mixer_find(c->mixer);
     if (!ops) return MN_ERR_ARG;
     *specs = calloc(MODEL_MAX_PARAMS, sizeof(ParamSpec));
@@ -70,6 +71,7 @@ int model_specs(const ModelConfig *c, ParamSpec **specs, int *n) {
 
 int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
     MN_TRY(config_validate(cfg, "model config"));
+    if (cfg->vocab_size <= 0) return mn_error(MN_ERR_ARG, "model config: vocab_size is not set (0 means: from the data)");
     const MixerOps *ops = mixer_find(cfg->mixer);
     if (!ops) return MN_ERR_ARG;
     Model *m = calloc(1, sizeof *m);

@@ -159,7 +159,7 @@ int checkpoint_load_state(const char *dir, const Model *m, AdamW *o, TrainState 
     join(mpath, sizeof mpath, dir, "model.safetensors");
     StFile *f, *mf;
     MN_TRY(st_open(path, &f));
-    uint64_t step, model_step;
+    uint64_t step = 0, model_step = 0;
     int s = meta_u64(f, path, "step", &step);
     if (!s && !(s = st_open(mpath, &mf))) {
         s = meta_u64(mf, mpath, "step", &model_step);

@@ -275,7 +275,8 @@ int train_run(const TrainOptions *o, FILE *log) {
             s = mn_error(MN_ERR_NUMERIC, "train: loss is %g at step %d", row.loss, st.step);
             break;
         }
-        int time_up = o->time_limit > 0 && st.elapsed - elapsed0 >= 60.0 * o->time_limit;
+        int time_up = (o->time_limit > 0 && st.elapsed - elapsed0 >= 60.0 * o->time_limit) ||
+                      (o->stop_at > 0 && st.step >= o->stop_at);
         int last = st.step == o->steps || time_up;
         if (o->eval_every > 0 && (st.step % o->eval_every == 0 || last)) {
             double cg;
@@ -299,8 +300,8 @@ int train_run(const TrainOptions *o, FILE *log) {
             last_saved = st.step;
         }
         if (time_up) {
-            fprintf(log, "train: time limit of %.1f minutes reached at step %d; saved, resume with the same command\n",
-                    (double)o->time_limit, st.step);
+            fprintf(log, "train: stopping at step %d (time limit or --stop-at); saved, resume with the same command\n",
+                    st.step);
             break;
         }
     }

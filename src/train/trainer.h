@@ -24,6 +24,7 @@ typedef struct {
     uint64_t seed;
     int cg_steps;           // CG steps in training (0: the config's)
     float time_limit;       // minutes; > 0: stop (and save) when reached
+    int stop_at;            // > 0: stop (and save) after this step, as if interrupted
     int resume;             // continue from `out` when it holds a checkpoint
 } TrainOptions;
 

@@ -1,0 +1,261 @@
+// Training, checkpoints and resume; refusal of bad inputs.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/common.h"
+#include "data/shard.h"
+#include "eval/sample.h"
+#include "model/model.h"
+#include "test.h"
+#include "tmpdir.h"
+#include "train/checkpoint.h"
+#include "train/optim.h"
+#include "train/trainer.h"
+
+static ModelConfig small_config(void) {
+    ModelConfig c;
+    if (config_preset(&c, "tiny")) die("%s", mn_last_error());
+    c.vocab_size = 64;
+    return c;
+}
+
+// A token stream with structure a model can learn: documents of a repeating
+// random pattern, each preceded by BOS = 63.
+static void write_toy_shards(TmpDir *t, const char *data_dir) {
+    MnRng r;
+    mn_rng_seed(&r, 2);
+    size_t n = 20000;
+    int32_t *tok = xcalloc(n, sizeof(int32_t));
+    for (size_t i = 0; i < n;) {
+        tok[i++] = 63;
+        int period = 2 + (int)(mn_rng_u64(&r) % 5), len = 30 + (int)(mn_rng_u64(&r) % 60);
+        int32_t pat[8];
+        for (int k = 0; k < period; k++) pat[k] = (int32_t)(mn_rng_u64(&r) % 60);
+        for (int k = 0; k < len && i < n; k++) tok[i++] = pat[k % period];
+    }
+    char path[512];
+    mkdir(data_dir, 0755);
+    snprintf(path, sizeof path, "%s/train.bin", data_dir);
+    if (shard_write(path, tok, n, 64, 63)) die("%s", mn_last_error());
+    snprintf(path, sizeof path, "%s/valid.bin", data_dir);
+    if (shard_write(path, tok + 15000, 5000, 64, 63)) die("%s", mn_last_error());
+    free(tok);
+    (void)t;
+}
+
+static TrainOptions toy_options(const char *data, const char *out) {
+    TrainOptions o;
+    train_options_default(&o);
+    o.config = "tiny";
+    o.data = data;
+    o.out = out;
+    o.batch = 4;
+    o.seq = 32;
+    o.steps = 12;
+    o.warmup = 3;
+    o.lr = 1e-2f;
+    o.eval_every = 4;
+    o.eval_batches = 2;
+    o.save_every = 0;
+    o.log_every = 100;
+    o.cg_steps = 20;
+    return o;
+}
+
+// The "loss" column of a run's loss.csv.
+static int read_losses(const char *dir, double *out, int max) {
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/loss.csv", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int n = 0;
+    if (fgets(line, sizeof line, f))
+        while (n < max && fgets(line, sizeof line, f)) {
+            char *comma = strchr(line, ',');
+            out[n++] = comma ? strtod(comma + 1, NULL) : NAN;
+        }
+    fclose(f);
+    return n;
+}
+
+TEST(train_resume_reproduces_losses) {
+    TmpDir t;
+    tmp_make(&t);
+    char data[256], a[256], b[256];
+    snprintf(data, sizeof data, "%s/data", t.dir);
+    snprintf(a, sizeof a, "%s/a", t.dir);
+    snprintf(b, sizeof b, "%s/b", t.dir);
+    write_toy_shards(&t, data);
+    FILE *devnull = fopen("/dev/null", "w");
+    TrainOptions oa = toy_options(data, a), ob = toy_options(data, b);
+    CHECK(!train_run(&oa, devnull), "uninterrupted run: %s", mn_last_error());
+    ob.stop_at = 5;  // interrupted after step 5 ...
+    CHECK(!train_run(&ob, devnull), "first half: %s", mn_last_error());
+    ob.stop_at = 0;  // ... and resumed from its checkpoint
+    CHECK(!train_run(&ob, devnull), "resumed half: %s", mn_last_error());
+    fclose(devnull);
+    double la[64], lb[64];
+    int na = read_losses(a, la, 64), nb = read_losses(b, lb, 64);
+    CHECK(na == 12 && nb == 12, "loss rows: %d and %d, expected 12", na, nb);
+    int same = 1;
+    for (int i = 0; i < na && i < nb; i++) same &= la[i] == lb[i];
+    test_note("losses: step 1 %.6f, step 12 %.6f (uninterrupted) vs %.6f (resumed at 5)", la[0], la[na - 1], lb[nb - 1]);
+    CHECK(same, "the resumed run's losses differ from the uninterrupted run's");
+    CHECK(la[na - 1] < la[0] - 0.15, "training did not reduce the loss (%.3f -> %.3f)", la[0], la[na - 1]);
+    // the final weights are identical too
+    Model *ma, *mb;
+    CHECK(!checkpoint_load_model(a, backend_cpu(), &ma) && !checkpoint_load_model(b, backend_cpu(), &mb), "%s",
+          mn_last_error());
+    CHECK(!memcmp(ma->params, mb->params, ma->total * sizeof(float)), "final weights differ");
+    model_free(ma);
+    model_free(mb);
+    tmp_remove(&t);
+}
+
+TEST(train_checkpoint_round_trip_is_exact) {
+    TmpDir t;
+    tmp_make(&t);
+    ModelConfig c = small_config();
+    c.output_gate = 1;
+    Model *m;
+    CHECK(!model_create(&m, &c, backend_cpu()), "%s", mn_last_error());
+    model_init_params(m, 5);
+    AdamW o = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1};
+    adamw_init(&o, m);
+    // one real step so that the moments are not zero
+    int32_t tok[64], tgt[64];
+    for (int i = 0; i < 64; i++) tok[i] = tgt[i] = i % 60;
+    model_zero_grad(m);
+    model_forward(m, tok, tgt, 2, 32, 1.0f / 64, NULL);
+    model_backward(m);
+    adamw_step(&o, m, 1e-3f, NULL);
+    TrainState st = {7, 3, 11, 42, 1234, 5.5}, st2;
+    CHECK(!checkpoint_save_model(t.dir, m, 7) && !checkpoint_save_state(t.dir, m, &o, &st), "%s", mn_last_error());
+    Model *m2;
+    AdamW o2 = o;
+    CHECK(!checkpoint_load_model(t.dir, backend_cpu(), &m2), "%s", mn_last_error());
+    adamw_init(&o2, m2);
+    CHECK(!checkpoint_load_state(t.dir, m2, &o2, &st2), "%s", mn_last_error());
+    CHECK(!memcmp(&m->cfg, &m2->cfg, sizeof c), "config differs after the round trip");
+    CHECK(!memcmp(m->params, m2->params, m->total * 4), "weights differ after the round trip");
+    CHECK(!memcmp(o.m, o2.m, m->total * 4) && !memcmp(o.v, o2.v, m->total * 4), "optimizer moments differ");
+    CHECK(st2.step == 7 && st2.epoch == 3 && st2.index == 11 && st2.seed == 42 && st2.tokens == 1234 && o2.step == 7,
+          "training state differs");
+    adamw_free(&o, m);
+    adamw_free(&o2, m2);
+    model_free(m);
+    model_free(m2);
+    tmp_remove(&t);
+}
+
+// A tiny model memorises one batch: the loss falls from ~log V to near zero.
+TEST(train_overfits_a_tiny_batch) {
+    ModelConfig c = small_config();
+    Model *m;
+    CHECK(!model_create(&m, &c, backend_cpu()), "%s", mn_last_error());
+    model_init_params(m, 3);
+    AdamW o = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0, .clip = 1};
+    adamw_init(&o, m);
+    MnRng r;
+    mn_rng_seed(&r, 9);
+    int32_t tok[64], tgt[64];
+    for (int i = 0; i < 64; i++) tok[i] = (int32_t)(mn_rng_u64(&r) % 64);
+    for (int i = 0; i < 64; i++) tgt[i] = i % 32 == 31 ? (int32_t)(mn_rng_u64(&r) % 64) : tok[i + 1];
+    double first = 0, last = 0;
+    for (int step = 0; step < 200; step++) {
+        double loss;
+        model_zero_grad(m);
+        CHECK(!model_forward(m, tok, tgt, 2, 32, 1.0f / 64, &loss) && !model_backward(m), "%s", mn_last_error());
+        adamw_step(&o, m, 1e-2f, NULL);
+        if (step == 0) first = loss / 64;
+        last = loss / 64;
+    }
+    test_note("loss %.3f -> %.4f after 200 steps on one batch", first, last);
+    CHECK(last < 0.05, "did not memorise the batch: loss %.4f", last);
+    adamw_free(&o, m);
+    model_free(m);
+}
+
+TEST(train_greedy_sampling_is_argmax) {
+    Sampler s = {0, 0, 1, {{0}}};
+    float logits[5] = {0.1f, 2.0f, -1.0f, 1.99f, 0.0f}, work[10];
+    CHECK(sample_token(&s, logits, 5, work) == 1, "greedy picked the wrong token");
+    Sampler k1 = {1.0f, 1, 1, {{0}}};
+    mn_rng_seed(&k1.rng, 1);
+    for (int i = 0; i < 20; i++) CHECK(sample_token(&k1, logits, 5, work) == 1, "top-k 1 is not argmax");
+    // top-p: with p small only the best token survives
+    Sampler p = {1.0f, 0, 0.01f, {{0}}};
+    mn_rng_seed(&p.rng, 2);
+    for (int i = 0; i < 20; i++) CHECK(sample_token(&p, logits, 5, work) == 1, "top-p 0.01 is not argmax");
+    // temperature sampling follows the distribution
+    Sampler full = {1.0f, 0, 1, {{0}}};
+    mn_rng_seed(&full.rng, 3);
+    int counts[5] = {0};
+    for (int i = 0; i < 20000; i++) counts[sample_token(&full, logits, 5, work)]++;
+    double z = 0;
+    for (int i = 0; i < 5; i++) z += exp(logits[i]);
+    for (int i = 0; i < 5; i++) {
+        double want = exp(logits[i]) / z, got = counts[i] / 20000.0;
+        CHECK(fabs(got - want) < 0.015, "token %d sampled with frequency %.3f, probability %.3f", i, got, want);
+    }
+}
+
+TEST(train_refuses_bad_inputs) {
+    TmpDir t;
+    tmp_make(&t);
+    ModelConfig c;
+    // config: unknown key, impossible sizes, malformed JSON
+    const char *bad[][2] = {
+        {"{\"preset\": \"tiny\", \"dimm\": 3}", "unknown key \"dimm\""},
+        {"{\"preset\": \"tiny\", \"dim\": 0}", "dim = 0"},
+        {"{\"preset\": \"tiny\", \"n_heads\": -2}", "n_heads = -2"},
+        {"{\"preset\": \"tiny\", \"lambda_min\": 0}", "lambda_min"},
+        {"{\"preset\": \"tiny\", \"dim\": 3.5}", "must be an integer"},
+        {"{\"preset\": \"nope\"}", "unknown config 'nope'"},
+        {"{\"dim\": 12,", "config.json:1: expected a member name"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *path = tmp_path(&t, "config.json");
+        write_bytes(path, bad[i][0], strlen(bad[i][0]));
+        int s = config_load(&c, path);
+        CHECK(s != MN_OK && strstr(mn_last_error(), bad[i][1]), "config %zu: status %d, message '%s' lacks '%s'", i, s,
+              mn_last_error(), bad[i][1]);
+    }
+    // training on a missing data directory names the file
+    TrainOptions o = toy_options("/nonexistent/data", tmp_path(&t, "run"));
+    FILE *devnull = fopen("/dev/null", "w");
+    CHECK(train_run(&o, devnull) != MN_OK && strstr(mn_last_error(), "/nonexistent/data/train.bin"),
+          "missing data: '%s'", mn_last_error());
+    // a checkpoint whose weights are truncated, or belong to another config, is refused
+    ModelConfig small = small_config();
+    Model *m;
+    model_create(&m, &small, backend_cpu());
+    model_init_params(m, 1);
+    char ck[256];
+    snprintf(ck, sizeof ck, "%s/ck", t.dir);
+    mkdir(ck, 0755);
+    CHECK(!checkpoint_save_model(ck, m, 1), "%s", mn_last_error());
+    char wpath[512];
+    snprintf(wpath, sizeof wpath, "%s/model.safetensors", ck);
+    size_t n;
+    unsigned char *bytes = read_bytes(wpath, &n);
+    write_bytes(wpath, bytes, n - 100);
+    Model *m2;
+    CHECK(checkpoint_load_model(ck, backend_cpu(), &m2) != MN_OK && strstr(mn_last_error(), "model.safetensors"),
+          "truncated weights: '%s'", mn_last_error());
+    write_bytes(wpath, bytes, n);
+    ModelConfig wider = small;
+    wider.dim = 48;
+    wider.mlp_hidden = 144;
+    Model *mw;
+    model_create(&mw, &wider, backend_cpu());
+    CHECK(checkpoint_load_weights(wpath, mw) != MN_OK && strstr(mn_last_error(), "model.embeddings.weight"),
+          "weights of another shape: '%s'", mn_last_error());
+    model_free(mw);
+    free(bytes);
+    model_free(m);
+    fclose(devnull);
+    tmp_remove(&t);
+}
