@@ -16,6 +16,14 @@ CFLAGS  += -std=c11 $(OPT) $(ARCH) -ffp-contract=fast -fopenmp -D_DEFAULT_SOURCE
            -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-format-truncation -Iinclude -Isrc -I. -MMD -MP
 LDLIBS  += -lm
 
+# glibc's vector math library: lets the elementwise loops call AVX-512 expf/tanhf
+# (src/cpu/vmath.h says why it is declared by hand). -fno-math-errno: we never read errno.
+LIBMVEC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libmvec.so /lib/x86_64-linux-gnu/libmvec.so))
+ifneq ($(LIBMVEC),)
+  CFLAGS += -DMN_HAVE_LIBMVEC -fno-math-errno
+  LDLIBS += -lmvec
+endif
+
 # OpenBLAS, preferably its OpenMP build: called inside our own parallel regions it then
 # runs single-threaded instead of oversubscribing the cores.
 OPENBLAS_OMP := /usr/lib/x86_64-linux-gnu/openblas-openmp

@@ -70,7 +70,7 @@ static void normalise_rows(float *x, size_t rows, int d) {
     }
 }
 
-static void inputs_init(Inputs *in, MnMesaDims d) {
+static void inputs_init(Inputs *in, MnMesaDims d, float lambda, float gmean) {
     MnRng r;
     mn_rng_seed(&r, 42);
     size_t ntok = (size_t)d.B * d.T * d.H, nk = ntok * d.Dk, nv = ntok * d.Dv;
@@ -83,11 +83,11 @@ static void inputs_init(Inputs *in, MnMesaDims d) {
     in->g = rand_normal(&r, ntok);
     in->beta = rand_normal(&r, ntok);
     for (size_t i = 0; i < ntok; i++) {
-        in->g[i] = -log1pf(expf(-(in->g[i] + 3)));
+        in->g[i] = -log1pf(expf(-(in->g[i] + gmean)));
         in->beta[i] = 1 / (1 + expf(-in->beta[i]));
     }
     in->lambda = xcalloc((size_t)d.H * d.Dk, 4);
-    for (int i = 0; i < d.H * d.Dk; i++) in->lambda[i] = 1.0f;
+    for (int i = 0; i < d.H * d.Dk; i++) in->lambda[i] = lambda;
     in->dout = rand_normal(&r, nv);
     in->o = xcalloc(nv, 4);
     in->x = xcalloc(nk, 4);
@@ -168,7 +168,7 @@ static int parse_list(const char *s, int *out, int max) {
 
 int bench_mesa(int argc, char **argv) {
     int B = 4, T = 1024, H = 4, steps = 30, reps = 3;
-    float tol = 1e-4f;
+    float tol = 1e-4f, lambda = 1.0f, gmean = 3.0f;
     const char *dims = "64,128", *chunks = "16,32,64", *forms = "chunk,recurrent", *out = NULL;
     Option opts[] = {
         {"B", OPT_INT, &B, "sequences"},
@@ -180,6 +180,8 @@ int bench_mesa(int argc, char **argv) {
         {"steps", OPT_INT, &steps, "CG steps (fixed mode; the cap in tolerance mode)"},
         {"tol", OPT_FLOAT, &tol, "tolerance of the tolerance mode"},
         {"reps", OPT_INT, &reps, "timed repetitions (median reported)"},
+        {"lambda", OPT_FLOAT, &lambda, "ridge lambda of every channel (1: the initial value; 0.25: its lower bound)"},
+        {"gmean", OPT_FLOAT, &gmean, "forget gates are sigmoid(N(gmean, 1)): larger is longer memory"},
         {"out", OPT_STRING, &out, "also write the results as JSON to this file"},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
@@ -191,8 +193,8 @@ int bench_mesa(int argc, char **argv) {
         return 1;
     }
     double sgemm = bench_sgemm_gflops(2048, 5);
-    printf("Mesa core on the CPU: B=%d T=%d H=%d, %d threads; sgemm (2048^3, same threads): %.1f GFLOP/s\n", B, T, H,
-           omp_get_max_threads(), sgemm);
+    printf("Mesa core on the CPU: B=%d T=%d H=%d, lambda %g, gates sigmoid(N(%g,1)), %d threads; sgemm (2048^3, same "
+           "threads): %.1f GFLOP/s\n", B, T, H, (double)lambda, (double)gmean, omp_get_max_threads(), sgemm);
     printf("efficiency = minimal flops / time / sgemm rate (see bench/bench_mesa.c)\n\n");
     printf("%4s %-10s %3s %-10s | %9s %6s %6s | %9s %6s %6s\n", "D", "form", "C", "mode", "fwd ms", "steps", "eff",
            "f+b ms", "steps", "eff");
@@ -206,7 +208,7 @@ int bench_mesa(int argc, char **argv) {
     int first = 1;
     for (int di = 0; di < nd; di++) {
         Inputs in;
-        inputs_init(&in, (MnMesaDims){B, T, H, dlist[di], dlist[di]});
+        inputs_init(&in, (MnMesaDims){B, T, H, dlist[di], dlist[di]}, lambda, gmean);
         for (int form = MN_FORM_CHUNK; form <= MN_FORM_RECURRENT; form++) {
             if (!strstr(forms, form == MN_FORM_CHUNK ? "chunk" : "recurrent")) continue;
             for (int ci = 0; ci < (form == MN_FORM_CHUNK ? nc : 1); ci++)

@@ -12,6 +12,7 @@
 #include "core/backend.h"
 #include "core/common.h"
 #include "vec.h"
+#include "vmath.h"
 
 // Parallelise a loop only when it has this many elements of work: below that,
 // waking the threads costs more than it saves.
@@ -308,13 +309,17 @@ static int c_xent(const Backend *be, void *logits_, void *losses_, const void *t
             if (grad_scale != 0) memset(z, 0, sizeof(float) * V);
             continue;
         }
+        if (cap > 0)
+            for (int i = 0; i < V; i++) z[i] = cap * tanhf(z[i] / cap);
         float mx = -INFINITY;
-        for (int i = 0; i < V; i++) {
-            if (cap > 0) z[i] = cap * tanhf(z[i] / cap);
-            mx = fmaxf(mx, z[i]);
-        }
+        for (int i = 0; i < V; i++) mx = z[i] > mx ? z[i] : mx;
+        float part[16] = {0};  // partial sums: the loop vectorises
+        int i0 = 0;
+        for (; i0 + 16 <= V; i0 += 16)
+            for (int j = 0; j < 16; j++) part[j] += expf(z[i0 + j] - mx);
+        for (; i0 < V; i0++) part[0] += expf(z[i0] - mx);
         double sum = 0;
-        for (int i = 0; i < V; i++) sum += expf(z[i] - mx);
+        for (int j = 0; j < 16; j++) sum += part[j];
         float lse = mx + (float)log(sum);
         losses[n] = lse - z[tgt];
         if (grad_scale != 0)

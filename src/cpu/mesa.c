@@ -9,6 +9,7 @@
 #include "core/common.h"
 #include "core/mesa_args.h"
 #include "mesa_cpu.h"
+#include "workspace.h"
 
 // The form AUTO runs, from `mesanet bench mesa` on this machine's CPU (README,
 // "Mesa layer on the CPU"): the chunkwise form was faster at every head size
@@ -22,8 +23,9 @@ static MnMesaForm pick_form(const MnMesaDims *d, const MnSolver *s, int C) {
 // The CPU's chunk size when the solver leaves it to us (chunk = 0): per CG
 // step a chunk costs 2 C Dk^2 (the state term, as the recurrent form) plus
 // 4 C^2 Dk (the intra-chunk products), so small chunks waste the least work
-// as long as the matrix products stay efficient; 16 measured best up to Dk = 128.
-static int default_chunk(const MnMesaDims *d) { return d->Dk <= 128 ? 16 : 32; }
+// as long as the matrix products stay efficient: 16 measured best at Dk = 64,
+// 32 at Dk = 128 (README, "Mesa layer on the CPU").
+static int default_chunk(const MnMesaDims *d) { return d->Dk <= 64 ? 16 : 32; }
 
 static int require(const void *p, const char *fn, const char *name) {
     return p ? MN_OK : mn_error(MN_ERR_ARG, "%s: %s is NULL", fn, name);
@@ -104,7 +106,7 @@ int mn_mesa_forward(const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io)
     MnMesaForm form = pick_form(d, s, C);
     size_t per = form == MN_FORM_CHUNK ? mesa_chunk_fwd_floats(d, C) : mesa_rec_fwd_floats(d);
     int nt = threads_for(d);
-    float *work = mn_calloc((size_t)nt * per, sizeof(float));
+    float *work = cpu_workspace((size_t)nt * per);
     if (!work) return MN_ERR_NOMEM;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int bh = 0; bh < d->B * d->H; bh++) {
@@ -115,7 +117,6 @@ int mn_mesa_forward(const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io)
         else
             mesa_rec_forward(&p, s, io, bh, mine);
     }
-    mn_free(work);
     if (s->check) {
         Counts c = counts(d);
         MN_TRY(check_finite(fn, "output o", io->o, c.nv));
@@ -151,9 +152,10 @@ int mn_mesa_backward(const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io
     int nt = threads_for(d), npairs = d->B * d->H;
     // One dlambda partial per pair, summed in a fixed order: results do not
     // depend on how the pairs were scheduled (resumed runs stay bit-exact).
-    float *work = mn_calloc((size_t)nt * per + (size_t)npairs * d->Dk, sizeof(float));
+    float *work = cpu_workspace((size_t)nt * per + (size_t)npairs * d->Dk);
     if (!work) return MN_ERR_NOMEM;
     float *parts = work + (size_t)nt * per;
+    memset(parts, 0, sizeof(float) * (size_t)npairs * d->Dk);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int bh = 0; bh < npairs; bh++) {
         MesaPair p = pair_of(d, bh, C);
@@ -166,7 +168,6 @@ int mn_mesa_backward(const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io
     memset(io->dlambda, 0, sizeof(float) * (size_t)d->H * d->Dk);
     for (int bh = 0; bh < npairs; bh++)
         for (int i = 0; i < d->Dk; i++) io->dlambda[(size_t)(bh % d->H) * d->Dk + i] += parts[(size_t)bh * d->Dk + i];
-    mn_free(work);
     if (s->check) {
         MN_TRY(check_finite(fn, "dq", io->dq, c.nqk));
         MN_TRY(check_finite(fn, "dk", io->dk, c.nqk));

@@ -194,7 +194,9 @@ static int mesa_forward(Mixer *m, void *y, const void *u, int B, int T, int use_
     MnMesaFwd io = {.q = s->q, .k = s->k, .v = s->v, .g = s->g, .beta = s->beta, .lambda = s->lambda,
                     .h0 = use_state ? s->hs : NULL, .g0 = use_state ? s->gs : NULL, .o = s->o, .x = s->x,
                     .hT = use_state ? s->hs : NULL, .gT = use_state ? s->gs : NULL, .steps = s->steps};
+    double t0 = mn_now();
     MN_TRY(be->mesa_fwd(be, &d, &m->solver, &io));
+    m->core_seconds += mn_now() - t0;
     for (int i = 0; i < N * z.H; i++) m->cg_steps += s->steps[i];
     m->cg_systems += (double)N * z.H;
     // per-head RMSNorm, optional output gate, output projection
@@ -230,7 +232,9 @@ static int mesa_backward(Mixer *m, void *du, const void *dy) {
     MnMesaBwd io = {.q = s->q, .k = s->k, .v = s->v, .g = s->g, .beta = s->beta, .lambda = s->lambda, .x = s->x,
                     .o = s->o, .dout = s->d_o, .dq = s->d_q, .dk = s->d_k, .dv = s->d_v, .dg = s->d_g,
                     .dbeta = s->d_beta, .dlambda = s->d_lambda, .steps = s->steps};
+    double t0 = mn_now();
     MN_TRY(be->mesa_bwd(be, &d, &m->solver, &io));
+    m->core_seconds += mn_now() - t0;
     MN_TRY(be->softplus_bwd(be, dw[LAMBDA], s->d_lambda, w[LAMBDA], (size_t)z.Q));
     MN_TRY(be->mesa_gates_bwd(be, s->d_a, s->d_b, s->d_g, s->d_beta, s->a, s->b, (size_t)N * z.H,
                               m->cfg->gate_bound));

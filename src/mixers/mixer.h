@@ -40,6 +40,7 @@ struct Mixer {
     void **w, **dw;           // this layer's parameters and their gradients, in declare() order
     void *priv;               // the mixer's own buffers
     double cg_steps, cg_systems;  // CG steps and systems solved since the counters were zeroed
+    double core_seconds;      // time in the core (e.g. the Mesa solve), for profiles; meaningful on synchronous backends
 };
 
 // The mixer named `name`, or NULL with an error listing the known ones.

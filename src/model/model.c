@@ -246,7 +246,9 @@ static int forward_blocks(Model *m, int B, int T, int use_state) {
         MN_TRY(be->rmsnorm_fwd(be, n1, r1, x, m->p[bp->attn_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
         Mixer *mx = &m->mixers[l];
         mx->solver = m->solver;
+        double t0 = mn_now();
         MN_TRY(mx->ops->forward(mx, mid, n1, B, T, use_state));
+        m->mixer_seconds += mn_now() - t0;
         MN_TRY(be->add(be, mid, x, N * D));
         // x' = u + W_down(SiLU(W_gate v) (.) W_up v),  v = RMSNorm(u)
         MN_TRY(be->rmsnorm_fwd(be, n2, r2, mid, m->p[bp->mlp_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
@@ -324,7 +326,9 @@ int model_backward(Model *m) {
         // mixer: dx (now the gradient of u) flows to x directly and through the mixer
         Mixer *mx = &m->mixers[l];
         mx->solver = m->solver;
+        double t0 = mn_now();
         MN_TRY(mx->ops->backward(mx, m->dn, m->dx));
+        m->mixer_seconds += mn_now() - t0;
         MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[bp->attn_norm], m->dn, x, m->p[bp->attn_norm], r1, (int)N, (int)D,
                                (int)D, (int)D, 1));
         (void)n1;

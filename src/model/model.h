@@ -49,6 +49,7 @@ typedef struct {
     void *dx, *dn, *dact, *dgate, *dup;  // backward scratch: [N,D], [N,D], [N,F] x3
     int state_B;             // sequences of the decoding state (0: none)
     int grad_ready;          // the last forward left dloss/dlogits for model_backward
+    double mixer_seconds;    // time in the mixers (forward and backward), for profiles
 } Model;
 
 int model_create(Model **out, const ModelConfig *cfg, const Backend *be);

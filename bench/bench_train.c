@@ -1,0 +1,83 @@
+/*
+ * `mesanet bench train`: training throughput of a config on random tokens:
+ * tokens/s, peak memory, and the share of time in the mixers (and in their
+ * core, the Mesa solve) against the rest of the model, beside the sgemm rate
+ * of the same run. Model flops per token: 6 x (parameters outside the
+ * embedding lookup) for the dense products; the Mesa solve comes on top.
+ */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+
+#include "bench.h"
+#include "core/common.h"
+#include "model/model.h"
+#include "tools/commands.h"
+#include "train/optim.h"
+
+int bench_train(int argc, char **argv) {
+    const char *config = "demo", *backend = "cpu";
+    int batch = 16, seq = 256, steps = 10, vocab = 4096, cg = 0;
+    Option opts[] = {
+        {"config", OPT_STRING, &config, "preset or JSON config"},
+        {"backend", OPT_STRING, &backend, "cpu or cuda"},
+        {"batch", OPT_INT, &batch, "sequences per step"},
+        {"seq", OPT_INT, &seq, "tokens per sequence"},
+        {"steps", OPT_INT, &steps, "timed steps (after 2 warm-up steps)"},
+        {"vocab", OPT_INT, &vocab, "vocabulary size when the config leaves it to the data"},
+        {"cg-steps", OPT_INT, &cg, "CG steps (0: the config's)"},
+    };
+    int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
+    if (st) return st == 2 ? 0 : 1;
+    const Backend *be = backend_by_name(backend);
+    ModelConfig c;
+    if (!be || config_load(&c, config)) die("%s", mn_last_error());
+    if (c.vocab_size == 0) c.vocab_size = vocab;
+    if (cg > 0) c.cg_steps = cg;
+    Model *m;
+    if (model_create(&m, &c, be) || model_init_params(m, 1)) die("%s", mn_last_error());
+    AdamW o = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1};
+    if (adamw_init(&o, m)) die("%s", mn_last_error());
+    size_t N = (size_t)batch * seq;
+    int32_t *tok = xcalloc(N, 4), *tgt = xcalloc(N, 4);
+    MnRng r;
+    mn_rng_seed(&r, 7);
+    for (size_t i = 0; i < N; i++) {
+        tok[i] = (int32_t)(mn_rng_u64(&r) % (uint64_t)c.vocab_size);
+        tgt[i] = (int32_t)(mn_rng_u64(&r) % (uint64_t)c.vocab_size);
+    }
+    double sgemm = bench_sgemm_gflops(2048, 3);
+    double t_total = 0, t_mixer = 0, t_core = 0;
+    for (int s = 0; s < steps + 2; s++) {
+        m->mixer_seconds = 0;
+        for (int l = 0; l < c.n_layers; l++) m->mixers[l].core_seconds = 0;
+        double t0 = mn_now();
+        if (model_zero_grad(m) || model_forward(m, tok, tgt, batch, seq, 1.0f / (float)N, NULL) || model_backward(m) ||
+            adamw_step(&o, m, 1e-4f, NULL) || be->sync(be))
+            die("%s", mn_last_error());
+        double dt = mn_now() - t0;
+        if (s < 2) continue;  // warm-up
+        t_total += dt;
+        t_mixer += m->mixer_seconds;
+        for (int l = 0; l < c.n_layers; l++) t_core += m->mixers[l].core_seconds;
+    }
+    double cg_mean = model_take_cg_steps(m);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    size_t embed = (size_t)c.vocab_size * c.dim;
+    double dense_flops = 6.0 * (double)(m->total - (c.tie_embeddings ? 0 : embed)) * (double)N * steps;
+    printf("training %s (%zu parameters) on %s, %d threads, batch %d x %d tokens, CG steps %d (mean used %.1f)\n", config,
+           m->total, be->name, omp_get_max_threads(), batch, seq, c.cg_steps, cg_mean);
+    printf("  %.0f tokens/s, %.1f ms/step, peak memory %.0f MB\n", (double)N * steps / t_total, 1e3 * t_total / steps,
+           (double)ru.ru_maxrss / 1024);
+    printf("  time in the mixers %.1f%% (their core, the Mesa solve: %.1f%%), rest of the model and optimizer %.1f%%\n",
+           100 * t_mixer / t_total, 100 * t_core / t_total, 100 * (1 - t_mixer / t_total));
+    printf("  dense products: %.1f GFLOP/s = %.1f%% of sgemm (%.0f GFLOP/s in this run)\n", dense_flops / t_total / 1e9,
+           100 * dense_flops / t_total / 1e9 / sgemm, sgemm);
+    free(tok);
+    free(tgt);
+    adamw_free(&o, m);
+    model_free(m);
+    return 0;
+}
