@@ -174,8 +174,8 @@ TEST(model_cpu_matches_reference) {
     test_note("loss: ref %.10f cpu %.10f", lr / 63, lc / 63);
     CHECK(fabs(lr - lc) <= 1e-5 * fabs(lr), "loss %g vs %g", lc, lr);
     double *gr = xcalloc(r->total, 8), *gc = xcalloc(c->total, 8);
-    r->be->download(r->be, gr, r->grads, r->total, MEM_PARAM);
-    c->be->download(c->be, gc, c->grads, c->total, MEM_PARAM);
+    r->be->download(r->be, gr, r->grads, r->total, MEM_F32);
+    c->be->download(c->be, gc, c->grads, c->total, MEM_F32);
     double e = rel_err64(gc, gr, r->total);
     test_note("gradients: cpu vs ref rel err %.2e", e);
     CHECK_REL("gradients", e, 1e-4);  // float32 through 2 blocks and two CG solves

@@ -24,9 +24,9 @@
 #include "mesanet.h"
 
 typedef enum {
-    MEM_PARAM,  // parameters and their gradients (float64 ref, float32 cpu, bf16 compute copy on cuda)
-    MEM_ACT,    // activations and their gradients
-    MEM_F32,    // small tensors that stay at least float32 everywhere (norm statistics, gates, losses, optimiser state)
+    MEM_PARAM,  // parameters (float64 ref, float32 cpu; cuda: float32 master with a hidden bf16 copy for products)
+    MEM_ACT,    // activations and their gradients (bf16 on cuda)
+    MEM_F32,    // at least float32 everywhere: parameter gradients, optimiser state, norm statistics, gates, losses
     MEM_I32,    // int32 (tokens, targets)
 } MemKind;
 

@@ -100,7 +100,7 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         m->total += m->specs[i].numel;
     }
     m->params = be->alloc(be, m->total, MEM_PARAM);
-    m->grads = be->alloc(be, m->total, MEM_PARAM);
+    m->grads = be->alloc(be, m->total, MEM_F32);  // float32 gradients on every backend
     m->p = calloc((size_t)m->nparams, sizeof(void *));
     m->g = calloc((size_t)m->nparams, sizeof(void *));
     if (!m->params || !m->grads || !m->p || !m->g) {
@@ -109,7 +109,7 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
     }
     for (int i = 0; i < m->nparams; i++) {
         m->p[i] = at(m, m->params, m->specs[i].offset, MEM_PARAM);
-        m->g[i] = at(m, m->grads, m->specs[i].offset, MEM_PARAM);
+        m->g[i] = at(m, m->grads, m->specs[i].offset, MEM_F32);
     }
     for (int l = 0; l < cfg->n_layers; l++) {
         m->mixers[l].w = m->p + m->blocks[l].first;
@@ -337,7 +337,7 @@ int model_backward(Model *m) {
 }
 
 int model_zero_grad(Model *m) {
-    m->be->zero(m->be, m->grads, m->total, MEM_PARAM);
+    m->be->zero(m->be, m->grads, m->total, MEM_F32);
     return MN_OK;
 }
 

@@ -28,7 +28,8 @@ typedef struct {
     ParamSpec *specs;        // [nparams]
     int nparams;
     size_t total;            // number of parameters
-    void *params, *grads;    // slabs of `total` elements (MEM_PARAM)
+    void *params;            // slab of `total` parameters (MEM_PARAM)
+    void *grads;             // slab of `total` gradients (MEM_F32)
     void **p, **g;           // per-tensor views into the slabs
     int embed, head, norm_f; // indices of the backbone tensors (head = embed when tied)
     BlockParams *blocks;     // [n_layers]
