@@ -1,0 +1,761 @@
+/*
+ * The CUDA backend: the op table of core/backend.h on an NVIDIA GPU.
+ *
+ * Memory kinds: MEM_ACT is bf16 (activations and their gradients), MEM_F32 is
+ * float (gradients of the parameters, optimiser state, norm statistics,
+ * gates, losses), MEM_I32 is int32. A MEM_PARAM allocation holds n float32
+ * master weights followed by their bf16 copy: matrix products read the copy
+ * (cuBLAS with bf16 inputs and float32 accumulation), everything else reads
+ * the master, and every write (upload, AdamW) refreshes both, so the copy is
+ * never stale. Mixed precision as in the paper: float32 weights and optimiser
+ * state, bf16 activations and products, the Mesa states and CG in float32.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+
+extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io);
+extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
+
+// ---------------------------------------------------------------------------- memory
+
+enum { MAX_PARAM_ALLOCS = 256 };
+static struct {
+    char *base;  // the float32 masters; the bf16 copy follows at base + shadow_offset(n)
+    size_t n;
+} param_allocs[MAX_PARAM_ALLOCS];
+
+static size_t shadow_offset(size_t n) { return (n * sizeof(float) + 255) & ~(size_t)255; }
+
+const bf16 *cuda_param_bf16(const void *p) {
+    const char *c = (const char *)p;
+    for (int i = 0; i < MAX_PARAM_ALLOCS; i++) {
+        char *b = param_allocs[i].base;
+        if (b && c >= b && c < b + param_allocs[i].n * sizeof(float))
+            return (const bf16 *)(b + shadow_offset(param_allocs[i].n)) + (c - b) / sizeof(float);
+    }
+    return NULL;
+}
+
+static size_t elem(MemKind k) { return k == MEM_ACT ? 2 : 4; }
+
+static size_t g_elem_size(const Backend *be, MemKind k) { return elem(k); }
+
+static void *g_alloc(const Backend *be, size_t n, MemKind k) {
+    size_t bytes = k == MEM_PARAM ? shadow_offset(n) + n * sizeof(bf16) : n * elem(k);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        mn_error(MN_ERR_NOMEM, "cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    cudaMemsetAsync(p, 0, bytes ? bytes : 256, cuda_ctx(be)->stream);
+    if (k == MEM_PARAM) {
+        int slot = -1;
+        for (int i = 0; i < MAX_PARAM_ALLOCS && slot < 0; i++)
+            if (!param_allocs[i].base) slot = i;
+        if (slot < 0) {
+            cudaFree(p);
+            mn_error(MN_ERR_NOMEM, "more than %d parameter allocations", MAX_PARAM_ALLOCS);
+            return NULL;
+        }
+        param_allocs[slot].base = (char *)p;
+        param_allocs[slot].n = n;
+    }
+    return p;
+}
+
+static void g_free(const Backend *be, void *p) {
+    for (int i = 0; i < MAX_PARAM_ALLOCS; i++)
+        if (param_allocs[i].base == p) param_allocs[i].base = NULL;
+    cudaStreamSynchronize(cuda_ctx(be)->stream);
+    cudaFree(p);
+}
+
+__global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16(src[i]);
+}
+
+// Refreshes the bf16 copy of n parameters starting at p.
+static int refresh_shadow(const Backend *be, const void *p, size_t n) {
+    const bf16 *sh = cuda_param_bf16(p);
+    if (!sh || !n) return MN_OK;
+    f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)sh, (const float *)p, n);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+static void g_zero(const Backend *be, void *p, size_t n, MemKind k) {
+    cudaMemsetAsync(p, 0, n * elem(k), cuda_ctx(be)->stream);
+    if (k == MEM_PARAM) refresh_shadow(be, p, n);
+}
+
+static void g_copy(const Backend *be, void *dst, const void *src, size_t n, MemKind k) {
+    cudaMemcpyAsync(dst, src, n * elem(k), cudaMemcpyDeviceToDevice, cuda_ctx(be)->stream);
+    if (k == MEM_PARAM) refresh_shadow(be, dst, n);
+}
+
+// Host <-> device with conversion through a host staging buffer.
+static int g_upload(const Backend *be, void *dst, const double *src, size_t n, MemKind k) {
+    size_t bytes = n * elem(k);
+    void *h = malloc(bytes ? bytes : 1);
+    if (!h) return mn_error(MN_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        if (k == MEM_ACT) ((bf16 *)h)[i] = __float2bfloat16((float)src[i]);
+        else ((float *)h)[i] = (float)src[i];
+    }
+    cudaError_t e = cudaMemcpy(dst, h, bytes, cudaMemcpyHostToDevice);
+    free(h);
+    CU_TRY(e);
+    return k == MEM_PARAM ? refresh_shadow(be, dst, n) : MN_OK;
+}
+
+static int g_upload_f32(const Backend *be, void *dst, const float *src, size_t n, MemKind k) {
+    if (k != MEM_ACT) {
+        CU_TRY(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
+        return k == MEM_PARAM ? refresh_shadow(be, dst, n) : MN_OK;
+    }
+    bf16 *h = (bf16 *)malloc(n * sizeof(bf16) + 1);
+    if (!h) return mn_error(MN_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) h[i] = __float2bfloat16(src[i]);
+    cudaError_t e = cudaMemcpy(dst, h, n * sizeof(bf16), cudaMemcpyHostToDevice);
+    free(h);
+    CU_TRY(e);
+    return MN_OK;
+}
+
+static int g_download_f32(const Backend *be, float *dst, const void *src, size_t n, MemKind k) {
+    CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->stream));
+    if (k != MEM_ACT) {
+        CU_TRY(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost));
+        return MN_OK;
+    }
+    bf16 *h = (bf16 *)malloc(n * sizeof(bf16) + 1);
+    if (!h) return mn_error(MN_ERR_NOMEM, "out of memory");
+    cudaError_t e = cudaMemcpy(h, src, n * sizeof(bf16), cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < n && e == cudaSuccess; i++) dst[i] = __bfloat162float(h[i]);
+    free(h);
+    CU_TRY(e);
+    return MN_OK;
+}
+
+static int g_download(const Backend *be, double *dst, const void *src, size_t n, MemKind k) {
+    float *h = (float *)malloc(n * sizeof(float) + 1);
+    if (!h) return mn_error(MN_ERR_NOMEM, "out of memory");
+    int s = g_download_f32(be, h, src, n, k);
+    for (size_t i = 0; i < n && !s; i++) dst[i] = h[i];
+    free(h);
+    return s;
+}
+
+static int g_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t n) {
+    CU_TRY(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, cuda_ctx(be)->stream));
+    CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->stream));  // src is pageable and may change right after
+    return MN_OK;
+}
+
+static int g_sync(const Backend *be) {
+    CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->stream));
+    CU_TRY(cudaGetLastError());
+    return MN_OK;
+}
+
+// ---------------------------------------------------------------------- dense layers
+
+__global__ void add_bias_kernel(bf16 *y, const float *b, int N, int O) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)N * O; i += (size_t)gridDim.x * blockDim.x)
+        st(y, i, ld(y, i) + b[i % O]);
+}
+
+// Row-major y[N,O] = x[N,I] W[O,I]^T is, in cuBLAS's column-major terms,
+// y^T (O x N) = W (O x I, stored as I x O: transposed) times x^T (I x N).
+static int g_linear_fwd(const Backend *be, void *y, const void *x, const void *w, const void *bias, int N, int nin,
+                        int nout) {
+    CudaCtx *c = cuda_ctx(be);
+    const bf16 *wb = cuda_param_bf16(w);
+    if (!wb) return mn_error(MN_ERR_ARG, "cuda linear: the weight is not a parameter allocation");
+    float one = 1, zero = 0;
+    CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, nout, N, nin, &one, wb, CUDA_R_16BF, nin, x, CUDA_R_16BF,
+                            nin, &zero, y, CUDA_R_16BF, nout, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias) {
+        add_bias_kernel<<<grid_for((size_t)N * nout, 256), 256, 0, c->stream>>>((bf16 *)y, (const float *)bias, N, nout);
+        LAUNCH_CHECK();
+    }
+    return MN_OK;
+}
+
+__global__ void bias_grad_kernel(float *db, const bf16 *dy, int N, int O) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= O) return;
+    float s = 0;
+    for (int n = 0; n < N; n++) s += ld(dy, (size_t)n * O + o);
+    db[o] += s;
+}
+
+static int g_linear_bwd(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x, const void *w,
+                        int N, int nin, int nout, int accum) {
+    CudaCtx *c = cuda_ctx(be);
+    const bf16 *wb = cuda_param_bf16(w);
+    if (!wb) return mn_error(MN_ERR_ARG, "cuda linear: the weight is not a parameter allocation");
+    float one = 1, beta_dx = accum ? 1.0f : 0.0f;
+    if (dx)  // dx^T (I x N) = W^T (I x O, as stored) dy^T (O x N)
+        CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, nin, N, nout, &one, wb, CUDA_R_16BF, nin, dy,
+                                CUDA_R_16BF, nout, &beta_dx, dx, CUDA_R_16BF, nin, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (dw)  // dW^T (I x O) += x^T (I x N) dy (N x O), accumulated in float32
+        CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, nin, nout, N, &one, x, CUDA_R_16BF, nin, dy,
+                                CUDA_R_16BF, nout, &one, dw, CUDA_R_32F, nin, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (dbias) {
+        bias_grad_kernel<<<(nout + 127) / 128, 128, 0, c->stream>>>((float *)dbias, (const bf16 *)dy, N, nout);
+        LAUNCH_CHECK();
+    }
+    return MN_OK;
+}
+
+// ---------------------------------------------------------------- norms, activations
+
+// One warp per group of `group` features: RMS norm.
+__global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, const bf16 *x, const float *w, long rows, int group, int per_row,
+                                   int wfull, float eps) {
+    long r = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const bf16 *xr = x + (size_t)r * group;
+    const float *wr = w + (wfull ? (size_t)(r % per_row) * group : 0);
+    float ss = 0;
+    for (int i = lane; i < group; i += 32) {
+        float v = ld(xr, i);
+        ss += v * v;
+    }
+    float rs = rsqrtf(warp_sum(ss) / group + eps);
+    if (lane == 0) rstd[r] = rs;
+    for (int i = lane; i < group; i += 32) st(y, (size_t)r * group + i, ld(xr, i) * rs * wr[i]);
+}
+
+static int g_rmsnorm_fwd(const Backend *be, void *y, void *rstd, const void *x, const void *w, int N, int D, int group,
+                         int wlen, float eps) {
+    long rows = (long)N * (D / group);
+    rmsnorm_fwd_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, cuda_ctx(be)->stream>>>(
+        (bf16 *)y, (float *)rstd, (const bf16 *)x, (const float *)w, rows, group, D / group, wlen != group, eps);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+__global__ void rmsnorm_bwd_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
+                                      long rows, int group, int per_row, int wfull, int accum) {
+    long r = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    size_t o = (size_t)r * group;
+    const float *wr = w + (wfull ? (size_t)(r % per_row) * group : 0);
+    float dot = 0;
+    for (int i = lane; i < group; i += 32) dot += ld(dy, o + i) * wr[i] * ld(x, o + i);
+    dot = warp_sum(dot);
+    float rs = rstd[r], c = rs * rs * dot / group;
+    for (int i = lane; i < group; i += 32) {
+        float g = rs * (ld(dy, o + i) * wr[i] - ld(x, o + i) * c);
+        st(dx, o + i, (accum ? ld(dx, o + i) : 0.0f) + g);
+    }
+}
+
+// dw over all rows: each block sums a strip of rows for 256 weight columns.
+__global__ void rmsnorm_bwd_dw_kernel(float *dw, const bf16 *dy, const bf16 *x, const float *rstd, int N, int D, int group,
+                                      int wlen, int rows_per_strip) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;  // weight index
+    if (i >= wlen) return;
+    int n0 = blockIdx.y * rows_per_strip, n1 = min(N, n0 + rows_per_strip);
+    int reps = wlen == D ? 1 : D / group;
+    float s = 0;
+    for (int n = n0; n < n1; n++)
+        for (int j = 0; j < reps; j++) {
+            int c = wlen == D ? i : j * group + i;
+            size_t e = (size_t)n * D + c;
+            s += ld(dy, e) * ld(x, e) * rstd[e / group];
+        }
+    atomicAdd(&dw[i], s);
+}
+
+static int g_rmsnorm_bwd(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w,
+                         const void *rstd, int N, int D, int group, int wlen, int accum) {
+    cudaStream_t st_ = cuda_ctx(be)->stream;
+    long rows = (long)N * (D / group);
+    rmsnorm_bwd_dx_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, st_>>>((bf16 *)dx, (const bf16 *)dy, (const bf16 *)x,
+                                                                       (const float *)w, (const float *)rstd, rows, group,
+                                                                       D / group, wlen != group, accum);
+    LAUNCH_CHECK();
+    if (dw) {
+        int strips = N < 128 ? 1 : 128, per = (N + strips - 1) / strips;
+        dim3 grid((unsigned)((wlen + 255) / 256), (unsigned)strips);
+        rmsnorm_bwd_dw_kernel<<<grid, 256, 0, st_>>>((float *)dw, (const bf16 *)dy, (const bf16 *)x, (const float *)rstd, N,
+                                                   D, group, wlen, per);
+        LAUNCH_CHECK();
+    }
+    return MN_OK;
+}
+
+__global__ void l2norm_fwd_kernel(bf16 *y, float *inv, const bf16 *x, long rows, int group, float eps) {
+    long r = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    size_t o = (size_t)r * group;
+    float ss = 0;
+    for (int i = lane; i < group; i += 32) ss += ld(x, o + i) * ld(x, o + i);
+    float iv = rsqrtf(warp_sum(ss) + eps);
+    if (lane == 0) inv[r] = iv;
+    for (int i = lane; i < group; i += 32) st(y, o + i, ld(x, o + i) * iv);
+}
+
+__global__ void l2norm_bwd_kernel(bf16 *dx, const bf16 *dy, const bf16 *y, const float *inv, long rows, int group) {
+    long r = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    size_t o = (size_t)r * group;
+    float dot = 0;
+    for (int i = lane; i < group; i += 32) dot += ld(dy, o + i) * ld(y, o + i);
+    dot = warp_sum(dot);
+    for (int i = lane; i < group; i += 32) st(dx, o + i, inv[r] * (ld(dy, o + i) - ld(y, o + i) * dot));
+}
+
+static int g_l2norm_fwd(const Backend *be, void *y, void *inv, const void *x, int N, int D, int group, float eps) {
+    long rows = (long)N * (D / group);
+    l2norm_fwd_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)y, (float *)inv,
+                                                                                    (const bf16 *)x, rows, group, eps);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+static int g_l2norm_bwd(const Backend *be, void *dx, const void *dy, const void *y, const void *inv, int N, int D,
+                        int group) {
+    long rows = (long)N * (D / group);
+    l2norm_bwd_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, cuda_ctx(be)->stream>>>(
+        (bf16 *)dx, (const bf16 *)dy, (const bf16 *)y, (const float *)inv, rows, group);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+#define GRID_LOOP(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+__global__ void silu_fwd_kernel(bf16 *y, const bf16 *x, size_t n) {
+    GRID_LOOP(i, n) {
+        float v = ld(x, i);
+        st(y, i, v * sigmoidf_(v));
+    }
+}
+
+__global__ void silu_bwd_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, size_t n) {
+    GRID_LOOP(i, n) {
+        float v = ld(x, i), s = sigmoidf_(v);
+        st(dx, i, ld(dy, i) * s * (1 + v * (1 - s)));
+    }
+}
+
+__global__ void swiglu_fwd_kernel(bf16 *h, const bf16 *g, const bf16 *u, size_t n) {
+    GRID_LOOP(i, n) {
+        float v = ld(g, i);
+        st(h, i, v * sigmoidf_(v) * ld(u, i));
+    }
+}
+
+__global__ void swiglu_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n) {
+    GRID_LOOP(i, n) {
+        float v = ld(g, i), s = sigmoidf_(v), d = ld(dh, i);
+        st(dg, i, d * ld(u, i) * s * (1 + v * (1 - s)));
+        st(du, i, d * v * s);
+    }
+}
+
+__global__ void add_kernel(bf16 *x, const bf16 *y, size_t n) {
+    GRID_LOOP(i, n) st(x, i, ld(x, i) + ld(y, i));
+}
+
+static int g_silu_fwd(const Backend *be, void *y, const void *x, size_t n) {
+    silu_fwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)y, (const bf16 *)x, n);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+static int g_silu_bwd(const Backend *be, void *dx, const void *dy, const void *x, size_t n) {
+    silu_bwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, n);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+static int g_swiglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n) {
+    swiglu_fwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)h, (const bf16 *)g, (const bf16 *)u, n);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+static int g_swiglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
+    swiglu_bwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)dg, (bf16 *)du, (const bf16 *)dh,
+                                                                          (const bf16 *)g, (const bf16 *)u, n);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+static int g_add(const Backend *be, void *x, const void *y, size_t n) {
+    add_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)x, (const bf16 *)y, n);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+// ------------------------------------------------------------------- sequence ops
+
+__device__ __forceinline__ float conv_in(const bf16 *x, const bf16 *state, int b, int t, int c, int T, int C, int K) {
+    if (t >= 0) return ld(x, ((size_t)b * T + t) * C + c);
+    return state ? ld(state, ((size_t)b * (K - 1) + (t + K - 1)) * C + c) : 0.0f;
+}
+
+__global__ void conv_fwd_kernel(bf16 *y, const bf16 *x, const float *w, int B, int T, int C, int K, const bf16 *sin) {
+    GRID_LOOP(i, (size_t)B * T * C) {
+        int c = (int)(i % C), t = (int)((i / C) % T), b = (int)(i / ((size_t)C * T));
+        float s = 0;
+        for (int j = 0; j < K; j++) s += w[c * K + j] * conv_in(x, sin, b, t - K + 1 + j, c, T, C, K);
+        st(y, i, s);
+    }
+}
+
+__global__ void conv_state_kernel(bf16 *tmp, const bf16 *x, int B, int T, int C, int K, const bf16 *sin) {
+    GRID_LOOP(i, (size_t)B * (K - 1) * C) {
+        int c = (int)(i % C), j = (int)((i / C) % (K - 1)), b = (int)(i / ((size_t)C * (K - 1)));
+        st(tmp, i, conv_in(x, sin, b, T - (K - 1) + j, c, T, C, K));
+    }
+}
+
+static int g_conv_fwd(const Backend *be, void *y, const void *x, const void *w, int B, int T, int C, int K,
+                      const void *sin, void *sout) {
+    CudaCtx *cx = cuda_ctx(be);
+    size_t n = (size_t)B * T * C;
+    conv_fwd_kernel<<<grid_for(n, 256), 256, 0, cx->stream>>>((bf16 *)y, (const bf16 *)x, (const float *)w, B, T, C, K,
+                                                              (const bf16 *)sin);
+    LAUNCH_CHECK();
+    if (sout && K > 1) {  // via scratch: state_out may alias state_in
+        size_t ns = (size_t)B * (K - 1) * C;
+        bf16 *tmp = (bf16 *)cuda_scratch(be, ns * sizeof(bf16));
+        if (!tmp) return MN_ERR_NOMEM;
+        conv_state_kernel<<<grid_for(ns, 256), 256, 0, cx->stream>>>(tmp, (const bf16 *)x, B, T, C, K, (const bf16 *)sin);
+        LAUNCH_CHECK();
+        CU_TRY(cudaMemcpyAsync(sout, tmp, ns * sizeof(bf16), cudaMemcpyDeviceToDevice, cx->stream));
+    }
+    return MN_OK;
+}
+
+__global__ void conv_bwd_dx_kernel(bf16 *dx, const bf16 *dy, const float *w, int B, int T, int C, int K) {
+    GRID_LOOP(i, (size_t)B * T * C) {
+        int c = (int)(i % C), t = (int)((i / C) % T), b = (int)(i / ((size_t)C * T));
+        float s = 0;
+        for (int j = 0; j < K; j++) {
+            int to = t + K - 1 - j;
+            if (to < T) s += w[c * K + j] * ld(dy, ((size_t)b * T + to) * C + c);
+        }
+        st(dx, i, s);
+    }
+}
+
+// dw[c, j]: each block sums a strip of (b, t) rows for 256 channels.
+__global__ void conv_bwd_dw_kernel(float *dw, const bf16 *dy, const bf16 *x, int B, int T, int C, int K, const bf16 *sin,
+                                   int rows_per_strip) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    int r0 = blockIdx.y * rows_per_strip, r1 = min(B * T, r0 + rows_per_strip);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // K <= 8
+    for (int r = r0; r < r1; r++) {
+        int b = r / T, t = r % T;
+        float g = ld(dy, (size_t)r * C + c);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < K) acc[j] += g * conv_in(x, sin, b, t - K + 1 + j, c, T, C, K);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < K) atomicAdd(&dw[c * K + j], acc[j]);
+}
+
+static int g_conv_bwd(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w, int B, int T,
+                      int C, int K, const void *sin) {
+    cudaStream_t s = cuda_ctx(be)->stream;
+    size_t n = (size_t)B * T * C;
+    conv_bwd_dx_kernel<<<grid_for(n, 256), 256, 0, s>>>((bf16 *)dx, (const bf16 *)dy, (const float *)w, B, T, C, K);
+    LAUNCH_CHECK();
+    int rows = B * T, strips = rows < 256 ? 1 : 128, per = (rows + strips - 1) / strips;
+    conv_bwd_dw_kernel<<<dim3((unsigned)((C + 255) / 256), (unsigned)strips), 256, 0, s>>>(
+        (float *)dw, (const bf16 *)dy, (const bf16 *)x, B, T, C, K, (const bf16 *)sin, per);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+__global__ void embed_fwd_kernel(bf16 *x, const int32_t *tok, const float *e, int N, int D, float scale) {
+    GRID_LOOP(i, (size_t)N * D) st(x, i, scale * e[(size_t)tok[i / D] * D + i % D]);
+}
+
+__global__ void embed_bwd_kernel(float *de, const bf16 *dx, const int32_t *tok, int N, int D, float scale) {
+    GRID_LOOP(i, (size_t)N * D) atomicAdd(&de[(size_t)tok[i / D] * D + i % D], scale * ld(dx, i));
+}
+
+static int g_embed_fwd(const Backend *be, void *x, const void *tok, const void *e, int N, int D, float scale) {
+    embed_fwd_kernel<<<grid_for((size_t)N * D, 256), 256, 0, cuda_ctx(be)->stream>>>(
+        (bf16 *)x, (const int32_t *)tok, (const float *)e, N, D, scale);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+static int g_embed_bwd(const Backend *be, void *de, const void *dx, const void *tok, int N, int D, float scale) {
+    embed_bwd_kernel<<<grid_for((size_t)N * D, 256), 256, 0, cuda_ctx(be)->stream>>>(
+        (float *)de, (const bf16 *)dx, (const int32_t *)tok, N, D, scale);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+// One block per row: soft cap, log-sum-exp, loss, and the gradient in place.
+__global__ void xent_kernel(bf16 *logits, float *losses, const int32_t *targets, int V, float cap, float grad_scale) {
+    __shared__ float red[32];
+    __shared__ float zt;
+    int n = blockIdx.x, tgt = targets[n];
+    bf16 *z = logits + (size_t)n * V;
+    if (tgt < 0) {
+        if (threadIdx.x == 0) losses[n] = 0;
+        if (grad_scale != 0)
+            for (int i = threadIdx.x; i < V; i += blockDim.x) st(z, i, 0);
+        return;
+    }
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = ld(z, i);
+        if (cap > 0) v = cap * tanhf(v / cap);
+        mx = fmaxf(mx, v);
+        if (i == tgt) zt = v;
+    }
+    mx = block_max(mx, red);
+    float sum = 0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = ld(z, i);
+        if (cap > 0) v = cap * tanhf(v / cap);
+        sum += expf(v - mx);
+    }
+    sum = block_sum(sum, red);
+    float lse = mx + logf(sum);
+    __syncthreads();
+    if (threadIdx.x == 0) losses[n] = lse - zt;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = ld(z, i);
+        if (cap > 0) v = cap * tanhf(v / cap);
+        if (grad_scale != 0) {
+            float d = expf(v - lse) - (i == tgt), dcap = cap > 0 ? 1 - (v / cap) * (v / cap) : 1.0f;
+            st(z, i, grad_scale * d * dcap);
+        } else {
+            st(z, i, v);  // leave the capped logits, as the other backends do
+        }
+    }
+}
+
+static int g_xent(const Backend *be, void *logits, void *losses, const void *targets, int N, int V, float cap,
+                  float grad_scale) {
+    xent_kernel<<<(unsigned)N, 256, 0, cuda_ctx(be)->stream>>>((bf16 *)logits, (float *)losses, (const int32_t *)targets,
+                                                               V, cap, grad_scale);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+// -------------------------------------------------------------------- Mesa gates
+
+__device__ __forceinline__ float log_sigmoid(float a) { return a >= 0 ? -log1pf(expf(-a)) : a - log1pf(expf(a)); }
+
+__global__ void gates_fwd_kernel(float *g, float *beta, const bf16 *a, const bf16 *b, size_t n, float hmax) {
+    GRID_LOOP(i, n) {
+        float bt = 1.0f / (1.0f + expf(-ld(b, i))), gi = log_sigmoid(ld(a, i));
+        if (hmax > 0) gi = fminf(gi, log1pf(-bt / hmax));
+        beta[i] = bt;
+        g[i] = gi;
+    }
+}
+
+__global__ void gates_bwd_kernel(bf16 *da, bf16 *db, const float *dg, const float *dbeta, const bf16 *a, const bf16 *b,
+                                 size_t n, float hmax) {
+    GRID_LOOP(i, n) {
+        float av = ld(a, i), bt = 1.0f / (1.0f + expf(-ld(b, i))), dbt = dbeta[i];
+        int bounded = hmax > 0 && log1pf(-bt / hmax) < log_sigmoid(av);
+        st(da, i, bounded ? 0.0f : dg[i] / (1.0f + expf(av)));
+        if (bounded) dbt += dg[i] * (-1 / hmax) / (1 - bt / hmax);
+        st(db, i, dbt * bt * (1 - bt));
+    }
+}
+
+static int g_gates_fwd(const Backend *be, void *g, void *beta, const void *a, const void *b, size_t n, float hmax) {
+    gates_fwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((float *)g, (float *)beta, (const bf16 *)a,
+                                                                         (const bf16 *)b, n, hmax);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+static int g_gates_bwd(const Backend *be, void *da, void *db, const void *dg, const void *dbeta, const void *a,
+                       const void *b, size_t n, float hmax) {
+    gates_bwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>(
+        (bf16 *)da, (bf16 *)db, (const float *)dg, (const float *)dbeta, (const bf16 *)a, (const bf16 *)b, n, hmax);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+__global__ void softplus_fwd_kernel(float *y, const float *p, size_t n, float lo) {
+    GRID_LOOP(i, n) y[i] = (p[i] > 30 ? p[i] : log1pf(expf(p[i]))) + lo;
+}
+
+__global__ void softplus_bwd_kernel(float *dp, const float *dy, const float *p, size_t n) {
+    GRID_LOOP(i, n) dp[i] += dy[i] / (1.0f + expf(-p[i]));
+}
+
+static int g_softplus_fwd(const Backend *be, void *y, const void *p, size_t n, float lo) {
+    softplus_fwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((float *)y, (const float *)p, n, lo);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+static int g_softplus_bwd(const Backend *be, void *dp, const void *dy, const void *p, size_t n) {
+    softplus_bwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((float *)dp, (const float *)dy,
+                                                                            (const float *)p, n);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+// ------------------------------------------------------------------------ optimiser
+
+__global__ void adamw_kernel(float *p, bf16 *shadow, const float *g, float *m, float *v, size_t n, float lr, float b1,
+                             float b2, float eps, float wd, float c1, float c2) {
+    GRID_LOOP(i, n) {
+        float gi = g[i], mi = b1 * m[i] + (1 - b1) * gi, vi = b2 * v[i] + (1 - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float pi = p[i] - lr * (mi / c1 / (sqrtf(vi / c2) + eps) + wd * p[i]);
+        p[i] = pi;
+        if (shadow) shadow[i] = __float2bfloat16(pi);
+    }
+}
+
+static int g_adamw(const Backend *be, void *p, const void *g, void *m, void *v, size_t n, float lr, float b1, float b2,
+                   float eps, float wd, int t) {
+    float c1 = 1 - powf(b1, (float)t), c2 = 1 - powf(b2, (float)t);
+    adamw_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((float *)p, (bf16 *)cuda_param_bf16(p),
+                                                                     (const float *)g, (float *)m, (float *)v, n, lr, b1,
+                                                                     b2, eps, wd, c1, c2);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+// Per-block partial sums of squares (fixed blocks, summed in order on the host: deterministic).
+__global__ void sumsq_kernel(double *part, const float *x, size_t n, size_t per_block) {
+    __shared__ float red[32];
+    size_t lo = blockIdx.x * per_block, hi = lo + per_block < n ? lo + per_block : n;
+    float s = 0;
+    for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x) s += x[i] * x[i];
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+static int g_sumsq(const Backend *be, const void *x, size_t n, double *out) {
+    CudaCtx *c = cuda_ctx(be);
+    size_t per = 1 << 16, nb = (n + per - 1) / per;
+    double *part = (double *)cuda_scratch(be, (nb ? nb : 1) * sizeof(double));
+    if (!part) return MN_ERR_NOMEM;
+    sumsq_kernel<<<(unsigned)(nb ? nb : 1), 256, 0, c->stream>>>(part, (const float *)x, n, per);
+    LAUNCH_CHECK();
+    double *h = (double *)malloc((nb ? nb : 1) * sizeof(double));
+    if (!h) return mn_error(MN_ERR_NOMEM, "out of memory");
+    cudaError_t e = cudaMemcpyAsync(h, part, nb * sizeof(double), cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    double s = 0;
+    for (size_t i = 0; i < nb; i++) s += h[i];
+    free(h);
+    CU_TRY(e);
+    *out = s;
+    return MN_OK;
+}
+
+__global__ void scale_kernel(float *x, size_t n, float s) { GRID_LOOP(i, n) x[i] *= s; }
+
+static int g_scale(const Backend *be, void *x, size_t n, float s) {
+    scale_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((float *)x, n, s);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+// ------------------------------------------------------------------------- the table
+
+static CudaCtx ctx;
+static Backend cuda_backend;
+static int initialised;
+
+CudaCtx *cuda_ctx(const Backend *be) { return (CudaCtx *)be->ctx; }
+
+void *cuda_scratch(const Backend *be, size_t bytes) {
+    CudaCtx *c = cuda_ctx(be);
+    if (bytes <= c->scratch_bytes) return c->scratch;
+    cudaStreamSynchronize(c->stream);  // the old buffer may still be in use by queued work
+    if (c->scratch) cudaFree(c->scratch);
+    c->scratch = NULL;
+    c->scratch_bytes = 0;
+    size_t n = bytes + bytes / 4;
+    if (cudaMalloc(&c->scratch, n) != cudaSuccess) {
+        mn_error(MN_ERR_NOMEM, "cudaMalloc of %zu bytes of scratch failed", n);
+        return NULL;
+    }
+    c->scratch_bytes = n;
+    return c->scratch;
+}
+
+extern "C" const Backend *backend_cuda(void) {
+    if (initialised) return initialised > 0 ? &cuda_backend : NULL;
+    initialised = -1;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': no CUDA device (%s)",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        return NULL;
+    }
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || cudaStreamCreate(&ctx.stream) != cudaSuccess ||
+        cublasCreate(&ctx.blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(ctx.blas, ctx.stream) != CUBLAS_STATUS_SUCCESS) {
+        mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': could not initialise the device, a stream or cuBLAS");
+        return NULL;
+    }
+    ctx.sm_count = prop.multiProcessorCount;
+    ctx.smem_optin = prop.sharedMemPerBlockOptin;
+    Backend b = {};
+    b.name = "cuda";
+    b.ctx = &ctx;
+    b.elem_size = g_elem_size;
+    b.alloc = g_alloc;
+    b.free = g_free;
+    b.zero = g_zero;
+    b.copy = g_copy;
+    b.upload = g_upload;
+    b.download = g_download;
+    b.upload_f32 = g_upload_f32;
+    b.download_f32 = g_download_f32;
+    b.upload_i32 = g_upload_i32;
+    b.sync = g_sync;
+    b.linear_fwd = g_linear_fwd;
+    b.linear_bwd = g_linear_bwd;
+    b.rmsnorm_fwd = g_rmsnorm_fwd;
+    b.rmsnorm_bwd = g_rmsnorm_bwd;
+    b.l2norm_fwd = g_l2norm_fwd;
+    b.l2norm_bwd = g_l2norm_bwd;
+    b.silu_fwd = g_silu_fwd;
+    b.silu_bwd = g_silu_bwd;
+    b.swiglu_fwd = g_swiglu_fwd;
+    b.swiglu_bwd = g_swiglu_bwd;
+    b.add = g_add;
+    b.conv_fwd = g_conv_fwd;
+    b.conv_bwd = g_conv_bwd;
+    b.embed_fwd = g_embed_fwd;
+    b.embed_bwd = g_embed_bwd;
+    b.xent = g_xent;
+    b.mesa_gates_fwd = g_gates_fwd;
+    b.mesa_gates_bwd = g_gates_bwd;
+    b.softplus_fwd = g_softplus_fwd;
+    b.softplus_bwd = g_softplus_bwd;
+    b.mesa_fwd = cuda_mesa_fwd;
+    b.mesa_bwd = cuda_mesa_bwd;
+    b.adamw = g_adamw;
+    b.sumsq = g_sumsq;
+    b.scale = g_scale;
+    cuda_backend = b;
+    initialised = 1;
+    return &cuda_backend;
+}

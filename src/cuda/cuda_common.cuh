@@ -1,0 +1,95 @@
+/*
+ * Shared pieces of the CUDA backend: error checks that become mn_error
+ * messages, bf16 conversions, warp and block reductions, launch helpers.
+ * Written in the C subset of CUDA (no templates, no classes).
+ */
+#ifndef MN_CUDA_COMMON_CUH
+#define MN_CUDA_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "core/backend.h"
+#include "core/common.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+// Returns an error status from the enclosing function when a CUDA call fails.
+#define CU_TRY(call)                                                                                       \
+    do {                                                                                                   \
+        cudaError_t e_ = (call);                                                                           \
+        if (e_ != cudaSuccess)                                                                             \
+            return mn_error(MN_ERR_UNSUPPORTED, "CUDA error %s at %s:%d: %s", cudaGetErrorName(e_), __FILE__, \
+                            __LINE__, cudaGetErrorString(e_));                                             \
+    } while (0)
+
+#define CUBLAS_TRY(call)                                                                                  \
+    do {                                                                                                  \
+        cublasStatus_t s_ = (call);                                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                  \
+            return mn_error(MN_ERR_UNSUPPORTED, "cuBLAS error %d at %s:%d", (int)s_, __FILE__, __LINE__); \
+    } while (0)
+
+// After a kernel launch: catches launch errors (bad configuration) at once.
+#define LAUNCH_CHECK() CU_TRY(cudaGetLastError())
+
+typedef struct {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    int sm_count;
+    size_t smem_optin;  // the most shared memory one block may ask for
+    void *scratch;      // device scratch, grow-only (cuda_scratch)
+    size_t scratch_bytes;
+} CudaCtx;
+
+CudaCtx *cuda_ctx(const Backend *be);
+// Device scratch of at least `bytes`, valid until the next call (stream-ordered).
+void *cuda_scratch(const Backend *be, size_t bytes);
+// The bf16 copy of a parameter (an element inside a MEM_PARAM allocation), or NULL.
+const bf16 *cuda_param_bf16(const void *p);
+
+static inline unsigned grid_for(size_t n, unsigned block) {
+    size_t g = (n + block - 1) / block;
+    return (unsigned)(g < 65535u * 32u ? (g ? g : 1) : 65535u * 32u);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v, float *shared32) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) shared32[warp] = v;
+    __syncthreads();
+    v = lane < nw ? shared32[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float *shared32) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) shared32[warp] = v;
+    __syncthreads();
+    v = lane < nw ? shared32[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+__device__ __forceinline__ float ld(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st(bf16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+#endif
