@@ -37,11 +37,11 @@ endif
 CFLAGS += $(BLAS_CFLAGS)
 LDLIBS := $(BLAS_LIBS) $(LDLIBS)
 
-BUILD   := build
+BUILD   ?= build
 LIB_SRC := $(wildcard src/*/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TOOL_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/*.c))
-TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/*.c))
+TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/*.c))  # tests/cuda/ builds separately
 BENCH_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard bench/*.c))
 
 # CUDA backend: built when nvcc is found, unless CUDA=0.
@@ -59,8 +59,8 @@ ifeq ($(CUDA),1)
   endif
 endif
 
-.PHONY: all test clean
-all: $(BUILD)/libmesanet.a $(BUILD)/mesanet $(BUILD)/run_tests
+.PHONY: all test test-cuda clean
+all: $(BUILD)/libmesanet.a $(BUILD)/mesanet $(BUILD)/run_tests $(if $(CU_OBJ),$(BUILD)/run_tests_cuda)
 
 $(BUILD)/libmesanet.a: $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
@@ -71,6 +71,12 @@ $(BUILD)/mesanet: $(TOOL_OBJ) $(BENCH_OBJ) $(BUILD)/libmesanet.a
 
 $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libmesanet.a
 	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libmesanet.a $(LDLIBS)
+
+# GPU tests: their own binary, since they need a device (make test-cuda).
+CUDA_TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/cuda/*.c)) \
+                 $(BUILD)/tests/main.o $(BUILD)/tests/fd.o $(BUILD)/tests/mesa_case.o
+$(BUILD)/run_tests_cuda: $(CUDA_TEST_OBJ) $(BUILD)/libmesanet.a
+	$(CC) $(CFLAGS) -o $@ $(CUDA_TEST_OBJ) $(BUILD)/libmesanet.a $(LDLIBS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -85,7 +91,12 @@ $(BUILD)/%.o: %.cu
 test: all
 	./$(BUILD)/run_tests
 
+# The GPU suite (needs a CUDA device and a build with nvcc).
+test-cuda: all
+	@test -x $(BUILD)/run_tests_cuda || { echo "no CUDA build (nvcc not found, or CUDA=0)"; exit 1; }
+	./$(BUILD)/run_tests_cuda
+
 clean:
 	rm -rf $(BUILD)
 
--include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BENCH_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BENCH_OBJ:.o=.d) $(CUDA_TEST_OBJ:.o=.d)

@@ -4,6 +4,7 @@
 
 int bench_mesa(int argc, char **argv);
 int bench_train(int argc, char **argv);
+int bench_mesa_gpu(int argc, char **argv);
 
 double bench_median(double *t, int n);
 // Best-of-reps rate of an n x n x n sgemm with the current threads.

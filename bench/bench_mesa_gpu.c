@@ -1,0 +1,297 @@
+/*
+ * `mesanet bench mesa-gpu`: the Mesa core on the GPU (the cuda backend) at the
+ * shapes of the performance anchors: forward and forward+backward time, mean
+ * CG steps, TFLOP/s against the bf16 matrix-product ceiling measured in the
+ * same run, the relative error of o against the exact float64 solve (first
+ * sequence, first two heads, first 512 tokens), and a decode step.
+ * bench/fla_bench.py measures fla's Triton kernels on the same shapes.
+ *
+ * Flops per CG step, chunk (C = 64) and head, as in the anchors: 4 C^2 D + 2 C D^2.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "core/backend.h"
+#include "core/common.h"
+#include "core/half.h"
+#include "ref/ref.h"
+#include "tools/commands.h"
+
+typedef struct {
+    int B, T, H, D;
+} Shape;
+
+static int parse_shapes(const char *s, Shape *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        Shape sh;
+        int used = 0;
+        if (sscanf(s, "%dx%dx%dx%d%n", &sh.B, &sh.T, &sh.H, &sh.D, &used) != 4 || sh.B <= 0 || sh.T <= 0 || sh.H <= 0 ||
+            sh.D <= 0)
+            return -1;
+        out[n++] = sh;
+        s += used;
+        if (*s == ',') s++;
+    }
+    return n;
+}
+
+// Layer-like inputs on the host, rounded to bf16 where the GPU holds bf16.
+typedef struct {
+    MnMesaDims d;
+    size_t nk, nv, ng;
+    double *q, *k, *v, *g, *beta, *lambda, *dout;
+} Host;
+
+static double bf(double x) { return bf16_to_f32(f32_to_bf16((float)x)); }
+
+static void host_init(Host *h, MnMesaDims d, uint64_t seed) {
+    MnRng r;
+    mn_rng_seed(&r, seed);
+    h->d = d;
+    h->ng = (size_t)d.B * d.T * d.H;
+    h->nk = h->ng * d.Dk;
+    h->nv = h->ng * d.Dv;
+    h->q = xcalloc(h->nk, 8);
+    h->k = xcalloc(h->nk, 8);
+    h->v = xcalloc(h->nv, 8);
+    h->dout = xcalloc(h->nv, 8);
+    h->g = xcalloc(h->ng, 8);
+    h->beta = xcalloc(h->ng, 8);
+    h->lambda = xcalloc((size_t)d.H * d.Dk, 8);
+    for (size_t t = 0; t < h->ng; t++) {
+        double *rows[2] = {h->q + t * d.Dk, h->k + t * d.Dk};
+        for (int m = 0; m < 2; m++) {
+            double ss = 0;
+            for (int i = 0; i < d.Dk; i++) {
+                rows[m][i] = mn_rng_normal(&r);
+                ss += rows[m][i] * rows[m][i];
+            }
+            for (int i = 0; i < d.Dk; i++) rows[m][i] = bf(rows[m][i] / sqrt(ss));
+        }
+        for (int i = 0; i < d.Dv; i++) {
+            h->v[t * d.Dv + i] = bf(mn_rng_normal(&r));
+            h->dout[t * d.Dv + i] = bf(mn_rng_normal(&r));
+        }
+        h->g[t] = -log1p(exp(-(mn_rng_normal(&r) + 3)));
+        h->beta[t] = 1 / (1 + exp(-mn_rng_normal(&r)));
+    }
+    for (int i = 0; i < d.H * d.Dk; i++) h->lambda[i] = 1.0;
+}
+
+static void host_free(Host *h) {
+    free(h->q); free(h->k); free(h->v); free(h->dout); free(h->g); free(h->beta); free(h->lambda);
+}
+
+static void *up(const Backend *be, const double *x, size_t n, MemKind k) {
+    void *p = be->alloc(be, n, k);
+    if (!p || be->upload(be, p, x, n, k)) die("%s", mn_last_error());
+    return p;
+}
+
+// Relative L2 error of o against the exact solve, on (b = 0, h < 2, t < 512).
+static double accuracy(const Backend *be, const Host *h, const void *go) {
+    MnMesaDims d = h->d;
+    int T = d.T < 512 ? d.T : 512, H = d.H < 2 ? d.H : 2;
+    MnMesaDims s = {1, T, H, d.Dk, d.Dv};
+    size_t nk = (size_t)T * H * d.Dk, nv = (size_t)T * H * d.Dv, ng = (size_t)T * H;
+    double *q = xcalloc(nk, 8), *k = xcalloc(nk, 8), *v = xcalloc(nv, 8), *g = xcalloc(ng, 8), *b = xcalloc(ng, 8);
+    double *o = xcalloc(nv, 8), *x = xcalloc(nk, 8), *all = xcalloc(h->nv, 8);
+    for (int t = 0; t < T; t++)
+        for (int hh = 0; hh < H; hh++) {
+            size_t src = (size_t)t * d.H + hh, dst = (size_t)t * H + hh;
+            memcpy(q + dst * d.Dk, h->q + src * d.Dk, sizeof(double) * d.Dk);
+            memcpy(k + dst * d.Dk, h->k + src * d.Dk, sizeof(double) * d.Dk);
+            memcpy(v + dst * d.Dv, h->v + src * d.Dv, sizeof(double) * d.Dv);
+            g[dst] = h->g[src];
+            b[dst] = h->beta[src];
+        }
+    MesaFwd64 fw = {q, k, v, g, b, h->lambda, NULL, NULL, NULL, o, x, NULL, NULL, NULL};
+    if (ref_mesa_forward(&s, NULL, &fw)) die("%s", mn_last_error());
+    if (be->download(be, all, go, h->nv, MEM_ACT)) die("%s", mn_last_error());
+    double num = 0, den = 0;
+    for (int t = 0; t < T; t++)
+        for (int hh = 0; hh < H; hh++)
+            for (int i = 0; i < d.Dv; i++) {
+                double a = all[((size_t)t * d.H + hh) * d.Dv + i], e = o[((size_t)t * H + hh) * d.Dv + i];
+                num += (a - e) * (a - e);
+                den += e * e;
+            }
+    free(q); free(k); free(v); free(g); free(b); free(o); free(x); free(all);
+    return sqrt(num / den);
+}
+
+// bf16 matrix-product ceiling: an n x n x n product through the backend's linear op.
+static double gemm_tflops(const Backend *be, int n) {
+    void *a = be->alloc(be, (size_t)n * n, MEM_ACT), *w = be->alloc(be, (size_t)n * n, MEM_PARAM);
+    void *c = be->alloc(be, (size_t)n * n, MEM_ACT);
+    double *h = xcalloc((size_t)n * n, 8);
+    for (size_t i = 0; i < (size_t)n * n; i++) h[i] = (double)((i * 2654435761u) % 1000) / 1000.0 - 0.5;
+    be->upload(be, a, h, (size_t)n * n, MEM_ACT);
+    be->upload(be, w, h, (size_t)n * n, MEM_PARAM);
+    be->linear_fwd(be, c, a, w, NULL, n, n, n);
+    be->sync(be);
+    double best = 1e30;
+    for (int r = 0; r < 10; r++) {
+        double t = mn_now();
+        be->linear_fwd(be, c, a, w, NULL, n, n, n);
+        be->sync(be);
+        best = fmin(best, mn_now() - t);
+    }
+    be->free(be, a);
+    be->free(be, w);
+    be->free(be, c);
+    free(h);
+    return 2.0 * n * n * (double)n / best / 1e12;
+}
+
+static double median_time(const Backend *be, int reps, int (*fn)(void *), void *ctx) {
+    double t[64];
+    if (reps > 64) reps = 64;
+    fn(ctx);
+    be->sync(be);
+    for (int r = 0; r < reps; r++) {
+        double t0 = mn_now();
+        if (fn(ctx) || be->sync(be)) die("%s", mn_last_error());
+        t[r] = mn_now() - t0;
+    }
+    return bench_median(t, reps);
+}
+
+typedef struct {
+    const Backend *be;
+    MnMesaDims d;
+    MnSolver s;
+    MnMesaFwd f;
+    MnMesaBwd b;
+} Run;
+
+static int run_fwd(void *p) {
+    Run *r = p;
+    return r->be->mesa_fwd(r->be, &r->d, &r->s, &r->f);
+}
+
+static int run_fwd_bwd(void *p) {
+    Run *r = p;
+    MN_TRY(r->be->mesa_fwd(r->be, &r->d, &r->s, &r->f));
+    return r->be->mesa_bwd(r->be, &r->d, &r->s, &r->b);
+}
+
+int bench_mesa_gpu(int argc, char **argv) {
+    const char *shapes_s = "8x2048x16x128,4x4096x16x128,16x2048x8x64", *decode_s = "1,16,128";
+    int steps = 30, reps = 10;
+    float tol = 1e-4f;
+    Option opts[] = {
+        {"shapes", OPT_STRING, &shapes_s, "BxTxHxD shapes, comma-separated"},
+        {"steps", OPT_INT, &steps, "CG steps (the cap in tolerance mode)"},
+        {"tol", OPT_FLOAT, &tol, "tolerance of the tolerance mode"},
+        {"reps", OPT_INT, &reps, "timed repetitions (median reported)"},
+        {"decode", OPT_STRING, &decode_s, "batch sizes of the decode step (H=16, D=128), or \"\""},
+    };
+    int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
+    if (st) return st == 2 ? 0 : 1;
+    Shape shapes[8];
+    int ns = parse_shapes(shapes_s, shapes, 8);
+    if (ns <= 0) die("--shapes: expected BxTxHxD[,BxTxHxD...]");
+    const Backend *be = backend_by_name("cuda");
+    if (!be) die("%s", mn_last_error());
+    double ceiling = gemm_tflops(be, 8192);
+    printf("Mesa core on the GPU (cuda backend); bf16 matrix product 8192^3 in the same run: %.0f TFLOP/s\n", ceiling);
+    printf("%-16s %-9s | %9s %6s %8s | %9s %6s | %9s\n", "B x T x H x D", "CG", "fwd ms", "steps", "TFLOP/s",
+           "f+b ms", "steps", "rel err");
+    for (int si = 0; si < ns; si++) {
+        Shape sh = shapes[si];
+        MnMesaDims d = {sh.B, sh.T, sh.H, sh.D, sh.D};
+        Host h;
+        host_init(&h, d, 11 + si);
+        void *q = up(be, h.q, h.nk, MEM_ACT), *k = up(be, h.k, h.nk, MEM_ACT), *v = up(be, h.v, h.nv, MEM_ACT);
+        void *g = up(be, h.g, h.ng, MEM_F32), *b = up(be, h.beta, h.ng, MEM_F32);
+        void *lam = up(be, h.lambda, (size_t)sh.H * sh.D, MEM_F32), *dout = up(be, h.dout, h.nv, MEM_ACT);
+        void *o = be->alloc(be, h.nv, MEM_ACT), *x = be->alloc(be, h.nk, MEM_ACT);
+        void *dq = be->alloc(be, h.nk, MEM_ACT), *dk = be->alloc(be, h.nk, MEM_ACT), *dv = be->alloc(be, h.nv, MEM_ACT);
+        void *dg = be->alloc(be, h.ng, MEM_F32), *db = be->alloc(be, h.ng, MEM_F32);
+        void *dl = be->alloc(be, (size_t)sh.H * sh.D, MEM_F32);
+        int *steps_f = xcalloc(h.ng, sizeof(int)), *steps_b = xcalloc(h.ng, sizeof(int));
+        for (int mode = 0; mode < 2; mode++) {
+            Run r = {be, d, mn_solver_default()};
+            r.s.max_steps = steps;
+            r.s.tol = mode ? tol : 0;
+            MnMesaFwd f = {q, k, v, g, b, lam, NULL, NULL, NULL, o, x, NULL, NULL, steps_f};
+            MnMesaBwd bw = {q, k, v, g, b, lam, NULL, NULL, x, o, dout, NULL, NULL, dq, dk, dv, dg, db, dl, NULL, NULL, steps_b};
+            r.f = f;
+            r.b = bw;
+            double tf = median_time(be, reps, run_fwd, &r), tb = median_time(be, reps, run_fwd_bwd, &r);
+            double sf = 0, sb = 0;
+            for (size_t i = 0; i < h.ng; i++) {
+                sf += steps_f[i] / (double)h.ng;
+                sb += steps_b[i] / (double)h.ng;
+            }
+            double C = 64, flops = sf * (4 * C * C * sh.D + 2 * C * sh.D * sh.D) * ((double)h.ng / C);
+            double err = accuracy(be, &h, o);
+            char cg[32], name[40];
+            if (mode) snprintf(cg, sizeof cg, "tol %.0e", (double)tol);
+            else snprintf(cg, sizeof cg, "%d steps", steps);
+            snprintf(name, sizeof name, "%dx%dx%dx%d", sh.B, sh.T, sh.H, sh.D);
+            printf("%-16s %-9s | %9.3f %6.1f %8.1f | %9.3f %6.1f | %9.2e\n", name, cg, 1e3 * tf, sf, flops / tf / 1e12,
+                   1e3 * tb, sb, err);
+            fflush(stdout);
+        }
+        void *bufs[] = {q, k, v, g, b, lam, dout, o, x, dq, dk, dv, dg, db, dl};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+        free(steps_f);
+        free(steps_b);
+        host_free(&h);
+    }
+
+    // Decode: one token for B sequences, H = 16, D = 128, after a 512-token prefill.
+    int bs[8], nb = 0;
+    for (const char *p = decode_s; *p && nb < 8;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        bs[nb++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (nb) printf("\ndecode step (H=16, D=128, after a 512-token prefill):\n%6s %-9s | %10s %12s %6s\n", "B", "CG",
+                   "ms/token", "tokens/s", "steps");
+    for (int bi = 0; bi < nb; bi++) {
+        int B = bs[bi], H = 16, D = 128, T0 = 512;
+        Host pre, one;
+        host_init(&pre, (MnMesaDims){B, T0, H, D, D}, 5);
+        host_init(&one, (MnMesaDims){B, 1, H, D, D}, 6);
+        size_t ns_h = (size_t)B * H * D * D;
+        void *q = up(be, pre.q, pre.nk, MEM_ACT), *k = up(be, pre.k, pre.nk, MEM_ACT), *v = up(be, pre.v, pre.nv, MEM_ACT);
+        void *g = up(be, pre.g, pre.ng, MEM_F32), *b = up(be, pre.beta, pre.ng, MEM_F32), *lam = up(be, pre.lambda, (size_t)H * D, MEM_F32);
+        void *o = be->alloc(be, pre.nv, MEM_ACT), *x = be->alloc(be, pre.nk, MEM_ACT);
+        void *hs = be->alloc(be, ns_h, MEM_F32), *gs = be->alloc(be, ns_h, MEM_F32);
+        MnSolver s = mn_solver_default();
+        MnMesaFwd f = {q, k, v, g, b, lam, NULL, NULL, NULL, o, x, hs, gs, NULL};
+        if (be->mesa_fwd(be, &pre.d, &s, &f)) die("%s", mn_last_error());
+        void *q1 = up(be, one.q, one.nk, MEM_ACT), *k1 = up(be, one.k, one.nk, MEM_ACT), *v1 = up(be, one.v, one.nv, MEM_ACT);
+        void *g1 = up(be, one.g, one.ng, MEM_F32), *b1 = up(be, one.beta, one.ng, MEM_F32);
+        void *o1 = be->alloc(be, one.nv, MEM_ACT), *x1 = be->alloc(be, one.nk, MEM_ACT);
+        int *st1 = xcalloc(one.ng, sizeof(int));
+        for (int mode = 0; mode < 2; mode++) {
+            Run r = {be, one.d, mn_solver_default()};
+            r.s.max_steps = 30;
+            r.s.tol = mode ? tol : 0;
+            MnMesaFwd f1 = {q1, k1, v1, g1, b1, lam, hs, gs, NULL, o1, x1, hs, gs, st1};
+            r.f = f1;
+            double t = median_time(be, reps, run_fwd, &r), sm = 0;
+            for (size_t i = 0; i < one.ng; i++) sm += st1[i] / (double)one.ng;
+            char cg[32];
+            if (mode) snprintf(cg, sizeof cg, "tol %.0e", (double)tol);
+            else snprintf(cg, sizeof cg, "30 steps");
+            printf("%6d %-9s | %10.3f %12.0f %6.1f\n", B, cg, 1e3 * t, B / t, sm);
+        }
+        void *bufs[] = {q, k, v, g, b, lam, o, x, hs, gs, q1, k1, v1, g1, b1, o1, x1};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+        free(st1);
+        host_free(&pre);
+        host_free(&one);
+    }
+    return 0;
+}

@@ -1,0 +1,420 @@
+// The CUDA backend against the float64 reference (build/run_tests_cuda; needs
+// a GPU: `make test-cuda`). Inputs that the GPU holds in bf16 are rounded to
+// bf16 before the reference sees them, so both compute on the same numbers.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/common.h"
+#include "core/half.h"
+#include "../fd.h"
+#include "../mesa_case.h"
+#include "model/model.h"
+#include "ref/ref.h"
+#include "../test.h"
+#include "train/optim.h"
+
+const Backend *backend_cuda(void);
+
+// bf16 outputs carry a relative rounding error of up to 2^-9 = 2e-3 per
+// element, about 1.2e-3 in the L2 sense; float32 arithmetic adds nothing
+// visible. 4e-3 flags any real error (which shows up as O(1)).
+#define BF16_TOL 4e-3
+#define F32_TOL 2e-5
+
+static const Backend *G, *R;
+
+static int setup(void) {
+    R = backend_ref();
+    G = backend_cuda();
+    if (!G) test_fail(__FILE__, __LINE__, "no CUDA backend: %s", mn_last_error());
+    return G != NULL;
+}
+
+static void round_bf16(double *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16((float)x[i]));
+}
+
+// Random values, rounded to bf16 when the GPU keeps them so.
+static double *input(uint64_t seed, size_t n, double lo, double hi, MemKind k) {
+    double *x = rand_doubles(seed, n, lo, hi);
+    if (k == MEM_ACT) round_bf16(x, n);
+    return x;
+}
+
+static void *to_gpu(const double *h, size_t n, MemKind k) {
+    void *p = G->alloc(G, n, k);
+    if (!p || G->upload(G, p, h, n, k)) die("%s", mn_last_error());
+    return p;
+}
+
+static double *from_gpu(const void *p, size_t n, MemKind k) {
+    double *h = xcalloc(n ? n : 1, sizeof(double));
+    if (G->download(G, h, p, n, k)) die("%s", mn_last_error());
+    return h;
+}
+
+static double cmp(const char *what, const void *gpu, const double *ref, size_t n, MemKind k, double tol) {
+    double *h = from_gpu(gpu, n, k), e = rel_err64(h, ref, n);
+    test_note("%-26s cuda vs float64: rel err %.2e", what, e);
+    if (!(e <= tol)) test_fail(__FILE__, __LINE__, "%s: rel err %.3g > %.3g", what, e, tol);
+    free(h);
+    return e;
+}
+
+TEST(cuda_op_linear) {
+    if (!setup()) return;
+    int N = 37, I = 48, O = 20;
+    double *x = input(1, N * I, -1, 1, MEM_ACT), *w = input(2, O * I, -1, 1, MEM_PARAM), *b = input(3, O, -1, 1, MEM_PARAM);
+    double *dy = input(4, N * O, -1, 1, MEM_ACT), *dx0 = input(5, N * I, -1, 1, MEM_ACT);
+    // the GPU multiplies the bf16 copy of the weights: the reference does too
+    double *wb = xcalloc(O * I, 8);
+    memcpy(wb, w, sizeof(double) * O * I);
+    round_bf16(wb, O * I);
+    double *y = xcalloc(N * O, 8), *dx = xcalloc(N * I, 8), *dw = xcalloc(O * I, 8), *db = xcalloc(O, 8);
+    memcpy(dx, dx0, sizeof(double) * N * I);
+    R->linear_fwd(R, y, x, wb, b, N, I, O);
+    R->linear_bwd(R, dx, dw, db, dy, x, wb, N, I, O, 1);
+    void *gx = to_gpu(x, N * I, MEM_ACT), *gw = to_gpu(w, O * I, MEM_PARAM), *gb = to_gpu(b, O, MEM_PARAM);
+    void *gdy = to_gpu(dy, N * O, MEM_ACT), *gdx = to_gpu(dx0, N * I, MEM_ACT), *gy = G->alloc(G, N * O, MEM_ACT);
+    void *gdw = G->alloc(G, O * I, MEM_F32), *gdb = G->alloc(G, O, MEM_F32);
+    CHECK(!G->linear_fwd(G, gy, gx, gw, gb, N, I, O) && !G->linear_bwd(G, gdx, gdw, gdb, gdy, gx, gw, N, I, O, 1), "%s",
+          mn_last_error());
+    cmp("linear y", gy, y, N * O, MEM_ACT, BF16_TOL);
+    cmp("linear dx (accumulated)", gdx, dx, N * I, MEM_ACT, BF16_TOL);
+    cmp("linear dw", gdw, dw, O * I, MEM_F32, F32_TOL);
+    cmp("linear db", gdb, db, O, MEM_F32, F32_TOL);
+    void *g[] = {gx, gw, gb, gdy, gdx, gy, gdw, gdb};
+    for (int i = 0; i < 8; i++) G->free(G, g[i]);
+    free(x); free(w); free(b); free(dy); free(dx0); free(wb); free(y); free(dx); free(dw); free(db);
+}
+
+TEST(cuda_op_norms_and_activations) {
+    if (!setup()) return;
+    int N = 13, D = 96;
+    int cfg[3][2] = {{96, 96}, {32, 32}, {32, 96}};
+    for (int k = 0; k < 3; k++) {
+        int group = cfg[k][0], wlen = cfg[k][1];
+        size_t nd = (size_t)N * D, nr = nd / group;
+        double *x = input(10 + k, nd, -2, 2, MEM_ACT), *w = input(20 + k, wlen, 0.5, 1.5, MEM_PARAM);
+        double *dy = input(30 + k, nd, -1, 1, MEM_ACT), *y = xcalloc(nd, 8), *rs = xcalloc(nr, 8);
+        double *dx = xcalloc(nd, 8), *dw = xcalloc(wlen, 8);
+        R->rmsnorm_fwd(R, y, rs, x, w, N, D, group, wlen, 1e-6f);
+        R->rmsnorm_bwd(R, dx, dw, dy, x, w, rs, N, D, group, wlen, 0);
+        void *gx = to_gpu(x, nd, MEM_ACT), *gw = to_gpu(w, wlen, MEM_PARAM), *gdy = to_gpu(dy, nd, MEM_ACT);
+        void *gy = G->alloc(G, nd, MEM_ACT), *grs = G->alloc(G, nr, MEM_F32), *gdx = G->alloc(G, nd, MEM_ACT);
+        void *gdw = G->alloc(G, wlen, MEM_F32);
+        CHECK(!G->rmsnorm_fwd(G, gy, grs, gx, gw, N, D, group, wlen, 1e-6f) &&
+                  !G->rmsnorm_bwd(G, gdx, gdw, gdy, gx, gw, grs, N, D, group, wlen, 0),
+              "%s", mn_last_error());
+        cmp("rmsnorm y", gy, y, nd, MEM_ACT, BF16_TOL);
+        cmp("rmsnorm rstd", grs, rs, nr, MEM_F32, F32_TOL);
+        cmp("rmsnorm dx", gdx, dx, nd, MEM_ACT, BF16_TOL);
+        cmp("rmsnorm dw", gdw, dw, wlen, MEM_F32, 1e-4);
+        // L2 norm over the same groups
+        double *inv = xcalloc(nr, 8);
+        R->l2norm_fwd(R, y, inv, x, N, D, group, 1e-6f);
+        R->l2norm_bwd(R, dx, dy, y, inv, N, D, group);
+        void *ginv = G->alloc(G, nr, MEM_F32);
+        CHECK(!G->l2norm_fwd(G, gy, ginv, gx, N, D, group, 1e-6f), "%s", mn_last_error());
+        cmp("l2norm y", gy, y, nd, MEM_ACT, BF16_TOL);
+        // the GPU's backward reads its bf16 y: give the reference the same
+        double *yb = from_gpu(gy, nd, MEM_ACT);
+        R->l2norm_bwd(R, dx, dy, yb, inv, N, D, group);
+        CHECK(!G->l2norm_bwd(G, gdx, gdy, gy, ginv, N, D, group), "%s", mn_last_error());
+        cmp("l2norm dx", gdx, dx, nd, MEM_ACT, BF16_TOL);
+        void *g[] = {gx, gw, gdy, gy, grs, gdx, gdw, ginv};
+        for (int i = 0; i < 8; i++) G->free(G, g[i]);
+        free(x); free(w); free(dy); free(y); free(rs); free(dx); free(dw); free(inv); free(yb);
+    }
+    size_t n = 1000;
+    double *a = input(40, n, -6, 6, MEM_ACT), *u = input(41, n, -2, 2, MEM_ACT), *d = input(42, n, -1, 1, MEM_ACT);
+    double *h = xcalloc(n, 8), *da = xcalloc(n, 8), *du = xcalloc(n, 8);
+    void *ga = to_gpu(a, n, MEM_ACT), *gu = to_gpu(u, n, MEM_ACT), *gd = to_gpu(d, n, MEM_ACT), *gh = G->alloc(G, n, MEM_ACT);
+    void *gda = G->alloc(G, n, MEM_ACT), *gdu = G->alloc(G, n, MEM_ACT);
+    R->swiglu_fwd(R, h, a, u, n);
+    R->swiglu_bwd(R, da, du, d, a, u, n);
+    G->swiglu_fwd(G, gh, ga, gu, n);
+    G->swiglu_bwd(G, gda, gdu, gd, ga, gu, n);
+    cmp("swiglu h", gh, h, n, MEM_ACT, BF16_TOL);
+    cmp("swiglu dg", gda, da, n, MEM_ACT, BF16_TOL);
+    cmp("swiglu du", gdu, du, n, MEM_ACT, BF16_TOL);
+    R->silu_fwd(R, h, a, n);
+    R->silu_bwd(R, da, d, a, n);
+    G->silu_fwd(G, gh, ga, n);
+    G->silu_bwd(G, gda, gd, ga, n);
+    cmp("silu y", gh, h, n, MEM_ACT, BF16_TOL);
+    cmp("silu dx", gda, da, n, MEM_ACT, BF16_TOL);
+    R->add(R, u, d, n);
+    G->add(G, gu, gd, n);
+    cmp("add", gu, u, n, MEM_ACT, BF16_TOL);
+    void *g[] = {ga, gu, gd, gh, gda, gdu};
+    for (int i = 0; i < 6; i++) G->free(G, g[i]);
+    free(a); free(u); free(d); free(h); free(da); free(du);
+}
+
+TEST(cuda_op_conv_embed_xent_gates) {
+    if (!setup()) return;
+    int B = 3, T = 11, Ch = 40, K = 4;
+    size_t nx = (size_t)B * T * Ch, ns = (size_t)B * (K - 1) * Ch;
+    double *x = input(50, nx, -1, 1, MEM_ACT), *w = input(51, (size_t)Ch * K, -1, 1, MEM_PARAM);
+    double *sin = input(52, ns, -1, 1, MEM_ACT), *dy = input(53, nx, -1, 1, MEM_ACT);
+    double *y = xcalloc(nx, 8), *so = xcalloc(ns, 8), *dx = xcalloc(nx, 8), *dw = xcalloc((size_t)Ch * K, 8);
+    R->conv_fwd(R, y, x, w, B, T, Ch, K, sin, so);
+    R->conv_bwd(R, dx, dw, dy, x, w, B, T, Ch, K, sin);
+    void *gx = to_gpu(x, nx, MEM_ACT), *gw = to_gpu(w, (size_t)Ch * K, MEM_PARAM), *gs = to_gpu(sin, ns, MEM_ACT);
+    void *gdy = to_gpu(dy, nx, MEM_ACT), *gy = G->alloc(G, nx, MEM_ACT), *gdx = G->alloc(G, nx, MEM_ACT);
+    void *gdw = G->alloc(G, (size_t)Ch * K, MEM_F32);
+    CHECK(!G->conv_fwd(G, gy, gx, gw, B, T, Ch, K, gs, NULL) && !G->conv_bwd(G, gdx, gdw, gdy, gx, gw, B, T, Ch, K, gs),
+          "%s", mn_last_error());
+    cmp("conv y", gy, y, nx, MEM_ACT, BF16_TOL);
+    cmp("conv dx", gdx, dx, nx, MEM_ACT, BF16_TOL);
+    cmp("conv dw", gdw, dw, (size_t)Ch * K, MEM_F32, 1e-4);
+    CHECK(!G->conv_fwd(G, gy, gx, gw, B, T, Ch, K, gs, gs), "%s", mn_last_error());  // state out in place
+    cmp("conv state out (in place)", gs, so, ns, MEM_ACT, BF16_TOL);
+    void *g1[] = {gx, gw, gs, gdy, gy, gdx, gdw};
+    for (int i = 0; i < 7; i++) G->free(G, g1[i]);
+    free(x); free(w); free(sin); free(dy); free(y); free(so); free(dx); free(dw);
+
+    // embedding and the soft-capped cross-entropy
+    int N = 9, D = 16, V = 300;
+    int32_t tok[9] = {0, 5, 5, 299, 17, 5, 0, 42, 100}, tgt[9] = {3, -1, 0, 299, 150, 2, 2, -1, 7};
+    double *e = input(60, (size_t)V * D, -1, 1, MEM_PARAM), *ex = xcalloc((size_t)N * D, 8), *de = xcalloc((size_t)V * D, 8);
+    double *dex = input(61, (size_t)N * D, -1, 1, MEM_ACT);
+    R->embed_fwd(R, ex, tok, e, N, D, 2.0f);
+    R->embed_bwd(R, de, dex, tok, N, D, 2.0f);
+    void *ge = to_gpu(e, (size_t)V * D, MEM_PARAM), *gex = G->alloc(G, (size_t)N * D, MEM_ACT);
+    void *gde = G->alloc(G, (size_t)V * D, MEM_F32), *gdex = to_gpu(dex, (size_t)N * D, MEM_ACT), *gtok = G->alloc(G, N, MEM_I32);
+    G->upload_i32(G, gtok, tok, N);
+    CHECK(!G->embed_fwd(G, gex, gtok, ge, N, D, 2.0f) && !G->embed_bwd(G, gde, gdex, gtok, N, D, 2.0f), "%s", mn_last_error());
+    cmp("embed x", gex, ex, (size_t)N * D, MEM_ACT, BF16_TOL);
+    cmp("embed dE (repeated tokens)", gde, de, (size_t)V * D, MEM_F32, F32_TOL);
+    double *z = input(62, (size_t)N * V, -20, 20, MEM_ACT), *loss = xcalloc(N, 8);
+    void *gz = to_gpu(z, (size_t)N * V, MEM_ACT), *gl = G->alloc(G, N, MEM_F32), *gt = G->alloc(G, N, MEM_I32);
+    G->upload_i32(G, gt, tgt, N);
+    R->xent(R, z, loss, tgt, N, V, 30, 0.25f);
+    CHECK(!G->xent(G, gz, gl, gt, N, V, 30, 0.25f), "%s", mn_last_error());
+    cmp("xent losses", gl, loss, N, MEM_F32, 1e-5);
+    cmp("xent dlogits", gz, z, (size_t)N * V, MEM_ACT, BF16_TOL);
+    void *g2[] = {ge, gex, gde, gdex, gtok, gz, gl, gt};
+    for (int i = 0; i < 8; i++) G->free(G, g2[i]);
+    free(e); free(ex); free(de); free(dex); free(z); free(loss);
+
+    // Mesa gates (with the bound active for some) and softplus
+    size_t n = 500;
+    double *a = input(70, n, -2, 8, MEM_ACT), *b = input(71, n, -3, 3, MEM_ACT), *dg = input(72, n, -1, 1, MEM_F32);
+    double *dbt = input(73, n, -1, 1, MEM_F32), *gg = xcalloc(n, 8), *bt = xcalloc(n, 8), *da = xcalloc(n, 8), *db = xcalloc(n, 8);
+    R->mesa_gates_fwd(R, gg, bt, a, b, n, 8);
+    R->mesa_gates_bwd(R, da, db, dg, dbt, a, b, n, 8);
+    void *ga = to_gpu(a, n, MEM_ACT), *gb = to_gpu(b, n, MEM_ACT), *gdg = to_gpu(dg, n, MEM_F32), *gdbt = to_gpu(dbt, n, MEM_F32);
+    void *ggl = G->alloc(G, n, MEM_F32), *gbt = G->alloc(G, n, MEM_F32), *gda = G->alloc(G, n, MEM_ACT), *gdb = G->alloc(G, n, MEM_ACT);
+    CHECK(!G->mesa_gates_fwd(G, ggl, gbt, ga, gb, n, 8) && !G->mesa_gates_bwd(G, gda, gdb, gdg, gdbt, ga, gb, n, 8), "%s",
+          mn_last_error());
+    cmp("gates log gamma", ggl, gg, n, MEM_F32, F32_TOL);
+    cmp("gates beta", gbt, bt, n, MEM_F32, F32_TOL);
+    cmp("gates da", gda, da, n, MEM_ACT, BF16_TOL);
+    cmp("gates db", gdb, db, n, MEM_ACT, BF16_TOL);
+    void *g3[] = {ga, gb, gdg, gdbt, ggl, gbt, gda, gdb};
+    for (int i = 0; i < 8; i++) G->free(G, g3[i]);
+    free(a); free(b); free(dg); free(dbt); free(gg); free(bt); free(da); free(db);
+}
+
+TEST(cuda_op_optimizer) {
+    if (!setup()) return;
+    size_t n = 100003;
+    double *p = input(80, n, -1, 1, MEM_PARAM), *g = input(81, n, -1, 1, MEM_F32), *m = xcalloc(n, 8), *v = xcalloc(n, 8);
+    void *gp = to_gpu(p, n, MEM_PARAM), *gg = to_gpu(g, n, MEM_F32), *gm = G->alloc(G, n, MEM_F32), *gv = G->alloc(G, n, MEM_F32);
+    for (int t = 1; t <= 3; t++) {
+        R->adamw(R, p, g, m, v, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        G->adamw(G, gp, gg, gm, gv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    }
+    cmp("adamw p", gp, p, n, MEM_PARAM, F32_TOL);
+    cmp("adamw v", gv, v, n, MEM_F32, F32_TOL);
+    double s64, s32;
+    R->sumsq(R, g, n, &s64);
+    G->sumsq(G, gg, n, &s32);
+    CHECK(fabs(s32 - s64) <= 1e-5 * s64, "sumsq %.9g vs %.9g", s32, s64);
+    void *gr[] = {gp, gg, gm, gv};
+    for (int i = 0; i < 4; i++) G->free(G, gr[i]);
+    free(p); free(g); free(m); free(v);
+}
+
+// The Mesa core on the GPU against the exact float64 solve of the same
+// (bf16-rounded) inputs, forward and every gradient.
+TEST(cuda_mesa_matches_reference) {
+    if (!setup()) return;
+    struct {
+        int B, T, H, Dk, Dv, states, variant;
+    } shapes[] = {{1, 5, 1, 12, 12, 0, 0}, {2, 37, 3, 16, 8, 1, 1}, {2, 130, 2, 32, 48, 1, 2},
+                  {1, 200, 2, 64, 64, 0, 3}, {1, 129, 1, 128, 128, 1, 0}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        MnMesaDims d = {shapes[si].B, shapes[si].T, shapes[si].H, shapes[si].Dk, shapes[si].Dv};
+        MesaCase c;
+        mesa_case_init(&c, d, 300 + si, shapes[si].states, 3.0);
+        round_bf16(c.q, c.nq);
+        round_bf16(c.k, c.nq);
+        round_bf16(c.v, c.nv);
+        round_bf16(c.dout, c.nv);
+        // float64 exact forward, then the backward at the GPU's bf16 solutions
+        double *o = xcalloc(c.nv, 8), *x = xcalloc(c.nq, 8), *hT = xcalloc(c.nh, 8), *gT = xcalloc(c.ngs, 8);
+        MesaFwd64 fw = {c.q, c.k, c.v, c.g, c.beta, c.lambda, c.h0, c.g0, NULL, o, x, hT, gT, NULL};
+        CHECK(!ref_mesa_forward(&d, NULL, &fw), "%s", mn_last_error());
+        void *gq = to_gpu(c.q, c.nq, MEM_ACT), *gk = to_gpu(c.k, c.nq, MEM_ACT), *gv = to_gpu(c.v, c.nv, MEM_ACT);
+        void *ggl = to_gpu(c.g, c.ng, MEM_F32), *gb = to_gpu(c.beta, c.ng, MEM_F32), *gl = to_gpu(c.lambda, c.nl, MEM_F32);
+        void *gh0 = c.h0 ? to_gpu(c.h0, c.nh, MEM_F32) : NULL, *gg0 = c.g0 ? to_gpu(c.g0, c.ngs, MEM_F32) : NULL;
+        void *go = G->alloc(G, c.nv, MEM_ACT), *gx = G->alloc(G, c.nq, MEM_ACT), *ghT = G->alloc(G, c.nh, MEM_F32);
+        void *ggT = G->alloc(G, c.ngs, MEM_F32);
+        MnSolver s = mn_solver_default();
+        s.max_steps = 100;
+        s.precond = shapes[si].variant & 1 ? MN_PRECOND_JACOBI : MN_PRECOND_NONE;
+        s.init = shapes[si].variant & 2 ? MN_CG_INIT_JACOBI : MN_CG_INIT_ZERO;
+        int *steps = xcalloc(c.ng, sizeof(int));
+        MnMesaFwd gf = {gq, gk, gv, ggl, gb, gl, gh0, gg0, NULL, go, gx, ghT, ggT, steps};
+        CHECK(!G->mesa_fwd(G, &d, &s, &gf), "%s", mn_last_error());
+        double ms = 0;
+        for (size_t i = 0; i < c.ng; i++) ms += steps[i] / (double)c.ng;
+        test_note("B=%d T=%d H=%d Dk=%d Dv=%d states=%d variant=%d: mean CG steps %.1f", d.B, d.T, d.H, d.Dk, d.Dv,
+                  shapes[si].states, shapes[si].variant, ms);
+        // o and x are stored in bf16: their error is that rounding (~1.2e-3); the final states are float32
+        cmp("mesa o", go, o, c.nv, MEM_ACT, BF16_TOL);
+        cmp("mesa x", gx, x, c.nq, MEM_ACT, BF16_TOL);
+        cmp("mesa final H", ghT, hT, c.nh, MEM_F32, 1e-5);
+        cmp("mesa final G", ggT, gT, c.ngs, MEM_F32, 1e-5);
+        // backward: the reference uses the GPU's (bf16) x and o, which the GPU's backward reads too
+        double *xb = from_gpu(gx, c.nq, MEM_ACT), *ob = from_gpu(go, c.nv, MEM_ACT);
+        double *dq = xcalloc(c.nq, 8), *dk = xcalloc(c.nq, 8), *dv = xcalloc(c.nv, 8), *dg = xcalloc(c.ng, 8);
+        double *dbt = xcalloc(c.ng, 8), *dl = xcalloc(c.nl, 8), *dh0 = xcalloc(c.nh, 8), *dg0 = xcalloc(c.ngs, 8);
+        MesaBwd64 bw = {c.q, c.k, c.v, c.g, c.beta, c.lambda, c.h0, c.g0, xb, ob, c.dout, c.dhT, c.dgT,
+                        dq, dk, dv, dg, dbt, dl, c.h0 ? dh0 : NULL, c.g0 ? dg0 : NULL};
+        CHECK(!ref_mesa_backward(&d, NULL, &bw), "%s", mn_last_error());
+        void *gdo = to_gpu(c.dout, c.nv, MEM_ACT), *gdhT = c.dhT ? to_gpu(c.dhT, c.nh, MEM_F32) : NULL;
+        void *gdgT = c.dgT ? to_gpu(c.dgT, c.ngs, MEM_F32) : NULL;
+        void *gdq = G->alloc(G, c.nq, MEM_ACT), *gdk = G->alloc(G, c.nq, MEM_ACT), *gdv = G->alloc(G, c.nv, MEM_ACT);
+        void *gdg = G->alloc(G, c.ng, MEM_F32), *gdbt = G->alloc(G, c.ng, MEM_F32), *gdl = G->alloc(G, c.nl, MEM_F32);
+        void *gdh0 = G->alloc(G, c.nh, MEM_F32), *gdg0 = G->alloc(G, c.ngs, MEM_F32);
+        MnMesaBwd gbw = {gq, gk, gv, ggl, gb, gl, gh0, gg0, gx, go, gdo, gdhT, gdgT, gdq, gdk, gdv, gdg, gdbt, gdl,
+                         c.h0 ? gdh0 : NULL, c.g0 ? gdg0 : NULL, NULL};
+        CHECK(!G->mesa_bwd(G, &d, &s, &gbw), "%s", mn_last_error());
+        cmp("mesa dq", gdq, dq, c.nq, MEM_ACT, BF16_TOL);
+        cmp("mesa dk", gdk, dk, c.nq, MEM_ACT, BF16_TOL);
+        cmp("mesa dv", gdv, dv, c.nv, MEM_ACT, BF16_TOL);
+        cmp("mesa dg", gdg, dg, c.ng, MEM_F32, 1e-3);  // sums of bf16-stored terms
+        cmp("mesa dbeta", gdbt, dbt, c.ng, MEM_F32, 1e-3);
+        cmp("mesa dlambda", gdl, dl, c.nl, MEM_F32, 1e-4);
+        if (c.h0) {
+            cmp("mesa dh0", gdh0, dh0, c.nh, MEM_F32, 1e-4);
+            cmp("mesa dg0", gdg0, dg0, c.ngs, MEM_F32, 1e-4);
+        }
+        void *gr[] = {gq, gk, gv, ggl, gb, gl, gh0, gg0, go, gx, ghT, ggT, gdo, gdhT, gdgT, gdq, gdk, gdv, gdg, gdbt, gdl, gdh0, gdg0};
+        for (size_t i = 0; i < sizeof gr / sizeof gr[0]; i++)
+            if (gr[i]) G->free(G, gr[i]);
+        free(o); free(x); free(hT); free(gT); free(steps); free(xb); free(ob);
+        free(dq); free(dk); free(dv); free(dg); free(dbt); free(dl); free(dh0); free(dg0);
+        mesa_case_free(&c);
+    }
+}
+
+static ModelConfig gpu_config(void) {
+    ModelConfig c;
+    config_preset(&c, "tiny");
+    c.vocab_size = 97;
+    c.dim = 64;
+    c.n_heads = 2;
+    c.head_dim = 32;
+    c.mlp_hidden = 96;
+    c.output_gate = 1;
+    return c;
+}
+
+// The same model and batch on the GPU (bf16 activations) and the CPU (float32).
+TEST(cuda_model_matches_cpu) {
+    if (!setup()) return;
+    ModelConfig cfg = gpu_config();
+    Model *mc, *mg;
+    CHECK(!model_create(&mc, &cfg, backend_cpu()) && !model_create(&mg, &cfg, G), "%s", mn_last_error());
+    model_init_params(mc, 4);
+    model_init_params(mg, 4);
+    int B = 3, T = 70;
+    size_t N = (size_t)B * T;
+    int32_t *tok = xcalloc(N, 4), *tgt = xcalloc(N, 4);
+    MnRng r;
+    mn_rng_seed(&r, 8);
+    for (size_t i = 0; i < N; i++) {
+        tok[i] = (int32_t)(mn_rng_u64(&r) % 97);
+        tgt[i] = (int32_t)(mn_rng_u64(&r) % 97);
+    }
+    double lc, lg;
+    model_zero_grad(mc);
+    model_zero_grad(mg);
+    CHECK(!model_forward(mc, tok, tgt, B, T, 1.0f / N, &lc) && !model_backward(mc), "%s", mn_last_error());
+    CHECK(!model_forward(mg, tok, tgt, B, T, 1.0f / N, &lg) && !model_backward(mg), "%s", mn_last_error());
+    test_note("loss: cpu %.5f cuda %.5f", lc / N, lg / N);
+    CHECK(fabs(lc - lg) <= 5e-3 * fabs(lc), "loss %g (cuda) vs %g (cpu)", lg / N, lc / N);
+    double *gc = xcalloc(mc->total, 8), *gg = xcalloc(mg->total, 8);
+    mc->be->download(mc->be, gc, mc->grads, mc->total, MEM_F32);
+    mg->be->download(mg->be, gg, mg->grads, mg->total, MEM_F32);
+    double e = rel_err64(gg, gc, mc->total);
+    test_note("gradients: cuda vs cpu rel err %.2e (bf16 activations)", e);
+    CHECK(e <= 5e-2, "gradients differ by %.3g", e);
+    free(gc); free(gg); free(tok); free(tgt);
+    model_free(mc);
+    model_free(mg);
+}
+
+// Decoding on the GPU (prefill, then one token at a time) against one forward.
+TEST(cuda_decode_matches_forward) {
+    if (!setup()) return;
+    ModelConfig cfg = gpu_config();
+    Model *m;
+    CHECK(!model_create(&m, &cfg, G), "%s", mn_last_error());
+    model_init_params(m, 2);
+    int B = 2, T = 90, V = cfg.vocab_size;
+    int32_t tok[180];
+    for (int i = 0; i < B * T; i++) tok[i] = (i * 37 + 11) % V;
+    CHECK(!model_forward(m, tok, NULL, B, T, 0, NULL), "%s", mn_last_error());
+    float *full = xcalloc((size_t)B * T * V, 4), *step = xcalloc((size_t)B * V, 4);
+    G->download_f32(G, full, m->logits, (size_t)B * T * V, MEM_ACT);
+    for (size_t i = 0; i < (size_t)B * T * V; i++) full[i] = cfg.logit_cap * tanhf(full[i] / cfg.logit_cap);
+    CHECK(!model_reset_state(m, B), "%s", mn_last_error());
+    int32_t buf[180];
+    double worst = 0;
+    for (int t0 = 0; t0 < T;) {
+        int n = t0 == 0 ? 70 : 1;
+        for (int b = 0; b < B; b++) memcpy(buf + b * n, tok + b * T + t0, sizeof(int32_t) * n);
+        CHECK(!model_decode(m, buf, B, n, step), "%s", mn_last_error());
+        t0 += n;
+        for (int b = 0; b < B; b++) worst = fmax(worst, rel_err_ff(step + (size_t)b * V, full + ((size_t)b * T + t0 - 1) * V, V));
+    }
+    test_note("decoded logits vs full forward on the GPU: worst rel err %.2e", worst);
+    CHECK(worst <= 2e-2, "decoded logits differ by %.3g", worst);  // two bf16 paths
+    free(full); free(step);
+    model_free(m);
+}
+
+// A few training steps on the GPU reduce the loss on a repeated batch.
+TEST(cuda_training_reduces_loss) {
+    if (!setup()) return;
+    ModelConfig cfg = gpu_config();
+    Model *m;
+    CHECK(!model_create(&m, &cfg, G), "%s", mn_last_error());
+    model_init_params(m, 3);
+    AdamW o = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0, .clip = 1};
+    adamw_init(&o, m);
+    int32_t tok[128], tgt[128];
+    for (int i = 0; i < 128; i++) tok[i] = (i * 7) % 97;
+    for (int i = 0; i < 128; i++) tgt[i] = i % 64 == 63 ? 0 : tok[i + 1];
+    double first = 0, last = 0;
+    for (int s = 0; s < 60; s++) {
+        double l;
+        model_zero_grad(m);
+        CHECK(!model_forward(m, tok, tgt, 2, 64, 1.0f / 128, &l) && !model_backward(m) && !adamw_step(&o, m, 1e-2f, NULL),
+              "%s", mn_last_error());
+        if (s == 0) first = l / 128;
+        last = l / 128;
+    }
+    test_note("GPU training on one batch: loss %.3f -> %.4f", first, last);
+    CHECK(last < 0.5 * first, "loss did not fall: %.3f -> %.3f", first, last);
+    adamw_free(&o, m);
+    model_free(m);
+}
