@@ -53,10 +53,13 @@ __device__ __forceinline__ void fma4(float4 *acc, float s, float4 v) {
 }
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
-// Sum over the 4 threads of a row (consecutive lanes).
+// Sum over the 4 threads of a row (consecutive lanes). The mask names only
+// those 4: rows that stopped iterating skip this, and a full-warp mask would
+// then wait for them forever.
 __device__ __forceinline__ float row_sum(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    unsigned mask = 0xFu << (threadIdx.x & 28);
+    v += __shfl_xor_sync(mask, v, 1);
+    v += __shfl_xor_sync(mask, v, 2);
     return v;
 }
 

@@ -356,6 +356,12 @@ TEST(cuda_model_matches_cpu) {
     mg->be->download(mg->be, gg, mg->grads, mg->total, MEM_F32);
     double e = rel_err64(gg, gc, mc->total);
     test_note("gradients: cuda vs cpu rel err %.2e (bf16 activations)", e);
+    for (int i = 0; i < mc->nparams; i++) {
+        const ParamSpec *p = &mc->specs[i];
+        double ei = rel_err64(gg + p->offset, gc + p->offset, p->numel), norm = 0;
+        for (size_t j = 0; j < p->numel; j++) norm += gc[p->offset + j] * gc[p->offset + j];
+        if (ei > 2e-2) test_note("  %-40s rel err %.2e (|grad| %.2e)", p->name, ei, sqrt(norm));
+    }
     CHECK(e <= 5e-2, "gradients differ by %.3g", e);
     free(gc); free(gg); free(tok); free(tgt);
     model_free(mc);
