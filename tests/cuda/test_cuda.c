@@ -328,9 +328,21 @@ static ModelConfig gpu_config(void) {
 }
 
 // The same model and batch on the GPU (bf16 activations) and the CPU (float32).
+// The whole model's gradients are compared in a well-conditioned setting: at
+// the default initialisation (lambda = 1, tied and scaled embedding) the q/k
+// gradients of this small random model are so sensitive that rounding the
+// CPU model's own weights to bf16 moves them by 49% (measured; lambda = 4 and
+// an untied, unscaled embedding bring that to 4%). The mixer test above
+// checks the layer itself tightly.
 TEST(cuda_model_matches_cpu) {
     if (!setup()) return;
+  for (int layers = 1; layers <= 2; layers++) {
     ModelConfig cfg = gpu_config();
+    cfg.n_layers = layers;
+    cfg.lambda_init = 4;
+    cfg.tie_embeddings = 0;
+    cfg.embed_scale = 0;
+    test_note("%d layers:", layers);
     Model *mc, *mg;
     CHECK(!model_create(&mc, &cfg, backend_cpu()) && !model_create(&mg, &cfg, G), "%s", mn_last_error());
     model_init_params(mc, 4);
@@ -360,12 +372,24 @@ TEST(cuda_model_matches_cpu) {
         const ParamSpec *p = &mc->specs[i];
         double ei = rel_err64(gg + p->offset, gc + p->offset, p->numel), norm = 0;
         for (size_t j = 0; j < p->numel; j++) norm += gc[p->offset + j] * gc[p->offset + j];
-        if (ei > 2e-2) test_note("  %-40s rel err %.2e (|grad| %.2e)", p->name, ei, sqrt(norm));
+        if (ei > 3e-2) test_note("  %-40s rel err %.2e (|grad| %.2e)", p->name, ei, sqrt(norm));
     }
+    // the same with many more CG steps: separates solver truncation from precision
+    mc->solver.max_steps = mg->solver.max_steps = 300;
+    model_zero_grad(mc);
+    model_zero_grad(mg);
+    CHECK(!model_forward(mc, tok, tgt, B, T, 1.0f / N, &lc) && !model_backward(mc), "%s", mn_last_error());
+    CHECK(!model_forward(mg, tok, tgt, B, T, 1.0f / N, &lg) && !model_backward(mg), "%s", mn_last_error());
+    mc->be->download(mc->be, gc, mc->grads, mc->total, MEM_F32);
+    mg->be->download(mg->be, gg, mg->grads, mg->total, MEM_F32);
+    double e300 = rel_err64(gg, gc, mc->total);
+    test_note("with 300 CG steps: gradients rel err %.2e, mean CG steps cpu %.1f gpu %.1f", e300, model_take_cg_steps(mc),
+              model_take_cg_steps(mg));
     CHECK(e <= 5e-2, "gradients differ by %.3g", e);
     free(gc); free(gg); free(tok); free(tgt);
     model_free(mc);
     model_free(mg);
+  }
 }
 
 // Decoding on the GPU (prefill, then one token at a time) against one forward.
@@ -423,4 +447,60 @@ TEST(cuda_training_reduces_loss) {
     CHECK(last < 0.5 * first, "loss did not fall: %.3f -> %.3f", first, last);
     adamw_free(&o, m);
     model_free(m);
+}
+
+// The Mesa mixer alone, same parameters, inputs and output gradient on the GPU and the CPU.
+TEST(cuda_mixer_matches_cpu) {
+    if (!setup()) return;
+    for (int variant = 0; variant < 4; variant++) {
+        ModelConfig cfg = gpu_config();
+        cfg.n_layers = 1;
+        cfg.output_gate = 1;
+        double dy_scale = variant & 1 ? 1e-3 : 1, u_repeat = variant >> 1;  // small gradients; repeated input rows
+        Model *mc, *mg;
+        CHECK(!model_create(&mc, &cfg, backend_cpu()) && !model_create(&mg, &cfg, G), "%s", mn_last_error());
+        model_init_params(mc, 4);
+        model_init_params(mg, 4);
+        int B = 3, T = 70, D = cfg.dim;
+        size_t N = (size_t)B * T;
+        double *u = input(90, N * D, -2, 2, MEM_ACT), *dy = input(91, N * D, -dy_scale, dy_scale, MEM_ACT);
+        if (u_repeat)  // rows drawn from 20 distinct ones, as embeddings of repeated tokens are
+            for (size_t n = 0; n < N; n++) memcpy(u + n * D, u + ((n * 7) % 20) * D, sizeof(double) * D);
+        float *uc = xcalloc(N * D, 4), *dyc = xcalloc(N * D, 4), *yc = xcalloc(N * D, 4), *duc = xcalloc(N * D, 4);
+        for (size_t i = 0; i < N * D; i++) {
+            uc[i] = (float)u[i];
+            dyc[i] = (float)dy[i];
+        }
+        void *ug = to_gpu(u, N * D, MEM_ACT), *dyg = to_gpu(dy, N * D, MEM_ACT), *yg = G->alloc(G, N * D, MEM_ACT);
+        void *dug = G->alloc(G, N * D, MEM_ACT);
+        Mixer *xc = &mc->mixers[0], *xg = &mg->mixers[0];
+        xc->solver = mc->solver;
+        xg->solver = mg->solver;
+        model_zero_grad(mc);
+        model_zero_grad(mg);
+        CHECK(!xc->ops->forward(xc, yc, uc, B, T, 0) && !xc->ops->backward(xc, duc, dyc), "%s", mn_last_error());
+        CHECK(!xg->ops->forward(xg, yg, ug, B, T, 0) && !xg->ops->backward(xg, dug, dyg), "%s", mn_last_error());
+        double *ycd = xcalloc(N * D, 8), *ducd = xcalloc(N * D, 8);
+        for (size_t i = 0; i < N * D; i++) {
+            ycd[i] = yc[i];
+            ducd[i] = duc[i];
+        }
+        test_note("variant %d (dy scale %g, repeated rows %g):", variant, dy_scale, u_repeat);
+        // bf16 activations through ~10 ops of the layer: measured ~1e-2; 3e-2 allows for it
+        cmp("mixer y", yg, ycd, N * D, MEM_ACT, 3e-2);
+        cmp("mixer du", dug, ducd, N * D, MEM_ACT, 3e-2);
+        double *gc = xcalloc(mc->total, 8), *gg = xcalloc(mg->total, 8);
+        mc->be->download(mc->be, gc, mc->grads, mc->total, MEM_F32);
+        mg->be->download(mg->be, gg, mg->grads, mg->total, MEM_F32);
+        for (int i = mc->blocks[0].first; i < mc->blocks[0].first + mc->blocks[0].count; i++) {
+            const ParamSpec *p = &mc->specs[i];
+            double ei = rel_err64(gg + p->offset, gc + p->offset, p->numel);
+            test_note("  %-36s rel err %.2e", p->name, ei);
+            if (!(ei <= 6e-2)) test_fail(__FILE__, __LINE__, "%s: rel err %.3g", p->name, ei);
+        }
+        free(u); free(dy); free(uc); free(dyc); free(yc); free(duc); free(ycd); free(ducd); free(gc); free(gg);
+        G->free(G, ug); G->free(G, dyg); G->free(G, yg); G->free(G, dug);
+        model_free(mc);
+        model_free(mg);
+    }
 }
