@@ -125,7 +125,7 @@ static double accuracy(const Backend *be, const Host *h, const void *go) {
 }
 
 // bf16 matrix-product ceiling: an n x n x n product through the backend's linear op.
-static double gemm_tflops(const Backend *be, int n) {
+double bench_gemm_tflops(const Backend *be, int n) {
     void *a = be->alloc(be, (size_t)n * n, MEM_ACT), *w = be->alloc(be, (size_t)n * n, MEM_PARAM);
     void *c = be->alloc(be, (size_t)n * n, MEM_ACT);
     double *h = xcalloc((size_t)n * n, 8);
@@ -198,7 +198,7 @@ int bench_mesa_gpu(int argc, char **argv) {
     if (ns <= 0) die("--shapes: expected BxTxHxD[,BxTxHxD...]");
     const Backend *be = backend_by_name("cuda");
     if (!be) die("%s", mn_last_error());
-    double ceiling = gemm_tflops(be, 8192);
+    double ceiling = bench_gemm_tflops(be, 8192);
     printf("Mesa core on the GPU (cuda backend); bf16 matrix product 8192^3 in the same run: %.0f TFLOP/s\n", ceiling);
     printf("%-16s %-9s | %9s %6s %8s | %9s %6s | %9s\n", "B x T x H x D", "CG", "fwd ms", "steps", "TFLOP/s",
            "f+b ms", "steps", "rel err");

@@ -47,8 +47,11 @@ int bench_train(int argc, char **argv) {
         tok[i] = (int32_t)(mn_rng_u64(&r) % (uint64_t)c.vocab_size);
         tgt[i] = (int32_t)(mn_rng_u64(&r) % (uint64_t)c.vocab_size);
     }
-    double sgemm = bench_sgemm_gflops(2048, 3);
+    int gpu = be->device_mem_used != NULL;
+    // the matrix-product ceiling of the same device: sgemm on the CPU, a bf16 product on the GPU
+    double ceiling = gpu ? 1e3 * bench_gemm_tflops(be, 8192) : bench_sgemm_gflops(2048, 3);
     double t_total = 0, t_mixer = 0, t_core = 0;
+    size_t peak = 0;
     for (int s = 0; s < steps + 2; s++) {
         m->mixer_seconds = 0;
         for (int l = 0; l < c.n_layers; l++) m->mixers[l].core_seconds = 0;
@@ -57,6 +60,7 @@ int bench_train(int argc, char **argv) {
             adamw_step(&o, m, 1e-4f, NULL) || be->sync(be))
             die("%s", mn_last_error());
         double dt = mn_now() - t0;
+        if (gpu && be->device_mem_used(be) > peak) peak = be->device_mem_used(be);
         if (s < 2) continue;  // warm-up
         t_total += dt;
         t_mixer += m->mixer_seconds;
@@ -69,12 +73,17 @@ int bench_train(int argc, char **argv) {
     double dense_flops = 6.0 * (double)(m->total - (c.tie_embeddings ? 0 : embed)) * (double)N * steps;
     printf("training %s (%zu parameters) on %s, %d threads, batch %d x %d tokens, CG steps %d (mean used %.1f)\n", config,
            m->total, be->name, omp_get_max_threads(), batch, seq, c.cg_steps, cg_mean);
-    printf("  %.0f tokens/s, %.1f ms/step, peak memory %.0f MB\n", (double)N * steps / t_total, 1e3 * t_total / steps,
-           (double)ru.ru_maxrss / 1024);
+    if (gpu)
+        printf("  %.0f tokens/s, %.1f ms/step, device memory in use %.2f GB\n", (double)N * steps / t_total,
+               1e3 * t_total / steps, (double)peak / 1e9);
+    else
+        printf("  %.0f tokens/s, %.1f ms/step, peak memory %.0f MB\n", (double)N * steps / t_total, 1e3 * t_total / steps,
+               (double)ru.ru_maxrss / 1024);
     printf("  time in the mixers %.1f%% (their core, the Mesa solve: %.1f%%), rest of the model and optimizer %.1f%%\n",
            100 * t_mixer / t_total, 100 * t_core / t_total, 100 * (1 - t_mixer / t_total));
-    printf("  dense products: %.1f GFLOP/s = %.1f%% of sgemm (%.0f GFLOP/s in this run)\n", dense_flops / t_total / 1e9,
-           100 * dense_flops / t_total / 1e9 / sgemm, sgemm);
+    printf("  dense products (6 x parameters x tokens): %.1f GFLOP/s = %.1f%% of the %s (%.0f GFLOP/s in this run)\n",
+           dense_flops / t_total / 1e9, 100 * dense_flops / t_total / 1e9 / ceiling,
+           gpu ? "bf16 matrix-product rate, i.e. the MFU" : "sgemm rate", ceiling);
     free(tok);
     free(tgt);
     adamw_free(&o, m);

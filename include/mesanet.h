@@ -80,7 +80,7 @@ typedef struct {
 typedef struct {
     const float *q, *k, *v, *g, *beta, *lambda, *h0, *g0;  // the forward's inputs
     const float *x;       // [B,T,H,Dk] the forward's solutions
-    const float *o;       // [B,T,H,Dv] the forward's output
+    const float *o;       // [B,T,H,Dv] the forward's output (read by the float64 reference only)
     const float *dout;    // [B,T,H,Dv] dL/do
     const float *dhT;     // [B,H,Dk,Dk] dL/dH_T, or NULL
     const float *dgT;     // [B,H,Dv,Dk] dL/dG_T, or NULL

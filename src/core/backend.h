@@ -48,6 +48,8 @@ struct Backend {
     int (*download_f32)(const Backend *be, float *dst, const void *src, size_t n, MemKind kind);
     int (*upload_i32)(const Backend *be, void *dst, const int32_t *src, size_t n);
     int (*sync)(const Backend *be);  // waits for queued work; reports asynchronous errors
+    // Device memory in use (bytes), or NULL where memory is the host's (then see getrusage).
+    size_t (*device_mem_used)(const Backend *be);
 
     // --- dense layers -------------------------------------------------------------
     // y[N,nout] = x[N,nin] W[nout,nin]^T + bias[nout] (bias may be NULL)

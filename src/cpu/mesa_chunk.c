@@ -12,7 +12,12 @@
  *     R  = G_t^T delta_t (GLA form with query delta),  Y = A^{-1} R (second CG)
  *     P  = Gbar_t k_t,  Qv = Gbar_t^T v_t,  R1 = Hbar_t k_t,  R2 = Hbar_t^T k_t
  *     dv = beta P, dk = beta (Qv + R1 + R2), dbeta = v.P + k.R1,
- *     db = delta.o - y.(H_t x) - beta dbeta,  dg = reverse cumsum of db.
+ *     db = y.(lambda (.) x) - beta dbeta,  dg = reverse cumsum of db.
+ * (The spec writes db = delta.o - y.(H_t x) - beta dbeta. With exact solves
+ * delta.o = (G^T delta).x = (A y).x = y.(H x) + y.(lambda (.) x): the two large
+ * terms cancel, and in bf16 or float32 the difference drowns in their
+ * rounding. The form used here is the same number without the cancellation,
+ * and needs neither o nor H x.)
  * Each of P, Qv, R1, R2 is a reversed GLA form (mask D^T, row decay to the
  * chunk end). The code keeps Hn = -Hbar (a positive sum of y x^T terms).
  */
@@ -33,7 +38,7 @@ typedef struct {
     float *diag;                 // [C x Dk] diag(H_t + Lambda) for Jacobi
     float *attn;                 // [C x C] scratch of gla_apply
     float *kw;                   // [C x Dk] rows scaled by a decay (state hand-offs)
-    float *dout, *r, *y, *hx, *pv, *qv, *r1, *r2;  // backward rows
+    float *dout, *r, *y, *pv, *qv, *r1, *r2;       // backward rows
     float *dbeta, *db;           // [C]
     const float *hc, *lambda;    // operator: entry state H, ridge
     CgWork cg;
@@ -41,7 +46,7 @@ typedef struct {
 
 static size_t chunk_floats(int C, int Dk, int Dv) {
     int D = Dk > Dv ? Dk : Dv;
-    return chunk_decay_floats(C) + 18 * (size_t)C * D + (size_t)C * C + 2 * (size_t)C + cg_work_floats(C, Dk);
+    return chunk_decay_floats(C) + 17 * (size_t)C * D + (size_t)C * C + 2 * (size_t)C + cg_work_floats(C, Dk);
 }
 
 static float *chunk_init(Chunk *c, float *mem, int C, int Dk, int Dv) {
@@ -53,7 +58,7 @@ static float *chunk_init(Chunk *c, float *mem, int C, int Dk, int Dv) {
     chunk_decay_init(&c->cd, mem, C);
     mem += chunk_decay_floats(C);
     float **rows[] = {&c->q, &c->k, &c->v, &c->kb, &c->vb, &c->x, &c->o, &c->x0, &c->diag, &c->kw,
-                      &c->dout, &c->r, &c->y, &c->hx, &c->pv, &c->qv, &c->r1, &c->r2};
+                      &c->dout, &c->r, &c->y, &c->pv, &c->qv, &c->r1, &c->r2};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++, mem += cd) *rows[i] = mem;
     c->attn = mem;
     mem += (size_t)C * C;
@@ -219,17 +224,15 @@ void mesa_chunk_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *
         const float *hc = states + (size_t)ci * (hh + gg), *gc = hc + hh;
         load_chunk(&c, p, t0, n, io->k, io->v, io->g, io->beta);
         gather(c.x, io->x, p, t0, n, dk);
-        gather(c.o, io->o, p, t0, n, dv);
         gather(c.dout, io->dout, p, t0, n, dv);
         c.hc = hc;
 
-        // R = G_t^T delta, Y = A^{-1} R, HX = H_t x_t
+        // R = G_t^T delta, Y = A^{-1} R
         forward_form(&c, c.r, c.dout, dv, gc, 0, c.v, c.kb, dk);
         int steps[n];
         MnSolver s2 = *s;
         if (s2.init == MN_CG_INIT_GIVEN) s2.init = MN_CG_INIT_ZERO;  // the given guesses were for the forward
         solve_chunk(&c, &s2, c.r, NULL, c.y, steps);
-        forward_form(&c, c.hx, c.x, dk, hc, 0, c.k, c.kb, dk);
 
         // The reversed forms with the adjoints at the chunk's end.
         backward_form(&c, c.pv, c.k, dk, gbar, 1, c.x, c.dout, dv);  // P  = Gbar_t k_t
@@ -244,21 +247,20 @@ void mesa_chunk_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *
             const float *y = c.y + (size_t)t * dk, *pv = c.pv + (size_t)t * dv, *qv = c.qv + (size_t)t * dk;
             const float *r1 = c.r1 + (size_t)t * dk, *r2 = c.r2 + (size_t)t * dk;
             float *dq = io->dq + ti * dk, *dkk = io->dk + ti * dk, *dvv = io->dv + ti * dv;
-            float dbeta = 0, yhx = 0, dot_do = 0;
+            float dbeta = 0, ylx = 0;
             for (int j = 0; j < dv; j++) {
                 dvv[j] = beta * pv[j];
                 dbeta += v[j] * pv[j];
-                dot_do += c.dout[(size_t)t * dv + j] * c.o[(size_t)t * dv + j];
             }
             for (int j = 0; j < dk; j++) {
                 dq[j] = y[j];
                 dkk[j] = beta * (qv[j] - r1[j] - r2[j]);
                 dbeta -= k[j] * r1[j];
-                yhx += y[j] * c.hx[(size_t)t * dk + j];
+                ylx += y[j] * c.lambda[j] * x[j];
                 dlambda_part[j] -= y[j] * x[j];
             }
             io->dbeta[ti] = dbeta;
-            db_all[t0 + t] = dot_do - yhx - beta * dbeta;
+            db_all[t0 + t] = ylx - beta * dbeta;
             if (io->steps) io->steps[ti] = steps[t];
         }
 

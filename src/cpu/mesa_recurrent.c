@@ -96,7 +96,7 @@ void mesa_rec_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *io
     float *cps = work;                               // [nseg+1] states entering each segment, then the final
     float *snap = cps + (size_t)(nseg + 1) * hg;     // [SEGMENT] H_t, G_t of the current segment
     float *hbar = snap + SEGMENT * hg, *gbar = hbar + hh;
-    float *r = gbar + gg, *y = r + D, *hx = y + D, *pv = hx + D, *qv = pv + D, *r1 = qv + D, *r2 = r1 + D;
+    float *r = gbar + gg, *y = r + D, *pv = y + D, *qv = pv + D, *r1 = qv + D, *r2 = r1 + D;
     float *diag = r2 + D, *db = diag + D + cg_work_floats(1, dk);
     CgWork cg;
     cg_work_init(&cg, diag + D, 1, dk);
@@ -138,7 +138,6 @@ void mesa_rec_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *io
             float gnext = t + 1 < T ? expf(io->g[pair_tok(p, t + 1)]) : 1.0f;
             matvec_t(r, gt, delta, dv, dk);                          // r = G_t^T delta
             solve_token(ht, lambda, dk, &s2, r, NULL, y, io->steps ? io->steps + ti : NULL, diag, &cg);
-            symv(hx, ht, x, dk);                                     // H_t x_t
             decay_rank1(gbar, gnext, 1.0f, delta, x, dv, dk);        // Gbar_t = delta x^T + gamma Gbar_{t+1}
             decay_rank1(hbar, gnext, -1.0f, y, x, dk, dk);           // Hbar_t = -y x^T + gamma Hbar_{t+1}
             matvec(pv, gbar, k, dv, dk);
@@ -154,7 +153,9 @@ void mesa_rec_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *io
             }
             float dbeta = vdot(v, pv, dv) + vdot(k, r1, dk);
             io->dbeta[ti] = dbeta;
-            db[t] = vdot(delta, io->o + ti * dv, dv) - vdot(y, hx, dk) - beta * dbeta;
+            float ylx = 0;  // db = y.(lambda (.) x) - beta dbeta: see mesa_chunk.c for why not delta.o - y.Hx
+            for (int i = 0; i < dk; i++) ylx += y[i] * lambda[i] * x[i];
+            db[t] = ylx - beta * dbeta;
         }
     }
     db[T - 1] += db_final;

@@ -156,6 +156,12 @@ static int g_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t
     return MN_OK;
 }
 
+static size_t g_mem_used(const Backend *be) {
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
+    return total - free_b;
+}
+
 static int g_sync(const Backend *be) {
     CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->stream));
     CU_TRY(cudaGetLastError());
@@ -730,6 +736,7 @@ extern "C" const Backend *backend_cuda(void) {
     b.download_f32 = g_download_f32;
     b.upload_i32 = g_upload_i32;
     b.sync = g_sync;
+    b.device_mem_used = g_mem_used;
     b.linear_fwd = g_linear_fwd;
     b.linear_bwd = g_linear_bwd;
     b.rmsnorm_fwd = g_rmsnorm_fwd;

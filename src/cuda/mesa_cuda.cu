@@ -469,12 +469,13 @@ __global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out,
     row_to_global(o, out, &g, pair, t0 + row, g.Dv, njv, cg);
 }
 
-// Backward, per chunk: R = G_t^T delta, Y = A^{-1} R (second solve), H_t x_t;
-// writes dq = Y, Y (float) for the adjoints, the per-token terms delta.o and
-// y.(H x), and adds -sum_t y (.) x to dlambda.
+// Backward, per chunk: R = G_t^T delta, Y = A^{-1} R (the second solve);
+// writes dq = Y, Y (float) for the adjoints, the per-token term y.(lambda (.) x)
+// of dL/db (src/cpu/mesa_chunk.c says why this form), and adds -sum_t y (.) x
+// to dlambda.
 __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_out, float *tok_terms, float *dlambda,
                                                             int *steps_out, const bf16 *k, const bf16 *v, const bf16 *x,
-                                                            const bf16 *o, const bf16 *dout, const float *glog,
+                                                            const bf16 *dout, const float *glog,
                                                             const float *gbeta, const float *lambda,
                                                             const float *states, Geo g) {
     extern __shared__ float sm[];
@@ -500,10 +501,6 @@ __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_o
     form_state(rhs, s.Ps, s.ldp, s.Hs, g.Dp, g.Dvp, nj, row, cg, __expf(s.b[row]));
     __syncthreads();
     form_scores(rhs, s.Ss, s.Ks, g.Dp, nj, row, cg, 0);
-    // delta . o for this token
-    float4 o_row[MAXJ];
-    row_from_global(o_row, o, &g, pair, t0 + row, g.Dv, njv, cg);
-    float dot_do = row_dot(dv_row, o_row, njv);
     // the second solve, with the forward's operator
     __syncthreads();
     load_mat(s.Hs, g.Dp, st_in, g.Dk, g.Dk, g.Dp, g.Dp, 0);
@@ -513,11 +510,14 @@ __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_o
     int steps;
     cg_solve(y, rhs, &s, &g, row, cg, &steps, 0, none);
     if (steps_out && t0 + row < g.T && cg == 0) steps_out[tok_index(&g, pair, t0 + row)] = steps;
-    // H_t x_t (the operator without lambda)
-    float4 xr[MAXJ], hx[MAXJ];
+    float4 xr[MAXJ], ylx[MAXJ];
     row_from_global(xr, x, &g, pair, t0 + row, g.Dk, nj, cg);
-    apply_operator(hx, xr, &s, &g, row, cg, 0);
-    float yhx = row_dot(y, hx, nj);
+#pragma unroll
+    for (int j = 0; j < MAXJ; j++) {
+        float4 l = j < nj ? ((const float4 *)s.lam)[cg + 4 * j] : f4(0);
+        ylx[j] = make_float4(l.x * xr[j].x, l.y * xr[j].y, l.z * xr[j].z, l.w * xr[j].w);
+    }
+    float y_lx = row_dot(y, ylx, nj);
     int t = t0 + row;
     if (t < g.T) {
         row_to_global(dq, y, &g, pair, t, g.Dk, nj, cg);
@@ -530,10 +530,7 @@ __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_o
                     if (cc < g.Dk) y_out[tok_index(&g, pair, t) * g.Dk + cc] = e[i];
                 }
             }
-        if (cg == 0) {
-            tok_terms[2 * tok_index(&g, pair, t)] = dot_do;
-            tok_terms[2 * tok_index(&g, pair, t) + 1] = yhx;
-        }
+        if (cg == 0) tok_terms[tok_index(&g, pair, t)] = y_lx;
     }
     // dlambda -= sum over the chunk's rows of y (.) x, reduced in shared memory first
     __syncthreads();
@@ -624,7 +621,7 @@ __global__ void adjoints_kernel(float *adj, float *dh0, float *dg0, float *db_fi
 // Backward, per chunk, with the adjoints at the chunk's end:
 //   P  = ((K X^T) (.) D^T) Delta + diag(u) K Gbar^T      Qv = ((V Delta^T) (.) D^T) X + diag(u) V Gbar
 //   R1 = ((K X^T) (.) D^T) Y + diag(u) K Hn^T            R2 = ((K Y^T) (.) D^T) X + diag(u) K Hn
-//   dv = beta P, dk = beta (Qv - R1 - R2), dbeta = v.P - k.R1, db = delta.o - y.Hx - beta dbeta
+//   dv = beta P, dk = beta (Qv - R1 - R2), dbeta = v.P - k.R1, db = y.(lambda (.) x) - beta dbeta
 __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out, float *dbeta_out, float *db_out,
                                                       const bf16 *k, const bf16 *v, const bf16 *x, const bf16 *dout,
                                                       const float *y, const float *tok_terms, const float *glog,
@@ -704,7 +701,7 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
     if (cg == 0) {
         size_t ti = tok_index(&g, pair, t);
         dbeta_out[ti] = dbeta;
-        db_out[ti] = tok_terms[2 * ti] - tok_terms[2 * ti + 1] - beta * dbeta;
+        db_out[ti] = tok_terms[ti] - beta * dbeta;
     }
 }
 
@@ -825,10 +822,10 @@ extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSol
     CudaCtx *c = cuda_ctx(be);
     size_t pairs = (size_t)d->B * d->H, ntok = (size_t)d->B * d->T * d->H;
     size_t nst = states_floats(&g), nadj = pairs * g.nchunks * ((size_t)g.Dv * g.Dk + (size_t)g.Dk * g.Dk);
-    size_t ny = ntok * g.Dk, bytes = sizeof(float) * (nst + nadj + ny + 2 * ntok + ntok + pairs) + sizeof(int) * ntok;
+    size_t ny = ntok * g.Dk, bytes = sizeof(float) * (nst + nadj + ny + ntok + ntok + pairs) + sizeof(int) * ntok;
     char *ws = (char *)cuda_scratch(be, bytes);
     if (!ws) return MN_ERR_NOMEM;
-    float *states = (float *)ws, *adj = states + nst, *y = adj + nadj, *terms = y + ny, *db = terms + 2 * ntok;
+    float *states = (float *)ws, *adj = states + nst, *y = adj + nadj, *terms = y + ny, *db = terms + ntok;
     float *db_final = db + ntok;
     int *steps = (int *)(db_final + pairs);
     CU_TRY(cudaMemsetAsync(io->dlambda, 0, sizeof(float) * (size_t)d->H * d->Dk, c->stream));
@@ -837,8 +834,7 @@ extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSol
     dim3 grid((unsigned)g.nchunks, (unsigned)pairs);
     MN_TRY(set_smem((const void *)cg_backward_kernel, smem, c));
     cg_backward_kernel<<<grid, NT, smem, c->stream>>>((bf16 *)io->dq, y, terms, io->dlambda, steps, (const bf16 *)io->k,
-                                                      (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->o,
-                                                      (const bf16 *)io->dout, io->g, io->beta, io->lambda, states, g);
+                                                      (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, io->g, io->beta, io->lambda, states, g);
     LAUNCH_CHECK();
     size_t asmem = sizeof(float) * ((size_t)CH * (2 * g.Dk + g.Dv) + 2 * CH + 32);
     MN_TRY(set_smem((const void *)adjoints_kernel, asmem, c));

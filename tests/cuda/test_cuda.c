@@ -366,8 +366,13 @@ TEST(cuda_model_matches_cpu) {
     double *gc = xcalloc(mc->total, 8), *gg = xcalloc(mg->total, 8);
     mc->be->download(mc->be, gc, mc->grads, mc->total, MEM_F32);
     mg->be->download(mg->be, gg, mg->grads, mg->total, MEM_F32);
-    double e = rel_err64(gg, gc, mc->total);
-    test_note("gradients: cuda vs cpu rel err %.2e (bf16 activations)", e);
+    double e = rel_err64(gg, gc, mc->total), dot = 0, n1 = 0, n2 = 0;
+    for (size_t i = 0; i < mc->total; i++) {
+        dot += gg[i] * gc[i];
+        n1 += gg[i] * gg[i];
+        n2 += gc[i] * gc[i];
+    }
+    test_note("gradients: cuda vs cpu rel err %.2e, cosine %.4f (bf16 activations)", e, dot / sqrt(n1 * n2));
     for (int i = 0; i < mc->nparams; i++) {
         const ParamSpec *p = &mc->specs[i];
         double ei = rel_err64(gg + p->offset, gc + p->offset, p->numel), norm = 0;
