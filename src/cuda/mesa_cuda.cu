@@ -5,14 +5,14 @@
  *
  * One thread block per (chunk, sequence, head) solves the chunk's C = 64
  * systems at once: the chunk-entry state, the keys (and their transpose), the
- * CG direction and the intra-chunk scores live in shared memory; every thread
- * owns one row and a quarter of the columns of x, r and p in registers. The
- * sequential parts (chunk-entry states; the adjoints in reverse) are separate
- * kernels, one block per (sequence, head).
+ * CG direction and the intra-chunk scores live in shared memory; each thread
+ * owns a 4-row tile of x, r and p in registers (products are register-tiled:
+ * see t_row0). The sequential parts (chunk-entry states; the adjoints in
+ * reverse) are separate kernels, one block per (sequence, head).
  *
  * Kernels, forward: states -> cg_forward. Backward: states -> cg_backward (the
- * second solve, H x, per-token terms) -> adjoints (reverse over chunks) ->
- * grads (per chunk) -> dg_scan (reverse cumulative sum of dL/db).
+ * second solve, per-token terms) -> adjoints (reverse over chunks) -> grads
+ * (per chunk) -> dg_scan (reverse cumulative sum of dL/db).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -23,10 +23,12 @@ extern "C" {
 #include "core/mesa_args.h"
 }
 
-#define CH 64           // chunk size on the GPU
-#define NT 256          // threads per block: 64 rows x 4 column groups
-#define MAXD 128        // largest head size the fused kernels take
-#define MAXJ (MAXD / 16)  // float4 column chunks per thread, at most
+#define CH 64                 // chunk size on the GPU
+#define NT 256                // threads per block: 16 row groups of 4 rows x 16 column lanes
+#define MAXD 128              // largest head size the fused kernels take
+#define RPT 4                 // rows per thread
+#define MAXC (MAXD / 16)      // columns per thread, at most
+#define LDT (CH + 4)          // row stride of k-major (transposed) blocks: 16-byte aligned, padded
 #define RESIDUAL_FLOOR (4.0f / 16777216.0f)  // as on the CPU (src/cpu/cg.c)
 
 static int pad16(int d) { return (d + 15) & ~15; }
@@ -38,35 +40,53 @@ typedef struct {
     float tol2;  // squared stopping tolerance (at least the rounding floor)
 } Geo;
 
-// Per (sequence, head) offsets.
 __device__ __forceinline__ size_t tok_index(const Geo *g, int pair, int t) {
     int b = pair / g->H, h = pair % g->H;
     return ((size_t)b * g->T + t) * g->H + h;
 }
 
-__device__ __forceinline__ float4 f4(float a) { return make_float4(a, a, a, a); }
-__device__ __forceinline__ void fma4(float4 *acc, float s, float4 v) {
-    acc->x += s * v.x;
-    acc->y += s * v.y;
-    acc->z += s * v.z;
-    acc->w += s * v.w;
-}
-__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+// Thread layout of a chunk block (C rows x D columns): thread (rg, cl) owns
+// rows 4 rg .. 4 rg + 3 and columns cl, cl + 16, cl + 32, ... Each product
+// step loads 4 rows of the left operand as one 16-byte word and one value per
+// owned column of the right operand: about 8 multiply-adds per shared-memory
+// load, where one row per thread gave one.
+__device__ __forceinline__ int t_row0() { return (threadIdx.x >> 4) * RPT; }
+__device__ __forceinline__ int t_col() { return threadIdx.x & 15; }
 
-// Sum over the 4 threads of a row (consecutive lanes). The mask names only
-// those 4: rows that stopped iterating skip this, and a full-warp mask would
-// then wait for them forever.
-__device__ __forceinline__ float row_sum(float v) {
-    unsigned mask = 0xFu << (threadIdx.x & 28);
-    v += __shfl_xor_sync(mask, v, 1);
-    v += __shfl_xor_sync(mask, v, 2);
+typedef struct {
+    float v[RPT][MAXC];
+} Tile;
+
+__device__ __forceinline__ void tile_zero(Tile *t) {
+#pragma unroll
+    for (int i = 0; i < RPT; i++)
+#pragma unroll
+        for (int j = 0; j < MAXC; j++) t->v[i][j] = 0;
+}
+
+// Sum over the 16 threads of a row group (a half-warp); all 16 always call it.
+__device__ __forceinline__ float group_sum(float v) {
+    unsigned mask = 0xFFFFu << (threadIdx.x & 16);
+    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(mask, v, o);
     return v;
+}
+
+// out[i] = a_row . b_row for each of the thread's rows.
+__device__ __forceinline__ void tile_dot(float out[RPT], const Tile *a, const Tile *b, int nc) {
+#pragma unroll
+    for (int i = 0; i < RPT; i++) {
+        float s = 0;
+#pragma unroll
+        for (int j = 0; j < MAXC; j++)
+            if (j < nc) s += a->v[i][j] * b->v[i][j];
+        out[i] = group_sum(s);
+    }
 }
 
 // ------------------------------------------------------------------ chunk loading
 
-// Rows t0..t0+C of one (sequence, head) from a [B,T,H,d] bf16 tensor into
-// smem as float, row stride ld; rows past T and columns past d are zero.
+// Rows t0 .. t0+C of one (sequence, head) of a [B,T,H,d] bf16 tensor into
+// smem, row-major with stride `stride`; zero past T and past d (up to dpad).
 __device__ void load_rows(float *dst, int stride, const bf16 *src, const Geo *g, int pair, int t0, int d, int dpad) {
     for (int e = threadIdx.x; e < CH * dpad; e += NT) {
         int r = e / dpad, c = e % dpad, t = t0 + r;
@@ -74,15 +94,26 @@ __device__ void load_rows(float *dst, int stride, const bf16 *src, const Geo *g,
     }
 }
 
-// The same rows transposed: dst[c * ld + r].
-__device__ void load_rows_t(float *dst, int stride, const bf16 *src, const Geo *g, int pair, int t0, int d, int dpad) {
+// The same rows k-major: dst[c * LDT + r].
+__device__ void load_rows_t(float *dst, const bf16 *src, const Geo *g, int pair, int t0, int d, int dpad) {
     for (int e = threadIdx.x; e < CH * dpad; e += NT) {
         int r = e % CH, c = e / CH, t = t0 + r;
-        dst[c * stride + r] = (t < g->T && c < d) ? ld(src, tok_index(g, pair, t) * d + c) : 0.0f;
+        dst[c * LDT + r] = (t < g->T && c < d) ? ld(src, tok_index(g, pair, t) * d + c) : 0.0f;
     }
 }
 
-// A (rows x cols) float matrix from global (row stride cols) into smem, zero-padded.
+// Float rows t0 .. t0+C of a [B,T,H,d] float tensor (the backward's Y), row-major or k-major.
+__device__ void load_rows_f(float *dst, int stride, int kmajor, const float *src, const Geo *g, int pair, int t0, int d,
+                            int dpad) {
+    for (int e = threadIdx.x; e < CH * dpad; e += NT) {
+        int r = kmajor ? e % CH : e / dpad, c = kmajor ? e / CH : e % dpad, t = t0 + r;
+        float v = (t < g->T && c < d) ? src[tok_index(g, pair, t) * d + c] : 0.0f;
+        if (kmajor) dst[c * LDT + r] = v;
+        else dst[r * stride + c] = v;
+    }
+}
+
+// A (rows x cols) float matrix from global (row stride cols) into smem, zero-padded to rpad x cpad.
 __device__ void load_mat(float *dst, int stride, const float *src, int rows, int cols, int rpad, int cpad, int transpose) {
     for (int e = threadIdx.x; e < rpad * cpad; e += NT) {
         int r = e / cpad, c = e % cpad;
@@ -92,8 +123,8 @@ __device__ void load_mat(float *dst, int stride, const float *src, int rows, int
     }
 }
 
-// Decays of a chunk: b (cumulative log decay, rows past the end repeat the
-// last), beta (0 past the end), and n, the chunk's real length.
+// Decays of a chunk: b (cumulative log decay; rows past the end repeat the
+// last), beta (0 past the end). Returns n, the chunk's real length.
 __device__ int load_decays(float *b, float *beta, const float *g_log, const float *g_beta, const Geo *g, int pair,
                            int t0) {
     int n = min(CH, g->T - t0);
@@ -109,274 +140,288 @@ __device__ int load_decays(float *b, float *beta, const float *g_log, const floa
     return n;
 }
 
-// -------------------------------------------------------------- the GLA forms
-//
-// Thread (row = tid / 4, cg = tid % 4) owns the float4 column chunks cg + 4 jj
-// of its row (interleaved so that the four threads of a row read neighbouring
-// 16-byte words: no bank conflicts, and the 8 rows of a warp share them).
-
-// acc += scale * A[row, :dk] . S[:dk, cols]
-__device__ __forceinline__ void form_state(float4 acc[MAXJ], const float *A, int lda, const float *S, int lds, int dk,
-                                           int nj, int row, int cg, float scale) {
-    float4 part[MAXJ];
+// The thread's tile of rows t0 .. t0+C of a [B,T,H,d] bf16 tensor (zero past T and d).
+__device__ void tile_load(Tile *t, const bf16 *src, const Geo *g, int pair, int t0, int d, int nc) {
+    int r0 = t_row0(), cl = t_col();
 #pragma unroll
-    for (int j = 0; j < MAXJ; j++) part[j] = f4(0);
-    for (int k = 0; k < dk; k++) {
-        float a = A[row * lda + k];
-        const float4 *s4 = (const float4 *)(S + k * lds);
+    for (int i = 0; i < RPT; i++)
 #pragma unroll
-        for (int j = 0; j < MAXJ; j++)
-            if (j < nj) fma4(&part[j], a, s4[cg + 4 * j]);
-    }
-#pragma unroll
-    for (int j = 0; j < MAXJ; j++)
-        if (j < nj) fma4(&acc[j], scale, part[j]);
-}
-
-// Scores[row, s] = mask(row, s) * A[row, :dk] . Bt[:dk, s] for this thread's s
-// chunks (cg + 4 i, i < 4). Forward mask (dir 0): exp(b_row - b_s) beta_s for
-// s <= row; backward (dir 1): exp(b_s - b_row) for s >= row.
-__device__ __forceinline__ void scores(float *Ss, const float *A, int lda, const float *Bt, int ldb, int dk, const float *b,
-                                       const float *beta, int dir, int row, int cg) {
-    float4 acc[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) acc[i] = f4(0);
-    for (int k = 0; k < dk; k++) {
-        float a = A[row * lda + k];
-        const float4 *b4 = (const float4 *)(Bt + k * ldb);
-#pragma unroll
-        for (int i = 0; i < 4; i++) fma4(&acc[i], a, b4[cg + 4 * i]);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float v[4] = {acc[i].x, acc[i].y, acc[i].z, acc[i].w};
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int s = 4 * (cg + 4 * i) + e;
-            float m;
-            if (dir == 0) m = s <= row ? __expf(b[row] - b[s]) * beta[s] : 0.0f;
-            else m = s >= row ? __expf(b[s] - b[row]) : 0.0f;
-            v[e] *= m;
+        for (int j = 0; j < MAXC; j++) {
+            int tt = t0 + r0 + i, c = cl + 16 * j;
+            t->v[i][j] = (j < nc && tt < g->T && c < d) ? ld(src, tok_index(g, pair, tt) * d + c) : 0.0f;
         }
-        ((float4 *)(Ss + row * (CH + 4)))[cg + 4 * i] = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+__device__ void tile_store(bf16 *dst, const Tile *t, const Geo *g, int pair, int t0, int d, int nc) {
+    int r0 = t_row0(), cl = t_col();
+#pragma unroll
+    for (int i = 0; i < RPT; i++)
+#pragma unroll
+        for (int j = 0; j < MAXC; j++) {
+            int tt = t0 + r0 + i, c = cl + 16 * j;
+            if (j < nc && tt < g->T && c < d) st(dst, tok_index(g, pair, tt) * d + c, t->v[i][j]);
+        }
+}
+
+// Writes the tile k-major into smem: Mt[c * LDT + r] (the left operand of the next products).
+__device__ __forceinline__ void tile_store_t(float *Mt, const Tile *t, int nc) {
+    int r0 = t_row0(), cl = t_col();
+#pragma unroll
+    for (int j = 0; j < MAXC; j++)
+        if (j < nc)
+            *(float4 *)(Mt + (cl + 16 * j) * LDT + r0) = make_float4(t->v[0][j], t->v[1][j], t->v[2][j], t->v[3][j]);
+}
+
+// -------------------------------------------------------------- the GLA forms
+
+// acc = scale (.) A S for the thread's tile: A k-major in smem (At[k][row]),
+// S row-major [dk][lds]. Overwrites acc.
+__device__ __forceinline__ void tile_state(Tile *acc, const float *At, const float *S, int lds, int dk, int nc,
+                                           const float scale[RPT]) {
+    int r0 = t_row0(), cl = t_col();
+    tile_zero(acc);
+    for (int k = 0; k < dk; k++) {
+        float4 a = *(const float4 *)(At + k * LDT + r0);
+        const float *srow = S + k * lds + cl;
+#pragma unroll
+        for (int j = 0; j < MAXC; j++)
+            if (j < nc) {
+                float b = srow[16 * j];
+                acc->v[0][j] += a.x * b;
+                acc->v[1][j] += a.y * b;
+                acc->v[2][j] += a.z * b;
+                acc->v[3][j] += a.w * b;
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < RPT; i++)
+#pragma unroll
+        for (int j = 0; j < MAXC; j++) acc->v[i][j] *= scale[i];
+}
+
+// St[s][row] = mask(row, s) A[row] . B[s] over the chunk: A and B k-major
+// (At[k][row], Bt[k][s]). Forward mask (dir 0): exp(b_row - b_s) beta_s for
+// s <= row; backward (dir 1): exp(b_s - b_row) for s >= row.
+__device__ __forceinline__ void tile_scores(float *St, const float *At, const float *Bt, int dk, const float *b,
+                                            const float *beta, int dir) {
+    int r0 = t_row0(), cl = t_col();
+    float acc[RPT][CH / 16];
+#pragma unroll
+    for (int i = 0; i < RPT; i++)
+#pragma unroll
+        for (int u = 0; u < CH / 16; u++) acc[i][u] = 0;
+    for (int k = 0; k < dk; k++) {
+        float4 a = *(const float4 *)(At + k * LDT + r0);
+        const float *brow = Bt + k * LDT + cl;
+#pragma unroll
+        for (int u = 0; u < CH / 16; u++) {
+            float bb = brow[16 * u];
+            acc[0][u] += a.x * bb;
+            acc[1][u] += a.y * bb;
+            acc[2][u] += a.z * bb;
+            acc[3][u] += a.w * bb;
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < CH / 16; u++) {
+        int s = cl + 16 * u;
+        float m[RPT];
+#pragma unroll
+        for (int i = 0; i < RPT; i++) {
+            int r = r0 + i;
+            if (dir == 0) m[i] = s <= r ? __expf(b[r] - b[s]) * beta[s] : 0.0f;
+            else m[i] = s >= r ? __expf(b[s] - b[r]) : 0.0f;
+        }
+        *(float4 *)(St + s * LDT + r0) = make_float4(acc[0][u] * m[0], acc[1][u] * m[1], acc[2][u] * m[2], acc[3][u] * m[3]);
     }
 }
 
-// acc += Scores[row, :] . Bm[:, cols]  (only the causal half is non-zero)
-__device__ __forceinline__ void form_scores(float4 acc[MAXJ], const float *Ss, const float *Bm, int ldb, int nj, int row,
-                                            int cg, int dir) {
-    int s0 = dir == 0 ? 0 : row, s1 = dir == 0 ? row + 1 : CH;
+// acc += scores . Bm (Bm row-major [CH][ldb]), over the causal range only (the
+// scores are zero elsewhere).
+__device__ __forceinline__ void tile_scores_times(Tile *acc, const float *St, const float *Bm, int ldb, int nc, int dir) {
+    int r0 = t_row0(), cl = t_col();
+    int s0 = dir == 0 ? 0 : r0, s1 = dir == 0 ? r0 + RPT : CH;
     for (int s = s0; s < s1; s++) {
-        float a = Ss[row * (CH + 4) + s];
-        const float4 *b4 = (const float4 *)(Bm + s * ldb);
+        float4 a = *(const float4 *)(St + s * LDT + r0);
+        const float *brow = Bm + s * ldb + cl;
 #pragma unroll
-        for (int j = 0; j < MAXJ; j++)
-            if (j < nj) fma4(&acc[j], a, b4[cg + 4 * j]);
+        for (int j = 0; j < MAXC; j++)
+            if (j < nc) {
+                float bb = brow[16 * j];
+                acc->v[0][j] += a.x * bb;
+                acc->v[1][j] += a.y * bb;
+                acc->v[2][j] += a.z * bb;
+                acc->v[3][j] += a.w * bb;
+            }
     }
-}
-
-// Writes this thread's chunks of a row vector into smem row `row` (stride ld).
-__device__ __forceinline__ void put_row(float *M, int ld, const float4 v[MAXJ], int nj, int row, int cg) {
-#pragma unroll
-    for (int j = 0; j < MAXJ; j++)
-        if (j < nj) ((float4 *)(M + row * ld))[cg + 4 * j] = v[j];
-}
-
-__device__ __forceinline__ void get_row(float4 v[MAXJ], const float *M, int ld, int nj, int row, int cg) {
-#pragma unroll
-    for (int j = 0; j < MAXJ; j++) v[j] = j < nj ? ((const float4 *)(M + row * ld))[cg + 4 * j] : f4(0);
-}
-
-__device__ __forceinline__ float row_dot(const float4 a[MAXJ], const float4 b[MAXJ], int nj) {
-    float s = 0;
-#pragma unroll
-    for (int j = 0; j < MAXJ; j++)
-        if (j < nj) s += dot4(a[j], b[j]);
-    return row_sum(s);
 }
 
 // Shared-memory layout of the chunk kernels (floats).
 typedef struct {
-    float *Hs;   // [Dp][Dp]: chunk-entry H (also G or its transpose, state adjoints)
-    float *Ks;   // [CH][Dp]: keys
-    float *Kt;   // [Dp][CH]: keys transposed (or another transposed operand)
-    float *Ps;   // [CH][ldp]: the operand of the current product (CG direction, X, Delta, ...)
-    float *Ss;   // [CH][CH+4]: masked scores
-    float *Vs;   // [CH][Dvp]: values (or another operand; the Jacobi diagonal during CG)
-    float *b, *beta, *lam, *red;  // [CH], [CH], [Dp], [Dp] scratch for column sums
-    int ldp;
+    float *Hs;   // [Dm][Dm]  the state term's matrix (H, G or its transpose, an adjoint)
+    float *At;   // [Dm][LDT] the left operand, k-major (CG direction, X, K, V, Delta)
+    float *Bt;   // [Dm][LDT] the scores' right operand, k-major (K, V, X, Y, Delta)
+    float *Bm;   // [CH][Dm]  the matrix the scores multiply, row-major (K, V, Delta, Y, X)
+    float *St;   // [CH][LDT] masked scores, transposed
+    float *Dg;   // [CH][Dm]  the Jacobi diagonal
+    float *b, *beta, *lam, *red;  // [CH], [CH], [Dm], [Dm]
 } Smem;
 
 static size_t smem_floats(int Dp, int Dvp) {
-    int dm = Dp > Dvp ? Dp : Dvp;
-    return (size_t)dm * dm + (size_t)CH * dm + (size_t)dm * CH + (size_t)CH * (dm + 4) + (size_t)CH * (CH + 4) +
-           (size_t)CH * dm + 2 * CH + 2 * dm;
+    size_t dm = Dp > Dvp ? Dp : Dvp;
+    return dm * dm + 2 * dm * LDT + 2 * CH * dm + (size_t)CH * LDT + 2 * CH + 2 * dm;
 }
 
 __device__ Smem carve(float *base, const Geo *g) {
     int dm = max(g->Dp, g->Dvp);
     Smem s;
     s.Hs = base;
-    s.Ks = s.Hs + dm * dm;
-    s.Kt = s.Ks + CH * dm;
-    s.Ps = s.Kt + dm * CH;
-    s.ldp = dm + 4;
-    s.Ss = s.Ps + CH * s.ldp;
-    s.Vs = s.Ss + CH * (CH + 4);
-    s.b = s.Vs + CH * dm;
+    s.At = s.Hs + dm * dm;
+    s.Bt = s.At + dm * LDT;
+    s.Bm = s.Bt + dm * LDT;
+    s.St = s.Bm + CH * dm;
+    s.Dg = s.St + CH * LDT;
+    s.b = s.Dg + CH * dm;
     s.beta = s.b + CH;
     s.lam = s.beta + CH;
     s.red = s.lam + dm;
     return s;
 }
 
-// A(P) for every row: eb * P Hc + ((P K^T) (.) M) K + lambda (.) P, P taken
-// from registers (written to Ps). Rows that have stopped pass p = 0.
-__device__ void apply_operator(float4 ap[MAXJ], const float4 p[MAXJ], const Smem *s, const Geo *g, int row, int cg,
-                               int with_lambda) {
-    int nj = g->Dp / 16;
-    __syncthreads();  // everyone is done reading Ps and Ss from the previous use
-    put_row(s->Ps, s->ldp, p, nj, row, cg);
-    __syncthreads();
-    scores(s->Ss, s->Ps, s->ldp, s->Kt, CH, g->Dp, s->b, s->beta, 0, row, cg);
+__device__ __forceinline__ void row_decays(float out[RPT], const float *b, float base, int sign) {
+    int r0 = t_row0();
 #pragma unroll
-    for (int j = 0; j < MAXJ; j++) ap[j] = f4(0);
-    form_state(ap, s->Ps, s->ldp, s->Hs, g->Dp, g->Dp, nj, row, cg, __expf(s->b[row]));
+    for (int i = 0; i < RPT; i++) out[i] = __expf(sign > 0 ? b[r0 + i] : base - b[r0 + i]);
+}
+
+// A(P) for the tile's rows: e^b (.) P Hc + ((P K^T) (.) M) K + lambda (.) P,
+// with Hs = Hc, Bt = K^T, Bm = K in smem. Rows that stopped pass p = 0.
+__device__ void apply_operator(Tile *ap, const Tile *p, const Smem *s, const Geo *g, int with_lambda) {
+    int nc = g->Dp / 16, cl = t_col();
+    __syncthreads();  // the previous readers of At and St are done
+    tile_store_t(s->At, p, nc);
+    __syncthreads();
+    tile_scores(s->St, s->At, s->Bt, g->Dp, s->b, s->beta, 0);
+    float eb[RPT];
+    row_decays(eb, s->b, 0, 1);
+    tile_state(ap, s->At, s->Hs, g->Dp, g->Dp, nc, eb);
     __syncthreads();  // the scores are complete
-    form_scores(ap, s->Ss, s->Ks, g->Dp, nj, row, cg, 0);
+    tile_scores_times(ap, s->St, s->Bm, g->Dp, nc, 0);
     if (with_lambda)
 #pragma unroll
-        for (int j = 0; j < MAXJ; j++)
-            if (j < nj) {
-                float4 l = ((const float4 *)s->lam)[cg + 4 * j];
-                ap[j].x += l.x * p[j].x;
-                ap[j].y += l.y * p[j].y;
-                ap[j].z += l.z * p[j].z;
-                ap[j].w += l.w * p[j].w;
+        for (int j = 0; j < MAXC; j++)
+            if (j < nc) {
+                float l = s->lam[cl + 16 * j];
+#pragma unroll
+                for (int i = 0; i < RPT; i++) ap->v[i][j] += l * p->v[i][j];
             }
 }
 
-// Jacobi diagonal of each row's A_t into Vs: eb_t diag(Hc) + sum_{s<=t} e^{b_t-b_s} beta_s k_s^2 + lambda.
-__device__ void jacobi_diagonal(const Smem *s, const Geo *g, int row, int cg) {
-    int nj = g->Dp / 16;
-    float eb = __expf(s->b[row]);
+// The Jacobi diagonal of each row's A_t into Dg: e^{b_t} diag(Hc) + sum_{s<=t} e^{b_t-b_s} beta_s k_s^2 + lambda.
+__device__ void jacobi_diagonal(const Smem *s, const Geo *g) {
+    int nc = g->Dp / 16, r0 = t_row0(), cl = t_col(), dm = max(g->Dp, g->Dvp);
 #pragma unroll
-    for (int j = 0; j < MAXJ; j++)
-        if (j < nj) {
-            float d[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int c = 4 * (cg + 4 * j) + e;
-                float acc = eb * s->Hs[c * g->Dp + c] + s->lam[c];
-                for (int t = 0; t <= row; t++) {
-                    float k = s->Ks[t * g->Dp + c];
-                    acc += __expf(s->b[row] - s->b[t]) * s->beta[t] * k * k;
-                }
-                d[e] = acc;
+    for (int i = 0; i < RPT; i++) {
+        int r = r0 + i;
+        float eb = __expf(s->b[r]);
+        for (int j = 0; j < nc; j++) {
+            int c = cl + 16 * j;
+            float acc = eb * s->Hs[c * g->Dp + c] + s->lam[c];
+            for (int t = 0; t <= r; t++) {
+                float kv = s->Bm[t * g->Dp + c];
+                acc += __expf(s->b[r] - s->b[t]) * s->beta[t] * kv * kv;
             }
-            ((float4 *)(s->Vs + row * g->Dp))[cg + 4 * j] = make_float4(d[0], d[1], d[2], d[3]);
+            s->Dg[r * dm + c] = acc;
         }
+    }
     __syncthreads();
 }
 
-// Conjugate gradient for the chunk's rows (spec section 2), rhs in registers;
-// x returned in registers, steps per row into *steps. The whole block stops
-// when every row has met its tolerance (or the floor), or after max_steps.
-__device__ void cg_solve(float4 x[MAXJ], const float4 q[MAXJ], const Smem *s, const Geo *g, int row, int cg, int *steps,
-                         int use_given, const float4 x0[MAXJ]) {
-    int nj = g->Dp / 16, jac = g->precond || g->init == MN_CG_INIT_JACOBI;
-    float4 r[MAXJ], p[MAXJ], ap[MAXJ];
-    if (jac) jacobi_diagonal(s, g, row, cg);
-    float4 dg[MAXJ];
-    if (jac) get_row(dg, s->Vs, g->Dp, nj, row, cg);
-    int nonzero_guess = use_given || g->init == MN_CG_INIT_JACOBI;
+// z = r / diag (Jacobi) or r.
+__device__ __forceinline__ void precondition(Tile *z, const Tile *r, const Smem *s, const Geo *g, int use) {
+    int nc = g->Dp / 16, r0 = t_row0(), cl = t_col(), dm = max(g->Dp, g->Dvp);
 #pragma unroll
-    for (int j = 0; j < MAXJ; j++) {
-        if (use_given) x[j] = x0[j];
-        else if (g->init == MN_CG_INIT_JACOBI && j < nj)
-            x[j] = make_float4(q[j].x / dg[j].x, q[j].y / dg[j].y, q[j].z / dg[j].z, q[j].w / dg[j].w);
-        else x[j] = f4(0);
-    }
-    if (nonzero_guess) {
-        apply_operator(ap, x, s, g, row, cg, 1);
+    for (int i = 0; i < RPT; i++)
 #pragma unroll
-        for (int j = 0; j < MAXJ; j++)
-            r[j] = make_float4(q[j].x - ap[j].x, q[j].y - ap[j].y, q[j].z - ap[j].z, q[j].w - ap[j].w);
+        for (int j = 0; j < MAXC; j++)
+            z->v[i][j] = (use && j < nc) ? r->v[i][j] / s->Dg[(r0 + i) * dm + cl + 16 * j] : r->v[i][j];
+}
+
+// Conjugate gradient for the chunk's rows (spec section 2): q in, x out,
+// steps per row. A row stops at its tolerance (or the floor); the block stops
+// when all rows have, or after max_steps. Shuffles are always made by all 16
+// threads of a row group (stopped rows carry p = 0), never in divergent code.
+__device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, int steps[RPT], const Tile *x0,
+                         int use_given) {
+    int nc = g->Dp / 16, jac = g->precond || g->init == MN_CG_INIT_JACOBI;
+    Tile r, p, ap;
+    if (jac) jacobi_diagonal(s, g);
+    if (use_given) {
+        *x = *x0;
+    } else if (g->init == MN_CG_INIT_JACOBI) {
+        precondition(x, q, s, g, 1);
     } else {
-#pragma unroll
-        for (int j = 0; j < MAXJ; j++) r[j] = q[j];
+        tile_zero(x);
     }
-    float thresh = g->tol2 * row_dot(q, q, nj);
-    int active = row_dot(r, r, nj) > thresh;
+    if (use_given || g->init == MN_CG_INIT_JACOBI) {
+        apply_operator(&ap, x, s, g, 1);
 #pragma unroll
-    for (int j = 0; j < MAXJ; j++)
-        p[j] = g->precond && j < nj ? make_float4(r[j].x / dg[j].x, r[j].y / dg[j].y, r[j].z / dg[j].z, r[j].w / dg[j].w)
-                                    : r[j];
-    float rz = row_dot(r, p, nj);
-    *steps = 0;
+        for (int i = 0; i < RPT; i++)
+#pragma unroll
+            for (int j = 0; j < MAXC; j++) r.v[i][j] = q->v[i][j] - ap.v[i][j];
+    } else {
+        r = *q;
+    }
+    float qq[RPT], rr[RPT], rz[RPT], thresh[RPT];
+    int active[RPT];
+    tile_dot(qq, q, q, nc);
+    tile_dot(rr, &r, &r, nc);
+    precondition(&p, &r, s, g, g->precond);
+    tile_dot(rz, &r, &p, nc);
+#pragma unroll
+    for (int i = 0; i < RPT; i++) {
+        thresh[i] = g->tol2 * qq[i];
+        active[i] = rr[i] > thresh[i];
+        steps[i] = 0;
+        if (!active[i])
+#pragma unroll
+            for (int j = 0; j < MAXC; j++) p.v[i][j] = 0;
+    }
     for (int step = 1; step <= g->max_steps; step++) {
-        if (!__syncthreads_or(active)) break;
-        float4 pin[MAXJ];
+        if (!__syncthreads_or(active[0] | active[1] | active[2] | active[3])) break;
+        apply_operator(&ap, &p, s, g, 1);
+        float pap[RPT];
+        tile_dot(pap, &p, &ap, nc);
 #pragma unroll
-        for (int j = 0; j < MAXJ; j++) pin[j] = active ? p[j] : f4(0);
-        apply_operator(ap, pin, s, g, row, cg, 1);
-        float pap = row_dot(pin, ap, nj);
-        if (!active) continue;
-        if (!(pap > 0) || !(rz > 0)) {  // converged exactly, or non-finite input
-            active = 0;
-            continue;
-        }
-        float alpha = rz / pap;
-#pragma unroll
-        for (int j = 0; j < MAXJ; j++) {
-            fma4(&x[j], alpha, p[j]);
-            fma4(&r[j], -alpha, ap[j]);
-        }
-        *steps = step;
-        if (!(row_dot(r, r, nj) > thresh)) {
-            active = 0;
-            continue;
-        }
-        float4 z[MAXJ];
-#pragma unroll
-        for (int j = 0; j < MAXJ; j++)
-            z[j] = g->precond && j < nj
-                       ? make_float4(r[j].x / dg[j].x, r[j].y / dg[j].y, r[j].z / dg[j].z, r[j].w / dg[j].w)
-                       : r[j];
-        float rz_new = row_dot(r, z, nj), beta = rz_new / rz;
-#pragma unroll
-        for (int j = 0; j < MAXJ; j++)
-            p[j] = make_float4(z[j].x + beta * p[j].x, z[j].y + beta * p[j].y, z[j].z + beta * p[j].z,
-                               z[j].w + beta * p[j].w);
-        rz = rz_new;
-    }
-}
-
-// Reads this thread's part of a row from a [B,T,H,d] bf16 tensor (zero past the end).
-__device__ void row_from_global(float4 v[MAXJ], const bf16 *src, const Geo *g, int pair, int t, int d, int nj, int cg) {
-#pragma unroll
-    for (int j = 0; j < MAXJ; j++) {
-        float e[4] = {0, 0, 0, 0};
-        if (j < nj && t < g->T)
-            for (int i = 0; i < 4; i++) {
-                int c = 4 * (cg + 4 * j) + i;
-                if (c < d) e[i] = ld(src, tok_index(g, pair, t) * d + c);
+        for (int i = 0; i < RPT; i++) {
+            if (!active[i]) continue;
+            if (!(pap[i] > 0) || !(rz[i] > 0)) {  // converged exactly, or non-finite input
+                active[i] = 0;
+                continue;
             }
-        v[j] = make_float4(e[0], e[1], e[2], e[3]);
-    }
-}
-
-__device__ void row_to_global(bf16 *dst, const float4 v[MAXJ], const Geo *g, int pair, int t, int d, int nj, int cg) {
-    if (t >= g->T) return;
+            float alpha = rz[i] / pap[i];
 #pragma unroll
-    for (int j = 0; j < MAXJ; j++)
-        if (j < nj) {
-            float e[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
-            for (int i = 0; i < 4; i++) {
-                int c = 4 * (cg + 4 * j) + i;
-                if (c < d) st(dst, tok_index(g, pair, t) * d + c, e[i]);
+            for (int j = 0; j < MAXC; j++) {
+                x->v[i][j] += alpha * p.v[i][j];
+                r.v[i][j] -= alpha * ap.v[i][j];
             }
+            steps[i] = step;
         }
+        tile_dot(rr, &r, &r, nc);
+#pragma unroll
+        for (int i = 0; i < RPT; i++)
+            if (active[i] && !(rr[i] > thresh[i])) active[i] = 0;
+        precondition(&ap, &r, s, g, g->precond);  // z, in the space of ap
+        float rzn[RPT];
+        tile_dot(rzn, &r, &ap, nc);
+#pragma unroll
+        for (int i = 0; i < RPT; i++) {
+            float beta = active[i] ? rzn[i] / rz[i] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < MAXC; j++) p.v[i][j] = active[i] ? ap.v[i][j] + beta * p.v[i][j] : 0.0f;
+            if (active[i]) rz[i] = rzn[i];
+        }
+    }
 }
 
 // ---------------------------------------------------------------- the kernels
@@ -429,44 +474,47 @@ __global__ void states_kernel(float *states, const bf16 *k, const bf16 *v, const
     }
 }
 
-// Forward per chunk: CG for the chunk's systems, then the output.
+// Forward per chunk: CG for the chunk's systems, then the output
+// O = e^b (.) X G^T + ((X K^T) (.) M) V.
 __global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q,
                                                            const bf16 *k, const bf16 *v, const float *glog,
                                                            const float *gbeta, const float *lambda, const float *states,
                                                            const bf16 *x0, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, row = threadIdx.x >> 2, cg = threadIdx.x & 3;
-    int h = pair % g.H, nj = g.Dp / 16, njv = g.Dvp / 16;
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = g.Dp / 16, ncv = g.Dvp / 16;
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
     load_mat(s.Hs, g.Dp, st_in, g.Dk, g.Dk, g.Dp, g.Dp, 0);
-    load_rows(s.Ks, g.Dp, k, &g, pair, t0, g.Dk, g.Dp);
-    load_rows_t(s.Kt, CH, k, &g, pair, t0, g.Dk, g.Dp);
+    load_rows(s.Bm, g.Dp, k, &g, pair, t0, g.Dk, g.Dp);
+    load_rows_t(s.Bt, k, &g, pair, t0, g.Dk, g.Dp);
     for (int i = threadIdx.x; i < g.Dp; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
-    float4 qv[MAXJ], xs[MAXJ], xg[MAXJ];
-    row_from_global(qv, q, &g, pair, t0 + row, g.Dk, nj, cg);
-    if (x0) row_from_global(xg, x0, &g, pair, t0 + row, g.Dk, nj, cg);
-    int steps;
-    cg_solve(xs, qv, &s, &g, row, cg, &steps, x0 != NULL, xg);
-    row_to_global(x_out, xs, &g, pair, t0 + row, g.Dk, nj, cg);
-    if (steps_out && t0 + row < g.T && cg == 0) steps_out[tok_index(&g, pair, t0 + row)] = steps;
-    // O = eb (.) X G^T + ((X K^T) (.) M) V
+    Tile qt, xt, x0t;
+    tile_load(&qt, q, &g, pair, t0, g.Dk, nc);
+    if (x0) tile_load(&x0t, x0, &g, pair, t0, g.Dk, nc);
+    int steps[RPT];
+    cg_solve(&xt, &qt, &s, &g, steps, &x0t, x0 != NULL);
+    tile_store(x_out, &xt, &g, pair, t0, g.Dk, nc);
+    if (steps_out && t_col() == 0)
+        for (int i = 0; i < RPT; i++) {
+            int t = t0 + t_row0() + i;
+            if (t < g.T) steps_out[tok_index(&g, pair, t)] = steps[i];
+        }
     __syncthreads();
-    put_row(s.Ps, s.ldp, xs, nj, row, cg);
+    tile_store_t(s.At, &xt, nc);
     load_mat(s.Hs, g.Dvp, st_in + hh, g.Dv, g.Dk, g.Dvp, g.Dp, 1);  // G^T: [Dk][Dv]
-    load_rows(s.Vs, g.Dvp, v, &g, pair, t0, g.Dv, g.Dvp);
+    load_rows(s.Bm, g.Dvp, v, &g, pair, t0, g.Dv, g.Dvp);
     __syncthreads();
-    scores(s.Ss, s.Ps, s.ldp, s.Kt, CH, g.Dp, s.b, s.beta, 0, row, cg);
-    float4 out[MAXJ];
-#pragma unroll
-    for (int j = 0; j < MAXJ; j++) out[j] = f4(0);
-    form_state(out, s.Ps, s.ldp, s.Hs, g.Dvp, g.Dp, njv, row, cg, __expf(s.b[row]));
+    tile_scores(s.St, s.At, s.Bt, g.Dp, s.b, s.beta, 0);
+    float eb[RPT];
+    row_decays(eb, s.b, 0, 1);
+    Tile out;
+    tile_state(&out, s.At, s.Hs, g.Dvp, g.Dp, ncv, eb);
     __syncthreads();
-    form_scores(out, s.Ss, s.Vs, g.Dvp, njv, row, cg, 0);
-    row_to_global(o, out, &g, pair, t0 + row, g.Dv, njv, cg);
+    tile_scores_times(&out, s.St, s.Bm, g.Dvp, ncv, 0);
+    tile_store(o, &out, &g, pair, t0, g.Dv, ncv);
 }
 
 // Backward, per chunk: R = G_t^T delta, Y = A^{-1} R (the second solve);
@@ -475,77 +523,76 @@ __global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out,
 // to dlambda.
 __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_out, float *tok_terms, float *dlambda,
                                                             int *steps_out, const bf16 *k, const bf16 *v, const bf16 *x,
-                                                            const bf16 *dout, const float *glog,
-                                                            const float *gbeta, const float *lambda,
-                                                            const float *states, Geo g) {
+                                                            const bf16 *dout, const float *glog, const float *gbeta,
+                                                            const float *lambda, const float *states, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, row = threadIdx.x >> 2, cg = threadIdx.x & 3;
-    int h = pair % g.H, nj = g.Dp / 16, njv = g.Dvp / 16;
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = g.Dp / 16;
+    int r0 = t_row0(), cl = t_col();
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
-    // R = eb (.) Delta G + ((Delta V^T) (.) M) K
-    float4 dv_row[MAXJ];
-    row_from_global(dv_row, dout, &g, pair, t0 + row, g.Dv, njv, cg);
-    put_row(s.Ps, s.ldp, dv_row, njv, row, cg);
+    // R = e^b (.) Delta G + ((Delta V^T) (.) M) K
+    load_rows_t(s.At, dout, &g, pair, t0, g.Dv, g.Dvp);            // Delta, k-major
     load_mat(s.Hs, g.Dp, st_in + hh, g.Dv, g.Dk, g.Dvp, g.Dp, 0);  // G: [Dv][Dk]
-    load_rows_t(s.Kt, CH, v, &g, pair, t0, g.Dv, g.Dvp);          // V^T
-    load_rows(s.Ks, g.Dp, k, &g, pair, t0, g.Dk, g.Dp);
+    load_rows_t(s.Bt, v, &g, pair, t0, g.Dv, g.Dvp);               // V, k-major
+    load_rows(s.Bm, g.Dp, k, &g, pair, t0, g.Dk, g.Dp);            // K
     for (int i = threadIdx.x; i < g.Dp; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
-    scores(s.Ss, s.Ps, s.ldp, s.Kt, CH, g.Dvp, s.b, s.beta, 0, row, cg);
-    float4 rhs[MAXJ];
-#pragma unroll
-    for (int j = 0; j < MAXJ; j++) rhs[j] = f4(0);
-    form_state(rhs, s.Ps, s.ldp, s.Hs, g.Dp, g.Dvp, nj, row, cg, __expf(s.b[row]));
+    tile_scores(s.St, s.At, s.Bt, g.Dvp, s.b, s.beta, 0);
+    float eb[RPT];
+    row_decays(eb, s.b, 0, 1);
+    Tile rhs;
+    tile_state(&rhs, s.At, s.Hs, g.Dp, g.Dvp, nc, eb);
     __syncthreads();
-    form_scores(rhs, s.Ss, s.Ks, g.Dp, nj, row, cg, 0);
+    tile_scores_times(&rhs, s.St, s.Bm, g.Dp, nc, 0);
     // the second solve, with the forward's operator
     __syncthreads();
     load_mat(s.Hs, g.Dp, st_in, g.Dk, g.Dk, g.Dp, g.Dp, 0);
-    load_rows_t(s.Kt, CH, k, &g, pair, t0, g.Dk, g.Dp);
+    load_rows_t(s.Bt, k, &g, pair, t0, g.Dk, g.Dp);
     __syncthreads();
-    float4 y[MAXJ], none[MAXJ];
-    int steps;
-    cg_solve(y, rhs, &s, &g, row, cg, &steps, 0, none);
-    if (steps_out && t0 + row < g.T && cg == 0) steps_out[tok_index(&g, pair, t0 + row)] = steps;
-    float4 xr[MAXJ], ylx[MAXJ];
-    row_from_global(xr, x, &g, pair, t0 + row, g.Dk, nj, cg);
+    Tile y, xt;
+    int steps[RPT];
+    cg_solve(&y, &rhs, &s, &g, steps, &y, 0);
+    tile_load(&xt, x, &g, pair, t0, g.Dk, nc);
+    // y.(lambda (.) x) per token, and -sum over the chunk's rows of y (.) x for dlambda
+    Tile lx;
 #pragma unroll
-    for (int j = 0; j < MAXJ; j++) {
-        float4 l = j < nj ? ((const float4 *)s.lam)[cg + 4 * j] : f4(0);
-        ylx[j] = make_float4(l.x * xr[j].x, l.y * xr[j].y, l.z * xr[j].z, l.w * xr[j].w);
-    }
-    float y_lx = row_dot(y, ylx, nj);
-    int t = t0 + row;
-    if (t < g.T) {
-        row_to_global(dq, y, &g, pair, t, g.Dk, nj, cg);
+    for (int j = 0; j < MAXC; j++) {
+        float l = j < nc ? s.lam[cl + 16 * j] : 0.0f;
 #pragma unroll
-        for (int j = 0; j < MAXJ; j++)
-            if (j < nj) {
-                float e[4] = {y[j].x, y[j].y, y[j].z, y[j].w};
-                for (int i = 0; i < 4; i++) {
-                    int cc = 4 * (cg + 4 * j) + i;
-                    if (cc < g.Dk) y_out[tok_index(&g, pair, t) * g.Dk + cc] = e[i];
-                }
-            }
-        if (cg == 0) tok_terms[tok_index(&g, pair, t)] = y_lx;
+        for (int i = 0; i < RPT; i++) lx.v[i][j] = l * xt.v[i][j];
     }
-    // dlambda -= sum over the chunk's rows of y (.) x, reduced in shared memory first
+    float ylx[RPT];
+    tile_dot(ylx, &y, &lx, nc);
+    tile_store(dq, &y, &g, pair, t0, g.Dk, nc);
+#pragma unroll
+    for (int i = 0; i < RPT; i++) {
+        int t = t0 + r0 + i;
+        if (t >= g.T) continue;
+        size_t ti = tok_index(&g, pair, t);
+#pragma unroll
+        for (int j = 0; j < MAXC; j++) {
+            int cc = cl + 16 * j;
+            if (j < nc && cc < g.Dk) y_out[ti * g.Dk + cc] = y.v[i][j];
+        }
+        if (cl == 0) {
+            tok_terms[ti] = ylx[i];
+            if (steps_out) steps_out[ti] = steps[i];
+        }
+    }
     __syncthreads();
     for (int i = threadIdx.x; i < g.Dp; i += NT) s.red[i] = 0;
     __syncthreads();
-    if (t < g.T)
 #pragma unroll
-        for (int j = 0; j < MAXJ; j++)
-            if (j < nj) {
-                int cc = 4 * (cg + 4 * j);
-                atomicAdd(&s.red[cc], -y[j].x * xr[j].x);
-                atomicAdd(&s.red[cc + 1], -y[j].y * xr[j].y);
-                atomicAdd(&s.red[cc + 2], -y[j].z * xr[j].z);
-                atomicAdd(&s.red[cc + 3], -y[j].w * xr[j].w);
-            }
+    for (int j = 0; j < MAXC; j++) {
+        if (j >= nc) continue;
+        float acc = 0;
+#pragma unroll
+        for (int i = 0; i < RPT; i++)
+            if (t0 + r0 + i < g.T) acc -= y.v[i][j] * xt.v[i][j];
+        atomicAdd(&s.red[cl + 16 * j], acc);
+    }
     __syncthreads();
     for (int i = threadIdx.x; i < g.Dk; i += NT) atomicAdd(&dlambda[(size_t)h * g.Dk + i], s.red[i]);
 }
@@ -622,87 +669,85 @@ __global__ void adjoints_kernel(float *adj, float *dh0, float *dg0, float *db_fi
 //   P  = ((K X^T) (.) D^T) Delta + diag(u) K Gbar^T      Qv = ((V Delta^T) (.) D^T) X + diag(u) V Gbar
 //   R1 = ((K X^T) (.) D^T) Y + diag(u) K Hn^T            R2 = ((K Y^T) (.) D^T) X + diag(u) K Hn
 //   dv = beta P, dk = beta (Qv - R1 - R2), dbeta = v.P - k.R1, db = y.(lambda (.) x) - beta dbeta
+// (Hn = -Hbar; u = e^{b_n - b_t}, the decay from a token to the chunk's end.)
 __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out, float *dbeta_out, float *db_out,
                                                       const bf16 *k, const bf16 *v, const bf16 *x, const bf16 *dout,
                                                       const float *y, const float *tok_terms, const float *glog,
                                                       const float *gbeta, const float *adj, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, row = threadIdx.x >> 2, cg = threadIdx.x & 3;
-    int nj = g.Dp / 16, njv = g.Dvp / 16, t = t0 + row;
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = g.Dp / 16, ncv = g.Dvp / 16;
     size_t gg = (size_t)g.Dv * g.Dk, hh = (size_t)g.Dk * g.Dk;
     const float *gbar = adj + ((size_t)pair * g.nchunks + c) * (gg + hh), *hn = gbar + gg;
     int n = load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
-    float u = __expf(s.b[n - 1] - s.b[row]);  // decay from the token to the chunk's end
-    float4 P[MAXJ], Qv[MAXJ], R1[MAXJ], R2[MAXJ];
-#pragma unroll
-    for (int j = 0; j < MAXJ; j++) P[j] = Qv[j] = R1[j] = R2[j] = f4(0);
-    // Shared operand layout per product: Ps = the rows A, Kt = the transposed second operand of the
-    // scores, Vs = the matrix the scores multiply, Hs = the state term's matrix.
-    // P (Dv wide): A = K, scores with X, times Delta; state Gbar^T [Dk][Dv]
-    load_rows(s.Ps, s.ldp, k, &g, pair, t0, g.Dk, g.Dp);
-    load_rows_t(s.Kt, CH, x, &g, pair, t0, g.Dk, g.Dp);
-    load_rows(s.Vs, g.Dvp, dout, &g, pair, t0, g.Dv, g.Dvp);
+    float u[RPT];
+    row_decays(u, s.b, s.b[n - 1], -1);
+    Tile P, Qv, R1, R2;
+    // P: scores K X^T, times Delta; state Gbar^T [Dk][Dv]
+    load_rows_t(s.At, k, &g, pair, t0, g.Dk, g.Dp);
+    load_rows_t(s.Bt, x, &g, pair, t0, g.Dk, g.Dp);
+    load_rows(s.Bm, g.Dvp, dout, &g, pair, t0, g.Dv, g.Dvp);
     load_mat(s.Hs, g.Dvp, gbar, g.Dv, g.Dk, g.Dvp, g.Dp, 1);
     __syncthreads();
-    scores(s.Ss, s.Ps, s.ldp, s.Kt, CH, g.Dp, s.b, s.beta, 1, row, cg);
-    form_state(P, s.Ps, s.ldp, s.Hs, g.Dvp, g.Dp, njv, row, cg, u);
+    tile_scores(s.St, s.At, s.Bt, g.Dp, s.b, s.beta, 1);
+    tile_state(&P, s.At, s.Hs, g.Dvp, g.Dp, ncv, u);
     __syncthreads();
-    form_scores(P, s.Ss, s.Vs, g.Dvp, njv, row, cg, 1);
-    // R1 (Dk wide): same scores (K X^T), times Y; state Hn^T
+    tile_scores_times(&P, s.St, s.Bm, g.Dvp, ncv, 1);
+    // R1: the same scores, times Y; state Hn^T
     __syncthreads();
-    for (int e = threadIdx.x; e < CH * g.Dp; e += NT) {
-        int r = e / g.Dp, cc = e % g.Dp, tt = t0 + r;
-        s.Vs[r * g.Dp + cc] = (tt < g.T && cc < g.Dk) ? y[tok_index(&g, pair, tt) * g.Dk + cc] : 0.0f;
-    }
+    load_rows_f(s.Bm, g.Dp, 0, y, &g, pair, t0, g.Dk, g.Dp);
     load_mat(s.Hs, g.Dp, hn, g.Dk, g.Dk, g.Dp, g.Dp, 1);
     __syncthreads();
-    form_state(R1, s.Ps, s.ldp, s.Hs, g.Dp, g.Dp, nj, row, cg, u);
-    form_scores(R1, s.Ss, s.Vs, g.Dp, nj, row, cg, 1);
+    tile_state(&R1, s.At, s.Hs, g.Dp, g.Dp, nc, u);
+    tile_scores_times(&R1, s.St, s.Bm, g.Dp, nc, 1);
     // R2: scores K Y^T, times X; state Hn
     __syncthreads();
-    for (int e = threadIdx.x; e < CH * g.Dp; e += NT) {
-        int r = e % CH, cc = e / CH, tt = t0 + r;
-        s.Kt[cc * CH + r] = (tt < g.T && cc < g.Dk) ? y[tok_index(&g, pair, tt) * g.Dk + cc] : 0.0f;
-    }
-    load_rows(s.Vs, g.Dp, x, &g, pair, t0, g.Dk, g.Dp);
+    load_rows_f(s.Bt, 0, 1, y, &g, pair, t0, g.Dk, g.Dp);
+    load_rows(s.Bm, g.Dp, x, &g, pair, t0, g.Dk, g.Dp);
     load_mat(s.Hs, g.Dp, hn, g.Dk, g.Dk, g.Dp, g.Dp, 0);
     __syncthreads();
-    scores(s.Ss, s.Ps, s.ldp, s.Kt, CH, g.Dp, s.b, s.beta, 1, row, cg);
-    form_state(R2, s.Ps, s.ldp, s.Hs, g.Dp, g.Dp, nj, row, cg, u);
+    tile_scores(s.St, s.At, s.Bt, g.Dp, s.b, s.beta, 1);
+    tile_state(&R2, s.At, s.Hs, g.Dp, g.Dp, nc, u);
     __syncthreads();
-    form_scores(R2, s.Ss, s.Vs, g.Dp, nj, row, cg, 1);
-    // Qv: A = V, scores with Delta, times X (still in Vs); state Gbar [Dv][Dk]
+    tile_scores_times(&R2, s.St, s.Bm, g.Dp, nc, 1);
+    // Qv: scores V Delta^T, times X (still in Bm); state Gbar [Dv][Dk]
     __syncthreads();
-    load_rows(s.Ps, s.ldp, v, &g, pair, t0, g.Dv, g.Dvp);
-    load_rows_t(s.Kt, CH, dout, &g, pair, t0, g.Dv, g.Dvp);
+    load_rows_t(s.At, v, &g, pair, t0, g.Dv, g.Dvp);
+    load_rows_t(s.Bt, dout, &g, pair, t0, g.Dv, g.Dvp);
     load_mat(s.Hs, g.Dp, gbar, g.Dv, g.Dk, g.Dvp, g.Dp, 0);
     __syncthreads();
-    scores(s.Ss, s.Ps, s.ldp, s.Kt, CH, g.Dvp, s.b, s.beta, 1, row, cg);
-    form_state(Qv, s.Ps, s.ldp, s.Hs, g.Dp, g.Dvp, nj, row, cg, u);
+    tile_scores(s.St, s.At, s.Bt, g.Dvp, s.b, s.beta, 1);
+    tile_state(&Qv, s.At, s.Hs, g.Dp, g.Dvp, nc, u);
     __syncthreads();
-    form_scores(Qv, s.Ss, s.Vs, g.Dp, nj, row, cg, 1);
+    tile_scores_times(&Qv, s.St, s.Bm, g.Dp, nc, 1);
     // per-token results
-    float4 kr[MAXJ], vr[MAXJ];
-    row_from_global(kr, k, &g, pair, t, g.Dk, nj, cg);
-    row_from_global(vr, v, &g, pair, t, g.Dv, njv, cg);
-    float beta = s.beta[row];
-    float dbeta = row_dot(vr, P, njv) - row_dot(kr, R1, nj);
-    if (t >= g.T) return;
-    float4 dkr[MAXJ], dvr[MAXJ];
+    Tile kt, vt;
+    tile_load(&kt, k, &g, pair, t0, g.Dk, nc);
+    tile_load(&vt, v, &g, pair, t0, g.Dv, ncv);
+    float vp[RPT], kr[RPT];
+    tile_dot(vp, &vt, &P, ncv);
+    tile_dot(kr, &kt, &R1, nc);
+    Tile dkt, dvt;
 #pragma unroll
-    for (int j = 0; j < MAXJ; j++) {
-        dvr[j] = make_float4(beta * P[j].x, beta * P[j].y, beta * P[j].z, beta * P[j].w);
-        dkr[j] = make_float4(beta * (Qv[j].x - R1[j].x - R2[j].x), beta * (Qv[j].y - R1[j].y - R2[j].y),
-                             beta * (Qv[j].z - R1[j].z - R2[j].z), beta * (Qv[j].w - R1[j].w - R2[j].w));
+    for (int i = 0; i < RPT; i++) {
+        float beta = s.beta[t_row0() + i];
+#pragma unroll
+        for (int j = 0; j < MAXC; j++) {
+            dvt.v[i][j] = beta * P.v[i][j];
+            dkt.v[i][j] = beta * (Qv.v[i][j] - R1.v[i][j] - R2.v[i][j]);
+        }
     }
-    row_to_global(dv_out, dvr, &g, pair, t, g.Dv, njv, cg);
-    row_to_global(dk_out, dkr, &g, pair, t, g.Dk, nj, cg);
-    if (cg == 0) {
-        size_t ti = tok_index(&g, pair, t);
-        dbeta_out[ti] = dbeta;
-        db_out[ti] = tok_terms[ti] - beta * dbeta;
-    }
+    tile_store(dv_out, &dvt, &g, pair, t0, g.Dv, ncv);
+    tile_store(dk_out, &dkt, &g, pair, t0, g.Dk, nc);
+    if (t_col() == 0)
+        for (int i = 0; i < RPT; i++) {
+            int t = t0 + t_row0() + i;
+            if (t >= g.T) continue;
+            size_t ti = tok_index(&g, pair, t);
+            float dbeta = vp[i] - kr[i];
+            dbeta_out[ti] = dbeta;
+            db_out[ti] = tok_terms[ti] - s.beta[t_row0() + i] * dbeta;
+        }
 }
 
 // dg_t = sum_{u >= t} db_u (the final states' term joins the last token), one thread per pair.
