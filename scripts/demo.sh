@@ -5,11 +5,11 @@
 # train a small MesaNet on the CPU for a few minutes, evaluate it, and print a
 # generated sample. Re-running continues training where it stopped.
 #
-# Environment: MINUTES (a time limit, default 6), STEPS (default 900: the
+# Environment: MINUTES (a time limit, default 8), STEPS (default 900: the
 # cosine schedule's length, about 5 minutes on 2 cores of a Zen 5 CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MINUTES=${MINUTES:-6}
+MINUTES=${MINUTES:-8}
 STEPS=${STEPS:-900}
 
 scripts/install-deps.sh
