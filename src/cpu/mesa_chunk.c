@@ -111,12 +111,10 @@ static void jacobi_diagonal(Chunk *c) {
             c->diag[(size_t)t * dk + i] += c->cd.head[t] * c->hc[(size_t)i * dk + i] + c->lambda[i];
 }
 
-static int needs_diagonal(const MnSolver *s) { return s->precond == MN_PRECOND_JACOBI || s->init == MN_CG_INIT_JACOBI; }
-
 // Solves the chunk's n systems with right-hand sides rhs into sol.
 static void solve_chunk(Chunk *c, const MnSolver *s, const float *rhs, const float *x0, float *sol, int *steps) {
-    if (needs_diagonal(s)) jacobi_diagonal(c);
-    cg_solve(chunk_operator, c, c->cd.n, c->Dk, s, rhs, needs_diagonal(s) ? c->diag : NULL, x0, sol, steps, &c->cg);
+    if (mesa_needs_diagonal(s)) jacobi_diagonal(c);
+    cg_solve(chunk_operator, c, c->cd.n, c->Dk, s, rhs, mesa_needs_diagonal(s) ? c->diag : NULL, x0, sol, steps, &c->cg);
 }
 
 // The forward GLA form of a chunk: out = diag(e^b) X op(S) + ((X A^T) (.) D) B.
@@ -143,12 +141,6 @@ static void advance_states(Chunk *c, float *h, float *g) {
     state_advance(g, *c->cd.decay, c->v, c->kw, n, c->Dv, c->Dk);
 }
 
-static void load_states(float *h, float *g, const float *h0, const float *g0, int bh, int dk, int dv) {
-    size_t hh = (size_t)dk * dk, gg = (size_t)dv * dk;
-    if (h0) memcpy(h, h0 + bh * hh, sizeof(float) * hh); else memset(h, 0, sizeof(float) * hh);
-    if (g0) memcpy(g, g0 + bh * gg, sizeof(float) * gg); else memset(g, 0, sizeof(float) * gg);
-}
-
 size_t mesa_chunk_fwd_floats(const MnMesaDims *d, int C) {
     return chunk_floats(C, d->Dk, d->Dv) + (size_t)d->Dk * d->Dk + (size_t)d->Dv * d->Dk;
 }
@@ -157,7 +149,7 @@ void mesa_chunk_forward(const MesaPair *p, const MnSolver *s, const MnMesaFwd *i
     Chunk c;
     int dk = p->Dk, dv = p->Dv;
     float *h = chunk_init(&c, work, p->C, dk, dv), *g = h + (size_t)dk * dk;
-    load_states(h, g, io->h0, io->g0, bh, dk, dv);
+    mesa_load_states(h, g, io->h0, io->g0, bh, dk, dv);
     c.hc = h;
     c.lambda = io->lambda + (size_t)p->h * dk;
     for (int t0 = 0; t0 < p->T; t0 += p->C) {
@@ -202,7 +194,7 @@ void mesa_chunk_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *
     c.lambda = io->lambda + (size_t)p->h * dk;
 
     // Recompute the chunk-entry states (cheaper than storing them in the forward).
-    load_states(states, states + hh, io->h0, io->g0, bh, dk, dv);
+    mesa_load_states(states, states + hh, io->h0, io->g0, bh, dk, dv);
     for (int ci = 0; ci < nchunks; ci++) {
         float *cur = states + (size_t)ci * (hh + gg), *next = cur + hh + gg;
         memcpy(next, cur, sizeof(float) * (hh + gg));

@@ -7,6 +7,7 @@
 #define MN_MESA_CPU_H
 
 #include <stddef.h>
+#include <string.h>
 
 #include "mesanet.h"
 
@@ -18,6 +19,18 @@ typedef struct {
 } MesaPair;
 
 static inline size_t pair_tok(const MesaPair *p, int t) { return p->tok0 + (size_t)t * p->H; }
+
+// The states entering the sequence of pair bh: the given ones, or zero.
+static inline void mesa_load_states(float *h, float *g, const float *h0, const float *g0, int bh, int dk, int dv) {
+    size_t hh = (size_t)dk * dk, gg = (size_t)dv * dk;
+    if (h0) memcpy(h, h0 + bh * hh, sizeof(float) * hh); else memset(h, 0, sizeof(float) * hh);
+    if (g0) memcpy(g, g0 + bh * gg, sizeof(float) * gg); else memset(g, 0, sizeof(float) * gg);
+}
+
+// Jacobi preconditioning or a Jacobi initial guess needs diag(H_t + Lambda).
+static inline int mesa_needs_diagonal(const MnSolver *s) {
+    return s->precond == MN_PRECOND_JACOBI || s->init == MN_CG_INIT_JACOBI;
+}
 
 size_t mesa_chunk_fwd_floats(const MnMesaDims *d, int C);
 size_t mesa_chunk_bwd_floats(const MnMesaDims *d, int C);

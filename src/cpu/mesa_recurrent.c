@@ -35,15 +35,13 @@ static void dense_operator(void *ctx, const float *p, const int *rows, int m, fl
     }
 }
 
-static int needs_diagonal(const MnSolver *s) { return s->precond == MN_PRECOND_JACOBI || s->init == MN_CG_INIT_JACOBI; }
-
 // Solves (H + Lambda) x = q for one token.
 static void solve_token(const float *h, const float *lambda, int dk, const MnSolver *s, const float *q,
                         const float *x0, float *x, int *steps, float *diag, CgWork *cg) {
     DenseOp op = {h, lambda, dk};
-    if (needs_diagonal(s))
+    if (mesa_needs_diagonal(s))
         for (int i = 0; i < dk; i++) diag[i] = h[(size_t)i * dk + i] + lambda[i];
-    cg_solve(dense_operator, &op, 1, dk, s, q, needs_diagonal(s) ? diag : NULL, x0, x, steps, cg);
+    cg_solve(dense_operator, &op, 1, dk, s, q, mesa_needs_diagonal(s) ? diag : NULL, x0, x, steps, cg);
 }
 
 // One token of the state recurrences.
@@ -51,12 +49,6 @@ static void update_states(float *h, float *g, const float *k, const float *v, fl
                           int dv) {
     decay_rank1(h, gamma, beta, k, k, dk, dk);
     decay_rank1(g, gamma, beta, v, k, dv, dk);
-}
-
-static void load_states(float *h, float *g, const float *h0, const float *g0, int bh, int dk, int dv) {
-    size_t hh = (size_t)dk * dk, gg = (size_t)dv * dk;
-    if (h0) memcpy(h, h0 + bh * hh, sizeof(float) * hh); else memset(h, 0, sizeof(float) * hh);
-    if (g0) memcpy(g, g0 + bh * gg, sizeof(float) * gg); else memset(g, 0, sizeof(float) * gg);
 }
 
 size_t mesa_rec_fwd_floats(const MnMesaDims *d) {
@@ -68,7 +60,7 @@ void mesa_rec_forward(const MesaPair *p, const MnSolver *s, const MnMesaFwd *io,
     float *h = work, *g = h + (size_t)dk * dk, *diag = g + (size_t)dv * dk;
     CgWork cg;
     cg_work_init(&cg, diag + dk, 1, dk);
-    load_states(h, g, io->h0, io->g0, bh, dk, dv);
+    mesa_load_states(h, g, io->h0, io->g0, bh, dk, dv);
     const float *lambda = io->lambda + (size_t)p->h * dk;
     for (int t = 0; t < p->T; t++) {
         size_t ti = pair_tok(p, t);
@@ -104,7 +96,7 @@ void mesa_rec_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *io
     MnSolver s2 = *s;
     if (s2.init == MN_CG_INIT_GIVEN) s2.init = MN_CG_INIT_ZERO;  // the given guesses were for the forward
 
-    load_states(cps, cps + hh, io->h0, io->g0, bh, dk, dv);
+    mesa_load_states(cps, cps + hh, io->h0, io->g0, bh, dk, dv);
     for (int sg = 0; sg < nseg; sg++) {  // checkpoints: the state entering each segment
         float *next = cps + (size_t)(sg + 1) * hg;
         memcpy(next, next - hg, sizeof(float) * hg);

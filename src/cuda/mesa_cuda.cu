@@ -174,6 +174,14 @@ __device__ __forceinline__ void tile_store_t(float *Mt, const Tile *t, int nc) {
 
 // -------------------------------------------------------------- the GLA forms
 
+// acc[i][j] += a_i b for the thread's 4 rows (a: 4 rows of the left operand).
+__device__ __forceinline__ void fma_rows(Tile *acc, int j, float4 a, float b) {
+    acc->v[0][j] += a.x * b;
+    acc->v[1][j] += a.y * b;
+    acc->v[2][j] += a.z * b;
+    acc->v[3][j] += a.w * b;
+}
+
 // acc = scale (.) A S for the thread's tile: A k-major in smem (At[k][row]),
 // S row-major [dk][lds]. Overwrites acc.
 __device__ __forceinline__ void tile_state(Tile *acc, const float *At, const float *S, int lds, int dk, int nc,
@@ -185,13 +193,7 @@ __device__ __forceinline__ void tile_state(Tile *acc, const float *At, const flo
         const float *srow = S + k * lds + cl;
 #pragma unroll
         for (int j = 0; j < MAXC; j++)
-            if (j < nc) {
-                float b = srow[16 * j];
-                acc->v[0][j] += a.x * b;
-                acc->v[1][j] += a.y * b;
-                acc->v[2][j] += a.z * b;
-                acc->v[3][j] += a.w * b;
-            }
+            if (j < nc) fma_rows(acc, j, a, srow[16 * j]);
     }
 #pragma unroll
     for (int i = 0; i < RPT; i++)
@@ -246,13 +248,7 @@ __device__ __forceinline__ void tile_scores_times(Tile *acc, const float *St, co
         const float *brow = Bm + s * ldb + cl;
 #pragma unroll
         for (int j = 0; j < MAXC; j++)
-            if (j < nc) {
-                float bb = brow[16 * j];
-                acc->v[0][j] += a.x * bb;
-                acc->v[1][j] += a.y * bb;
-                acc->v[2][j] += a.z * bb;
-                acc->v[3][j] += a.w * bb;
-            }
+            if (j < nc) fma_rows(acc, j, a, brow[16 * j]);
     }
 }
 

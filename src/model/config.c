@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/atomic_file.h"
 #include "core/common.h"
 #include "core/json.h"
 
@@ -202,10 +203,9 @@ int config_load(ModelConfig *c, const char *spec) {
 // config.json as Hugging Face and fla read it (model_type "mesa_net"), with
 // our complete config in a "mesanet" block that takes precedence on loading.
 int config_save(const ModelConfig *c, const char *path) {
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return mn_error(MN_ERR_IO, "%s: cannot open for writing", tmp);
+    AtomicFile af;
+    MN_TRY(af_open(&af, path));
+    FILE *f = af.f;
     fprintf(f, "{\n  \"model_type\": \"mesa_net\",\n  \"architectures\": [\"MesaNetForCausalLM\"],\n");
     fprintf(f, "  \"attn_mode\": \"chunk\",\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n", c->dim, c->n_layers);
     fprintf(f, "  \"num_heads\": %d,\n  \"head_dim\": %d,\n  \"vocab_size\": %d,\n", c->n_heads, c->head_dim, c->vocab_size);
@@ -232,9 +232,7 @@ int config_save(const ModelConfig *c, const char *path) {
         fprintf(f, "%s\n", k + 1 < NFIELDS ? "," : "");
     }
     fprintf(f, "  }\n}\n");
-    if (fclose(f)) return mn_error(MN_ERR_IO, "%s: write failed", tmp);
-    if (rename(tmp, path)) return mn_error(MN_ERR_IO, "%s: cannot rename to %s", tmp, path);
-    return MN_OK;
+    return af_commit(&af);  // refuses to rename a stream that failed
 }
 
 int config_validate(const ModelConfig *c, const char *where) {

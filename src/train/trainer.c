@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/atomic_file.h"
 #include "core/common.h"
 #include "data/loader.h"
 #include "eval/eval.h"
@@ -124,26 +125,26 @@ static void fmt_duration(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
+// Copies src to dst atomically; MN_ERR_IO (without a message) when src is absent.
 static int copy_file(const char *src, const char *dst) {
     FILE *in = fopen(src, "rb");
     if (!in) return MN_ERR_IO;  // optional: the caller decides
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", dst);
-    FILE *out = fopen(tmp, "wb");
-    if (!out) {
+    AtomicFile af;
+    int s = af_open(&af, dst);
+    if (s) {
         fclose(in);
-        return mn_error(MN_ERR_IO, "%s: cannot open for writing", tmp);
+        return s;
     }
     char buf[1 << 16];
     size_t n;
-    int s = MN_OK;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, n, out) != n) s = mn_error(MN_ERR_IO, "%s: write failed", tmp);
-    if (ferror(in)) s = mn_error(MN_ERR_IO, "%s: read failed", src);
+    while (!s && (n = fread(buf, 1, sizeof buf, in)) > 0) s = af_write(&af, buf, n);
+    if (!s && ferror(in)) s = mn_error(MN_ERR_IO, "%s: read failed", src);
     fclose(in);
-    if (fclose(out) && !s) s = mn_error(MN_ERR_IO, "%s: write failed", tmp);
-    if (!s && rename(tmp, dst)) s = mn_error(MN_ERR_IO, "%s: cannot rename to %s", tmp, dst);
-    return s;
+    if (s) {
+        af_abort(&af);
+        return s;
+    }
+    return af_commit(&af);
 }
 
 static int make_dir(const char *path) {
