@@ -17,6 +17,7 @@ static const Command commands[] = {
     {"eval", cmd_eval, "perplexity, NLL by token position, CG steps; compare two models"},
     {"generate", cmd_generate, "generate text from a trained model with its recurrent state"},
     {"info", cmd_info, "parameters per component and decoding state of a config or run"},
+    {"logits", cmd_logits, "dump a model's logits for given tokens (checks against other implementations)"},
     {"bench", cmd_bench, "time the layers against this machine's matrix-product rate"},
 };
 
