@@ -1,8 +1,13 @@
-// `mesanet bench <what>`: dispatches to the benchmarks.
+// `mesanet bench <what>`: dispatches to the benchmarks; and their shared helpers.
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
+#include "core/common.h"
+#include "core/half.h"
+#include "cpu/blas.h"
 #include "tools/commands.h"
 
 int cmd_bench(int argc, char **argv) {
@@ -19,4 +24,86 @@ int cmd_bench(int argc, char **argv) {
     fprintf(f, "usage: mesanet bench <what> [options]\n\n");
     for (size_t i = 0; i < n; i++) fprintf(f, "  %-8s %s\n", benches[i].name, benches[i].help);
     return f == stderr;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double bench_median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+double bench_sgemm_gflops(int n, int reps) {
+    float *a = xcalloc((size_t)n * n, 4), *b = xcalloc((size_t)n * n, 4), *c = xcalloc((size_t)n * n, 4);
+    MnRng r;
+    mn_rng_seed(&r, 1);
+    for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = (float)mn_rng_uniform(&r) - 0.5f;
+    gemm(0, 0, n, n, n, 1, a, n, b, n, 0, c, n);  // warm-up
+    double best = 0;
+    for (int i = 0; i < reps; i++) {
+        double t = mn_now();
+        gemm(0, 0, n, n, n, 1, a, n, b, n, 0, c, n);
+        t = mn_now() - t;
+        best = fmax(best, 2.0 * n * n * (double)n / t / 1e9);
+    }
+    free(a); free(b); free(c);
+    return best;
+}
+
+int bench_parse_ints(const char *s, int *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v <= 0) return -1;
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+static double round_bf16(double x) { return bf16_to_f32(f32_to_bf16((float)x)); }
+static double keep(double x) { return x; }
+
+void bench_mesa_inputs(BenchMesaInputs *h, MnMesaDims d, uint64_t seed, double gmean, double lambda, int bf16) {
+    double (*rnd)(double) = bf16 ? round_bf16 : keep;
+    MnRng r;
+    mn_rng_seed(&r, seed);
+    h->d = d;
+    h->ng = (size_t)d.B * d.T * d.H;
+    h->nk = h->ng * d.Dk;
+    h->nv = h->ng * d.Dv;
+    h->q = xcalloc(h->nk, 8);
+    h->k = xcalloc(h->nk, 8);
+    h->v = xcalloc(h->nv, 8);
+    h->dout = xcalloc(h->nv, 8);
+    h->g = xcalloc(h->ng, 8);
+    h->beta = xcalloc(h->ng, 8);
+    h->lambda = xcalloc((size_t)d.H * d.Dk, 8);
+    for (size_t t = 0; t < h->ng; t++) {
+        double *rows[2] = {h->q + t * d.Dk, h->k + t * d.Dk};
+        for (int m = 0; m < 2; m++) {
+            double ss = 0;
+            for (int i = 0; i < d.Dk; i++) {
+                rows[m][i] = mn_rng_normal(&r);
+                ss += rows[m][i] * rows[m][i];
+            }
+            for (int i = 0; i < d.Dk; i++) rows[m][i] = rnd(rows[m][i] / sqrt(ss));
+        }
+        for (int i = 0; i < d.Dv; i++) {
+            h->v[t * d.Dv + i] = rnd(mn_rng_normal(&r));
+            h->dout[t * d.Dv + i] = rnd(mn_rng_normal(&r));
+        }
+        h->g[t] = -log1p(exp(-(mn_rng_normal(&r) + gmean)));
+        h->beta[t] = 1 / (1 + exp(-mn_rng_normal(&r)));
+    }
+    for (int i = 0; i < d.H * d.Dk; i++) h->lambda[i] = lambda;
+}
+
+void bench_mesa_inputs_free(BenchMesaInputs *h) {
+    free(h->q); free(h->k); free(h->v); free(h->dout); free(h->g); free(h->beta); free(h->lambda);
 }

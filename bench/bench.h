@@ -8,6 +8,22 @@ int bench_mesa(int argc, char **argv);
 int bench_train(int argc, char **argv);
 int bench_mesa_gpu(int argc, char **argv);
 
+// Layer-like random inputs of the Mesa core (spec section 7), in float64 on
+// the host: unit-norm q and k rows, v and dout ~ N(0, 1), forget gates
+// sigmoid(N(gmean, 1)) as log values g, input gates sigmoid(N(0, 1)), every
+// lambda the same; q, k, v and dout rounded to bf16 when bf16 is set (what a
+// GPU holds), so that an exact solve of them is the right reference.
+typedef struct {
+    MnMesaDims d;
+    size_t nk, nv, ng;  // B*T*H*Dk, B*T*H*Dv, B*T*H
+    double *q, *k, *v, *g, *beta, *lambda, *dout;
+} BenchMesaInputs;
+
+void bench_mesa_inputs(BenchMesaInputs *h, MnMesaDims d, uint64_t seed, double gmean, double lambda, int bf16);
+void bench_mesa_inputs_free(BenchMesaInputs *h);
+
+// Parses "a,b,c" positive integers into out (at most max); -1 on bad input.
+int bench_parse_ints(const char *s, int *out, int max);
 double bench_median(double *t, int n);
 // Best-of-reps rate of an n x n x n sgemm with the current threads.
 double bench_sgemm_gflops(int n, int reps);

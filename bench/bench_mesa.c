@@ -19,35 +19,7 @@
 
 #include "bench.h"
 #include "core/common.h"
-#include "cpu/blas.h"
 #include "tools/commands.h"
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-double bench_median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
-double bench_sgemm_gflops(int n, int reps) {
-    float *a = xcalloc((size_t)n * n, 4), *b = xcalloc((size_t)n * n, 4), *c = xcalloc((size_t)n * n, 4);
-    MnRng r;
-    mn_rng_seed(&r, 1);
-    for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = (float)mn_rng_uniform(&r) - 0.5f;
-    gemm(0, 0, n, n, n, 1, a, n, b, n, 0, c, n);  // warm-up
-    double best = 0;
-    for (int i = 0; i < reps; i++) {
-        double t = mn_now();
-        gemm(0, 0, n, n, n, 1, a, n, b, n, 0, c, n);
-        t = mn_now() - t;
-        best = fmax(best, 2.0 * n * n * (double)n / t / 1e9);
-    }
-    free(a); free(b); free(c);
-    return best;
-}
 
 // Layer-like random inputs (spec section 7).
 typedef struct {
@@ -56,39 +28,25 @@ typedef struct {
     int *steps_f, *steps_b;
 } Inputs;
 
-static float *rand_normal(MnRng *r, size_t n) {
-    float *x = xcalloc(n, 4);
-    for (size_t i = 0; i < n; i++) x[i] = (float)mn_rng_normal(r);
-    return x;
-}
-
-static void normalise_rows(float *x, size_t rows, int d) {
-    for (size_t i = 0; i < rows; i++) {
-        double s = 0;
-        for (int j = 0; j < d; j++) s += (double)x[i * d + j] * x[i * d + j];
-        for (int j = 0; j < d; j++) x[i * d + j] /= (float)sqrt(s);
-    }
+static float *to_float(const double *x, size_t n) {
+    float *y = xcalloc(n, 4);
+    for (size_t i = 0; i < n; i++) y[i] = (float)x[i];
+    return y;
 }
 
 static void inputs_init(Inputs *in, MnMesaDims d, float lambda, float gmean) {
-    MnRng r;
-    mn_rng_seed(&r, 42);
-    size_t ntok = (size_t)d.B * d.T * d.H, nk = ntok * d.Dk, nv = ntok * d.Dv;
+    BenchMesaInputs h;
+    bench_mesa_inputs(&h, d, 42, gmean, lambda, 0);
+    size_t ntok = h.ng, nk = h.nk, nv = h.nv;
     in->d = d;
-    in->q = rand_normal(&r, nk);
-    in->k = rand_normal(&r, nk);
-    normalise_rows(in->q, ntok, d.Dk);
-    normalise_rows(in->k, ntok, d.Dk);
-    in->v = rand_normal(&r, nv);
-    in->g = rand_normal(&r, ntok);
-    in->beta = rand_normal(&r, ntok);
-    for (size_t i = 0; i < ntok; i++) {
-        in->g[i] = -log1pf(expf(-(in->g[i] + gmean)));
-        in->beta[i] = 1 / (1 + expf(-in->beta[i]));
-    }
-    in->lambda = xcalloc((size_t)d.H * d.Dk, 4);
-    for (int i = 0; i < d.H * d.Dk; i++) in->lambda[i] = lambda;
-    in->dout = rand_normal(&r, nv);
+    in->q = to_float(h.q, nk);
+    in->k = to_float(h.k, nk);
+    in->v = to_float(h.v, nv);
+    in->g = to_float(h.g, ntok);
+    in->beta = to_float(h.beta, ntok);
+    in->lambda = to_float(h.lambda, (size_t)d.H * d.Dk);
+    in->dout = to_float(h.dout, nv);
+    bench_mesa_inputs_free(&h);
     in->o = xcalloc(nv, 4);
     in->x = xcalloc(nk, 4);
     in->dq = xcalloc(nk, 4);
@@ -153,19 +111,6 @@ static Timing time_case(Inputs *in, const MnSolver *s, int reps) {
     return r;
 }
 
-static int parse_list(const char *s, int *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v <= 0) return -1;
-        out[n++] = (int)v;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
-    }
-    return n;
-}
-
 int bench_mesa(int argc, char **argv) {
     int B = 4, T = 1024, H = 4, steps = 30, reps = 3;
     float tol = 1e-4f, lambda = 1.0f, gmean = 3.0f;
@@ -187,7 +132,7 @@ int bench_mesa(int argc, char **argv) {
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
     int dlist[8], clist[8];
-    int nd = parse_list(dims, dlist, 8), nc = parse_list(chunks, clist, 8);
+    int nd = bench_parse_ints(dims, dlist, 8), nc = bench_parse_ints(chunks, clist, 8);
     if (nd <= 0 || nc <= 0 || reps < 1) {
         fprintf(stderr, "mesanet bench mesa: --D and --chunks take comma-separated positive integers, --reps >= 1\n");
         return 1;

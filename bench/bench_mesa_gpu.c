@@ -16,7 +16,6 @@
 #include "bench.h"
 #include "core/backend.h"
 #include "core/common.h"
-#include "core/half.h"
 #include "ref/ref.h"
 #include "tools/commands.h"
 
@@ -39,53 +38,6 @@ static int parse_shapes(const char *s, Shape *out, int max) {
     return n;
 }
 
-// Layer-like inputs on the host, rounded to bf16 where the GPU holds bf16.
-typedef struct {
-    MnMesaDims d;
-    size_t nk, nv, ng;
-    double *q, *k, *v, *g, *beta, *lambda, *dout;
-} Host;
-
-static double bf(double x) { return bf16_to_f32(f32_to_bf16((float)x)); }
-
-static void host_init(Host *h, MnMesaDims d, uint64_t seed) {
-    MnRng r;
-    mn_rng_seed(&r, seed);
-    h->d = d;
-    h->ng = (size_t)d.B * d.T * d.H;
-    h->nk = h->ng * d.Dk;
-    h->nv = h->ng * d.Dv;
-    h->q = xcalloc(h->nk, 8);
-    h->k = xcalloc(h->nk, 8);
-    h->v = xcalloc(h->nv, 8);
-    h->dout = xcalloc(h->nv, 8);
-    h->g = xcalloc(h->ng, 8);
-    h->beta = xcalloc(h->ng, 8);
-    h->lambda = xcalloc((size_t)d.H * d.Dk, 8);
-    for (size_t t = 0; t < h->ng; t++) {
-        double *rows[2] = {h->q + t * d.Dk, h->k + t * d.Dk};
-        for (int m = 0; m < 2; m++) {
-            double ss = 0;
-            for (int i = 0; i < d.Dk; i++) {
-                rows[m][i] = mn_rng_normal(&r);
-                ss += rows[m][i] * rows[m][i];
-            }
-            for (int i = 0; i < d.Dk; i++) rows[m][i] = bf(rows[m][i] / sqrt(ss));
-        }
-        for (int i = 0; i < d.Dv; i++) {
-            h->v[t * d.Dv + i] = bf(mn_rng_normal(&r));
-            h->dout[t * d.Dv + i] = bf(mn_rng_normal(&r));
-        }
-        h->g[t] = -log1p(exp(-(mn_rng_normal(&r) + 3)));
-        h->beta[t] = 1 / (1 + exp(-mn_rng_normal(&r)));
-    }
-    for (int i = 0; i < d.H * d.Dk; i++) h->lambda[i] = 1.0;
-}
-
-static void host_free(Host *h) {
-    free(h->q); free(h->k); free(h->v); free(h->dout); free(h->g); free(h->beta); free(h->lambda);
-}
-
 static void *up(const Backend *be, const double *x, size_t n, MemKind k) {
     void *p = be->alloc(be, n, k);
     if (!p || be->upload(be, p, x, n, k)) die("%s", mn_last_error());
@@ -93,7 +45,7 @@ static void *up(const Backend *be, const double *x, size_t n, MemKind k) {
 }
 
 // Relative L2 error of o against the exact solve, on (b = 0, h < 2, t < 512).
-static double accuracy(const Backend *be, const Host *h, const void *go) {
+static double accuracy(const Backend *be, const BenchMesaInputs *h, const void *go) {
     MnMesaDims d = h->d;
     int T = d.T < 512 ? d.T : 512, H = d.H < 2 ? d.H : 2;
     MnMesaDims s = {1, T, H, d.Dk, d.Dv};
@@ -205,8 +157,8 @@ int bench_mesa_gpu(int argc, char **argv) {
     for (int si = 0; si < ns; si++) {
         Shape sh = shapes[si];
         MnMesaDims d = {sh.B, sh.T, sh.H, sh.D, sh.D};
-        Host h;
-        host_init(&h, d, 11 + si);
+        BenchMesaInputs h;
+        bench_mesa_inputs(&h, d, 11 + si, 3, 1, 1);
         void *q = up(be, h.q, h.nk, MEM_ACT), *k = up(be, h.k, h.nk, MEM_ACT), *v = up(be, h.v, h.nv, MEM_ACT);
         void *g = up(be, h.g, h.ng, MEM_F32), *b = up(be, h.beta, h.ng, MEM_F32);
         void *lam = up(be, h.lambda, (size_t)sh.H * sh.D, MEM_F32), *dout = up(be, h.dout, h.nv, MEM_ACT);
@@ -243,25 +195,19 @@ int bench_mesa_gpu(int argc, char **argv) {
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
         free(steps_f);
         free(steps_b);
-        host_free(&h);
+        bench_mesa_inputs_free(&h);
     }
 
     // Decode: one token for B sequences, H = 16, D = 128, after a 512-token prefill.
-    int bs[8], nb = 0;
-    for (const char *p = decode_s; *p && nb < 8;) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p) break;
-        bs[nb++] = (int)v;
-        p = *end == ',' ? end + 1 : end;
-    }
+    int bs[8], nb = *decode_s ? bench_parse_ints(decode_s, bs, 8) : 0;
+    if (nb < 0) die("--decode: expected comma-separated positive batch sizes, or \"\"");
     if (nb) printf("\ndecode step (H=16, D=128, after a 512-token prefill):\n%6s %-9s | %10s %12s %6s\n", "B", "CG",
                    "ms/token", "tokens/s", "steps");
     for (int bi = 0; bi < nb; bi++) {
         int B = bs[bi], H = 16, D = 128, T0 = 512;
-        Host pre, one;
-        host_init(&pre, (MnMesaDims){B, T0, H, D, D}, 5);
-        host_init(&one, (MnMesaDims){B, 1, H, D, D}, 6);
+        BenchMesaInputs pre, one;
+        bench_mesa_inputs(&pre, (MnMesaDims){B, T0, H, D, D}, 5, 3, 1, 1);
+        bench_mesa_inputs(&one, (MnMesaDims){B, 1, H, D, D}, 6, 3, 1, 1);
         size_t ns_h = (size_t)B * H * D * D;
         void *q = up(be, pre.q, pre.nk, MEM_ACT), *k = up(be, pre.k, pre.nk, MEM_ACT), *v = up(be, pre.v, pre.nv, MEM_ACT);
         void *g = up(be, pre.g, pre.ng, MEM_F32), *b = up(be, pre.beta, pre.ng, MEM_F32), *lam = up(be, pre.lambda, (size_t)H * D, MEM_F32);
@@ -290,8 +236,8 @@ int bench_mesa_gpu(int argc, char **argv) {
         void *bufs[] = {q, k, v, g, b, lam, o, x, hs, gs, q1, k1, v1, g1, b1, o1, x1};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
         free(st1);
-        host_free(&pre);
-        host_free(&one);
+        bench_mesa_inputs_free(&pre);
+        bench_mesa_inputs_free(&one);
     }
     return 0;
 }

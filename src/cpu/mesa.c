@@ -23,8 +23,9 @@ static MnMesaForm pick_form(const MnMesaDims *d, const MnSolver *s, int C) {
 // The CPU's chunk size when the solver leaves it to us (chunk = 0): per CG
 // step a chunk costs 2 C Dk^2 (the state term, as the recurrent form) plus
 // 4 C^2 Dk (the intra-chunk products), so small chunks waste the least work
-// as long as the matrix products stay efficient: 16 measured best at Dk = 64,
-// 32 at Dk = 128 (README, "Mesa layer on the CPU").
+// as long as the matrix products stay efficient: 16 measured best at Dk = 64;
+// at Dk = 128, 16 and 32 tie within noise and 32 keeps the products larger
+// (README, "Mesa layer on the CPU").
 static int default_chunk(const MnMesaDims *d) { return d->Dk <= 64 ? 16 : 32; }
 
 static int require(const void *p, const char *fn, const char *name) {
