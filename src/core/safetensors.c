@@ -43,7 +43,6 @@ static const struct {
               [ST_F64] = {"F64", 8}, [ST_I32] = {"I32", 4}, [ST_I64] = {"I64", 8}};
 #define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
 
-const char *st_dtype_name(StDtype d) { return (unsigned)d < (unsigned)N_DTYPES ? dtypes[d].name : "?"; }
 size_t st_dtype_size(StDtype d) { return (unsigned)d < (unsigned)N_DTYPES ? dtypes[d].size : 0; }
 
 // Integers in JSON are doubles; 2^53 is where they stop being exact, far

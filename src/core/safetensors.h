@@ -42,8 +42,6 @@ typedef struct {
     const char *key, *value;  // stored as JSON strings in "__metadata__"
 } StMeta;
 
-// "F32", "BF16", ...; "?" for a value outside the enum.
-const char *st_dtype_name(StDtype dtype);
 // Bytes per element; 0 for a value outside the enum.
 size_t st_dtype_size(StDtype dtype);
 
