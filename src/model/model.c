@@ -51,11 +51,17 @@ static int declare_all(const ModelConfig *c, const MixerOps *ops, ParamSpec *s, 
     return MN_OK;
 }
 
-int model_specs(const ModelConfig *c, ParamSpec **specs, int *n) {
+// A config a model can be built from, and its mixer.
+static int usable_config(const ModelConfig *c, const MixerOps **ops) {
     MN_TRY(config_validate(c, "model config"));
     if (c->vocab_size <= 0) return mn_error(MN_ERR_ARG, "model config: vocab_size is not set (0 means: from the data)");
-    const MixerOps *ops = mixer_find(c->mixer);
-    if (!ops) return MN_ERR_ARG;
+    *ops = mixer_find(c->mixer);
+    return *ops ? MN_OK : MN_ERR_ARG;
+}
+
+int model_specs(const ModelConfig *c, ParamSpec **specs, int *n) {
+    const MixerOps *ops = NULL;
+    MN_TRY(usable_config(c, &ops));
     *specs = calloc(MODEL_MAX_PARAMS, sizeof(ParamSpec));
     BlockParams *blocks = calloc((size_t)c->n_layers, sizeof(BlockParams));
     int e, f, h, s = (!*specs || !blocks) ? mn_error(MN_ERR_NOMEM, "out of memory") : MN_OK;
@@ -70,10 +76,8 @@ int model_specs(const ModelConfig *c, ParamSpec **specs, int *n) {
 }
 
 int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
-    MN_TRY(config_validate(cfg, "model config"));
-    if (cfg->vocab_size <= 0) return mn_error(MN_ERR_ARG, "model config: vocab_size is not set (0 means: from the data)");
-    const MixerOps *ops = mixer_find(cfg->mixer);
-    if (!ops) return MN_ERR_ARG;
+    const MixerOps *ops = NULL;
+    MN_TRY(usable_config(cfg, &ops));
     Model *m = calloc(1, sizeof *m);
     if (!m) return mn_error(MN_ERR_NOMEM, "out of memory");
     m->cfg = *cfg;
@@ -104,7 +108,7 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
     m->p = calloc((size_t)m->nparams, sizeof(void *));
     m->g = calloc((size_t)m->nparams, sizeof(void *));
     if (!m->params || !m->grads || !m->p || !m->g) {
-        st = MN_ERR_NOMEM;
+        st = mn_error(MN_ERR_NOMEM, "model: out of memory for %zu parameters", m->total);
         goto fail;
     }
     for (int i = 0; i < m->nparams; i++) {
