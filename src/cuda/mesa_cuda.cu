@@ -1,17 +1,28 @@
 /*
  * The Mesa core on the GPU: the chunkwise algorithm of src/cpu/mesa_chunk.c
- * (spec sections 3-4) as fused CUDA kernels, every product and all CG
- * arithmetic in float32 (inputs arrive in bf16; states H, G stay float32).
+ * (spec sections 3-4) as fused CUDA kernels. Inputs arrive in bf16; states H,
+ * G, all CG arithmetic and every product stay at float32 accuracy.
  *
- * One thread block per (chunk, sequence, head) solves the chunk's C = 64
- * systems at once: the chunk-entry state, the keys (and their transpose), the
- * CG direction and the intra-chunk scores live in shared memory; each thread
- * owns a 4-row tile of x, r and p in registers (products are register-tiled:
- * see t_row0). The sequential parts (chunk-entry states; the adjoints in
- * reverse) are separate kernels, one block per (sequence, head).
+ * Products run on the tensor cores (mma.sync m16n8k8, TF32 inputs, fp32
+ * accumulation). TF32 keeps 10 mantissa bits, so an fp32 operand is split
+ * into a TF32 head and tail and the three significant products are summed
+ * ("3xTF32", about fp32 accuracy); bf16 operands are exact in TF32 and skip
+ * the split. cuBLAS cannot do these products: they are 64-row blocks inside
+ * one kernel, interleaved with CG's per-row scalars.
  *
- * Kernels, forward: states -> cg_forward. Backward: states -> cg_backward (the
- * second solve, per-token terms) -> adjoints (reverse over chunks) -> grads
+ * One thread block (8 warps) per (chunk, sequence, head) solves the chunk's
+ * C = 64 systems at once. A 64 x N tile lives in registers in the mma
+ * accumulator layout: warp w owns rows 16 (w & 3) .. + 15 and the column half
+ * w >> 2 (see f_row, f_col). Operands of products sit in shared memory, the
+ * left one k-major, the right one row-major, with strides chosen so fragment
+ * loads hit 32 distinct banks.
+ *
+ * The chunk-to-chunk recurrences (chunk-entry states forward, the adjoints in
+ * reverse) are one sliced scan kernel: a block per (64-row slice of a state,
+ * sequence, head) keeps its slice in registers across the chunks.
+ *
+ * Kernels, forward: scan (states) -> cg_forward. Backward: scan (states) ->
+ * cg_backward (the second solve, per-token terms) -> scan (adjoints) -> grads
  * (per chunk) -> dg_scan (reverse cumulative sum of dL/db).
  */
 #include <math.h>
@@ -24,14 +35,16 @@ extern "C" {
 }
 
 #define CH 64                 // chunk size on the GPU
-#define NT 256                // threads per block: 16 row groups of 4 rows x 16 column lanes
+#define NT 256                // threads per block: 8 warps
 #define MAXD 128              // largest head size the fused kernels take
-#define RPT 4                 // rows per thread
-#define MAXC (MAXD / 16)      // columns per thread, at most
-#define LDT (CH + 4)          // row stride of k-major (transposed) blocks: 16-byte aligned, padded
+#define MAXNT (MAXD / 16)     // n-tiles (8 columns) per warp, at most
+#define FR 2                  // rows per thread in a tile: groupID and groupID + 8
+#define LDT (CH + 8)          // stride of k-major blocks: 8 mod 32, so fragment loads are conflict-free
 #define RESIDUAL_FLOOR (4.0f / 16777216.0f)  // as on the CPU (src/cpu/cg.c)
 
 static int pad16(int d) { return (d + 15) & ~15; }
+// Stride of a row-major operand with n columns (n a multiple of 16): 8 or 24 mod 32, conflict-free.
+__host__ __device__ __forceinline__ int ldrow(int n) { return n + 8; }
 
 // Sizes of one problem, passed to every kernel.
 typedef struct {
@@ -45,41 +58,105 @@ __device__ __forceinline__ size_t tok_index(const Geo *g, int pair, int t) {
     return ((size_t)b * g->T + t) * g->H + h;
 }
 
-// Thread layout of a chunk block (C rows x D columns): thread (rg, cl) owns
-// rows 4 rg .. 4 rg + 3 and columns cl, cl + 16, cl + 32, ... Each product
-// step loads 4 rows of the left operand as one 16-byte word and one value per
-// owned column of the right operand: about 8 multiply-adds per shared-memory
-// load, where one row per thread gave one.
-__device__ __forceinline__ int t_row0() { return (threadIdx.x >> 4) * RPT; }
-__device__ __forceinline__ int t_col() { return threadIdx.x & 15; }
+// ------------------------------------------------------------ tiles in registers
 
+// A 64 x (16 nc) tile in the mma accumulator layout: element e of n-tile j is
+// at row f_row(e >> 1), column f_col(j, e, nc).
 typedef struct {
-    float v[RPT][MAXC];
+    float v[MAXNT][4];
 } Tile;
+
+__device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
+__device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
+__device__ __forceinline__ int f_row(int i) { return 16 * (warp_id() & 3) + (lane_id() >> 2) + 8 * i; }
+__device__ __forceinline__ int f_col(int j, int e, int nc) {
+    return (warp_id() >> 2) * 8 * nc + 8 * j + 2 * (lane_id() & 3) + (e & 1);
+}
+// Whether this thread reports its rows' scalars (one thread per row).
+__device__ __forceinline__ int row_owner() { return (lane_id() & 3) == 0 && warp_id() < 4; }
 
 __device__ __forceinline__ void tile_zero(Tile *t) {
 #pragma unroll
-    for (int i = 0; i < RPT; i++)
+    for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-        for (int j = 0; j < MAXC; j++) t->v[i][j] = 0;
+        for (int e = 0; e < 4; e++) t->v[j][e] = 0;
 }
 
-// Sum over the 16 threads of a row group (a half-warp); all 16 always call it.
-__device__ __forceinline__ float group_sum(float v) {
-    unsigned mask = 0xFFFFu << (threadIdx.x & 16);
-    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(mask, v, o);
-    return v;
+// out[i] = a_row . b_row for the thread's rows. Rows span the 4 lanes of a
+// quad and the two column-half warps; `red` ([2][CH] floats of smem) joins the
+// halves. Called by all threads (it synchronizes the block).
+__device__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, float *red) {
+    float s[FR] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+        if (j < nc)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[e >> 1] += a->v[j][e] * b->v[j][e];
+#pragma unroll
+    for (int i = 0; i < FR; i++) {
+        s[i] += __shfl_xor_sync(0xffffffffu, s[i], 1);
+        s[i] += __shfl_xor_sync(0xffffffffu, s[i], 2);
+    }
+    __syncthreads();  // the previous readers of red are done
+    if ((lane_id() & 3) == 0)
+#pragma unroll
+        for (int i = 0; i < FR; i++) red[(warp_id() >> 2) * CH + f_row(i)] = s[i];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < FR; i++) out[i] = red[f_row(i)] + red[CH + f_row(i)];
 }
 
-// out[i] = a_row . b_row for each of the thread's rows.
-__device__ __forceinline__ void tile_dot(float out[RPT], const Tile *a, const Tile *b, int nc) {
+// ------------------------------------------------------------ tensor-core products
+
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// x rounded to the nearest TF32 value (exact as an mma operand).
+__device__ __forceinline__ float tf32_round(float x) { return __uint_as_float(to_tf32(x)); }
+
+// x = hi + lo, both TF32; lo = 0 when x is exact (a bf16 value: 8 mantissa bits).
+__device__ __forceinline__ void tf32_split(float x, int exact, unsigned *hi, unsigned *lo) {
+    if (exact) {
+        *hi = __float_as_uint(x);
+        *lo = 0;
+    } else {
+        *hi = to_tf32(x);
+        *lo = to_tf32(x - __uint_as_float(*hi));
+    }
+}
+
+__device__ __forceinline__ void mma_tf32(float c[4], const unsigned a[4], const unsigned b[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// acc += A[:, k0:k1] B[k0:k1, :] for this warp's part of the tile (nc n-tiles):
+// A k-major (A(i, k) = At[k lda + i]), B row-major (B(k, n) = Bm[k ldb + n]).
+// An operand marked exact holds bf16 values and is not split.
+__device__ __forceinline__ void tile_mma(Tile *acc, const float *At, int lda, int a_exact, const float *Bm, int ldb,
+                                         int b_exact, int k0, int k1, int nc) {
+    int g = lane_id() >> 2, t = lane_id() & 3;
+    const float *ap0 = At + 16 * (warp_id() & 3) + g, *bp0 = Bm + (warp_id() >> 2) * 8 * nc + g;
+    for (int k = k0; k < k1; k += 8) {
+        const float *ap = ap0 + (k + t) * lda, *bp = bp0 + (k + t) * ldb;
+        float af[4] = {ap[0], ap[8], ap[4 * lda], ap[4 * lda + 8]};
+        unsigned ah[4], al[4];
 #pragma unroll
-    for (int i = 0; i < RPT; i++) {
-        float s = 0;
+        for (int i = 0; i < 4; i++) tf32_split(af[i], a_exact, &ah[i], &al[i]);
 #pragma unroll
-        for (int j = 0; j < MAXC; j++)
-            if (j < nc) s += a->v[i][j] * b->v[i][j];
-        out[i] = group_sum(s);
+        for (int j = 0; j < MAXNT; j++) {
+            if (j >= nc) break;
+            unsigned bh[2], bl[2];
+            tf32_split(bp[8 * j], b_exact, &bh[0], &bl[0]);
+            tf32_split(bp[4 * ldb + 8 * j], b_exact, &bh[1], &bl[1]);
+            if (!a_exact) mma_tf32(acc->v[j], al, bh);
+            if (!b_exact) mma_tf32(acc->v[j], ah, bl);
+            mma_tf32(acc->v[j], ah, bh);
+        }
     }
 }
 
@@ -88,26 +165,29 @@ __device__ __forceinline__ void tile_dot(float out[RPT], const Tile *a, const Ti
 // Rows t0 .. t0+C of one (sequence, head) of a [B,T,H,d] bf16 tensor into
 // smem, row-major with stride `stride`; zero past T and past d (up to dpad).
 __device__ void load_rows(float *dst, int stride, const bf16 *src, const Geo *g, int pair, int t0, int d, int dpad) {
+    size_t base = tok_index(g, pair, t0);
     for (int e = threadIdx.x; e < CH * dpad; e += NT) {
         int r = e / dpad, c = e % dpad, t = t0 + r;
-        dst[r * stride + c] = (t < g->T && c < d) ? ld(src, tok_index(g, pair, t) * d + c) : 0.0f;
+        dst[r * stride + c] = (t < g->T && c < d) ? ld(src, (base + (size_t)r * g->H) * d + c) : 0.0f;
     }
 }
 
 // The same rows k-major: dst[c * LDT + r].
 __device__ void load_rows_t(float *dst, const bf16 *src, const Geo *g, int pair, int t0, int d, int dpad) {
+    size_t base = tok_index(g, pair, t0);
     for (int e = threadIdx.x; e < CH * dpad; e += NT) {
         int r = e % CH, c = e / CH, t = t0 + r;
-        dst[c * LDT + r] = (t < g->T && c < d) ? ld(src, tok_index(g, pair, t) * d + c) : 0.0f;
+        dst[c * LDT + r] = (t < g->T && c < d) ? ld(src, (base + (size_t)r * g->H) * d + c) : 0.0f;
     }
 }
 
 // Float rows t0 .. t0+C of a [B,T,H,d] float tensor (the backward's Y), row-major or k-major.
 __device__ void load_rows_f(float *dst, int stride, int kmajor, const float *src, const Geo *g, int pair, int t0, int d,
                             int dpad) {
+    size_t base = tok_index(g, pair, t0);
     for (int e = threadIdx.x; e < CH * dpad; e += NT) {
         int r = kmajor ? e % CH : e / dpad, c = kmajor ? e / CH : e % dpad, t = t0 + r;
-        float v = (t < g->T && c < d) ? src[tok_index(g, pair, t) * d + c] : 0.0f;
+        float v = (t < g->T && c < d) ? src[(base + (size_t)r * g->H) * d + c] : 0.0f;
         if (kmajor) dst[c * LDT + r] = v;
         else dst[r * stride + c] = v;
     }
@@ -128,11 +208,18 @@ __device__ void load_mat(float *dst, int stride, const float *src, int rows, int
 __device__ int load_decays(float *b, float *beta, const float *g_log, const float *g_beta, const Geo *g, int pair,
                            int t0) {
     int n = min(CH, g->T - t0);
-    if (threadIdx.x == 0) {
-        float acc = 0;
-        for (int r = 0; r < CH; r++) {
-            if (r < n) acc += g_log[tok_index(g, pair, t0 + r)];
-            b[r] = acc;
+    __syncthreads();  // the previous readers of b and beta are done
+    if (threadIdx.x < 32) {  // a warp-wide inclusive scan of the chunk's log decays
+        float run = 0;
+        for (int r0 = 0; r0 < CH; r0 += 32) {
+            int r = r0 + threadIdx.x;
+            float v = r < n ? g_log[tok_index(g, pair, t0 + r)] : 0.0f;
+            for (int o = 1; o < 32; o <<= 1) {
+                float u = __shfl_up_sync(0xffffffffu, v, o);
+                if ((int)threadIdx.x >= o) v += u;
+            }
+            b[r] = run + v;
+            run += __shfl_sync(0xffffffffu, v, 31);
         }
     }
     for (int r = threadIdx.x; r < CH; r += NT) beta[r] = r < n ? g_beta[tok_index(g, pair, t0 + r)] : 0.0f;
@@ -142,140 +229,110 @@ __device__ int load_decays(float *b, float *beta, const float *g_log, const floa
 
 // The thread's tile of rows t0 .. t0+C of a [B,T,H,d] bf16 tensor (zero past T and d).
 __device__ void tile_load(Tile *t, const bf16 *src, const Geo *g, int pair, int t0, int d, int nc) {
-    int r0 = t_row0(), cl = t_col();
 #pragma unroll
-    for (int i = 0; i < RPT; i++)
+    for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-        for (int j = 0; j < MAXC; j++) {
-            int tt = t0 + r0 + i, c = cl + 16 * j;
-            t->v[i][j] = (j < nc && tt < g->T && c < d) ? ld(src, tok_index(g, pair, tt) * d + c) : 0.0f;
+        for (int e = 0; e < 4; e++) {
+            int tt = t0 + f_row(e >> 1), c = f_col(j, e, nc);
+            t->v[j][e] = (j < nc && tt < g->T && c < d) ? ld(src, tok_index(g, pair, tt) * d + c) : 0.0f;
         }
 }
 
 __device__ void tile_store(bf16 *dst, const Tile *t, const Geo *g, int pair, int t0, int d, int nc) {
-    int r0 = t_row0(), cl = t_col();
 #pragma unroll
-    for (int i = 0; i < RPT; i++)
+    for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-        for (int j = 0; j < MAXC; j++) {
-            int tt = t0 + r0 + i, c = cl + 16 * j;
-            if (j < nc && tt < g->T && c < d) st(dst, tok_index(g, pair, tt) * d + c, t->v[i][j]);
+        for (int e = 0; e < 4; e++) {
+            int tt = t0 + f_row(e >> 1), c = f_col(j, e, nc);
+            if (j < nc && tt < g->T && c < d) st(dst, tok_index(g, pair, tt) * d + c, t->v[j][e]);
+        }
+}
+
+// Float version, for the backward's Y.
+__device__ void tile_store_f(float *dst, const Tile *t, const Geo *g, int pair, int t0, int d, int nc) {
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int tt = t0 + f_row(e >> 1), c = f_col(j, e, nc);
+            if (j < nc && tt < g->T && c < d) dst[tok_index(g, pair, tt) * d + c] = t->v[j][e];
         }
 }
 
 // Writes the tile k-major into smem: Mt[c * LDT + r] (the left operand of the next products).
 __device__ __forceinline__ void tile_store_t(float *Mt, const Tile *t, int nc) {
-    int r0 = t_row0(), cl = t_col();
 #pragma unroll
-    for (int j = 0; j < MAXC; j++)
+    for (int j = 0; j < MAXNT; j++)
         if (j < nc)
-            *(float4 *)(Mt + (cl + 16 * j) * LDT + r0) = make_float4(t->v[0][j], t->v[1][j], t->v[2][j], t->v[3][j]);
+#pragma unroll
+            for (int e = 0; e < 4; e++) Mt[f_col(j, e, nc) * LDT + f_row(e >> 1)] = t->v[j][e];
 }
 
-// -------------------------------------------------------------- the GLA forms
-
-// acc[i][j] += a_i b for the thread's 4 rows (a: 4 rows of the left operand).
-__device__ __forceinline__ void fma_rows(Tile *acc, int j, float4 a, float b) {
-    acc->v[0][j] += a.x * b;
-    acc->v[1][j] += a.y * b;
-    acc->v[2][j] += a.z * b;
-    acc->v[3][j] += a.w * b;
-}
-
-// acc = scale (.) A S for the thread's tile: A k-major in smem (At[k][row]),
-// S row-major [dk][lds]. Overwrites acc.
-__device__ __forceinline__ void tile_state(Tile *acc, const float *At, const float *S, int lds, int dk, int nc,
-                                           const float scale[RPT]) {
-    int r0 = t_row0(), cl = t_col();
-    tile_zero(acc);
-    for (int k = 0; k < dk; k++) {
-        float4 a = *(const float4 *)(At + k * LDT + r0);
-        const float *srow = S + k * lds + cl;
-#pragma unroll
-        for (int j = 0; j < MAXC; j++)
-            if (j < nc) fma_rows(acc, j, a, srow[16 * j]);
-    }
-#pragma unroll
-    for (int i = 0; i < RPT; i++)
-#pragma unroll
-        for (int j = 0; j < MAXC; j++) acc->v[i][j] *= scale[i];
-}
+// ------------------------------------------------------------------ the GLA forms
 
 // St[s][row] = mask(row, s) A[row] . B[s] over the chunk: A and B k-major
 // (At[k][row], Bt[k][s]). Forward mask (dir 0): exp(b_row - b_s) beta_s for
 // s <= row; backward (dir 1): exp(b_s - b_row) for s >= row.
-__device__ __forceinline__ void tile_scores(float *St, const float *At, const float *Bt, int dk, const float *b,
-                                            const float *beta, int dir) {
-    int r0 = t_row0(), cl = t_col();
-    float acc[RPT][CH / 16];
+__device__ __forceinline__ void tile_scores(float *St, const float *At, int a_exact, const float *Bt, int b_exact, int dk,
+                            const float *b, const float *beta, int dir) {
+    Tile acc;
+    tile_zero(&acc);
+    tile_mma(&acc, At, LDT, a_exact, Bt, LDT, b_exact, 0, dk, CH / 16);
 #pragma unroll
-    for (int i = 0; i < RPT; i++)
+    for (int j = 0; j < CH / 16; j++)
 #pragma unroll
-        for (int u = 0; u < CH / 16; u++) acc[i][u] = 0;
-    for (int k = 0; k < dk; k++) {
-        float4 a = *(const float4 *)(At + k * LDT + r0);
-        const float *brow = Bt + k * LDT + cl;
-#pragma unroll
-        for (int u = 0; u < CH / 16; u++) {
-            float bb = brow[16 * u];
-            acc[0][u] += a.x * bb;
-            acc[1][u] += a.y * bb;
-            acc[2][u] += a.z * bb;
-            acc[3][u] += a.w * bb;
+        for (int e = 0; e < 4; e++) {
+            int r = f_row(e >> 1), s = f_col(j, e, CH / 16);
+            float m;
+            if (dir == 0) m = s <= r ? __expf(b[r] - b[s]) * beta[s] : 0.0f;
+            else m = s >= r ? __expf(b[s] - b[r]) : 0.0f;
+            St[s * LDT + r] = acc.v[j][e] * m;
         }
-    }
-#pragma unroll
-    for (int u = 0; u < CH / 16; u++) {
-        int s = cl + 16 * u;
-        float m[RPT];
-#pragma unroll
-        for (int i = 0; i < RPT; i++) {
-            int r = r0 + i;
-            if (dir == 0) m[i] = s <= r ? __expf(b[r] - b[s]) * beta[s] : 0.0f;
-            else m[i] = s >= r ? __expf(b[s] - b[r]) : 0.0f;
-        }
-        *(float4 *)(St + s * LDT + r0) = make_float4(acc[0][u] * m[0], acc[1][u] * m[1], acc[2][u] * m[2], acc[3][u] * m[3]);
-    }
 }
 
-// acc += scores . Bm (Bm row-major [CH][ldb]), over the causal range only (the
-// scores are zero elsewhere).
-__device__ __forceinline__ void tile_scores_times(Tile *acc, const float *St, const float *Bm, int ldb, int nc, int dir) {
-    int r0 = t_row0(), cl = t_col();
-    int s0 = dir == 0 ? 0 : r0, s1 = dir == 0 ? r0 + RPT : CH;
-    for (int s = s0; s < s1; s++) {
-        float4 a = *(const float4 *)(St + s * LDT + r0);
-        const float *brow = Bm + s * ldb + cl;
+// acc = scale (.) A S: A k-major in smem (At[k][row]), S row-major with stride lds. Overwrites acc.
+__device__ __forceinline__ void tile_state(Tile *acc, const float *At, int a_exact, const float *S, int lds, int s_exact,
+                                           int dk, int nc, const float scale[FR]) {
+    tile_zero(acc);
+    tile_mma(acc, At, LDT, a_exact, S, lds, s_exact, 0, dk, nc);
 #pragma unroll
-        for (int j = 0; j < MAXC; j++)
-            if (j < nc) fma_rows(acc, j, a, brow[16 * j]);
-    }
+    for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc->v[j][e] *= scale[e >> 1];
 }
 
-// Shared-memory layout of the chunk kernels (floats).
+// acc += scores . Bm (Bm row-major with stride ldb), over the causal range of
+// the warp's rows only (the scores are zero elsewhere).
+__device__ __forceinline__ void tile_scores_times(Tile *acc, const float *St, const float *Bm, int ldb, int b_exact,
+                                                  int nc, int dir) {
+    int rb = 16 * (warp_id() & 3);
+    tile_mma(acc, St, LDT, 0, Bm, ldb, b_exact, dir == 0 ? 0 : rb, dir == 0 ? rb + 16 : CH, nc);
+}
+
+// Shared-memory layout of the chunk kernels (floats; Dm = max(Dp, Dvp)).
 typedef struct {
-    float *Hs;   // [Dm][Dm]  the state term's matrix (H, G or its transpose, an adjoint)
+    float *Hs;   // [Dm][ldrow(Dm)] the state term's matrix (H, G or its transpose, an adjoint), row-major
     float *At;   // [Dm][LDT] the left operand, k-major (CG direction, X, K, V, Delta)
     float *Bt;   // [Dm][LDT] the scores' right operand, k-major (K, V, X, Y, Delta)
-    float *Bm;   // [CH][Dm]  the matrix the scores multiply, row-major (K, V, Delta, Y, X)
+    float *Bm;   // [CH][ldrow(Dm)] the matrix the scores multiply, row-major (K, V, Delta, Y, X)
     float *St;   // [CH][LDT] masked scores, transposed
     float *Dg;   // [CH][Dm]  the Jacobi diagonal
-    float *b, *beta, *lam, *red;  // [CH], [CH], [Dm], [Dm]
+    float *b, *beta, *lam, *red;  // [CH], [CH], [Dm], [2 CH]
 } Smem;
 
 static size_t smem_floats(int Dp, int Dvp) {
     size_t dm = Dp > Dvp ? Dp : Dvp;
-    return dm * dm + 2 * dm * LDT + 2 * CH * dm + (size_t)CH * LDT + 2 * CH + 2 * dm;
+    return dm * ldrow((int)dm) + 2 * dm * LDT + CH * ldrow((int)dm) + (size_t)CH * LDT + CH * dm + 2 * CH + dm + 2 * CH;
 }
 
 __device__ Smem carve(float *base, const Geo *g) {
     int dm = max(g->Dp, g->Dvp);
     Smem s;
     s.Hs = base;
-    s.At = s.Hs + dm * dm;
+    s.At = s.Hs + dm * ldrow(dm);
     s.Bt = s.At + dm * LDT;
     s.Bm = s.Bt + dm * LDT;
-    s.St = s.Bm + CH * dm;
+    s.St = s.Bm + CH * ldrow(dm);
     s.Dg = s.St + CH * LDT;
     s.b = s.Dg + CH * dm;
     s.beta = s.b + CH;
@@ -284,70 +341,69 @@ __device__ Smem carve(float *base, const Geo *g) {
     return s;
 }
 
-__device__ __forceinline__ void row_decays(float out[RPT], const float *b, float base, int sign) {
-    int r0 = t_row0();
+// out[i] = e^{b_row} (sign > 0) or e^{base - b_row} for the thread's rows.
+__device__ __forceinline__ void row_decays(float out[FR], const float *b, float base, int sign) {
 #pragma unroll
-    for (int i = 0; i < RPT; i++) out[i] = __expf(sign > 0 ? b[r0 + i] : base - b[r0 + i]);
+    for (int i = 0; i < FR; i++) out[i] = __expf(sign > 0 ? b[f_row(i)] : base - b[f_row(i)]);
 }
 
 // A(P) for the tile's rows: e^b (.) P Hc + ((P K^T) (.) M) K + lambda (.) P,
 // with Hs = Hc, Bt = K^T, Bm = K in smem. Rows that stopped pass p = 0.
-__device__ void apply_operator(Tile *ap, const Tile *p, const Smem *s, const Geo *g, int with_lambda) {
-    int nc = g->Dp / 16, cl = t_col();
+// p_exact: P holds TF32 values (CG's directions; see cg_solve), no split needed.
+__device__ __forceinline__ void apply_operator(Tile *ap, const Tile *p, const Smem *s, const Geo *g, int p_exact) {
+    int nc = g->Dp / 16, ld = ldrow(g->Dp);
     __syncthreads();  // the previous readers of At and St are done
     tile_store_t(s->At, p, nc);
     __syncthreads();
-    tile_scores(s->St, s->At, s->Bt, g->Dp, s->b, s->beta, 0);
-    float eb[RPT];
+    tile_scores(s->St, s->At, p_exact, s->Bt, 1, g->Dp, s->b, s->beta, 0);
+    float eb[FR];
     row_decays(eb, s->b, 0, 1);
-    tile_state(ap, s->At, s->Hs, g->Dp, g->Dp, nc, eb);
+    tile_state(ap, s->At, p_exact, s->Hs, ld, 0, g->Dp, nc, eb);
     __syncthreads();  // the scores are complete
-    tile_scores_times(ap, s->St, s->Bm, g->Dp, nc, 0);
-    if (with_lambda)
+    tile_scores_times(ap, s->St, s->Bm, ld, 1, nc, 0);
 #pragma unroll
-        for (int j = 0; j < MAXC; j++)
-            if (j < nc) {
-                float l = s->lam[cl + 16 * j];
+    for (int j = 0; j < MAXNT; j++)
+        if (j < nc)
 #pragma unroll
-                for (int i = 0; i < RPT; i++) ap->v[i][j] += l * p->v[i][j];
-            }
+            for (int e = 0; e < 4; e++) ap->v[j][e] += s->lam[f_col(j, e, nc)] * p->v[j][e];
 }
 
 // The Jacobi diagonal of each row's A_t into Dg: e^{b_t} diag(Hc) + sum_{s<=t} e^{b_t-b_s} beta_s k_s^2 + lambda.
 __device__ void jacobi_diagonal(const Smem *s, const Geo *g) {
-    int nc = g->Dp / 16, r0 = t_row0(), cl = t_col(), dm = max(g->Dp, g->Dvp);
-#pragma unroll
-    for (int i = 0; i < RPT; i++) {
-        int r = r0 + i;
-        float eb = __expf(s->b[r]);
-        for (int j = 0; j < nc; j++) {
-            int c = cl + 16 * j;
-            float acc = eb * s->Hs[c * g->Dp + c] + s->lam[c];
-            for (int t = 0; t <= r; t++) {
-                float kv = s->Bm[t * g->Dp + c];
-                acc += __expf(s->b[r] - s->b[t]) * s->beta[t] * kv * kv;
-            }
-            s->Dg[r * dm + c] = acc;
+    int dm = max(g->Dp, g->Dvp), ld = ldrow(g->Dp);
+    for (int e = threadIdx.x; e < CH * g->Dp; e += NT) {
+        int r = e / g->Dp, c = e % g->Dp;
+        float acc = __expf(s->b[r]) * s->Hs[c * ld + c] + s->lam[c];
+        for (int t = 0; t <= r; t++) {
+            float kv = s->Bm[t * ld + c];
+            acc += __expf(s->b[r] - s->b[t]) * s->beta[t] * kv * kv;
         }
+        s->Dg[r * dm + c] = acc;
     }
     __syncthreads();
 }
 
 // z = r / diag (Jacobi) or r.
 __device__ __forceinline__ void precondition(Tile *z, const Tile *r, const Smem *s, const Geo *g, int use) {
-    int nc = g->Dp / 16, r0 = t_row0(), cl = t_col(), dm = max(g->Dp, g->Dvp);
+    int nc = g->Dp / 16, dm = max(g->Dp, g->Dvp);
 #pragma unroll
-    for (int i = 0; i < RPT; i++)
+    for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-        for (int j = 0; j < MAXC; j++)
-            z->v[i][j] = (use && j < nc) ? r->v[i][j] / s->Dg[(r0 + i) * dm + cl + 16 * j] : r->v[i][j];
+        for (int e = 0; e < 4; e++)
+            z->v[j][e] = (use && j < nc) ? r->v[j][e] / s->Dg[f_row(e >> 1) * dm + f_col(j, e, nc)] : r->v[j][e];
 }
 
 // Conjugate gradient for the chunk's rows (spec section 2): q in, x out,
 // steps per row. A row stops at its tolerance (or the floor); the block stops
-// when all rows have, or after max_steps. Shuffles are always made by all 16
-// threads of a row group (stopped rows carry p = 0), never in divergent code.
-__device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, int steps[RPT], const Tile *x0,
+// when all rows have, or after max_steps. Stopped rows carry p = 0; every
+// thread runs every step (the dots synchronize the block).
+//
+// The directions p are rounded to TF32, so the operator's products take p in
+// one tensor-core pass instead of three. x and r are updated with the same
+// rounded p and its exact image A p, so r stays the residual of x and the
+// stopping test keeps its meaning; only conjugacy is perturbed (relative
+// 2^-11), which can cost a step, not accuracy.
+__device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, int steps[FR], const Tile *x0,
                          int use_given) {
     int nc = g->Dp / 16, jac = g->precond || g->init == MN_CG_INIT_JACOBI;
     Tile r, p, ap;
@@ -360,113 +416,167 @@ __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, in
         tile_zero(x);
     }
     if (use_given || g->init == MN_CG_INIT_JACOBI) {
-        apply_operator(&ap, x, s, g, 1);
+        apply_operator(&ap, x, s, g, 0);
 #pragma unroll
-        for (int i = 0; i < RPT; i++)
+        for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-            for (int j = 0; j < MAXC; j++) r.v[i][j] = q->v[i][j] - ap.v[i][j];
+            for (int e = 0; e < 4; e++) r.v[j][e] = q->v[j][e] - ap.v[j][e];
     } else {
         r = *q;
     }
-    float qq[RPT], rr[RPT], rz[RPT], thresh[RPT];
-    int active[RPT];
-    tile_dot(qq, q, q, nc);
-    tile_dot(rr, &r, &r, nc);
+    float qq[FR], rr[FR], rz[FR], thresh[FR];
+    int active[FR];
+    tile_dot(qq, q, q, nc, s->red);
+    tile_dot(rr, &r, &r, nc, s->red);
     precondition(&p, &r, s, g, g->precond);
-    tile_dot(rz, &r, &p, nc);
+    tile_dot(rz, &r, &p, nc, s->red);
 #pragma unroll
-    for (int i = 0; i < RPT; i++) {
+    for (int i = 0; i < FR; i++) {
         thresh[i] = g->tol2 * qq[i];
         active[i] = rr[i] > thresh[i];
         steps[i] = 0;
-        if (!active[i])
-#pragma unroll
-            for (int j = 0; j < MAXC; j++) p.v[i][j] = 0;
     }
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) p.v[j][e] = active[e >> 1] ? tf32_round(p.v[j][e]) : 0.0f;
     for (int step = 1; step <= g->max_steps; step++) {
-        if (!__syncthreads_or(active[0] | active[1] | active[2] | active[3])) break;
+        if (!__syncthreads_or(active[0] | active[1])) break;
         apply_operator(&ap, &p, s, g, 1);
-        float pap[RPT];
-        tile_dot(pap, &p, &ap, nc);
+        float pap[FR], alpha[FR];
+        tile_dot(pap, &p, &ap, nc, s->red);
 #pragma unroll
-        for (int i = 0; i < RPT; i++) {
-            if (!active[i]) continue;
-            if (!(pap[i] > 0) || !(rz[i] > 0)) {  // converged exactly, or non-finite input
-                active[i] = 0;
-                continue;
-            }
-            float alpha = rz[i] / pap[i];
-#pragma unroll
-            for (int j = 0; j < MAXC; j++) {
-                x->v[i][j] += alpha * p.v[i][j];
-                r.v[i][j] -= alpha * ap.v[i][j];
-            }
-            steps[i] = step;
+        for (int i = 0; i < FR; i++) {
+            if (active[i] && (!(pap[i] > 0) || !(rz[i] > 0))) active[i] = 0;  // converged exactly, or non-finite input
+            alpha[i] = active[i] ? rz[i] / pap[i] : 0.0f;
+            if (active[i]) steps[i] = step;
         }
-        tile_dot(rr, &r, &r, nc);
 #pragma unroll
-        for (int i = 0; i < RPT; i++)
+        for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                x->v[j][e] += alpha[e >> 1] * p.v[j][e];
+                r.v[j][e] -= alpha[e >> 1] * ap.v[j][e];
+            }
+        tile_dot(rr, &r, &r, nc, s->red);
+#pragma unroll
+        for (int i = 0; i < FR; i++)
             if (active[i] && !(rr[i] > thresh[i])) active[i] = 0;
         precondition(&ap, &r, s, g, g->precond);  // z, in the space of ap
-        float rzn[RPT];
-        tile_dot(rzn, &r, &ap, nc);
+        float rzn[FR], beta[FR];
+        tile_dot(rzn, &r, &ap, nc, s->red);
 #pragma unroll
-        for (int i = 0; i < RPT; i++) {
-            float beta = active[i] ? rzn[i] / rz[i] : 0.0f;
-#pragma unroll
-            for (int j = 0; j < MAXC; j++) p.v[i][j] = active[i] ? ap.v[i][j] + beta * p.v[i][j] : 0.0f;
+        for (int i = 0; i < FR; i++) {
+            beta[i] = active[i] ? rzn[i] / rz[i] : 0.0f;
             if (active[i]) rz[i] = rzn[i];
         }
+#pragma unroll
+        for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                p.v[j][e] = active[e >> 1] ? tf32_round(ap.v[j][e] + beta[e >> 1] * p.v[j][e]) : 0.0f;
     }
 }
 
-// ---------------------------------------------------------------- the kernels
+// ---------------------------------------------------------------- the chunk scan
 
-// States entering every chunk (and the final ones) of one (sequence, head):
-// states[pair][c] = (H [Dk*Dk], G [Dv*Dk]) for c = 0 .. nchunks.
-__global__ void states_kernel(float *states, const bf16 *k, const bf16 *v, const float *glog, const float *gbeta,
-                              const float *h0, const float *g0, Geo g) {
+// One recurrence over the chunks of each (sequence, head), for two matrices
+// side by side (rows d[0] + d[1], columns Dk):
+//   S <- e^{b_n} S + (diag(w) L)^T R   per chunk,
+// forward (the states: L = K for H, V for G; R = K; w_s = e^{b_n - b_s} beta_s)
+// or in reverse (the adjoints: L = Delta for Gbar, Y for Hn; R = X; w_s = e^{b_s}).
+// out[pair][slot] holds S at every chunk boundary: forward, slot c is the entry
+// of chunk c (slot nchunks the final state); reverse, slot c is the end of chunk c.
+typedef struct {
+    const bf16 *l16[2];    // left factors [B,T,H,d], bf16 ...
+    const float *l32[2];   // ... or float
+    int d[2];              // rows of the two matrices
+    const bf16 *r;         // right factor [B,T,H,Dk]
+    const float *init[2];  // the starting values [pair][d x Dk] (NULL: zero), times init_sign
+    float init_sign[2];
+    float *out;            // [pair][nslots][(d0 + d1) x Dk]
+    int nslots;
+    float *fin[2];         // reverse: where S before chunk 0 goes [pair][d x Dk] (NULL: nowhere), times fin_sign
+    float fin_sign[2];
+    int reverse;
+} Scan;
+
+// Stores the block's 64-row slice (rows i0.., of a matrix of `rows` rows and Dk columns) times sign.
+__device__ void slice_store(float *dst, const Tile *acc, int i0, int rows, int dk, int nc, float sign) {
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = i0 + f_row(e >> 1), c = f_col(j, e, nc);
+            if (j < nc && i < rows && c < dk) dst[(size_t)i * dk + c] = sign * acc->v[j][e];
+        }
+}
+
+// Grid (slices, pairs): slice z < ceil(d0 / 64) covers rows 64 z.. of matrix 0, the rest matrix 1.
+__global__ void __launch_bounds__(NT, 4) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
     extern __shared__ float sm[];
-    int pair = blockIdx.x, dk = g.Dk, dv = g.Dv;
-    size_t hh = (size_t)dk * dk, hg = hh + (size_t)dv * dk;
-    float *Ks = sm, *Vs = Ks + CH * dk, *b = Vs + CH * dv, *beta = b + CH, *w = beta + CH;
-    float *cur = states + (size_t)pair * (g.nchunks + 1) * hg;
-    for (size_t e = threadIdx.x; e < hg; e += NT)
-        cur[e] = e < hh ? (h0 ? h0[(size_t)pair * hh + e] : 0.0f) : (g0 ? g0[(size_t)pair * (hg - hh) + e - hh] : 0.0f);
-    for (int c = 0; c < g.nchunks; c++) {
-        int t0 = c * CH;
-        __syncthreads();
+    int pair = blockIdx.y, z = blockIdx.x, s0 = (sc.d[0] + CH - 1) / CH, m = z < s0 ? 0 : 1;
+    // the slice's operands, picked without indexing the parameter arrays (which would copy them to the stack)
+    int i0 = CH * (m ? z - s0 : z), dl = m ? sc.d[1] : sc.d[0], dk = g.Dk, nc = g.Dp / 16, ldr = ldrow(g.Dp);
+    const bf16 *l16 = m ? sc.l16[1] : sc.l16[0];
+    const float *l32 = m ? sc.l32[1] : sc.l32[0], *init = m ? sc.init[1] : sc.init[0];
+    float *fin = m ? sc.fin[1] : sc.fin[0];
+    float init_sign = m ? sc.init_sign[1] : sc.init_sign[0], fin_sign = m ? sc.fin_sign[1] : sc.fin_sign[0];
+    float *As = sm, *Rs = As + CH * LDT, *b = Rs + CH * ldr, *beta = b + CH;
+    size_t slot_sz = (size_t)(sc.d[0] + sc.d[1]) * dk, off = m ? (size_t)sc.d[0] * dk : 0;
+    float *out = sc.out + (size_t)pair * sc.nslots * slot_sz + off;
+    Tile acc;
+    tile_zero(&acc);
+    if (init) {
+        const float *src = init + (size_t)pair * dl * dk;
+#pragma unroll
+        for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = i0 + f_row(e >> 1), c = f_col(j, e, nc);
+                if (j < nc && i < dl && c < dk) acc.v[j][e] = init_sign * src[(size_t)i * dk + c];
+            }
+    }
+    for (int step = 0; step < g.nchunks; step++) {
+        int c = sc.reverse ? g.nchunks - 1 - step : step, t0 = c * CH;
+        slice_store(out + (size_t)c * slot_sz, &acc, i0, dl, dk, nc, 1.0f);
         int n = load_decays(b, beta, glog, gbeta, &g, pair, t0);
-        for (int e = threadIdx.x; e < CH * dk; e += NT) {
-            int r = e / dk, t = t0 + r;
-            Ks[e] = t < g.T ? ld(k, tok_index(&g, pair, t) * dk + e % dk) : 0.0f;
+        size_t base = tok_index(&g, pair, t0);
+        // A(i, s) = w_s L[s][i0 + i], k-major: As[s][i]; R row-major
+        for (int e = threadIdx.x; e < CH * CH; e += NT) {
+            int s = e / CH, i = e % CH;
+            float w = s < n ? (sc.reverse ? __expf(b[s]) : __expf(b[n - 1] - b[s]) * beta[s]) : 0.0f, v = 0.0f;
+            if (s < n && i0 + i < dl) {
+                size_t idx = (base + (size_t)s * g.H) * dl + i0 + i;
+                v = l16 ? ld(l16, idx) : l32[idx];
+            }
+            As[s * LDT + i] = w * v;
         }
-        for (int e = threadIdx.x; e < CH * dv; e += NT) {
-            int r = e / dv, t = t0 + r;
-            Vs[e] = t < g.T ? ld(v, tok_index(&g, pair, t) * dv + e % dv) : 0.0f;
-        }
-        for (int r = threadIdx.x; r < CH; r += NT) w[r] = r < n ? __expf(b[n - 1] - b[r]) * beta[r] : 0.0f;
+        load_rows(Rs, ldr, sc.r, &g, pair, t0, dk, g.Dp);
         __syncthreads();
         float decay = __expf(b[n - 1]);
-        float *next = cur + hg;
-        for (size_t e = threadIdx.x; e < hg; e += NT) {
-            int i, j;
-            const float *L;
-            if (e < hh) {
-                i = (int)(e / dk);
-                j = (int)(e % dk);
-                L = Ks;  // H[i][j] += sum_s k_s[i] w_s k_s[j]
-            } else {
-                i = (int)((e - hh) / dk);
-                j = (int)((e - hh) % dk);
-                L = Vs;  // G[i][j] += sum_s v_s[i] w_s k_s[j]
-            }
-            int ld_ = e < hh ? dk : dv;
-            float acc = 0;
-            for (int s = 0; s < n; s++) acc += L[s * ld_ + i] * w[s] * Ks[s * dk + j];
-            next[e] = decay * cur[e] + acc;
-        }
-        cur = next;
+#pragma unroll
+        for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc.v[j][e] *= decay;
+        tile_mma(&acc, As, LDT, 0, Rs, ldr, 1, 0, CH, nc);
+        __syncthreads();  // As and Rs are free for the next chunk
+    }
+    if (!sc.reverse) slice_store(out + (size_t)g.nchunks * slot_sz, &acc, i0, dl, dk, nc, 1.0f);
+    else if (fin) slice_store(fin + (size_t)pair * dl * dk, &acc, i0, dl, dk, nc, fin_sign);
+}
+
+static size_t scan_smem(const Geo *g) { return sizeof(float) * ((size_t)CH * LDT + (size_t)CH * ldrow(g->Dp) + 2 * CH); }
+
+// ---------------------------------------------------------------- the chunk kernels
+
+// Writes per-row integers (CG steps) for the thread's rows, one writer per row.
+__device__ void store_row_ints(int *dst, const int v[FR], const Geo *g, int pair, int t0) {
+    if (!dst || !row_owner()) return;
+#pragma unroll
+    for (int i = 0; i < FR; i++) {
+        int t = t0 + f_row(i);
+        if (t < g->T) dst[tok_index(g, pair, t)] = v[i];
     }
 }
 
@@ -479,37 +589,34 @@ __global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out,
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
     int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = g.Dp / 16, ncv = g.Dvp / 16;
+    int ldk = ldrow(g.Dp), ldv = ldrow(g.Dvp);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
-    load_mat(s.Hs, g.Dp, st_in, g.Dk, g.Dk, g.Dp, g.Dp, 0);
-    load_rows(s.Bm, g.Dp, k, &g, pair, t0, g.Dk, g.Dp);
+    load_mat(s.Hs, ldk, st_in, g.Dk, g.Dk, g.Dp, g.Dp, 0);
+    load_rows(s.Bm, ldk, k, &g, pair, t0, g.Dk, g.Dp);
     load_rows_t(s.Bt, k, &g, pair, t0, g.Dk, g.Dp);
     for (int i = threadIdx.x; i < g.Dp; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
     Tile qt, xt, x0t;
     tile_load(&qt, q, &g, pair, t0, g.Dk, nc);
     if (x0) tile_load(&x0t, x0, &g, pair, t0, g.Dk, nc);
-    int steps[RPT];
+    int steps[FR];
     cg_solve(&xt, &qt, &s, &g, steps, &x0t, x0 != NULL);
     tile_store(x_out, &xt, &g, pair, t0, g.Dk, nc);
-    if (steps_out && t_col() == 0)
-        for (int i = 0; i < RPT; i++) {
-            int t = t0 + t_row0() + i;
-            if (t < g.T) steps_out[tok_index(&g, pair, t)] = steps[i];
-        }
+    store_row_ints(steps_out, steps, &g, pair, t0);
     __syncthreads();
     tile_store_t(s.At, &xt, nc);
-    load_mat(s.Hs, g.Dvp, st_in + hh, g.Dv, g.Dk, g.Dvp, g.Dp, 1);  // G^T: [Dk][Dv]
-    load_rows(s.Bm, g.Dvp, v, &g, pair, t0, g.Dv, g.Dvp);
+    load_mat(s.Hs, ldv, st_in + hh, g.Dv, g.Dk, g.Dvp, g.Dp, 1);  // G^T: [Dk][Dv]
+    load_rows(s.Bm, ldv, v, &g, pair, t0, g.Dv, g.Dvp);
     __syncthreads();
-    tile_scores(s.St, s.At, s.Bt, g.Dp, s.b, s.beta, 0);
-    float eb[RPT];
+    tile_scores(s.St, s.At, 0, s.Bt, 1, g.Dp, s.b, s.beta, 0);
+    float eb[FR];
     row_decays(eb, s.b, 0, 1);
     Tile out;
-    tile_state(&out, s.At, s.Hs, g.Dvp, g.Dp, ncv, eb);
+    tile_state(&out, s.At, 0, s.Hs, ldv, 0, g.Dp, ncv, eb);
     __syncthreads();
-    tile_scores_times(&out, s.St, s.Bm, g.Dvp, ncv, 0);
+    tile_scores_times(&out, s.St, s.Bm, ldv, 1, ncv, 0);
     tile_store(o, &out, &g, pair, t0, g.Dv, ncv);
 }
 
@@ -523,142 +630,71 @@ __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_o
                                                             const float *lambda, const float *states, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = g.Dp / 16;
-    int r0 = t_row0(), cl = t_col();
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = g.Dp / 16, ldk = ldrow(g.Dp);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
     // R = e^b (.) Delta G + ((Delta V^T) (.) M) K
-    load_rows_t(s.At, dout, &g, pair, t0, g.Dv, g.Dvp);            // Delta, k-major
-    load_mat(s.Hs, g.Dp, st_in + hh, g.Dv, g.Dk, g.Dvp, g.Dp, 0);  // G: [Dv][Dk]
-    load_rows_t(s.Bt, v, &g, pair, t0, g.Dv, g.Dvp);               // V, k-major
-    load_rows(s.Bm, g.Dp, k, &g, pair, t0, g.Dk, g.Dp);            // K
+    load_rows_t(s.At, dout, &g, pair, t0, g.Dv, g.Dvp);             // Delta, k-major
+    load_mat(s.Hs, ldk, st_in + hh, g.Dv, g.Dk, g.Dvp, g.Dp, 0);    // G: [Dv][Dk]
+    load_rows_t(s.Bt, v, &g, pair, t0, g.Dv, g.Dvp);                // V, k-major
+    load_rows(s.Bm, ldk, k, &g, pair, t0, g.Dk, g.Dp);              // K
     for (int i = threadIdx.x; i < g.Dp; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
-    tile_scores(s.St, s.At, s.Bt, g.Dvp, s.b, s.beta, 0);
-    float eb[RPT];
+    tile_scores(s.St, s.At, 1, s.Bt, 1, g.Dvp, s.b, s.beta, 0);
+    float eb[FR];
     row_decays(eb, s.b, 0, 1);
     Tile rhs;
-    tile_state(&rhs, s.At, s.Hs, g.Dp, g.Dvp, nc, eb);
+    tile_state(&rhs, s.At, 1, s.Hs, ldk, 0, g.Dvp, nc, eb);
     __syncthreads();
-    tile_scores_times(&rhs, s.St, s.Bm, g.Dp, nc, 0);
+    tile_scores_times(&rhs, s.St, s.Bm, ldk, 1, nc, 0);
     // the second solve, with the forward's operator
     __syncthreads();
-    load_mat(s.Hs, g.Dp, st_in, g.Dk, g.Dk, g.Dp, g.Dp, 0);
+    load_mat(s.Hs, ldk, st_in, g.Dk, g.Dk, g.Dp, g.Dp, 0);
     load_rows_t(s.Bt, k, &g, pair, t0, g.Dk, g.Dp);
     __syncthreads();
     Tile y, xt;
-    int steps[RPT];
+    int steps[FR];
     cg_solve(&y, &rhs, &s, &g, steps, &y, 0);
     tile_load(&xt, x, &g, pair, t0, g.Dk, nc);
     // y.(lambda (.) x) per token, and -sum over the chunk's rows of y (.) x for dlambda
     Tile lx;
 #pragma unroll
-    for (int j = 0; j < MAXC; j++) {
-        float l = j < nc ? s.lam[cl + 16 * j] : 0.0f;
+    for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-        for (int i = 0; i < RPT; i++) lx.v[i][j] = l * xt.v[i][j];
-    }
-    float ylx[RPT];
-    tile_dot(ylx, &y, &lx, nc);
+        for (int e = 0; e < 4; e++) lx.v[j][e] = j < nc ? s.lam[f_col(j, e, nc)] * xt.v[j][e] : 0.0f;
+    float ylx[FR];
+    tile_dot(ylx, &y, &lx, nc, s.red);
     tile_store(dq, &y, &g, pair, t0, g.Dk, nc);
+    tile_store_f(y_out, &y, &g, pair, t0, g.Dk, nc);
+    if (row_owner())
 #pragma unroll
-    for (int i = 0; i < RPT; i++) {
-        int t = t0 + r0 + i;
-        if (t >= g.T) continue;
-        size_t ti = tok_index(&g, pair, t);
-#pragma unroll
-        for (int j = 0; j < MAXC; j++) {
-            int cc = cl + 16 * j;
-            if (j < nc && cc < g.Dk) y_out[ti * g.Dk + cc] = y.v[i][j];
-        }
-        if (cl == 0) {
+        for (int i = 0; i < FR; i++) {
+            int t = t0 + f_row(i);
+            if (t >= g.T) continue;
+            size_t ti = tok_index(&g, pair, t);
             tok_terms[ti] = ylx[i];
             if (steps_out) steps_out[ti] = steps[i];
         }
-    }
     __syncthreads();
     for (int i = threadIdx.x; i < g.Dp; i += NT) s.red[i] = 0;
     __syncthreads();
+    // column sums: over the quad's 8 row groups by shuffles, then across warps in smem
 #pragma unroll
-    for (int j = 0; j < MAXC; j++) {
+    for (int j = 0; j < MAXNT; j++) {
         if (j >= nc) continue;
-        float acc = 0;
 #pragma unroll
-        for (int i = 0; i < RPT; i++)
-            if (t0 + r0 + i < g.T) acc -= y.v[i][j] * xt.v[i][j];
-        atomicAdd(&s.red[cl + 16 * j], acc);
+        for (int e = 0; e < 2; e++) {
+            float acc = 0;
+#pragma unroll
+            for (int i = 0; i < FR; i++)
+                if (t0 + f_row(i) < g.T) acc -= y.v[j][e + 2 * i] * xt.v[j][e + 2 * i];
+            for (int o = 4; o < 32; o <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (lane_id() < 4) atomicAdd(&s.red[f_col(j, e, nc)], acc);
+        }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < g.Dk; i += NT) atomicAdd(&dlambda[(size_t)h * g.Dk + i], s.red[i]);
-}
-
-// The state adjoints at the end of every chunk, in reverse (spec section 4):
-// Gbar_{c-1} = e^{b_n} Gbar_c + Delta^T diag(e^b) X;  Hn_{c-1} = e^{b_n} Hn_c + Y^T diag(e^b) X
-// (Hn = -Hbar). adj[pair][c] = (Gbar [Dv*Dk], Hn [Dk*Dk]) at the end of chunk c;
-// also dg0 = Gbar_{-1}, dh0 = -Hn_{-1}, and db_final = <dhT, H_T> + <dgT, G_T>.
-__global__ void adjoints_kernel(float *adj, float *dh0, float *dg0, float *db_final, const bf16 *x, const bf16 *dout,
-                                const float *y, const float *glog, const float *gbeta, const float *states,
-                                const float *dhT, const float *dgT, Geo g) {
-    extern __shared__ float sm[];
-    int pair = blockIdx.x, dk = g.Dk, dv = g.Dv;
-    size_t gg = (size_t)dv * dk, hh = (size_t)dk * dk, ag = gg + hh;
-    float *Xs = sm, *Ds = Xs + CH * dk, *Ys = Ds + CH * dv, *b = Ys + CH * dk, *beta = b + CH, *red = beta + CH;
-    float *adj_p = adj + (size_t)pair * g.nchunks * ag;
-    // the last chunk's exit adjoints are the final states' gradients
-    float *cur = adj_p + (size_t)(g.nchunks - 1) * ag;
-    for (size_t e = threadIdx.x; e < ag; e += NT)
-        cur[e] = e < gg ? (dgT ? dgT[(size_t)pair * gg + e] : 0.0f) : (dhT ? -dhT[(size_t)pair * hh + e - gg] : 0.0f);
-    const float *fin = states + ((size_t)pair * (g.nchunks + 1) + g.nchunks) * (hh + gg);
-    float acc = 0;
-    for (size_t e = threadIdx.x; e < hh + gg; e += NT)
-        acc += e < hh ? (dhT ? dhT[(size_t)pair * hh + e] * fin[e] : 0.0f) : (dgT ? dgT[(size_t)pair * gg + e - hh] * fin[e] : 0.0f);
-    acc = block_sum(acc, red);
-    if (threadIdx.x == 0) db_final[pair] = acc;
-    for (int c = g.nchunks - 1; c >= 0; c--) {
-        int t0 = c * CH;
-        __syncthreads();
-        int n = load_decays(b, beta, glog, gbeta, &g, pair, t0);
-        for (int e = threadIdx.x; e < CH * dk; e += NT) {
-            int r = e / dk, t = t0 + r;
-            float eb = __expf(b[r]);
-            Xs[e] = t < g.T ? eb * ld(x, tok_index(&g, pair, t) * dk + e % dk) : 0.0f;  // rows scaled by e^{b_t}
-            Ys[e] = t < g.T ? y[tok_index(&g, pair, t) * dk + e % dk] : 0.0f;
-        }
-        for (int e = threadIdx.x; e < CH * dv; e += NT) {
-            int r = e / dv, t = t0 + r;
-            Ds[e] = t < g.T ? ld(dout, tok_index(&g, pair, t) * dv + e % dv) : 0.0f;
-        }
-        __syncthreads();
-        float decay = __expf(b[n - 1]);
-        float *prev = c > 0 ? adj_p + (size_t)(c - 1) * ag : NULL;
-        for (size_t e = threadIdx.x; e < ag; e += NT) {
-            int i, j;
-            const float *L;
-            int ldl;
-            if (e < gg) {
-                i = (int)(e / dk);
-                j = (int)(e % dk);
-                L = Ds;
-                ldl = dv;
-            } else {
-                i = (int)((e - gg) / dk);
-                j = (int)((e - gg) % dk);
-                L = Ys;
-                ldl = dk;
-            }
-            float s = 0;
-            for (int r = 0; r < n; r++) s += L[r * ldl + i] * Xs[r * dk + j];
-            float val = decay * cur[e] + s;
-            if (prev) prev[e] = val;
-            else if (e < gg) {
-                if (dg0) dg0[(size_t)pair * gg + e] = val;
-            } else if (dh0) {
-                dh0[(size_t)pair * hh + e - gg] = -val;
-            }
-        }
-        if (prev) cur = prev;
-    }
 }
 
 // Backward, per chunk, with the adjoints at the chunk's end:
@@ -673,88 +709,109 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
     int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = g.Dp / 16, ncv = g.Dvp / 16;
+    int ldk = ldrow(g.Dp), ldv = ldrow(g.Dvp);
     size_t gg = (size_t)g.Dv * g.Dk, hh = (size_t)g.Dk * g.Dk;
     const float *gbar = adj + ((size_t)pair * g.nchunks + c) * (gg + hh), *hn = gbar + gg;
     int n = load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
-    float u[RPT];
+    float u[FR];
     row_decays(u, s.b, s.b[n - 1], -1);
     Tile P, Qv, R1, R2;
     // P: scores K X^T, times Delta; state Gbar^T [Dk][Dv]
     load_rows_t(s.At, k, &g, pair, t0, g.Dk, g.Dp);
     load_rows_t(s.Bt, x, &g, pair, t0, g.Dk, g.Dp);
-    load_rows(s.Bm, g.Dvp, dout, &g, pair, t0, g.Dv, g.Dvp);
-    load_mat(s.Hs, g.Dvp, gbar, g.Dv, g.Dk, g.Dvp, g.Dp, 1);
+    load_rows(s.Bm, ldv, dout, &g, pair, t0, g.Dv, g.Dvp);
+    load_mat(s.Hs, ldv, gbar, g.Dv, g.Dk, g.Dvp, g.Dp, 1);
     __syncthreads();
-    tile_scores(s.St, s.At, s.Bt, g.Dp, s.b, s.beta, 1);
-    tile_state(&P, s.At, s.Hs, g.Dvp, g.Dp, ncv, u);
+    tile_scores(s.St, s.At, 1, s.Bt, 1, g.Dp, s.b, s.beta, 1);
+    tile_state(&P, s.At, 1, s.Hs, ldv, 0, g.Dp, ncv, u);
     __syncthreads();
-    tile_scores_times(&P, s.St, s.Bm, g.Dvp, ncv, 1);
+    tile_scores_times(&P, s.St, s.Bm, ldv, 1, ncv, 1);
     // R1: the same scores, times Y; state Hn^T
     __syncthreads();
-    load_rows_f(s.Bm, g.Dp, 0, y, &g, pair, t0, g.Dk, g.Dp);
-    load_mat(s.Hs, g.Dp, hn, g.Dk, g.Dk, g.Dp, g.Dp, 1);
+    load_rows_f(s.Bm, ldk, 0, y, &g, pair, t0, g.Dk, g.Dp);
+    load_mat(s.Hs, ldk, hn, g.Dk, g.Dk, g.Dp, g.Dp, 1);
     __syncthreads();
-    tile_state(&R1, s.At, s.Hs, g.Dp, g.Dp, nc, u);
-    tile_scores_times(&R1, s.St, s.Bm, g.Dp, nc, 1);
+    tile_state(&R1, s.At, 1, s.Hs, ldk, 0, g.Dp, nc, u);
+    tile_scores_times(&R1, s.St, s.Bm, ldk, 0, nc, 1);
     // R2: scores K Y^T, times X; state Hn
     __syncthreads();
     load_rows_f(s.Bt, 0, 1, y, &g, pair, t0, g.Dk, g.Dp);
-    load_rows(s.Bm, g.Dp, x, &g, pair, t0, g.Dk, g.Dp);
-    load_mat(s.Hs, g.Dp, hn, g.Dk, g.Dk, g.Dp, g.Dp, 0);
+    load_rows(s.Bm, ldk, x, &g, pair, t0, g.Dk, g.Dp);
+    load_mat(s.Hs, ldk, hn, g.Dk, g.Dk, g.Dp, g.Dp, 0);
     __syncthreads();
-    tile_scores(s.St, s.At, s.Bt, g.Dp, s.b, s.beta, 1);
-    tile_state(&R2, s.At, s.Hs, g.Dp, g.Dp, nc, u);
+    tile_scores(s.St, s.At, 1, s.Bt, 0, g.Dp, s.b, s.beta, 1);
+    tile_state(&R2, s.At, 1, s.Hs, ldk, 0, g.Dp, nc, u);
     __syncthreads();
-    tile_scores_times(&R2, s.St, s.Bm, g.Dp, nc, 1);
+    tile_scores_times(&R2, s.St, s.Bm, ldk, 1, nc, 1);
     // Qv: scores V Delta^T, times X (still in Bm); state Gbar [Dv][Dk]
     __syncthreads();
     load_rows_t(s.At, v, &g, pair, t0, g.Dv, g.Dvp);
     load_rows_t(s.Bt, dout, &g, pair, t0, g.Dv, g.Dvp);
-    load_mat(s.Hs, g.Dp, gbar, g.Dv, g.Dk, g.Dvp, g.Dp, 0);
+    load_mat(s.Hs, ldk, gbar, g.Dv, g.Dk, g.Dvp, g.Dp, 0);
     __syncthreads();
-    tile_scores(s.St, s.At, s.Bt, g.Dvp, s.b, s.beta, 1);
-    tile_state(&Qv, s.At, s.Hs, g.Dp, g.Dvp, nc, u);
+    tile_scores(s.St, s.At, 1, s.Bt, 1, g.Dvp, s.b, s.beta, 1);
+    tile_state(&Qv, s.At, 1, s.Hs, ldk, 0, g.Dvp, nc, u);
     __syncthreads();
-    tile_scores_times(&Qv, s.St, s.Bm, g.Dp, nc, 1);
+    tile_scores_times(&Qv, s.St, s.Bm, ldk, 1, nc, 1);
     // per-token results
     Tile kt, vt;
     tile_load(&kt, k, &g, pair, t0, g.Dk, nc);
     tile_load(&vt, v, &g, pair, t0, g.Dv, ncv);
-    float vp[RPT], kr[RPT];
-    tile_dot(vp, &vt, &P, ncv);
-    tile_dot(kr, &kt, &R1, nc);
+    float vp[FR], kr[FR];
+    tile_dot(vp, &vt, &P, ncv, s.red);
+    tile_dot(kr, &kt, &R1, nc, s.red);
     Tile dkt, dvt;
 #pragma unroll
-    for (int i = 0; i < RPT; i++) {
-        float beta = s.beta[t_row0() + i];
+    for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-        for (int j = 0; j < MAXC; j++) {
-            dvt.v[i][j] = beta * P.v[i][j];
-            dkt.v[i][j] = beta * (Qv.v[i][j] - R1.v[i][j] - R2.v[i][j]);
+        for (int e = 0; e < 4; e++) {
+            float beta = s.beta[f_row(e >> 1)];
+            dvt.v[j][e] = beta * P.v[j][e];
+            dkt.v[j][e] = beta * (Qv.v[j][e] - R1.v[j][e] - R2.v[j][e]);
         }
-    }
     tile_store(dv_out, &dvt, &g, pair, t0, g.Dv, ncv);
     tile_store(dk_out, &dkt, &g, pair, t0, g.Dk, nc);
-    if (t_col() == 0)
-        for (int i = 0; i < RPT; i++) {
-            int t = t0 + t_row0() + i;
+    if (row_owner())
+#pragma unroll
+        for (int i = 0; i < FR; i++) {
+            int t = t0 + f_row(i);
             if (t >= g.T) continue;
             size_t ti = tok_index(&g, pair, t);
             float dbeta = vp[i] - kr[i];
             dbeta_out[ti] = dbeta;
-            db_out[ti] = tok_terms[ti] - s.beta[t_row0() + i] * dbeta;
+            db_out[ti] = tok_terms[ti] - s.beta[f_row(i)] * dbeta;
         }
 }
 
-// dg_t = sum_{u >= t} db_u (the final states' term joins the last token), one thread per pair.
+// db_final[pair] = <dhT, H_T> + <dgT, G_T> (the final states' term of dL/db), one block per pair.
+__global__ void final_dot_kernel(float *db_final, const float *states, const float *dhT, const float *dgT, Geo g) {
+    __shared__ float red[32];
+    int pair = blockIdx.x;
+    size_t hh = (size_t)g.Dk * g.Dk, gg = (size_t)g.Dv * g.Dk;
+    const float *fin = states + ((size_t)pair * (g.nchunks + 1) + g.nchunks) * (hh + gg);
+    float acc = 0;
+    for (size_t e = threadIdx.x; e < hh + gg; e += blockDim.x)
+        acc += e < hh ? (dhT ? dhT[(size_t)pair * hh + e] * fin[e] : 0.0f) : (dgT ? dgT[(size_t)pair * gg + e - hh] * fin[e] : 0.0f);
+    acc = block_sum(acc, red);
+    if (threadIdx.x == 0) db_final[pair] = acc;
+}
+
+// dg_t = db_final + sum_{u >= t} db_u, one warp per pair: windows of 32 tokens
+// from the end, a shuffle scan inside each, the running sum carried across.
 __global__ void dg_scan_kernel(float *dg, const float *db, const float *db_final, Geo g) {
-    int pair = blockIdx.x * blockDim.x + threadIdx.x;
-    if (pair >= g.B * g.H) return;
-    float acc = db_final[pair];
-    for (int t = g.T - 1; t >= 0; t--) {
-        size_t ti = tok_index(&g, pair, t);
-        acc += db[ti];
-        dg[ti] = acc;
+    int pair = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = lane_id();
+    if (pair >= g.B * g.H) return;  // the whole warp
+    float carry = db_final[pair];
+    for (int top = g.T - 1; top >= 0; top -= 32) {
+        int t = top - lane;  // lane 0 is the latest token of the window
+        float v = t >= 0 ? db[tok_index(&g, pair, t)] : 0.0f;
+        for (int o = 1; o < 32; o <<= 1) {
+            float u = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += u;
+        }
+        v += carry;
+        if (t >= 0) dg[tok_index(&g, pair, t)] = v;
+        carry = __shfl_sync(0xffffffffu, v, 31);
     }
 }
 
@@ -791,14 +848,21 @@ static size_t states_floats(const Geo *g) {
     return (size_t)g->B * g->H * (g->nchunks + 1) * ((size_t)g->Dk * g->Dk + (size_t)g->Dv * g->Dk);
 }
 
-static int run_states(const Backend *be, float *states, const bf16 *k, const bf16 *v, const float *glog,
-                      const float *beta, const float *h0, const float *g0, const Geo *g) {
+static int run_scan(const Backend *be, const Scan *sc, const float *glog, const float *beta, const Geo *g) {
     CudaCtx *c = cuda_ctx(be);
-    size_t smem = sizeof(float) * ((size_t)CH * (g->Dk + g->Dv) + 3 * CH);
-    MN_TRY(set_smem((const void *)states_kernel, smem, c));
-    states_kernel<<<g->B * g->H, NT, smem, c->stream>>>(states, k, v, glog, beta, h0, g0, *g);
+    size_t smem = scan_smem(g);
+    MN_TRY(set_smem((const void *)scan_kernel, smem, c));
+    dim3 grid((unsigned)((sc->d[0] + CH - 1) / CH + (sc->d[1] + CH - 1) / CH), (unsigned)(g->B * g->H));
+    scan_kernel<<<grid, NT, smem, c->stream>>>(*sc, glog, beta, *g);
     LAUNCH_CHECK();
     return MN_OK;
+}
+
+// The states entering every chunk, and the final ones: states[pair][c] = (H [Dk*Dk], G [Dv*Dk]), c = 0 .. nchunks.
+static int run_states(const Backend *be, float *states, const bf16 *k, const bf16 *v, const float *glog,
+                      const float *beta, const float *h0, const float *g0, const Geo *g) {
+    Scan sc = {{k, v}, {NULL, NULL}, {g->Dk, g->Dv}, k, {h0, g0}, {1, 1}, states, g->nchunks + 1, {NULL, NULL}, {1, 1}, 0};
+    return run_scan(be, &sc, glog, beta, g);
 }
 
 // Copies the final states (the last entry of the states workspace) out.
@@ -877,18 +941,18 @@ extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSol
     cg_backward_kernel<<<grid, NT, smem, c->stream>>>((bf16 *)io->dq, y, terms, io->dlambda, steps, (const bf16 *)io->k,
                                                       (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, io->g, io->beta, io->lambda, states, g);
     LAUNCH_CHECK();
-    size_t asmem = sizeof(float) * ((size_t)CH * (2 * g.Dk + g.Dv) + 2 * CH + 32);
-    MN_TRY(set_smem((const void *)adjoints_kernel, asmem, c));
-    adjoints_kernel<<<(unsigned)pairs, NT, asmem, c->stream>>>(adj, io->dh0, io->dg0, db_final, (const bf16 *)io->x,
-                                                               (const bf16 *)io->dout, y, io->g, io->beta, states,
-                                                               io->dhT, io->dgT, g);
+    // the adjoints at every chunk's end (Gbar [Dv*Dk], Hn = -Hbar [Dk*Dk]), from (dgT, -dhT) in reverse
+    final_dot_kernel<<<(unsigned)pairs, 256, 0, c->stream>>>(db_final, states, io->dhT, io->dgT, g);
     LAUNCH_CHECK();
+    Scan sc = {{(const bf16 *)io->dout, NULL}, {NULL, y}, {g.Dv, g.Dk}, (const bf16 *)io->x, {io->dgT, io->dhT}, {1, -1},
+               adj, g.nchunks, {io->dg0, io->dh0}, {1, -1}, 1};
+    MN_TRY(run_scan(be, &sc, io->g, io->beta, &g));
     MN_TRY(set_smem((const void *)grads_kernel, smem, c));
     grads_kernel<<<grid, NT, smem, c->stream>>>((bf16 *)io->dk, (bf16 *)io->dv, io->dbeta, db, (const bf16 *)io->k,
                                                 (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, y, terms,
                                                 io->g, io->beta, adj, g);
     LAUNCH_CHECK();
-    dg_scan_kernel<<<(unsigned)((pairs + 127) / 128), 128, 0, c->stream>>>(io->dg, db, db_final, g);
+    dg_scan_kernel<<<(unsigned)((pairs + 3) / 4), 128, 0, c->stream>>>(io->dg, db, db_final, g);
     LAUNCH_CHECK();
     return copy_steps(be, io->steps, steps, ntok);
 }
