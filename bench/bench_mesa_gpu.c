@@ -44,14 +44,15 @@ static void *up(const Backend *be, const double *x, size_t n, MemKind k) {
     return p;
 }
 
-// Relative L2 error of o against the exact solve, on (b = 0, h < 2, t < 512).
-static double accuracy(const Backend *be, const BenchMesaInputs *h, const void *go) {
+// The exact float64 forward on (b = 0, h < 2, t < 512) of the inputs, from
+// the given initial states (or zero): o [t][h][Dv] and the final states.
+static void exact_first(const BenchMesaInputs *h, const double *h0, const double *g0, double *o, double *hT, double *gT) {
     MnMesaDims d = h->d;
     int T = d.T < 512 ? d.T : 512, H = d.H < 2 ? d.H : 2;
     MnMesaDims s = {1, T, H, d.Dk, d.Dv};
     size_t nk = (size_t)T * H * d.Dk, nv = (size_t)T * H * d.Dv, ng = (size_t)T * H;
     double *q = xcalloc(nk, 8), *k = xcalloc(nk, 8), *v = xcalloc(nv, 8), *g = xcalloc(ng, 8), *b = xcalloc(ng, 8);
-    double *o = xcalloc(nv, 8), *x = xcalloc(nk, 8), *all = xcalloc(h->nv, 8);
+    double *x = xcalloc(nk, 8);
     for (int t = 0; t < T; t++)
         for (int hh = 0; hh < H; hh++) {
             size_t src = (size_t)t * d.H + hh, dst = (size_t)t * H + hh;
@@ -61,19 +62,47 @@ static double accuracy(const Backend *be, const BenchMesaInputs *h, const void *
             g[dst] = h->g[src];
             b[dst] = h->beta[src];
         }
-    MesaFwd64 fw = {q, k, v, g, b, h->lambda, NULL, NULL, NULL, o, x, NULL, NULL, NULL};
+    MesaFwd64 fw = {q, k, v, g, b, h->lambda, h0, g0, NULL, o, x, hT, gT, NULL};
     if (ref_mesa_forward(&s, NULL, &fw)) die("%s", mn_last_error());
+    free(q); free(k); free(v); free(g); free(b); free(x);
+}
+
+// Relative L2 error of the GPU's o [B,T,H,Dv] against `exact` [t][h][Dv] on (b = 0, h < 2, t < 512).
+static double rel_error_first(const Backend *be, const BenchMesaInputs *h, const void *go, const double *exact) {
+    MnMesaDims d = h->d;
+    int T = d.T < 512 ? d.T : 512, H = d.H < 2 ? d.H : 2;
+    double *all = xcalloc(h->nv, 8), num = 0, den = 0;
     if (be->download(be, all, go, h->nv, MEM_ACT)) die("%s", mn_last_error());
-    double num = 0, den = 0;
     for (int t = 0; t < T; t++)
         for (int hh = 0; hh < H; hh++)
             for (int i = 0; i < d.Dv; i++) {
-                double a = all[((size_t)t * d.H + hh) * d.Dv + i], e = o[((size_t)t * H + hh) * d.Dv + i];
+                double a = all[((size_t)t * d.H + hh) * d.Dv + i], e = exact[((size_t)t * H + hh) * d.Dv + i];
                 num += (a - e) * (a - e);
                 den += e * e;
             }
-    free(q); free(k); free(v); free(g); free(b); free(o); free(x); free(all);
+    free(all);
     return sqrt(num / den);
+}
+
+// Relative L2 error of o against the exact solve, on (b = 0, h < 2, t < 512).
+static double accuracy(const Backend *be, const BenchMesaInputs *h, const void *go) {
+    double *o = xcalloc(h->nv, 8);
+    exact_first(h, NULL, NULL, o, NULL, NULL);
+    double e = rel_error_first(be, h, go, o);
+    free(o);
+    return e;
+}
+
+// The same for a decode step: `one` (T = 1) after the prefill `pre`.
+static double decode_accuracy(const Backend *be, const BenchMesaInputs *pre, const BenchMesaInputs *one, const void *go) {
+    MnMesaDims d = pre->d;
+    size_t ns = (size_t)2 * d.Dk * d.Dk;
+    double *o = xcalloc(pre->nv, 8), *hs = xcalloc(ns, 8), *gs = xcalloc(ns, 8);
+    exact_first(pre, NULL, NULL, o, hs, gs);
+    exact_first(one, hs, gs, o, NULL, NULL);
+    double e = rel_error_first(be, one, go, o);
+    free(o); free(hs); free(gs);
+    return e;
 }
 
 // bf16 matrix-product ceiling: an n x n x n product through the backend's linear op.
@@ -111,6 +140,17 @@ static double median_time(const Backend *be, int reps, int (*fn)(void *), void *
         t[r] = mn_now() - t0;
     }
     return bench_median(t, reps);
+}
+
+// Seconds per call over n back-to-back calls and one synchronization: what a
+// stream of decode steps costs, launch overheads included, host waits not.
+static double stream_time(const Backend *be, int n, int (*fn)(void *), void *ctx) {
+    if (fn(ctx) || be->sync(be)) die("%s", mn_last_error());
+    double t0 = mn_now();
+    for (int r = 0; r < n; r++)
+        if (fn(ctx)) die("%s", mn_last_error());
+    if (be->sync(be)) die("%s", mn_last_error());
+    return (mn_now() - t0) / n;
 }
 
 typedef struct {
@@ -201,8 +241,8 @@ int bench_mesa_gpu(int argc, char **argv) {
     // Decode: one token for B sequences, H = 16, D = 128, after a 512-token prefill.
     int bs[8], nb = *decode_s ? bench_parse_ints(decode_s, bs, 8) : 0;
     if (nb < 0) die("--decode: expected comma-separated positive batch sizes, or \"\"");
-    if (nb) printf("\ndecode step (H=16, D=128, after a 512-token prefill):\n%6s %-9s | %10s %12s %6s\n", "B", "CG",
-                   "ms/token", "tokens/s", "steps");
+    if (nb) printf("\ndecode step (H=16, D=128, after a 512-token prefill; rel err of the first step):\n%6s %-9s | %10s %12s %6s | %9s\n", "B", "CG",
+                   "ms/token", "tokens/s", "steps", "rel err");
     for (int bi = 0; bi < nb; bi++) {
         int B = bs[bi], H = 16, D = 128, T0 = 512;
         BenchMesaInputs pre, one;
@@ -226,12 +266,15 @@ int bench_mesa_gpu(int argc, char **argv) {
             r.s.tol = mode ? tol : 0;
             MnMesaFwd f1 = {q1, k1, v1, g1, b1, lam, hs, gs, NULL, o1, x1, hs, gs, st1};
             r.f = f1;
-            double t = median_time(be, reps, run_fwd, &r), sm = 0;
+            if (run_fwd(&r)) die("%s", mn_last_error());  // the CG steps and the accuracy, untimed
+            double err = mode == 0 ? decode_accuracy(be, &pre, &one, o1) : NAN;
+            r.f.steps = NULL;  // timed as a stream of steps, as fla's do_bench times its decode step
+            double t = stream_time(be, 10 * reps, run_fwd, &r), sm = 0;
             for (size_t i = 0; i < one.ng; i++) sm += st1[i] / (double)one.ng;
             char cg[32];
             if (mode) snprintf(cg, sizeof cg, "tol %.0e", (double)tol);
             else snprintf(cg, sizeof cg, "30 steps");
-            printf("%6d %-9s | %10.3f %12.0f %6.1f\n", B, cg, 1e3 * t, B / t, sm);
+            printf("%6d %-9s | %10.3f %12.0f %6.1f | %9.2e\n", B, cg, 1e3 * t, B / t, sm, err);
         }
         void *bufs[] = {q, k, v, g, b, lam, o, x, hs, gs, q1, k1, v1, g1, b1, o1, x1};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);

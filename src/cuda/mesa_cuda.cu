@@ -815,6 +815,160 @@ __global__ void dg_scan_kernel(float *dg, const float *db, const float *db_final
     }
 }
 
+// ---------------------------------------------------------------- decode (T = 1)
+
+#define DEC_BATCH 16  // state loads each decode thread keeps in flight
+
+// Both sums over the block at once (one pair of barriers instead of two); red: 64 floats of smem.
+__device__ __forceinline__ void block_sum2(float *a, float *b, float *red) {
+    float x = warp_sum(*a), y = warp_sum(*b);
+    __syncthreads();  // the previous readers of red are done
+    if (lane_id() == 0) {
+        red[warp_id()] = x;
+        red[32 + warp_id()] = y;
+    }
+    __syncthreads();
+    int nw = blockDim.x >> 5;
+    x = lane_id() < nw ? red[lane_id()] : 0.0f;
+    y = lane_id() < nw ? red[32 + lane_id()] : 0.0f;
+    *a = warp_sum(x);
+    *b = warp_sum(y);
+}
+
+// y_i = (H' p)_i for the owners (tid < Dk): H' symmetric, so thread i reads
+// column i (consecutive threads, consecutive banks); the two halves of the
+// block each take every other k, joined through `part` ([2][128]).
+__device__ __forceinline__ float decode_matvec(const float *Hs, const float *ps, float *part, int dk) {
+    int i = threadIdx.x & 127, half = threadIdx.x >> 7;
+    __syncthreads();  // ps is written
+    if (i < dk) {
+        float s0 = 0, s1 = 0;
+        int k = half;
+        for (; k + 2 < dk; k += 4) {
+            s0 += Hs[k * dk + i] * ps[k];
+            s1 += Hs[(k + 2) * dk + i] * ps[k + 2];
+        }
+        if (k < dk) s0 += Hs[k * dk + i] * ps[k];
+        part[half * 128 + i] = s0 + s1;
+    }
+    __syncthreads();
+    return threadIdx.x < dk ? part[threadIdx.x] + part[128 + threadIdx.x] : 0.0f;
+}
+
+// One token for every (sequence, head), a block each (NT threads): the
+// recurrent form (spec section 1) without the chunk machinery, which would pad
+// the one row to 64. H' = gamma H + beta k k^T is built in smem (and written to
+// hT), CG solves (H' + diag(lambda)) x = q with thread i < Dk owning x_i, then
+// G' = gamma G + beta v k^T streams from global (written to gT) into o = G' x.
+// In place (hT = h0, gT = g0) is safe: each state element is read and written
+// by the same thread.
+__global__ void __launch_bounds__(NT) decode_kernel(bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q, const bf16 *k,
+                                                    const bf16 *v, const float *glog, const float *gbeta,
+                                                    const float *lambda, const float *h0, const float *g0, float *hT,
+                                                    float *gT, const bf16 *x0, Geo g) {
+    extern __shared__ float sm[];
+    int pair = blockIdx.x, h = pair % g.H, dk = g.Dk, dv = g.Dv, tid = threadIdx.x, own = tid < dk;
+    float *Hs = sm, *ks = Hs + dk * dk, *vs = ks + dk, *ps = vs + dv, *part = ps + dk, *red = part + 256;
+    size_t ti = pair;  // T = 1: token index = b H + h = pair
+    size_t hh = (size_t)dk * dk, gg = (size_t)dv * dk;
+    float gamma = __expf(glog[ti]), beta = gbeta[ti];
+    for (int j = tid; j < dk; j += NT) ks[j] = ld(k, ti * dk + j);
+    for (int i = tid; i < dv; i += NT) vs[i] = beta * ld(v, ti * dv + i);
+    __syncthreads();
+    // H' in batches of DEC_BATCH loads per thread issued before any store: with
+    // hT = h0 a store may alias a later load, so unbatched each element would
+    // wait out a full memory latency.
+    const float *hin = h0 ? h0 + pair * hh : NULL;
+    float *hout = hT ? hT + pair * hh : NULL;
+    for (int e0 = tid; e0 < dk * dk; e0 += NT * DEC_BATCH) {
+        float hv[DEC_BATCH];
+#pragma unroll
+        for (int u = 0; u < DEC_BATCH; u++) {
+            int e = e0 + u * NT;
+            hv[u] = hin && e < dk * dk ? hin[e] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < DEC_BATCH; u++) {
+            int e = e0 + u * NT;
+            if (e >= dk * dk) break;
+            float val = gamma * hv[u] + beta * ks[e / dk] * ks[e % dk];
+            Hs[e] = val;
+            if (hout) hout[e] = val;
+        }
+    }
+    __syncthreads();
+    // CG (the same rules as cg_solve: relative tolerance with its floor, exact-convergence stop)
+    float qi = own ? ld(q, ti * dk + tid) : 0.0f, lam = own ? lambda[(size_t)h * dk + tid] : 0.0f;
+    float diag = own ? Hs[tid * dk + tid] + lam : 1.0f, x = 0, r = qi;
+    if (g.init == MN_CG_INIT_GIVEN && x0) x = own ? ld(x0, ti * dk + tid) : 0.0f;
+    else if (g.init == MN_CG_INIT_JACOBI) x = qi / diag;
+    if ((x0 && g.init == MN_CG_INIT_GIVEN) || g.init == MN_CG_INIT_JACOBI) {
+        if (own) ps[tid] = x;
+        r = qi - decode_matvec(Hs, ps, part, dk) - lam * x;
+    }
+    float z = g.precond ? r / diag : r, qq = qi * qi, rr = r * r, rz = r * z, p = z;
+    block_sum2(&qq, &rr, red);
+    float none = 0;
+    block_sum2(&rz, &none, red);
+    float thresh = g.tol2 * qq;
+    int steps = 0;
+    int active = rr > thresh;
+    for (int step = 1; active && step <= g.max_steps; step++) {
+        __syncthreads();  // the previous readers of ps are done
+        if (own) ps[tid] = p;
+        float ap = decode_matvec(Hs, ps, part, dk) + lam * p, pap = p * ap, dummy = 0;
+        block_sum2(&pap, &dummy, red);
+        if (!(pap > 0) || !(rz > 0)) break;  // converged exactly, or non-finite input
+        float alpha = rz / pap;
+        x += alpha * p;
+        r -= alpha * ap;
+        steps = step;
+        z = g.precond ? r / diag : r;
+        float rr2 = r * r, rzn = r * z;
+        block_sum2(&rr2, &rzn, red);
+        if (!(rr2 > thresh)) break;
+        p = z + (rzn / rz) * p;
+        rz = rzn;
+    }
+    if (own) st(x_out, ti * dk + tid, x);
+    if (steps_out && tid == 0) steps_out[ti] = steps;
+    __syncthreads();
+    if (own) ps[tid] = x;
+    __syncthreads();
+    // o = G' x, G' = gamma G + beta v k^T: a warp per row of G, lanes along its
+    // columns (Dk <= 128: four per lane), four rows' loads in flight at once
+    const float *gin = g0 ? g0 + pair * gg : NULL;
+    float *gout = gT ? gT + pair * gg : NULL;
+    for (int i0 = warp_id(); i0 < dv; i0 += 4 * (NT / 32)) {
+        float gv[4][MAXD / 32];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int c = 0; c < MAXD / 32; c++) {
+                int i = i0 + u * (NT / 32), j = lane_id() + 32 * c;
+                gv[u][c] = gin && i < dv && j < dk ? gin[(size_t)i * dk + j] : 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = i0 + u * (NT / 32);
+            if (i >= dv) break;  // the same for the whole warp
+            float acc = 0;
+#pragma unroll
+            for (int c = 0; c < MAXD / 32; c++) {
+                int j = lane_id() + 32 * c;
+                if (j >= dk) break;
+                float val = gamma * gv[u][c] + vs[i] * ks[j];
+                if (gout) gout[(size_t)i * dk + j] = val;
+                acc += val * ps[j];
+            }
+            acc = warp_sum(acc);
+            if (lane_id() == 0) st(o, ti * dv + i, acc);
+        }
+    }
+}
+
+static size_t decode_smem(const Geo *g) { return sizeof(float) * ((size_t)g->Dk * g->Dk + 2 * g->Dk + g->Dv + 256 + 64); }
+
 // ------------------------------------------------------------------------ the host side
 
 static int make_geo(Geo *g, const MnMesaDims *d, const MnSolver *s) {
@@ -900,6 +1054,15 @@ extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSol
     if (!ws) return MN_ERR_NOMEM;
     float *states = (float *)ws;
     int *steps = (int *)(ws + nst * sizeof(float));
+    if (d->T == 1) {  // decoding: the recurrent kernel
+        size_t smem = decode_smem(&g);
+        MN_TRY(set_smem((const void *)decode_kernel, smem, c));
+        decode_kernel<<<(unsigned)(d->B * d->H), NT, smem, c->stream>>>(
+            (bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
+            io->beta, io->lambda, io->h0, io->g0, io->hT, io->gT, s->init == MN_CG_INIT_GIVEN ? (const bf16 *)io->x0 : NULL, g);
+        LAUNCH_CHECK();
+        return copy_steps(be, io->steps, steps, ntok);
+    }
     MN_TRY(run_states(be, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0, &g));
     size_t smem = sizeof(float) * smem_floats(g.Dp, g.Dvp);
     MN_TRY(set_smem((const void *)cg_forward_kernel, smem, c));

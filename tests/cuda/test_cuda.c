@@ -247,7 +247,9 @@ TEST(cuda_mesa_matches_reference) {
     struct {
         int B, T, H, Dk, Dv, states, variant;
     } shapes[] = {{1, 5, 1, 12, 12, 0, 0}, {2, 37, 3, 16, 8, 1, 1}, {2, 130, 2, 32, 48, 1, 2},
-                  {1, 200, 2, 64, 64, 0, 3}, {1, 129, 1, 128, 128, 1, 0}};
+                  {1, 200, 2, 64, 64, 0, 3}, {1, 129, 1, 128, 128, 1, 0},
+                  // T = 1 takes the decode kernel
+                  {4, 1, 3, 128, 128, 1, 0}, {3, 1, 2, 16, 8, 1, 3}, {2, 1, 2, 48, 64, 1, 1}, {2, 1, 1, 32, 32, 0, 2}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         MnMesaDims d = {shapes[si].B, shapes[si].T, shapes[si].H, shapes[si].Dk, shapes[si].Dv};
         MesaCase c;
@@ -303,7 +305,21 @@ TEST(cuda_mesa_matches_reference) {
         cmp("mesa dk", gdk, dk, c.nq, MEM_ACT, 5e-3);
         cmp("mesa dv", gdv, dv, c.nv, MEM_ACT, 5e-3);
         // dg and dbeta sum products of bf16-stored x over the sequence: measured up to 6.3e-3
-        cmp("mesa dg", gdg, dg, c.ng, MEM_F32, 1e-2);
+        if (d.T == 1 && !c.h0) {
+            // One token, no initial state: the decay scales nothing, so dg is exactly 0 and a relative
+            // error means nothing. The GPU's dg is y.(lambda x) - beta dbeta cancelling; it must stay
+            // within 1% of the size of dbeta (the cancelling terms' scale).
+            double *h = from_gpu(gdg, c.ng, MEM_F32), worst = 0, scale = 0;
+            for (size_t i = 0; i < c.ng; i++) {
+                worst = fmax(worst, fabs(h[i]));
+                scale = fmax(scale, fabs(dbt[i]));
+            }
+            test_note("mesa dg (exactly 0): largest |dg| %.2e, largest |dbeta| %.2e", worst, scale);
+            CHECK(worst <= 1e-2 * scale, "mesa dg: %.3g, expected 0 (up to 1%% of %.3g)", worst, scale);
+            free(h);
+        } else {
+            cmp("mesa dg", gdg, dg, c.ng, MEM_F32, 1e-2);
+        }
         cmp("mesa dbeta", gdbt, dbt, c.ng, MEM_F32, 1e-2);
         cmp("mesa dlambda", gdl, dl, c.nl, MEM_F32, 5e-3);
         if (c.h0) {
