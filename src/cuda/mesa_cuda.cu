@@ -23,7 +23,15 @@
  *
  * Kernels, forward: scan (states) -> cg_forward. Backward: scan (states) ->
  * cg_backward (the second solve, per-token terms) -> scan (adjoints) -> grads
- * (per chunk) -> dg_scan (reverse cumulative sum of dL/db).
+ * (per chunk) -> dg_scan (reverse cumulative sum of dL/db). Decoding (T = 1):
+ * decode_kernel alone, the recurrent form with a block per (sequence, head).
+ *
+ * Measured on an H100 (ncu, 8x2048x16x128): the chunk kernels issue about
+ * 0.35 instructions per cycle per scheduler, limited by dependent latencies
+ * with 2 warps per scheduler (one 225 KB block per multiprocessor); the tensor
+ * pipe is 13% busy. Unrolling the k loop, reordering the split products and
+ * dropping the split altogether each changed the time by 5% or less: the next
+ * step is a layout with two blocks per multiprocessor, not a tighter loop.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -83,9 +91,11 @@ __device__ __forceinline__ void tile_zero(Tile *t) {
 }
 
 // out[i] = a_row . b_row for the thread's rows. Rows span the 4 lanes of a
-// quad and the two column-half warps; `red` ([2][CH] floats of smem) joins the
-// halves. Called by all threads (it synchronizes the block).
-__device__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, float *red) {
+// quad and the two column-half warps; `red` (two buffers of [2][CH] floats in
+// smem) joins the halves. Called by all threads with the same *phase sequence:
+// successive dots alternate buffers, so one barrier per dot suffices (a buffer
+// is rewritten only after the next dot's barrier, which its readers passed).
+__device__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, float *red, int *phase) {
     float s[FR] = {0, 0};
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
@@ -97,7 +107,8 @@ __device__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, fl
         s[i] += __shfl_xor_sync(0xffffffffu, s[i], 1);
         s[i] += __shfl_xor_sync(0xffffffffu, s[i], 2);
     }
-    __syncthreads();  // the previous readers of red are done
+    red += (*phase & 1) * 2 * CH;
+    (*phase)++;
     if ((lane_id() & 3) == 0)
 #pragma unroll
         for (int i = 0; i < FR; i++) red[(warp_id() >> 2) * CH + f_row(i)] = s[i];
@@ -317,12 +328,12 @@ typedef struct {
     float *Bm;   // [CH][ldrow(Dm)] the matrix the scores multiply, row-major (K, V, Delta, Y, X)
     float *St;   // [CH][LDT] masked scores, transposed
     float *Dg;   // [CH][Dm]  the Jacobi diagonal
-    float *b, *beta, *lam, *red;  // [CH], [CH], [Dm], [2 CH]
+    float *b, *beta, *lam, *red;  // [CH], [CH], [Dm], [2][2][CH] (tile_dot's two buffers)
 } Smem;
 
 static size_t smem_floats(int Dp, int Dvp) {
     size_t dm = Dp > Dvp ? Dp : Dvp;
-    return dm * ldrow((int)dm) + 2 * dm * LDT + CH * ldrow((int)dm) + (size_t)CH * LDT + CH * dm + 2 * CH + dm + 2 * CH;
+    return dm * ldrow((int)dm) + 2 * dm * LDT + CH * ldrow((int)dm) + (size_t)CH * LDT + CH * dm + 2 * CH + dm + 4 * CH;
 }
 
 __device__ Smem carve(float *base, const Geo *g) {
@@ -352,7 +363,7 @@ __device__ __forceinline__ void row_decays(float out[FR], const float *b, float 
 // p_exact: P holds TF32 values (CG's directions; see cg_solve), no split needed.
 __device__ __forceinline__ void apply_operator(Tile *ap, const Tile *p, const Smem *s, const Geo *g, int p_exact) {
     int nc = g->Dp / 16, ld = ldrow(g->Dp);
-    __syncthreads();  // the previous readers of At and St are done
+    // callers have synchronized since the last reads of At and St (cg_solve: the loop's barrier)
     tile_store_t(s->At, p, nc);
     __syncthreads();
     tile_scores(s->St, s->At, p_exact, s->Bt, 1, g->Dp, s->b, s->beta, 0);
@@ -425,11 +436,11 @@ __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, in
         r = *q;
     }
     float qq[FR], rr[FR], rz[FR], thresh[FR];
-    int active[FR];
-    tile_dot(qq, q, q, nc, s->red);
-    tile_dot(rr, &r, &r, nc, s->red);
+    int active[FR], phase = 0;
+    tile_dot(qq, q, q, nc, s->red, &phase);
+    tile_dot(rr, &r, &r, nc, s->red, &phase);
     precondition(&p, &r, s, g, g->precond);
-    tile_dot(rz, &r, &p, nc, s->red);
+    tile_dot(rz, &r, &p, nc, s->red, &phase);
 #pragma unroll
     for (int i = 0; i < FR; i++) {
         thresh[i] = g->tol2 * qq[i];
@@ -444,7 +455,7 @@ __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, in
         if (!__syncthreads_or(active[0] | active[1])) break;
         apply_operator(&ap, &p, s, g, 1);
         float pap[FR], alpha[FR];
-        tile_dot(pap, &p, &ap, nc, s->red);
+        tile_dot(pap, &p, &ap, nc, s->red, &phase);
 #pragma unroll
         for (int i = 0; i < FR; i++) {
             if (active[i] && (!(pap[i] > 0) || !(rz[i] > 0))) active[i] = 0;  // converged exactly, or non-finite input
@@ -458,13 +469,16 @@ __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, in
                 x->v[j][e] += alpha[e >> 1] * p.v[j][e];
                 r.v[j][e] -= alpha[e >> 1] * ap.v[j][e];
             }
-        tile_dot(rr, &r, &r, nc, s->red);
+        tile_dot(rr, &r, &r, nc, s->red, &phase);
 #pragma unroll
         for (int i = 0; i < FR; i++)
             if (active[i] && !(rr[i] > thresh[i])) active[i] = 0;
         precondition(&ap, &r, s, g, g->precond);  // z, in the space of ap
         float rzn[FR], beta[FR];
-        tile_dot(rzn, &r, &ap, nc, s->red);
+        if (g->precond) tile_dot(rzn, &r, &ap, nc, s->red, &phase);
+        else
+#pragma unroll
+            for (int i = 0; i < FR; i++) rzn[i] = rr[i];  // z = r
 #pragma unroll
         for (int i = 0; i < FR; i++) {
             beta[i] = active[i] ? rzn[i] / rz[i] : 0.0f;
@@ -664,7 +678,9 @@ __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_o
 #pragma unroll
         for (int e = 0; e < 4; e++) lx.v[j][e] = j < nc ? s.lam[f_col(j, e, nc)] * xt.v[j][e] : 0.0f;
     float ylx[FR];
-    tile_dot(ylx, &y, &lx, nc, s.red);
+    int phase = 0;
+    __syncthreads();  // cg_solve's last readers of red are done
+    tile_dot(ylx, &y, &lx, nc, s.red, &phase);
     tile_store(dq, &y, &g, pair, t0, g.Dk, nc);
     tile_store_f(y_out, &y, &g, pair, t0, g.Dk, nc);
     if (row_owner())
@@ -758,8 +774,9 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
     tile_load(&kt, k, &g, pair, t0, g.Dk, nc);
     tile_load(&vt, v, &g, pair, t0, g.Dv, ncv);
     float vp[FR], kr[FR];
-    tile_dot(vp, &vt, &P, ncv, s.red);
-    tile_dot(kr, &kt, &R1, nc, s.red);
+    int phase = 0;
+    tile_dot(vp, &vt, &P, ncv, s.red, &phase);
+    tile_dot(kr, &kt, &R1, nc, s.red, &phase);
     Tile dkt, dvt;
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
@@ -817,7 +834,8 @@ __global__ void dg_scan_kernel(float *dg, const float *db, const float *db_final
 
 // ---------------------------------------------------------------- decode (T = 1)
 
-#define DEC_BATCH 16  // state loads each decode thread keeps in flight
+#define DEC_BATCH 32  // H loads each decode thread keeps in flight
+#define DEC_ROWS 8     // rows of G each decode warp loads at once
 
 // Both sums over the block at once (one pair of barriers instead of two); red: 64 floats of smem.
 __device__ __forceinline__ void block_sum2(float *a, float *b, float *red) {
@@ -862,7 +880,7 @@ __device__ __forceinline__ float decode_matvec(const float *Hs, const float *ps,
 // G' = gamma G + beta v k^T streams from global (written to gT) into o = G' x.
 // In place (hT = h0, gT = g0) is safe: each state element is read and written
 // by the same thread.
-__global__ void __launch_bounds__(NT) decode_kernel(bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q, const bf16 *k,
+__global__ void __launch_bounds__(NT, 3) decode_kernel(bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q, const bf16 *k,
                                                     const bf16 *v, const float *glog, const float *gbeta,
                                                     const float *lambda, const float *h0, const float *g0, float *hT,
                                                     float *gT, const bf16 *x0, Geo g) {
@@ -936,20 +954,20 @@ __global__ void __launch_bounds__(NT) decode_kernel(bf16 *o, bf16 *x_out, int *s
     if (own) ps[tid] = x;
     __syncthreads();
     // o = G' x, G' = gamma G + beta v k^T: a warp per row of G, lanes along its
-    // columns (Dk <= 128: four per lane), four rows' loads in flight at once
+    // columns (Dk <= 128: four per lane), DEC_ROWS rows' loads in flight at once
     const float *gin = g0 ? g0 + pair * gg : NULL;
     float *gout = gT ? gT + pair * gg : NULL;
-    for (int i0 = warp_id(); i0 < dv; i0 += 4 * (NT / 32)) {
-        float gv[4][MAXD / 32];
+    for (int i0 = warp_id(); i0 < dv; i0 += DEC_ROWS * (NT / 32)) {
+        float gv[DEC_ROWS][MAXD / 32];
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < DEC_ROWS; u++)
 #pragma unroll
             for (int c = 0; c < MAXD / 32; c++) {
                 int i = i0 + u * (NT / 32), j = lane_id() + 32 * c;
                 gv[u][c] = gin && i < dv && j < dk ? gin[(size_t)i * dk + j] : 0.0f;
             }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < DEC_ROWS; u++) {
             int i = i0 + u * (NT / 32);
             if (i >= dv) break;  // the same for the whole warp
             float acc = 0;

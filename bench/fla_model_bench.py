@@ -1,0 +1,89 @@
+"""Times fla's MesaNetForCausalLM training step (the peer model) beside `mesanet bench train`.
+
+Measurement tooling for the comparison only; nothing of fla is part of mesanet.
+fla's source is not committed: copy its `fla/` folder into `.fla/` (git-ignored)
+and run on the GPU machine:
+
+    python3 bench/fla_model_bench.py fla-162m fla-412m
+
+The configs are those of our `fla-162m` and `fla-412m` presets (the same
+architecture and tensors: bench/fla_compat.py checks it), trained as ours is:
+fp32 master weights with bf16 autocast, AdamW, batch 8 x 2048 random tokens,
+30 CG steps; tokens/s over the timed steps after two warm-up steps, peak memory
+as PyTorch allocated it, and MFU as 6 x (parameters less the untied input
+embedding) x tokens/s over the bf16 matrix-product rate measured in the same run.
+"""
+import os
+import sys
+import time
+
+os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".fla"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from fla.models.mesa_net import MesaNetConfig, MesaNetForCausalLM  # noqa: E402
+
+PRESETS = {  # our presets (src/model/config.c) in fla's terms
+    "fla-162m": dict(hidden_size=768, num_hidden_layers=12, num_heads=6),
+    "fla-412m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=8),
+}
+
+
+def config(name):
+    p = PRESETS[name]
+    d = p["hidden_size"]
+    return MesaNetConfig(**p, head_dim=128, vocab_size=50304, intermediate_size=256 * ((d * 8 // 3 + 255) // 256),
+                         hidden_ratio=4, hidden_act="swish", norm_eps=1e-6, tie_word_embeddings=False,
+                         use_output_gate=False, use_short_conv=True, conv_size=4, lambda_lower_bound=0.25,
+                         max_cg_step_training=30, max_cg_step_decoding=30, max_position_embeddings=2048,
+                         fuse_norm=True, fuse_swiglu=True, fuse_cross_entropy=True)
+
+
+def bench(name, batch=8, seq=2048, steps=5, ceiling=None):
+    torch.manual_seed(0)
+    model = MesaNetForCausalLM(config(name)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    dense = n_params - model.get_input_embeddings().weight.numel()
+    tok = torch.randint(0, 50304, (batch, seq), device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for s in range(steps + 2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=tok, labels=tok).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        if s >= 2:
+            times.append(time.perf_counter() - t0)
+    dt = sum(times) / len(times)
+    tps = batch * seq / dt
+    peak = torch.cuda.max_memory_allocated() / 1e9
+    mfu = 6 * dense * tps / (ceiling * 1e12)
+    print(f"fla {name} ({n_params} parameters), batch {batch} x {seq}: {tps:.0f} tokens/s, {1e3 * dt:.1f} ms/step, "
+          f"peak memory {peak:.2f} GB, MFU {100 * mfu:.1f}%", flush=True)
+    del model, opt
+
+
+def main():
+    print(f"fla's MesaNet model on {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ a, return_mode="median")
+    ceiling = 2 * 8192**3 / ms / 1e9
+    print(f"bf16 matrix product 8192^3: {ceiling:.0f} TFLOP/s")
+    for name in sys.argv[1:] or ["fla-162m", "fla-412m"]:
+        try:
+            bench(name, ceiling=ceiling)
+        except Exception as e:  # report and go on (out of memory, a kernel fla refuses)
+            print(f"fla {name}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+#!/bin/sh
+# The GPU comparison, side by side in one run on one GPU: the Mesa core (ours,
+# then fla's Triton kernels), then whole-model training (ours, then fla's
+# MesaNet model in PyTorch). Needs a GPU, a CUDA build (make) and fla's source
+# in .fla/ (git-ignored, never committed; see bench/fla_bench.py).
+#
+#   scripts/bench_gpu.sh [OUT_DIR] [GPU_NAME]    (default bench/results, h100)
+set -e
+BIN=${BIN:-build/mesanet}
+OUT=${1:-bench/results}
+GPU=${2:-h100}
+mkdir -p "$OUT"
+"$BIN" bench mesa-gpu | tee "$OUT/gpu-mesa-$GPU.txt"
+python3 bench/fla_bench.py | tee "$OUT/fla-$GPU.txt"
+for c in 125m 400m fla-162m fla-412m; do
+    "$BIN" bench train --backend cuda --config "$c" --batch 8 --seq 2048 --steps 3
+done | tee "$OUT/gpu-train-$GPU.txt"
+python3 bench/fla_model_bench.py fla-162m fla-412m | tee "$OUT/fla-model-$GPU.txt"
