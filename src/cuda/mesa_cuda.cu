@@ -854,60 +854,67 @@ __device__ __forceinline__ void block_sum2(float *a, float *b, float *red) {
 }
 
 // y_i = (H' p)_i for the owners (tid < Dk): H' symmetric, so thread i reads
-// column i (consecutive threads, consecutive banks); the two halves of the
-// block each take every other k, joined through `part` ([2][128]).
-__device__ __forceinline__ float decode_matvec(const float *Hs, const float *ps, float *part, int dk) {
-    int i = threadIdx.x & 127, half = threadIdx.x >> 7;
+// column i (consecutive threads, consecutive banks); the parts = nt / 128
+// groups of 128 threads each take every parts-th k, joined through `part` ([parts][128]).
+__device__ __forceinline__ float decode_matvec(const float *Hs, const float *ps, float *part, int dk, int nt) {
+    const int parts = nt / 128;
+    int i = threadIdx.x & 127, grp = threadIdx.x >> 7;
     __syncthreads();  // ps is written
     if (i < dk) {
         float s0 = 0, s1 = 0;
-        int k = half;
-        for (; k + 2 < dk; k += 4) {
+        int k = grp;
+        for (; k + parts < dk; k += 2 * parts) {
             s0 += Hs[k * dk + i] * ps[k];
-            s1 += Hs[(k + 2) * dk + i] * ps[k + 2];
+            s1 += Hs[(k + parts) * dk + i] * ps[k + parts];
         }
         if (k < dk) s0 += Hs[k * dk + i] * ps[k];
-        part[half * 128 + i] = s0 + s1;
+        part[grp * 128 + i] = s0 + s1;
     }
     __syncthreads();
-    return threadIdx.x < dk ? part[threadIdx.x] + part[128 + threadIdx.x] : 0.0f;
+    float y = 0;
+    if (threadIdx.x < dk)
+#pragma unroll
+        for (int q = 0; q < parts; q++) y += part[q * 128 + threadIdx.x];
+    return y;
 }
 
-// One token for every (sequence, head), a block each (NT threads): the
+// One token for every (sequence, head), a block each (nt threads): the
 // recurrent form (spec section 1) without the chunk machinery, which would pad
 // the one row to 64. H' = gamma H + beta k k^T is built in smem (and written to
 // hT), CG solves (H' + diag(lambda)) x = q with thread i < Dk owning x_i, then
 // G' = gamma G + beta v k^T streams from global (written to gT) into o = G' x.
 // In place (hT = h0, gT = g0) is safe: each state element is read and written
-// by the same thread.
-__global__ void __launch_bounds__(NT, 3) decode_kernel(bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q, const bf16 *k,
-                                                    const bf16 *v, const float *glog, const float *gbeta,
-                                                    const float *lambda, const float *h0, const float *g0, float *hT,
-                                                    float *gT, const bf16 *x0, Geo g) {
+// by the same thread. Two widths (the wrappers below): few blocks (small
+// batches) run 512 threads each, shortening every phase; many run 256 at
+// three blocks per multiprocessor.
+__device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q, const bf16 *k,
+                                            const bf16 *v, const float *glog, const float *gbeta, const float *lambda,
+                                            const float *h0, const float *g0, float *hT, float *gT, const bf16 *x0,
+                                            Geo g, int nt) {
     extern __shared__ float sm[];
     int pair = blockIdx.x, h = pair % g.H, dk = g.Dk, dv = g.Dv, tid = threadIdx.x, own = tid < dk;
-    float *Hs = sm, *ks = Hs + dk * dk, *vs = ks + dk, *ps = vs + dv, *part = ps + dk, *red = part + 256;
+    float *Hs = sm, *ks = Hs + dk * dk, *vs = ks + dk, *ps = vs + dv, *part = ps + dk, *red = part + 4 * 128;
     size_t ti = pair;  // T = 1: token index = b H + h = pair
     size_t hh = (size_t)dk * dk, gg = (size_t)dv * dk;
     float gamma = __expf(glog[ti]), beta = gbeta[ti];
-    for (int j = tid; j < dk; j += NT) ks[j] = ld(k, ti * dk + j);
-    for (int i = tid; i < dv; i += NT) vs[i] = beta * ld(v, ti * dv + i);
+    for (int j = tid; j < dk; j += nt) ks[j] = ld(k, ti * dk + j);
+    for (int i = tid; i < dv; i += nt) vs[i] = beta * ld(v, ti * dv + i);
     __syncthreads();
     // H' in batches of DEC_BATCH loads per thread issued before any store: with
     // hT = h0 a store may alias a later load, so unbatched each element would
     // wait out a full memory latency.
     const float *hin = h0 ? h0 + pair * hh : NULL;
     float *hout = hT ? hT + pair * hh : NULL;
-    for (int e0 = tid; e0 < dk * dk; e0 += NT * DEC_BATCH) {
+    for (int e0 = tid; e0 < dk * dk; e0 += nt * DEC_BATCH) {
         float hv[DEC_BATCH];
 #pragma unroll
         for (int u = 0; u < DEC_BATCH; u++) {
-            int e = e0 + u * NT;
+            int e = e0 + u * nt;
             hv[u] = hin && e < dk * dk ? hin[e] : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < DEC_BATCH; u++) {
-            int e = e0 + u * NT;
+            int e = e0 + u * nt;
             if (e >= dk * dk) break;
             float val = gamma * hv[u] + beta * ks[e / dk] * ks[e % dk];
             Hs[e] = val;
@@ -922,7 +929,7 @@ __global__ void __launch_bounds__(NT, 3) decode_kernel(bf16 *o, bf16 *x_out, int
     else if (g.init == MN_CG_INIT_JACOBI) x = qi / diag;
     if ((x0 && g.init == MN_CG_INIT_GIVEN) || g.init == MN_CG_INIT_JACOBI) {
         if (own) ps[tid] = x;
-        r = qi - decode_matvec(Hs, ps, part, dk) - lam * x;
+        r = qi - decode_matvec(Hs, ps, part, dk, nt) - lam * x;
     }
     float z = g.precond ? r / diag : r, qq = qi * qi, rr = r * r, rz = r * z, p = z;
     block_sum2(&qq, &rr, red);
@@ -934,7 +941,7 @@ __global__ void __launch_bounds__(NT, 3) decode_kernel(bf16 *o, bf16 *x_out, int
     for (int step = 1; active && step <= g.max_steps; step++) {
         __syncthreads();  // the previous readers of ps are done
         if (own) ps[tid] = p;
-        float ap = decode_matvec(Hs, ps, part, dk) + lam * p, pap = p * ap, dummy = 0;
+        float ap = decode_matvec(Hs, ps, part, dk, nt) + lam * p, pap = p * ap, dummy = 0;
         block_sum2(&pap, &dummy, red);
         if (!(pap > 0) || !(rz > 0)) break;  // converged exactly, or non-finite input
         float alpha = rz / pap;
@@ -957,18 +964,18 @@ __global__ void __launch_bounds__(NT, 3) decode_kernel(bf16 *o, bf16 *x_out, int
     // columns (Dk <= 128: four per lane), DEC_ROWS rows' loads in flight at once
     const float *gin = g0 ? g0 + pair * gg : NULL;
     float *gout = gT ? gT + pair * gg : NULL;
-    for (int i0 = warp_id(); i0 < dv; i0 += DEC_ROWS * (NT / 32)) {
+    for (int i0 = warp_id(); i0 < dv; i0 += DEC_ROWS * (nt / 32)) {
         float gv[DEC_ROWS][MAXD / 32];
 #pragma unroll
         for (int u = 0; u < DEC_ROWS; u++)
 #pragma unroll
             for (int c = 0; c < MAXD / 32; c++) {
-                int i = i0 + u * (NT / 32), j = lane_id() + 32 * c;
+                int i = i0 + u * (nt / 32), j = lane_id() + 32 * c;
                 gv[u][c] = gin && i < dv && j < dk ? gin[(size_t)i * dk + j] : 0.0f;
             }
 #pragma unroll
         for (int u = 0; u < DEC_ROWS; u++) {
-            int i = i0 + u * (NT / 32);
+            int i = i0 + u * (nt / 32);
             if (i >= dv) break;  // the same for the whole warp
             float acc = 0;
 #pragma unroll
@@ -985,7 +992,20 @@ __global__ void __launch_bounds__(NT, 3) decode_kernel(bf16 *o, bf16 *x_out, int
     }
 }
 
-static size_t decode_smem(const Geo *g) { return sizeof(float) * ((size_t)g->Dk * g->Dk + 2 * g->Dk + g->Dv + 256 + 64); }
+#define DECODE_ARGS                                                                                                  \
+    bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q, const bf16 *k, const bf16 *v, const float *glog,           \
+        const float *gbeta, const float *lambda, const float *h0, const float *g0, float *hT, float *gT, const bf16 *x0, \
+        Geo g
+__global__ void __launch_bounds__(256, 3) decode_kernel_narrow(DECODE_ARGS) {
+    decode_body(o, x_out, steps_out, q, k, v, glog, gbeta, lambda, h0, g0, hT, gT, x0, g, 256);
+}
+__global__ void __launch_bounds__(512) decode_kernel_wide(DECODE_ARGS) {
+    decode_body(o, x_out, steps_out, q, k, v, glog, gbeta, lambda, h0, g0, hT, gT, x0, g, 512);
+}
+
+static size_t decode_smem(const Geo *g) {
+    return sizeof(float) * ((size_t)g->Dk * g->Dk + 2 * g->Dk + g->Dv + 4 * 128 + 64);
+}
 
 // ------------------------------------------------------------------------ the host side
 
@@ -1072,12 +1092,20 @@ extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSol
     if (!ws) return MN_ERR_NOMEM;
     float *states = (float *)ws;
     int *steps = (int *)(ws + nst * sizeof(float));
-    if (d->T == 1) {  // decoding: the recurrent kernel
+    if (d->T == 1) {  // decoding: the recurrent kernel, wide blocks when they all fit in one wave
         size_t smem = decode_smem(&g);
-        MN_TRY(set_smem((const void *)decode_kernel, smem, c));
-        decode_kernel<<<(unsigned)(d->B * d->H), NT, smem, c->stream>>>(
-            (bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
-            io->beta, io->lambda, io->h0, io->g0, io->hT, io->gT, s->init == MN_CG_INIT_GIVEN ? (const bf16 *)io->x0 : NULL, g);
+        int blocks = d->B * d->H, wide = blocks <= c->sm_count;
+        const void *kern = wide ? (const void *)decode_kernel_wide : (const void *)decode_kernel_narrow;
+        MN_TRY(set_smem(kern, smem, c));
+        const bf16 *x0 = s->init == MN_CG_INIT_GIVEN ? (const bf16 *)io->x0 : NULL;
+        if (wide)
+            decode_kernel_wide<<<(unsigned)blocks, 512, smem, c->stream>>>(
+                (bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v,
+                io->g, io->beta, io->lambda, io->h0, io->g0, io->hT, io->gT, x0, g);
+        else
+            decode_kernel_narrow<<<(unsigned)blocks, 256, smem, c->stream>>>(
+                (bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v,
+                io->g, io->beta, io->lambda, io->h0, io->g0, io->hT, io->gT, x0, g);
         LAUNCH_CHECK();
         return copy_steps(be, io->steps, steps, ntok);
     }

@@ -248,8 +248,9 @@ TEST(cuda_mesa_matches_reference) {
         int B, T, H, Dk, Dv, states, variant;
     } shapes[] = {{1, 5, 1, 12, 12, 0, 0}, {2, 37, 3, 16, 8, 1, 1}, {2, 130, 2, 32, 48, 1, 2},
                   {1, 200, 2, 64, 64, 0, 3}, {1, 129, 1, 128, 128, 1, 0},
-                  // T = 1 takes the decode kernel
-                  {4, 1, 3, 128, 128, 1, 0}, {3, 1, 2, 16, 8, 1, 3}, {2, 1, 2, 48, 64, 1, 1}, {2, 1, 1, 32, 32, 0, 2}};
+                  // T = 1 takes the decode kernel: wide blocks while B H fits one wave, narrow above
+                  {4, 1, 3, 128, 128, 1, 0}, {3, 1, 2, 16, 8, 1, 3}, {2, 1, 2, 48, 64, 1, 1}, {2, 1, 1, 32, 32, 0, 2},
+                  {50, 1, 3, 32, 24, 1, 1}, {70, 1, 4, 128, 128, 1, 0}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         MnMesaDims d = {shapes[si].B, shapes[si].T, shapes[si].H, shapes[si].Dk, shapes[si].Dv};
         MesaCase c;
