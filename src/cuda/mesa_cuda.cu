@@ -10,10 +10,12 @@
  * the split. cuBLAS cannot do these products: they are 64-row blocks inside
  * one kernel, interleaved with CG's per-row scalars.
  *
- * One thread block (8 warps) per (chunk, sequence, head) solves the chunk's
+ * One thread block (16 warps) per (chunk, sequence, head) solves the chunk's
  * C = 64 systems at once. A 64 x N tile lives in registers in the mma
- * accumulator layout: warp w owns rows 16 (w & 3) .. + 15 and the column half
- * w >> 2 (see f_row, f_col). Operands of products sit in shared memory, the
+ * accumulator layout: warp w owns rows 16 (w & 3) .. + 15 and the column group
+ * w >> 2 of NCG = 4 (see f_row, f_col). Four groups, not two, leave half the
+ * registers per thread and twice the warps to hide latency: 1.25x faster
+ * measured (eight groups spill and were slower). Operands of products sit in shared memory, the
  * left one k-major, the right one row-major, with strides chosen so fragment
  * loads hit 32 distinct banks.
  *
@@ -26,12 +28,13 @@
  * (per chunk) -> dg_scan (reverse cumulative sum of dL/db). Decoding (T = 1):
  * decode_kernel alone, the recurrent form with a block per (sequence, head).
  *
- * Measured on an H100 (ncu, 8x2048x16x128): the chunk kernels issue about
- * 0.35 instructions per cycle per scheduler, limited by dependent latencies
- * with 2 warps per scheduler (one 225 KB block per multiprocessor); the tensor
- * pipe is 13% busy. Unrolling the k loop, reordering the split products and
- * dropping the split altogether each changed the time by 5% or less: the next
- * step is a layout with two blocks per multiprocessor, not a tighter loop.
+ * Measured on an H100 (ncu, 8x2048x16x128, with two column groups): the chunk
+ * kernels issued about 0.35 instructions per cycle per scheduler, limited by
+ * dependent latencies with 2 warps per scheduler (one 227 KB block per
+ * multiprocessor); the tensor pipe was 13% busy. Unrolling the k loop,
+ * reordering the split products and dropping the split altogether each changed
+ * the time by 5% or less; more warps per block helped (above). The next step is
+ * a layout with two blocks per multiprocessor or Hopper's wgmma.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -43,14 +46,19 @@ extern "C" {
 }
 
 #define CH 64                 // chunk size on the GPU
-#define NT 256                // threads per block: 8 warps
+#ifndef NCG
+#define NCG 4                 // column groups of a 64-row tile: warp w owns rows 16 (w & 3).., columns group w >> 2
+#endif
+#define NT (128 * NCG)        // threads per block: 4 row blocks x NCG column groups of warps
 #define MAXD 128              // largest head size the fused kernels take
-#define MAXNT (MAXD / 16)     // n-tiles (8 columns) per warp, at most
+#define MAXNT (MAXD / (8 * NCG))  // n-tiles (8 columns) per warp, at most
+#define NTILES(n) ((n) / (8 * NCG))  // n-tiles per warp of a tile n columns wide
 #define FR 2                  // rows per thread in a tile: groupID and groupID + 8
 #define LDT (CH + 8)          // stride of k-major blocks: 8 mod 32, so fragment loads are conflict-free
 #define RESIDUAL_FLOOR (4.0f / 16777216.0f)  // as on the CPU (src/cpu/cg.c)
 
-static int pad16(int d) { return (d + 15) & ~15; }
+// Head sizes padded so that every warp of a tile gets whole n-tiles (and ldrow's bank property holds).
+static int pad_head(int d) { return (d + 8 * NCG - 1) / (8 * NCG) * (8 * NCG); }
 // Stride of a row-major operand with n columns (n a multiple of 16): 8 or 24 mod 32, conflict-free.
 __host__ __device__ __forceinline__ int ldrow(int n) { return n + 8; }
 
@@ -91,11 +99,9 @@ __device__ __forceinline__ void tile_zero(Tile *t) {
 }
 
 // out[i] = a_row . b_row for the thread's rows. Rows span the 4 lanes of a
-// quad and the two column-half warps; `red` (two buffers of [2][CH] floats in
-// smem) joins the halves. Called by all threads with the same *phase sequence:
-// successive dots alternate buffers, so one barrier per dot suffices (a buffer
-// is rewritten only after the next dot's barrier, which its readers passed).
-__device__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, float *red, int *phase) {
+// quad and the NCG column-group warps; `red` ([NCG][CH] floats of smem) joins
+// the groups. Called by all threads (it synchronizes the block).
+__device__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, float *red) {
     float s[FR] = {0, 0};
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
@@ -107,14 +113,17 @@ __device__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, fl
         s[i] += __shfl_xor_sync(0xffffffffu, s[i], 1);
         s[i] += __shfl_xor_sync(0xffffffffu, s[i], 2);
     }
-    red += (*phase & 1) * 2 * CH;
-    (*phase)++;
+    __syncthreads();  // the previous readers of red are done
     if ((lane_id() & 3) == 0)
 #pragma unroll
         for (int i = 0; i < FR; i++) red[(warp_id() >> 2) * CH + f_row(i)] = s[i];
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < FR; i++) out[i] = red[f_row(i)] + red[CH + f_row(i)];
+    for (int i = 0; i < FR; i++) {
+        out[i] = 0;
+#pragma unroll
+        for (int q = 0; q < NCG; q++) out[i] += red[q * CH + f_row(i)];
+    }
 }
 
 // ------------------------------------------------------------ tensor-core products
@@ -288,12 +297,12 @@ __device__ __forceinline__ void tile_scores(float *St, const float *At, int a_ex
                             const float *b, const float *beta, int dir) {
     Tile acc;
     tile_zero(&acc);
-    tile_mma(&acc, At, LDT, a_exact, Bt, LDT, b_exact, 0, dk, CH / 16);
+    tile_mma(&acc, At, LDT, a_exact, Bt, LDT, b_exact, 0, dk, NTILES(CH));
 #pragma unroll
-    for (int j = 0; j < CH / 16; j++)
+    for (int j = 0; j < NTILES(CH); j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            int r = f_row(e >> 1), s = f_col(j, e, CH / 16);
+            int r = f_row(e >> 1), s = f_col(j, e, NTILES(CH));
             float m;
             if (dir == 0) m = s <= r ? __expf(b[r] - b[s]) * beta[s] : 0.0f;
             else m = s >= r ? __expf(b[s] - b[r]) : 0.0f;
@@ -328,12 +337,12 @@ typedef struct {
     float *Bm;   // [CH][ldrow(Dm)] the matrix the scores multiply, row-major (K, V, Delta, Y, X)
     float *St;   // [CH][LDT] masked scores, transposed
     float *Dg;   // [CH][Dm]  the Jacobi diagonal
-    float *b, *beta, *lam, *red;  // [CH], [CH], [Dm], [2][2][CH] (tile_dot's two buffers)
+    float *b, *beta, *lam, *red;  // [CH], [CH], [Dm], [NCG][CH] (tile_dot's, at least Dm)
 } Smem;
 
 static size_t smem_floats(int Dp, int Dvp) {
     size_t dm = Dp > Dvp ? Dp : Dvp;
-    return dm * ldrow((int)dm) + 2 * dm * LDT + CH * ldrow((int)dm) + (size_t)CH * LDT + CH * dm + 2 * CH + dm + 4 * CH;
+    return dm * ldrow((int)dm) + 2 * dm * LDT + CH * ldrow((int)dm) + (size_t)CH * LDT + CH * dm + 2 * CH + dm + NCG * CH;
 }
 
 __device__ Smem carve(float *base, const Geo *g) {
@@ -362,7 +371,7 @@ __device__ __forceinline__ void row_decays(float out[FR], const float *b, float 
 // with Hs = Hc, Bt = K^T, Bm = K in smem. Rows that stopped pass p = 0.
 // p_exact: P holds TF32 values (CG's directions; see cg_solve), no split needed.
 __device__ __forceinline__ void apply_operator(Tile *ap, const Tile *p, const Smem *s, const Geo *g, int p_exact) {
-    int nc = g->Dp / 16, ld = ldrow(g->Dp);
+    int nc = NTILES(g->Dp), ld = ldrow(g->Dp);
     // callers have synchronized since the last reads of At and St (cg_solve: the loop's barrier)
     tile_store_t(s->At, p, nc);
     __syncthreads();
@@ -396,7 +405,7 @@ __device__ void jacobi_diagonal(const Smem *s, const Geo *g) {
 
 // z = r / diag (Jacobi) or r.
 __device__ __forceinline__ void precondition(Tile *z, const Tile *r, const Smem *s, const Geo *g, int use) {
-    int nc = g->Dp / 16, dm = max(g->Dp, g->Dvp);
+    int nc = NTILES(g->Dp), dm = max(g->Dp, g->Dvp);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
@@ -416,7 +425,7 @@ __device__ __forceinline__ void precondition(Tile *z, const Tile *r, const Smem 
 // 2^-11), which can cost a step, not accuracy.
 __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, int steps[FR], const Tile *x0,
                          int use_given) {
-    int nc = g->Dp / 16, jac = g->precond || g->init == MN_CG_INIT_JACOBI;
+    int nc = NTILES(g->Dp), jac = g->precond || g->init == MN_CG_INIT_JACOBI;
     Tile r, p, ap;
     if (jac) jacobi_diagonal(s, g);
     if (use_given) {
@@ -436,11 +445,11 @@ __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, in
         r = *q;
     }
     float qq[FR], rr[FR], rz[FR], thresh[FR];
-    int active[FR], phase = 0;
-    tile_dot(qq, q, q, nc, s->red, &phase);
-    tile_dot(rr, &r, &r, nc, s->red, &phase);
+    int active[FR];
+    tile_dot(qq, q, q, nc, s->red);
+    tile_dot(rr, &r, &r, nc, s->red);
     precondition(&p, &r, s, g, g->precond);
-    tile_dot(rz, &r, &p, nc, s->red, &phase);
+    tile_dot(rz, &r, &p, nc, s->red);
 #pragma unroll
     for (int i = 0; i < FR; i++) {
         thresh[i] = g->tol2 * qq[i];
@@ -455,7 +464,7 @@ __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, in
         if (!__syncthreads_or(active[0] | active[1])) break;
         apply_operator(&ap, &p, s, g, 1);
         float pap[FR], alpha[FR];
-        tile_dot(pap, &p, &ap, nc, s->red, &phase);
+        tile_dot(pap, &p, &ap, nc, s->red);
 #pragma unroll
         for (int i = 0; i < FR; i++) {
             if (active[i] && (!(pap[i] > 0) || !(rz[i] > 0))) active[i] = 0;  // converged exactly, or non-finite input
@@ -469,13 +478,13 @@ __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, in
                 x->v[j][e] += alpha[e >> 1] * p.v[j][e];
                 r.v[j][e] -= alpha[e >> 1] * ap.v[j][e];
             }
-        tile_dot(rr, &r, &r, nc, s->red, &phase);
+        tile_dot(rr, &r, &r, nc, s->red);
 #pragma unroll
         for (int i = 0; i < FR; i++)
             if (active[i] && !(rr[i] > thresh[i])) active[i] = 0;
         precondition(&ap, &r, s, g, g->precond);  // z, in the space of ap
         float rzn[FR], beta[FR];
-        if (g->precond) tile_dot(rzn, &r, &ap, nc, s->red, &phase);
+        if (g->precond) tile_dot(rzn, &r, &ap, nc, s->red);
         else
 #pragma unroll
             for (int i = 0; i < FR; i++) rzn[i] = rr[i];  // z = r
@@ -527,11 +536,11 @@ __device__ void slice_store(float *dst, const Tile *acc, int i0, int rows, int d
 }
 
 // Grid (slices, pairs): slice z < ceil(d0 / 64) covers rows 64 z.. of matrix 0, the rest matrix 1.
-__global__ void __launch_bounds__(NT, 4) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
+__global__ void __launch_bounds__(NT, 1024 / NT) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
     extern __shared__ float sm[];
     int pair = blockIdx.y, z = blockIdx.x, s0 = (sc.d[0] + CH - 1) / CH, m = z < s0 ? 0 : 1;
     // the slice's operands, picked without indexing the parameter arrays (which would copy them to the stack)
-    int i0 = CH * (m ? z - s0 : z), dl = m ? sc.d[1] : sc.d[0], dk = g.Dk, nc = g.Dp / 16, ldr = ldrow(g.Dp);
+    int i0 = CH * (m ? z - s0 : z), dl = m ? sc.d[1] : sc.d[0], dk = g.Dk, nc = NTILES(g.Dp), ldr = ldrow(g.Dp);
     const bf16 *l16 = m ? sc.l16[1] : sc.l16[0];
     const float *l32 = m ? sc.l32[1] : sc.l32[0], *init = m ? sc.init[1] : sc.init[0];
     float *fin = m ? sc.fin[1] : sc.fin[0];
@@ -602,7 +611,7 @@ __global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out,
                                                            const bf16 *x0, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = g.Dp / 16, ncv = g.Dvp / 16;
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(g.Dp), ncv = NTILES(g.Dvp);
     int ldk = ldrow(g.Dp), ldv = ldrow(g.Dvp);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
@@ -644,7 +653,7 @@ __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_o
                                                             const float *lambda, const float *states, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = g.Dp / 16, ldk = ldrow(g.Dp);
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(g.Dp), ldk = ldrow(g.Dp);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
@@ -678,9 +687,7 @@ __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_o
 #pragma unroll
         for (int e = 0; e < 4; e++) lx.v[j][e] = j < nc ? s.lam[f_col(j, e, nc)] * xt.v[j][e] : 0.0f;
     float ylx[FR];
-    int phase = 0;
-    __syncthreads();  // cg_solve's last readers of red are done
-    tile_dot(ylx, &y, &lx, nc, s.red, &phase);
+    tile_dot(ylx, &y, &lx, nc, s.red);
     tile_store(dq, &y, &g, pair, t0, g.Dk, nc);
     tile_store_f(y_out, &y, &g, pair, t0, g.Dk, nc);
     if (row_owner())
@@ -724,7 +731,7 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
                                                       const float *gbeta, const float *adj, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = g.Dp / 16, ncv = g.Dvp / 16;
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = NTILES(g.Dp), ncv = NTILES(g.Dvp);
     int ldk = ldrow(g.Dp), ldv = ldrow(g.Dvp);
     size_t gg = (size_t)g.Dv * g.Dk, hh = (size_t)g.Dk * g.Dk;
     const float *gbar = adj + ((size_t)pair * g.nchunks + c) * (gg + hh), *hn = gbar + gg;
@@ -774,9 +781,8 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
     tile_load(&kt, k, &g, pair, t0, g.Dk, nc);
     tile_load(&vt, v, &g, pair, t0, g.Dv, ncv);
     float vp[FR], kr[FR];
-    int phase = 0;
-    tile_dot(vp, &vt, &P, ncv, s.red, &phase);
-    tile_dot(kr, &kt, &R1, nc, s.red, &phase);
+    tile_dot(vp, &vt, &P, ncv, s.red);
+    tile_dot(kr, &kt, &R1, nc, s.red);
     Tile dkt, dvt;
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
@@ -1017,8 +1023,8 @@ static int make_geo(Geo *g, const MnMesaDims *d, const MnSolver *s) {
     g->H = d->H;
     g->Dk = d->Dk;
     g->Dv = d->Dv;
-    g->Dp = pad16(d->Dk);
-    g->Dvp = pad16(d->Dv);
+    g->Dp = pad_head(d->Dk);
+    g->Dvp = pad_head(d->Dv);
     g->nchunks = (d->T + CH - 1) / CH;
     g->max_steps = s->max_steps;
     g->precond = s->precond == MN_PRECOND_JACOBI;
