@@ -115,7 +115,8 @@ def main():
     for B, T, H, D in [] if only_decode else [(8, 2048, 16, 128), (4, 4096, 16, 128), (16, 2048, 8, 64)]:
         fwd, both, err = bench_layer(B, T, H, D)
         print(f"{f'{B}x{T}x{H}x{D}':16s} {'30 steps':9s} | {fwd:9.3f} | {both:9.3f} | {err:9.2e}", flush=True)
-    print("\ndecode step (H=16, D=128, 30 CG steps, after a 512-token prefill; rel err of the first step):")
+    if not no_decode:
+        print("\ndecode step (H=16, D=128, 30 CG steps, after a 512-token prefill; rel err of the first step):")
     for B in () if no_decode else (1, 16, 128):
         ms, err = bench_decode(B)
         print(f"{B:6d} | {ms:10.3f} ms/token {B / ms * 1e3:12.0f} tokens/s | {err:9.2e}", flush=True)
