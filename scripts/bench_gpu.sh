@@ -5,6 +5,10 @@
 # in .fla/ (git-ignored, never committed; see bench/fla_bench.py).
 #
 #   scripts/bench_gpu.sh [OUT_DIR] [GPU_NAME]    (default bench/results, h100)
+#
+# About 12 minutes on an H100, most of it fla's exact references and Triton
+# compilation; on a machine with a 10-minute limit per command, run the four
+# steps as separate commands.
 set -e
 BIN=${BIN:-build/mesanet}
 OUT=${1:-bench/results}
