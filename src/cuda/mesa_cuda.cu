@@ -367,20 +367,32 @@ __device__ __forceinline__ void row_decays(float out[FR], const float *b, float 
     for (int i = 0; i < FR; i++) out[i] = __expf(sign > 0 ? b[f_row(i)] : base - b[f_row(i)]);
 }
 
+// The GLA form over the chunk, with its operands in smem (the layout of Smem):
+//   acc = scale (.) A Hs + ((A B^T) (.) M) Bm
+// A = At and B = Bt k-major over dk, Hs and Bm row-major with the stride of
+// the output's width, ldrow(8 NCG nc); M the causal decay mask of
+// direction dir (tile_scores). The exact flags say which operands hold bf16
+// values; Hs (a state or an adjoint) never does. Overwrites acc and St.
+__device__ __forceinline__ void tile_gla(Tile *acc, const Smem *s, int a_exact, int b_exact, int dk, int m_exact, int nc,
+                                         const float scale[FR], int dir) {
+    int ld = ldrow(8 * NCG * nc);
+    tile_scores(s->St, s->At, a_exact, s->Bt, b_exact, dk, s->b, s->beta, dir);
+    tile_state(acc, s->At, a_exact, s->Hs, ld, 0, dk, nc, scale);
+    __syncthreads();  // the scores are complete
+    tile_scores_times(acc, s->St, s->Bm, ld, m_exact, nc, dir);
+}
+
 // A(P) for the tile's rows: e^b (.) P Hc + ((P K^T) (.) M) K + lambda (.) P,
 // with Hs = Hc, Bt = K^T, Bm = K in smem. Rows that stopped pass p = 0.
 // p_exact: P holds TF32 values (CG's directions; see cg_solve), no split needed.
 __device__ __forceinline__ void apply_operator(Tile *ap, const Tile *p, const Smem *s, const Geo *g, int p_exact) {
-    int nc = NTILES(g->Dp), ld = ldrow(g->Dp);
+    int nc = NTILES(g->Dp);
     // callers have synchronized since the last reads of At and St (cg_solve: the loop's barrier)
     tile_store_t(s->At, p, nc);
     __syncthreads();
-    tile_scores(s->St, s->At, p_exact, s->Bt, 1, g->Dp, s->b, s->beta, 0);
     float eb[FR];
     row_decays(eb, s->b, 0, 1);
-    tile_state(ap, s->At, p_exact, s->Hs, ld, 0, g->Dp, nc, eb);
-    __syncthreads();  // the scores are complete
-    tile_scores_times(ap, s->St, s->Bm, ld, 1, nc, 0);
+    tile_gla(ap, s, p_exact, 1, g->Dp, 1, nc, eb, 0);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
         if (j < nc)
@@ -633,13 +645,10 @@ __global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out,
     load_mat(s.Hs, ldv, st_in + hh, g.Dv, g.Dk, g.Dvp, g.Dp, 1);  // G^T: [Dk][Dv]
     load_rows(s.Bm, ldv, v, &g, pair, t0, g.Dv, g.Dvp);
     __syncthreads();
-    tile_scores(s.St, s.At, 0, s.Bt, 1, g.Dp, s.b, s.beta, 0);
     float eb[FR];
     row_decays(eb, s.b, 0, 1);
     Tile out;
-    tile_state(&out, s.At, 0, s.Hs, ldv, 0, g.Dp, ncv, eb);
-    __syncthreads();
-    tile_scores_times(&out, s.St, s.Bm, ldv, 1, ncv, 0);
+    tile_gla(&out, &s, 0, 1, g.Dp, 1, ncv, eb, 0);
     tile_store(o, &out, &g, pair, t0, g.Dv, ncv);
 }
 
@@ -664,13 +673,10 @@ __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_o
     load_rows(s.Bm, ldk, k, &g, pair, t0, g.Dk, g.Dp);              // K
     for (int i = threadIdx.x; i < g.Dp; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
-    tile_scores(s.St, s.At, 1, s.Bt, 1, g.Dvp, s.b, s.beta, 0);
     float eb[FR];
     row_decays(eb, s.b, 0, 1);
     Tile rhs;
-    tile_state(&rhs, s.At, 1, s.Hs, ldk, 0, g.Dvp, nc, eb);
-    __syncthreads();
-    tile_scores_times(&rhs, s.St, s.Bm, ldk, 1, nc, 0);
+    tile_gla(&rhs, &s, 1, 1, g.Dvp, 1, nc, eb, 0);
     // the second solve, with the forward's operator
     __syncthreads();
     load_mat(s.Hs, ldk, st_in, g.Dk, g.Dk, g.Dp, g.Dp, 0);
@@ -745,10 +751,7 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
     load_rows(s.Bm, ldv, dout, &g, pair, t0, g.Dv, g.Dvp);
     load_mat(s.Hs, ldv, gbar, g.Dv, g.Dk, g.Dvp, g.Dp, 1);
     __syncthreads();
-    tile_scores(s.St, s.At, 1, s.Bt, 1, g.Dp, s.b, s.beta, 1);
-    tile_state(&P, s.At, 1, s.Hs, ldv, 0, g.Dp, ncv, u);
-    __syncthreads();
-    tile_scores_times(&P, s.St, s.Bm, ldv, 1, ncv, 1);
+    tile_gla(&P, &s, 1, 1, g.Dp, 1, ncv, u, 1);
     // R1: the same scores, times Y; state Hn^T
     __syncthreads();
     load_rows_f(s.Bm, ldk, 0, y, &g, pair, t0, g.Dk, g.Dp);
@@ -762,20 +765,14 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
     load_rows(s.Bm, ldk, x, &g, pair, t0, g.Dk, g.Dp);
     load_mat(s.Hs, ldk, hn, g.Dk, g.Dk, g.Dp, g.Dp, 0);
     __syncthreads();
-    tile_scores(s.St, s.At, 1, s.Bt, 0, g.Dp, s.b, s.beta, 1);
-    tile_state(&R2, s.At, 1, s.Hs, ldk, 0, g.Dp, nc, u);
-    __syncthreads();
-    tile_scores_times(&R2, s.St, s.Bm, ldk, 1, nc, 1);
+    tile_gla(&R2, &s, 1, 0, g.Dp, 1, nc, u, 1);
     // Qv: scores V Delta^T, times X (still in Bm); state Gbar [Dv][Dk]
     __syncthreads();
     load_rows_t(s.At, v, &g, pair, t0, g.Dv, g.Dvp);
     load_rows_t(s.Bt, dout, &g, pair, t0, g.Dv, g.Dvp);
     load_mat(s.Hs, ldk, gbar, g.Dv, g.Dk, g.Dvp, g.Dp, 0);
     __syncthreads();
-    tile_scores(s.St, s.At, 1, s.Bt, 1, g.Dvp, s.b, s.beta, 1);
-    tile_state(&Qv, s.At, 1, s.Hs, ldk, 0, g.Dvp, nc, u);
-    __syncthreads();
-    tile_scores_times(&Qv, s.St, s.Bm, ldk, 1, nc, 1);
+    tile_gla(&Qv, &s, 1, 1, g.Dvp, 1, nc, u, 1);
     // per-token results
     Tile kt, vt;
     tile_load(&kt, k, &g, pair, t0, g.Dk, nc);
