@@ -557,7 +557,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT) scan_kernel(Scan sc, const floa
     const float *l32 = m ? sc.l32[1] : sc.l32[0], *init = m ? sc.init[1] : sc.init[0];
     float *fin = m ? sc.fin[1] : sc.fin[0];
     float init_sign = m ? sc.init_sign[1] : sc.init_sign[0], fin_sign = m ? sc.fin_sign[1] : sc.fin_sign[0];
-    float *As = sm, *Rs = As + CH * LDT, *b = Rs + CH * ldr, *beta = b + CH;
+    float *As = sm, *Rs = As + CH * LDT, *b = Rs + CH * ldr, *beta = b + CH, *w = beta + CH;
     size_t slot_sz = (size_t)(sc.d[0] + sc.d[1]) * dk, off = m ? (size_t)sc.d[0] * dk : 0;
     float *out = sc.out + (size_t)pair * sc.nslots * slot_sz + off;
     Tile acc;
@@ -576,16 +576,19 @@ __global__ void __launch_bounds__(NT, 1024 / NT) scan_kernel(Scan sc, const floa
         int c = sc.reverse ? g.nchunks - 1 - step : step, t0 = c * CH;
         slice_store(out + (size_t)c * slot_sz, &acc, i0, dl, dk, nc, 1.0f);
         int n = load_decays(b, beta, glog, gbeta, &g, pair, t0);
+        for (int r = threadIdx.x; r < CH; r += NT)  // the chunk's weights, once per token
+            w[r] = r < n ? (sc.reverse ? __expf(b[r]) : __expf(b[n - 1] - b[r]) * beta[r]) : 0.0f;
+        __syncthreads();
         size_t base = tok_index(&g, pair, t0);
         // A(i, s) = w_s L[s][i0 + i], k-major: As[s][i]; R row-major
         for (int e = threadIdx.x; e < CH * CH; e += NT) {
             int s = e / CH, i = e % CH;
-            float w = s < n ? (sc.reverse ? __expf(b[s]) : __expf(b[n - 1] - b[s]) * beta[s]) : 0.0f, v = 0.0f;
+            float v = 0.0f;
             if (s < n && i0 + i < dl) {
                 size_t idx = (base + (size_t)s * g.H) * dl + i0 + i;
                 v = l16 ? ld(l16, idx) : l32[idx];
             }
-            As[s * LDT + i] = w * v;
+            As[s * LDT + i] = w[s] * v;
         }
         load_rows(Rs, ldr, sc.r, &g, pair, t0, dk, g.Dp);
         __syncthreads();
@@ -601,7 +604,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT) scan_kernel(Scan sc, const floa
     else if (fin) slice_store(fin + (size_t)pair * dl * dk, &acc, i0, dl, dk, nc, fin_sign);
 }
 
-static size_t scan_smem(const Geo *g) { return sizeof(float) * ((size_t)CH * LDT + (size_t)CH * ldrow(g->Dp) + 2 * CH); }
+static size_t scan_smem(const Geo *g) { return sizeof(float) * ((size_t)CH * LDT + (size_t)CH * ldrow(g->Dp) + 3 * CH); }
 
 // ---------------------------------------------------------------- the chunk kernels
 
