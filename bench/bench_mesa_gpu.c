@@ -206,7 +206,8 @@ int bench_mesa_gpu(int argc, char **argv) {
         void *dq = be->alloc(be, h.nk, MEM_ACT), *dk = be->alloc(be, h.nk, MEM_ACT), *dv = be->alloc(be, h.nv, MEM_ACT);
         void *dg = be->alloc(be, h.ng, MEM_F32), *db = be->alloc(be, h.ng, MEM_F32);
         void *dl = be->alloc(be, (size_t)sh.H * sh.D, MEM_F32);
-        int *steps_f = xcalloc(h.ng, sizeof(int)), *steps_b = xcalloc(h.ng, sizeof(int));
+        void *steps_f = be->alloc(be, h.ng, MEM_I32), *steps_b = be->alloc(be, h.ng, MEM_I32);  // on the device
+        int32_t *hs_f = xcalloc(h.ng, sizeof(int32_t)), *hs_b = xcalloc(h.ng, sizeof(int32_t));
         for (int mode = 0; mode < 2; mode++) {
             Run r = {be, d, mn_solver_default()};
             r.s.max_steps = steps;
@@ -217,9 +218,11 @@ int bench_mesa_gpu(int argc, char **argv) {
             r.b = bw;
             double tf = median_time(be, reps, run_fwd, &r), tb = median_time(be, reps, run_fwd_bwd, &r);
             double sf = 0, sb = 0;
+            if (be->download_i32(be, hs_f, steps_f, h.ng) || be->download_i32(be, hs_b, steps_b, h.ng))
+                die("%s", mn_last_error());
             for (size_t i = 0; i < h.ng; i++) {
-                sf += steps_f[i] / (double)h.ng;
-                sb += steps_b[i] / (double)h.ng;
+                sf += hs_f[i] / (double)h.ng;
+                sb += hs_b[i] / (double)h.ng;
             }
             double C = 64, flops = sf * (4 * C * C * sh.D + 2 * C * sh.D * sh.D) * ((double)h.ng / C);
             double err = accuracy(be, &h, o);
@@ -231,10 +234,10 @@ int bench_mesa_gpu(int argc, char **argv) {
                    1e3 * tb, sb, err);
             fflush(stdout);
         }
-        void *bufs[] = {q, k, v, g, b, lam, dout, o, x, dq, dk, dv, dg, db, dl};
+        void *bufs[] = {q, k, v, g, b, lam, dout, o, x, dq, dk, dv, dg, db, dl, steps_f, steps_b};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
-        free(steps_f);
-        free(steps_b);
+        free(hs_f);
+        free(hs_b);
         bench_mesa_inputs_free(&h);
     }
 
@@ -259,7 +262,8 @@ int bench_mesa_gpu(int argc, char **argv) {
         void *q1 = up(be, one.q, one.nk, MEM_ACT), *k1 = up(be, one.k, one.nk, MEM_ACT), *v1 = up(be, one.v, one.nv, MEM_ACT);
         void *g1 = up(be, one.g, one.ng, MEM_F32), *b1 = up(be, one.beta, one.ng, MEM_F32);
         void *o1 = be->alloc(be, one.nv, MEM_ACT), *x1 = be->alloc(be, one.nk, MEM_ACT);
-        int *st1 = xcalloc(one.ng, sizeof(int));
+        void *st1 = be->alloc(be, one.ng, MEM_I32);
+        int32_t *hst1 = xcalloc(one.ng, sizeof(int32_t));
         for (int mode = 0; mode < 2; mode++) {
             Run r = {be, one.d, mn_solver_default()};
             r.s.max_steps = 30;
@@ -270,17 +274,18 @@ int bench_mesa_gpu(int argc, char **argv) {
             // the CG steps and the accuracy of one step, untimed
             if (be->mesa_fwd(be, &pre.d, &s, &f) || run_fwd(&r)) die("%s", mn_last_error());
             double err = decode_accuracy(be, &pre, &one, o1);
+            if (be->download_i32(be, hst1, st1, one.ng)) die("%s", mn_last_error());
             r.f.steps = NULL;  // timed as a stream of steps, as fla's do_bench times its decode step
             double t = stream_time(be, 10 * reps, run_fwd, &r), sm = 0;
-            for (size_t i = 0; i < one.ng; i++) sm += st1[i] / (double)one.ng;
+            for (size_t i = 0; i < one.ng; i++) sm += hst1[i] / (double)one.ng;
             char cg[32];
             if (mode) snprintf(cg, sizeof cg, "tol %.0e", (double)tol);
             else snprintf(cg, sizeof cg, "30 steps");
             printf("%6d %-9s | %10.3f %12.0f %6.1f | %9.2e\n", B, cg, 1e3 * t, B / t, sm, err);
         }
-        void *bufs[] = {q, k, v, g, b, lam, o, x, hs, gs, q1, k1, v1, g1, b1, o1, x1};
+        void *bufs[] = {q, k, v, g, b, lam, o, x, hs, gs, q1, k1, v1, g1, b1, o1, x1, st1};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
-        free(st1);
+        free(hst1);
         bench_mesa_inputs_free(&pre);
         bench_mesa_inputs_free(&one);
     }

@@ -1,10 +1,16 @@
-"""Times fla's MesaNetForCausalLM training step (the peer model) beside `mesanet bench train`.
+"""Times fla's MesaNetForCausalLM (the peer model): its training step beside `mesanet bench train`,
+and with --decode its generation steps beside `mesanet bench decode`.
 
 Measurement tooling for the comparison only; nothing of fla is part of mesanet.
 fla's source is not committed: copy its `fla/` folder into `.fla/` (git-ignored)
 and run on the GPU machine:
 
     python3 bench/fla_model_bench.py fla-162m fla-412m
+    python3 bench/fla_model_bench.py --decode fla-162m
+
+Decoding: bf16 weights, a 16-token prompt with the cache, then 64 single-token steps per run for
+B = 1, 16, 128 sequences, each step ending with the last token's logits on the host (as ours);
+fla's decoding runs its max_cg_step_decoding = 30 CG steps; the median of 3 runs.
 
 The configs are those of our `fla-162m` and `fla-412m` presets (the same
 architecture and tensors: bench/fla_compat.py checks it), trained as ours is:
@@ -71,7 +77,45 @@ def bench(name, batch=8, seq=2048, steps=5, ceiling=None):
     del model, opt
 
 
+def bench_decode(name, batches=(1, 16, 128), prompt=16, tokens=64, reps=3):
+    torch.manual_seed(0)
+    model = MesaNetForCausalLM(config(name)).cuda().to(torch.bfloat16).eval()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"fla {name} ({n_params} parameters) decoding: {prompt}-token prompt, then {tokens} steps per run "
+          f"(median of {reps}), logits to the host every step", flush=True)
+    for B in batches:
+        times = []
+        with torch.no_grad():
+            for rep in range(reps + 1):  # the first run warms up
+                tok = torch.randint(0, 50304, (B, prompt), device="cuda")
+                out = model(input_ids=tok, use_cache=True, logits_to_keep=1)
+                cache = out.past_key_values
+                nxt = tok[:, -1:]
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for s in range(tokens):
+                    nxt = (nxt + 7 * s + 1) % 50304
+                    out = model(input_ids=nxt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    cache = out.past_key_values
+                    out.logits[:, -1].cpu()
+                if rep:
+                    times.append((time.perf_counter() - t0) / tokens)
+        times.sort()
+        ms = 1e3 * times[len(times) // 2]
+        print(f"  B={B:4d}: {ms:.3f} ms/step, {1e3 * B / ms:.0f} tokens/s", flush=True)
+    del model
+
+
 def main():
+    if sys.argv[1:2] == ["--decode"]:
+        print(f"fla's MesaNet model on {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+        for name in sys.argv[2:] or ["fla-162m"]:
+            try:
+                bench_decode(name)
+            except Exception as e:  # report and go on
+                print(f"fla {name} decoding: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        return
+
     print(f"fla's MesaNet model on {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     ms = triton.testing.do_bench(lambda: a @ a, return_mode="median")

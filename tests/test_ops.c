@@ -195,6 +195,29 @@ TEST(op_silu_swiglu) {
     free(fdg); free(fdu);
 }
 
+// Soft cap (decoding only: no backward) and the int32 counters.
+TEST(op_softcap_and_counters) {
+    backends();
+    size_t n = 41;
+    double *x = rand_doubles(60, n, -80, 80), *want = xcalloc(n, 8);
+    float *xf = floats_of(x, n);
+    for (size_t i = 0; i < n; i++) want[i] = 30 * tanh(x[i] / 30);
+    R->softcap(R, x, n, 30);
+    C->softcap(C, xf, n, 30);
+    for (size_t i = 0; i < n; i++) CHECK(fabs(x[i] - want[i]) <= 1e-12 * 30, "ref softcap[%zu] %g vs %g", i, x[i], want[i]);
+    cmp("softcap", xf, want, n, F32_TOL);
+    const Backend *both[] = {R, C};
+    for (int b = 0; b < 2; b++) {
+        int32_t *acc = both[b]->alloc(both[b], 5, MEM_I32), d[5] = {3, 0, -2, 7, 1}, got[5];
+        both[b]->add_i32(both[b], acc, d, 5);
+        both[b]->add_i32(both[b], acc, NULL, 5);  // NULL counts: +1 each
+        both[b]->download_i32(both[b], got, acc, 5);
+        for (int i = 0; i < 5; i++) CHECK(got[i] == d[i] + 1, "%s add_i32[%d] = %d, want %d", both[b]->name, i, got[i], d[i] + 1);
+        both[b]->free(both[b], acc);
+    }
+    free(x); free(want); free(xf);
+}
+
 // ---------------------------------------------------------------------------- conv
 
 typedef struct {

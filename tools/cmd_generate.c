@@ -70,7 +70,8 @@ int cmd_generate(int argc, char **argv) {
     fputs(prompt, stdout);
     double t0 = mn_now();
     if (model_decode(m, seq, 1, (int)plen, logits)) die("%s", mn_last_error());
-    double prefill_steps = model_take_cg_steps(m), t_prefill = mn_now() - t0, steps_sum = 0;
+    double prefill_steps, gen_steps = 0, t_prefill = mn_now() - t0;
+    if (model_take_cg_steps(m, &prefill_steps)) die("%s", mn_last_error());
     t0 = mn_now();
     int made = 0;
     for (; made < ntokens; made++) {
@@ -78,16 +79,16 @@ int cmd_generate(int argc, char **argv) {
         if (next == bos) break;  // the end of a document
         emit(bpe, next);
         if (model_decode(m, &next, 1, 1, logits)) die("%s", mn_last_error());
-        steps_sum += model_take_cg_steps(m);
     }
     double dt = mn_now() - t0;
+    if (model_take_cg_steps(m, &gen_steps)) die("%s", mn_last_error());  // the mean over the generated tokens
     printf("\n");
     if (!quiet) {
         const MixerOps *ops = mixer_find(m->cfg.mixer);
         fprintf(stderr,
                 "[prompt: %zu tokens in %.2f s, CG steps %.1f | generated %d tokens, %.1f tokens/s, mean CG steps per "
                 "token and head %.1f (max %d%s) | state %.2f MB, constant]\n",
-                plen, t_prefill, prefill_steps, made, made / (dt > 0 ? dt : 1), made ? steps_sum / made : 0,
+                plen, t_prefill, prefill_steps, made, made / (dt > 0 ? dt : 1), gen_steps,
                 m->solver.max_steps, cg_tol > 0 ? ", tolerance" : "",
                 (double)ops->state_floats(&m->cfg) * m->cfg.n_layers * 4 / 1e6);
     }

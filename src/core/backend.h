@@ -47,6 +47,10 @@ struct Backend {
     int (*upload_f32)(const Backend *be, void *dst, const float *src, size_t n, MemKind kind);
     int (*download_f32)(const Backend *be, float *dst, const void *src, size_t n, MemKind kind);
     int (*upload_i32)(const Backend *be, void *dst, const int32_t *src, size_t n);
+    int (*download_i32)(const Backend *be, int32_t *dst, const void *src, size_t n);
+    // acc[n] += x[n], or += 1 if x is NULL (MEM_I32): counters kept where they are made, read back
+    // when wanted
+    int (*add_i32)(const Backend *be, void *acc, const void *x, size_t n);
     int (*sync)(const Backend *be);  // waits for queued work; reports asynchronous errors
     // Device memory in use (bytes), or NULL where memory is the host's (then see getrusage).
     size_t (*device_mem_used)(const Backend *be);
@@ -79,6 +83,8 @@ struct Backend {
     int (*swiglu_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
     // x += y
     int (*add)(const Backend *be, void *x, const void *y, size_t n);
+    // x = cap tanh(x / cap) in place (the soft cap of decoded logits; training's is inside xent)
+    int (*softcap)(const Backend *be, void *x, size_t n, float cap);
 
     // --- sequence ops -------------------------------------------------------------------
     // Causal depthwise convolution over time: y[b,t,c] = sum_j w[c,j] x[b, t-K+1+j, c], x of [B,T,C],
@@ -109,7 +115,8 @@ struct Backend {
     int (*softplus_fwd)(const Backend *be, void *y, const void *p, size_t n, float lo);
     int (*softplus_bwd)(const Backend *be, void *dp, const void *dy, const void *p, size_t n);
     // The core of spec sections 1-4 with the layout of MnMesaFwd/MnMesaBwd, whose pointers are
-    // this backend's buffers (q, k, v, x, o: MEM_ACT or wider; g, beta, lambda, states: MEM_F32).
+    // this backend's buffers (q, k, v, x, o: MEM_ACT or wider; g, beta, lambda, states: MEM_F32;
+    // steps: MEM_I32, so that counting them never waits for the device).
     int (*mesa_fwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io);
     int (*mesa_bwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
 
@@ -122,11 +129,27 @@ struct Backend {
     int (*sumsq)(const Backend *be, const void *x, size_t n, double *out);
     // x *= s
     int (*scale)(const Backend *be, void *x, size_t n, float s);
+
+    // --- recorded launches (optional: NULL where ops run as they are called) ---------------------
+    // Between graph_begin and graph_end the ops are recorded instead of run; graph_run replays them
+    // on the buffers' contents of that moment. For decoding, where launching costs more than the
+    // work. Recorded ops must not read back, allocate or wait; the recording holds the buffer
+    // addresses it saw, so it must be remade when any of them is reallocated. graph_run returns
+    // MN_ERR_ARG when the backend's own scratch has moved since (the caller records again).
+    int (*graph_begin)(const Backend *be);
+    int (*graph_end)(const Backend *be, void **graph);  // *graph: the recording (graph_free it)
+    int (*graph_run)(const Backend *be, void *graph);
+    void (*graph_free)(const Backend *be, void *graph);
 };
 
 const Backend *backend_ref(void);  // float64 reference: plain loops, the ground truth
 const Backend *backend_cpu(void);  // float32 CPU: BLAS + OpenMP
 // The backend named "cpu", "ref" or "cuda"; NULL + mn_error if unknown or not built.
 const Backend *backend_by_name(const char *name);
+
+// The int32 ops of backends whose buffers are host memory (ref, cpu).
+int host_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t n);
+int host_download_i32(const Backend *be, int32_t *dst, const void *src, size_t n);
+int host_add_i32(const Backend *be, void *acc, const void *x, size_t n);
 
 #endif

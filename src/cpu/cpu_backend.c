@@ -44,10 +44,6 @@ static int c_download_f32(const Backend *be, float *dst, const void *src, size_t
     memcpy(dst, src, n * sizeof(float));
     return MN_OK;
 }
-static int c_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t n) {
-    memcpy(dst, src, n * sizeof(int32_t));
-    return MN_OK;
-}
 static int c_sync(const Backend *be) { return MN_OK; }
 
 static int c_linear_fwd(const Backend *be, void *y_, const void *x_, const void *w_, const void *b_, int N, int nin, int nout) {
@@ -158,6 +154,13 @@ static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float silu_grad(float x) {
     float s = sigmoidf(x);
     return s * (1 + x * (1 - s));
+}
+
+static int c_softcap(const Backend *be, void *x_, size_t n, float cap) {
+    float *x = x_;
+#pragma omp parallel for simd if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+    return MN_OK;
 }
 
 static int c_silu_fwd(const Backend *be, void *y_, const void *x_, size_t n) {
@@ -425,11 +428,13 @@ static const Backend cpu_backend = {
     .name = "cpu",
     .elem_size = c_elem_size, .alloc = c_alloc, .free = c_free, .zero = c_zero, .copy = c_copy,
     .upload = c_upload, .download = c_download, .upload_f32 = c_upload_f32, .download_f32 = c_download_f32,
-    .upload_i32 = c_upload_i32, .sync = c_sync,
+    .upload_i32 = host_upload_i32, .download_i32 = host_download_i32, .add_i32 = host_add_i32,
+    .sync = c_sync,
     .linear_fwd = c_linear_fwd, .linear_bwd = c_linear_bwd,
     .rmsnorm_fwd = c_rmsnorm_fwd, .rmsnorm_bwd = c_rmsnorm_bwd,
     .l2norm_fwd = c_l2norm_fwd, .l2norm_bwd = c_l2norm_bwd,
     .silu_fwd = c_silu_fwd, .silu_bwd = c_silu_bwd, .swiglu_fwd = c_swiglu_fwd, .swiglu_bwd = c_swiglu_bwd,
+    .softcap = c_softcap,
     .add = c_add, .conv_fwd = c_conv_fwd, .conv_bwd = c_conv_bwd,
     .embed_fwd = c_embed_fwd, .embed_bwd = c_embed_bwd, .xent = c_xent,
     .mesa_gates_fwd = c_mesa_gates_fwd, .mesa_gates_bwd = c_mesa_gates_bwd,

@@ -156,6 +156,23 @@ static int g_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t
     return MN_OK;
 }
 
+static int g_download_i32(const Backend *be, int32_t *dst, const void *src, size_t n) {
+    CU_TRY(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyDeviceToHost, cuda_ctx(be)->stream));
+    CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->stream));
+    return MN_OK;
+}
+
+__global__ void add_i32_kernel(int32_t *acc, const int32_t *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc[i] += x ? x[i] : 1;
+}
+
+static int g_add_i32(const Backend *be, void *acc, const void *x, size_t n) {
+    add_i32_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((int32_t *)acc, (const int32_t *)x, n);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
 static size_t g_mem_used(const Backend *be) {
     size_t free_b = 0, total = 0;
     if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
@@ -341,6 +358,16 @@ static int g_l2norm_bwd(const Backend *be, void *dx, const void *dy, const void 
 }
 
 #define GRID_LOOP(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+__global__ void softcap_kernel(bf16 *x, size_t n, float cap) {
+    GRID_LOOP(i, n) st(x, i, cap * tanhf(ld(x, i) / cap));
+}
+
+static int g_softcap(const Backend *be, void *x, size_t n, float cap) {
+    softcap_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)x, n, cap);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
 
 __global__ void silu_fwd_kernel(bf16 *y, const bf16 *x, size_t n) {
     GRID_LOOP(i, n) {
@@ -680,6 +707,57 @@ static int g_scale(const Backend *be, void *x, size_t n, float s) {
     return MN_OK;
 }
 
+// ------------------------------------------------------------------ recorded launches
+
+// A decode step of a small model is hundreds of short kernels; launched one by one from the host
+// they take longer than they run. CUDA graphs record the step once and replay it in one launch.
+typedef struct {
+    cudaGraphExec_t exec;
+    void *scratch;  // the scratch buffer the recording saw (replaying after it moved would be wrong)
+} Recording;
+
+static int g_graph_begin(const Backend *be) {
+    CU_TRY(cudaStreamBeginCapture(cuda_ctx(be)->stream, cudaStreamCaptureModeThreadLocal));
+    return MN_OK;
+}
+
+static int g_graph_end(const Backend *be, void **out) {
+    CudaCtx *c = cuda_ctx(be);
+    *out = NULL;
+    cudaGraph_t graph;
+    CU_TRY(cudaStreamEndCapture(c->stream, &graph));
+    Recording *r = (Recording *)calloc(1, sizeof *r);
+    if (!r) {
+        cudaGraphDestroy(graph);
+        return mn_error(MN_ERR_NOMEM, "out of memory");
+    }
+    cudaError_t e = cudaGraphInstantiate(&r->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        free(r);
+        CU_TRY(e);
+    }
+    r->scratch = c->scratch;
+    *out = r;
+    return MN_OK;
+}
+
+static int g_graph_run(const Backend *be, void *graph) {
+    CudaCtx *c = cuda_ctx(be);
+    Recording *r = (Recording *)graph;
+    if (r->scratch != c->scratch) return mn_error(MN_ERR_ARG, "cuda graph: the scratch buffer moved since the recording");
+    CU_TRY(cudaGraphLaunch(r->exec, c->stream));
+    return MN_OK;
+}
+
+static void g_graph_free(const Backend *be, void *graph) {
+    Recording *r = (Recording *)graph;
+    if (!r) return;
+    cudaStreamSynchronize(cuda_ctx(be)->stream);  // a replay may still be running
+    cudaGraphExecDestroy(r->exec);
+    free(r);
+}
+
 // ------------------------------------------------------------------------- the table
 
 static CudaCtx ctx;
@@ -720,6 +798,14 @@ extern "C" const Backend *backend_cuda(void) {
         mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': could not initialise the device, a stream or cuBLAS");
         return NULL;
     }
+    // an explicit cuBLAS workspace (32 MiB, cuBLAS's own default on Hopper), so that products
+    // recorded into a graph allocate nothing (set after the stream: cublasSetStream resets it)
+    size_t ws_bytes = (size_t)32 << 20;
+    if (cudaMalloc(&ctx.blas_ws, ws_bytes) != cudaSuccess ||
+        cublasSetWorkspace(ctx.blas, ctx.blas_ws, ws_bytes) != CUBLAS_STATUS_SUCCESS) {
+        mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': could not set up the cuBLAS workspace");
+        return NULL;
+    }
     ctx.sm_count = prop.multiProcessorCount;
     ctx.smem_optin = prop.sharedMemPerBlockOptin;
     Backend b = {};
@@ -735,6 +821,8 @@ extern "C" const Backend *backend_cuda(void) {
     b.upload_f32 = g_upload_f32;
     b.download_f32 = g_download_f32;
     b.upload_i32 = g_upload_i32;
+    b.download_i32 = g_download_i32;
+    b.add_i32 = g_add_i32;
     b.sync = g_sync;
     b.device_mem_used = g_mem_used;
     b.linear_fwd = g_linear_fwd;
@@ -744,6 +832,7 @@ extern "C" const Backend *backend_cuda(void) {
     b.l2norm_fwd = g_l2norm_fwd;
     b.l2norm_bwd = g_l2norm_bwd;
     b.silu_fwd = g_silu_fwd;
+    b.softcap = g_softcap;
     b.silu_bwd = g_silu_bwd;
     b.swiglu_fwd = g_swiglu_fwd;
     b.swiglu_bwd = g_swiglu_bwd;
@@ -762,6 +851,10 @@ extern "C" const Backend *backend_cuda(void) {
     b.adamw = g_adamw;
     b.sumsq = g_sumsq;
     b.scale = g_scale;
+    b.graph_begin = g_graph_begin;
+    b.graph_end = g_graph_end;
+    b.graph_run = g_graph_run;
+    b.graph_free = g_graph_free;
     cuda_backend = b;
     initialised = 1;
     return &cuda_backend;

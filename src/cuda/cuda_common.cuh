@@ -42,6 +42,7 @@ typedef struct {
     cublasHandle_t blas;
     int sm_count;
     size_t smem_optin;  // the most shared memory one block may ask for
+    void *blas_ws;      // cuBLAS workspace (fixed, so that products can be recorded into graphs)
     void *scratch;      // device scratch, grow-only (cuda_scratch)
     size_t scratch_bytes;
 } CudaCtx;

@@ -1034,11 +1034,26 @@ static int make_geo(Geo *g, const MnMesaDims *d, const MnSolver *s) {
     return MN_OK;
 }
 
+// Raises a kernel's dynamic shared-memory limit to `bytes`, once per kernel and size: the
+// attribute is the kernel's, so a larger earlier setting serves (and decode steps, which may be
+// recorded into a graph, then make no call at all).
 static int set_smem(const void *kernel, size_t bytes, const CudaCtx *c) {
+    enum { SLOTS = 16 };
+    static struct {
+        const void *kernel;
+        size_t bytes;
+    } done[SLOTS];
     if (bytes > c->smem_optin)
         return mn_error(MN_ERR_UNSUPPORTED, "cuda mesa: needs %zu bytes of shared memory, the device allows %zu", bytes,
                         c->smem_optin);
+    int slot = 0;
+    while (slot < SLOTS && done[slot].kernel && done[slot].kernel != kernel) slot++;
+    if (slot < SLOTS && done[slot].kernel == kernel && done[slot].bytes >= bytes) return MN_OK;
     CU_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (slot < SLOTS) {
+        done[slot].kernel = kernel;
+        done[slot].bytes = bytes;
+    }
     return MN_OK;
 }
 
@@ -1077,14 +1092,6 @@ __global__ void final_states_kernel(float *hT, float *gT, const float *states, G
     }
 }
 
-static int copy_steps(const Backend *be, int *host, const int *dev, size_t n) {
-    if (!host) return MN_OK;
-    CudaCtx *c = cuda_ctx(be);
-    CU_TRY(cudaMemcpyAsync(host, dev, n * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
-    CU_TRY(cudaStreamSynchronize(c->stream));
-    return MN_OK;
-}
-
 extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io) {
     MN_TRY(mesa_check_dims(d));
     MN_TRY(mesa_check_solver(s));
@@ -1093,11 +1100,7 @@ extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSol
     Geo g = {0};
     MN_TRY(make_geo(&g, d, s));
     CudaCtx *c = cuda_ctx(be);
-    size_t nst = states_floats(&g), ntok = (size_t)d->B * d->T * d->H;
-    char *ws = (char *)cuda_scratch(be, nst * sizeof(float) + ntok * sizeof(int));
-    if (!ws) return MN_ERR_NOMEM;
-    float *states = (float *)ws;
-    int *steps = (int *)(ws + nst * sizeof(float));
+    int *steps = io->steps;  // a device buffer (MEM_I32), or NULL
     if (d->T == 1) {  // decoding: the recurrent kernel, wide blocks when they all fit in one wave
         size_t smem = decode_smem(&g);
         int blocks = d->B * d->H, wide = blocks <= c->sm_count;
@@ -1113,8 +1116,10 @@ extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSol
                 (bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v,
                 io->g, io->beta, io->lambda, io->h0, io->g0, io->hT, io->gT, x0, g);
         LAUNCH_CHECK();
-        return copy_steps(be, io->steps, steps, ntok);
+        return MN_OK;
     }
+    float *states = (float *)cuda_scratch(be, states_floats(&g) * sizeof(float));
+    if (!states) return MN_ERR_NOMEM;
     MN_TRY(run_states(be, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0, &g));
     size_t smem = sizeof(float) * smem_floats(g.Dp, g.Dvp);
     MN_TRY(set_smem((const void *)cg_forward_kernel, smem, c));
@@ -1127,7 +1132,7 @@ extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSol
         final_states_kernel<<<grid_for((size_t)d->B * d->H * 1024, 256), 256, 0, c->stream>>>(io->hT, io->gT, states, g);
         LAUNCH_CHECK();
     }
-    return copy_steps(be, io->steps, steps, ntok);
+    return MN_OK;
 }
 
 extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io) {
@@ -1142,12 +1147,12 @@ extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSol
     CudaCtx *c = cuda_ctx(be);
     size_t pairs = (size_t)d->B * d->H, ntok = (size_t)d->B * d->T * d->H;
     size_t nst = states_floats(&g), nadj = pairs * g.nchunks * ((size_t)g.Dv * g.Dk + (size_t)g.Dk * g.Dk);
-    size_t ny = ntok * g.Dk, bytes = sizeof(float) * (nst + nadj + ny + ntok + ntok + pairs) + sizeof(int) * ntok;
+    size_t ny = ntok * g.Dk, bytes = sizeof(float) * (nst + nadj + ny + ntok + ntok + pairs);
     char *ws = (char *)cuda_scratch(be, bytes);
     if (!ws) return MN_ERR_NOMEM;
     float *states = (float *)ws, *adj = states + nst, *y = adj + nadj, *terms = y + ny, *db = terms + ntok;
     float *db_final = db + ntok;
-    int *steps = (int *)(db_final + pairs);
+    int *steps = io->steps;  // a device buffer (MEM_I32), or NULL
     CU_TRY(cudaMemsetAsync(io->dlambda, 0, sizeof(float) * (size_t)d->H * d->Dk, c->stream));
     MN_TRY(run_states(be, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0, &g));
     size_t smem = sizeof(float) * smem_floats(g.Dp, g.Dvp);
@@ -1169,5 +1174,5 @@ extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSol
     LAUNCH_CHECK();
     dg_scan_kernel<<<(unsigned)((pairs + 3) / 4), 128, 0, c->stream>>>(io->dg, db, db_final, g);
     LAUNCH_CHECK();
-    return copy_steps(be, io->steps, steps, ntok);
+    return MN_OK;
 }

@@ -16,7 +16,8 @@ int eval_run(Model *m, DataLoader *dl, int batches, EvalResult *r) {
     int32_t *in = malloc(sizeof(int32_t) * N), *tg = malloc(sizeof(int32_t) * N);
     float *losses = malloc(sizeof(float) * N);
     int s = (!r->pos_sum || !r->pos_count || !in || !tg || !losses) ? mn_error(MN_ERR_NOMEM, "out of memory") : MN_OK;
-    model_take_cg_steps(m);
+    double cg_before;
+    if (!s) s = model_take_cg_steps(m, &cg_before);  // zeroes the counters
     for (int b = 0; b < batches && !s; b++) {
         if ((s = loader_next(dl, in, tg))) break;
         if ((s = model_forward(m, in, tg, B, T, 0, NULL))) break;
@@ -30,7 +31,7 @@ int eval_run(Model *m, DataLoader *dl, int batches, EvalResult *r) {
         }
         r->batches++;
     }
-    r->cg_steps = model_take_cg_steps(m);
+    if (!s) s = model_take_cg_steps(m, &r->cg_steps);
     free(in);
     free(tg);
     free(losses);

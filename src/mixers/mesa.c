@@ -37,7 +37,9 @@ typedef struct {
     void *o, *x;             // [N,Vd] core output, [N,Q] CG solutions
     void *on, *onrstd;       // [N,Vd] normalised output, [N*H] f32 its 1/rms
     void *z, *gated;         // [N,Vd] output-gate projection, gated output
-    int *steps;              // [N*H] CG steps of the last call (host)
+    void *steps;             // [N*H] i32: CG steps of the last call, per system
+    void *steps_acc;         // [2, N*H] i32: per slot, the sum of those steps and the number of calls since
+                             // the last collect; counted by the backend, so a recorded step counts too
     // backward temporaries
     void *d_gated, *d_z, *d_on, *d_o, *d_v;  // [N,Vd]
     void *d_q, *d_k, *d_tmp;                 // [N,Q]
@@ -115,7 +117,8 @@ static int buffers(Mesa *s, const Sizes *z, BufDecl *out) {
         {&s->d_on, z->Vd, 0, MEM_ACT},     {&s->d_o, z->Vd, 0, MEM_ACT},    {&s->d_v, z->Vd, 0, MEM_ACT},
         {&s->d_q, z->Q, 0, MEM_ACT},       {&s->d_k, z->Q, 0, MEM_ACT},     {&s->d_tmp, z->Q, 0, MEM_ACT},
         {&s->d_a, z->H, 0, MEM_ACT},       {&s->d_b, z->H, 0, MEM_ACT},     {&s->d_g, z->H, 0, MEM_F32},
-        {&s->d_beta, z->H, 0, MEM_F32},    {&s->d_lambda, 0, z->Q, MEM_F32},
+        {&s->d_beta, z->H, 0, MEM_F32},    {&s->d_lambda, 0, z->Q, MEM_F32}, {&s->steps, z->H, 0, MEM_I32},
+        {&s->steps_acc, 2 * z->H, 0, MEM_I32},
     };
     int n = (int)(sizeof d / sizeof d[0]);
     memcpy(out, d, sizeof d);
@@ -131,15 +134,36 @@ static void free_buffers(Mixer *m) {
         if (*d[i].p) m->be->free(m->be, *d[i].p);
         *d[i].p = NULL;
     }
-    free(s->steps);
-    s->steps = NULL;
     s->cap = 0;
+}
+
+// Adds the CG steps counted on the backend since the last collect to the mixer's totals: one
+// read-back when the numbers are wanted, not one per call.
+static int mesa_collect(Mixer *m) {
+    Mesa *s = m->priv;
+    if (!s->cap) return MN_OK;
+    size_t n = (size_t)s->cap * m->cfg->n_heads;
+    int32_t *h = malloc(2 * n * sizeof(int32_t));
+    if (!h) return mn_error(MN_ERR_NOMEM, "out of memory");
+    int st = m->be->download_i32(m->be, h, s->steps_acc, 2 * n);
+    double steps = 0, systems = 0;
+    for (size_t i = 0; i < n && !st; i++) {
+        steps += h[i];
+        systems += h[n + i];
+    }
+    free(h);
+    MN_TRY(st);
+    m->be->zero(m->be, s->steps_acc, 2 * n, MEM_I32);
+    m->cg_steps += steps;
+    m->cg_systems += systems;
+    return MN_OK;
 }
 
 // (Re)allocates the activation buffers for N tokens.
 static int ensure_capacity(Mixer *m, int N) {
     Mesa *s = m->priv;
     if (N <= s->cap) return MN_OK;
+    MN_TRY(mesa_collect(m));  // the step counters go with the buffers
     free_buffers(m);
     Sizes z = sizes(m->cfg, N);
     BufDecl d[64];
@@ -148,8 +172,6 @@ static int ensure_capacity(Mixer *m, int N) {
         *d[i].p = m->be->alloc(m->be, d[i].per_token * (size_t)N + d[i].fixed, d[i].kind);
         if (!*d[i].p) return MN_ERR_NOMEM;
     }
-    s->steps = calloc((size_t)N * z.H, sizeof(int));
-    if (!s->steps) return mn_error(MN_ERR_NOMEM, "out of memory");
     s->cap = N;
     return MN_OK;
 }
@@ -194,11 +216,14 @@ static int mesa_forward(Mixer *m, void *y, const void *u, int B, int T, int use_
     MnMesaFwd io = {.q = s->q, .k = s->k, .v = s->v, .g = s->g, .beta = s->beta, .lambda = s->lambda,
                     .h0 = use_state ? s->hs : NULL, .g0 = use_state ? s->gs : NULL, .o = s->o, .x = s->x,
                     .hT = use_state ? s->hs : NULL, .gT = use_state ? s->gs : NULL, .steps = s->steps};
-    double t0 = mn_now();
+    double t0, t1;
+    MN_TRY(mixer_clock(m, &t0));
     MN_TRY(be->mesa_fwd(be, &d, &m->solver, &io));
-    m->core_seconds += mn_now() - t0;
-    for (int i = 0; i < N * z.H; i++) m->cg_steps += s->steps[i];
-    m->cg_systems += (double)N * z.H;
+    MN_TRY(mixer_clock(m, &t1));
+    m->core_seconds += t1 - t0;
+    size_t nh = (size_t)N * z.H;
+    MN_TRY(be->add_i32(be, s->steps_acc, s->steps, nh));
+    MN_TRY(be->add_i32(be, (char *)s->steps_acc + (size_t)s->cap * z.H * be->elem_size(be, MEM_I32), NULL, nh));
     // per-head RMSNorm, optional output gate, output projection
     MN_TRY(be->rmsnorm_fwd(be, s->on, s->onrstd, s->o, w[O_NORM], N, z.Vd, z.Dv, m->cfg->shared_onorm ? z.Dv : z.Vd,
                            m->cfg->norm_eps));
@@ -231,10 +256,12 @@ static int mesa_backward(Mixer *m, void *du, const void *dy) {
     MnMesaDims d = core_dims(&z, B, T);
     MnMesaBwd io = {.q = s->q, .k = s->k, .v = s->v, .g = s->g, .beta = s->beta, .lambda = s->lambda, .x = s->x,
                     .o = s->o, .dout = s->d_o, .dq = s->d_q, .dk = s->d_k, .dv = s->d_v, .dg = s->d_g,
-                    .dbeta = s->d_beta, .dlambda = s->d_lambda, .steps = s->steps};
-    double t0 = mn_now();
+                    .dbeta = s->d_beta, .dlambda = s->d_lambda};
+    double t0, t1;
+    MN_TRY(mixer_clock(m, &t0));
     MN_TRY(be->mesa_bwd(be, &d, &m->solver, &io));
-    m->core_seconds += mn_now() - t0;
+    MN_TRY(mixer_clock(m, &t1));
+    m->core_seconds += t1 - t0;
     MN_TRY(be->softplus_bwd(be, dw[LAMBDA], s->d_lambda, w[LAMBDA], (size_t)z.Q));
     MN_TRY(be->mesa_gates_bwd(be, s->d_a, s->d_b, s->d_g, s->d_beta, s->a, s->b, (size_t)N * z.H,
                               m->cfg->gate_bound));
@@ -312,5 +339,6 @@ const MixerOps mixer_mesa = {
     .backward = mesa_backward,
     .reset_state = mesa_reset_state,
     .state_floats = mesa_state_floats,
+    .collect = mesa_collect,
     .destroy = mesa_destroy,
 };

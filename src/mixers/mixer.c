@@ -16,3 +16,9 @@ const MixerOps *mixer_find(const char *name) {
     mn_error(MN_ERR_ARG, "unknown mixer '%s' (known: %s)", name, known);
     return NULL;
 }
+
+int mixer_clock(const Mixer *m, double *t) {
+    if (m->profile) MN_TRY(m->be->sync(m->be));
+    *t = mn_now();
+    return MN_OK;
+}

@@ -29,6 +29,9 @@ typedef struct {
     int (*reset_state)(Mixer *m, int B);
     // Floats of recurrent state per sequence (the constant memory of decoding).
     size_t (*state_floats)(const ModelConfig *c);
+    // Adds the statistics of the calls since the last collect (CG steps, counted where the
+    // backend runs) into cg_steps and cg_systems. NULL: the mixer keeps them current itself.
+    int (*collect)(Mixer *m);
     void (*destroy)(Mixer *m);
 } MixerOps;
 
@@ -40,8 +43,13 @@ struct Mixer {
     void **w, **dw;           // this layer's parameters and their gradients, in declare() order
     void *priv;               // the mixer's own buffers
     double cg_steps, cg_systems;  // CG steps and systems solved since the counters were zeroed
-    double core_seconds;      // time in the core (e.g. the Mesa solve), for profiles; meaningful on synchronous backends
+    double core_seconds;      // time in the core (e.g. the Mesa solve), for profiles
+    int profile;              // nonzero: wait for the backend around timed parts, so that their times are true
 };
+
+// The time (mn_now) at a boundary of a timed part: after the backend has finished the work
+// queued so far when profiling (otherwise only the launches would be timed on the GPU).
+int mixer_clock(const Mixer *m, double *t);
 
 // The mixer named `name`, or NULL with an error listing the known ones.
 const MixerOps *mixer_find(const char *name);

@@ -84,6 +84,7 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
     m->be = be;
     m->solver = mn_solver_default();
     m->solver.max_steps = cfg->cg_steps;
+    m->use_graphs = be->graph_begin != NULL;
     int st = MN_OK;
     m->specs = calloc(MODEL_MAX_PARAMS, sizeof(ParamSpec));
     m->blocks = calloc((size_t)cfg->n_layers, sizeof(BlockParams));
@@ -127,6 +128,12 @@ fail:
     return st;
 }
 
+static void drop_graph(Model *m) {
+    if (m->graph) m->be->graph_free(m->be, m->graph);
+    m->graph = NULL;
+    m->graph_warm = 0;
+}
+
 static void free_activations(Model *m) {
     void **bufs[] = {&m->tokens, &m->targets, &m->x,      &m->mid,    &m->n1,  &m->n2, &m->r1,
                      &m->r2,     &m->gate,    &m->up,     &m->act,    &m->xf,  &m->rf, &m->logits,
@@ -136,6 +143,7 @@ static void free_activations(Model *m) {
         *bufs[i] = NULL;
     }
     m->cap = 0;
+    drop_graph(m);  // it points into them
 }
 
 void model_free(Model *m) {
@@ -250,9 +258,12 @@ static int forward_blocks(Model *m, int B, int T, int use_state) {
         MN_TRY(be->rmsnorm_fwd(be, n1, r1, x, m->p[bp->attn_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
         Mixer *mx = &m->mixers[l];
         mx->solver = m->solver;
-        double t0 = mn_now();
+        mx->profile = m->profile;
+        double t0, t1;
+        MN_TRY(mixer_clock(mx, &t0));
         MN_TRY(mx->ops->forward(mx, mid, n1, B, T, use_state));
-        m->mixer_seconds += mn_now() - t0;
+        MN_TRY(mixer_clock(mx, &t1));
+        m->mixer_seconds += t1 - t0;
         MN_TRY(be->add(be, mid, x, N * D));
         // x' = u + W_down(SiLU(W_gate v) (.) W_up v),  v = RMSNorm(u)
         MN_TRY(be->rmsnorm_fwd(be, n2, r2, mid, m->p[bp->mlp_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
@@ -330,9 +341,12 @@ int model_backward(Model *m) {
         // mixer: dx (now the gradient of u) flows to x directly and through the mixer
         Mixer *mx = &m->mixers[l];
         mx->solver = m->solver;
-        double t0 = mn_now();
+        mx->profile = m->profile;
+        double t0, t1;
+        MN_TRY(mixer_clock(mx, &t0));
         MN_TRY(mx->ops->backward(mx, m->dn, m->dx));
-        m->mixer_seconds += mn_now() - t0;
+        MN_TRY(mixer_clock(mx, &t1));
+        m->mixer_seconds += t1 - t0;
         MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[bp->attn_norm], m->dn, x, m->p[bp->attn_norm], r1, (int)N, (int)D,
                                (int)D, (int)D, 1));
         (void)n1;
@@ -351,9 +365,62 @@ int model_losses(const Model *m, float *out) {
 
 int model_reset_state(Model *m, int B) {
     if (B <= 0) return mn_error(MN_ERR_ARG, "model_reset_state: B = %d must be > 0", B);
+    if (B != m->state_B) drop_graph(m);  // the states are reallocated
     for (int l = 0; l < m->cfg.n_layers; l++) MN_TRY(m->mixers[l].ops->reset_state(&m->mixers[l], B));
     m->state_B = B;
     return MN_OK;
+}
+
+// The ops of a decode call whose tokens are already on the backend: logits [B, V] of each
+// sequence's last token into m->logits.
+static int decode_ops(Model *m, int B, int T) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    size_t N = (size_t)B * T, D = (size_t)c->dim;
+    MN_TRY(be->embed_fwd(be, m->x, m->tokens, m->p[m->embed], (int)N, (int)D, embed_scale(c)));
+    MN_TRY(forward_blocks(m, B, T, 1));
+    const void *last = m->xf;  // with T = 1 the rows are the last tokens already
+    if (T > 1) {
+        for (int b = 0; b < B; b++)
+            be->copy(be, at(m, m->dn, (size_t)b * D, MEM_ACT), at(m, m->xf, ((size_t)b * T + T - 1) * D, MEM_ACT), D,
+                     MEM_ACT);
+        last = m->dn;
+    }
+    MN_TRY(be->linear_fwd(be, m->logits, last, m->p[m->head], NULL, B, (int)D, c->vocab_size));
+    return c->logit_cap > 0 ? be->softcap(be, m->logits, (size_t)B * c->vocab_size, c->logit_cap) : MN_OK;
+}
+
+static int same_solver(const MnSolver *a, const MnSolver *b) {
+    return a->max_steps == b->max_steps && a->tol == b->tol && a->precond == b->precond && a->init == b->init &&
+           a->form == b->form && a->chunk == b->chunk && a->check == b->check;
+}
+
+// One token per sequence through a recording: made on the second step with the same settings
+// (the first runs eagerly, so that every kernel is loaded and every buffer sized before recording).
+static int decode_step_recorded(Model *m, int B) {
+    const Backend *be = m->be;
+    if (m->graph && (m->graph_B != B || !same_solver(&m->graph_solver, &m->solver))) drop_graph(m);
+    if (!m->graph) {
+        if (!m->graph_warm || m->graph_B != B || !same_solver(&m->graph_solver, &m->solver)) {
+            m->graph_B = B;
+            m->graph_solver = m->solver;
+            MN_TRY(decode_ops(m, B, 1));
+            m->graph_warm = 1;
+            return MN_OK;
+        }
+        MN_TRY(be->graph_begin(be));
+        int st = decode_ops(m, B, 1);
+        void *g = NULL;
+        int st_end = be->graph_end(be, &g);  // ends the recording even after a failed op
+        if (st || st_end) {
+            if (g) be->graph_free(be, g);
+            return st ? st : st_end;
+        }
+        m->graph = g;
+    }
+    if (be->graph_run(be, m->graph) == MN_OK) return MN_OK;
+    drop_graph(m);  // stale (the backend's scratch moved): this step eagerly, the next records again
+    return decode_ops(m, B, 1);
 }
 
 int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits) {
@@ -362,32 +429,26 @@ int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits) {
     if (B != m->state_B)
         return mn_error(MN_ERR_ARG, "model_decode: %d sequences, but the state was reset for %d", B, m->state_B);
     if (T <= 0) return mn_error(MN_ERR_ARG, "model_decode: T = %d must be > 0", T);
-    size_t N = (size_t)B * T, D = (size_t)c->dim, V = (size_t)c->vocab_size;
+    size_t N = (size_t)B * T, V = (size_t)c->vocab_size;
     MN_TRY(check_tokens(m, tokens, NULL, N));
     MN_TRY(ensure_capacity(m, (int)N));
     m->B = B;
     m->T = T;
     m->grad_ready = 0;
     MN_TRY(be->upload_i32(be, m->tokens, tokens, N));
-    MN_TRY(be->embed_fwd(be, m->x, m->tokens, m->p[m->embed], (int)N, (int)D, embed_scale(c)));
-    MN_TRY(forward_blocks(m, B, T, 1));
-    // logits of each sequence's last token only
-    for (int b = 0; b < B; b++)
-        be->copy(be, at(m, m->dn, (size_t)b * D, MEM_ACT), at(m, m->xf, ((size_t)b * T + T - 1) * D, MEM_ACT), D, MEM_ACT);
-    MN_TRY(be->linear_fwd(be, m->logits, m->dn, m->p[m->head], NULL, B, (int)D, (int)V));
-    float *out = logits;
-    MN_TRY(be->download_f32(be, out, m->logits, (size_t)B * V, MEM_ACT));
-    if (c->logit_cap > 0)
-        for (size_t i = 0; i < (size_t)B * V; i++) out[i] = c->logit_cap * tanhf(out[i] / c->logit_cap);
-    return MN_OK;
+    if (T == 1 && m->use_graphs && be->graph_begin && !m->profile) MN_TRY(decode_step_recorded(m, B));
+    else MN_TRY(decode_ops(m, B, T));
+    return be->download_f32(be, logits, m->logits, (size_t)B * V, MEM_ACT);
 }
 
-double model_take_cg_steps(Model *m) {
+int model_take_cg_steps(Model *m, double *mean) {
     double steps = 0, systems = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
+        if (m->mixers[l].ops->collect) MN_TRY(m->mixers[l].ops->collect(&m->mixers[l]));
         steps += m->mixers[l].cg_steps;
         systems += m->mixers[l].cg_systems;
         m->mixers[l].cg_steps = m->mixers[l].cg_systems = 0;
     }
-    return systems > 0 ? steps / systems : 0;
+    *mean = systems > 0 ? steps / systems : 0;
+    return MN_OK;
 }

@@ -51,6 +51,15 @@ typedef struct {
     int state_B;             // sequences of the decoding state (0: none)
     int grad_ready;          // the last forward left dloss/dlogits for model_backward
     double mixer_seconds;    // time in the mixers (forward and backward), for profiles
+    int profile;             // nonzero: timed parts wait for the backend (true times, a little slower)
+
+    // Single-token decode steps recorded once and replayed (backends with graph ops): the
+    // recording holds buffer addresses and solver settings, so it is dropped when they change.
+    int use_graphs;          // record decode steps where the backend can (model_create sets it)
+    void *graph;             // the recording, or NULL
+    int graph_B;             // its number of sequences
+    MnSolver graph_solver;   // and the solver settings it was recorded with
+    int graph_warm;          // an eager step with these settings has run (first launches load code)
 } Model;
 
 int model_create(Model **out, const ModelConfig *cfg, const Backend *be);
@@ -80,7 +89,8 @@ int model_losses(const Model *m, float *out);
 int model_reset_state(Model *m, int B);
 int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits);
 
-// CG steps per system since the last call (the mixers' counters), and reset.
-double model_take_cg_steps(Model *m);
+// Mean CG steps per system since the last call (the mixers' counters, read back from the
+// backend), and resets them.
+int model_take_cg_steps(Model *m, double *mean);
 
 #endif

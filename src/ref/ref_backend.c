@@ -38,10 +38,6 @@ static int r_download_f32(const Backend *be, float *dst, const void *src, size_t
     for (size_t i = 0; i < n; i++) dst[i] = (float)s[i];
     return MN_OK;
 }
-static int r_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t n) {
-    memcpy(dst, src, n * sizeof(int32_t));
-    return MN_OK;
-}
 static int r_sync(const Backend *be) { return MN_OK; }
 
 static int r_linear_fwd(const Backend *be, void *y_, const void *x_, const void *w_, const void *b_, int N, int nin, int nout) {
@@ -136,6 +132,12 @@ static int r_l2norm_bwd(const Backend *be, void *dx_, const void *dy_, const voi
 }
 
 static double sigmoid(double x) { return 1 / (1 + exp(-x)); }
+
+static int r_softcap(const Backend *be, void *x_, size_t n, float cap) {
+    double *x = x_;
+    for (size_t i = 0; i < n; i++) x[i] = cap * tanh(x[i] / cap);
+    return MN_OK;
+}
 
 static int r_silu_fwd(const Backend *be, void *y_, const void *x_, size_t n) {
     double *y = y_;
@@ -378,11 +380,13 @@ static const Backend ref_backend = {
     .name = "ref",
     .elem_size = r_elem_size, .alloc = r_alloc, .free = r_free, .zero = r_zero, .copy = r_copy,
     .upload = r_upload, .download = r_download, .upload_f32 = r_upload_f32, .download_f32 = r_download_f32,
-    .upload_i32 = r_upload_i32, .sync = r_sync,
+    .upload_i32 = host_upload_i32, .download_i32 = host_download_i32, .add_i32 = host_add_i32,
+    .sync = r_sync,
     .linear_fwd = r_linear_fwd, .linear_bwd = r_linear_bwd,
     .rmsnorm_fwd = r_rmsnorm_fwd, .rmsnorm_bwd = r_rmsnorm_bwd,
     .l2norm_fwd = r_l2norm_fwd, .l2norm_bwd = r_l2norm_bwd,
     .silu_fwd = r_silu_fwd, .silu_bwd = r_silu_bwd, .swiglu_fwd = r_swiglu_fwd, .swiglu_bwd = r_swiglu_bwd,
+    .softcap = r_softcap,
     .add = r_add, .conv_fwd = r_conv_fwd, .conv_bwd = r_conv_bwd,
     .embed_fwd = r_embed_fwd, .embed_bwd = r_embed_bwd, .xent = r_xent,
     .mesa_gates_fwd = r_mesa_gates_fwd, .mesa_gates_bwd = r_mesa_gates_bwd,

@@ -149,6 +149,17 @@ TEST(cuda_op_norms_and_activations) {
     R->add(R, u, d, n);
     G->add(G, gu, gd, n);
     cmp("add", gu, u, n, MEM_ACT, BF16_TOL);
+    R->softcap(R, a, n, 4);  // a spans [-6, 6]: both the linear and the flat part of tanh
+    G->softcap(G, ga, n, 4);
+    cmp("softcap", ga, a, n, MEM_ACT, BF16_TOL);
+    int32_t cnt[7] = {1, -4, 9, 0, 2, 30, 5}, got[7];
+    void *gacc = G->alloc(G, 7, MEM_I32), *gcnt = G->alloc(G, 7, MEM_I32);
+    CHECK(!G->upload_i32(G, gcnt, cnt, 7) && !G->add_i32(G, gacc, gcnt, 7) && !G->add_i32(G, gacc, gcnt, 7) &&
+              !G->add_i32(G, gacc, NULL, 7) && !G->download_i32(G, got, gacc, 7),
+          "%s", mn_last_error());
+    for (int i = 0; i < 7; i++) CHECK(got[i] == 2 * cnt[i] + 1, "add_i32[%d] = %d, want %d", i, got[i], 2 * cnt[i] + 1);
+    G->free(G, gacc);
+    G->free(G, gcnt);
     void *g[] = {ga, gu, gd, gh, gda, gdu};
     for (int i = 0; i < 6; i++) G->free(G, g[i]);
     free(a); free(u); free(d); free(h); free(da); free(du);
@@ -272,9 +283,12 @@ TEST(cuda_mesa_matches_reference) {
         s.max_steps = 100;
         s.precond = shapes[si].variant & 1 ? MN_PRECOND_JACOBI : MN_PRECOND_NONE;
         s.init = shapes[si].variant & 2 ? MN_CG_INIT_JACOBI : MN_CG_INIT_ZERO;
-        int *steps = xcalloc(c.ng, sizeof(int));
-        MnMesaFwd gf = {gq, gk, gv, ggl, gb, gl, gh0, gg0, NULL, go, gx, ghT, ggT, steps};
+        int32_t *steps = xcalloc(c.ng, sizeof(int32_t));
+        void *gsteps = G->alloc(G, c.ng, MEM_I32);
+        MnMesaFwd gf = {gq, gk, gv, ggl, gb, gl, gh0, gg0, NULL, go, gx, ghT, ggT, gsteps};
         CHECK(!G->mesa_fwd(G, &d, &s, &gf), "%s", mn_last_error());
+        CHECK(!G->download_i32(G, steps, gsteps, c.ng), "%s", mn_last_error());
+        G->free(G, gsteps);
         double ms = 0;
         for (size_t i = 0; i < c.ng; i++) ms += steps[i] / (double)c.ng;
         test_note("B=%d T=%d H=%d Dk=%d Dv=%d states=%d variant=%d: mean CG steps %.1f", d.B, d.T, d.H, d.Dk, d.Dv,
@@ -409,8 +423,9 @@ TEST(cuda_model_matches_cpu) {
     mc->be->download(mc->be, gc, mc->grads, mc->total, MEM_F32);
     mg->be->download(mg->be, gg, mg->grads, mg->total, MEM_F32);
     double e300 = rel_err64(gg, gc, mc->total);
-    test_note("with 300 CG steps: gradients rel err %.2e, mean CG steps cpu %.1f gpu %.1f", e300, model_take_cg_steps(mc),
-              model_take_cg_steps(mg));
+    double cg_c, cg_g;
+    CHECK(!model_take_cg_steps(mc, &cg_c) && !model_take_cg_steps(mg, &cg_g), "%s", mn_last_error());
+    test_note("with 300 CG steps: gradients rel err %.2e, mean CG steps cpu %.1f gpu %.1f", e300, cg_c, cg_g);
     // measured: rel err 6.9e-2, cosine 0.998 (the gradient sensitivity above sets this scale)
     CHECK(e <= 0.15 && dot / sqrt(n1 * n2) >= 0.99, "gradients differ: rel err %.3g, cosine %.4f", e, dot / sqrt(n1 * n2));
     free(gc); free(gg); free(tok); free(tgt);
@@ -446,6 +461,54 @@ TEST(cuda_decode_matches_forward) {
     test_note("decoded logits vs full forward on the GPU: worst rel err %.2e", worst);
     CHECK(worst <= 2e-2, "decoded logits differ by %.3g", worst);  // two bf16 paths
     free(full); free(step);
+    model_free(m);
+}
+
+// Decode steps replayed from a recording (CUDA graph) give the same logits, bit for bit, and the
+// same CG step counts as eager steps; the recording is remade when the solver settings or the
+// number of sequences change (a stale one would read freed states or old settings).
+static void decode_run(Model *m, int B, int steps, float tol, float *logits, double *cg) {
+    m->solver.tol = 0;
+    CHECK(!model_reset_state(m, B), "%s", mn_last_error());
+    int32_t tok[4 * 8];
+    for (int i = 0; i < B * 8; i++) tok[i] = (i * 29 + 5) % 97;
+    CHECK(!model_decode(m, tok, B, 8, logits), "%s", mn_last_error());
+    for (int s = 0; s < steps; s++) {
+        if (s == steps / 2) m->solver.tol = tol;  // new settings half way
+        for (int b = 0; b < B; b++) tok[b] = (tok[b] * 31 + s) % 97;
+        CHECK(!model_decode(m, tok, B, 1, logits + (size_t)s * B * 97), "%s", mn_last_error());
+    }
+    CHECK(!model_take_cg_steps(m, cg), "%s", mn_last_error());
+}
+
+TEST(cuda_decode_graph_matches_eager) {
+    if (!setup()) return;
+    ModelConfig cfg = gpu_config();
+    cfg.n_layers = 2;
+    Model *m;
+    CHECK(!model_create(&m, &cfg, G), "%s", mn_last_error());
+    model_init_params(m, 5);
+    CHECK(m->use_graphs, "the CUDA backend records decode steps");
+    int steps = 12;
+    float *eager = xcalloc((size_t)steps * 4 * 97, 4), *replay = xcalloc((size_t)steps * 4 * 97, 4);
+    int Bs[] = {3, 1, 3};  // a change of B reallocates the states: the recording must follow
+    for (int i = 0; i < 3; i++) {
+        int B = Bs[i];
+        double cg_e, cg_r;
+        m->use_graphs = 0;
+        decode_run(m, B, steps, 1e-3f, eager, &cg_e);
+        m->use_graphs = 1;
+        decode_run(m, B, steps, 1e-3f, replay, &cg_r);
+        CHECK(m->graph != NULL, "B=%d: the steps were recorded", B);
+        size_t diff = 0;
+        for (size_t j = 0; j < (size_t)steps * B * 97; j++) diff += eager[j] != replay[j];
+        test_note("B=%d: %zu of %d logits differ; mean CG steps eager %.3f, replayed %.3f", B, diff, steps * B * 97, cg_e,
+                  cg_r);
+        CHECK(diff == 0, "B=%d: replayed decode steps differ from eager ones in %zu logits", B, diff);
+        CHECK(cg_e == cg_r && cg_e > 0, "B=%d: CG steps eager %g vs replayed %g", B, cg_e, cg_r);
+    }
+    free(eager);
+    free(replay);
     model_free(m);
 }
 
