@@ -15,7 +15,7 @@
 #include "tools/commands.h"
 
 typedef struct {
-    double ms_per_step, steps_mean;
+    double ms_per_step, steps_mean, download_ms;
 } DecodeTiming;
 
 // Median over `reps` runs of `tokens` steps, after a prefill of `prompt` tokens and 3 untimed
@@ -41,7 +41,15 @@ static DecodeTiming time_decode(Model *m, int B, int prompt, int tokens, int rep
         t[rep] = (mn_now() - t0) / tokens;
         if (model_take_cg_steps(m, &steps_mean)) die("%s", mn_last_error());
     }
-    DecodeTiming out = {1e3 * bench_median(t, reps), steps_mean};
+    // the share of a step that is the logits' way to the host
+    double d[5];
+    for (int i = 0; i < 5; i++) {
+        double t0 = mn_now();
+        if (m->be->download_f32(m->be, logits, m->logits, (size_t)B * m->cfg.vocab_size, MEM_ACT))
+            die("%s", mn_last_error());
+        d[i] = mn_now() - t0;
+    }
+    DecodeTiming out = {1e3 * bench_median(t, reps), steps_mean, 1e3 * bench_median(d, 5)};
     free(t);
     free(tok);
     return out;
@@ -49,7 +57,7 @@ static DecodeTiming time_decode(Model *m, int B, int prompt, int tokens, int rep
 
 int bench_decode(int argc, char **argv) {
     const char *config = "125m", *backend = "cpu", *batches = "1,16,128";
-    int tokens = 64, prompt = 16, reps = 3, vocab = 50304, cg = 0;
+    int tokens = 64, prompt = 16, reps = 3, vocab = 50304, cg = 0, eager_only = 0;
     float tol = 1e-4f;
     Option opts[] = {
         {"config", OPT_STRING, &config, "preset or JSON config"},
@@ -61,6 +69,7 @@ int bench_decode(int argc, char **argv) {
         {"vocab", OPT_INT, &vocab, "vocabulary size when the config leaves it to the data"},
         {"cg-steps", OPT_INT, &cg, "CG steps at most (0: the config's)"},
         {"cg-tol", OPT_FLOAT, &tol, "CG tolerance (0: always the full steps)"},
+        {"eager", OPT_FLAG, &eager_only, "eager steps only (no recording; e.g. under a profiler)"},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
@@ -75,12 +84,12 @@ int bench_decode(int argc, char **argv) {
     Model *m;
     if (model_create(&m, &c, be) || model_init_params(m, 1)) die("%s", mn_last_error());
     m->solver.tol = tol;
-    int graphs = be->graph_begin != NULL;
+    int graphs = be->graph_begin != NULL && !eager_only;
     printf("decoding %s (%zu parameters) on %s: %d-token prompt, then %d steps per run (median of %d), "
            "logits to the host every step; CG at most %d steps, tolerance %.0e\n",
            config, m->total, be->name, prompt, tokens, reps, m->solver.max_steps, (double)tol);
-    printf("%6s | %12s %12s | %12s %12s | %7s | %8s\n", "B", "eager ms", "tokens/s", graphs ? "graph ms" : "-",
-           graphs ? "tokens/s" : "-", graphs ? "speedup" : "-", "CG steps");
+    printf("%6s | %12s %12s | %12s %12s | %7s | %8s | %s\n", "B", "eager ms", "tokens/s", graphs ? "graph ms" : "-",
+           graphs ? "tokens/s" : "-", graphs ? "speedup" : "-", "CG steps", "of a step: logits to host ms");
     for (int i = 0; i < nb; i++) {
         float *logits = xcalloc((size_t)bs[i] * c.vocab_size, sizeof(float));
         m->use_graphs = 0;
@@ -88,12 +97,12 @@ int bench_decode(int argc, char **argv) {
         if (graphs) {
             m->use_graphs = 1;
             g = time_decode(m, bs[i], prompt, tokens, reps, logits);
-            printf("%6d | %12.3f %12.0f | %12.3f %12.0f | %6.2fx | %8.1f\n", bs[i], e.ms_per_step,
+            printf("%6d | %12.3f %12.0f | %12.3f %12.0f | %6.2fx | %8.1f | %.3f\n", bs[i], e.ms_per_step,
                    1e3 * bs[i] / e.ms_per_step, g.ms_per_step, 1e3 * bs[i] / g.ms_per_step, e.ms_per_step / g.ms_per_step,
-                   g.steps_mean);
+                   g.steps_mean, g.download_ms);
         } else {
-            printf("%6d | %12.3f %12.0f | %12s %12s | %7s | %8.1f\n", bs[i], e.ms_per_step, 1e3 * bs[i] / e.ms_per_step,
-                   "-", "-", "-", e.steps_mean);
+            printf("%6d | %12.3f %12.0f | %12s %12s | %7s | %8.1f | %.3f\n", bs[i], e.ms_per_step,
+                   1e3 * bs[i] / e.ms_per_step, "-", "-", "-", e.steps_mean, e.download_ms);
         }
         fflush(stdout);
         free(logits);

@@ -208,11 +208,13 @@ TEST(op_softcap_and_counters) {
     cmp("softcap", xf, want, n, F32_TOL);
     const Backend *both[] = {R, C};
     for (int b = 0; b < 2; b++) {
-        int32_t *acc = both[b]->alloc(both[b], 5, MEM_I32), d[5] = {3, 0, -2, 7, 1}, got[5];
-        both[b]->add_i32(both[b], acc, d, 5);
-        both[b]->add_i32(both[b], acc, NULL, 5);  // NULL counts: +1 each
-        both[b]->download_i32(both[b], got, acc, 5);
-        for (int i = 0; i < 5; i++) CHECK(got[i] == d[i] + 1, "%s add_i32[%d] = %d, want %d", both[b]->name, i, got[i], d[i] + 1);
+        int32_t *acc = both[b]->alloc(both[b], 10, MEM_I32), d[5] = {3, 0, -2, 7, 1}, got[10];
+        both[b]->tally_i32(both[b], acc, acc + 5, d, 5);
+        both[b]->tally_i32(both[b], acc, acc + 5, d, 5);
+        both[b]->download_i32(both[b], got, acc, 10);
+        for (int i = 0; i < 5; i++)
+            CHECK(got[i] == 2 * d[i] && got[5 + i] == 2, "%s tally_i32[%d] = (%d, %d), want (%d, 2)", both[b]->name, i,
+                  got[i], got[5 + i], 2 * d[i]);
         both[b]->free(both[b], acc);
     }
     free(x); free(want); free(xf);

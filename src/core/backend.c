@@ -35,10 +35,13 @@ int host_download_i32(const Backend *be, int32_t *dst, const void *src, size_t n
     return MN_OK;
 }
 
-int host_add_i32(const Backend *be, void *acc, const void *x, size_t n) {
+int host_tally_i32(const Backend *be, void *sum, void *count, const void *x, size_t n) {
     (void)be;
-    int32_t *a = acc;
-    const int32_t *b = x;
-    for (size_t i = 0; i < n; i++) a[i] += b ? b[i] : 1;
+    int32_t *s = sum, *c = count;
+    const int32_t *v = x;
+    for (size_t i = 0; i < n; i++) {
+        s[i] += v[i];
+        c[i] += 1;
+    }
     return MN_OK;
 }

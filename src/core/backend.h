@@ -48,9 +48,9 @@ struct Backend {
     int (*download_f32)(const Backend *be, float *dst, const void *src, size_t n, MemKind kind);
     int (*upload_i32)(const Backend *be, void *dst, const int32_t *src, size_t n);
     int (*download_i32)(const Backend *be, int32_t *dst, const void *src, size_t n);
-    // acc[n] += x[n], or += 1 if x is NULL (MEM_I32): counters kept where they are made, read back
-    // when wanted
-    int (*add_i32)(const Backend *be, void *acc, const void *x, size_t n);
+    // sum[n] += x[n], count[n] += 1 (MEM_I32): counters kept where they are made, read back when
+    // wanted
+    int (*tally_i32)(const Backend *be, void *sum, void *count, const void *x, size_t n);
     int (*sync)(const Backend *be);  // waits for queued work; reports asynchronous errors
     // Device memory in use (bytes), or NULL where memory is the host's (then see getrusage).
     size_t (*device_mem_used)(const Backend *be);
@@ -150,6 +150,6 @@ const Backend *backend_by_name(const char *name);
 // The int32 ops of backends whose buffers are host memory (ref, cpu).
 int host_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t n);
 int host_download_i32(const Backend *be, int32_t *dst, const void *src, size_t n);
-int host_add_i32(const Backend *be, void *acc, const void *x, size_t n);
+int host_tally_i32(const Backend *be, void *sum, void *count, const void *x, size_t n);
 
 #endif

@@ -428,7 +428,7 @@ static const Backend cpu_backend = {
     .name = "cpu",
     .elem_size = c_elem_size, .alloc = c_alloc, .free = c_free, .zero = c_zero, .copy = c_copy,
     .upload = c_upload, .download = c_download, .upload_f32 = c_upload_f32, .download_f32 = c_download_f32,
-    .upload_i32 = host_upload_i32, .download_i32 = host_download_i32, .add_i32 = host_add_i32,
+    .upload_i32 = host_upload_i32, .download_i32 = host_download_i32, .tally_i32 = host_tally_i32,
     .sync = c_sync,
     .linear_fwd = c_linear_fwd, .linear_bwd = c_linear_bwd,
     .rmsnorm_fwd = c_rmsnorm_fwd, .rmsnorm_bwd = c_rmsnorm_bwd,

@@ -44,6 +44,8 @@ typedef struct {
     size_t smem_optin;  // the most shared memory one block may ask for
     void *blas_ws;      // cuBLAS workspace (fixed, so that products can be recorded into graphs)
     void *scratch;      // device scratch, grow-only (cuda_scratch)
+    void *pinned;       // page-locked host staging for bf16 downloads, grow-only
+    size_t pinned_bytes;
     size_t scratch_bytes;
 } CudaCtx;
 

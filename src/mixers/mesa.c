@@ -222,8 +222,8 @@ static int mesa_forward(Mixer *m, void *y, const void *u, int B, int T, int use_
     MN_TRY(mixer_clock(m, &t1));
     m->core_seconds += t1 - t0;
     size_t nh = (size_t)N * z.H;
-    MN_TRY(be->add_i32(be, s->steps_acc, s->steps, nh));
-    MN_TRY(be->add_i32(be, (char *)s->steps_acc + (size_t)s->cap * z.H * be->elem_size(be, MEM_I32), NULL, nh));
+    void *calls = (char *)s->steps_acc + (size_t)s->cap * z.H * be->elem_size(be, MEM_I32);
+    MN_TRY(be->tally_i32(be, s->steps_acc, calls, s->steps, nh));
     // per-head RMSNorm, optional output gate, output projection
     MN_TRY(be->rmsnorm_fwd(be, s->on, s->onrstd, s->o, w[O_NORM], N, z.Vd, z.Dv, m->cfg->shared_onorm ? z.Dv : z.Vd,
                            m->cfg->norm_eps));

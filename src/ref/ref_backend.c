@@ -380,7 +380,7 @@ static const Backend ref_backend = {
     .name = "ref",
     .elem_size = r_elem_size, .alloc = r_alloc, .free = r_free, .zero = r_zero, .copy = r_copy,
     .upload = r_upload, .download = r_download, .upload_f32 = r_upload_f32, .download_f32 = r_download_f32,
-    .upload_i32 = host_upload_i32, .download_i32 = host_download_i32, .add_i32 = host_add_i32,
+    .upload_i32 = host_upload_i32, .download_i32 = host_download_i32, .tally_i32 = host_tally_i32,
     .sync = r_sync,
     .linear_fwd = r_linear_fwd, .linear_bwd = r_linear_bwd,
     .rmsnorm_fwd = r_rmsnorm_fwd, .rmsnorm_bwd = r_rmsnorm_bwd,
