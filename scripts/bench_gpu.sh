@@ -1,14 +1,14 @@
 #!/bin/sh
 # The GPU comparison, side by side in one run on one GPU: the Mesa core (ours,
-# then fla's Triton kernels), then whole-model training (ours, then fla's
-# MesaNet model in PyTorch). Needs a GPU, a CUDA build (make) and fla's source
+# then fla's Triton kernels), then whole-model training and generation (ours,
+# then fla's MesaNet model in PyTorch). Needs a GPU, a CUDA build (make) and fla's source
 # in .fla/ (git-ignored, never committed; see bench/fla_bench.py).
 #
 #   scripts/bench_gpu.sh [OUT_DIR] [GPU_NAME]    (default bench/results, h100)
 #
-# About 12 minutes on an H100, most of it fla's exact references and Triton
-# compilation; on a machine with a 10-minute limit per command, run the four
-# steps as separate commands.
+# About 15 minutes on an H100, most of it fla's exact references and Triton
+# compilation; on a machine with a 10-minute limit per command, run the steps
+# as separate commands.
 set -e
 BIN=${BIN:-build/mesanet}
 OUT=${1:-bench/results}
@@ -20,3 +20,6 @@ for c in 125m 400m fla-162m fla-412m; do
     "$BIN" bench train --backend cuda --config "$c" --batch 8 --seq 2048 --steps 3
 done | tee "$OUT/gpu-train-$GPU.txt"
 python3 bench/fla_model_bench.py fla-162m fla-412m | tee "$OUT/fla-model-$GPU.txt"
+for tol in 0 1e-4; do "$BIN" bench decode --backend cuda --config fla-162m --cg-tol $tol; done |
+    tee "$OUT/gpu-decode-model-$GPU.txt"
+python3 bench/fla_model_bench.py --decode fla-162m | tee "$OUT/fla-decode-model-$GPU.txt"
