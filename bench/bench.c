@@ -54,6 +54,17 @@ double bench_sgemm_gflops(int n, int reps) {
     return best;
 }
 
+Model *bench_model(const char *config, const char *backend, int vocab, int cg_steps) {
+    const Backend *be = backend_by_name(backend);
+    ModelConfig c;
+    if (!be || config_load(&c, config)) die("%s", mn_last_error());
+    if (c.vocab_size == 0) c.vocab_size = vocab;
+    if (cg_steps > 0) c.cg_steps = cg_steps;
+    Model *m;
+    if (model_create(&m, &c, be) || model_init_params(m, 1)) die("%s", mn_last_error());
+    return m;
+}
+
 int bench_parse_ints(const char *s, int *out, int max) {
     int n = 0;
     while (*s && n < max) {

@@ -3,6 +3,7 @@
 #define MN_BENCH_H
 
 #include "core/backend.h"
+#include "model/model.h"
 
 int bench_mesa(int argc, char **argv);
 int bench_train(int argc, char **argv);
@@ -22,6 +23,10 @@ typedef struct {
 
 void bench_mesa_inputs(BenchMesaInputs *h, MnMesaDims d, uint64_t seed, double gmean, double lambda, int bf16);
 void bench_mesa_inputs_free(BenchMesaInputs *h);
+
+// A model of a config (preset or JSON) on a backend, with random weights: the vocabulary size
+// `vocab` where the config leaves it to the data, `cg_steps` CG steps if > 0. Dies on error.
+Model *bench_model(const char *config, const char *backend, int vocab, int cg_steps);
 
 // Parses "a,b,c" positive integers into out (at most max); -1 on bad input.
 int bench_parse_ints(const char *s, int *out, int max);

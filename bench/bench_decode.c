@@ -76,13 +76,9 @@ int bench_decode(int argc, char **argv) {
     int bs[16], nb = bench_parse_ints(batches, bs, 16);
     if (nb <= 0) die("--batch: expected positive integers separated by commas, got '%s'", batches);
     if (tokens <= 0 || prompt <= 0 || reps <= 0) die("--tokens, --prompt and --reps must be > 0");
-    const Backend *be = backend_by_name(backend);
-    ModelConfig c;
-    if (!be || config_load(&c, config)) die("%s", mn_last_error());
-    if (c.vocab_size == 0) c.vocab_size = vocab;
-    if (cg > 0) c.cg_steps = cg;
-    Model *m;
-    if (model_create(&m, &c, be) || model_init_params(m, 1)) die("%s", mn_last_error());
+    Model *m = bench_model(config, backend, vocab, cg);
+    const Backend *be = m->be;
+    const ModelConfig c = m->cfg;
     m->solver.tol = tol;
     int graphs = be->graph_begin != NULL && !eager_only;
     printf("decoding %s (%zu parameters) on %s: %d-token prompt, then %d steps per run (median of %d), "

@@ -30,13 +30,9 @@ int bench_train(int argc, char **argv) {
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
-    const Backend *be = backend_by_name(backend);
-    ModelConfig c;
-    if (!be || config_load(&c, config)) die("%s", mn_last_error());
-    if (c.vocab_size == 0) c.vocab_size = vocab;
-    if (cg > 0) c.cg_steps = cg;
-    Model *m;
-    if (model_create(&m, &c, be) || model_init_params(m, 1)) die("%s", mn_last_error());
+    Model *m = bench_model(config, backend, vocab, cg);
+    const Backend *be = m->be;
+    const ModelConfig c = m->cfg;
     AdamW o = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1};
     if (adamw_init(&o, m)) die("%s", mn_last_error());
     size_t N = (size_t)batch * seq;

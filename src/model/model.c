@@ -399,14 +399,15 @@ static int same_solver(const MnSolver *a, const MnSolver *b) {
 // (the first runs eagerly, so that every kernel is loaded and every buffer sized before recording).
 static int decode_step_recorded(Model *m, int B) {
     const Backend *be = m->be;
-    if (m->graph && (m->graph_B != B || !same_solver(&m->graph_solver, &m->solver))) drop_graph(m);
+    if (m->graph_B != B || !same_solver(&m->graph_solver, &m->solver)) {  // new settings: start over
+        drop_graph(m);
+        m->graph_B = B;
+        m->graph_solver = m->solver;
+    }
     if (!m->graph) {
-        if (!m->graph_warm || m->graph_B != B || !same_solver(&m->graph_solver, &m->solver)) {
-            m->graph_B = B;
-            m->graph_solver = m->solver;
-            MN_TRY(decode_ops(m, B, 1));
+        if (!m->graph_warm) {
             m->graph_warm = 1;
-            return MN_OK;
+            return decode_ops(m, B, 1);
         }
         MN_TRY(be->graph_begin(be));
         int st = decode_ops(m, B, 1);
@@ -418,7 +419,8 @@ static int decode_step_recorded(Model *m, int B) {
         }
         m->graph = g;
     }
-    if (be->graph_run(be, m->graph) == MN_OK) return MN_OK;
+    int st = be->graph_run(be, m->graph);
+    if (st != MN_ERR_ARG) return st;
     drop_graph(m);  // stale (the backend's scratch moved): this step eagerly, the next records again
     return decode_ops(m, B, 1);
 }

@@ -57,8 +57,8 @@ typedef struct {
     // recording holds buffer addresses and solver settings, so it is dropped when they change.
     int use_graphs;          // record decode steps where the backend can (model_create sets it)
     void *graph;             // the recording, or NULL
-    int graph_B;             // its number of sequences
-    MnSolver graph_solver;   // and the solver settings it was recorded with
+    int graph_B;             // the number of sequences and the solver settings of the recording
+    MnSolver graph_solver;   //   (or of the eager step that comes before it)
     int graph_warm;          // an eager step with these settings has run (first launches load code)
 } Model;
 
