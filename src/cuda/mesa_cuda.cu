@@ -39,6 +39,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include <cuda_fp16.h>
+
 #include "cuda_common.cuh"
 
 extern "C" {
@@ -134,8 +136,6 @@ __device__ __forceinline__ unsigned to_tf32(float x) {
     return r;
 }
 
-// x rounded to the nearest TF32 value (exact as an mma operand).
-__device__ __forceinline__ float tf32_round(float x) { return __uint_as_float(to_tf32(x)); }
 
 // x = hi + lo, both TF32; lo = 0 when x is exact (a bf16 value: 8 mantissa bits).
 __device__ __forceinline__ void tf32_split(float x, int exact, unsigned *hi, unsigned *lo) {
@@ -178,6 +178,107 @@ __device__ __forceinline__ void tile_mma(Tile *acc, const float *At, int lda, in
             mma_tf32(acc->v[j], ah, bh);
         }
     }
+}
+
+// ------------------------------------------- fp16 tensor-core products (the CG operator)
+//
+// CG applies the same operator (state H, keys K) to a new direction at every
+// step, which makes it the bulk of the chunk kernels' time. These products run
+// in fp16 (mma m16n8k16: twice TF32's rate) with operands fetched by ldmatrix
+// (one instruction per 16 x 16 block instead of eight scalar loads), each
+// operand scaled by a power of two into fp16's range so that nothing is lost:
+// bf16 keys are exact in fp16's 11 bits, the state is split hi + lo (22 bits,
+// as the TF32 split), the direction is rounded to 11 bits (as TF32 rounding
+// was; see cg_solve), and the masked scores are split hi + lo.
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// Four (two) 8 x 8 blocks of 16-bit values; `trans` transposes each block.
+__device__ __forceinline__ void ldsm4(unsigned r[4], const __half *p, int trans) {
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void ldsm2(unsigned r[2], const __half *p, int trans) {
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void mma_f16(float c[4], const unsigned a[4], const unsigned b[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// acc += (A + A2)[:, k0:k1] (B + B2)[k0:k1, :] less A2 B2, for this warp's part
+// of the tile (nc n-tiles). fp16 operands in smem: A and A2 row-major
+// (A(i, k) = A[i lda + k]); B and B2 by k (B(k, n) = B[k ldb + n]) or, with
+// b_nmajor, by n (B(k, n) = B[n ldb + k]). A2 and B2 (the low halves of split
+// operands) may be NULL. k0, k1 multiples of 16; strides of 16 mod 128 bytes
+// (ldrow) keep ldmatrix free of bank conflicts.
+__device__ __forceinline__ void tile_mma16(Tile *acc, const __half *A, const __half *A2, int lda, const __half *B,
+                                           const __half *B2, int ldb, int b_nmajor, int k0, int k1, int nc) {
+    int l = lane_id(), n0 = (warp_id() >> 2) * 8 * nc;
+    int a_off = (16 * (warp_id() & 3) + (l & 15)) * lda + (l >> 4) * 8;
+    // the lane's row address inside a 16 (k) x 16 (n) block of B: two n-tiles
+    int b_off = b_nmajor ? (n0 + (l & 7) + (l >> 4) * 8) * ldb + ((l >> 3) & 1) * 8
+                         : ((l & 7) + ((l >> 3) & 1) * 8) * ldb + n0 + (l >> 4) * 8;
+    int kstep = b_nmajor ? 1 : ldb, jstep = b_nmajor ? 8 * ldb : 8;
+    for (int k = k0; k < k1; k += 16) {
+        unsigned a[4], a2[4];
+        ldsm4(a, A + a_off + k, 0);
+        if (A2) ldsm4(a2, A2 + a_off + k, 0);
+#pragma unroll
+        for (int j = 0; j < MAXNT; j += 2) {
+            if (j >= nc) break;
+            int off = b_off + k * kstep + j * jstep;
+            if (j + 1 < nc) {
+                unsigned b[4];
+                ldsm4(b, B + off, !b_nmajor);
+                mma_f16(acc->v[j], a, b);
+                mma_f16(acc->v[j + 1], a, b + 2);
+                if (A2) {
+                    mma_f16(acc->v[j], a2, b);
+                    mma_f16(acc->v[j + 1], a2, b + 2);
+                }
+                if (B2) {
+                    ldsm4(b, B2 + off, !b_nmajor);
+                    mma_f16(acc->v[j], a, b);
+                    mma_f16(acc->v[j + 1], a, b + 2);
+                }
+            } else {
+                unsigned b[2];
+                ldsm2(b, B + off, !b_nmajor);
+                mma_f16(acc->v[j], a, b);
+                if (A2) mma_f16(acc->v[j], a2, b);
+                if (B2) {
+                    ldsm2(b, B2 + off, !b_nmajor);
+                    mma_f16(acc->v[j], a, b);
+                }
+            }
+        }
+    }
+}
+
+// floor(log2 m) for a positive normal m, clamped to [-100, 100]; 0 for zero, subnormal or non-finite m.
+__device__ __forceinline__ int log2_floor(float m) {
+    int e = ((__float_as_int(m) >> 23) & 0xff) - 127;
+    return (m > 0 && e > -127 && e < 128) ? max(-100, min(100, e)) : 0;
+}
+
+__device__ __forceinline__ float pow2f_(int e) { return __int_as_float((127 + e) << 23); }  // 2^e, |e| <= 126
+
+// fp16 hi + lo of v (both halves of a value pair)
+__device__ __forceinline__ void split_half2(float v0, float v1, __half2 *hi, __half2 *lo) {
+    *hi = __floats2half2_rn(v0, v1);
+    float2 h = __half22float2(*hi);
+    *lo = __floats2half2_rn(v0 - h.x, v1 - h.y);
 }
 
 // ------------------------------------------------------------------ chunk loading
@@ -382,33 +483,144 @@ __device__ __forceinline__ void tile_gla(Tile *acc, const Smem *s, int a_exact, 
     tile_scores_times(acc, s->St, s->Bm, ld, m_exact, nc, dir);
 }
 
-// A(P) for the tile's rows: e^b (.) P Hc + ((P K^T) (.) M) K + lambda (.) P,
-// with Hs = Hc, Bt = K^T, Bm = K in smem. Rows that stopped pass p = 0.
-// p_exact: P holds TF32 values (CG's directions; see cg_solve), no split needed.
-__device__ __forceinline__ void apply_operator(Tile *ap, const Tile *p, const Smem *s, const Geo *g, int p_exact) {
-    int nc = NTILES(g->Dp);
-    // callers have synchronized since the last reads of At and St (cg_solve: the loop's barrier)
-    tile_store_t(s->At, p, nc);
+// The CG operator's fp16 operands, carved from the Smem regions CG leaves
+// unused (the state's, the left operand's, the scores'). Every value is held
+// times a power-of-two scale, so rounding to fp16 loses nothing but what is
+// stated at tile_mma16.
+typedef struct {
+    __half *Hh, *Hl;  // [Dp][ldrow(Dp)] the state times sH, hi + lo, row-major
+    __half *K;        // [CH][ldrow(Dp)] the chunk's keys times sK
+    __half *P;        // [CH][ldrow(Dp)] the direction, each row times its scale
+    __half *Sh, *Sl;  // [CH][ldrow(CH)] the masked scores (scaled), hi + lo
+    float sH, sK;
+} Op16;
+
+__device__ Op16 op16_carve(const Smem *s, const Geo *g) {
+    int ld = ldrow(g->Dp);
+    Op16 o;
+    o.Hh = (__half *)s->Hs;
+    o.Hl = o.Hh + g->Dp * ld;
+    o.K = (__half *)s->At;  // with P: CH (Dp + 8) floats, inside At and Bt
+    o.P = o.K + CH * ld;
+    o.Sh = (__half *)s->St;  // both halves: exactly St
+    o.Sl = o.Sh + CH * ldrow(CH);
+    o.sH = o.sK = 1;
+    return o;
+}
+
+// The chunk's state (Hg: [Dk][Dk] float, global) and keys into fp16, scaled so
+// that their largest magnitudes lie in [1, 2). Ends synchronized.
+__device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *kg, const Geo *g, int pair, int t0) {
+    int dk = g->Dk, dp = g->Dp, lh = ldrow(dp);
+    size_t base = tok_index(g, pair, t0);
+    float mh = 0, mk = 0;
+    for (int e = threadIdx.x; e < dk * dk; e += NT) mh = fmaxf(mh, fabsf(Hg[e]));
+    for (int e = threadIdx.x; e < CH * dk; e += NT) {
+        int r = e / dk, c = e % dk;
+        if (t0 + r < g->T) mk = fmaxf(mk, fabsf(ld(kg, (base + (size_t)r * g->H) * dk + c)));
+    }
+    o->sH = pow2f_(-log2_floor(block_max(mh, s->red)));
+    o->sK = pow2f_(-log2_floor(block_max(mk, s->red)));
+    for (int e = threadIdx.x; e < dp * dp / 2; e += NT) {
+        int r = 2 * e / dp, c = 2 * e % dp;
+        float v0 = r < dk && c < dk ? Hg[r * dk + c] * o->sH : 0.0f;
+        float v1 = r < dk && c + 1 < dk ? Hg[r * dk + c + 1] * o->sH : 0.0f;
+        split_half2(v0, v1, (__half2 *)(o->Hh + r * lh + c), (__half2 *)(o->Hl + r * lh + c));
+    }
+    for (int e = threadIdx.x; e < CH * dp; e += NT) {
+        int r = e / dp, c = e % dp;
+        float v = t0 + r < g->T && c < dk ? ld(kg, (base + (size_t)r * g->H) * dk + c) * o->sK : 0.0f;
+        o->K[r * lh + c] = __float2half_rn(v);
+    }
     __syncthreads();
-    float eb[FR];
-    row_decays(eb, s->b, 0, 1);
-    tile_gla(ap, s, p_exact, 1, g->Dp, 1, nc, eb, 0);
+}
+
+// Rounds each of the tile's rows to fp16 at a power-of-two scale chosen from
+// norm2 (the row's squared norm, or CG's r.z: |row| sc lands near [1/4, 1/2),
+// far inside fp16's range), and returns the scales. The rounded values are
+// exact fp16 operands; the caller uses them, not the unrounded ones.
+__device__ __forceinline__ void round_rows16(Tile *t, float sc[FR], const float norm2[FR], int nc) {
+    float inv[FR];
+#pragma unroll
+    for (int i = 0; i < FR; i++) {
+        int e = log2_floor(sqrtf(norm2[i])) + 2;
+        sc[i] = pow2f_(-e);
+        inv[i] = pow2f_(e);
+    }
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
         if (j < nc)
 #pragma unroll
-            for (int e = 0; e < 4; e++) ap->v[j][e] += s->lam[f_col(j, e, nc)] * p->v[j][e];
+            for (int e = 0; e < 4; e++)
+                t->v[j][e] = __half2float(__float2half_rn(t->v[j][e] * sc[e >> 1])) * inv[e >> 1];
 }
 
-// The Jacobi diagonal of each row's A_t into Dg: e^{b_t} diag(Hc) + sum_{s<=t} e^{b_t-b_s} beta_s k_s^2 + lambda.
-__device__ void jacobi_diagonal(const Smem *s, const Geo *g) {
+// A(P) for the tile's rows, P on its rows' fp16 grids (round_rows16, scales sp):
+//   e^b (.) P Hc + ((P K^T) (.) M) K + lambda (.) P
+// evaluated on the scaled operands as
+//   [ (e^b sK^2 / sH) (.) (sp P)(sH Hc) + (((sp P)(sK K)^T) (.) M)(sK K) ] / (sp sK^2) + lambda (.) P.
+// Rows that stopped pass p = 0. Callers have synchronized since the last
+// reads of o->P and o->S (cg_solve: the dots' barriers).
+__device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], const Smem *s, const Op16 *o, const Geo *g) {
+    int nc = NTILES(g->Dp), ld = ldrow(g->Dp), lds = ldrow(CH);
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+        if (j < nc)
+#pragma unroll
+            for (int i = 0; i < FR; i++)
+                *(__half2 *)(o->P + f_row(i) * ld + f_col(j, 2 * i, nc)) =
+                    __floats2half2_rn(p->v[j][2 * i] * sp[i], p->v[j][2 * i + 1] * sp[i]);
+    __syncthreads();
+    // the masked scores, split into fp16 hi + lo
+    Tile sc;
+    tile_zero(&sc);
+    tile_mma16(&sc, o->P, NULL, ld, o->K, NULL, ld, 1, 0, g->Dp, NTILES(CH));
+#pragma unroll
+    for (int j = 0; j < NTILES(CH); j++)
+#pragma unroll
+        for (int i = 0; i < FR; i++) {
+            int r = f_row(i), c = f_col(j, 2 * i, NTILES(CH));
+            float m0 = c <= r ? __expf(s->b[r] - s->b[c]) * s->beta[c] : 0.0f;
+            float m1 = c + 1 <= r ? __expf(s->b[r] - s->b[c + 1]) * s->beta[c + 1] : 0.0f;
+            split_half2(sc.v[j][2 * i] * m0, sc.v[j][2 * i + 1] * m1, (__half2 *)(o->Sh + r * lds + c),
+                        (__half2 *)(o->Sl + r * lds + c));
+        }
+    // the state term
+    tile_zero(ap);
+    tile_mma16(ap, o->P, NULL, ld, o->Hh, o->Hl, ld, 0, 0, g->Dp, nc);
+    float f[FR], inv[FR];
+#pragma unroll
+    for (int i = 0; i < FR; i++) {
+        f[i] = __expf(s->b[f_row(i)]) * (o->sK * o->sK / o->sH);
+        inv[i] = 1.0f / (sp[i] * o->sK * o->sK);  // a power of two: exact
+    }
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ap->v[j][e] *= f[e >> 1];
+    __syncthreads();  // the scores are complete
+    // the scores times K, over the causal range of the warp's rows
+    tile_mma16(ap, o->Sh, o->Sl, lds, o->K, NULL, ld, 0, 0, 16 * (warp_id() & 3) + 16, nc);
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+        if (j < nc)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                ap->v[j][e] = ap->v[j][e] * inv[e >> 1] + s->lam[f_col(j, e, nc)] * p->v[j][e];
+}
+
+// The Jacobi diagonal of each row's A_t into Dg: e^{b_t} diag(Hc) + sum_{s<=t} e^{b_t-b_s} beta_s k_s^2 + lambda
+// (from the fp16 operands: a preconditioner need not be exact).
+__device__ void jacobi_diagonal(const Smem *s, const Op16 *o, const Geo *g) {
     int dm = max(g->Dp, g->Dvp), ld = ldrow(g->Dp);
+    float ih = 1.0f / o->sH, ik2 = 1.0f / (o->sK * o->sK);
     for (int e = threadIdx.x; e < CH * g->Dp; e += NT) {
         int r = e / g->Dp, c = e % g->Dp;
-        float acc = __expf(s->b[r]) * s->Hs[c * ld + c] + s->lam[c];
+        float hc = __half2float(o->Hh[c * ld + c]) + __half2float(o->Hl[c * ld + c]);
+        float acc = __expf(s->b[r]) * hc * ih + s->lam[c];
         for (int t = 0; t <= r; t++) {
-            float kv = s->Bm[t * ld + c];
-            acc += __expf(s->b[r] - s->b[t]) * s->beta[t] * kv * kv;
+            float kv = __half2float(o->K[t * ld + c]);
+            acc += __expf(s->b[r] - s->b[t]) * s->beta[t] * kv * kv * ik2;
         }
         s->Dg[r * dm + c] = acc;
     }
@@ -426,20 +638,25 @@ __device__ __forceinline__ void precondition(Tile *z, const Tile *r, const Smem 
 }
 
 // Conjugate gradient for the chunk's rows (spec section 2): q in, x out,
-// steps per row. A row stops at its tolerance (or the floor); the block stops
-// when all rows have, or after max_steps. Stopped rows carry p = 0; every
-// thread runs every step (the dots synchronize the block).
+// steps per row, with the operator of the chunk's entry state Hg ([Dk][Dk],
+// global) and keys kg. A row stops at its tolerance (or the floor); the block
+// stops when all rows have, or after max_steps. Stopped rows carry p = 0;
+// every thread runs every step (the dots synchronize the block).
 //
-// The directions p are rounded to TF32, so the operator's products take p in
-// one tensor-core pass instead of three. x and r are updated with the same
+// The directions p are rounded to fp16 at a per-row scale (11 bits), so the
+// operator takes p in one tensor-core pass. x and r are updated with the same
 // rounded p and its exact image A p, so r stays the residual of x and the
 // stopping test keeps its meaning; only conjugacy is perturbed (relative
-// 2^-11), which can cost a step, not accuracy.
+// 2^-12), which can cost a step, not accuracy. A starting guess is rounded
+// the same way (it is only a guess).
 __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, int steps[FR], const Tile *x0,
-                         int use_given) {
+                         int use_given, const float *Hg, const bf16 *kg, int pair, int t0) {
     int nc = NTILES(g->Dp), jac = g->precond || g->init == MN_CG_INIT_JACOBI;
+    Op16 o = op16_carve(s, g);
+    op16_load(&o, s, Hg, kg, g, pair, t0);
     Tile r, p, ap;
-    if (jac) jacobi_diagonal(s, g);
+    float sp[FR];
+    if (jac) jacobi_diagonal(s, &o, g);
     if (use_given) {
         *x = *x0;
     } else if (g->init == MN_CG_INIT_JACOBI) {
@@ -448,7 +665,10 @@ __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, in
         tile_zero(x);
     }
     if (use_given || g->init == MN_CG_INIT_JACOBI) {
-        apply_operator(&ap, x, s, g, 0);
+        float xx[FR];
+        tile_dot(xx, x, x, nc, s->red);
+        round_rows16(x, sp, xx, nc);
+        apply_operator(&ap, x, sp, s, &o, g);
 #pragma unroll
         for (int j = 0; j < MAXNT; j++)
 #pragma unroll
@@ -471,10 +691,12 @@ __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, in
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) p.v[j][e] = active[e >> 1] ? tf32_round(p.v[j][e]) : 0.0f;
+        for (int e = 0; e < 4; e++)
+            if (!active[e >> 1]) p.v[j][e] = 0.0f;
+    round_rows16(&p, sp, rz, nc);
     for (int step = 1; step <= g->max_steps; step++) {
         if (!__syncthreads_or(active[0] | active[1])) break;
-        apply_operator(&ap, &p, s, g, 1);
+        apply_operator(&ap, &p, sp, s, &o, g);
         float pap[FR], alpha[FR];
         tile_dot(pap, &p, &ap, nc, s->red);
 #pragma unroll
@@ -508,8 +730,8 @@ __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, in
 #pragma unroll
         for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                p.v[j][e] = active[e >> 1] ? tf32_round(ap.v[j][e] + beta[e >> 1] * p.v[j][e]) : 0.0f;
+            for (int e = 0; e < 4; e++) p.v[j][e] = active[e >> 1] ? ap.v[j][e] + beta[e >> 1] * p.v[j][e] : 0.0f;
+        round_rows16(&p, sp, rz, nc);
     }
 }
 
@@ -627,24 +849,22 @@ __global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out,
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
     int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(g.Dp), ncv = NTILES(g.Dvp);
-    int ldk = ldrow(g.Dp), ldv = ldrow(g.Dvp);
+    int ldv = ldrow(g.Dvp);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
-    load_mat(s.Hs, ldk, st_in, g.Dk, g.Dk, g.Dp, g.Dp, 0);
-    load_rows(s.Bm, ldk, k, &g, pair, t0, g.Dk, g.Dp);
-    load_rows_t(s.Bt, k, &g, pair, t0, g.Dk, g.Dp);
     for (int i = threadIdx.x; i < g.Dp; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
     Tile qt, xt, x0t;
     tile_load(&qt, q, &g, pair, t0, g.Dk, nc);
     if (x0) tile_load(&x0t, x0, &g, pair, t0, g.Dk, nc);
     int steps[FR];
-    cg_solve(&xt, &qt, &s, &g, steps, &x0t, x0 != NULL);
+    cg_solve(&xt, &qt, &s, &g, steps, &x0t, x0 != NULL, st_in, k, pair, t0);
     tile_store(x_out, &xt, &g, pair, t0, g.Dk, nc);
     store_row_ints(steps_out, steps, &g, pair, t0);
     __syncthreads();
     tile_store_t(s.At, &xt, nc);
+    load_rows_t(s.Bt, k, &g, pair, t0, g.Dk, g.Dp);
     load_mat(s.Hs, ldv, st_in + hh, g.Dv, g.Dk, g.Dvp, g.Dp, 1);  // G^T: [Dk][Dv]
     load_rows(s.Bm, ldv, v, &g, pair, t0, g.Dv, g.Dvp);
     __syncthreads();
@@ -682,12 +902,9 @@ __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_o
     tile_gla(&rhs, &s, 1, 1, g.Dvp, 1, nc, eb, 0);
     // the second solve, with the forward's operator
     __syncthreads();
-    load_mat(s.Hs, ldk, st_in, g.Dk, g.Dk, g.Dp, g.Dp, 0);
-    load_rows_t(s.Bt, k, &g, pair, t0, g.Dk, g.Dp);
-    __syncthreads();
     Tile y, xt;
     int steps[FR];
-    cg_solve(&y, &rhs, &s, &g, steps, &y, 0);
+    cg_solve(&y, &rhs, &s, &g, steps, &y, 0, st_in, k, pair, t0);
     tile_load(&xt, x, &g, pair, t0, g.Dk, nc);
     // y.(lambda (.) x) per token, and -sum over the chunk's rows of y (.) x for dlambda
     Tile lx;
