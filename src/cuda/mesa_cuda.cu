@@ -511,26 +511,40 @@ __device__ Op16 op16_carve(const Smem *s, const Geo *g) {
 // The chunk's state (Hg: [Dk][Dk] float, global) and keys into fp16, scaled so
 // that their largest magnitudes lie in [1, 2). Ends synchronized.
 __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *kg, const Geo *g, int pair, int t0) {
-    int dk = g->Dk, dp = g->Dp, lh = ldrow(dp);
+    int dk = g->Dk, dp = g->Dp, lh = ldrow(dp), nh = dp * dp / 2, nk = CH * dp / 2;
     size_t base = tok_index(g, pair, t0);
+    // each thread's elements (pairs of columns) in registers: at most 16 of H, 8 of K (LB loads in flight)
+    float2 hv[MAXD * MAXD / 2 / NT], kv[CH * MAXD / 2 / NT];
     float mh = 0, mk = 0;
-    for (int e = threadIdx.x; e < dk * dk; e += NT) mh = fmaxf(mh, fabsf(Hg[e]));
-    for (int e = threadIdx.x; e < CH * dk; e += NT) {
-        int r = e / dk, c = e % dk;
-        if (t0 + r < g->T) mk = fmaxf(mk, fabsf(ld(kg, (base + (size_t)r * g->H) * dk + c)));
+#pragma unroll
+    for (int u = 0; u < MAXD * MAXD / 2 / NT; u++) {
+        int e = threadIdx.x + u * NT, r = 2 * e / dp, c = 2 * e % dp;
+        hv[u].x = e < nh && r < dk && c < dk ? Hg[r * dk + c] : 0.0f;
+        hv[u].y = e < nh && r < dk && c + 1 < dk ? Hg[r * dk + c + 1] : 0.0f;
     }
+#pragma unroll
+    for (int u = 0; u < CH * MAXD / 2 / NT; u++) {
+        int e = threadIdx.x + u * NT, r = 2 * e / dp, c = 2 * e % dp;
+        size_t i = (base + (size_t)r * g->H) * dk + c;
+        kv[u].x = e < nk && t0 + r < g->T && c < dk ? ld(kg, i) : 0.0f;
+        kv[u].y = e < nk && t0 + r < g->T && c + 1 < dk ? ld(kg, i + 1) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < MAXD * MAXD / 2 / NT; u++) mh = fmaxf(mh, fmaxf(fabsf(hv[u].x), fabsf(hv[u].y)));
+#pragma unroll
+    for (int u = 0; u < CH * MAXD / 2 / NT; u++) mk = fmaxf(mk, fmaxf(fabsf(kv[u].x), fabsf(kv[u].y)));
     o->sH = pow2f_(-log2_floor(block_max(mh, s->red)));
     o->sK = pow2f_(-log2_floor(block_max(mk, s->red)));
-    for (int e = threadIdx.x; e < dp * dp / 2; e += NT) {
-        int r = 2 * e / dp, c = 2 * e % dp;
-        float v0 = r < dk && c < dk ? Hg[r * dk + c] * o->sH : 0.0f;
-        float v1 = r < dk && c + 1 < dk ? Hg[r * dk + c + 1] * o->sH : 0.0f;
-        split_half2(v0, v1, (__half2 *)(o->Hh + r * lh + c), (__half2 *)(o->Hl + r * lh + c));
+#pragma unroll
+    for (int u = 0; u < MAXD * MAXD / 2 / NT; u++) {
+        int e = threadIdx.x + u * NT, r = 2 * e / dp, c = 2 * e % dp;
+        if (e < nh)
+            split_half2(hv[u].x * o->sH, hv[u].y * o->sH, (__half2 *)(o->Hh + r * lh + c), (__half2 *)(o->Hl + r * lh + c));
     }
-    for (int e = threadIdx.x; e < CH * dp; e += NT) {
-        int r = e / dp, c = e % dp;
-        float v = t0 + r < g->T && c < dk ? ld(kg, (base + (size_t)r * g->H) * dk + c) * o->sK : 0.0f;
-        o->K[r * lh + c] = __float2half_rn(v);
+#pragma unroll
+    for (int u = 0; u < CH * MAXD / 2 / NT; u++) {
+        int e = threadIdx.x + u * NT, r = 2 * e / dp, c = 2 * e % dp;
+        if (e < nk) *(__half2 *)(o->K + r * lh + c) = __floats2half2_rn(kv[u].x * o->sK, kv[u].y * o->sK);
     }
     __syncthreads();
 }
@@ -756,6 +770,7 @@ typedef struct {
     float *fin[2];         // reverse: where S before chunk 0 goes [pair][d x Dk] (NULL: nowhere), times fin_sign
     float fin_sign[2];
     int reverse;
+    int vec;               // every row of every factor starts 16-byte aligned: 16-byte loads (run_scan sets it)
 } Scan;
 
 // Stores the block's 64-row slice (rows i0.., of a matrix of `rows` rows and Dk columns) times sign.
@@ -769,8 +784,88 @@ __device__ void slice_store(float *dst, const Tile *acc, int i0, int rows, int d
         }
 }
 
+// One chunk's operands of a scan block in 16-byte vectors, fetched into
+// registers a chunk ahead so that their global loads overlap the previous
+// chunk's products (one load round trip per chunk instead of one per element).
+typedef struct {
+    uint4 l[2];  // the left factor's slice: 8 bf16 (one vector) or 2 x 4 floats
+    uint4 r[2];  // the right factor: 8 bf16 per vector, up to two vectors
+    float glog[2], beta[2];  // warp 0: tokens lane and lane + 32
+} ScanFetch;
+
+__device__ __forceinline__ void scan_fetch(ScanFetch *f, const bf16 *l16, const float *l32, const bf16 *r,
+                                           const float *glog, const float *gbeta, const Geo *g, int pair, int t0,
+                                           int i0, int dl) {
+    int n = min(CH, g->T - t0), hs = g->H, rv = g->Dp / 8;
+    size_t base = tok_index(g, pair, t0);
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        int v = threadIdx.x + u * NT;
+        if (l16) {  // 8 vectors per token row of the slice
+            int s = v / 8, i = 8 * (v % 8);
+            f->l[u] = u == 0 && s < n && i0 + i < dl ? *(const uint4 *)(l16 + (base + (size_t)s * hs) * dl + i0 + i) : zero;
+        } else {    // 16 per row
+            int s = v / 16, i = 4 * (v % 16);
+            f->l[u] = s < n && i0 + i < dl ? *(const uint4 *)(l32 + (base + (size_t)s * hs) * dl + i0 + i) : zero;
+        }
+        int s = v / rv, c = 8 * (v % rv);
+        f->r[u] = v < CH * rv && s < n && c < g->Dk ? *(const uint4 *)(r + (base + (size_t)s * hs) * g->Dk + c) : zero;
+    }
+    if (threadIdx.x < 32)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int t = threadIdx.x + 32 * h;
+            f->glog[h] = t < n ? glog[base + (size_t)t * hs] : 0.0f;
+            f->beta[h] = t < n ? gbeta[base + (size_t)t * hs] : 0.0f;
+        }
+}
+
+__device__ __forceinline__ void put8(float *dst, uint4 v, float scale) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
+    float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]), c = __bfloat1622float2(h[2]),
+           d = __bfloat1622float2(h[3]);
+    *(float4 *)dst = make_float4(scale * a.x, scale * a.y, scale * b.x, scale * b.y);
+    *(float4 *)(dst + 4) = make_float4(scale * c.x, scale * c.y, scale * d.x, scale * d.y);
+}
+
+// The fetched operands into smem: As[s][i] = w_s L[s][i0 + i] (k-major), Rs row-major.
+__device__ __forceinline__ void scan_put(float *As, float *Rs, int ldr, const float *w, const ScanFetch *f, int l_bf16,
+                                         int dp) {
+    int rv = dp / 8;
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        int v = threadIdx.x + u * NT;
+        if (l_bf16) {
+            if (u == 0) put8(As + (v / 8) * LDT + 8 * (v % 8), f->l[0], w[v / 8]);
+        } else {
+            int s = v / 16;
+            float4 x = *(const float4 *)&f->l[u];
+            *(float4 *)(As + s * LDT + 4 * (v % 16)) = make_float4(w[s] * x.x, w[s] * x.y, w[s] * x.z, w[s] * x.w);
+        }
+        if (v < CH * rv) put8(Rs + (v / rv) * ldr + 8 * (v % rv), f->r[u], 1.0f);
+    }
+}
+
+// The same from global without vectors (factors whose rows are not 16-byte aligned).
+__device__ void scan_load_scalar(float *As, float *Rs, int ldr, const float *w, const bf16 *l16, const float *l32,
+                                 const bf16 *r, const Geo *g, int pair, int t0, int i0, int dl) {
+    int n = min(CH, g->T - t0);
+    size_t base = tok_index(g, pair, t0);
+    for (int e = threadIdx.x; e < CH * CH; e += NT) {
+        int s = e / CH, i = e % CH;
+        float v = 0.0f;
+        if (s < n && i0 + i < dl) {
+            size_t idx = (base + (size_t)s * g->H) * dl + i0 + i;
+            v = l16 ? ld(l16, idx) : l32[idx];
+        }
+        As[s * LDT + i] = w[s] * v;
+    }
+    load_rows(Rs, ldr, r, g, pair, t0, g->Dk, g->Dp);
+}
+
 // Grid (slices, pairs): slice z < ceil(d0 / 64) covers rows 64 z.. of matrix 0, the rest matrix 1.
-__global__ void __launch_bounds__(NT, 1024 / NT) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
+__global__ void __launch_bounds__(NT, 1) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
     extern __shared__ float sm[];
     int pair = blockIdx.y, z = blockIdx.x, s0 = (sc.d[0] + CH - 1) / CH, m = z < s0 ? 0 : 1;
     // the slice's operands, picked without indexing the parameter arrays (which would copy them to the stack)
@@ -794,25 +889,38 @@ __global__ void __launch_bounds__(NT, 1024 / NT) scan_kernel(Scan sc, const floa
                 if (j < nc && i < dl && c < dk) acc.v[j][e] = init_sign * src[(size_t)i * dk + c];
             }
     }
+    ScanFetch f;
+    if (sc.vec) scan_fetch(&f, l16, l32, sc.r, glog, gbeta, &g, pair, (sc.reverse ? g.nchunks - 1 : 0) * CH, i0, dl);
     for (int step = 0; step < g.nchunks; step++) {
-        int c = sc.reverse ? g.nchunks - 1 - step : step, t0 = c * CH;
+        int c = sc.reverse ? g.nchunks - 1 - step : step, t0 = c * CH, n = min(CH, g.T - t0);
         slice_store(out + (size_t)c * slot_sz, &acc, i0, dl, dk, nc, 1.0f);
-        int n = load_decays(b, beta, glog, gbeta, &g, pair, t0);
+        if (!sc.vec) {  // the decays straight from global
+            load_decays(b, beta, glog, gbeta, &g, pair, t0);
+        } else if (threadIdx.x < 32) {  // the chunk's cumulative log decays (a warp scan)
+            float run = 0;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float v = f.glog[h];
+                for (int o = 1; o < 32; o <<= 1) {
+                    float u = __shfl_up_sync(0xffffffffu, v, o);
+                    if ((int)threadIdx.x >= o) v += u;
+                }
+                b[threadIdx.x + 32 * h] = run + v;
+                beta[threadIdx.x + 32 * h] = f.beta[h];
+                run += __shfl_sync(0xffffffffu, v, 31);
+            }
+        }
+        __syncthreads();
         for (int r = threadIdx.x; r < CH; r += NT)  // the chunk's weights, once per token
             w[r] = r < n ? (sc.reverse ? __expf(b[r]) : __expf(b[n - 1] - b[r]) * beta[r]) : 0.0f;
         __syncthreads();
-        size_t base = tok_index(&g, pair, t0);
-        // A(i, s) = w_s L[s][i0 + i], k-major: As[s][i]; R row-major
-        for (int e = threadIdx.x; e < CH * CH; e += NT) {
-            int s = e / CH, i = e % CH;
-            float v = 0.0f;
-            if (s < n && i0 + i < dl) {
-                size_t idx = (base + (size_t)s * g.H) * dl + i0 + i;
-                v = l16 ? ld(l16, idx) : l32[idx];
-            }
-            As[s * LDT + i] = w[s] * v;
+        if (sc.vec) {
+            scan_put(As, Rs, ldr, w, &f, l16 != NULL, g.Dp);
+            if (step + 1 < g.nchunks)
+                scan_fetch(&f, l16, l32, sc.r, glog, gbeta, &g, pair, (sc.reverse ? c - 1 : c + 1) * CH, i0, dl);
+        } else {
+            scan_load_scalar(As, Rs, ldr, w, l16, l32, sc.r, &g, pair, t0, i0, dl);
         }
-        load_rows(Rs, ldr, sc.r, &g, pair, t0, dk, g.Dp);
         __syncthreads();
         float decay = __expf(b[n - 1]);
 #pragma unroll
@@ -820,7 +928,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT) scan_kernel(Scan sc, const floa
 #pragma unroll
             for (int e = 0; e < 4; e++) acc.v[j][e] *= decay;
         tile_mma(&acc, As, LDT, 0, Rs, ldr, 1, 0, CH, nc);
-        __syncthreads();  // As and Rs are free for the next chunk
+        __syncthreads();  // As, Rs, b, beta and w are free for the next chunk
     }
     if (!sc.reverse) slice_store(out + (size_t)g.nchunks * slot_sz, &acc, i0, dl, dk, nc, 1.0f);
     else if (fin) slice_store(fin + (size_t)pair * dl * dk, &acc, i0, dl, dk, nc, fin_sign);
@@ -1278,8 +1386,14 @@ static size_t states_floats(const Geo *g) {
     return (size_t)g->B * g->H * (g->nchunks + 1) * ((size_t)g->Dk * g->Dk + (size_t)g->Dv * g->Dk);
 }
 
-static int run_scan(const Backend *be, const Scan *sc, const float *glog, const float *beta, const Geo *g) {
+// Whether rows of n elements of `size` bytes from p all start 16-byte aligned.
+static int rows_aligned(const void *p, int n, int size) { return !p || ((uintptr_t)p % 16 == 0 && n * size % 16 == 0); }
+
+static int run_scan(const Backend *be, const Scan *scan, const float *glog, const float *beta, const Geo *g) {
     CudaCtx *c = cuda_ctx(be);
+    Scan s = *scan, *sc = &s;
+    s.vec = rows_aligned(s.r, g->Dk, 2);
+    for (int m = 0; m < 2; m++) s.vec &= rows_aligned(s.l16[m], s.d[m], 2) && rows_aligned(s.l32[m], s.d[m], 4);
     size_t smem = scan_smem(g);
     MN_TRY(set_smem((const void *)scan_kernel, smem, c));
     dim3 grid((unsigned)((sc->d[0] + CH - 1) / CH + (sc->d[1] + CH - 1) / CH), (unsigned)(g->B * g->H));
