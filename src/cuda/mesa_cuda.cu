@@ -3,12 +3,15 @@
  * (spec sections 3-4) as fused CUDA kernels. Inputs arrive in bf16; states H,
  * G, all CG arithmetic and every product stay at float32 accuracy.
  *
- * Products run on the tensor cores (mma.sync m16n8k8, TF32 inputs, fp32
- * accumulation). TF32 keeps 10 mantissa bits, so an fp32 operand is split
- * into a TF32 head and tail and the three significant products are summed
- * ("3xTF32", about fp32 accuracy); bf16 operands are exact in TF32 and skip
- * the split. cuBLAS cannot do these products: they are 64-row blocks inside
- * one kernel, interleaved with CG's per-row scalars.
+ * Products run on the tensor cores with fp32 accumulation. CG's operator,
+ * applied at every step, runs in fp16 (mma.sync m16n8k16, ldmatrix) on
+ * operands scaled by powers of two, split hi + lo where they are fp32 (see
+ * tile_mma16). The other products run in TF32 (m16n8k8): TF32 keeps 10
+ * mantissa bits, so an fp32 operand is split into a TF32 head and tail and the
+ * three significant products are summed ("3xTF32", about fp32 accuracy); bf16
+ * operands are exact in TF32 and skip the split. cuBLAS cannot do these
+ * products: they are 64-row blocks inside one kernel, interleaved with CG's
+ * per-row scalars.
  *
  * One thread block (16 warps) per (chunk, sequence, head) solves the chunk's
  * C = 64 systems at once. A 64 x N tile lives in registers in the mma
@@ -28,13 +31,11 @@
  * (per chunk) -> dg_scan (reverse cumulative sum of dL/db). Decoding (T = 1):
  * decode_kernel alone, the recurrent form with a block per (sequence, head).
  *
- * Measured on an H100 (ncu, 8x2048x16x128, with two column groups): the chunk
- * kernels issued about 0.35 instructions per cycle per scheduler, limited by
- * dependent latencies with 2 warps per scheduler (one 227 KB block per
- * multiprocessor); the tensor pipe was 13% busy. Unrolling the k loop,
- * reordering the split products and dropping the split altogether each changed
- * the time by 5% or less; more warps per block helped (above). The next step is
- * a layout with two blocks per multiprocessor or Hopper's wgmma.
+ * Measured on an H100 (ncu, 8x2048x16x128): see docs/cuda.md for every
+ * change tried and its effect. With TF32 everywhere, the chunk kernels were
+ * latency-bound (0.35 instructions per cycle per scheduler, tensor pipe 13%
+ * busy); the fp16 operator took the CG kernels from 5.0 to 2.7-2.9 ms, and
+ * their busiest pipe is now the integer ALU (index arithmetic).
  */
 #include <math.h>
 #include <stdlib.h>
