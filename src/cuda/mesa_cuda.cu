@@ -325,28 +325,49 @@ __device__ void load_mat(float *dst, int stride, const float *src, int rows, int
     }
 }
 
+// Warp 0's share of a chunk's decays: the log decays and betas of tokens lane
+// and lane + 32 (0 past the end).
+__device__ __forceinline__ void fetch_decays(float glog[2], float beta[2], const float *g_log, const float *g_beta,
+                                             const Geo *g, int pair, int t0) {
+    int n = min(CH, g->T - t0);
+    size_t base = tok_index(g, pair, t0);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int t = threadIdx.x + 32 * h;
+        glog[h] = t < n ? g_log[base + (size_t)t * g->H] : 0.0f;
+        beta[h] = t < n ? g_beta[base + (size_t)t * g->H] : 0.0f;
+    }
+}
+
+// Warp 0: b = the inclusive cumulative sum of the fetched log decays (a warp
+// scan; rows past the end repeat the last), and beta, into smem.
+__device__ __forceinline__ void put_decays(float *b, float *beta, const float glog[2], const float bt[2]) {
+    float run = 0;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float v = glog[h];
+        for (int o = 1; o < 32; o <<= 1) {
+            float u = __shfl_up_sync(0xffffffffu, v, o);
+            if ((int)threadIdx.x >= o) v += u;
+        }
+        b[threadIdx.x + 32 * h] = run + v;
+        beta[threadIdx.x + 32 * h] = bt[h];
+        run += __shfl_sync(0xffffffffu, v, 31);
+    }
+}
+
 // Decays of a chunk: b (cumulative log decay; rows past the end repeat the
 // last), beta (0 past the end). Returns n, the chunk's real length.
 __device__ int load_decays(float *b, float *beta, const float *g_log, const float *g_beta, const Geo *g, int pair,
                            int t0) {
-    int n = min(CH, g->T - t0);
     __syncthreads();  // the previous readers of b and beta are done
-    if (threadIdx.x < 32) {  // a warp-wide inclusive scan of the chunk's log decays
-        float run = 0;
-        for (int r0 = 0; r0 < CH; r0 += 32) {
-            int r = r0 + threadIdx.x;
-            float v = r < n ? g_log[tok_index(g, pair, t0 + r)] : 0.0f;
-            for (int o = 1; o < 32; o <<= 1) {
-                float u = __shfl_up_sync(0xffffffffu, v, o);
-                if ((int)threadIdx.x >= o) v += u;
-            }
-            b[r] = run + v;
-            run += __shfl_sync(0xffffffffu, v, 31);
-        }
+    if (threadIdx.x < 32) {
+        float gl[2], bt[2];
+        fetch_decays(gl, bt, g_log, g_beta, g, pair, t0);
+        put_decays(b, beta, gl, bt);
     }
-    for (int r = threadIdx.x; r < CH; r += NT) beta[r] = r < n ? g_beta[tok_index(g, pair, t0 + r)] : 0.0f;
     __syncthreads();
-    return n;
+    return min(CH, g->T - t0);
 }
 
 // The thread's tile of rows t0 .. t0+C of a [B,T,H,d] bf16 tensor (zero past T and d).
@@ -813,13 +834,7 @@ __device__ __forceinline__ void scan_fetch(ScanFetch *f, const bf16 *l16, const 
         int s = v / rv, c = 8 * (v % rv);
         f->r[u] = v < CH * rv && s < n && c < g->Dk ? *(const uint4 *)(r + (base + (size_t)s * hs) * g->Dk + c) : zero;
     }
-    if (threadIdx.x < 32)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int t = threadIdx.x + 32 * h;
-            f->glog[h] = t < n ? glog[base + (size_t)t * hs] : 0.0f;
-            f->beta[h] = t < n ? gbeta[base + (size_t)t * hs] : 0.0f;
-        }
+    if (threadIdx.x < 32) fetch_decays(f->glog, f->beta, glog, gbeta, g, pair, t0);
 }
 
 __device__ __forceinline__ void put8(float *dst, uint4 v, float scale) {
@@ -897,19 +912,8 @@ __global__ void __launch_bounds__(NT, 1) scan_kernel(Scan sc, const float *glog,
         slice_store(out + (size_t)c * slot_sz, &acc, i0, dl, dk, nc, 1.0f);
         if (!sc.vec) {  // the decays straight from global
             load_decays(b, beta, glog, gbeta, &g, pair, t0);
-        } else if (threadIdx.x < 32) {  // the chunk's cumulative log decays (a warp scan)
-            float run = 0;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float v = f.glog[h];
-                for (int o = 1; o < 32; o <<= 1) {
-                    float u = __shfl_up_sync(0xffffffffu, v, o);
-                    if ((int)threadIdx.x >= o) v += u;
-                }
-                b[threadIdx.x + 32 * h] = run + v;
-                beta[threadIdx.x + 32 * h] = f.beta[h];
-                run += __shfl_sync(0xffffffffu, v, 31);
-            }
+        } else if (threadIdx.x < 32) {  // from the fetched values
+            put_decays(b, beta, f.glog, f.beta);
         }
         __syncthreads();
         for (int r = threadIdx.x; r < CH; r += NT)  // the chunk's weights, once per token

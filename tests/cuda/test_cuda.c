@@ -256,29 +256,16 @@ TEST(cuda_op_optimizer) {
 // The Mesa core on the GPU against the exact float64 solve of the same
 // (bf16-rounded) inputs, forward and every gradient.
 // o_t = G_t x_t in float64 for the given x: the readout the backward's identities assume
-// (db uses delta.o - y.H x = y.(lambda x), true only when o = G x).
+// (db uses delta.o - y.H x = y.(lambda x), true only when o = G x). The reference forward with
+// the given x as CG's start and no step computes exactly that.
 static double *readout64(const MesaCase *c, const double *x) {
-    int dk = c->d.Dk, dv = c->d.Dv;
-    double *o = xcalloc(c->nv, sizeof(double)), *G = xcalloc((size_t)dv * dk, sizeof(double));
-    for (int b = 0; b < c->d.B; b++)
-        for (int h = 0; h < c->d.H; h++) {
-            size_t head = (size_t)b * c->d.H + h;
-            for (size_t e = 0; e < (size_t)dv * dk; e++) G[e] = c->g0 ? c->g0[head * dv * dk + e] : 0;
-            for (int t = 0; t < c->d.T; t++) {
-                size_t i = ((size_t)b * c->d.T + t) * c->d.H + h;
-                double gm = exp(c->g[i]), bt = c->beta[i];
-                for (int a = 0; a < dv; a++) {
-                    double acc = 0;
-                    for (int cc = 0; cc < dk; cc++) {
-                        double *gac = &G[(size_t)a * dk + cc];
-                        *gac = gm * *gac + bt * c->v[i * dv + a] * c->k[i * dk + cc];
-                        acc += *gac * x[i * dk + cc];
-                    }
-                    o[i * dv + a] = acc;
-                }
-            }
-        }
-    free(G);
+    double *o = xcalloc(c->nv, sizeof(double)), *xs = xcalloc(c->nq, sizeof(double));
+    MnSolver none = mn_solver_default();
+    none.max_steps = 0;
+    none.init = MN_CG_INIT_GIVEN;
+    MesaFwd64 fw = {c->q, c->k, c->v, c->g, c->beta, c->lambda, c->h0, c->g0, x, o, xs, NULL, NULL, NULL};
+    if (ref_mesa_forward(&c->d, &none, &fw)) die("%s", mn_last_error());
+    free(xs);
     return o;
 }
 
