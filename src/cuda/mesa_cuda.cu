@@ -101,16 +101,20 @@ __device__ __forceinline__ void tile_zero(Tile *t) {
         for (int e = 0; e < 4; e++) t->v[j][e] = 0;
 }
 
-// out[i] = a_row . b_row for the thread's rows. Rows span the 4 lanes of a
-// quad and the NCG column-group warps; `red` ([NCG][CH] floats of smem) joins
-// the groups. Called by all threads (it synchronizes the block).
-__device__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, float *red) {
-    float s[FR] = {0, 0};
+// The thread's partial sums of a_row . b_row for its rows (over its own columns; rows_join completes them).
+__device__ __forceinline__ void tile_rowdot(float s[FR], const Tile *a, const Tile *b, int nc) {
+    s[0] = s[1] = 0;
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
         if (j < nc)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[e >> 1] += a->v[j][e] * b->v[j][e];
+}
+
+// out[i] = the sum of the partials s[i] of the thread's rows: rows span the 4
+// lanes of a quad and the NCG column-group warps; `red` ([NCG][CH] floats of
+// smem) joins the groups. Called by all threads (it synchronizes the block).
+__device__ void rows_join(float out[FR], float s[FR], float *red) {
 #pragma unroll
     for (int i = 0; i < FR; i++) {
         s[i] += __shfl_xor_sync(0xffffffffu, s[i], 1);
@@ -126,6 +130,47 @@ __device__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, fl
         out[i] = 0;
 #pragma unroll
         for (int q = 0; q < NCG; q++) out[i] += red[q * CH + f_row(i)];
+    }
+}
+
+// out[i] = a_row . b_row for the thread's rows (all threads; synchronizes).
+__device__ __forceinline__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, float *red) {
+    float s[FR];
+    tile_rowdot(s, a, b, nc);
+    rows_join(out, s, red);
+}
+
+// Multiplies the thread's rows by f.
+__device__ __forceinline__ void tile_scale_rows(Tile *t, const float f[FR]) {
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) t->v[j][e] *= f[e >> 1];
+}
+
+// The largest magnitude in the thread's part of the tile.
+__device__ __forceinline__ float tile_absmax(const Tile *t, int nc) {
+    float m = 0;
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+        if (j < nc)
+#pragma unroll
+            for (int e = 0; e < 4; e++) m = fmaxf(m, fabsf(t->v[j][e]));
+    return m;
+}
+
+// The block's maxima of n per-thread values at once (non-negative): m in, the
+// maxima out, for every thread. red: 32 n floats of smem. Synchronizes.
+__device__ void block_max_n(float *m, int n, float *red) {
+    for (int i = 0; i < n; i++) m[i] = warp_max(m[i]);
+    __syncthreads();  // the previous readers of red are done
+    if (lane_id() == 0)
+        for (int i = 0; i < n; i++) red[32 * i + warp_id()] = m[i];
+    __syncthreads();
+    for (int i = 0; i < n; i++) {
+        float v = 0;
+        for (int w = 0; w < NT / 32; w++) v = fmaxf(v, red[32 * i + w]);
+        m[i] = v;
     }
 }
 
@@ -275,11 +320,43 @@ __device__ __forceinline__ int log2_floor(float m) {
 
 __device__ __forceinline__ float pow2f_(int e) { return __int_as_float((127 + e) << 23); }  // 2^e, |e| <= 126
 
+// The power of two that brings a largest magnitude m into [1, 2) (1 for m = 0).
+__device__ __forceinline__ float fp16_scale(float m) { return pow2f_(-log2_floor(m)); }
+
 // fp16 hi + lo of v (both halves of a value pair)
 __device__ __forceinline__ void split_half2(float v0, float v1, __half2 *hi, __half2 *lo) {
     *hi = __floats2half2_rn(v0, v1);
     float2 h = __half22float2(*hi);
     *lo = __floats2half2_rn(v0 - h.x, v1 - h.y);
+}
+
+// Writes the tile, each row times its scale sc, into fp16 smem, row-major
+// (M[r ld + c]); split hi + lo when lo is given.
+__device__ __forceinline__ void tile_put16(__half *hi, __half *lo, int ld, const Tile *t, const float sc[FR], int nc) {
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+        if (j < nc)
+#pragma unroll
+            for (int i = 0; i < FR; i++) {
+                int o = f_row(i) * ld + f_col(j, 2 * i, nc);
+                float v0 = t->v[j][2 * i] * sc[i], v1 = t->v[j][2 * i + 1] * sc[i];
+                if (lo) split_half2(v0, v1, (__half2 *)(hi + o), (__half2 *)(lo + o));
+                else *(__half2 *)(hi + o) = __floats2half2_rn(v0, v1);
+            }
+}
+
+// The thread's partial sums of t_row . M_row (M fp16 in smem, row-major, times
+// `scale`) for its rows; rows_join completes them.
+__device__ __forceinline__ void tile_rowdot16(float s[FR], const Tile *t, const __half *M, int ld, float scale, int nc) {
+    s[0] = s[1] = 0;
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+        if (j < nc)
+#pragma unroll
+            for (int i = 0; i < FR; i++) {
+                float2 m = __half22float2(*(const __half2 *)(M + f_row(i) * ld + f_col(j, 2 * i, nc)));
+                s[i] += scale * (t->v[j][2 * i] * m.x + t->v[j][2 * i + 1] * m.y);
+            }
 }
 
 // ------------------------------------------------------------------ chunk loading
@@ -303,18 +380,6 @@ __device__ void load_rows_t(float *dst, const bf16 *src, const Geo *g, int pair,
     }
 }
 
-// Float rows t0 .. t0+C of a [B,T,H,d] float tensor (the backward's Y), row-major or k-major.
-__device__ void load_rows_f(float *dst, int stride, int kmajor, const float *src, const Geo *g, int pair, int t0, int d,
-                            int dpad) {
-    size_t base = tok_index(g, pair, t0);
-    for (int e = threadIdx.x; e < CH * dpad; e += NT) {
-        int r = kmajor ? e % CH : e / dpad, c = kmajor ? e / CH : e % dpad, t = t0 + r;
-        float v = (t < g->T && c < d) ? src[(base + (size_t)r * g->H) * d + c] : 0.0f;
-        if (kmajor) dst[c * LDT + r] = v;
-        else dst[r * stride + c] = v;
-    }
-}
-
 // A (rows x cols) float matrix from global (row stride cols) into smem, zero-padded to rpad x cpad.
 __device__ void load_mat(float *dst, int stride, const float *src, int rows, int cols, int rpad, int cpad, int transpose) {
     for (int e = threadIdx.x; e < rpad * cpad; e += NT) {
@@ -322,6 +387,105 @@ __device__ void load_mat(float *dst, int stride, const float *src, int rows, int
         float v = (r < rows && c < cols) ? src[(size_t)r * cols + c] : 0.0f;
         if (transpose) dst[c * stride + r] = v;
         else dst[r * stride + c] = v;
+    }
+}
+
+// One operand of a block in global memory: rows x cols values of a bf16 or
+// float tensor, row r at p + r rstride elements, read as an rpad x cpad block
+// (zero outside) in 16-byte vectors: 8 bf16 or 4 floats.
+typedef struct {
+    const void *p;
+    size_t rstride;
+    int rows, cols, rpad, cpad;
+    int f32;  // float elements, else bf16
+    int vec;  // every row starts 16-byte aligned: one load per vector, else element by element
+} Src;
+
+// Rows t0 .. t0+C of one (sequence, head) of a [B,T,H,d] tensor, padded to dpad columns.
+__device__ __forceinline__ Src tok_src(const void *p, int f32, int d, int dpad, const Geo *g, int pair, int t0, int vec) {
+    size_t o = tok_index(g, pair, t0) * d;
+    Src s = {f32 ? (const void *)((const float *)p + o) : (const void *)((const bf16 *)p + o), (size_t)g->H * d,
+             min(CH, g->T - t0), d, CH, dpad, f32, vec};
+    return s;
+}
+
+// A rows x cols float matrix (row stride cols), padded to rpad x cpad.
+__device__ __forceinline__ Src mat_src(const float *p, int rows, int cols, int rpad, int cpad, int vec) {
+    Src s = {p, (size_t)cols, rows, cols, rpad, cpad, 1, vec};
+    return s;
+}
+
+typedef union {
+    uint4 u;
+    float f[4];
+    unsigned short h[8];  // bf16 bits
+} Vec16;
+
+__device__ __forceinline__ float vec_at(const Vec16 *v, int i, int f32) {
+    return f32 ? v->f[i] : __uint_as_float((unsigned)v->h[i] << 16);
+}
+
+// The thread's vectors u = 0 .. nv-1 of the block (vector threadIdx.x + u NT,
+// row-major over the padded block) into registers. nv is a constant at every
+// call, so that v stays in registers; every load is issued before any is used.
+__device__ __forceinline__ void stage_fetch(Vec16 *v, int nv, const Src *s) {
+    int w = s->f32 ? 4 : 8, vpr = s->cpad / w;
+#pragma unroll
+    for (int u = 0; u < nv; u++) {
+        int e = threadIdx.x + u * NT, r = e / vpr, c = e % vpr * w;
+        v[u].u = make_uint4(0, 0, 0, 0);
+        if (r >= s->rows || c >= s->cols) continue;
+        size_t i = r * s->rstride + c;
+        if (s->vec) {
+            v[u].u = s->f32 ? *(const uint4 *)((const float *)s->p + i) : *(const uint4 *)((const bf16 *)s->p + i);
+        } else if (s->f32) {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (c + k < s->cols) v[u].f[k] = ((const float *)s->p)[i + k];
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (c + k < s->cols) v[u].h[k] = ((const unsigned short *)s->p)[i + k];
+        }
+    }
+}
+
+// The largest magnitude among the thread's staged values.
+__device__ __forceinline__ float stage_absmax(const Vec16 *v, int nv, int f32) {
+    float m = 0;
+#pragma unroll
+    for (int u = 0; u < nv; u++)
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (k < (f32 ? 4 : 8)) m = fmaxf(m, fabsf(vec_at(&v[u], k, f32)));
+    return m;
+}
+
+// The staged values times `scale` into fp16 smem, row-major (M[r ld + c]),
+// split hi + lo when lo is given.
+__device__ __forceinline__ void stage_put16(const Vec16 *v, int nv, const Src *s, __half *hi, __half *lo, int ld,
+                                            float scale) {
+    int w = s->f32 ? 4 : 8, vpr = s->cpad / w;
+#pragma unroll
+    for (int u = 0; u < nv; u++) {
+        int e = threadIdx.x + u * NT, r = e / vpr, c = e % vpr * w;
+        if (r >= s->rpad) continue;
+        __half2 h[4], l[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (2 * k >= w) break;
+            float a = vec_at(&v[u], 2 * k, s->f32) * scale, b = vec_at(&v[u], 2 * k + 1, s->f32) * scale;
+            if (lo) split_half2(a, b, &h[k], &l[k]);
+            else h[k] = __floats2half2_rn(a, b);
+        }
+        __half *dh = hi + r * ld + c, *dl = lo ? lo + r * ld + c : NULL;
+        if (w == 8) {
+            *(uint4 *)dh = *(const uint4 *)h;
+            if (lo) *(uint4 *)dl = *(const uint4 *)l;
+        } else {
+            *(uint2 *)dh = *(const uint2 *)h;
+            if (lo) *(uint2 *)dl = *(const uint2 *)l;
+        }
     }
 }
 
@@ -413,24 +577,33 @@ __device__ __forceinline__ void tile_store_t(float *Mt, const Tile *t, int nc) {
 
 // ------------------------------------------------------------------ the GLA forms
 
+// The chunk's causal decay mask at (row r, column s): forward (dir 0)
+// e^{b_r - b_s} beta_s for s <= r; backward (dir 1) e^{b_s - b_r} for s >= r.
+__device__ __forceinline__ float chunk_mask(const float *b, const float *beta, int r, int s, int dir) {
+    if (dir == 0) return s <= r ? __expf(b[r] - b[s]) * beta[s] : 0.0f;
+    return s >= r ? __expf(b[s] - b[r]) : 0.0f;
+}
+
+// Multiplies a 64 x 64 tile of scores by the mask of direction dir.
+__device__ __forceinline__ void tile_mask(Tile *t, const float *b, const float *beta, int dir) {
+#pragma unroll
+    for (int j = 0; j < NTILES(CH); j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) t->v[j][e] *= chunk_mask(b, beta, f_row(e >> 1), f_col(j, e, NTILES(CH)), dir);
+}
+
 // St[s][row] = mask(row, s) A[row] . B[s] over the chunk: A and B k-major
-// (At[k][row], Bt[k][s]). Forward mask (dir 0): exp(b_row - b_s) beta_s for
-// s <= row; backward (dir 1): exp(b_s - b_row) for s >= row.
+// (At[k][row], Bt[k][s]), the mask of direction dir (chunk_mask).
 __device__ __forceinline__ void tile_scores(float *St, const float *At, int a_exact, const float *Bt, int b_exact, int dk,
                             const float *b, const float *beta, int dir) {
     Tile acc;
     tile_zero(&acc);
     tile_mma(&acc, At, LDT, a_exact, Bt, LDT, b_exact, 0, dk, NTILES(CH));
+    tile_mask(&acc, b, beta, dir);
 #pragma unroll
     for (int j = 0; j < NTILES(CH); j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int r = f_row(e >> 1), s = f_col(j, e, NTILES(CH));
-            float m;
-            if (dir == 0) m = s <= r ? __expf(b[r] - b[s]) * beta[s] : 0.0f;
-            else m = s >= r ? __expf(b[s] - b[r]) : 0.0f;
-            St[s * LDT + r] = acc.v[j][e] * m;
-        }
+        for (int e = 0; e < 4; e++) St[f_col(j, e, NTILES(CH)) * LDT + f_row(e >> 1)] = acc.v[j][e];
 }
 
 // acc = scale (.) A S: A k-major in smem (At[k][row]), S row-major with stride lds. Overwrites acc.
@@ -438,10 +611,7 @@ __device__ __forceinline__ void tile_state(Tile *acc, const float *At, int a_exa
                                            int dk, int nc, const float scale[FR]) {
     tile_zero(acc);
     tile_mma(acc, At, LDT, a_exact, S, lds, s_exact, 0, dk, nc);
-#pragma unroll
-    for (int j = 0; j < MAXNT; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc->v[j][e] *= scale[e >> 1];
+    tile_scale_rows(acc, scale);
 }
 
 // acc += scores . Bm (Bm row-major with stride ldb), over the causal range of
@@ -555,8 +725,10 @@ __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *k
     for (int u = 0; u < MAXD * MAXD / 2 / NT; u++) mh = fmaxf(mh, fmaxf(fabsf(hv[u].x), fabsf(hv[u].y)));
 #pragma unroll
     for (int u = 0; u < CH * MAXD / 2 / NT; u++) mk = fmaxf(mk, fmaxf(fabsf(kv[u].x), fabsf(kv[u].y)));
-    o->sH = pow2f_(-log2_floor(block_max(mh, s->red)));
-    o->sK = pow2f_(-log2_floor(block_max(mk, s->red)));
+    float m[2] = {mh, mk};
+    block_max_n(m, 2, s->red);
+    o->sH = fp16_scale(m[0]);
+    o->sK = fp16_scale(m[1]);
 #pragma unroll
     for (int u = 0; u < MAXD * MAXD / 2 / NT; u++) {
         int e = threadIdx.x + u * NT, r = 2 * e / dp, c = 2 * e % dp;
@@ -599,28 +771,15 @@ __device__ __forceinline__ void round_rows16(Tile *t, float sc[FR], const float 
 // reads of o->P and o->S (cg_solve: the dots' barriers).
 __device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], const Smem *s, const Op16 *o, const Geo *g) {
     int nc = NTILES(g->Dp), ld = ldrow(g->Dp), lds = ldrow(CH);
-#pragma unroll
-    for (int j = 0; j < MAXNT; j++)
-        if (j < nc)
-#pragma unroll
-            for (int i = 0; i < FR; i++)
-                *(__half2 *)(o->P + f_row(i) * ld + f_col(j, 2 * i, nc)) =
-                    __floats2half2_rn(p->v[j][2 * i] * sp[i], p->v[j][2 * i + 1] * sp[i]);
+    const float one[FR] = {1.0f, 1.0f};
+    tile_put16(o->P, NULL, ld, p, sp, nc);
     __syncthreads();
     // the masked scores, split into fp16 hi + lo
     Tile sc;
     tile_zero(&sc);
     tile_mma16(&sc, o->P, NULL, ld, o->K, NULL, ld, 1, 0, g->Dp, NTILES(CH));
-#pragma unroll
-    for (int j = 0; j < NTILES(CH); j++)
-#pragma unroll
-        for (int i = 0; i < FR; i++) {
-            int r = f_row(i), c = f_col(j, 2 * i, NTILES(CH));
-            float m0 = c <= r ? __expf(s->b[r] - s->b[c]) * s->beta[c] : 0.0f;
-            float m1 = c + 1 <= r ? __expf(s->b[r] - s->b[c + 1]) * s->beta[c + 1] : 0.0f;
-            split_half2(sc.v[j][2 * i] * m0, sc.v[j][2 * i + 1] * m1, (__half2 *)(o->Sh + r * lds + c),
-                        (__half2 *)(o->Sl + r * lds + c));
-        }
+    tile_mask(&sc, s->b, s->beta, 0);
+    tile_put16(o->Sh, o->Sl, lds, &sc, one, NTILES(CH));
     // the state term
     tile_zero(ap);
     tile_mma16(ap, o->P, NULL, ld, o->Hh, o->Hl, ld, 0, 0, g->Dp, nc);
@@ -630,10 +789,7 @@ __device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], cons
         f[i] = __expf(s->b[f_row(i)]) * (o->sK * o->sK / o->sH);
         inv[i] = 1.0f / (sp[i] * o->sK * o->sK);  // a power of two: exact
     }
-#pragma unroll
-    for (int j = 0; j < MAXNT; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) ap->v[j][e] *= f[e >> 1];
+    tile_scale_rows(ap, f);
     __syncthreads();  // the scores are complete
     // the scores times K, over the causal range of the warp's rows
     tile_mma16(ap, o->Sh, o->Sl, lds, o->K, NULL, ld, 0, 0, 16 * (warp_id() & 3) + 16, nc);
@@ -1059,77 +1215,193 @@ __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_o
     for (int i = threadIdx.x; i < g.Dk; i += NT) atomicAdd(&dlambda[(size_t)h * g.Dk + i], s.red[i]);
 }
 
-// Backward, per chunk, with the adjoints at the chunk's end:
-//   P  = ((K X^T) (.) D^T) Delta + diag(u) K Gbar^T      Qv = ((V Delta^T) (.) D^T) X + diag(u) V Gbar
-//   R1 = ((K X^T) (.) D^T) Y + diag(u) K Hn^T            R2 = ((K Y^T) (.) D^T) X + diag(u) K Hn
-//   dv = beta P, dk = beta (Qv - R1 - R2), dbeta = v.P - k.R1, db = y.(lambda (.) x) - beta dbeta
-// (Hn = -Hbar; u = e^{b_n - b_t}, the decay from a token to the chunk's end.)
+// Shared memory of grads_kernel: fp16 operands, each times a power of two
+// (Dm = max(Dp, Dvp), ld = ldrow(Dm)).
+typedef struct {
+    __half *Mh, *Ml;                  // [Dm][ld] an adjoint, hi + lo: Hn, then Gbar
+    __half *Yh, *Yl;                  // [CH][ld] Y, hi + lo
+    __half *S1h, *S1l, *S2h, *S2l;    // [CH][ldrow(CH)] the masked scores S1 and S2 (below), hi + lo
+    __half *K, *X, *V, *D;            // [CH][ld] the chunk's k, x, v and Delta (exact in fp16)
+    float *b, *beta, *red;            // [CH], [CH], [NCG][CH]
+} GradSmem;
+
+static size_t grads_smem(const Geo *g) {
+    size_t dm = g->Dp > g->Dvp ? g->Dp : g->Dvp, ld = ldrow((int)dm);
+    size_t halves = 2 * dm * ld + 2 * CH * ld + 4 * (size_t)CH * ldrow(CH) + 4 * CH * ld;
+    return 2 * halves + sizeof(float) * (2 * CH + NCG * CH);
+}
+
+__device__ GradSmem grads_carve(float *base, const Geo *g) {
+    int dm = max(g->Dp, g->Dvp), ld = ldrow(dm), ls = CH * ldrow(CH);
+    GradSmem s;
+    s.Mh = (__half *)base;
+    s.Ml = s.Mh + dm * ld;
+    s.Yh = s.Ml + dm * ld;
+    s.Yl = s.Yh + CH * ld;
+    s.S1h = s.Yl + CH * ld;
+    s.S1l = s.S1h + ls;
+    s.S2h = s.S1l + ls;
+    s.S2l = s.S2h + ls;
+    s.K = s.S2l + ls;
+    s.X = s.K + CH * ld;
+    s.V = s.X + CH * ld;
+    s.D = s.V + CH * ld;
+    s.b = (float *)(s.D + CH * ld);
+    s.beta = s.b + CH;
+    s.red = s.beta + CH;
+    return s;
+}
+
+// Backward, per chunk, with the adjoints Gbar and Hn = -Hbar at the chunk's
+// end. With the backward mask M (chunk_mask, dir 1) and u = e^{b_n - b_t}
+// (the decay from a token to the chunk's end):
+//   S1 = (K X^T) (.) M                S2 = (V Delta^T - K Y^T) (.) M
+//   P  = S1 Delta + u (.) K Gbar^T     T  = S1 Y + u (.) K (Hn + Hn^T)
+//   Q  = S2 X + u (.) V Gbar
+//   dv = beta P, dk = beta (Q - T), dbeta = v.P - k.T + u k.Hn k, db = y.(lambda (.) x) - beta dbeta
+// (T is R1 + R2 of src/cpu/mesa_chunk.c and Q - S2 X + ... is Qv - R2 there,
+// merged: the two state terms of Hn meet in one product, the two score
+// matrices that multiply X in one; k.R1 = k.T - u k.Hn k.)
+//
+// Every product runs in fp16 on the tensor cores (tile_mma16): the bf16 rows
+// are exact in fp16 after a power-of-two scale; Y, the adjoints and the
+// scores are split hi + lo (22 bits, as the TF32 split was). All operands are
+// fetched with 16-byte loads issued together (Gbar while the scores and T
+// are computed), so the kernel waits on global memory three times, not once
+// per element row.
 __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out, float *dbeta_out, float *db_out,
                                                       const bf16 *k, const bf16 *v, const bf16 *x, const bf16 *dout,
                                                       const float *y, const float *tok_terms, const float *glog,
-                                                      const float *gbeta, const float *adj, Geo g) {
+                                                      const float *gbeta, const float *adj, int vec, Geo g) {
     extern __shared__ float sm[];
-    Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = NTILES(g.Dp), ncv = NTILES(g.Dvp);
-    int ldk = ldrow(g.Dp), ldv = ldrow(g.Dvp);
+    GradSmem s = grads_carve(sm, &g);
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = NTILES(g.Dp), ncv = NTILES(g.Dvp), ncs = NTILES(CH);
+    int ld = ldrow(max(g.Dp, g.Dvp)), lds = ldrow(CH), rb = 16 * (warp_id() & 3);
     size_t gg = (size_t)g.Dv * g.Dk, hh = (size_t)g.Dk * g.Dk;
     const float *gbar = adj + ((size_t)pair * g.nchunks + c) * (gg + hh), *hn = gbar + gg;
     int n = load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
     float u[FR];
     row_decays(u, s.b, s.b[n - 1], -1);
-    Tile P, Qv, R1, R2;
-    // P: scores K X^T, times Delta; state Gbar^T [Dk][Dv]
-    load_rows_t(s.At, k, &g, pair, t0, g.Dk, g.Dp);
-    load_rows_t(s.Bt, x, &g, pair, t0, g.Dk, g.Dp);
-    load_rows(s.Bm, ldv, dout, &g, pair, t0, g.Dv, g.Dvp);
-    load_mat(s.Hs, ldv, gbar, g.Dv, g.Dk, g.Dvp, g.Dp, 1);
+
+    // the chunk's rows and Y: every load in flight at once, then scaled into fp16
+    Src src[5] = {tok_src(k, 0, g.Dk, g.Dp, &g, pair, t0, vec), tok_src(x, 0, g.Dk, g.Dp, &g, pair, t0, vec),
+                  tok_src(v, 0, g.Dv, g.Dvp, &g, pair, t0, vec), tok_src(dout, 0, g.Dv, g.Dvp, &g, pair, t0, vec),
+                  tok_src(y, 1, g.Dk, g.Dp, &g, pair, t0, vec)};
+    Src shn = mat_src(hn, g.Dk, g.Dk, g.Dp, g.Dp, vec), sgb = mat_src(gbar, g.Dv, g.Dk, g.Dvp, g.Dp, vec);
+    __half *dst[4] = {s.K, s.X, s.V, s.D};
+    float sc[5];  // the scales of K, X, V, Delta, Y
+    {
+        Vec16 rows[4][CH * MAXD / 8 / NT], yv[CH * MAXD / 4 / NT];
+#pragma unroll
+        for (int i = 0; i < 4; i++) stage_fetch(rows[i], CH * MAXD / 8 / NT, &src[i]);
+        stage_fetch(yv, CH * MAXD / 4 / NT, &src[4]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) sc[i] = stage_absmax(rows[i], CH * MAXD / 8 / NT, 0);
+        sc[4] = stage_absmax(yv, CH * MAXD / 4 / NT, 1);
+        block_max_n(sc, 5, s.red);
+#pragma unroll
+        for (int i = 0; i < 5; i++) sc[i] = fp16_scale(sc[i]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) stage_put16(rows[i], CH * MAXD / 8 / NT, &src[i], dst[i], NULL, ld, sc[i]);
+        stage_put16(yv, CH * MAXD / 4 / NT, &src[4], s.Yh, s.Yl, ld, sc[4]);
+    }
+    float sK = sc[0], sX = sc[1], sV = sc[2], sD = sc[3], sY = sc[4];
+    // (the adjoints are fetched a phase ahead; fetching them in the first batch spills registers)
+    Vec16 hv[MAXD * MAXD / 4 / NT];  // Hn, in flight while S1 and S2 are computed
+    stage_fetch(hv, MAXD * MAXD / 4 / NT, &shn);
     __syncthreads();
-    tile_gla(&P, &s, 1, 1, g.Dp, 1, ncv, u, 1);
-    // R1: the same scores, times Y; state Hn^T
-    __syncthreads();
-    load_rows_f(s.Bm, ldk, 0, y, &g, pair, t0, g.Dk, g.Dp);
-    load_mat(s.Hs, ldk, hn, g.Dk, g.Dk, g.Dp, g.Dp, 1);
-    __syncthreads();
-    tile_state(&R1, s.At, 1, s.Hs, ldk, 0, g.Dp, nc, u);
-    tile_scores_times(&R1, s.St, s.Bm, ldk, 0, nc, 1);
-    // R2: scores K Y^T, times X; state Hn
-    __syncthreads();
-    load_rows_f(s.Bt, 0, 1, y, &g, pair, t0, g.Dk, g.Dp);
-    load_rows(s.Bm, ldk, x, &g, pair, t0, g.Dk, g.Dp);
-    load_mat(s.Hs, ldk, hn, g.Dk, g.Dk, g.Dp, g.Dp, 0);
-    __syncthreads();
-    tile_gla(&R2, &s, 1, 0, g.Dp, 1, nc, u, 1);
-    // Qv: scores V Delta^T, times X (still in Bm); state Gbar [Dv][Dk]
-    __syncthreads();
-    load_rows_t(s.At, v, &g, pair, t0, g.Dv, g.Dvp);
-    load_rows_t(s.Bt, dout, &g, pair, t0, g.Dv, g.Dvp);
-    load_mat(s.Hs, ldk, gbar, g.Dv, g.Dk, g.Dvp, g.Dp, 0);
-    __syncthreads();
-    tile_gla(&Qv, &s, 1, 1, g.Dvp, 1, nc, u, 1);
-    // per-token results
-    Tile kt, vt;
-    tile_load(&kt, k, &g, pair, t0, g.Dk, nc);
-    tile_load(&vt, v, &g, pair, t0, g.Dv, ncv);
-    float vp[FR], kr[FR];
-    tile_dot(vp, &vt, &P, ncv, s.red);
-    tile_dot(kr, &kt, &R1, nc, s.red);
-    Tile dkt, dvt;
+
+    // S1 and S2, in true units, then each scaled into fp16 by its block maximum
+    Tile s1, s2, ky;
+    tile_zero(&s1);
+    tile_zero(&s2);
+    tile_zero(&ky);
+    tile_mma16(&s1, s.K, NULL, ld, s.X, NULL, ld, 1, 0, g.Dp, ncs);
+    tile_mma16(&s2, s.V, NULL, ld, s.D, NULL, ld, 1, 0, g.Dvp, ncs);
+    tile_mma16(&ky, s.K, NULL, ld, s.Yh, s.Yl, ld, 1, 0, g.Dp, ncs);
+    float ikx = 1.0f / (sK * sX), ivd = 1.0f / (sV * sD), iky = 1.0f / (sK * sY);  // powers of two: exact
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            float beta = s.beta[f_row(e >> 1)];
-            dvt.v[j][e] = beta * P.v[j][e];
-            dkt.v[j][e] = beta * (Qv.v[j][e] - R1.v[j][e] - R2.v[j][e]);
+            s1.v[j][e] *= ikx;
+            s2.v[j][e] = s2.v[j][e] * ivd - ky.v[j][e] * iky;
         }
-    tile_store(dv_out, &dvt, &g, pair, t0, g.Dv, ncv);
-    tile_store(dk_out, &dkt, &g, pair, t0, g.Dk, nc);
+    tile_mask(&s1, s.b, s.beta, 1);
+    tile_mask(&s2, s.b, s.beta, 1);
+    float ms[3] = {tile_absmax(&s1, ncs), tile_absmax(&s2, ncs), stage_absmax(hv, MAXD * MAXD / 4 / NT, 1)};
+    block_max_n(ms, 3, s.red);
+    float ss1 = fp16_scale(ms[0]), ss2 = fp16_scale(ms[1]), sH = fp16_scale(ms[2]);
+    stage_put16(hv, MAXD * MAXD / 4 / NT, &shn, s.Mh, s.Ml, ld, sH);
+    {
+        float f1[FR] = {ss1, ss1}, f2[FR] = {ss2, ss2};
+        tile_put16(s.S1h, s.S1l, lds, &s1, f1, ncs);
+        tile_put16(s.S2h, s.S2l, lds, &s2, f2, ncs);
+    }
+    __syncthreads();
+
+    Vec16 gv[MAXD * MAXD / 4 / NT];  // Gbar, in flight while T is computed
+    stage_fetch(gv, MAXD * MAXD / 4 / NT, &sgb);
+
+    // T = u (.) K (Hn^T + Hn) + S1 Y, and k.R1 = k.T - (1/2) k.(its state term)
+    Tile t;
+    float f[FR], ka[FR], kt[FR], kr[FR];
+    tile_zero(&t);
+    tile_mma16(&t, s.K, NULL, ld, s.Mh, s.Ml, ld, 1, 0, g.Dp, nc);  // K Hn^T
+    tile_mma16(&t, s.K, NULL, ld, s.Mh, s.Ml, ld, 0, 0, g.Dp, nc);  // K Hn
+#pragma unroll
+    for (int i = 0; i < FR; i++) f[i] = u[i] * (ss1 * sY) / (sK * sH);
+    tile_scale_rows(&t, f);
+    tile_rowdot16(ka, &t, s.K, ld, 1.0f, nc);
+    tile_mma16(&t, s.S1h, s.S1l, lds, s.Yh, s.Yl, ld, 0, rb, CH, nc);
+    float it = 1.0f / (ss1 * sY), iK = 1.0f / sK;
+    for (int i = 0; i < FR; i++) f[i] = it;
+    tile_scale_rows(&t, f);
+    tile_rowdot16(kt, &t, s.K, ld, iK, nc);
+    for (int i = 0; i < FR; i++) kt[i] -= 0.5f * ka[i] * it * iK;
+    rows_join(kr, kt, s.red);  // (its barriers also end the reads of Hn)
+    float sG = stage_absmax(gv, MAXD * MAXD / 4 / NT, 1);
+    block_max_n(&sG, 1, s.red);
+    sG = fp16_scale(sG);
+    stage_put16(gv, MAXD * MAXD / 4 / NT, &sgb, s.Mh, s.Ml, ld, sG);
+    __syncthreads();
+
+    // P = u (.) K Gbar^T + S1 Delta; dv = beta P
+    Tile pq;
+    float vp[FR];
+    tile_zero(&pq);
+    tile_mma16(&pq, s.K, NULL, ld, s.Mh, s.Ml, ld, 1, 0, g.Dp, ncv);
+#pragma unroll
+    for (int i = 0; i < FR; i++) f[i] = u[i] * (ss1 * sD) / (sK * sG);
+    tile_scale_rows(&pq, f);
+    tile_mma16(&pq, s.S1h, s.S1l, lds, s.D, NULL, ld, 0, rb, CH, ncv);
+    for (int i = 0; i < FR; i++) f[i] = 1.0f / (ss1 * sD);
+    tile_scale_rows(&pq, f);
+    tile_rowdot16(kt, &pq, s.V, ld, 1.0f / sV, ncv);
+    rows_join(vp, kt, s.red);
+    for (int i = 0; i < FR; i++) f[i] = s.beta[f_row(i)];
+    tile_scale_rows(&pq, f);
+    tile_store(dv_out, &pq, &g, pair, t0, g.Dv, ncv);
+
+    // Q = u (.) V Gbar + S2 X; dk = beta (Q - T)
+    tile_zero(&pq);
+    tile_mma16(&pq, s.V, NULL, ld, s.Mh, s.Ml, ld, 0, 0, g.Dvp, nc);
+#pragma unroll
+    for (int i = 0; i < FR; i++) f[i] = u[i] * (ss2 * sX) / (sV * sG);
+    tile_scale_rows(&pq, f);
+    tile_mma16(&pq, s.S2h, s.S2l, lds, s.X, NULL, ld, 0, rb, CH, nc);
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            pq.v[j][e] = s.beta[f_row(e >> 1)] * (pq.v[j][e] * (1.0f / (ss2 * sX)) - t.v[j][e]);
+    tile_store(dk_out, &pq, &g, pair, t0, g.Dk, nc);
     if (row_owner())
 #pragma unroll
         for (int i = 0; i < FR; i++) {
-            int t = t0 + f_row(i);
-            if (t >= g.T) continue;
-            size_t ti = tok_index(&g, pair, t);
+            int tt = t0 + f_row(i);
+            if (tt >= g.T) continue;
+            size_t ti = tok_index(&g, pair, tt);
             float dbeta = vp[i] - kr[i];
             dbeta_out[ti] = dbeta;
             db_out[ti] = tok_terms[ti] - s.beta[f_row(i)] * dbeta;
@@ -1503,10 +1775,14 @@ extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSol
     Scan sc = {{(const bf16 *)io->dout, NULL}, {NULL, y}, {g.Dv, g.Dk}, (const bf16 *)io->x, {io->dgT, io->dhT}, {1, -1},
                adj, g.nchunks, {io->dg0, io->dh0}, {1, -1}, 1};
     MN_TRY(run_scan(be, &sc, io->g, io->beta, &g));
-    MN_TRY(set_smem((const void *)grads_kernel, smem, c));
-    grads_kernel<<<grid, NT, smem, c->stream>>>((bf16 *)io->dk, (bf16 *)io->dv, io->dbeta, db, (const bf16 *)io->k,
-                                                (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, y, terms,
-                                                io->g, io->beta, adj, g);
+    // 16-byte loads when every operand's rows start aligned
+    int vec = rows_aligned(io->k, g.Dk, 2) && rows_aligned(io->x, g.Dk, 2) && rows_aligned(io->v, g.Dv, 2) &&
+              rows_aligned(io->dout, g.Dv, 2) && rows_aligned(y, g.Dk, 4) && rows_aligned(adj, g.Dk, 4);
+    size_t gsmem = grads_smem(&g);
+    MN_TRY(set_smem((const void *)grads_kernel, gsmem, c));
+    grads_kernel<<<grid, NT, gsmem, c->stream>>>((bf16 *)io->dk, (bf16 *)io->dv, io->dbeta, db, (const bf16 *)io->k,
+                                                 (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, y,
+                                                 terms, io->g, io->beta, adj, vec, g);
     LAUNCH_CHECK();
     dg_scan_kernel<<<(unsigned)((pairs + 3) / 4), 128, 0, c->stream>>>(io->dg, db, db_final, g);
     LAUNCH_CHECK();
