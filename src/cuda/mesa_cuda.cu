@@ -371,25 +371,6 @@ __device__ void load_rows(float *dst, int stride, const bf16 *src, const Geo *g,
     }
 }
 
-// The same rows k-major: dst[c * LDT + r].
-__device__ void load_rows_t(float *dst, const bf16 *src, const Geo *g, int pair, int t0, int d, int dpad) {
-    size_t base = tok_index(g, pair, t0);
-    for (int e = threadIdx.x; e < CH * dpad; e += NT) {
-        int r = e % CH, c = e / CH, t = t0 + r;
-        dst[c * LDT + r] = (t < g->T && c < d) ? ld(src, (base + (size_t)r * g->H) * d + c) : 0.0f;
-    }
-}
-
-// A (rows x cols) float matrix from global (row stride cols) into smem, zero-padded to rpad x cpad.
-__device__ void load_mat(float *dst, int stride, const float *src, int rows, int cols, int rpad, int cpad, int transpose) {
-    for (int e = threadIdx.x; e < rpad * cpad; e += NT) {
-        int r = e / cpad, c = e % cpad;
-        float v = (r < rows && c < cols) ? src[(size_t)r * cols + c] : 0.0f;
-        if (transpose) dst[c * stride + r] = v;
-        else dst[r * stride + c] = v;
-    }
-}
-
 // One operand of a block in global memory: rows x cols values of a bf16 or
 // float tensor, row r at p + r rstride elements, read as an rpad x cpad block
 // (zero outside) in 16-byte vectors: 8 bf16 or 4 floats.
@@ -566,15 +547,6 @@ __device__ void tile_store_f(float *dst, const Tile *t, const Geo *g, int pair, 
         }
 }
 
-// Writes the tile k-major into smem: Mt[c * LDT + r] (the left operand of the next products).
-__device__ __forceinline__ void tile_store_t(float *Mt, const Tile *t, int nc) {
-#pragma unroll
-    for (int j = 0; j < MAXNT; j++)
-        if (j < nc)
-#pragma unroll
-            for (int e = 0; e < 4; e++) Mt[f_col(j, e, nc) * LDT + f_row(e >> 1)] = t->v[j][e];
-}
-
 // ------------------------------------------------------------------ the GLA forms
 
 // The chunk's causal decay mask at (row r, column s): forward (dir 0)
@@ -592,59 +564,28 @@ __device__ __forceinline__ void tile_mask(Tile *t, const float *b, const float *
         for (int e = 0; e < 4; e++) t->v[j][e] *= chunk_mask(b, beta, f_row(e >> 1), f_col(j, e, NTILES(CH)), dir);
 }
 
-// St[s][row] = mask(row, s) A[row] . B[s] over the chunk: A and B k-major
-// (At[k][row], Bt[k][s]), the mask of direction dir (chunk_mask).
-__device__ __forceinline__ void tile_scores(float *St, const float *At, int a_exact, const float *Bt, int b_exact, int dk,
-                            const float *b, const float *beta, int dir) {
-    Tile acc;
-    tile_zero(&acc);
-    tile_mma(&acc, At, LDT, a_exact, Bt, LDT, b_exact, 0, dk, NTILES(CH));
-    tile_mask(&acc, b, beta, dir);
-#pragma unroll
-    for (int j = 0; j < NTILES(CH); j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) St[f_col(j, e, NTILES(CH)) * LDT + f_row(e >> 1)] = acc.v[j][e];
-}
-
-// acc = scale (.) A S: A k-major in smem (At[k][row]), S row-major with stride lds. Overwrites acc.
-__device__ __forceinline__ void tile_state(Tile *acc, const float *At, int a_exact, const float *S, int lds, int s_exact,
-                                           int dk, int nc, const float scale[FR]) {
-    tile_zero(acc);
-    tile_mma(acc, At, LDT, a_exact, S, lds, s_exact, 0, dk, nc);
-    tile_scale_rows(acc, scale);
-}
-
-// acc += scores . Bm (Bm row-major with stride ldb), over the causal range of
-// the warp's rows only (the scores are zero elsewhere).
-__device__ __forceinline__ void tile_scores_times(Tile *acc, const float *St, const float *Bm, int ldb, int b_exact,
-                                                  int nc, int dir) {
-    int rb = 16 * (warp_id() & 3);
-    tile_mma(acc, St, LDT, 0, Bm, ldb, b_exact, dir == 0 ? 0 : rb, dir == 0 ? rb + 16 : CH, nc);
-}
-
-// Shared-memory layout of the chunk kernels (floats; Dm = max(Dp, Dvp)).
+// Shared-memory layout of the CG kernels: regions of floats, most of them
+// holding fp16 operands (Dm = max(Dp, Dvp)).
 typedef struct {
-    float *Hs;   // [Dm][ldrow(Dm)] the state term's matrix (H, G or its transpose, an adjoint), row-major
-    float *At;   // [Dm][LDT] the left operand, k-major (CG direction, X, K, V, Delta)
-    float *Bt;   // [Dm][LDT] the scores' right operand, k-major (K, V, X, Y, Delta)
-    float *Bm;   // [CH][ldrow(Dm)] the matrix the scores multiply, row-major (K, V, Delta, Y, X)
-    float *St;   // [CH][LDT] masked scores, transposed
-    float *Dg;   // [CH][Dm]  the Jacobi diagonal
+    float *Hs;   // [Dm][ldrow(Dm)] the state term's matrix hi + lo (H; G for the output and the rhs)
+    float *Kp;   // [CH][ldrow(Dm)] the chunk's keys and CG's direction
+    float *Bm;   // [CH][ldrow(Dm)] X hi + lo (the forward's output) or Delta (the backward's rhs)
+    float *St;   // [CH][LDT] the masked scores, hi + lo
+    float *Dg;   // [CH][Dm]  the Jacobi diagonal; then V (the output and the rhs)
     float *b, *beta, *lam, *red;  // [CH], [CH], [Dm], [NCG][CH] (tile_dot's, at least Dm)
 } Smem;
 
 static size_t smem_floats(int Dp, int Dvp) {
     size_t dm = Dp > Dvp ? Dp : Dvp;
-    return dm * ldrow((int)dm) + 2 * dm * LDT + CH * ldrow((int)dm) + (size_t)CH * LDT + CH * dm + 2 * CH + dm + NCG * CH;
+    return dm * ldrow((int)dm) + 2 * CH * ldrow((int)dm) + (size_t)CH * LDT + CH * dm + 2 * CH + dm + NCG * CH;
 }
 
 __device__ Smem carve(float *base, const Geo *g) {
     int dm = max(g->Dp, g->Dvp);
     Smem s;
     s.Hs = base;
-    s.At = s.Hs + dm * ldrow(dm);
-    s.Bt = s.At + dm * LDT;
-    s.Bm = s.Bt + dm * LDT;
+    s.Kp = s.Hs + dm * ldrow(dm);
+    s.Bm = s.Kp + CH * ldrow(dm);
     s.St = s.Bm + CH * ldrow(dm);
     s.Dg = s.St + CH * LDT;
     s.b = s.Dg + CH * dm;
@@ -660,23 +601,7 @@ __device__ __forceinline__ void row_decays(float out[FR], const float *b, float 
     for (int i = 0; i < FR; i++) out[i] = __expf(sign > 0 ? b[f_row(i)] : base - b[f_row(i)]);
 }
 
-// The GLA form over the chunk, with its operands in smem (the layout of Smem):
-//   acc = scale (.) A Hs + ((A B^T) (.) M) Bm
-// A = At and B = Bt k-major over dk, Hs and Bm row-major with the stride of
-// the output's width, ldrow(8 NCG nc); M the causal decay mask of
-// direction dir (tile_scores). The exact flags say which operands hold bf16
-// values; Hs (a state or an adjoint) never does. Overwrites acc and St.
-__device__ __forceinline__ void tile_gla(Tile *acc, const Smem *s, int a_exact, int b_exact, int dk, int m_exact, int nc,
-                                         const float scale[FR], int dir) {
-    int ld = ldrow(8 * NCG * nc);
-    tile_scores(s->St, s->At, a_exact, s->Bt, b_exact, dk, s->b, s->beta, dir);
-    tile_state(acc, s->At, a_exact, s->Hs, ld, 0, dk, nc, scale);
-    __syncthreads();  // the scores are complete
-    tile_scores_times(acc, s->St, s->Bm, ld, m_exact, nc, dir);
-}
-
-// The CG operator's fp16 operands, carved from the Smem regions CG leaves
-// unused (the state's, the left operand's, the scores'). Every value is held
+// The CG operator's fp16 operands, carved from the Smem regions. Every value is held
 // times a power-of-two scale, so rounding to fp16 loses nothing but what is
 // stated at tile_mma16.
 typedef struct {
@@ -692,7 +617,7 @@ __device__ Op16 op16_carve(const Smem *s, const Geo *g) {
     Op16 o;
     o.Hh = (__half *)s->Hs;
     o.Hl = o.Hh + g->Dp * ld;
-    o.K = (__half *)s->At;  // with P: CH (Dp + 8) floats, inside At and Bt
+    o.K = (__half *)s->Kp;  // with P: CH ldrow(Dp) floats
     o.P = o.K + CH * ld;
     o.Sh = (__half *)s->St;  // both halves: exactly St
     o.Sl = o.Sh + CH * ldrow(CH);
@@ -743,18 +668,19 @@ __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *k
     __syncthreads();
 }
 
-// Rounds each of the tile's rows to fp16 at a power-of-two scale chosen from
-// norm2 (the row's squared norm, or CG's r.z: |row| sc lands near [1/4, 1/2),
-// far inside fp16's range), and returns the scales. The rounded values are
-// exact fp16 operands; the caller uses them, not the unrounded ones.
-__device__ __forceinline__ void round_rows16(Tile *t, float sc[FR], const float norm2[FR], int nc) {
-    float inv[FR];
+// Per-row power-of-two scales from norm2 (the row's squared norm, or CG's
+// r.z) that bring the row's norm near [1/4, 1/2), far inside fp16's range.
+__device__ __forceinline__ void row_scales16(float sc[FR], const float norm2[FR]) {
 #pragma unroll
-    for (int i = 0; i < FR; i++) {
-        int e = log2_floor(sqrtf(norm2[i])) + 2;
-        sc[i] = pow2f_(-e);
-        inv[i] = pow2f_(e);
-    }
+    for (int i = 0; i < FR; i++) sc[i] = pow2f_(-(log2_floor(sqrtf(norm2[i])) + 2));
+}
+
+// Rounds each of the tile's rows to fp16 at its scale (row_scales16) and
+// returns the scales. The rounded values are exact fp16 operands; the caller
+// uses them, not the unrounded ones.
+__device__ __forceinline__ void round_rows16(Tile *t, float sc[FR], const float norm2[FR], int nc) {
+    row_scales16(sc, norm2);
+    float inv[FR] = {1.0f / sc[0], 1.0f / sc[1]};  // powers of two: exact
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
         if (j < nc)
@@ -763,42 +689,69 @@ __device__ __forceinline__ void round_rows16(Tile *t, float sc[FR], const float 
                 t->v[j][e] = __half2float(__float2half_rn(t->v[j][e] * sc[e >> 1])) * inv[e >> 1];
 }
 
-// A(P) for the tile's rows, P on its rows' fp16 grids (round_rows16, scales sp):
-//   e^b (.) P Hc + ((P K^T) (.) M) K + lambda (.) P
-// evaluated on the scaled operands as
-//   [ (e^b sK^2 / sH) (.) (sp P)(sH Hc) + (((sp P)(sK K)^T) (.) M)(sK K) ] / (sp sK^2) + lambda (.) P.
-// Rows that stopped pass p = 0. Callers have synchronized since the last
-// reads of o->P and o->S (cg_solve: the dots' barriers).
-__device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], const Smem *s, const Op16 *o, const Geo *g) {
-    int nc = NTILES(g->Dp), ld = ldrow(g->Dp), lds = ldrow(CH);
+// The operands of a forward GLA form of the chunk, fp16 in smem, each times
+// a power of two (rows of A each times their own):
+//   out = e^b (.) A S + ((A B^T) (.) M) R
+// (M the forward mask; A [CH][k] row-major; S [k][n] hi + lo, stored by k or,
+// with s_nmajor, by n; B [CH][k] and R [CH][n] row-major). Forms: the CG
+// operator (A = P, S = H, B = R = K), the forward's output (A = X, S = G^T,
+// B = K, R = V), the backward's right-hand side (A = Delta, S = G, B = V, R = K).
+typedef struct {
+    const __half *Ah, *Al;  // Al: NULL when A is exact in fp16
+    const __half *Sh, *Sl;
+    const __half *B, *R;
+    int lda, lds, ldb, ldr;
+    int s_nmajor;
+    int dk, nc;             // A's columns (padded), the output's n-tiles
+    float sS, sB, sR;       // the scales of S, B, R
+} Gla16;
+
+// acc = the form, for the thread's rows (sa: the scales of A's rows), through
+// the fp16 scores buffers Sh, Sl ([CH][ldrow(CH)], hi + lo). Evaluated on the
+// scaled operands as
+//   [ (e^b sB sR / sS) (.) (A S)^ + ((A B^T)^ (.) M) R^ ] / (sa sB sR).
+// Callers have synchronized since writing the operands and since the last
+// reads of Sh, Sl.
+__device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, const float sa[FR], __half *Sh, __half *Sl, const float *b,
+                           const float *beta) {
     const float one[FR] = {1.0f, 1.0f};
-    tile_put16(o->P, NULL, ld, p, sp, nc);
-    __syncthreads();
     // the masked scores, split into fp16 hi + lo
     Tile sc;
     tile_zero(&sc);
-    tile_mma16(&sc, o->P, NULL, ld, o->K, NULL, ld, 1, 0, g->Dp, NTILES(CH));
-    tile_mask(&sc, s->b, s->beta, 0);
-    tile_put16(o->Sh, o->Sl, lds, &sc, one, NTILES(CH));
+    tile_mma16(&sc, f->Ah, f->Al, f->lda, f->B, NULL, f->ldb, 1, 0, f->dk, NTILES(CH));
+    tile_mask(&sc, b, beta, 0);
+    tile_put16(Sh, Sl, ldrow(CH), &sc, one, NTILES(CH));
     // the state term
-    tile_zero(ap);
-    tile_mma16(ap, o->P, NULL, ld, o->Hh, o->Hl, ld, 0, 0, g->Dp, nc);
-    float f[FR], inv[FR];
+    tile_zero(acc);
+    tile_mma16(acc, f->Ah, f->Al, f->lda, f->Sh, f->Sl, f->lds, f->s_nmajor, 0, f->dk, f->nc);
+    float d[FR], inv[FR];
 #pragma unroll
     for (int i = 0; i < FR; i++) {
-        f[i] = __expf(s->b[f_row(i)]) * (o->sK * o->sK / o->sH);
-        inv[i] = 1.0f / (sp[i] * o->sK * o->sK);  // a power of two: exact
+        d[i] = __expf(b[f_row(i)]) * (f->sB * f->sR / f->sS);
+        inv[i] = 1.0f / (sa[i] * f->sB * f->sR);  // a power of two: exact
     }
-    tile_scale_rows(ap, f);
+    tile_scale_rows(acc, d);
     __syncthreads();  // the scores are complete
-    // the scores times K, over the causal range of the warp's rows
-    tile_mma16(ap, o->Sh, o->Sl, lds, o->K, NULL, ld, 0, 0, 16 * (warp_id() & 3) + 16, nc);
+    // the scores times R, over the causal range of the warp's rows
+    tile_mma16(acc, Sh, Sl, ldrow(CH), f->R, NULL, f->ldr, 0, 0, 16 * (warp_id() & 3) + 16, f->nc);
+    tile_scale_rows(acc, inv);
+}
+
+// A(P) = e^b (.) P Hc + ((P K^T) (.) M) K + lambda (.) P for the tile's rows,
+// P on its rows' fp16 grids (round_rows16, scales sp). Rows that stopped pass
+// p = 0. Callers have synchronized since the last reads of o->P and o->S
+// (cg_solve: the dots' barriers).
+__device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], const Smem *s, const Op16 *o, const Geo *g) {
+    int nc = NTILES(g->Dp), ld = ldrow(g->Dp);
+    tile_put16(o->P, NULL, ld, p, sp, nc);
+    __syncthreads();
+    Gla16 f = {o->P, NULL, o->Hh, o->Hl, o->K, o->K, ld, ld, ld, ld, 0, g->Dp, nc, o->sH, o->sK, o->sK};
+    tile_gla16(ap, &f, sp, o->Sh, o->Sl, s->b, s->beta);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
         if (j < nc)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                ap->v[j][e] = ap->v[j][e] * inv[e >> 1] + s->lam[f_col(j, e, nc)] * p->v[j][e];
+            for (int e = 0; e < 4; e++) ap->v[j][e] += s->lam[f_col(j, e, nc)] * p->v[j][e];
 }
 
 // The Jacobi diagonal of each row's A_t into Dg: e^{b_t} diag(Hc) + sum_{s<=t} e^{b_t-b_s} beta_s k_s^2 + lambda
@@ -842,10 +795,11 @@ __device__ __forceinline__ void precondition(Tile *z, const Tile *r, const Smem 
 // 2^-12), which can cost a step, not accuracy. A starting guess is rounded
 // the same way (it is only a guess).
 __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, int steps[FR], const Tile *x0,
-                         int use_given, const float *Hg, const bf16 *kg, int pair, int t0) {
+                         int use_given, const float *Hg, const bf16 *kg, int pair, int t0, float *sK) {
     int nc = NTILES(g->Dp), jac = g->precond || g->init == MN_CG_INIT_JACOBI;
     Op16 o = op16_carve(s, g);
     op16_load(&o, s, Hg, kg, g, pair, t0);
+    *sK = o.sK;
     Tile r, p, ap;
     float sp[FR];
     if (jac) jacobi_diagonal(s, &o, g);
@@ -1037,7 +991,10 @@ __device__ void scan_load_scalar(float *As, float *Rs, int ldr, const float *w, 
 }
 
 // Grid (slices, pairs): slice z < ceil(d0 / 64) covers rows 64 z.. of matrix 0, the rest matrix 1.
-__global__ void __launch_bounds__(NT, 1) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
+// Two blocks per multiprocessor (64 registers a thread, a few spilled): the
+// chunk steps are latency-bound, and a second block hides some of it (0.83 ->
+// 0.76 ms per scan at 8x2048x16x128 on an H100).
+__global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
     extern __shared__ float sm[];
     int pair = blockIdx.y, z = blockIdx.x, s0 = (sc.d[0] + CH - 1) / CH, m = z < s0 ? 0 : 1;
     // the slice's operands, picked without indexing the parameter arrays (which would copy them to the stack)
@@ -1109,16 +1066,49 @@ __device__ void store_row_ints(int *dst, const int v[FR], const Geo *g, int pair
     }
 }
 
-// Forward per chunk: CG for the chunk's systems, then the output
-// O = e^b (.) X G^T + ((X K^T) (.) M) V.
+// The forward's output O = e^b (.) X G^T + ((X K^T) (.) M) V (G: the chunk's
+// entry state [Dv][Dk], global) on fp16 operands (tile_gla16): X split hi + lo
+// at per-row scales into Bm's region, G hi + lo into the state's buffers, V
+// into the Jacobi diagonal's; K (scale sK) is still in place from CG.
+__device__ __forceinline__ void forward_output(Tile *out, const Tile *xp, float sK, const Smem *sp, const bf16 *v,
+                                            const float *G, int vec, const Geo *gp, int pair, int t0) {
+    const Smem s = *sp;
+    const Geo g = *gp;
+    const Tile xt = *xp;
+    Op16 op = op16_carve(&s, &g);
+    int nc = NTILES(g.Dp), ncv = NTILES(g.Dvp), ldk = ldrow(g.Dp), ldv = ldrow(g.Dvp);
+    __half *Xh = (__half *)s.Bm, *Xl = Xh + CH * ldk, *V16 = (__half *)s.Dg;
+    __half *Gh = (__half *)s.Hs, *Gl = Gh + g.Dvp * ldk;  // G: Dvp rows, not op.Hh/op.Hl's Dp
+    Src sg = mat_src(G, g.Dv, g.Dk, g.Dvp, g.Dp, vec), sv = tok_src(v, 0, g.Dv, g.Dvp, &g, pair, t0, vec);
+    float sx[FR], sG, sV;
+    {
+        Vec16 gv[MAXD * MAXD / 4 / NT], vv[CH * MAXD / 8 / NT];
+        stage_fetch(gv, MAXD * MAXD / 4 / NT, &sg);
+        stage_fetch(vv, CH * MAXD / 8 / NT, &sv);
+        float xx[FR];
+        tile_dot(xx, &xt, &xt, nc, s.red);  // (its barriers also end CG's reads)
+        row_scales16(sx, xx);
+        tile_put16(Xh, Xl, ldk, &xt, sx, nc);
+        float m[2] = {stage_absmax(gv, MAXD * MAXD / 4 / NT, 1), stage_absmax(vv, CH * MAXD / 8 / NT, 0)};
+        block_max_n(m, 2, s.red);
+        sG = fp16_scale(m[0]);
+        sV = fp16_scale(m[1]);
+        stage_put16(gv, MAXD * MAXD / 4 / NT, &sg, Gh, Gl, ldk, sG);
+        stage_put16(vv, CH * MAXD / 8 / NT, &sv, V16, NULL, ldv, sV);
+    }
+    __syncthreads();
+    Gla16 f = {Xh, Xl, Gh, Gl, op.K, V16, ldk, ldk, ldk, ldv, 1, g.Dp, ncv, sG, sK, sV};
+    tile_gla16(out, &f, sx, op.Sh, op.Sl, s.b, s.beta);
+}
+
+// Forward per chunk: CG for the chunk's systems, then the output (forward_output).
 __global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q,
                                                            const bf16 *k, const bf16 *v, const float *glog,
                                                            const float *gbeta, const float *lambda, const float *states,
-                                                           const bf16 *x0, Geo g) {
+                                                           const bf16 *x0, int vec, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
     int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(g.Dp), ncv = NTILES(g.Dvp);
-    int ldv = ldrow(g.Dvp);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
@@ -1128,20 +1118,53 @@ __global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out,
     tile_load(&qt, q, &g, pair, t0, g.Dk, nc);
     if (x0) tile_load(&x0t, x0, &g, pair, t0, g.Dk, nc);
     int steps[FR];
-    cg_solve(&xt, &qt, &s, &g, steps, &x0t, x0 != NULL, st_in, k, pair, t0);
+    float sK;  // the scale of the keys CG leaves in op.K
+    cg_solve(&xt, &qt, &s, &g, steps, &x0t, x0 != NULL, st_in, k, pair, t0, &sK);
     tile_store(x_out, &xt, &g, pair, t0, g.Dk, nc);
     store_row_ints(steps_out, steps, &g, pair, t0);
-    __syncthreads();
-    tile_store_t(s.At, &xt, nc);
-    load_rows_t(s.Bt, k, &g, pair, t0, g.Dk, g.Dp);
-    load_mat(s.Hs, ldv, st_in + hh, g.Dv, g.Dk, g.Dvp, g.Dp, 1);  // G^T: [Dk][Dv]
-    load_rows(s.Bm, ldv, v, &g, pair, t0, g.Dv, g.Dvp);
-    __syncthreads();
-    float eb[FR];
-    row_decays(eb, s.b, 0, 1);
     Tile out;
-    tile_gla(&out, &s, 0, 1, g.Dp, 1, ncv, eb, 0);
+    forward_output(&out, &xt, sK, &s, v, st_in + hh, vec, &g, pair, t0);
     tile_store(o, &out, &g, pair, t0, g.Dv, ncv);
+}
+
+// The backward's right-hand side R = e^b (.) Delta G + ((Delta V^T) (.) M) K
+// (G: the chunk's entry state [Dv][Dk], global) on fp16 operands
+// (tile_gla16): G into the state's buffers, K into CG's, Delta into Bm's
+// region, V into the Jacobi diagonal's. (Inlined: as a called function it
+// left ptxas spilling less, but the kernels ran 1.2-1.5x slower, measured.)
+__device__ __forceinline__ void backward_rhs(Tile *rhs, const Smem *sp, const bf16 *dout, const bf16 *v, const bf16 *k,
+                                          const float *G, int vec, const Geo *gp, int pair, int t0) {
+    const Smem s = *sp;
+    const Geo g = *gp;
+    Op16 op = op16_carve(&s, &g);
+    int nc = NTILES(g.Dp), ldk = ldrow(g.Dp), ldv = ldrow(g.Dvp);
+    // G [Dvp][ldk] hi + lo in the state's region (Dvp rows: not op.Hh/op.Hl's Dp)
+    __half *D16 = (__half *)s.Bm, *V16 = (__half *)s.Dg, *Gh = (__half *)s.Hs, *Gl = Gh + g.Dvp * ldk;
+    Src src[3] = {tok_src(dout, 0, g.Dv, g.Dvp, &g, pair, t0, vec), tok_src(v, 0, g.Dv, g.Dvp, &g, pair, t0, vec),
+                  tok_src(k, 0, g.Dk, g.Dp, &g, pair, t0, vec)};
+    Src sg = mat_src(G, g.Dv, g.Dk, g.Dvp, g.Dp, vec);
+    __half *dst[3] = {D16, V16, op.K};
+    int lds[3] = {ldv, ldv, ldk};
+    float sc[4];  // the scales of Delta, V, K, G
+    {
+        Vec16 rows[3][CH * MAXD / 8 / NT], gv[MAXD * MAXD / 4 / NT];
+#pragma unroll
+        for (int i = 0; i < 3; i++) stage_fetch(rows[i], CH * MAXD / 8 / NT, &src[i]);
+        stage_fetch(gv, MAXD * MAXD / 4 / NT, &sg);
+#pragma unroll
+        for (int i = 0; i < 3; i++) sc[i] = stage_absmax(rows[i], CH * MAXD / 8 / NT, 0);
+        sc[3] = stage_absmax(gv, MAXD * MAXD / 4 / NT, 1);
+        block_max_n(sc, 4, s.red);
+#pragma unroll
+        for (int i = 0; i < 4; i++) sc[i] = fp16_scale(sc[i]);
+#pragma unroll
+        for (int i = 0; i < 3; i++) stage_put16(rows[i], CH * MAXD / 8 / NT, &src[i], dst[i], NULL, lds[i], sc[i]);
+        stage_put16(gv, MAXD * MAXD / 4 / NT, &sg, Gh, Gl, ldk, sc[3]);
+    }
+    __syncthreads();
+    Gla16 f = {D16, NULL, Gh, Gl, V16, op.K, ldv, ldk, ldv, ldk, 0, g.Dvp, nc, sc[3], sc[1], sc[2]};
+    float sa[FR] = {sc[0], sc[0]};
+    tile_gla16(rhs, &f, sa, op.Sh, op.Sl, s.b, s.beta);
 }
 
 // Backward, per chunk: R = G_t^T delta, Y = A^{-1} R (the second solve);
@@ -1151,29 +1174,22 @@ __global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out,
 __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_out, float *tok_terms, float *dlambda,
                                                             int *steps_out, const bf16 *k, const bf16 *v, const bf16 *x,
                                                             const bf16 *dout, const float *glog, const float *gbeta,
-                                                            const float *lambda, const float *states, Geo g) {
+                                                            const float *lambda, const float *states, int vec, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(g.Dp), ldk = ldrow(g.Dp);
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(g.Dp);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
-    // R = e^b (.) Delta G + ((Delta V^T) (.) M) K
-    load_rows_t(s.At, dout, &g, pair, t0, g.Dv, g.Dvp);             // Delta, k-major
-    load_mat(s.Hs, ldk, st_in + hh, g.Dv, g.Dk, g.Dvp, g.Dp, 0);    // G: [Dv][Dk]
-    load_rows_t(s.Bt, v, &g, pair, t0, g.Dv, g.Dvp);                // V, k-major
-    load_rows(s.Bm, ldk, k, &g, pair, t0, g.Dk, g.Dp);              // K
     for (int i = threadIdx.x; i < g.Dp; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
-    __syncthreads();
-    float eb[FR];
-    row_decays(eb, s.b, 0, 1);
     Tile rhs;
-    tile_gla(&rhs, &s, 1, 1, g.Dvp, 1, nc, eb, 0);
+    backward_rhs(&rhs, &s, dout, v, k, st_in + hh, vec, &g, pair, t0);
     // the second solve, with the forward's operator
-    __syncthreads();
+    __syncthreads();  // the operands' readers are done: CG loads H and K over them
     Tile y, xt;
     int steps[FR];
-    cg_solve(&y, &rhs, &s, &g, steps, &y, 0, st_in, k, pair, t0);
+    float sK;
+    cg_solve(&y, &rhs, &s, &g, steps, &y, 0, st_in, k, pair, t0, &sK);
     tile_load(&xt, x, &g, pair, t0, g.Dk, nc);
     // y.(lambda (.) x) per token, and -sum over the chunk's rows of y (.) x for dlambda
     Tile lx;
@@ -1732,9 +1748,11 @@ extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSol
     size_t smem = sizeof(float) * smem_floats(g.Dp, g.Dvp);
     MN_TRY(set_smem((const void *)cg_forward_kernel, smem, c));
     dim3 grid((unsigned)g.nchunks, (unsigned)(d->B * d->H));
+    int vec = rows_aligned(io->k, g.Dk, 2) && rows_aligned(io->v, g.Dv, 2) && rows_aligned(states, g.Dk, 4);
     cg_forward_kernel<<<grid, NT, smem, c->stream>>>((bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q,
                                                      (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta,
-                                                     io->lambda, states, s->init == MN_CG_INIT_GIVEN ? (const bf16 *)io->x0 : NULL, g);
+                                                     io->lambda, states, s->init == MN_CG_INIT_GIVEN ? (const bf16 *)io->x0 : NULL,
+                                                     vec, g);
     LAUNCH_CHECK();
     if (io->hT || io->gT) {
         final_states_kernel<<<grid_for((size_t)d->B * d->H * 1024, 256), 256, 0, c->stream>>>(io->hT, io->gT, states, g);
@@ -1766,8 +1784,13 @@ extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSol
     size_t smem = sizeof(float) * smem_floats(g.Dp, g.Dvp);
     dim3 grid((unsigned)g.nchunks, (unsigned)pairs);
     MN_TRY(set_smem((const void *)cg_backward_kernel, smem, c));
+    // 16-byte loads when every operand's rows start aligned
+    int vec = rows_aligned(io->k, g.Dk, 2) && rows_aligned(io->x, g.Dk, 2) && rows_aligned(io->v, g.Dv, 2) &&
+              rows_aligned(io->dout, g.Dv, 2) && rows_aligned(states, g.Dk, 4) && rows_aligned(y, g.Dk, 4) &&
+              rows_aligned(adj, g.Dk, 4);
     cg_backward_kernel<<<grid, NT, smem, c->stream>>>((bf16 *)io->dq, y, terms, io->dlambda, steps, (const bf16 *)io->k,
-                                                      (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, io->g, io->beta, io->lambda, states, g);
+                                                      (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout,
+                                                      io->g, io->beta, io->lambda, states, vec, g);
     LAUNCH_CHECK();
     // the adjoints at every chunk's end (Gbar [Dv*Dk], Hn = -Hbar [Dk*Dk]), from (dgT, -dhT) in reverse
     final_dot_kernel<<<(unsigned)pairs, 256, 0, c->stream>>>(db_final, states, io->dhT, io->dgT, g);
@@ -1775,9 +1798,6 @@ extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSol
     Scan sc = {{(const bf16 *)io->dout, NULL}, {NULL, y}, {g.Dv, g.Dk}, (const bf16 *)io->x, {io->dgT, io->dhT}, {1, -1},
                adj, g.nchunks, {io->dg0, io->dh0}, {1, -1}, 1};
     MN_TRY(run_scan(be, &sc, io->g, io->beta, &g));
-    // 16-byte loads when every operand's rows start aligned
-    int vec = rows_aligned(io->k, g.Dk, 2) && rows_aligned(io->x, g.Dk, 2) && rows_aligned(io->v, g.Dv, 2) &&
-              rows_aligned(io->dout, g.Dv, 2) && rows_aligned(y, g.Dk, 4) && rows_aligned(adj, g.Dk, 4);
     size_t gsmem = grads_smem(&g);
     MN_TRY(set_smem((const void *)grads_kernel, gsmem, c));
     grads_kernel<<<grid, NT, gsmem, c->stream>>>((bf16 *)io->dk, (bf16 *)io->dv, io->dbeta, db, (const bf16 *)io->k,
