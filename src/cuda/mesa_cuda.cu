@@ -564,6 +564,19 @@ __device__ __forceinline__ void tile_mask(Tile *t, const float *b, const float *
         for (int e = 0; e < 4; e++) t->v[j][e] *= chunk_mask(b, beta, f_row(e >> 1), f_col(j, e, NTILES(CH)), dir);
 }
 
+// The same with the forward mask precomputed in fragment order (chunk_consts): two 16-byte loads.
+__device__ __forceinline__ void tile_mask_f(Tile *t, const float *Mf) {
+    const float4 *m = (const float4 *)(Mf + 8 * threadIdx.x);
+#pragma unroll
+    for (int j = 0; j < NTILES(CH); j++) {
+        float4 v = m[j];
+        t->v[j][0] *= v.x;
+        t->v[j][1] *= v.y;
+        t->v[j][2] *= v.z;
+        t->v[j][3] *= v.w;
+    }
+}
+
 // Shared-memory layout of the CG kernels: regions of floats, most of them
 // holding fp16 operands (Dm = max(Dp, Dvp)).
 typedef struct {
@@ -573,11 +586,16 @@ typedef struct {
     float *St;   // [CH][LDT] the masked scores, hi + lo
     float *Dg;   // [CH][Dm]  the Jacobi diagonal; then V (the output and the rhs)
     float *b, *beta, *lam, *red;  // [CH], [CH], [Dm], [NCG][CH] (tile_dot's, at least Dm)
+    // constant over the chunk, in the thread's fragment order (chunk_consts)
+    float *Mf;    // [NT][8] the forward mask at the thread's 8 elements of a 64 x 64 tile
+    float *eb;    // [CH] e^{b_row}
+    float *lamf;  // [NCG][4][2 MAXNT] lambda at the columns of a Dp-wide tile's fragments
 } Smem;
 
 static size_t smem_floats(int Dp, int Dvp) {
     size_t dm = Dp > Dvp ? Dp : Dvp;
-    return dm * ldrow((int)dm) + 2 * CH * ldrow((int)dm) + (size_t)CH * LDT + CH * dm + 2 * CH + dm + NCG * CH;
+    return dm * ldrow((int)dm) + 2 * CH * ldrow((int)dm) + (size_t)CH * LDT + CH * dm + 2 * CH + dm + NCG * CH +
+           (size_t)NT * 8 + CH + NCG * 4 * 2 * MAXNT;
 }
 
 __device__ Smem carve(float *base, const Geo *g) {
@@ -592,6 +610,9 @@ __device__ Smem carve(float *base, const Geo *g) {
     s.beta = s.b + CH;
     s.lam = s.beta + CH;
     s.red = s.lam + dm;
+    s.Mf = s.red + NCG * CH;  // 16-byte aligned: every region above is a multiple of 4 floats
+    s.eb = s.Mf + NT * 8;
+    s.lamf = s.eb + CH;
     return s;
 }
 
@@ -599,6 +620,30 @@ __device__ Smem carve(float *base, const Geo *g) {
 __device__ __forceinline__ void row_decays(float out[FR], const float *b, float base, int sign) {
 #pragma unroll
     for (int i = 0; i < FR; i++) out[i] = __expf(sign > 0 ? b[f_row(i)] : base - b[f_row(i)]);
+}
+
+// The chunk's constants that CG would otherwise recompute at every step, in
+// the order the threads read them: the forward mask, e^b, lambda (s->b,
+// s->beta and s->lam loaded and synchronized). Ends synchronized.
+__device__ void chunk_consts(const Smem *s, const Geo *g) {
+    static_assert(NTILES(CH) * 4 == 8, "Mf holds 8 elements per thread");
+    int nc = NTILES(g->Dp);
+#pragma unroll
+    for (int j = 0; j < NTILES(CH); j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            s->Mf[8 * threadIdx.x + 4 * j + e] = chunk_mask(s->b, s->beta, f_row(e >> 1), f_col(j, e, NTILES(CH)), 0);
+    for (int r = threadIdx.x; r < CH; r += NT) s->eb[r] = __expf(s->b[r]);
+    if ((lane_id() >> 2) == 0 && (warp_id() & 3) == 0)  // one writer per (column group, lane & 3)
+        for (int j = 0; j < nc; j++)
+            for (int e = 0; e < 2; e++)
+                s->lamf[((warp_id() >> 2) * 4 + (lane_id() & 3)) * 2 * MAXNT + 2 * j + e] = s->lam[f_col(j, e, nc)];
+    __syncthreads();
+}
+
+// lambda at the thread's columns of a Dp-wide tile: element (j, e) is lambda[2 j + (e & 1)].
+__device__ __forceinline__ const float *lam_frag(const Smem *s) {
+    return s->lamf + ((warp_id() >> 2) * 4 + (lane_id() & 3)) * 2 * MAXNT;
 }
 
 // The CG operator's fp16 operands, carved from the Smem regions. Every value is held
@@ -707,19 +752,20 @@ typedef struct {
 } Gla16;
 
 // acc = the form, for the thread's rows (sa: the scales of A's rows), through
-// the fp16 scores buffers Sh, Sl ([CH][ldrow(CH)], hi + lo). Evaluated on the
+// the fp16 scores buffers Sh, Sl ([CH][ldrow(CH)], hi + lo), with the chunk's
+// constants (chunk_consts). Evaluated on the
 // scaled operands as
 //   [ (e^b sB sR / sS) (.) (A S)^ + ((A B^T)^ (.) M) R^ ] / (sa sB sR).
 // Callers have synchronized since writing the operands and since the last
 // reads of Sh, Sl.
-__device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, const float sa[FR], __half *Sh, __half *Sl, const float *b,
-                           const float *beta) {
+__device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, const float sa[FR], __half *Sh, __half *Sl,
+                                           const Smem *s) {
     const float one[FR] = {1.0f, 1.0f};
     // the masked scores, split into fp16 hi + lo
     Tile sc;
     tile_zero(&sc);
     tile_mma16(&sc, f->Ah, f->Al, f->lda, f->B, NULL, f->ldb, 1, 0, f->dk, NTILES(CH));
-    tile_mask(&sc, b, beta, 0);
+    tile_mask_f(&sc, s->Mf);
     tile_put16(Sh, Sl, ldrow(CH), &sc, one, NTILES(CH));
     // the state term
     tile_zero(acc);
@@ -727,7 +773,7 @@ __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, const floa
     float d[FR], inv[FR];
 #pragma unroll
     for (int i = 0; i < FR; i++) {
-        d[i] = __expf(b[f_row(i)]) * (f->sB * f->sR / f->sS);
+        d[i] = s->eb[f_row(i)] * (f->sB * f->sR / f->sS);
         inv[i] = 1.0f / (sa[i] * f->sB * f->sR);  // a power of two: exact
     }
     tile_scale_rows(acc, d);
@@ -746,12 +792,17 @@ __device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], cons
     tile_put16(o->P, NULL, ld, p, sp, nc);
     __syncthreads();
     Gla16 f = {o->P, NULL, o->Hh, o->Hl, o->K, o->K, ld, ld, ld, ld, 0, g->Dp, nc, o->sH, o->sK, o->sK};
-    tile_gla16(ap, &f, sp, o->Sh, o->Sl, s->b, s->beta);
+    tile_gla16(ap, &f, sp, o->Sh, o->Sl, s);
+    const float *lam = lam_frag(s);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
-        if (j < nc)
-#pragma unroll
-            for (int e = 0; e < 4; e++) ap->v[j][e] += s->lam[f_col(j, e, nc)] * p->v[j][e];
+        if (j < nc) {
+            float2 l = *(const float2 *)(lam + 2 * j);
+            ap->v[j][0] += l.x * p->v[j][0];
+            ap->v[j][1] += l.y * p->v[j][1];
+            ap->v[j][2] += l.x * p->v[j][2];
+            ap->v[j][3] += l.y * p->v[j][3];
+        }
 }
 
 // The Jacobi diagonal of each row's A_t into Dg: e^{b_t} diag(Hc) + sum_{s<=t} e^{b_t-b_s} beta_s k_s^2 + lambda
@@ -1098,7 +1149,7 @@ __device__ __forceinline__ void forward_output(Tile *out, const Tile *xp, float 
     }
     __syncthreads();
     Gla16 f = {Xh, Xl, Gh, Gl, op.K, V16, ldk, ldk, ldk, ldv, 1, g.Dp, ncv, sG, sK, sV};
-    tile_gla16(out, &f, sx, op.Sh, op.Sl, s.b, s.beta);
+    tile_gla16(out, &f, sx, op.Sh, op.Sl, &s);
 }
 
 // Forward per chunk: CG for the chunk's systems, then the output (forward_output).
@@ -1114,6 +1165,7 @@ __global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out,
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
     for (int i = threadIdx.x; i < g.Dp; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
+    chunk_consts(&s, &g);
     Tile qt, xt, x0t;
     tile_load(&qt, q, &g, pair, t0, g.Dk, nc);
     if (x0) tile_load(&x0t, x0, &g, pair, t0, g.Dk, nc);
@@ -1164,7 +1216,7 @@ __device__ __forceinline__ void backward_rhs(Tile *rhs, const Smem *sp, const bf
     __syncthreads();
     Gla16 f = {D16, NULL, Gh, Gl, V16, op.K, ldv, ldk, ldv, ldk, 0, g.Dvp, nc, sc[3], sc[1], sc[2]};
     float sa[FR] = {sc[0], sc[0]};
-    tile_gla16(rhs, &f, sa, op.Sh, op.Sl, s.b, s.beta);
+    tile_gla16(rhs, &f, sa, op.Sh, op.Sl, &s);
 }
 
 // Backward, per chunk: R = G_t^T delta, Y = A^{-1} R (the second solve);
@@ -1182,6 +1234,8 @@ __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_o
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
     for (int i = threadIdx.x; i < g.Dp; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
+    __syncthreads();
+    chunk_consts(&s, &g);
     Tile rhs;
     backward_rhs(&rhs, &s, dout, v, k, st_in + hh, vec, &g, pair, t0);
     // the second solve, with the forward's operator
