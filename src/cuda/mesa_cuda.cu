@@ -3,24 +3,23 @@
  * (spec sections 3-4) as fused CUDA kernels. Inputs arrive in bf16; states H,
  * G, all CG arithmetic and every product stay at float32 accuracy.
  *
- * Products run on the tensor cores with fp32 accumulation. CG's operator,
- * applied at every step, runs in fp16 (mma.sync m16n8k16, ldmatrix) on
- * operands scaled by powers of two, split hi + lo where they are fp32 (see
- * tile_mma16). The other products run in TF32 (m16n8k8): TF32 keeps 10
- * mantissa bits, so an fp32 operand is split into a TF32 head and tail and the
- * three significant products are summed ("3xTF32", about fp32 accuracy); bf16
- * operands are exact in TF32 and skip the split. cuBLAS cannot do these
- * products: they are 64-row blocks inside one kernel, interleaved with CG's
- * per-row scalars.
+ * Products run on the tensor cores with fp32 accumulation. The chunk
+ * kernels' products (CG's operator, the output, the backward's right-hand side
+ * and gradients) run in fp16 (mma.sync m16n8k16, ldmatrix) on operands scaled
+ * by powers of two, split hi + lo where they are fp32 (see tile_mma16). The
+ * scans run in TF32 (m16n8k8): TF32 keeps 10 mantissa bits, so an fp32 operand
+ * is split into a TF32 head and tail and the three significant products are
+ * summed ("3xTF32", about fp32 accuracy); bf16 operands are exact in TF32 and
+ * skip the split. cuBLAS cannot do these products: they are 64-row blocks
+ * inside one kernel, interleaved with CG's per-row scalars.
  *
  * One thread block (16 warps) per (chunk, sequence, head) solves the chunk's
  * C = 64 systems at once. A 64 x N tile lives in registers in the mma
  * accumulator layout: warp w owns rows 16 (w & 3) .. + 15 and the column group
  * w >> 2 of NCG = 4 (see f_row, f_col). Four groups, not two, leave half the
  * registers per thread and twice the warps to hide latency: 1.25x faster
- * measured (eight groups spill and were slower). Operands of products sit in shared memory, the
- * left one k-major, the right one row-major, with strides chosen so fragment
- * loads hit 32 distinct banks.
+ * measured (eight groups spill and were slower). Operands of products sit in
+ * shared memory with strides chosen so fragment loads hit distinct banks.
  *
  * The chunk-to-chunk recurrences (chunk-entry states forward, the adjoints in
  * reverse) are one sliced scan kernel: a block per (64-row slice of a state,
@@ -34,8 +33,8 @@
  * Measured on an H100 (ncu, 8x2048x16x128): see docs/cuda.md for every
  * change tried and its effect. With TF32 everywhere, the chunk kernels were
  * latency-bound (0.35 instructions per cycle per scheduler, tensor pipe 13%
- * busy); the fp16 operator took the CG kernels from 5.0 to 2.7-2.9 ms, and
- * their busiest pipe is now the integer ALU (index arithmetic).
+ * busy); fp16 operands took the CG kernels from 5.0 to 2.1-2.2 ms and the
+ * gradients kernel from 5.0 to 1.0 ms.
  */
 #include <math.h>
 #include <stdlib.h>
