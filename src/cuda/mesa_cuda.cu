@@ -469,6 +469,30 @@ __device__ __forceinline__ void stage_put16(const Vec16 *v, int nv, const Src *s
     }
 }
 
+// A batch of a block's operands into fp16 smem with every load in flight at
+// once: n (at most 4) blocks of bf16 token rows, each exact at its own scale,
+// and one fp32 block (nf vectors per thread, at most 8) split hi + lo. One
+// reduction gives all the scales: sc[0..n-1] the rows', sc[n] the fp32
+// block's. No barrier after the stores.
+__device__ __forceinline__ void stage_batch16(float *sc, const Src *rows, __half *const *dst, const int *ld, int n,
+                                              const Src *f, __half *fh, __half *fl, int fld, int nf, float *red) {
+    Vec16 rv[4][CH * MAXD / 8 / NT], fv[MAXD * MAXD / 4 / NT];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (i < n) stage_fetch(rv[i], CH * MAXD / 8 / NT, &rows[i]);
+    stage_fetch(fv, nf, f);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (i < n) sc[i] = stage_absmax(rv[i], CH * MAXD / 8 / NT, 0);
+    sc[n] = stage_absmax(fv, nf, 1);
+    block_max_n(sc, n + 1, red);
+    for (int i = 0; i <= n; i++) sc[i] = fp16_scale(sc[i]);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (i < n) stage_put16(rv[i], CH * MAXD / 8 / NT, &rows[i], dst[i], NULL, ld[i], sc[i]);
+    stage_put16(fv, nf, f, fh, fl, fld, sc[n]);
+}
+
 // Warp 0's share of a chunk's decays: the log decays and betas of tokens lane
 // and lane + 32 (0 past the end).
 __device__ __forceinline__ void fetch_decays(float glog[2], float beta[2], const float *g_log, const float *g_beta,
@@ -1197,21 +1221,7 @@ __device__ __forceinline__ void backward_rhs(Tile *rhs, const Smem *sp, const bf
     __half *dst[3] = {D16, V16, op.K};
     int lds[3] = {ldv, ldv, ldk};
     float sc[4];  // the scales of Delta, V, K, G
-    {
-        Vec16 rows[3][CH * MAXD / 8 / NT], gv[MAXD * MAXD / 4 / NT];
-#pragma unroll
-        for (int i = 0; i < 3; i++) stage_fetch(rows[i], CH * MAXD / 8 / NT, &src[i]);
-        stage_fetch(gv, MAXD * MAXD / 4 / NT, &sg);
-#pragma unroll
-        for (int i = 0; i < 3; i++) sc[i] = stage_absmax(rows[i], CH * MAXD / 8 / NT, 0);
-        sc[3] = stage_absmax(gv, MAXD * MAXD / 4 / NT, 1);
-        block_max_n(sc, 4, s.red);
-#pragma unroll
-        for (int i = 0; i < 4; i++) sc[i] = fp16_scale(sc[i]);
-#pragma unroll
-        for (int i = 0; i < 3; i++) stage_put16(rows[i], CH * MAXD / 8 / NT, &src[i], dst[i], NULL, lds[i], sc[i]);
-        stage_put16(gv, MAXD * MAXD / 4 / NT, &sg, Gh, Gl, ldk, sc[3]);
-    }
+    stage_batch16(sc, src, dst, lds, 3, &sg, Gh, Gl, ldk, MAXD * MAXD / 4 / NT, s.red);
     __syncthreads();
     Gla16 f = {D16, NULL, Gh, Gl, V16, op.K, ldv, ldk, ldv, ldk, 0, g.Dvp, nc, sc[3], sc[1], sc[2]};
     float sa[FR] = {sc[0], sc[0]};
@@ -1321,6 +1331,19 @@ __device__ GradSmem grads_carve(float *base, const Geo *g) {
     return s;
 }
 
+// acc = f (.) (A S) + C R for the thread's rows, C masked scores of the
+// backward mask (hi + lo, [CH][ldrow(CH)]: only columns from the warp's first
+// row on are nonzero); A [CH][k], S (hi + lo; by k, or by n with s_nmajor) and
+// R [CH][n] fp16 with stride ld.
+__device__ __forceinline__ void tile_gla16_rev(Tile *acc, const __half *A, const __half *Sh, const __half *Sl,
+                                               int s_nmajor, int dk, const float f[FR], const __half *Ch,
+                                               const __half *Cl, const __half *R, int ld, int nc) {
+    tile_zero(acc);
+    tile_mma16(acc, A, NULL, ld, Sh, Sl, ld, s_nmajor, 0, dk, nc);
+    tile_scale_rows(acc, f);
+    tile_mma16(acc, Ch, Cl, ldrow(CH), R, NULL, ld, 0, 16 * (warp_id() & 3), CH, nc);
+}
+
 // Backward, per chunk, with the adjoints Gbar and Hn = -Hbar at the chunk's
 // end. With the backward mask M (chunk_mask, dir 1) and u = e^{b_n - b_t}
 // (the decay from a token to the chunk's end):
@@ -1328,16 +1351,17 @@ __device__ GradSmem grads_carve(float *base, const Geo *g) {
 //   P  = S1 Delta + u (.) K Gbar^T     T  = S1 Y + u (.) K (Hn + Hn^T)
 //   Q  = S2 X + u (.) V Gbar
 //   dv = beta P, dk = beta (Q - T), dbeta = v.P - k.T + u k.Hn k, db = y.(lambda (.) x) - beta dbeta
-// (T is R1 + R2 of src/cpu/mesa_chunk.c and Q - S2 X + ... is Qv - R2 there,
-// merged: the two state terms of Hn meet in one product, the two score
-// matrices that multiply X in one; k.R1 = k.T - u k.Hn k.)
+// These regroup R1, R2 and Qv of src/cpu/mesa_chunk.c: with W = (K Y^T) (.) M,
+// R1 + R2 = T + W X and Qv = Q + W X, so Qv - R1 - R2 = Q - T. The two state
+// terms of Hn meet in one product, the two score matrices that multiply X in
+// one; and k.R1 = k.T - u k.Hn k.
 //
 // Every product runs in fp16 on the tensor cores (tile_mma16): the bf16 rows
 // are exact in fp16 after a power-of-two scale; Y, the adjoints and the
 // scores are split hi + lo (22 bits, as the TF32 split was). All operands are
-// fetched with 16-byte loads issued together (Gbar while the scores and T
-// are computed), so the kernel waits on global memory three times, not once
-// per element row.
+// fetched with 16-byte loads in three batches (the rows and Y; Hn while the
+// scores are computed; Gbar while T is), so the kernel waits on global memory
+// once per batch, not once per element row.
 __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out, float *dbeta_out, float *db_out,
                                                       const bf16 *k, const bf16 *v, const bf16 *x, const bf16 *dout,
                                                       const float *y, const float *tok_terms, const float *glog,
@@ -1359,21 +1383,8 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
     Src shn = mat_src(hn, g.Dk, g.Dk, g.Dp, g.Dp, vec), sgb = mat_src(gbar, g.Dv, g.Dk, g.Dvp, g.Dp, vec);
     __half *dst[4] = {s.K, s.X, s.V, s.D};
     float sc[5];  // the scales of K, X, V, Delta, Y
-    {
-        Vec16 rows[4][CH * MAXD / 8 / NT], yv[CH * MAXD / 4 / NT];
-#pragma unroll
-        for (int i = 0; i < 4; i++) stage_fetch(rows[i], CH * MAXD / 8 / NT, &src[i]);
-        stage_fetch(yv, CH * MAXD / 4 / NT, &src[4]);
-#pragma unroll
-        for (int i = 0; i < 4; i++) sc[i] = stage_absmax(rows[i], CH * MAXD / 8 / NT, 0);
-        sc[4] = stage_absmax(yv, CH * MAXD / 4 / NT, 1);
-        block_max_n(sc, 5, s.red);
-#pragma unroll
-        for (int i = 0; i < 5; i++) sc[i] = fp16_scale(sc[i]);
-#pragma unroll
-        for (int i = 0; i < 4; i++) stage_put16(rows[i], CH * MAXD / 8 / NT, &src[i], dst[i], NULL, ld, sc[i]);
-        stage_put16(yv, CH * MAXD / 4 / NT, &src[4], s.Yh, s.Yl, ld, sc[4]);
-    }
+    int lds4[4] = {ld, ld, ld, ld};
+    stage_batch16(sc, src, dst, lds4, 4, &src[4], s.Yh, s.Yl, ld, CH * MAXD / 4 / NT, s.red);
     float sK = sc[0], sX = sc[1], sV = sc[2], sD = sc[3], sY = sc[4];
     // (the adjoints are fetched a phase ahead; fetching them in the first batch spills registers)
     Vec16 hv[MAXD * MAXD / 4 / NT];  // Hn, in flight while S1 and S2 are computed
@@ -1438,12 +1449,9 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
     // P = u (.) K Gbar^T + S1 Delta; dv = beta P
     Tile pq;
     float vp[FR];
-    tile_zero(&pq);
-    tile_mma16(&pq, s.K, NULL, ld, s.Mh, s.Ml, ld, 1, 0, g.Dp, ncv);
 #pragma unroll
     for (int i = 0; i < FR; i++) f[i] = u[i] * (ss1 * sD) / (sK * sG);
-    tile_scale_rows(&pq, f);
-    tile_mma16(&pq, s.S1h, s.S1l, lds, s.D, NULL, ld, 0, rb, CH, ncv);
+    tile_gla16_rev(&pq, s.K, s.Mh, s.Ml, 1, g.Dp, f, s.S1h, s.S1l, s.D, ld, ncv);
     for (int i = 0; i < FR; i++) f[i] = 1.0f / (ss1 * sD);
     tile_scale_rows(&pq, f);
     tile_rowdot16(kt, &pq, s.V, ld, 1.0f / sV, ncv);
@@ -1453,12 +1461,9 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
     tile_store(dv_out, &pq, &g, pair, t0, g.Dv, ncv);
 
     // Q = u (.) V Gbar + S2 X; dk = beta (Q - T)
-    tile_zero(&pq);
-    tile_mma16(&pq, s.V, NULL, ld, s.Mh, s.Ml, ld, 0, 0, g.Dvp, nc);
 #pragma unroll
     for (int i = 0; i < FR; i++) f[i] = u[i] * (ss2 * sX) / (sV * sG);
-    tile_scale_rows(&pq, f);
-    tile_mma16(&pq, s.S2h, s.S2l, lds, s.X, NULL, ld, 0, rb, CH, nc);
+    tile_gla16_rev(&pq, s.V, s.Mh, s.Ml, 0, g.Dvp, f, s.S2h, s.S2l, s.X, ld, nc);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
