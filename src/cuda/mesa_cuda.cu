@@ -639,10 +639,10 @@ __device__ Smem carve(float *base, const Geo *g) {
     return s;
 }
 
-// out[i] = e^{b_row} (sign > 0) or e^{base - b_row} for the thread's rows.
-__device__ __forceinline__ void row_decays(float out[FR], const float *b, float base, int sign) {
+// u[i] = e^{b_{n-1} - b_row}, the decay from the thread's rows to the end of a chunk of n tokens.
+__device__ __forceinline__ void decay_to_end(float u[FR], const float *b, int n) {
 #pragma unroll
-    for (int i = 0; i < FR; i++) out[i] = __expf(sign > 0 ? b[f_row(i)] : base - b[f_row(i)]);
+    for (int i = 0; i < FR; i++) u[i] = __expf(b[n - 1] - b[f_row(i)]);
 }
 
 // The chunk's constants that CG would otherwise recompute at every step, in
@@ -1130,14 +1130,22 @@ static size_t scan_smem(const Geo *g) { return sizeof(float) * ((size_t)CH * LDT
 
 // ---------------------------------------------------------------- the chunk kernels
 
+// The token index of the thread's row i of the chunk at t0 in [B,T,H] order;
+// false past the end of the sequence (the per-row results' writers).
+__device__ __forceinline__ int row_token(size_t *ti, const Geo *g, int pair, int t0, int i) {
+    int t = t0 + f_row(i);
+    if (t >= g->T) return 0;
+    *ti = tok_index(g, pair, t);
+    return 1;
+}
+
 // Writes per-row integers (CG steps) for the thread's rows, one writer per row.
 __device__ void store_row_ints(int *dst, const int v[FR], const Geo *g, int pair, int t0) {
     if (!dst || !row_owner()) return;
+    size_t ti;
 #pragma unroll
-    for (int i = 0; i < FR; i++) {
-        int t = t0 + f_row(i);
-        if (t < g->T) dst[tok_index(g, pair, t)] = v[i];
-    }
+    for (int i = 0; i < FR; i++)
+        if (row_token(&ti, g, pair, t0, i)) dst[ti] = v[i];
 }
 
 // The forward's output O = e^b (.) X G^T + ((X K^T) (.) M) V (G: the chunk's
@@ -1264,15 +1272,14 @@ __global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_o
     tile_dot(ylx, &y, &lx, nc, s.red);
     tile_store(dq, &y, &g, pair, t0, g.Dk, nc);
     tile_store_f(y_out, &y, &g, pair, t0, g.Dk, nc);
+    size_t ti;
     if (row_owner())
 #pragma unroll
-        for (int i = 0; i < FR; i++) {
-            int t = t0 + f_row(i);
-            if (t >= g.T) continue;
-            size_t ti = tok_index(&g, pair, t);
-            tok_terms[ti] = ylx[i];
-            if (steps_out) steps_out[ti] = steps[i];
-        }
+        for (int i = 0; i < FR; i++)
+            if (row_token(&ti, &g, pair, t0, i)) {
+                tok_terms[ti] = ylx[i];
+                if (steps_out) steps_out[ti] = steps[i];
+            }
     __syncthreads();
     for (int i = threadIdx.x; i < g.Dp; i += NT) s.red[i] = 0;
     __syncthreads();
@@ -1374,7 +1381,7 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
     const float *gbar = adj + ((size_t)pair * g.nchunks + c) * (gg + hh), *hn = gbar + gg;
     int n = load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
     float u[FR];
-    row_decays(u, s.b, s.b[n - 1], -1);
+    decay_to_end(u, s.b, n);
 
     // the chunk's rows and Y: every load in flight at once, then scaled into fp16
     Src src[5] = {tok_src(k, 0, g.Dk, g.Dp, &g, pair, t0, vec), tok_src(x, 0, g.Dk, g.Dp, &g, pair, t0, vec),
@@ -1470,16 +1477,15 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
         for (int e = 0; e < 4; e++)
             pq.v[j][e] = s.beta[f_row(e >> 1)] * (pq.v[j][e] * (1.0f / (ss2 * sX)) - t.v[j][e]);
     tile_store(dk_out, &pq, &g, pair, t0, g.Dk, nc);
+    size_t ti;
     if (row_owner())
 #pragma unroll
-        for (int i = 0; i < FR; i++) {
-            int tt = t0 + f_row(i);
-            if (tt >= g.T) continue;
-            size_t ti = tok_index(&g, pair, tt);
-            float dbeta = vp[i] - kr[i];
-            dbeta_out[ti] = dbeta;
-            db_out[ti] = tok_terms[ti] - s.beta[f_row(i)] * dbeta;
-        }
+        for (int i = 0; i < FR; i++)
+            if (row_token(&ti, &g, pair, t0, i)) {
+                float dbeta = vp[i] - kr[i];
+                dbeta_out[ti] = dbeta;
+                db_out[ti] = tok_terms[ti] - s.beta[f_row(i)] * dbeta;
+            }
 }
 
 // db_final[pair] = <dhT, H_T> + <dgT, G_T> (the final states' term of dL/db), one block per pair.
