@@ -175,56 +175,6 @@ __device__ void block_max_n(float *m, int n, float *red) {
 
 // ------------------------------------------------------------ tensor-core products
 
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-
-
-// x = hi + lo, both TF32; lo = 0 when x is exact (a bf16 value: 8 mantissa bits).
-__device__ __forceinline__ void tf32_split(float x, int exact, unsigned *hi, unsigned *lo) {
-    if (exact) {
-        *hi = __float_as_uint(x);
-        *lo = 0;
-    } else {
-        *hi = to_tf32(x);
-        *lo = to_tf32(x - __uint_as_float(*hi));
-    }
-}
-
-__device__ __forceinline__ void mma_tf32(float c[4], const unsigned a[4], const unsigned b[2]) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// acc += A[:, k0:k1] B[k0:k1, :] for this warp's part of the tile (nc n-tiles):
-// A k-major (A(i, k) = At[k lda + i]), B row-major (B(k, n) = Bm[k ldb + n]).
-// An operand marked exact holds bf16 values and is not split.
-__device__ __forceinline__ void tile_mma(Tile *acc, const float *At, int lda, int a_exact, const float *Bm, int ldb,
-                                         int b_exact, int k0, int k1, int nc) {
-    int g = lane_id() >> 2, t = lane_id() & 3;
-    const float *ap0 = At + 16 * (warp_id() & 3) + g, *bp0 = Bm + (warp_id() >> 2) * 8 * nc + g;
-    for (int k = k0; k < k1; k += 8) {
-        const float *ap = ap0 + (k + t) * lda, *bp = bp0 + (k + t) * ldb;
-        float af[4] = {ap[0], ap[8], ap[4 * lda], ap[4 * lda + 8]};
-        unsigned ah[4], al[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) tf32_split(af[i], a_exact, &ah[i], &al[i]);
-#pragma unroll
-        for (int j = 0; j < MAXNT; j++) {
-            if (j >= nc) break;
-            unsigned bh[2], bl[2];
-            tf32_split(bp[8 * j], b_exact, &bh[0], &bl[0]);
-            tf32_split(bp[4 * ldb + 8 * j], b_exact, &bh[1], &bl[1]);
-            if (!a_exact) mma_tf32(acc->v[j], al, bh);
-            if (!b_exact) mma_tf32(acc->v[j], ah, bl);
-            mma_tf32(acc->v[j], ah, bh);
-        }
-    }
-}
-
 // ------------------------------------------- fp16 tensor-core products (the CG operator)
 //
 // CG applies the same operator (state H, keys K) to a new direction at every
@@ -261,24 +211,37 @@ __device__ __forceinline__ void mma_f16(float c[4], const unsigned a[4], const u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+__device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], const unsigned b[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void mma16(float c[4], const unsigned a[4], const unsigned b[2], int bf) {
+    if (bf) mma_bf16(c, a, b);
+    else mma_f16(c, a, b);
+}
+
 // acc += (A + A2)[:, k0:k1] (B + B2)[k0:k1, :] less A2 B2, for this warp's part
-// of the tile (nc n-tiles). fp16 operands in smem: A and A2 row-major
-// (A(i, k) = A[i lda + k]); B and B2 by k (B(k, n) = B[k ldb + n]) or, with
-// b_nmajor, by n (B(k, n) = B[n ldb + k]). A2 and B2 (the low halves of split
-// operands) may be NULL. k0, k1 multiples of 16; strides of 16 mod 128 bytes
-// (ldrow) keep ldmatrix free of bank conflicts.
-__device__ __forceinline__ void tile_mma16(Tile *acc, const __half *A, const __half *A2, int lda, const __half *B,
-                                           const __half *B2, int ldb, int b_nmajor, int k0, int k1, int nc) {
-    int l = lane_id(), n0 = (warp_id() >> 2) * 8 * nc;
-    int a_off = (16 * (warp_id() & 3) + (l & 15)) * lda + (l >> 4) * 8;
-    // the lane's row address inside a 16 (k) x 16 (n) block of B: two n-tiles
+// of the tile (nc n-tiles). 16-bit operands in smem, fp16 or, with bf, bf16
+// (passed as __half pointers: ldmatrix moves bits). A and A2 row-major (A(i, k)
+// = A[i lda + k]) or, with a_kmajor, by k (A(i, k) = A[k lda + i]); B and B2 by
+// k (B(k, n) = B[k ldb + n]) or, with b_nmajor, by n (B(k, n) = B[n ldb + k]).
+// A2 and B2 (the low halves of split operands) may be NULL. k0, k1 multiples of
+// 16; strides of 16 mod 128 bytes (ldrow) keep ldmatrix free of bank conflicts.
+__device__ __forceinline__ void tile_mma_b16(Tile *acc, const __half *A, const __half *A2, int lda, int a_kmajor,
+                                             const __half *B, const __half *B2, int ldb, int b_nmajor, int k0, int k1,
+                                             int nc, int bf) {
+    int l = lane_id(), m0 = 16 * (warp_id() & 3), n0 = (warp_id() >> 2) * 8 * nc;
+    // the lane's row address inside the 16 x 16 block of A at k, and inside a 16 (k) x 16 (n) block of B (two n-tiles)
+    int a_off = a_kmajor ? ((l & 7) + (l >> 4) * 8) * lda + m0 + ((l >> 3) & 1) * 8 : (m0 + (l & 15)) * lda + (l >> 4) * 8;
     int b_off = b_nmajor ? (n0 + (l & 7) + (l >> 4) * 8) * ldb + ((l >> 3) & 1) * 8
                          : ((l & 7) + ((l >> 3) & 1) * 8) * ldb + n0 + (l >> 4) * 8;
-    int kstep = b_nmajor ? 1 : ldb, jstep = b_nmajor ? 8 * ldb : 8;
+    int akstep = a_kmajor ? lda : 1, kstep = b_nmajor ? 1 : ldb, jstep = b_nmajor ? 8 * ldb : 8;
     for (int k = k0; k < k1; k += 16) {
         unsigned a[4], a2[4];
-        ldsm4(a, A + a_off + k, 0);
-        if (A2) ldsm4(a2, A2 + a_off + k, 0);
+        ldsm4(a, A + a_off + k * akstep, a_kmajor);
+        if (A2) ldsm4(a2, A2 + a_off + k * akstep, a_kmajor);
 #pragma unroll
         for (int j = 0; j < MAXNT; j += 2) {
             if (j >= nc) break;
@@ -286,29 +249,35 @@ __device__ __forceinline__ void tile_mma16(Tile *acc, const __half *A, const __h
             if (j + 1 < nc) {
                 unsigned b[4];
                 ldsm4(b, B + off, !b_nmajor);
-                mma_f16(acc->v[j], a, b);
-                mma_f16(acc->v[j + 1], a, b + 2);
+                mma16(acc->v[j], a, b, bf);
+                mma16(acc->v[j + 1], a, b + 2, bf);
                 if (A2) {
-                    mma_f16(acc->v[j], a2, b);
-                    mma_f16(acc->v[j + 1], a2, b + 2);
+                    mma16(acc->v[j], a2, b, bf);
+                    mma16(acc->v[j + 1], a2, b + 2, bf);
                 }
                 if (B2) {
                     ldsm4(b, B2 + off, !b_nmajor);
-                    mma_f16(acc->v[j], a, b);
-                    mma_f16(acc->v[j + 1], a, b + 2);
+                    mma16(acc->v[j], a, b, bf);
+                    mma16(acc->v[j + 1], a, b + 2, bf);
                 }
             } else {
                 unsigned b[2];
                 ldsm2(b, B + off, !b_nmajor);
-                mma_f16(acc->v[j], a, b);
-                if (A2) mma_f16(acc->v[j], a2, b);
+                mma16(acc->v[j], a, b, bf);
+                if (A2) mma16(acc->v[j], a2, b, bf);
                 if (B2) {
                     ldsm2(b, B2 + off, !b_nmajor);
-                    mma_f16(acc->v[j], a, b);
+                    mma16(acc->v[j], a, b, bf);
                 }
             }
         }
     }
+}
+
+// The chunk kernels' fp16 products: A row-major.
+__device__ __forceinline__ void tile_mma16(Tile *acc, const __half *A, const __half *A2, int lda, const __half *B,
+                                           const __half *B2, int ldb, int b_nmajor, int k0, int k1, int nc) {
+    tile_mma_b16(acc, A, A2, lda, 0, B, B2, ldb, b_nmajor, k0, k1, nc, 0);
 }
 
 // floor(log2 m) for a positive normal m, clamped to [-100, 100]; 0 for zero, subnormal or non-finite m.
@@ -359,16 +328,6 @@ __device__ __forceinline__ void tile_rowdot16(float s[FR], const Tile *t, const 
 }
 
 // ------------------------------------------------------------------ chunk loading
-
-// Rows t0 .. t0+C of one (sequence, head) of a [B,T,H,d] bf16 tensor into
-// smem, row-major with stride `stride`; zero past T and past d (up to dpad).
-__device__ void load_rows(float *dst, int stride, const bf16 *src, const Geo *g, int pair, int t0, int d, int dpad) {
-    size_t base = tok_index(g, pair, t0);
-    for (int e = threadIdx.x; e < CH * dpad; e += NT) {
-        int r = e / dpad, c = e % dpad, t = t0 + r;
-        dst[r * stride + c] = (t < g->T && c < d) ? ld(src, (base + (size_t)r * g->H) * d + c) : 0.0f;
-    }
-}
 
 // One operand of a block in global memory: rows x cols values of a bf16 or
 // float tensor, row r at p + r rstride elements, read as an rpad x cpad block
@@ -507,9 +466,9 @@ __device__ __forceinline__ void fetch_decays(float glog[2], float beta[2], const
     }
 }
 
-// Warp 0: b = the inclusive cumulative sum of the fetched log decays (a warp
-// scan; rows past the end repeat the last), and beta, into smem.
-__device__ __forceinline__ void put_decays(float *b, float *beta, const float glog[2], const float bt[2]) {
+// Warp 0: b = the inclusive cumulative sum over the chunk of the fetched log
+// decays, for tokens lane and lane + 32 (a warp scan; rows past the end repeat the last).
+__device__ __forceinline__ void chunk_cumsum(float b[2], const float glog[2]) {
     float run = 0;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -518,9 +477,19 @@ __device__ __forceinline__ void put_decays(float *b, float *beta, const float gl
             float u = __shfl_up_sync(0xffffffffu, v, o);
             if ((int)threadIdx.x >= o) v += u;
         }
-        b[threadIdx.x + 32 * h] = run + v;
-        beta[threadIdx.x + 32 * h] = bt[h];
+        b[h] = run + v;
         run += __shfl_sync(0xffffffffu, v, 31);
+    }
+}
+
+// Warp 0: the fetched decays into smem, b cumulated (chunk_cumsum) and beta.
+__device__ __forceinline__ void put_decays(float *b, float *beta, const float glog[2], const float bt[2]) {
+    float c[2];
+    chunk_cumsum(c, glog);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        b[threadIdx.x + 32 * h] = c[h];
+        beta[threadIdx.x + 32 * h] = bt[h];
     }
 }
 
@@ -979,105 +948,140 @@ typedef struct {
     int vec;               // every row of every factor starts 16-byte aligned: 16-byte loads (run_scan sets it)
 } Scan;
 
-// Stores the block's 64-row slice (rows i0.., of a matrix of `rows` rows and Dk columns) times sign.
+// Stores the block's 64-row slice (rows i0.., of a matrix of `rows` rows and
+// Dk columns) times sign; a thread's two adjacent columns as one 8-byte store.
 __device__ void slice_store(float *dst, const Tile *acc, int i0, int rows, int dk, int nc, float sign) {
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int i = i0 + f_row(e >> 1), c = f_col(j, e, nc);
-            if (j < nc && i < rows && c < dk) dst[(size_t)i * dk + c] = sign * acc->v[j][e];
+        for (int i = 0; i < FR; i++) {
+            int r = i0 + f_row(i), c = f_col(j, 2 * i, nc);
+            if (j >= nc || r >= rows || c >= dk) continue;
+            float *d = dst + (size_t)r * dk + c, v0 = sign * acc->v[j][2 * i], v1 = sign * acc->v[j][2 * i + 1];
+            if (dk % 2 == 0) {
+                *(float2 *)d = make_float2(v0, v1);
+            } else {
+                d[0] = v0;
+                if (c + 1 < dk) d[1] = v1;
+            }
         }
 }
 
-// One chunk's operands of a scan block in 16-byte vectors, fetched into
-// registers a chunk ahead so that their global loads overlap the previous
-// chunk's products (one load round trip per chunk instead of one per element).
-typedef struct {
-    uint4 l[2];  // the left factor's slice: 8 bf16 (one vector) or 2 x 4 floats
-    uint4 r[2];  // the right factor: 8 bf16 per vector, up to two vectors
-    float glog[2], beta[2];  // warp 0: tokens lane and lane + 32
-} ScanFetch;
-
-__device__ __forceinline__ void scan_fetch(ScanFetch *f, const bf16 *l16, const float *l32, const bf16 *r,
-                                           const float *glog, const float *gbeta, const Geo *g, int pair, int t0,
-                                           int i0, int dl) {
-    int n = min(CH, g->T - t0), hs = g->H, rv = g->Dp / 8;
-    size_t base = tok_index(g, pair, t0);
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < 2; u++) {
-        int v = threadIdx.x + u * NT;
-        if (l16) {  // 8 vectors per token row of the slice
-            int s = v / 8, i = 8 * (v % 8);
-            f->l[u] = u == 0 && s < n && i0 + i < dl ? *(const uint4 *)(l16 + (base + (size_t)s * hs) * dl + i0 + i) : zero;
-        } else {    // 16 per row
-            int s = v / 16, i = 4 * (v % 16);
-            f->l[u] = s < n && i0 + i < dl ? *(const uint4 *)(l32 + (base + (size_t)s * hs) * dl + i0 + i) : zero;
-        }
-        int s = v / rv, c = 8 * (v % rv);
-        f->r[u] = v < CH * rv && s < n && c < g->Dk ? *(const uint4 *)(r + (base + (size_t)s * hs) * g->Dk + c) : zero;
-    }
-    if (threadIdx.x < 32) fetch_decays(f->glog, f->beta, glog, gbeta, g, pair, t0);
+// 16 bytes from global to smem in the background (cp.async): `bytes` (16 or 0)
+// are read, the rest zero-filled. cp_async_wait completes the thread's copies;
+// a barrier after it publishes them to the block.
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
 }
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-__device__ __forceinline__ void put8(float *dst, uint4 v, float scale) {
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
-    float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]), c = __bfloat1622float2(h[2]),
-           d = __bfloat1622float2(h[3]);
-    *(float4 *)dst = make_float4(scale * a.x, scale * a.y, scale * b.x, scale * b.y);
-    *(float4 *)(dst + 4) = make_float4(scale * c.x, scale * c.y, scale * d.x, scale * d.y);
-}
-
-// The fetched operands into smem: As[s][i] = w_s L[s][i0 + i] (k-major), Rs row-major.
-__device__ __forceinline__ void scan_put(float *As, float *Rs, int ldr, const float *w, const ScanFetch *f, int l_bf16,
-                                         int dp) {
-    int rv = dp / 8;
-#pragma unroll
-    for (int u = 0; u < 2; u++) {
-        int v = threadIdx.x + u * NT;
-        if (l_bf16) {
-            if (u == 0) put8(As + (v / 8) * LDT + 8 * (v % 8), f->l[0], w[v / 8]);
+// The block of s (rpad x cpad, zero outside rows x cols) into smem as it is,
+// bf16 or float, row-major with stride ld elements: 16-byte copies in the
+// background, or element by element (at once) when rows are not 16-byte aligned.
+__device__ void stage_raw(void *dst, int ld, const Src *s) {
+    int es = s->f32 ? 4 : 2, w = 16 / es, vpr = s->cpad / w;
+    for (int e = threadIdx.x; e < s->rpad * vpr; e += NT) {
+        int r = e / vpr, c = e % vpr * w, in = r < s->rows && c < s->cols;
+        char *d = (char *)dst + ((size_t)r * ld + c) * es;
+        const char *p = (const char *)s->p + ((size_t)r * s->rstride + c) * es;
+        if (s->vec) {
+            cp_async16(d, in ? p : s->p, in ? 16 : 0);
+        } else if (s->f32) {
+            for (int k = 0; k < w; k++) ((float *)d)[k] = in && c + k < s->cols ? ((const float *)p)[k] : 0.0f;
         } else {
-            int s = v / 16;
-            float4 x = *(const float4 *)&f->l[u];
-            *(float4 *)(As + s * LDT + 4 * (v % 16)) = make_float4(w[s] * x.x, w[s] * x.y, w[s] * x.z, w[s] * x.w);
+            for (int k = 0; k < w; k++)
+                ((unsigned short *)d)[k] = in && c + k < s->cols ? ((const unsigned short *)p)[k] : 0;
         }
-        if (v < CH * rv) put8(Rs + (v / rv) * ldr + 8 * (v % rv), f->r[u], 1.0f);
     }
 }
 
-// The same from global without vectors (factors whose rows are not 16-byte aligned).
-__device__ void scan_load_scalar(float *As, float *Rs, int ldr, const float *w, const bf16 *l16, const float *l32,
-                                 const bf16 *r, const Geo *g, int pair, int t0, int i0, int dl) {
-    int n = min(CH, g->T - t0);
-    size_t base = tok_index(g, pair, t0);
-    for (int e = threadIdx.x; e < CH * CH; e += NT) {
-        int s = e / CH, i = e % CH;
-        float v = 0.0f;
-        if (s < n && i0 + i < dl) {
-            size_t idx = (base + (size_t)s * g->H) * dl + i0 + i;
-            v = l16 ? ld(l16, idx) : l32[idx];
-        }
-        As[s * LDT + i] = w[s] * v;
-    }
-    load_rows(Rs, ldr, r, g, pair, t0, g->Dk, g->Dp);
+// A scan chunk's raw operands, fetched in the background: the left factor's
+// 64-column slice (from column i0 of dl; stride CH + 4 floats or CH + 8 bf16)
+// at dst, the right factor (stride ldrow(Dp)) at dst + lbytes.
+__device__ __forceinline__ void scan_stage(unsigned char *dst, size_t lbytes, const void *l, int l32, int i0, int dl,
+                                           const bf16 *r, int vec, const Geo *g, int pair, int t0) {
+    Src ls = tok_src(l, l32, dl, CH, g, pair, t0, vec), rs = tok_src(r, 0, g->Dk, g->Dp, g, pair, t0, vec);
+    ls.p = (const char *)ls.p + (size_t)i0 * (l32 ? 4 : 2);
+    ls.cols = min(CH, dl - i0);
+    stage_raw(dst, l32 ? CH + 4 : CH + 8, &ls);
+    stage_raw(dst + lbytes, ldrow(g->Dp), &rs);
 }
 
-// Grid (slices, pairs): slice z < ceil(d0 / 64) covers rows 64 z.. of matrix 0, the rest matrix 1.
-// Two blocks per multiprocessor (64 registers a thread, a few spilled): the
-// chunk steps are latency-bound, and a second block hides some of it (0.83 ->
-// 0.76 ms per scan at 8x2048x16x128 on an H100).
+// Warp 0: a scan chunk's token weights w (forward e^{b_n - b_s} beta_s,
+// reverse e^{b_s}; 0 past the end) and its decay e^{b_n}, into smem.
+__device__ __forceinline__ void scan_weights(float *w, float *decay, const float glog[2], const float beta[2], int n,
+                                             int reverse) {
+    float b[2];
+    chunk_cumsum(b, glog);
+    float bn = __shfl_sync(0xffffffffu, n > 32 ? b[1] : b[0], (n - 1) & 31);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int t = threadIdx.x + 32 * h;
+        w[t] = t < n ? (reverse ? __expf(b[h]) : __expf(bn - b[h]) * beta[h]) : 0.0f;
+    }
+    if (threadIdx.x == 0) *decay = __expf(bn);
+}
+
+// a, b as three bf16 terms each, hi + mid + lo: 24 significant bits (float32's)
+// with float32's exponent range, so that no operand needs scaling.
+__device__ __forceinline__ void split_bf16x3(float a, float b, __nv_bfloat162 t[3]) {
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        t[i] = __floats2bfloat162_rn(a, b);
+        float2 f = __bfloat1622float2(t[i]);
+        a -= f.x;
+        b -= f.y;
+    }
+}
+
+// The left operand A(s, i) = w_s L[s][i] of the staged slice (bf16 or float),
+// split in three (split_bf16x3) into A, A + CH ldrow(CH), A + 2 CH ldrow(CH):
+// k-major (by token s), stride ldrow(CH).
+__device__ __forceinline__ void scan_put_a(bf16 *A, const unsigned char *L, int l32, const float *w) {
+    for (int e = threadIdx.x; e < CH * CH / 8; e += NT) {  // 8 values of one token each
+        int s = e / 8, i = 8 * (e % 8), o = s * ldrow(CH) + i;
+        float v[8];
+        if (l32) {
+            const float4 *p = (const float4 *)((const float *)L + s * (CH + 4) + i);
+            float4 x = p[0], y = p[1];
+            v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
+        } else {
+            Vec16 x;
+            x.u = *(const uint4 *)((const bf16 *)L + s * (CH + 8) + i);
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = vec_at(&x, k, 0);
+        }
+        __nv_bfloat162 t[4][3];
+#pragma unroll
+        for (int k = 0; k < 4; k++) split_bf16x3(w[s] * v[2 * k], w[s] * v[2 * k + 1], t[k]);
+#pragma unroll
+        for (int q = 0; q < 3; q++) {
+            __nv_bfloat162 u[4] = {t[0][q], t[1][q], t[2][q], t[3][q]};
+            *(uint4 *)(A + q * CH * ldrow(CH) + o) = *(const uint4 *)u;
+        }
+    }
+}
+
+// Grid (slices, pairs): slice z < ceil(d0 / 64) covers rows 64 z.. of matrix 0,
+// the rest matrix 1. Per chunk, two barriers: the chunk's raw operands (fetched
+// by cp.async during the previous chunk into one of two stage buffers) and its
+// weights are in place; then the split left operand. The products run in bf16
+// (mma m16n8k16): the right factor is bf16 and used as fetched, the weighted
+// left one is split in three (24 bits), so the state keeps float32 accuracy
+// with no scaling. Two blocks per multiprocessor (95 KB of smem each).
 __global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
-    extern __shared__ float sm[];
+    extern __shared__ __align__(16) unsigned char smb[];
     int pair = blockIdx.y, z = blockIdx.x, s0 = (sc.d[0] + CH - 1) / CH, m = z < s0 ? 0 : 1;
     // the slice's operands, picked without indexing the parameter arrays (which would copy them to the stack)
-    int i0 = CH * (m ? z - s0 : z), dl = m ? sc.d[1] : sc.d[0], dk = g.Dk, nc = NTILES(g.Dp), ldr = ldrow(g.Dp);
-    const bf16 *l16 = m ? sc.l16[1] : sc.l16[0];
-    const float *l32 = m ? sc.l32[1] : sc.l32[0], *init = m ? sc.init[1] : sc.init[0];
+    int i0 = CH * (m ? z - s0 : z), dl = m ? sc.d[1] : sc.d[0], dk = g.Dk, nc = NTILES(g.Dp);
+    const float *l32p = m ? sc.l32[1] : sc.l32[0], *init = m ? sc.init[1] : sc.init[0];
+    const void *l = l32p ? (const void *)l32p : (const void *)(m ? sc.l16[1] : sc.l16[0]);
+    int l32 = l32p != NULL;
     float *fin = m ? sc.fin[1] : sc.fin[0];
     float init_sign = m ? sc.init_sign[1] : sc.init_sign[0], fin_sign = m ? sc.fin_sign[1] : sc.fin_sign[0];
-    float *As = sm, *Rs = As + CH * LDT, *b = Rs + CH * ldr, *beta = b + CH, *w = beta + CH;
+    size_t lbytes = (size_t)CH * (CH + 4) * sizeof(float), sbytes = lbytes + (size_t)CH * ldrow(g.Dp) * sizeof(bf16);
+    bf16 *A = (bf16 *)(smb + 2 * sbytes);
+    float *w = (float *)(A + 3 * CH * ldrow(CH)), *decay = w + 2 * CH;
     size_t slot_sz = (size_t)(sc.d[0] + sc.d[1]) * dk, off = m ? (size_t)sc.d[0] * dk : 0;
     float *out = sc.out + (size_t)pair * sc.nslots * slot_sz + off;
     Tile acc;
@@ -1092,41 +1096,41 @@ __global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float *glog,
                 if (j < nc && i < dl && c < dk) acc.v[j][e] = init_sign * src[(size_t)i * dk + c];
             }
     }
-    ScanFetch f;
-    if (sc.vec) scan_fetch(&f, l16, l32, sc.r, glog, gbeta, &g, pair, (sc.reverse ? g.nchunks - 1 : 0) * CH, i0, dl);
-    for (int step = 0; step < g.nchunks; step++) {
-        int c = sc.reverse ? g.nchunks - 1 - step : step, t0 = c * CH, n = min(CH, g.T - t0);
+    int dir = sc.reverse ? -1 : 1, c = sc.reverse ? g.nchunks - 1 : 0;
+    float gl[2], bt[2];  // warp 0: the decays of the chunk ahead
+    scan_stage(smb, lbytes, l, l32, i0, dl, sc.r, sc.vec, &g, pair, c * CH);
+    if (threadIdx.x < 32) fetch_decays(gl, bt, glog, gbeta, &g, pair, c * CH);
+    for (int step = 0; step < g.nchunks; step++, c += dir) {
+        int n = min(CH, g.T - c * CH), buf = step & 1, more = step + 1 < g.nchunks;
+        const unsigned char *st = smb + buf * sbytes;
+        if (threadIdx.x < 32) {
+            scan_weights(w + buf * CH, decay + buf, gl, bt, n, sc.reverse);
+            if (more) fetch_decays(gl, bt, glog, gbeta, &g, pair, (c + dir) * CH);
+        }
+        cp_async_wait();
+        __syncthreads();  // chunk c's operands and weights are in place; the other stage buffer and A are free
+        if (more) scan_stage(smb + (buf ^ 1) * sbytes, lbytes, l, l32, i0, dl, sc.r, sc.vec, &g, pair, (c + dir) * CH);
+        scan_put_a(A, st, l32, w + buf * CH);
         slice_store(out + (size_t)c * slot_sz, &acc, i0, dl, dk, nc, 1.0f);
-        if (!sc.vec) {  // the decays straight from global
-            load_decays(b, beta, glog, gbeta, &g, pair, t0);
-        } else if (threadIdx.x < 32) {  // from the fetched values
-            put_decays(b, beta, f.glog, f.beta);
-        }
-        __syncthreads();
-        for (int r = threadIdx.x; r < CH; r += NT)  // the chunk's weights, once per token
-            w[r] = r < n ? (sc.reverse ? __expf(b[r]) : __expf(b[n - 1] - b[r]) * beta[r]) : 0.0f;
-        __syncthreads();
-        if (sc.vec) {
-            scan_put(As, Rs, ldr, w, &f, l16 != NULL, g.Dp);
-            if (step + 1 < g.nchunks)
-                scan_fetch(&f, l16, l32, sc.r, glog, gbeta, &g, pair, (sc.reverse ? c - 1 : c + 1) * CH, i0, dl);
-        } else {
-            scan_load_scalar(As, Rs, ldr, w, l16, l32, sc.r, &g, pair, t0, i0, dl);
-        }
-        __syncthreads();
-        float decay = __expf(b[n - 1]);
+        __syncthreads();  // A is in place
+        float d = decay[buf];
 #pragma unroll
         for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc.v[j][e] *= decay;
-        tile_mma(&acc, As, LDT, 0, Rs, ldr, 1, 0, CH, nc);
-        __syncthreads();  // As, Rs, b, beta and w are free for the next chunk
+            for (int e = 0; e < 4; e++) acc.v[j][e] *= d;
+        const __half *a = (const __half *)A, *r = (const __half *)(st + lbytes);
+        tile_mma_b16(&acc, a + 2 * CH * ldrow(CH), NULL, ldrow(CH), 1, r, NULL, ldrow(g.Dp), 0, 0, CH, nc, 1);
+        tile_mma_b16(&acc, a, a + CH * ldrow(CH), ldrow(CH), 1, r, NULL, ldrow(g.Dp), 0, 0, CH, nc, 1);
     }
     if (!sc.reverse) slice_store(out + (size_t)g.nchunks * slot_sz, &acc, i0, dl, dk, nc, 1.0f);
     else if (fin) slice_store(fin + (size_t)pair * dl * dk, &acc, i0, dl, dk, nc, fin_sign);
 }
 
-static size_t scan_smem(const Geo *g) { return sizeof(float) * ((size_t)CH * LDT + (size_t)CH * ldrow(g->Dp) + 3 * CH); }
+// Two stage buffers (the left slice as floats at most, the right factor), the split left operand, weights, decays.
+static size_t scan_smem(const Geo *g) {
+    return 2 * ((size_t)CH * (CH + 4) * sizeof(float) + (size_t)CH * ldrow(g->Dp) * sizeof(bf16)) +
+           3 * (size_t)CH * ldrow(CH) * sizeof(bf16) + 2 * CH * sizeof(float) + 2 * sizeof(float);
+}
 
 // ---------------------------------------------------------------- the chunk kernels
 
