@@ -202,63 +202,12 @@ static int g_sync(const Backend *be) {
     return MN_OK;
 }
 
-// ---------------------------------------------------------------------- dense layers
+// ------------------------------------------------------------- pieces, column sums
 
-__global__ void add_bias_kernel(bf16 *y, const float *b, int N, int O) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)N * O; i += (size_t)gridDim.x * blockDim.x)
-        st(y, i, ld(y, i) + b[i % O]);
-}
-
-// Row-major y[N,O] = x[N,I] W[O,I]^T is, in cuBLAS's column-major terms,
-// y^T (O x N) = W (O x I, stored as I x O: transposed) times x^T (I x N).
-static int g_linear_fwd(const Backend *be, void *y, const void *x, const void *w, const void *bias, int N, int nin,
-                        int nout) {
-    CudaCtx *c = cuda_ctx(be);
-    const bf16 *wb = cuda_param_bf16(w);
-    if (!wb) return mn_error(MN_ERR_ARG, "cuda linear: the weight is not a parameter allocation");
-    float one = 1, zero = 0;
-    CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, nout, N, nin, &one, wb, CUDA_R_16BF, nin, x, CUDA_R_16BF,
-                            nin, &zero, y, CUDA_R_16BF, nout, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    if (bias) {
-        add_bias_kernel<<<grid_for((size_t)N * nout, 256), 256, 0, c->stream>>>((bf16 *)y, (const float *)bias, N, nout);
-        LAUNCH_CHECK();
-    }
-    return MN_OK;
-}
-
-__global__ void bias_grad_kernel(float *db, const bf16 *dy, int N, int O) {
-    int o = blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= O) return;
-    float s = 0;
-    for (int n = 0; n < N; n++) s += ld(dy, (size_t)n * O + o);
-    db[o] += s;
-}
-
-static int g_linear_bwd(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x, const void *w,
-                        int N, int nin, int nout, int accum) {
-    CudaCtx *c = cuda_ctx(be);
-    const bf16 *wb = cuda_param_bf16(w);
-    if (!wb) return mn_error(MN_ERR_ARG, "cuda linear: the weight is not a parameter allocation");
-    float one = 1, beta_dx = accum ? 1.0f : 0.0f;
-    if (dx)  // dx^T (I x N) = W^T (I x O, as stored) dy^T (O x N)
-        CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, nin, N, nout, &one, wb, CUDA_R_16BF, nin, dy,
-                                CUDA_R_16BF, nout, &beta_dx, dx, CUDA_R_16BF, nin, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    if (dw)  // dW^T (I x O) += x^T (I x N) dy (N x O), accumulated in float32
-        CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, nin, nout, N, &one, x, CUDA_R_16BF, nin, dy,
-                                CUDA_R_16BF, nout, &one, dw, CUDA_R_32F, nin, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    if (dbias) {
-        bias_grad_kernel<<<(nout + 127) / 128, 128, 0, c->stream>>>((float *)dbias, (const bf16 *)dy, N, nout);
-        LAUNCH_CHECK();
-    }
-    return MN_OK;
-}
-
-// ---------------------------------------------------------------- norms, activations
-
-// The norms give a row (a group of features) to a warp. Its lanes take 8 contiguous bf16 at a
-// time (one 16-byte load) where rows allow it (vec: a multiple of 8 long, 16-byte aligned), else
-// 1: with 2-byte loads a lane's loads form a chain, and a decode step's norms (one row per
-// sequence) were latency-bound on it (10 us for a row of 768).
+// Pieces of rows: a lane takes 8 contiguous bf16 at a time (one 16-byte load) where rows allow
+// it (vec: a multiple of 8 long, 16-byte aligned), else 1: with 2-byte loads a lane's loads form
+// a chain, and a decode step's norms (one row per sequence) were latency-bound on it (10 us for
+// a row of 768).
 __device__ __forceinline__ int piece_load(const bf16 *p, int vec, float v[8]) {
     if (!vec) {
         v[0] = __bfloat162float(*p);
@@ -291,6 +240,105 @@ __device__ __forceinline__ void piece_store(bf16 *p, int vec, const float v[8]) 
 static int rows_vec(int group, const void *a, const void *b) {
     return group % 8 == 0 && ((uintptr_t)a | (uintptr_t)b) % 16 == 0;
 }
+
+// Column sums over many rows, added to out[L] (the gradients of biases and norm weights):
+// out[c] += sum_r dy[r L + c] (times x[r L + c] rstd[(r L + c) / group] when x is given). A block
+// takes a strip of rows and 32 pieces of columns (256 columns, or 32 without 16-byte pieces):
+// lane l of warp w reads piece l of rows w, w + 8, .. (coalesced across the warp), the warps'
+// sums meet in smem, and one atomic per column adds the block's sum. (A thread per column
+// walking all rows, the first version, took 0.46 ms for the bias of a [16384, 6] product and
+// 0.2 ms for a norm weight, with one load in flight per thread.)
+#define COLSUM_WARPS 8
+__global__ void colsum_kernel(float *out, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L, int group,
+                              long per_strip, int vec) {
+    __shared__ float part[COLSUM_WARPS][256];
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, width = vec ? 8 : 1, tile = 32 * width;
+    int c0 = blockIdx.x * tile + lane * width;
+    long r0 = blockIdx.y * per_strip, r1 = min(rows, r0 + per_strip);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (c0 < L)
+        for (long r = r0 + wp; r < r1; r += COLSUM_WARPS) {
+            size_t e = (size_t)r * L + c0;
+            float a[8], b[8];
+            piece_load(dy + e, vec, a);
+            if (x) {
+                piece_load(x + e, vec, b);
+                float rs = rstd[e / group];
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    if (k < width) a[k] *= b[k] * rs;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (k < width) acc[k] += a[k];
+        }
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if (k < width) part[wp][lane * width + k] = acc[k];
+    __syncthreads();
+    for (int i = threadIdx.x; i < tile; i += blockDim.x) {
+        int c = blockIdx.x * tile + i;
+        if (c >= L) continue;
+        float sum = 0;
+        for (int w = 0; w < COLSUM_WARPS; w++) sum += part[w][i];
+        atomicAdd(&out[c], sum);
+    }
+}
+
+static int colsum(const Backend *be, float *out, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L,
+                  int group) {
+    int vec = L % 8 == 0 && rows_vec(group, dy, x ? x : dy), tile = vec ? 256 : 32, tiles = (L + tile - 1) / tile;
+    long strips = (rows + 63) / 64, cap = 1024 / tiles > 1 ? 1024 / tiles : 1;  // ~1024 blocks, 64 rows a strip at least
+    if (strips > cap) strips = cap;
+    long per = (rows + strips - 1) / strips;
+    strips = (rows + per - 1) / per;
+    colsum_kernel<<<dim3((unsigned)tiles, (unsigned)strips), 32 * COLSUM_WARPS, 0, cuda_ctx(be)->stream>>>(
+        out, dy, x, rstd, rows, L, group, per, vec);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+// ---------------------------------------------------------------------- dense layers
+
+__global__ void add_bias_kernel(bf16 *y, const float *b, int N, int O) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)N * O; i += (size_t)gridDim.x * blockDim.x)
+        st(y, i, ld(y, i) + b[i % O]);
+}
+
+// Row-major y[N,O] = x[N,I] W[O,I]^T is, in cuBLAS's column-major terms,
+// y^T (O x N) = W (O x I, stored as I x O: transposed) times x^T (I x N).
+static int g_linear_fwd(const Backend *be, void *y, const void *x, const void *w, const void *bias, int N, int nin,
+                        int nout) {
+    CudaCtx *c = cuda_ctx(be);
+    const bf16 *wb = cuda_param_bf16(w);
+    if (!wb) return mn_error(MN_ERR_ARG, "cuda linear: the weight is not a parameter allocation");
+    float one = 1, zero = 0;
+    CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, nout, N, nin, &one, wb, CUDA_R_16BF, nin, x, CUDA_R_16BF,
+                            nin, &zero, y, CUDA_R_16BF, nout, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias) {
+        add_bias_kernel<<<grid_for((size_t)N * nout, 256), 256, 0, c->stream>>>((bf16 *)y, (const float *)bias, N, nout);
+        LAUNCH_CHECK();
+    }
+    return MN_OK;
+}
+
+static int g_linear_bwd(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x, const void *w,
+                        int N, int nin, int nout, int accum) {
+    CudaCtx *c = cuda_ctx(be);
+    const bf16 *wb = cuda_param_bf16(w);
+    if (!wb) return mn_error(MN_ERR_ARG, "cuda linear: the weight is not a parameter allocation");
+    float one = 1, beta_dx = accum ? 1.0f : 0.0f;
+    if (dx)  // dx^T (I x N) = W^T (I x O, as stored) dy^T (O x N)
+        CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, nin, N, nout, &one, wb, CUDA_R_16BF, nin, dy,
+                                CUDA_R_16BF, nout, &beta_dx, dx, CUDA_R_16BF, nin, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (dw)  // dW^T (I x O) += x^T (I x N) dy (N x O), accumulated in float32
+        CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, nin, nout, N, &one, x, CUDA_R_16BF, nin, dy,
+                                CUDA_R_16BF, nout, &one, dw, CUDA_R_32F, nin, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (dbias) return colsum(be, (float *)dbias, (const bf16 *)dy, NULL, NULL, N, nout, 1);
+    return MN_OK;
+}
+
+// ---------------------------------------------------------------- norms, activations
 
 // One warp per group of `group` features: RMS norm.
 __global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, const bf16 *x, const float *w, long rows, int group, int per_row,
@@ -329,54 +377,44 @@ static int g_rmsnorm_fwd(const Backend *be, void *y, void *rstd, const void *x, 
 }
 
 __global__ void rmsnorm_bwd_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
-                                      long rows, int group, int per_row, int wfull, int accum) {
+                                      long rows, int group, int per_row, int wfull, int accum, int vec) {
     long r = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x & 31;
+    int lane = threadIdx.x & 31, width = vec ? 8 : 1;
     if (r >= rows) return;
     size_t o = (size_t)r * group;
     const float *wr = w + (wfull ? (size_t)(r % per_row) * group : 0);
-    float dot = 0;
-    for (int i = lane; i < group; i += 32) dot += ld(dy, o + i) * wr[i] * ld(x, o + i);
+    float dot = 0, a[8], b[8], d[8];
+    for (int i = lane * width; i < group; i += 32 * width) {
+        int n = piece_load(dy + o + i, vec, a);
+        piece_load(x + o + i, vec, b);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (k < n) dot += a[k] * wr[i + k] * b[k];
+    }
     dot = warp_sum(dot);
     float rs = rstd[r], c = rs * rs * dot / group;
-    for (int i = lane; i < group; i += 32) {
-        float g = rs * (ld(dy, o + i) * wr[i] - ld(x, o + i) * c);
-        st(dx, o + i, (accum ? ld(dx, o + i) : 0.0f) + g);
+    for (int i = lane * width; i < group; i += 32 * width) {
+        int n = piece_load(dy + o + i, vec, a);
+        piece_load(x + o + i, vec, b);
+        if (accum) piece_load(dx + o + i, vec, d);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (k < n) a[k] = (accum ? d[k] : 0.0f) + rs * (a[k] * wr[i + k] - b[k] * c);
+        piece_store(dx + o + i, vec, a);
     }
 }
 
-// dw over all rows: each block sums a strip of rows for 256 weight columns.
-__global__ void rmsnorm_bwd_dw_kernel(float *dw, const bf16 *dy, const bf16 *x, const float *rstd, int N, int D, int group,
-                                      int wlen, int rows_per_strip) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;  // weight index
-    if (i >= wlen) return;
-    int n0 = blockIdx.y * rows_per_strip, n1 = min(N, n0 + rows_per_strip);
-    int reps = wlen == D ? 1 : D / group;
-    float s = 0;
-    for (int n = n0; n < n1; n++)
-        for (int j = 0; j < reps; j++) {
-            int c = wlen == D ? i : j * group + i;
-            size_t e = (size_t)n * D + c;
-            s += ld(dy, e) * ld(x, e) * rstd[e / group];
-        }
-    atomicAdd(&dw[i], s);
-}
-
+// dw: column sums of dy x rstd over rows of wlen (a whole row of D, or one group when the weight is shared).
 static int g_rmsnorm_bwd(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w,
                          const void *rstd, int N, int D, int group, int wlen, int accum) {
-    cudaStream_t st_ = cuda_ctx(be)->stream;
     long rows = (long)N * (D / group);
-    rmsnorm_bwd_dx_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, st_>>>((bf16 *)dx, (const bf16 *)dy, (const bf16 *)x,
-                                                                       (const float *)w, (const float *)rstd, rows, group,
-                                                                       D / group, wlen != group, accum);
+    rmsnorm_bwd_dx_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, cuda_ctx(be)->stream>>>(
+        (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const float *)w, (const float *)rstd, rows, group, D / group,
+        wlen != group, accum, rows_vec(group, dy, x) && rows_vec(group, dx, dx));
     LAUNCH_CHECK();
-    if (dw) {
-        int strips = N < 128 ? 1 : 128, per = (N + strips - 1) / strips;
-        dim3 grid((unsigned)((wlen + 255) / 256), (unsigned)strips);
-        rmsnorm_bwd_dw_kernel<<<grid, 256, 0, st_>>>((float *)dw, (const bf16 *)dy, (const bf16 *)x, (const float *)rstd, N,
-                                                   D, group, wlen, per);
-        LAUNCH_CHECK();
-    }
+    if (dw)
+        return colsum(be, (float *)dw, (const bf16 *)dy, (const bf16 *)x, (const float *)rstd, (long)N * (D / wlen), wlen,
+                      group);
     return MN_OK;
 }
 
@@ -403,15 +441,29 @@ __global__ void l2norm_fwd_kernel(bf16 *y, float *inv, const bf16 *x, long rows,
     }
 }
 
-__global__ void l2norm_bwd_kernel(bf16 *dx, const bf16 *dy, const bf16 *y, const float *inv, long rows, int group) {
+__global__ void l2norm_bwd_kernel(bf16 *dx, const bf16 *dy, const bf16 *y, const float *inv, long rows, int group,
+                                  int vec) {
     long r = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x & 31;
+    int lane = threadIdx.x & 31, width = vec ? 8 : 1;
     if (r >= rows) return;
     size_t o = (size_t)r * group;
-    float dot = 0;
-    for (int i = lane; i < group; i += 32) dot += ld(dy, o + i) * ld(y, o + i);
+    float dot = 0, a[8], b[8];
+    for (int i = lane * width; i < group; i += 32 * width) {
+        int n = piece_load(dy + o + i, vec, a);
+        piece_load(y + o + i, vec, b);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (k < n) dot += a[k] * b[k];
+    }
     dot = warp_sum(dot);
-    for (int i = lane; i < group; i += 32) st(dx, o + i, inv[r] * (ld(dy, o + i) - ld(y, o + i) * dot));
+    for (int i = lane * width; i < group; i += 32 * width) {
+        int n = piece_load(dy + o + i, vec, a);
+        piece_load(y + o + i, vec, b);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (k < n) a[k] = inv[r] * (a[k] - b[k] * dot);
+        piece_store(dx + o + i, vec, a);
+    }
 }
 
 static int g_l2norm_fwd(const Backend *be, void *y, void *inv, const void *x, int N, int D, int group, float eps) {
@@ -427,7 +479,8 @@ static int g_l2norm_bwd(const Backend *be, void *dx, const void *dy, const void 
                         int group) {
     long rows = (long)N * (D / group);
     l2norm_bwd_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, cuda_ctx(be)->stream>>>(
-        (bf16 *)dx, (const bf16 *)dy, (const bf16 *)y, (const float *)inv, rows, group);
+        (bf16 *)dx, (const bf16 *)dy, (const bf16 *)y, (const float *)inv, rows, group,
+        rows_vec(group, dy, y) && rows_vec(group, dx, dx));
     LAUNCH_CHECK();
     return MN_OK;
 }
@@ -611,11 +664,27 @@ static int g_embed_bwd(const Backend *be, void *de, const void *dx, const void *
     return MN_OK;
 }
 
-// One block per row: soft cap, log-sum-exp, loss, and the gradient in place.
-__global__ void xent_kernel(bf16 *logits, float *losses, const int32_t *targets, int V, float cap, float grad_scale) {
-    __shared__ float red[32];
+// (m, s) <- the log-sum-exp pair of the union of two sets, each held as its
+// maximum m and sum of e^{v - m} (m = -inf: empty).
+__device__ __forceinline__ void lse_merge(float *m, float *s, float m2, float s2) {
+    float M = fmaxf(*m, m2);
+    if (M == -INFINITY) return;
+    *s = *s * expf(*m - M) + s2 * expf(m2 - M);
+    *m = M;
+}
+
+__device__ __forceinline__ float soft_cap(float v, float cap) { return cap > 0 ? cap * tanhf(v / cap) : v; }
+
+// One block per row: soft cap, log-sum-exp, loss, and the gradient in place, in two passes
+// over the row: the log-sum-exp online (a running maximum rescales the running sum), then
+// the gradient (the row, 100 KB at GPT-2's vocabulary, is still in L2). Rows are read in
+// 16-byte pieces where they allow it. (Three passes of 2-byte loads took 5.2 ms for 16384 x
+// 50304 logits on an H100.)
+__global__ void xent_kernel(bf16 *logits, float *losses, const int32_t *targets, int V, float cap, float grad_scale,
+                            int vec) {
+    __shared__ float red_m[32], red_s[32];
     __shared__ float zt;
-    int n = blockIdx.x, tgt = targets[n];
+    int n = blockIdx.x, tgt = targets[n], width = vec ? 8 : 1, lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
     bf16 *z = logits + (size_t)n * V;
     if (tgt < 0) {
         if (threadIdx.x == 0) losses[n] = 0;
@@ -623,40 +692,57 @@ __global__ void xent_kernel(bf16 *logits, float *losses, const int32_t *targets,
             for (int i = threadIdx.x; i < V; i += blockDim.x) st(z, i, 0);
         return;
     }
-    float mx = -INFINITY;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float v = ld(z, i);
-        if (cap > 0) v = cap * tanhf(v / cap);
-        mx = fmaxf(mx, v);
-        if (i == tgt) zt = v;
-    }
-    mx = block_max(mx, red);
-    float sum = 0;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float v = ld(z, i);
-        if (cap > 0) v = cap * tanhf(v / cap);
-        sum += expf(v - mx);
-    }
-    sum = block_sum(sum, red);
-    float lse = mx + logf(sum);
-    __syncthreads();
-    if (threadIdx.x == 0) losses[n] = lse - zt;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float v = ld(z, i);
-        if (cap > 0) v = cap * tanhf(v / cap);
-        if (grad_scale != 0) {
-            float d = expf(v - lse) - (i == tgt), dcap = cap > 0 ? 1 - (v / cap) * (v / cap) : 1.0f;
-            st(z, i, grad_scale * d * dcap);
-        } else {
-            st(z, i, v);  // leave the capped logits, as the other backends do
+    float mx = -INFINITY, sum = 0, v[8];
+    for (int i = threadIdx.x * width; i < V; i += blockDim.x * width) {
+        int w = piece_load(z + i, vec, v);
+        float pm = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (k < w) {
+                v[k] = soft_cap(v[k], cap);
+                pm = fmaxf(pm, v[k]);
+                if (i + k == tgt) zt = v[k];
+            }
+        if (pm > mx) {
+            sum *= expf(mx - pm);
+            mx = pm;
         }
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (k < w) sum += expf(v[k] - mx);
+    }
+    for (int o = 16; o > 0; o >>= 1) lse_merge(&mx, &sum, __shfl_xor_sync(0xffffffffu, mx, o), __shfl_xor_sync(0xffffffffu, sum, o));
+    if (lane == 0) {
+        red_m[wp] = mx;
+        red_s[wp] = sum;
+    }
+    __syncthreads();  // (also publishes zt)
+    mx = -INFINITY;
+    sum = 0;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) lse_merge(&mx, &sum, red_m[w], red_s[w]);
+    float lse = mx + logf(sum);
+    if (threadIdx.x == 0) losses[n] = lse - zt;
+    for (int i = threadIdx.x * width; i < V; i += blockDim.x * width) {
+        int w = piece_load(z + i, vec, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (k < w) {
+                float c = soft_cap(v[k], cap);
+                if (grad_scale != 0) {
+                    float d = expf(c - lse) - (i + k == tgt), dcap = cap > 0 ? 1 - (c / cap) * (c / cap) : 1.0f;
+                    v[k] = grad_scale * d * dcap;
+                } else {
+                    v[k] = c;  // leave the capped logits, as the other backends do
+                }
+            }
+        piece_store(z + i, vec, v);
     }
 }
 
 static int g_xent(const Backend *be, void *logits, void *losses, const void *targets, int N, int V, float cap,
                   float grad_scale) {
     xent_kernel<<<(unsigned)N, 256, 0, cuda_ctx(be)->stream>>>((bf16 *)logits, (float *)losses, (const int32_t *)targets,
-                                                               V, cap, grad_scale);
+                                                               V, cap, grad_scale, rows_vec(V, logits, logits));
     LAUNCH_CHECK();
     return MN_OK;
 }

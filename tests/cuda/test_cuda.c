@@ -63,9 +63,9 @@ static double cmp(const char *what, const void *gpu, const double *ref, size_t n
     return e;
 }
 
-TEST(cuda_op_linear) {
-    if (!setup()) return;
-    int N = 37, I = 48, O = 20;
+// The product and its bias gradient, whose column sums run per strip of rows: few rows and a
+// width that is not read in 16-byte pieces, then many rows (several strips) at one that is.
+static void linear_case(int N, int I, int O) {
     double *x = input(1, N * I, -1, 1, MEM_ACT), *w = input(2, O * I, -1, 1, MEM_PARAM), *b = input(3, O, -1, 1, MEM_PARAM);
     double *dy = input(4, N * O, -1, 1, MEM_ACT), *dx0 = input(5, N * I, -1, 1, MEM_ACT);
     // the GPU multiplies the bf16 copy of the weights: the reference does too
@@ -90,12 +90,20 @@ TEST(cuda_op_linear) {
     free(x); free(w); free(b); free(dy); free(dx0); free(wb); free(y); free(dx); free(dw); free(db);
 }
 
+TEST(cuda_op_linear) {
+    if (!setup()) return;
+    linear_case(37, 48, 20);
+    linear_case(1500, 32, 48);
+}
+
 TEST(cuda_op_norms_and_activations) {
     if (!setup()) return;
-    int N = 13, D = 96;
-    int cfg[4][2] = {{96, 96}, {32, 32}, {32, 96}, {12, 12}};  // 12: rows not read 8 at a time
-    for (int k = 0; k < 4; k++) {
-        int group = cfg[k][0], wlen = cfg[k][1];
+    int D = 96;
+    // {group, weight length, rows}; 12: rows not read 8 at a time; 700 rows: the weight
+    // gradient's column sums over several strips
+    int cfg[6][3] = {{96, 96, 13}, {32, 32, 13}, {32, 96, 13}, {12, 12, 13}, {32, 32, 700}, {96, 96, 700}};
+    for (int k = 0; k < 6; k++) {
+        int group = cfg[k][0], wlen = cfg[k][1], N = cfg[k][2];
         size_t nd = (size_t)N * D, nr = nd / group;
         double *x = input(10 + k, nd, -2, 2, MEM_ACT), *w = input(20 + k, wlen, 0.5, 1.5, MEM_PARAM);
         double *dy = input(30 + k, nd, -1, 1, MEM_ACT), *y = xcalloc(nd, 8), *rs = xcalloc(nr, 8);
@@ -203,16 +211,24 @@ TEST(cuda_op_conv_embed_xent_gates) {
     CHECK(!G->embed_fwd(G, gex, gtok, ge, N, D, 2.0f) && !G->embed_bwd(G, gde, gdex, gtok, N, D, 2.0f), "%s", mn_last_error());
     cmp("embed x", gex, ex, (size_t)N * D, MEM_ACT, BF16_TOL);
     cmp("embed dE (repeated tokens)", gde, de, (size_t)V * D, MEM_F32, F32_TOL);
-    double *z = input(62, (size_t)N * V, -20, 20, MEM_ACT), *loss = xcalloc(N, 8);
-    void *gz = to_gpu(z, (size_t)N * V, MEM_ACT), *gl = G->alloc(G, N, MEM_F32), *gt = G->alloc(G, N, MEM_I32);
-    G->upload_i32(G, gt, tgt, N);
-    R->xent(R, z, loss, tgt, N, V, 30, 0.25f);
-    CHECK(!G->xent(G, gz, gl, gt, N, V, 30, 0.25f), "%s", mn_last_error());
-    cmp("xent losses", gl, loss, N, MEM_F32, 1e-5);
-    cmp("xent dlogits", gz, z, (size_t)N * V, MEM_ACT, BF16_TOL);
-    void *g2[] = {ge, gex, gde, gdex, gtok, gz, gl, gt};
-    for (int i = 0; i < 8; i++) G->free(G, g2[i]);
-    free(e); free(ex); free(de); free(dex); free(z); free(loss);
+    void *g2[] = {ge, gex, gde, gdex, gtok};
+    for (int i = 0; i < 5; i++) G->free(G, g2[i]);
+    free(e); free(ex); free(de); free(dex);
+    // rows of 300 logits are read element by element, of 304 in 16-byte pieces
+    for (int Vx = V; Vx <= V + 4; Vx += 4) {
+        double *z = input(62, (size_t)N * Vx, -20, 20, MEM_ACT), *loss = xcalloc(N, 8);
+        void *gz = to_gpu(z, (size_t)N * Vx, MEM_ACT), *gl = G->alloc(G, N, MEM_F32), *gt = G->alloc(G, N, MEM_I32);
+        G->upload_i32(G, gt, tgt, N);
+        R->xent(R, z, loss, tgt, N, Vx, 30, 0.25f);
+        CHECK(!G->xent(G, gz, gl, gt, N, Vx, 30, 0.25f), "%s", mn_last_error());
+        cmp("xent losses", gl, loss, N, MEM_F32, 1e-5);
+        cmp("xent dlogits", gz, z, (size_t)N * Vx, MEM_ACT, BF16_TOL);
+        G->free(G, gz);
+        G->free(G, gl);
+        G->free(G, gt);
+        free(z);
+        free(loss);
+    }
 
     // Mesa gates (with the bound active for some) and softplus
     size_t n = 500;
