@@ -83,7 +83,7 @@ int bench_decode(int argc, char **argv) {
     int graphs = be->graph_begin != NULL && !eager_only;
     printf("decoding %s (%zu parameters) on %s: %d-token prompt, then %d steps per run (median of %d), "
            "logits to the host every step; CG at most %d steps, tolerance %.0e\n",
-           config, m->total, be->name, prompt, tokens, reps, m->solver.max_steps, (double)tol);
+           config, m->count, be->name, prompt, tokens, reps, m->solver.max_steps, (double)tol);
     printf("%6s | %12s %12s | %12s %12s | %7s | %8s | %s\n", "B", "eager ms", "tokens/s", graphs ? "graph ms" : "-",
            graphs ? "tokens/s" : "-", graphs ? "speedup" : "-", "CG steps", "of a step: logits to host ms");
     for (int i = 0; i < nb; i++) {

@@ -74,9 +74,9 @@ int bench_train(int argc, char **argv) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     size_t embed = (size_t)c.vocab_size * c.dim;
-    double dense_flops = 6.0 * (double)(m->total - (c.tie_embeddings ? 0 : embed)) * (double)N * steps;
+    double dense_flops = 6.0 * (double)(m->count - (c.tie_embeddings ? 0 : embed)) * (double)N * steps;
     printf("training %s (%zu parameters) on %s, %d threads, batch %d x %d tokens, CG steps %d (mean used %.1f)\n", config,
-           m->total, be->name, omp_get_max_threads(), batch, seq, c.cg_steps, cg_mean);
+           m->count, be->name, omp_get_max_threads(), batch, seq, c.cg_steps, cg_mean);
     if (gpu)
         printf("  %.0f tokens/s, %.1f ms/step, device memory in use %.2f GB\n", (double)N * steps / t_total,
                1e3 * t_total / steps, (double)peak / 1e9);

@@ -136,7 +136,7 @@ TEST(model_gradients_match_finite_differences) {
         double *num = xcalloc(m->total, 8);
         fd_gradient(model_loss, &c, m->params, m->total, 1e-6, num);
         double e = rel_err64(m->grads, num, m->total);
-        test_note("%s architecture: %zu parameters, whole-model gradient rel err %.2e", arch[a], m->total, e);
+        test_note("%s architecture: %zu parameters, whole-model gradient rel err %.2e", arch[a], m->count, e);
         CHECK_REL("whole-model gradient", e, 1e-6);
         // and tensor by tensor, so a failure names its tensor
         for (int i = 0; i < m->nparams; i++) {

@@ -100,9 +100,13 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         if ((st = ops->create(&m->mixers[l]))) goto fail;
     }
     if ((st = declare_all(cfg, ops, m->specs, &m->nparams, m->blocks, &m->embed, &m->norm_f, &m->head))) goto fail;
+    // Tensors start 16-byte aligned in their bf16 copies on the GPU: cuBLAS runs its fast kernels
+    // only on aligned operands. (Packed, a bias of 6 elements misaligned every tensor after it,
+    // and half the model's products ran 4-byte-aligned Ampere kernels.)
     for (int i = 0; i < m->nparams; i++) {
-        m->specs[i].offset = m->total;
+        m->specs[i].offset = m->total = (m->total + 7) / 8 * 8;
         m->total += m->specs[i].numel;
+        m->count += m->specs[i].numel;
     }
     m->params = be->alloc(be, m->total, MEM_PARAM);
     m->grads = be->alloc(be, m->total, MEM_F32);  // float32 gradients on every backend

@@ -27,7 +27,8 @@ typedef struct {
     const Backend *be;
     ParamSpec *specs;        // [nparams]
     int nparams;
-    size_t total;            // number of parameters
+    size_t count;            // number of parameters
+    size_t total;            // slab length: every tensor starts at a multiple of 8 elements (the padding stays zero)
     void *params;            // slab of `total` parameters (MEM_PARAM)
     void *grads;             // slab of `total` gradients (MEM_F32)
     void **p, **g;           // per-tensor views into the slabs

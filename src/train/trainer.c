@@ -238,7 +238,7 @@ int train_run(const TrainOptions *o, FILE *log) {
     }
     LrSchedule sched = {o->lr, o->warmup, o->steps, o->lr_final};
     fprintf(log, "train: %s model, %zu parameters, %s backend; %d x %d tokens x %d accumulation per step, %d steps\n",
-            m->cfg.arch, m->total, be->name, o->batch, o->seq, o->accum, o->steps);
+            m->cfg.arch, m->count, be->name, o->batch, o->seq, o->accum, o->steps);
     double t_start = mn_now(), t_last = t_start, elapsed0 = st.elapsed, tok_rate = 0;
     int last_saved = st.step;
     while (st.step < o->steps) {
