@@ -285,13 +285,22 @@ __global__ void colsum_kernel(float *out, const bf16 *dy, const bf16 *x, const f
     }
 }
 
+// The grid of a column-sum kernel: tiles of 32 pieces of columns by strips of rows (about 1024
+// blocks, 64 rows a strip at least). Returns the rows per strip.
+static long strip_rows(long rows, int cols, int vec, int *tiles, long *strips) {
+    int tile = vec ? 256 : 32;
+    *tiles = (cols + tile - 1) / tile;
+    long n = (rows + 63) / 64, cap = 1024 / *tiles > 1 ? 1024 / *tiles : 1;
+    if (n > cap) n = cap;
+    long per = (rows + n - 1) / n;
+    *strips = (rows + per - 1) / per;
+    return per;
+}
+
 static int colsum(const Backend *be, float *out, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L,
                   int group) {
-    int vec = L % 8 == 0 && rows_vec(group, dy, x ? x : dy), tile = vec ? 256 : 32, tiles = (L + tile - 1) / tile;
-    long strips = (rows + 63) / 64, cap = 1024 / tiles > 1 ? 1024 / tiles : 1;  // ~1024 blocks, 64 rows a strip at least
-    if (strips > cap) strips = cap;
-    long per = (rows + strips - 1) / strips;
-    strips = (rows + per - 1) / per;
+    int vec = L % 8 == 0 && rows_vec(group, dy, x ? x : dy), tiles;
+    long strips, per = strip_rows(rows, L, vec, &tiles, &strips);
     colsum_kernel<<<dim3((unsigned)tiles, (unsigned)strips), 32 * COLSUM_WARPS, 0, cuda_ctx(be)->stream>>>(
         out, dy, x, rstd, rows, L, group, per, vec);
     LAUNCH_CHECK();
@@ -497,79 +506,199 @@ static int g_softcap(const Backend *be, void *x, size_t n, float cap) {
     return MN_OK;
 }
 
-__global__ void silu_fwd_kernel(bf16 *y, const bf16 *x, size_t n) {
-    GRID_LOOP(i, n) {
-        float v = ld(x, i);
-        st(y, i, v * sigmoidf_(v));
+// Element-wise kernels: a thread takes 8 elements at a time, one 16-byte load or store per
+// operand where the pointers allow it (vec), else (and at the tail) element by element.
+#define PIECE_LOOP(i, n) \
+    for (size_t i = 8 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < (n); i += 8 * (size_t)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ int piece_get(const bf16 *p, size_t i, size_t n, int vec, float v[8]) {
+    int m = n - i < 8 ? (int)(n - i) : 8;
+    if (vec && m == 8) return piece_load(p + i, 1, v);
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = k < m ? __bfloat162float(p[i + k]) : 0.0f;
+    return m;
+}
+
+__device__ __forceinline__ void piece_put(bf16 *p, size_t i, int m, int vec, const float v[8]) {
+    if (vec && m == 8) {
+        piece_store(p + i, 1, v);
+        return;
+    }
+    for (int k = 0; k < m; k++) p[i + k] = __float2bfloat16(v[k]);
+}
+
+static int aligned16(const void *a, const void *b, const void *c, const void *d) {
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) % 16) == 0;
+}
+
+static unsigned piece_grid(size_t n) { return grid_for((n + 7) / 8, 256); }
+
+__global__ void silu_fwd_kernel(bf16 *y, const bf16 *x, size_t n, int vec) {
+    PIECE_LOOP(i, n) {
+        float v[8];
+        int m = piece_get(x, i, n, vec, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] *= sigmoidf_(v[k]);
+        piece_put(y, i, m, vec, v);
     }
 }
 
-__global__ void silu_bwd_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, size_t n) {
-    GRID_LOOP(i, n) {
-        float v = ld(x, i), s = sigmoidf_(v);
-        st(dx, i, ld(dy, i) * s * (1 + v * (1 - s)));
+__global__ void silu_bwd_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, size_t n, int vec) {
+    PIECE_LOOP(i, n) {
+        float d[8], v[8];
+        int m = piece_get(dy, i, n, vec, d);
+        piece_get(x, i, n, vec, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float s = sigmoidf_(v[k]);
+            d[k] *= s * (1 + v[k] * (1 - s));
+        }
+        piece_put(dx, i, m, vec, d);
     }
 }
 
-__global__ void swiglu_fwd_kernel(bf16 *h, const bf16 *g, const bf16 *u, size_t n) {
-    GRID_LOOP(i, n) {
-        float v = ld(g, i);
-        st(h, i, v * sigmoidf_(v) * ld(u, i));
+__global__ void swiglu_fwd_kernel(bf16 *h, const bf16 *g, const bf16 *u, size_t n, int vec) {
+    PIECE_LOOP(i, n) {
+        float v[8], w[8];
+        int m = piece_get(g, i, n, vec, v);
+        piece_get(u, i, n, vec, w);
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] *= sigmoidf_(v[k]) * w[k];
+        piece_put(h, i, m, vec, v);
     }
 }
 
-__global__ void swiglu_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n) {
-    GRID_LOOP(i, n) {
-        float v = ld(g, i), s = sigmoidf_(v), d = ld(dh, i);
-        st(dg, i, d * ld(u, i) * s * (1 + v * (1 - s)));
-        st(du, i, d * v * s);
+__global__ void swiglu_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n, int vec) {
+    PIECE_LOOP(i, n) {
+        float d[8], v[8], w[8], a[8], b[8];
+        int m = piece_get(dh, i, n, vec, d);
+        piece_get(g, i, n, vec, v);
+        piece_get(u, i, n, vec, w);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float s = sigmoidf_(v[k]);
+            a[k] = d[k] * w[k] * s * (1 + v[k] * (1 - s));
+            b[k] = d[k] * v[k] * s;
+        }
+        piece_put(dg, i, m, vec, a);
+        piece_put(du, i, m, vec, b);
     }
 }
 
-__global__ void add_kernel(bf16 *x, const bf16 *y, size_t n) {
-    GRID_LOOP(i, n) st(x, i, ld(x, i) + ld(y, i));
+__global__ void add_kernel(bf16 *x, const bf16 *y, size_t n, int vec) {
+    PIECE_LOOP(i, n) {
+        float a[8], b[8];
+        int m = piece_get(x, i, n, vec, a);
+        piece_get(y, i, n, vec, b);
+#pragma unroll
+        for (int k = 0; k < 8; k++) a[k] += b[k];
+        piece_put(x, i, m, vec, a);
+    }
 }
 
 static int g_silu_fwd(const Backend *be, void *y, const void *x, size_t n) {
-    silu_fwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)y, (const bf16 *)x, n);
+    silu_fwd_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)y, (const bf16 *)x, n, aligned16(y, x, x, x));
     LAUNCH_CHECK();
     return MN_OK;
 }
 static int g_silu_bwd(const Backend *be, void *dx, const void *dy, const void *x, size_t n) {
-    silu_bwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, n);
+    silu_bwd_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, n,
+                                                                     aligned16(dx, dy, x, x));
     LAUNCH_CHECK();
     return MN_OK;
 }
 static int g_swiglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n) {
-    swiglu_fwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)h, (const bf16 *)g, (const bf16 *)u, n);
+    swiglu_fwd_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)h, (const bf16 *)g, (const bf16 *)u, n,
+                                                                       aligned16(h, g, u, u));
     LAUNCH_CHECK();
     return MN_OK;
 }
 static int g_swiglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
-    swiglu_bwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)dg, (bf16 *)du, (const bf16 *)dh,
-                                                                          (const bf16 *)g, (const bf16 *)u, n);
+    swiglu_bwd_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>(
+        (bf16 *)dg, (bf16 *)du, (const bf16 *)dh, (const bf16 *)g, (const bf16 *)u, n,
+        aligned16(dg, du, dh, g) && aligned16(u, u, u, u));
     LAUNCH_CHECK();
     return MN_OK;
 }
 static int g_add(const Backend *be, void *x, const void *y, size_t n) {
-    add_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)x, (const bf16 *)y, n);
+    add_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)x, (const bf16 *)y, n, aligned16(x, y, y, y));
     LAUNCH_CHECK();
     return MN_OK;
 }
 
 // ------------------------------------------------------------------- sequence ops
 
+// The causal depthwise convolution reads channels in pieces of 8 (one 16-byte load) where C and
+// the pointers allow it (vec), else one by one. Its input at t < 0 is the state (or zero).
 __device__ __forceinline__ float conv_in(const bf16 *x, const bf16 *state, int b, int t, int c, int T, int C, int K) {
     if (t >= 0) return ld(x, ((size_t)b * T + t) * C + c);
     return state ? ld(state, ((size_t)b * (K - 1) + (t + K - 1)) * C + c) : 0.0f;
 }
 
-__global__ void conv_fwd_kernel(bf16 *y, const bf16 *x, const float *w, int B, int T, int C, int K, const bf16 *sin) {
-    GRID_LOOP(i, (size_t)B * T * C) {
-        int c = (int)(i % C), t = (int)((i / C) % T), b = (int)(i / ((size_t)C * T));
-        float s = 0;
-        for (int j = 0; j < K; j++) s += w[c * K + j] * conv_in(x, sin, b, t - K + 1 + j, c, T, C, K);
-        st(y, i, s);
+__device__ __forceinline__ void conv_piece(float v[8], const bf16 *x, const bf16 *state, int b, int t, int c, int T,
+                                           int C, int K, int vec) {
+    if (t >= 0) {
+        piece_load(x + ((size_t)b * T + t) * C + c, vec, v);
+    } else if (state) {
+        piece_load(state + ((size_t)b * (K - 1) + (t + K - 1)) * C + c, vec, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = 0;
+    }
+}
+
+// A thread takes a piece of channels over CONV_TT time steps: it reads its weights once and
+// keeps a window of the last 8 input pieces in registers, so every input is read once (a thread
+// per output piece read the K inputs and 8 K scattered weights each time: 2x slower than one
+// channel at a time). Windows and weights are 8 taps wide, right-aligned, zero beyond K, so that
+// registers are indexed by constants.
+#define CONV_TT 16
+
+// w8[q][k] = w[c + k, q - (8 - K)] for q >= 8 - K, else 0 (reversed with rev: w[c + k, K - 1 - q] for q < K).
+__device__ __forceinline__ void conv_weights(float w8[8][8], const float *w, int c, int K, int width, int rev) {
+#pragma unroll
+    for (int q = 0; q < 8; q++)
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int j = rev ? K - 1 - q : q - (8 - K);
+            w8[q][k] = k < width && j >= 0 && j < K ? w[(c + k) * K + j] : 0.0f;
+        }
+}
+
+__device__ __forceinline__ void conv_dot(float out[8], const float w8[8][8], const float win[8][8]) {
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        out[k] = 0;
+#pragma unroll
+        for (int q = 0; q < 8; q++) out[k] += w8[q][k] * win[q][k];
+    }
+}
+
+// y[b, t, c] = sum_j w[c, j] x[b, t - K + 1 + j, c]; the window holds x at t - 7 .. t.
+__global__ void conv_fwd_kernel(bf16 *y, const bf16 *x, const float *w, int B, int T, int C, int K, const bf16 *sin,
+                                int vec) {
+    int width = vec ? 8 : 1, cp = C / width, tb = (T + CONV_TT - 1) / CONV_TT;
+    GRID_LOOP(i, (size_t)B * tb * cp) {
+        size_t r = i / cp;
+        int c = (int)(i % cp) * width, t0 = (int)(r % tb) * CONV_TT, b = (int)(r / tb), t1 = min(T, t0 + CONV_TT);
+        float w8[8][8], win[8][8], out[8];
+        conv_weights(w8, w, c, K, width, 0);
+#pragma unroll
+        for (int q = 1; q < 8; q++) {  // x at t0 - 8 + q, the window before its first shift
+            if (q >= 9 - K) conv_piece(win[q], x, sin, b, t0 - 8 + q, c, T, C, K, vec);
+            else
+#pragma unroll
+                for (int k = 0; k < 8; k++) win[q][k] = 0;
+        }
+        for (int t = t0; t < t1; t++) {
+#pragma unroll
+            for (int q = 0; q < 7; q++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) win[q][k] = win[q + 1][k];
+            conv_piece(win[7], x, sin, b, t, c, T, C, K, vec);
+            conv_dot(out, w8, win);
+            piece_store(y + ((size_t)b * T + t) * C + c, vec, out);
+        }
     }
 }
 
@@ -580,12 +709,16 @@ __global__ void conv_state_kernel(bf16 *tmp, const bf16 *x, int B, int T, int C,
     }
 }
 
+static int conv_vec(int C, const void *a, const void *b, const void *c) { return C % 8 == 0 && aligned16(a, b, c, c); }
+
 static int g_conv_fwd(const Backend *be, void *y, const void *x, const void *w, int B, int T, int C, int K,
                       const void *sin, void *sout) {
     CudaCtx *cx = cuda_ctx(be);
-    size_t n = (size_t)B * T * C;
+    if (K > 8) return mn_error(MN_ERR_ARG, "cuda conv: kernel width %d, at most 8", K);
+    int vec = conv_vec(C, y, x, sin);
+    size_t n = (size_t)B * ((T + CONV_TT - 1) / CONV_TT) * (C / (vec ? 8 : 1));
     conv_fwd_kernel<<<grid_for(n, 256), 256, 0, cx->stream>>>((bf16 *)y, (const bf16 *)x, (const float *)w, B, T, C, K,
-                                                              (const bf16 *)sin);
+                                                              (const bf16 *)sin, vec);
     LAUNCH_CHECK();
     if (sout && K > 1) {  // via scratch: state_out may alias state_in
         size_t ns = (size_t)B * (K - 1) * C;
@@ -598,46 +731,100 @@ static int g_conv_fwd(const Backend *be, void *y, const void *x, const void *w, 
     return MN_OK;
 }
 
-__global__ void conv_bwd_dx_kernel(bf16 *dx, const bf16 *dy, const float *w, int B, int T, int C, int K) {
-    GRID_LOOP(i, (size_t)B * T * C) {
-        int c = (int)(i % C), t = (int)((i / C) % T), b = (int)(i / ((size_t)C * T));
-        float s = 0;
-        for (int j = 0; j < K; j++) {
-            int to = t + K - 1 - j;
-            if (to < T) s += w[c * K + j] * ld(dy, ((size_t)b * T + to) * C + c);
-        }
-        st(dx, i, s);
+// dx[b, t, c] = sum_j w[c, j] dy[b, t + K - 1 - j, c] = sum_q w[c, K - 1 - q] dy[b, t + q, c]: walked
+// backwards in t, the window holds dy at t .. t + 7 (zero past T).
+__device__ __forceinline__ void dy_piece(float v[8], const bf16 *dy, int b, int t, int c, int T, int C, int vec) {
+    if (t < T) {
+        piece_load(dy + ((size_t)b * T + t) * C + c, vec, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = 0;
     }
 }
 
-// dw[c, j]: each block sums a strip of (b, t) rows for 256 channels.
-__global__ void conv_bwd_dw_kernel(float *dw, const bf16 *dy, const bf16 *x, int B, int T, int C, int K, const bf16 *sin,
-                                   int rows_per_strip) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    int r0 = blockIdx.y * rows_per_strip, r1 = min(B * T, r0 + rows_per_strip);
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // K <= 8
-    for (int r = r0; r < r1; r++) {
-        int b = r / T, t = r % T;
-        float g = ld(dy, (size_t)r * C + c);
+__global__ void conv_bwd_dx_kernel(bf16 *dx, const bf16 *dy, const float *w, int B, int T, int C, int K, int vec) {
+    int width = vec ? 8 : 1, cp = C / width, tb = (T + CONV_TT - 1) / CONV_TT;
+    GRID_LOOP(i, (size_t)B * tb * cp) {
+        size_t r = i / cp;
+        int c = (int)(i % cp) * width, t0 = (int)(r % tb) * CONV_TT, b = (int)(r / tb), t1 = min(T, t0 + CONV_TT);
+        float w8[8][8], win[8][8], out[8];
+        conv_weights(w8, w, c, K, width, 1);
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (j < K) acc[j] += g * conv_in(x, sin, b, t - K + 1 + j, c, T, C, K);
+        for (int q = 0; q < 7; q++) {  // dy at t1 + q, the window before its first shift
+            if (q < K - 1) dy_piece(win[q], dy, b, t1 + q, c, T, C, vec);
+            else
+#pragma unroll
+                for (int k = 0; k < 8; k++) win[q][k] = 0;
+        }
+        for (int t = t1 - 1; t >= t0; t--) {
+#pragma unroll
+            for (int q = 7; q > 0; q--)
+#pragma unroll
+                for (int k = 0; k < 8; k++) win[q][k] = win[q - 1][k];
+            dy_piece(win[0], dy, b, t, c, T, C, vec);
+            conv_dot(out, w8, win);
+            piece_store(dx + ((size_t)b * T + t) * C + c, vec, out);
+        }
     }
+}
+
+// dw[c, j] = sum over (b, t) of dy[b, t, c] x[b, t - K + 1 + j, c]: column sums laid out as
+// colsum_kernel's (a block per strip of rows and 32 pieces of channels), K of them at once.
+__global__ void conv_bwd_dw_kernel(float *dw, const bf16 *dy, const bf16 *x, int B, int T, int C, int K, const bf16 *sin,
+                                   long per_strip, int vec) {
+    __shared__ float part[COLSUM_WARPS][256];
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, width = vec ? 8 : 1, tile = 32 * width;
+    int c0 = blockIdx.x * tile + lane * width;
+    long r0 = blockIdx.y * per_strip, r1 = min((long)B * T, r0 + per_strip);
+    float acc[8][8];  // [tap][channel], K <= 8
 #pragma unroll
     for (int j = 0; j < 8; j++)
-        if (j < K) atomicAdd(&dw[c * K + j], acc[j]);
+#pragma unroll
+        for (int k = 0; k < 8; k++) acc[j][k] = 0;
+    if (c0 < C)
+        for (long r = r0 + wp; r < r1; r += COLSUM_WARPS) {
+            int b = (int)(r / T), t = (int)(r % T);
+            float g[8], v[8];
+            piece_load(dy + (size_t)r * C + c0, vec, g);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (j >= K) break;
+                conv_piece(v, x, sin, b, t - K + 1 + j, c0, T, C, K, vec);
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    if (k < width) acc[j][k] += g[k] * v[k];
+            }
+        }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (j >= K) break;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (k < width) part[wp][lane * width + k] = acc[j][k];
+        __syncthreads();
+        for (int i = threadIdx.x; i < tile; i += blockDim.x) {
+            int c = blockIdx.x * tile + i;
+            if (c >= C) continue;
+            float sum = 0;
+            for (int w = 0; w < COLSUM_WARPS; w++) sum += part[w][i];
+            atomicAdd(&dw[c * K + j], sum);
+        }
+        __syncthreads();
+    }
 }
 
 static int g_conv_bwd(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w, int B, int T,
                       int C, int K, const void *sin) {
+    if (K > 8) return mn_error(MN_ERR_ARG, "cuda conv: kernel width %d, at most 8", K);
     cudaStream_t s = cuda_ctx(be)->stream;
-    size_t n = (size_t)B * T * C;
-    conv_bwd_dx_kernel<<<grid_for(n, 256), 256, 0, s>>>((bf16 *)dx, (const bf16 *)dy, (const float *)w, B, T, C, K);
+    int vec = conv_vec(C, dx, dy, x) && aligned16(sin, sin, sin, sin);
+    size_t n = (size_t)B * ((T + CONV_TT - 1) / CONV_TT) * (C / (vec ? 8 : 1));
+    conv_bwd_dx_kernel<<<grid_for(n, 256), 256, 0, s>>>((bf16 *)dx, (const bf16 *)dy, (const float *)w, B, T, C, K, vec);
     LAUNCH_CHECK();
-    int rows = B * T, strips = rows < 256 ? 1 : 128, per = (rows + strips - 1) / strips;
-    conv_bwd_dw_kernel<<<dim3((unsigned)((C + 255) / 256), (unsigned)strips), 256, 0, s>>>(
-        (float *)dw, (const bf16 *)dy, (const bf16 *)x, B, T, C, K, (const bf16 *)sin, per);
+    int tiles;
+    long strips, per = strip_rows((long)B * T, C, vec, &tiles, &strips);
+    conv_bwd_dw_kernel<<<dim3((unsigned)tiles, (unsigned)strips), 32 * COLSUM_WARPS, 0, s>>>(
+        (float *)dw, (const bf16 *)dy, (const bf16 *)x, B, T, C, K, (const bf16 *)sin, per, vec);
     LAUNCH_CHECK();
     return MN_OK;
 }

@@ -136,7 +136,7 @@ TEST(cuda_op_norms_and_activations) {
         for (int i = 0; i < 8; i++) G->free(G, g[i]);
         free(x); free(w); free(dy); free(y); free(rs); free(dx); free(dw); free(inv); free(yb);
     }
-    size_t n = 1000;
+    size_t n = 1003;  // pieces of 8 and a tail of 3
     double *a = input(40, n, -6, 6, MEM_ACT), *u = input(41, n, -2, 2, MEM_ACT), *d = input(42, n, -1, 1, MEM_ACT);
     double *h = xcalloc(n, 8), *da = xcalloc(n, 8), *du = xcalloc(n, 8);
     void *ga = to_gpu(a, n, MEM_ACT), *gu = to_gpu(u, n, MEM_ACT), *gd = to_gpu(d, n, MEM_ACT), *gh = G->alloc(G, n, MEM_ACT);
@@ -175,9 +175,10 @@ TEST(cuda_op_norms_and_activations) {
     free(a); free(u); free(d); free(h); free(da); free(du);
 }
 
-TEST(cuda_op_conv_embed_xent_gates) {
-    if (!setup()) return;
-    int B = 3, T = 11, Ch = 40, K = 4;
+// The causal convolution: channels read 8 at a time (Ch = 40, 16) and one by one (Ch = 13); T =
+// 37 spans three of a thread's runs of time steps.
+static void conv_case(int Ch, int T) {
+    int B = 3, K = 4;
     size_t nx = (size_t)B * T * Ch, ns = (size_t)B * (K - 1) * Ch;
     double *x = input(50, nx, -1, 1, MEM_ACT), *w = input(51, (size_t)Ch * K, -1, 1, MEM_PARAM);
     double *sin = input(52, ns, -1, 1, MEM_ACT), *dy = input(53, nx, -1, 1, MEM_ACT);
@@ -197,6 +198,13 @@ TEST(cuda_op_conv_embed_xent_gates) {
     void *g1[] = {gx, gw, gs, gdy, gy, gdx, gdw};
     for (int i = 0; i < 7; i++) G->free(G, g1[i]);
     free(x); free(w); free(sin); free(dy); free(y); free(so); free(dx); free(dw);
+}
+
+TEST(cuda_op_conv_embed_xent_gates) {
+    if (!setup()) return;
+    conv_case(40, 11);
+    conv_case(13, 11);
+    conv_case(16, 37);
 
     // embedding and the soft-capped cross-entropy
     int N = 9, D = 16, V = 300;
