@@ -53,7 +53,7 @@ ifeq ($(CUDA),1)
     CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
     CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/%.o)
     NVCCFLAGS ?= -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
-                 -Xcompiler -Wall,-Werror,-fopenmp -Werror all-warnings -Iinclude -Isrc
+                 -Xcompiler -Wall,-Werror,-fopenmp -Werror all-warnings -Iinclude -Isrc -MMD -MP
     CFLAGS    += -DMN_HAVE_CUDA
     LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
   endif
@@ -99,4 +99,4 @@ test-cuda: all
 clean:
 	rm -rf $(BUILD)
 
--include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BENCH_OBJ:.o=.d) $(CUDA_TEST_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BENCH_OBJ:.o=.d) $(CUDA_TEST_OBJ:.o=.d) $(CU_OBJ:.o=.d)

@@ -52,7 +52,15 @@ extern "C" {
 #define NCG 4                 // column groups of a 64-row tile: warp w owns rows 16 (w & 3).., columns group w >> 2
 #endif
 #define NT (128 * NCG)        // threads per block: 4 row blocks x NCG column groups of warps
-#define MAXD 128              // largest head size the fused kernels take
+#ifndef MAXD
+#define MAXD 128              // largest head size the fused kernels take (mesa_cuda_d64.cu: 64)
+#endif
+#ifndef MESA_NAME
+#define MESA_NAME(f) f        // the entry points' names (mesa_cuda_d64.cu suffixes its build's)
+#endif
+// Chunk-kernel blocks per multiprocessor: one at head size 128 (128 registers a thread, ~205 KB of
+// smem); two where tiles are half as wide (MAXD 64: 64 registers, ~108 KB).
+#define CHUNK_BLOCKS (MAXD <= 64 ? 2 : 1)
 #define MAXNT (MAXD / (8 * NCG))  // n-tiles (8 columns) per warp, at most
 #define NTILES(n) ((n) / (8 * NCG))  // n-tiles per warp of a tile n columns wide
 #define FR 2                  // rows per thread in a tile: groupID and groupID + 8
@@ -62,7 +70,7 @@ extern "C" {
 // Head sizes padded so that every warp of a tile gets whole n-tiles (and ldrow's bank property holds).
 static int pad_head(int d) { return (d + 8 * NCG - 1) / (8 * NCG) * (8 * NCG); }
 // Stride of a row-major operand with n columns (n a multiple of 16): 8 or 24 mod 32, conflict-free.
-__host__ __device__ __forceinline__ int ldrow(int n) { return n + 8; }
+static __host__ __device__ __forceinline__ int ldrow(int n) { return n + 8; }
 
 // Sizes of one problem, passed to every kernel.
 typedef struct {
@@ -71,7 +79,7 @@ typedef struct {
     float tol2;  // squared stopping tolerance (at least the rounding floor)
 } Geo;
 
-__device__ __forceinline__ size_t tok_index(const Geo *g, int pair, int t) {
+static __device__ __forceinline__ size_t tok_index(const Geo *g, int pair, int t) {
     int b = pair / g->H, h = pair % g->H;
     return ((size_t)b * g->T + t) * g->H + h;
 }
@@ -84,16 +92,16 @@ typedef struct {
     float v[MAXNT][4];
 } Tile;
 
-__device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
-__device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
-__device__ __forceinline__ int f_row(int i) { return 16 * (warp_id() & 3) + (lane_id() >> 2) + 8 * i; }
-__device__ __forceinline__ int f_col(int j, int e, int nc) {
+static __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
+static __device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
+static __device__ __forceinline__ int f_row(int i) { return 16 * (warp_id() & 3) + (lane_id() >> 2) + 8 * i; }
+static __device__ __forceinline__ int f_col(int j, int e, int nc) {
     return (warp_id() >> 2) * 8 * nc + 8 * j + 2 * (lane_id() & 3) + (e & 1);
 }
 // Whether this thread reports its rows' scalars (one thread per row).
-__device__ __forceinline__ int row_owner() { return (lane_id() & 3) == 0 && warp_id() < 4; }
+static __device__ __forceinline__ int row_owner() { return (lane_id() & 3) == 0 && warp_id() < 4; }
 
-__device__ __forceinline__ void tile_zero(Tile *t) {
+static __device__ __forceinline__ void tile_zero(Tile *t) {
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
@@ -101,7 +109,7 @@ __device__ __forceinline__ void tile_zero(Tile *t) {
 }
 
 // The thread's partial sums of a_row . b_row for its rows (over its own columns; rows_join completes them).
-__device__ __forceinline__ void tile_rowdot(float s[FR], const Tile *a, const Tile *b, int nc) {
+static __device__ __forceinline__ void tile_rowdot(float s[FR], const Tile *a, const Tile *b, int nc) {
     s[0] = s[1] = 0;
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
@@ -113,7 +121,7 @@ __device__ __forceinline__ void tile_rowdot(float s[FR], const Tile *a, const Ti
 // out[i] = the sum of the partials s[i] of the thread's rows: rows span the 4
 // lanes of a quad and the NCG column-group warps; `red` ([NCG][CH] floats of
 // smem) joins the groups. Called by all threads (it synchronizes the block).
-__device__ void rows_join(float out[FR], float s[FR], float *red) {
+static __device__ void rows_join(float out[FR], float s[FR], float *red) {
 #pragma unroll
     for (int i = 0; i < FR; i++) {
         s[i] += __shfl_xor_sync(0xffffffffu, s[i], 1);
@@ -133,14 +141,14 @@ __device__ void rows_join(float out[FR], float s[FR], float *red) {
 }
 
 // out[i] = a_row . b_row for the thread's rows (all threads; synchronizes).
-__device__ __forceinline__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, float *red) {
+static __device__ __forceinline__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, float *red) {
     float s[FR];
     tile_rowdot(s, a, b, nc);
     rows_join(out, s, red);
 }
 
 // Multiplies the thread's rows by f.
-__device__ __forceinline__ void tile_scale_rows(Tile *t, const float f[FR]) {
+static __device__ __forceinline__ void tile_scale_rows(Tile *t, const float f[FR]) {
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
@@ -148,7 +156,7 @@ __device__ __forceinline__ void tile_scale_rows(Tile *t, const float f[FR]) {
 }
 
 // The largest magnitude in the thread's part of the tile.
-__device__ __forceinline__ float tile_absmax(const Tile *t, int nc) {
+static __device__ __forceinline__ float tile_absmax(const Tile *t, int nc) {
     float m = 0;
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
@@ -160,7 +168,7 @@ __device__ __forceinline__ float tile_absmax(const Tile *t, int nc) {
 
 // The block's maxima of n per-thread values at once (non-negative): m in, the
 // maxima out, for every thread. red: 32 n floats of smem. Synchronizes.
-__device__ void block_max_n(float *m, int n, float *red) {
+static __device__ void block_max_n(float *m, int n, float *red) {
     for (int i = 0; i < n; i++) m[i] = warp_max(m[i]);
     __syncthreads();  // the previous readers of red are done
     if (lane_id() == 0)
@@ -186,10 +194,10 @@ __device__ void block_max_n(float *m, int n, float *red) {
 // as the TF32 split), the direction is rounded to 11 bits (as TF32 rounding
 // was; see cg_solve), and the masked scores are split hi + lo.
 
-__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 // Four (two) 8 x 8 blocks of 16-bit values; `trans` transposes each block.
-__device__ __forceinline__ void ldsm4(unsigned r[4], const __half *p, int trans) {
+static __device__ __forceinline__ void ldsm4(unsigned r[4], const __half *p, int trans) {
     if (trans)
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
@@ -198,26 +206,26 @@ __device__ __forceinline__ void ldsm4(unsigned r[4], const __half *p, int trans)
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
 }
 
-__device__ __forceinline__ void ldsm2(unsigned r[2], const __half *p, int trans) {
+static __device__ __forceinline__ void ldsm2(unsigned r[2], const __half *p, int trans) {
     if (trans)
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
     else
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
 }
 
-__device__ __forceinline__ void mma_f16(float c[4], const unsigned a[4], const unsigned b[2]) {
+static __device__ __forceinline__ void mma_f16(float c[4], const unsigned a[4], const unsigned b[2]) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-__device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], const unsigned b[2]) {
+static __device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], const unsigned b[2]) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-__device__ __forceinline__ void mma16(float c[4], const unsigned a[4], const unsigned b[2], int bf) {
+static __device__ __forceinline__ void mma16(float c[4], const unsigned a[4], const unsigned b[2], int bf) {
     if (bf) mma_bf16(c, a, b);
     else mma_f16(c, a, b);
 }
@@ -229,7 +237,7 @@ __device__ __forceinline__ void mma16(float c[4], const unsigned a[4], const uns
 // k (B(k, n) = B[k ldb + n]) or, with b_nmajor, by n (B(k, n) = B[n ldb + k]).
 // A2 and B2 (the low halves of split operands) may be NULL. k0, k1 multiples of
 // 16; strides of 16 mod 128 bytes (ldrow) keep ldmatrix free of bank conflicts.
-__device__ __forceinline__ void tile_mma_b16(Tile *acc, const __half *A, const __half *A2, int lda, int a_kmajor,
+static __device__ __forceinline__ void tile_mma_b16(Tile *acc, const __half *A, const __half *A2, int lda, int a_kmajor,
                                              const __half *B, const __half *B2, int ldb, int b_nmajor, int k0, int k1,
                                              int nc, int bf) {
     int l = lane_id(), m0 = 16 * (warp_id() & 3), n0 = (warp_id() >> 2) * 8 * nc;
@@ -275,24 +283,24 @@ __device__ __forceinline__ void tile_mma_b16(Tile *acc, const __half *A, const _
 }
 
 // The chunk kernels' fp16 products: A row-major.
-__device__ __forceinline__ void tile_mma16(Tile *acc, const __half *A, const __half *A2, int lda, const __half *B,
+static __device__ __forceinline__ void tile_mma16(Tile *acc, const __half *A, const __half *A2, int lda, const __half *B,
                                            const __half *B2, int ldb, int b_nmajor, int k0, int k1, int nc) {
     tile_mma_b16(acc, A, A2, lda, 0, B, B2, ldb, b_nmajor, k0, k1, nc, 0);
 }
 
 // floor(log2 m) for a positive normal m, clamped to [-100, 100]; 0 for zero, subnormal or non-finite m.
-__device__ __forceinline__ int log2_floor(float m) {
+static __device__ __forceinline__ int log2_floor(float m) {
     int e = ((__float_as_int(m) >> 23) & 0xff) - 127;
     return (m > 0 && e > -127 && e < 128) ? max(-100, min(100, e)) : 0;
 }
 
-__device__ __forceinline__ float pow2f_(int e) { return __int_as_float((127 + e) << 23); }  // 2^e, |e| <= 126
+static __device__ __forceinline__ float pow2f_(int e) { return __int_as_float((127 + e) << 23); }  // 2^e, |e| <= 126
 
 // The power of two that brings a largest magnitude m into [1, 2) (1 for m = 0).
-__device__ __forceinline__ float fp16_scale(float m) { return pow2f_(-log2_floor(m)); }
+static __device__ __forceinline__ float fp16_scale(float m) { return pow2f_(-log2_floor(m)); }
 
 // fp16 hi + lo of v (both halves of a value pair)
-__device__ __forceinline__ void split_half2(float v0, float v1, __half2 *hi, __half2 *lo) {
+static __device__ __forceinline__ void split_half2(float v0, float v1, __half2 *hi, __half2 *lo) {
     *hi = __floats2half2_rn(v0, v1);
     float2 h = __half22float2(*hi);
     *lo = __floats2half2_rn(v0 - h.x, v1 - h.y);
@@ -300,7 +308,7 @@ __device__ __forceinline__ void split_half2(float v0, float v1, __half2 *hi, __h
 
 // Writes the tile, each row times its scale sc, into fp16 smem, row-major
 // (M[r ld + c]); split hi + lo when lo is given.
-__device__ __forceinline__ void tile_put16(__half *hi, __half *lo, int ld, const Tile *t, const float sc[FR], int nc) {
+static __device__ __forceinline__ void tile_put16(__half *hi, __half *lo, int ld, const Tile *t, const float sc[FR], int nc) {
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
         if (j < nc)
@@ -315,7 +323,7 @@ __device__ __forceinline__ void tile_put16(__half *hi, __half *lo, int ld, const
 
 // The thread's partial sums of t_row . M_row (M fp16 in smem, row-major, times
 // `scale`) for its rows; rows_join completes them.
-__device__ __forceinline__ void tile_rowdot16(float s[FR], const Tile *t, const __half *M, int ld, float scale, int nc) {
+static __device__ __forceinline__ void tile_rowdot16(float s[FR], const Tile *t, const __half *M, int ld, float scale, int nc) {
     s[0] = s[1] = 0;
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
@@ -341,7 +349,7 @@ typedef struct {
 } Src;
 
 // Rows t0 .. t0+C of one (sequence, head) of a [B,T,H,d] tensor, padded to dpad columns.
-__device__ __forceinline__ Src tok_src(const void *p, int f32, int d, int dpad, const Geo *g, int pair, int t0, int vec) {
+static __device__ __forceinline__ Src tok_src(const void *p, int f32, int d, int dpad, const Geo *g, int pair, int t0, int vec) {
     size_t o = tok_index(g, pair, t0) * d;
     Src s = {f32 ? (const void *)((const float *)p + o) : (const void *)((const bf16 *)p + o), (size_t)g->H * d,
              min(CH, g->T - t0), d, CH, dpad, f32, vec};
@@ -349,7 +357,7 @@ __device__ __forceinline__ Src tok_src(const void *p, int f32, int d, int dpad, 
 }
 
 // A rows x cols float matrix (row stride cols), padded to rpad x cpad.
-__device__ __forceinline__ Src mat_src(const float *p, int rows, int cols, int rpad, int cpad, int vec) {
+static __device__ __forceinline__ Src mat_src(const float *p, int rows, int cols, int rpad, int cpad, int vec) {
     Src s = {p, (size_t)cols, rows, cols, rpad, cpad, 1, vec};
     return s;
 }
@@ -360,14 +368,14 @@ typedef union {
     unsigned short h[8];  // bf16 bits
 } Vec16;
 
-__device__ __forceinline__ float vec_at(const Vec16 *v, int i, int f32) {
+static __device__ __forceinline__ float vec_at(const Vec16 *v, int i, int f32) {
     return f32 ? v->f[i] : __uint_as_float((unsigned)v->h[i] << 16);
 }
 
 // The thread's vectors u = 0 .. nv-1 of the block (vector threadIdx.x + u NT,
 // row-major over the padded block) into registers. nv is a constant at every
 // call, so that v stays in registers; every load is issued before any is used.
-__device__ __forceinline__ void stage_fetch(Vec16 *v, int nv, const Src *s) {
+static __device__ __forceinline__ void stage_fetch(Vec16 *v, int nv, const Src *s) {
     int w = s->f32 ? 4 : 8, vpr = s->cpad / w;
 #pragma unroll
     for (int u = 0; u < nv; u++) {
@@ -390,7 +398,7 @@ __device__ __forceinline__ void stage_fetch(Vec16 *v, int nv, const Src *s) {
 }
 
 // The largest magnitude among the thread's staged values.
-__device__ __forceinline__ float stage_absmax(const Vec16 *v, int nv, int f32) {
+static __device__ __forceinline__ float stage_absmax(const Vec16 *v, int nv, int f32) {
     float m = 0;
 #pragma unroll
     for (int u = 0; u < nv; u++)
@@ -402,7 +410,7 @@ __device__ __forceinline__ float stage_absmax(const Vec16 *v, int nv, int f32) {
 
 // The staged values times `scale` into fp16 smem, row-major (M[r ld + c]),
 // split hi + lo when lo is given.
-__device__ __forceinline__ void stage_put16(const Vec16 *v, int nv, const Src *s, __half *hi, __half *lo, int ld,
+static __device__ __forceinline__ void stage_put16(const Vec16 *v, int nv, const Src *s, __half *hi, __half *lo, int ld,
                                             float scale) {
     int w = s->f32 ? 4 : 8, vpr = s->cpad / w;
 #pragma unroll
@@ -433,7 +441,7 @@ __device__ __forceinline__ void stage_put16(const Vec16 *v, int nv, const Src *s
 // and one fp32 block (nf vectors per thread, at most 8) split hi + lo. One
 // reduction gives all the scales: sc[0..n-1] the rows', sc[n] the fp32
 // block's. No barrier after the stores.
-__device__ __forceinline__ void stage_batch16(float *sc, const Src *rows, __half *const *dst, const int *ld, int n,
+static __device__ __forceinline__ void stage_batch16(float *sc, const Src *rows, __half *const *dst, const int *ld, int n,
                                               const Src *f, __half *fh, __half *fl, int fld, int nf, float *red) {
     Vec16 rv[4][CH * MAXD / 8 / NT], fv[MAXD * MAXD / 4 / NT];
 #pragma unroll
@@ -454,7 +462,7 @@ __device__ __forceinline__ void stage_batch16(float *sc, const Src *rows, __half
 
 // Warp 0's share of a chunk's decays: the log decays and betas of tokens lane
 // and lane + 32 (0 past the end).
-__device__ __forceinline__ void fetch_decays(float glog[2], float beta[2], const float *g_log, const float *g_beta,
+static __device__ __forceinline__ void fetch_decays(float glog[2], float beta[2], const float *g_log, const float *g_beta,
                                              const Geo *g, int pair, int t0) {
     int n = min(CH, g->T - t0);
     size_t base = tok_index(g, pair, t0);
@@ -468,7 +476,7 @@ __device__ __forceinline__ void fetch_decays(float glog[2], float beta[2], const
 
 // Warp 0: b = the inclusive cumulative sum over the chunk of the fetched log
 // decays, for tokens lane and lane + 32 (a warp scan; rows past the end repeat the last).
-__device__ __forceinline__ void chunk_cumsum(float b[2], const float glog[2]) {
+static __device__ __forceinline__ void chunk_cumsum(float b[2], const float glog[2]) {
     float run = 0;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -483,7 +491,7 @@ __device__ __forceinline__ void chunk_cumsum(float b[2], const float glog[2]) {
 }
 
 // Warp 0: the fetched decays into smem, b cumulated (chunk_cumsum) and beta.
-__device__ __forceinline__ void put_decays(float *b, float *beta, const float glog[2], const float bt[2]) {
+static __device__ __forceinline__ void put_decays(float *b, float *beta, const float glog[2], const float bt[2]) {
     float c[2];
     chunk_cumsum(c, glog);
 #pragma unroll
@@ -495,7 +503,7 @@ __device__ __forceinline__ void put_decays(float *b, float *beta, const float gl
 
 // Decays of a chunk: b (cumulative log decay; rows past the end repeat the
 // last), beta (0 past the end). Returns n, the chunk's real length.
-__device__ int load_decays(float *b, float *beta, const float *g_log, const float *g_beta, const Geo *g, int pair,
+static __device__ int load_decays(float *b, float *beta, const float *g_log, const float *g_beta, const Geo *g, int pair,
                            int t0) {
     __syncthreads();  // the previous readers of b and beta are done
     if (threadIdx.x < 32) {
@@ -508,7 +516,7 @@ __device__ int load_decays(float *b, float *beta, const float *g_log, const floa
 }
 
 // The thread's tile of rows t0 .. t0+C of a [B,T,H,d] bf16 tensor (zero past T and d).
-__device__ void tile_load(Tile *t, const bf16 *src, const Geo *g, int pair, int t0, int d, int nc) {
+static __device__ void tile_load(Tile *t, const bf16 *src, const Geo *g, int pair, int t0, int d, int nc) {
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
@@ -518,7 +526,7 @@ __device__ void tile_load(Tile *t, const bf16 *src, const Geo *g, int pair, int 
         }
 }
 
-__device__ void tile_store(bf16 *dst, const Tile *t, const Geo *g, int pair, int t0, int d, int nc) {
+static __device__ void tile_store(bf16 *dst, const Tile *t, const Geo *g, int pair, int t0, int d, int nc) {
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
@@ -529,7 +537,7 @@ __device__ void tile_store(bf16 *dst, const Tile *t, const Geo *g, int pair, int
 }
 
 // Float version, for the backward's Y.
-__device__ void tile_store_f(float *dst, const Tile *t, const Geo *g, int pair, int t0, int d, int nc) {
+static __device__ void tile_store_f(float *dst, const Tile *t, const Geo *g, int pair, int t0, int d, int nc) {
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
@@ -543,13 +551,13 @@ __device__ void tile_store_f(float *dst, const Tile *t, const Geo *g, int pair, 
 
 // The chunk's causal decay mask at (row r, column s): forward (dir 0)
 // e^{b_r - b_s} beta_s for s <= r; backward (dir 1) e^{b_s - b_r} for s >= r.
-__device__ __forceinline__ float chunk_mask(const float *b, const float *beta, int r, int s, int dir) {
+static __device__ __forceinline__ float chunk_mask(const float *b, const float *beta, int r, int s, int dir) {
     if (dir == 0) return s <= r ? __expf(b[r] - b[s]) * beta[s] : 0.0f;
     return s >= r ? __expf(b[s] - b[r]) : 0.0f;
 }
 
 // Multiplies a 64 x 64 tile of scores by the mask of direction dir.
-__device__ __forceinline__ void tile_mask(Tile *t, const float *b, const float *beta, int dir) {
+static __device__ __forceinline__ void tile_mask(Tile *t, const float *b, const float *beta, int dir) {
 #pragma unroll
     for (int j = 0; j < NTILES(CH); j++)
 #pragma unroll
@@ -557,7 +565,7 @@ __device__ __forceinline__ void tile_mask(Tile *t, const float *b, const float *
 }
 
 // The same with the forward mask precomputed in fragment order (chunk_consts): two 16-byte loads.
-__device__ __forceinline__ void tile_mask_f(Tile *t, const float *Mf) {
+static __device__ __forceinline__ void tile_mask_f(Tile *t, const float *Mf) {
     const float4 *m = (const float4 *)(Mf + 8 * threadIdx.x);
 #pragma unroll
     for (int j = 0; j < NTILES(CH); j++) {
@@ -590,7 +598,7 @@ static size_t smem_floats(int Dp, int Dvp) {
            (size_t)NT * 8 + CH + NCG * 4 * 2 * MAXNT;
 }
 
-__device__ Smem carve(float *base, const Geo *g) {
+static __device__ Smem carve(float *base, const Geo *g) {
     int dm = max(g->Dp, g->Dvp);
     Smem s;
     s.Hs = base;
@@ -609,7 +617,7 @@ __device__ Smem carve(float *base, const Geo *g) {
 }
 
 // u[i] = e^{b_{n-1} - b_row}, the decay from the thread's rows to the end of a chunk of n tokens.
-__device__ __forceinline__ void decay_to_end(float u[FR], const float *b, int n) {
+static __device__ __forceinline__ void decay_to_end(float u[FR], const float *b, int n) {
 #pragma unroll
     for (int i = 0; i < FR; i++) u[i] = __expf(b[n - 1] - b[f_row(i)]);
 }
@@ -617,7 +625,7 @@ __device__ __forceinline__ void decay_to_end(float u[FR], const float *b, int n)
 // The chunk's constants that CG would otherwise recompute at every step, in
 // the order the threads read them: the forward mask, e^b, lambda (s->b,
 // s->beta and s->lam loaded and synchronized). Ends synchronized.
-__device__ void chunk_consts(const Smem *s, const Geo *g) {
+static __device__ void chunk_consts(const Smem *s, const Geo *g) {
     static_assert(NTILES(CH) * 4 == 8, "Mf holds 8 elements per thread");
     int nc = NTILES(g->Dp);
 #pragma unroll
@@ -634,7 +642,7 @@ __device__ void chunk_consts(const Smem *s, const Geo *g) {
 }
 
 // lambda at the thread's columns of a Dp-wide tile: element (j, e) is lambda[2 j + (e & 1)].
-__device__ __forceinline__ const float *lam_frag(const Smem *s) {
+static __device__ __forceinline__ const float *lam_frag(const Smem *s) {
     return s->lamf + ((warp_id() >> 2) * 4 + (lane_id() & 3)) * 2 * MAXNT;
 }
 
@@ -649,7 +657,7 @@ typedef struct {
     float sH, sK;
 } Op16;
 
-__device__ Op16 op16_carve(const Smem *s, const Geo *g) {
+static __device__ Op16 op16_carve(const Smem *s, const Geo *g) {
     int ld = ldrow(g->Dp);
     Op16 o;
     o.Hh = (__half *)s->Hs;
@@ -664,7 +672,7 @@ __device__ Op16 op16_carve(const Smem *s, const Geo *g) {
 
 // The chunk's state (Hg: [Dk][Dk] float, global) and keys into fp16, scaled so
 // that their largest magnitudes lie in [1, 2). Ends synchronized.
-__device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *kg, const Geo *g, int pair, int t0) {
+static __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *kg, const Geo *g, int pair, int t0) {
     int dk = g->Dk, dp = g->Dp, lh = ldrow(dp), nh = dp * dp / 2, nk = CH * dp / 2;
     size_t base = tok_index(g, pair, t0);
     // each thread's elements (pairs of columns) in registers: at most 16 of H, 8 of K (LB loads in flight)
@@ -707,7 +715,7 @@ __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *k
 
 // Per-row power-of-two scales from norm2 (the row's squared norm, or CG's
 // r.z) that bring the row's norm near [1/4, 1/2), far inside fp16's range.
-__device__ __forceinline__ void row_scales16(float sc[FR], const float norm2[FR]) {
+static __device__ __forceinline__ void row_scales16(float sc[FR], const float norm2[FR]) {
 #pragma unroll
     for (int i = 0; i < FR; i++) sc[i] = pow2f_(-(log2_floor(sqrtf(norm2[i])) + 2));
 }
@@ -715,7 +723,7 @@ __device__ __forceinline__ void row_scales16(float sc[FR], const float norm2[FR]
 // Rounds each of the tile's rows to fp16 at its scale (row_scales16) and
 // returns the scales. The rounded values are exact fp16 operands; the caller
 // uses them, not the unrounded ones.
-__device__ __forceinline__ void round_rows16(Tile *t, float sc[FR], const float norm2[FR], int nc) {
+static __device__ __forceinline__ void round_rows16(Tile *t, float sc[FR], const float norm2[FR], int nc) {
     row_scales16(sc, norm2);
     float inv[FR] = {1.0f / sc[0], 1.0f / sc[1]};  // powers of two: exact
 #pragma unroll
@@ -750,7 +758,7 @@ typedef struct {
 //   [ (e^b sB sR / sS) (.) (A S)^ + ((A B^T)^ (.) M) R^ ] / (sa sB sR).
 // Callers have synchronized since writing the operands and since the last
 // reads of Sh, Sl.
-__device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, const float sa[FR], __half *Sh, __half *Sl,
+static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, const float sa[FR], __half *Sh, __half *Sl,
                                            const Smem *s) {
     const float one[FR] = {1.0f, 1.0f};
     // the masked scores, split into fp16 hi + lo
@@ -779,7 +787,7 @@ __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, const floa
 // P on its rows' fp16 grids (round_rows16, scales sp). Rows that stopped pass
 // p = 0. Callers have synchronized since the last reads of o->P and o->S
 // (cg_solve: the dots' barriers).
-__device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], const Smem *s, const Op16 *o, const Geo *g) {
+static __device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], const Smem *s, const Op16 *o, const Geo *g) {
     int nc = NTILES(g->Dp), ld = ldrow(g->Dp);
     tile_put16(o->P, NULL, ld, p, sp, nc);
     __syncthreads();
@@ -799,7 +807,7 @@ __device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], cons
 
 // The Jacobi diagonal of each row's A_t into Dg: e^{b_t} diag(Hc) + sum_{s<=t} e^{b_t-b_s} beta_s k_s^2 + lambda
 // (from the fp16 operands: a preconditioner need not be exact).
-__device__ void jacobi_diagonal(const Smem *s, const Op16 *o, const Geo *g) {
+static __device__ void jacobi_diagonal(const Smem *s, const Op16 *o, const Geo *g) {
     int dm = max(g->Dp, g->Dvp), ld = ldrow(g->Dp);
     float ih = 1.0f / o->sH, ik2 = 1.0f / (o->sK * o->sK);
     for (int e = threadIdx.x; e < CH * g->Dp; e += NT) {
@@ -816,7 +824,7 @@ __device__ void jacobi_diagonal(const Smem *s, const Op16 *o, const Geo *g) {
 }
 
 // z = r / diag (Jacobi) or r.
-__device__ __forceinline__ void precondition(Tile *z, const Tile *r, const Smem *s, const Geo *g, int use) {
+static __device__ __forceinline__ void precondition(Tile *z, const Tile *r, const Smem *s, const Geo *g, int use) {
     int nc = NTILES(g->Dp), dm = max(g->Dp, g->Dvp);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
@@ -837,7 +845,7 @@ __device__ __forceinline__ void precondition(Tile *z, const Tile *r, const Smem 
 // stopping test keeps its meaning; only conjugacy is perturbed (relative
 // 2^-12), which can cost a step, not accuracy. A starting guess is rounded
 // the same way (it is only a guess).
-__device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, int steps[FR], const Tile *x0,
+static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, int steps[FR], const Tile *x0,
                          int use_given, const float *Hg, const bf16 *kg, int pair, int t0, float *sK) {
     int nc = NTILES(g->Dp), jac = g->precond || g->init == MN_CG_INIT_JACOBI;
     Op16 o = op16_carve(s, g);
@@ -950,7 +958,7 @@ typedef struct {
 
 // Stores the block's 64-row slice (rows i0.., of a matrix of `rows` rows and
 // Dk columns) times sign; a thread's two adjacent columns as one 8-byte store.
-__device__ void slice_store(float *dst, const Tile *acc, int i0, int rows, int dk, int nc, float sign) {
+static __device__ void slice_store(float *dst, const Tile *acc, int i0, int rows, int dk, int nc, float sign) {
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
@@ -970,15 +978,15 @@ __device__ void slice_store(float *dst, const Tile *acc, int i0, int rows, int d
 // 16 bytes from global to smem in the background (cp.async): `bytes` (16 or 0)
 // are read, the rest zero-filled. cp_async_wait completes the thread's copies;
 // a barrier after it publishes them to the block.
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // The block of s (rpad x cpad, zero outside rows x cols) into smem as it is,
 // bf16 or float, row-major with stride ld elements: 16-byte copies in the
 // background, or element by element (at once) when rows are not 16-byte aligned.
-__device__ void stage_raw(void *dst, int ld, const Src *s) {
+static __device__ void stage_raw(void *dst, int ld, const Src *s) {
     int es = s->f32 ? 4 : 2, w = 16 / es, vpr = s->cpad / w;
     for (int e = threadIdx.x; e < s->rpad * vpr; e += NT) {
         int r = e / vpr, c = e % vpr * w, in = r < s->rows && c < s->cols;
@@ -998,7 +1006,7 @@ __device__ void stage_raw(void *dst, int ld, const Src *s) {
 // A scan chunk's raw operands, fetched in the background: the left factor's
 // 64-column slice (from column i0 of dl; stride CH + 4 floats or CH + 8 bf16)
 // at dst, the right factor (stride ldrow(Dp)) at dst + lbytes.
-__device__ __forceinline__ void scan_stage(unsigned char *dst, size_t lbytes, const void *l, int l32, int i0, int dl,
+static __device__ __forceinline__ void scan_stage(unsigned char *dst, size_t lbytes, const void *l, int l32, int i0, int dl,
                                            const bf16 *r, int vec, const Geo *g, int pair, int t0) {
     Src ls = tok_src(l, l32, dl, CH, g, pair, t0, vec), rs = tok_src(r, 0, g->Dk, g->Dp, g, pair, t0, vec);
     ls.p = (const char *)ls.p + (size_t)i0 * (l32 ? 4 : 2);
@@ -1009,7 +1017,7 @@ __device__ __forceinline__ void scan_stage(unsigned char *dst, size_t lbytes, co
 
 // Warp 0: a scan chunk's token weights w (forward e^{b_n - b_s} beta_s,
 // reverse e^{b_s}; 0 past the end) and its decay e^{b_n}, into smem.
-__device__ __forceinline__ void scan_weights(float *w, float *decay, const float glog[2], const float beta[2], int n,
+static __device__ __forceinline__ void scan_weights(float *w, float *decay, const float glog[2], const float beta[2], int n,
                                              int reverse) {
     float b[2];
     chunk_cumsum(b, glog);
@@ -1024,7 +1032,7 @@ __device__ __forceinline__ void scan_weights(float *w, float *decay, const float
 
 // a, b as three bf16 terms each, hi + mid + lo: 24 significant bits (float32's)
 // with float32's exponent range, so that no operand needs scaling.
-__device__ __forceinline__ void split_bf16x3(float a, float b, __nv_bfloat162 t[3]) {
+static __device__ __forceinline__ void split_bf16x3(float a, float b, __nv_bfloat162 t[3]) {
 #pragma unroll
     for (int i = 0; i < 3; i++) {
         t[i] = __floats2bfloat162_rn(a, b);
@@ -1037,7 +1045,7 @@ __device__ __forceinline__ void split_bf16x3(float a, float b, __nv_bfloat162 t[
 // The left operand A(s, i) = w_s L[s][i] of the staged slice (bf16 or float),
 // split in three (split_bf16x3) into A, A + CH ldrow(CH), A + 2 CH ldrow(CH):
 // k-major (by token s), stride ldrow(CH).
-__device__ __forceinline__ void scan_put_a(bf16 *A, const unsigned char *L, int l32, const float *w) {
+static __device__ __forceinline__ void scan_put_a(bf16 *A, const unsigned char *L, int l32, const float *w) {
     for (int e = threadIdx.x; e < CH * CH / 8; e += NT) {  // 8 values of one token each
         int s = e / 8, i = 8 * (e % 8), o = s * ldrow(CH) + i;
         float v[8];
@@ -1069,7 +1077,7 @@ __device__ __forceinline__ void scan_put_a(bf16 *A, const unsigned char *L, int 
 // (mma m16n8k16): the right factor is bf16 and used as fetched, the weighted
 // left one is split in three (24 bits), so the state keeps float32 accuracy
 // with no scaling. Two blocks per multiprocessor (95 KB of smem each).
-__global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
+static __global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
     extern __shared__ __align__(16) unsigned char smb[];
     int pair = blockIdx.y, z = blockIdx.x, s0 = (sc.d[0] + CH - 1) / CH, m = z < s0 ? 0 : 1;
     // the slice's operands, picked without indexing the parameter arrays (which would copy them to the stack)
@@ -1136,7 +1144,7 @@ static size_t scan_smem(const Geo *g) {
 
 // The token index of the thread's row i of the chunk at t0 in [B,T,H] order;
 // false past the end of the sequence (the per-row results' writers).
-__device__ __forceinline__ int row_token(size_t *ti, const Geo *g, int pair, int t0, int i) {
+static __device__ __forceinline__ int row_token(size_t *ti, const Geo *g, int pair, int t0, int i) {
     int t = t0 + f_row(i);
     if (t >= g->T) return 0;
     *ti = tok_index(g, pair, t);
@@ -1144,7 +1152,7 @@ __device__ __forceinline__ int row_token(size_t *ti, const Geo *g, int pair, int
 }
 
 // Writes per-row integers (CG steps) for the thread's rows, one writer per row.
-__device__ void store_row_ints(int *dst, const int v[FR], const Geo *g, int pair, int t0) {
+static __device__ void store_row_ints(int *dst, const int v[FR], const Geo *g, int pair, int t0) {
     if (!dst || !row_owner()) return;
     size_t ti;
 #pragma unroll
@@ -1156,7 +1164,7 @@ __device__ void store_row_ints(int *dst, const int v[FR], const Geo *g, int pair
 // entry state [Dv][Dk], global) on fp16 operands (tile_gla16): X split hi + lo
 // at per-row scales into Bm's region, G hi + lo into the state's buffers, V
 // into the Jacobi diagonal's; K (scale sK) is still in place from CG.
-__device__ __forceinline__ void forward_output(Tile *out, const Tile *xp, float sK, const Smem *sp, const bf16 *v,
+static __device__ __forceinline__ void forward_output(Tile *out, const Tile *xp, float sK, const Smem *sp, const bf16 *v,
                                             const float *G, int vec, const Geo *gp, int pair, int t0) {
     const Smem s = *sp;
     const Geo g = *gp;
@@ -1188,7 +1196,7 @@ __device__ __forceinline__ void forward_output(Tile *out, const Tile *xp, float 
 }
 
 // Forward per chunk: CG for the chunk's systems, then the output (forward_output).
-__global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q,
+static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q,
                                                            const bf16 *k, const bf16 *v, const float *glog,
                                                            const float *gbeta, const float *lambda, const float *states,
                                                            const bf16 *x0, int vec, Geo g) {
@@ -1219,7 +1227,7 @@ __global__ void __launch_bounds__(NT, 1) cg_forward_kernel(bf16 *o, bf16 *x_out,
 // (tile_gla16): G into the state's buffers, K into CG's, Delta into Bm's
 // region, V into the Jacobi diagonal's. (Inlined: as a called function it
 // left ptxas spilling less, but the kernels ran 1.2-1.5x slower, measured.)
-__device__ __forceinline__ void backward_rhs(Tile *rhs, const Smem *sp, const bf16 *dout, const bf16 *v, const bf16 *k,
+static __device__ __forceinline__ void backward_rhs(Tile *rhs, const Smem *sp, const bf16 *dout, const bf16 *v, const bf16 *k,
                                           const float *G, int vec, const Geo *gp, int pair, int t0) {
     const Smem s = *sp;
     const Geo g = *gp;
@@ -1244,7 +1252,7 @@ __device__ __forceinline__ void backward_rhs(Tile *rhs, const Smem *sp, const bf
 // writes dq = Y, Y (float) for the adjoints, the per-token term y.(lambda (.) x)
 // of dL/db (src/cpu/mesa_chunk.c says why this form), and adds -sum_t y (.) x
 // to dlambda.
-__global__ void __launch_bounds__(NT, 1) cg_backward_kernel(bf16 *dq, float *y_out, float *tok_terms, float *dlambda,
+static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf16 *dq, float *y_out, float *tok_terms, float *dlambda,
                                                             int *steps_out, const bf16 *k, const bf16 *v, const bf16 *x,
                                                             const bf16 *dout, const float *glog, const float *gbeta,
                                                             const float *lambda, const float *states, int vec, Geo g) {
@@ -1321,7 +1329,7 @@ static size_t grads_smem(const Geo *g) {
     return 2 * halves + sizeof(float) * (2 * CH + NCG * CH);
 }
 
-__device__ GradSmem grads_carve(float *base, const Geo *g) {
+static __device__ GradSmem grads_carve(float *base, const Geo *g) {
     int dm = max(g->Dp, g->Dvp), ld = ldrow(dm), ls = CH * ldrow(CH);
     GradSmem s;
     s.Mh = (__half *)base;
@@ -1346,7 +1354,7 @@ __device__ GradSmem grads_carve(float *base, const Geo *g) {
 // backward mask (hi + lo, [CH][ldrow(CH)]: only columns from the warp's first
 // row on are nonzero); A [CH][k], S (hi + lo; by k, or by n with s_nmajor) and
 // R [CH][n] fp16 with stride ld.
-__device__ __forceinline__ void tile_gla16_rev(Tile *acc, const __half *A, const __half *Sh, const __half *Sl,
+static __device__ __forceinline__ void tile_gla16_rev(Tile *acc, const __half *A, const __half *Sh, const __half *Sl,
                                                int s_nmajor, int dk, const float f[FR], const __half *Ch,
                                                const __half *Cl, const __half *R, int ld, int nc) {
     tile_zero(acc);
@@ -1373,7 +1381,7 @@ __device__ __forceinline__ void tile_gla16_rev(Tile *acc, const __half *A, const
 // fetched with 16-byte loads in three batches (the rows and Y; Hn while the
 // scores are computed; Gbar while T is), so the kernel waits on global memory
 // once per batch, not once per element row.
-__global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out, float *dbeta_out, float *db_out,
+static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk_out, bf16 *dv_out, float *dbeta_out, float *db_out,
                                                       const bf16 *k, const bf16 *v, const bf16 *x, const bf16 *dout,
                                                       const float *y, const float *tok_terms, const float *glog,
                                                       const float *gbeta, const float *adj, int vec, Geo g) {
@@ -1493,7 +1501,7 @@ __global__ void __launch_bounds__(NT, 1) grads_kernel(bf16 *dk_out, bf16 *dv_out
 }
 
 // db_final[pair] = <dhT, H_T> + <dgT, G_T> (the final states' term of dL/db), one block per pair.
-__global__ void final_dot_kernel(float *db_final, const float *states, const float *dhT, const float *dgT, Geo g) {
+static __global__ void final_dot_kernel(float *db_final, const float *states, const float *dhT, const float *dgT, Geo g) {
     __shared__ float red[32];
     int pair = blockIdx.x;
     size_t hh = (size_t)g.Dk * g.Dk, gg = (size_t)g.Dv * g.Dk;
@@ -1507,7 +1515,7 @@ __global__ void final_dot_kernel(float *db_final, const float *states, const flo
 
 // dg_t = db_final + sum_{u >= t} db_u, one warp per pair: windows of 32 tokens
 // from the end, a shuffle scan inside each, the running sum carried across.
-__global__ void dg_scan_kernel(float *dg, const float *db, const float *db_final, Geo g) {
+static __global__ void dg_scan_kernel(float *dg, const float *db, const float *db_final, Geo g) {
     int pair = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = lane_id();
     if (pair >= g.B * g.H) return;  // the whole warp
     float carry = db_final[pair];
@@ -1530,7 +1538,7 @@ __global__ void dg_scan_kernel(float *dg, const float *db, const float *db_final
 #define DEC_ROWS 8     // rows of G each decode warp loads at once
 
 // Both sums over the block at once (one pair of barriers instead of two); red: 64 floats of smem.
-__device__ __forceinline__ void block_sum2(float *a, float *b, float *red) {
+static __device__ __forceinline__ void block_sum2(float *a, float *b, float *red) {
     float x = warp_sum(*a), y = warp_sum(*b);
     __syncthreads();  // the previous readers of red are done
     if (lane_id() == 0) {
@@ -1548,7 +1556,7 @@ __device__ __forceinline__ void block_sum2(float *a, float *b, float *red) {
 // y_i = (H' p)_i for the owners (tid < Dk): H' symmetric, so thread i reads
 // column i (consecutive threads, consecutive banks); the parts = nt / 128
 // groups of 128 threads each take every parts-th k, joined through `part` ([parts][128]).
-__device__ __forceinline__ float decode_matvec(const float *Hs, const float *ps, float *part, int dk, int nt) {
+static __device__ __forceinline__ float decode_matvec(const float *Hs, const float *ps, float *part, int dk, int nt) {
     const int parts = nt / 128;
     int i = threadIdx.x & 127, grp = threadIdx.x >> 7;
     __syncthreads();  // ps is written
@@ -1579,7 +1587,7 @@ __device__ __forceinline__ float decode_matvec(const float *Hs, const float *ps,
 // by the same thread. Two widths (the wrappers below): few blocks (small
 // batches) run 512 threads each, shortening every phase; many run 256 at
 // three blocks per multiprocessor.
-__device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q, const bf16 *k,
+static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q, const bf16 *k,
                                             const bf16 *v, const float *glog, const float *gbeta, const float *lambda,
                                             const float *h0, const float *g0, float *hT, float *gT, const bf16 *x0,
                                             Geo g, int nt) {
@@ -1688,10 +1696,10 @@ __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *steps_out
     bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q, const bf16 *k, const bf16 *v, const float *glog,           \
         const float *gbeta, const float *lambda, const float *h0, const float *g0, float *hT, float *gT, const bf16 *x0, \
         Geo g
-__global__ void __launch_bounds__(256, 3) decode_kernel_narrow(DECODE_ARGS) {
+static __global__ void __launch_bounds__(256, 3) decode_kernel_narrow(DECODE_ARGS) {
     decode_body(o, x_out, steps_out, q, k, v, glog, gbeta, lambda, h0, g0, hT, gT, x0, g, 256);
 }
-__global__ void __launch_bounds__(512) decode_kernel_wide(DECODE_ARGS) {
+static __global__ void __launch_bounds__(512) decode_kernel_wide(DECODE_ARGS) {
     decode_body(o, x_out, steps_out, q, k, v, glog, gbeta, lambda, h0, g0, hT, gT, x0, g, 512);
 }
 
@@ -1771,7 +1779,7 @@ static int run_states(const Backend *be, float *states, const bf16 *k, const bf1
 }
 
 // Copies the final states (the last entry of the states workspace) out.
-__global__ void final_states_kernel(float *hT, float *gT, const float *states, Geo g) {
+static __global__ void final_states_kernel(float *hT, float *gT, const float *states, Geo g) {
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (size_t)g.B * g.H * hg; e += (size_t)gridDim.x * blockDim.x) {
         size_t pair = e / hg, i = e % hg;
@@ -1784,9 +1792,21 @@ __global__ void final_states_kernel(float *hT, float *gT, const float *states, G
     }
 }
 
-extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io) {
+#if MAXD > 64
+extern "C" int cuda_mesa_fwd_d64(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io);
+extern "C" int cuda_mesa_bwd_d64(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
+
+// Whether the build for head sizes up to 64 (mesa_cuda_d64.cu) takes the problem: chunked, and
+// both head sizes padded to at most 64.
+static int narrow_heads(const MnMesaDims *d) { return d->T > 1 && pad_head(d->Dk) <= 64 && pad_head(d->Dv) <= 64; }
+#endif
+
+extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io) {
     MN_TRY(mesa_check_dims(d));
     MN_TRY(mesa_check_solver(s));
+#if MAXD > 64
+    if (narrow_heads(d)) return cuda_mesa_fwd_d64(be, d, s, io);
+#endif
     if (!io || !io->q || !io->k || !io->v || !io->g || !io->beta || !io->lambda || !io->o || !io->x)
         return mn_error(MN_ERR_ARG, "cuda mesa forward: a required tensor is NULL");
     Geo g = {0};
@@ -1829,9 +1849,12 @@ extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSol
     return MN_OK;
 }
 
-extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io) {
+extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io) {
     MN_TRY(mesa_check_dims(d));
     MN_TRY(mesa_check_solver(s));
+#if MAXD > 64
+    if (narrow_heads(d)) return cuda_mesa_bwd_d64(be, d, s, io);
+#endif
     if (!io || !io->q || !io->k || !io->v || !io->g || !io->beta || !io->lambda || !io->x || !io->o || !io->dout ||
         !io->dq || !io->dk || !io->dv || !io->dg || !io->dbeta || !io->dlambda)
         return mn_error(MN_ERR_ARG, "cuda mesa backward: a required tensor is NULL");

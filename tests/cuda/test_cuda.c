@@ -303,6 +303,9 @@ TEST(cuda_mesa_matches_reference) {
     } shapes[] = {{1, 5, 1, 12, 12, 0, 0, 1, 1}, {2, 37, 3, 16, 8, 1, 1, 1, 1}, {2, 130, 2, 32, 48, 1, 2, 1, 1},
                   {1, 200, 2, 64, 64, 0, 3, 1, 1}, {1, 129, 1, 128, 128, 1, 0, 1, 1},
                   {2, 100, 2, 64, 64, 1, 1, 4, 1e3}, {1, 130, 2, 128, 96, 0, 0, 1.0 / 64, 1e-3},
+                  // heads up to 64 wide run in the narrow build (mesa_cuda_d64.cu); 72 pads to 96: the
+                  // wide build with tiles part full
+                  {2, 70, 2, 72, 40, 1, 2, 1, 1},
                   // T = 1 takes the decode kernel: wide blocks while B H fits one wave, narrow above
                   {4, 1, 3, 128, 128, 1, 0, 1, 1}, {3, 1, 2, 16, 8, 1, 3, 1, 1}, {2, 1, 2, 48, 64, 1, 1, 1, 1},
                   {2, 1, 1, 32, 32, 0, 2, 1, 1},
