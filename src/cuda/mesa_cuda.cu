@@ -7,11 +7,15 @@
  * kernels' products (CG's operator, the output, the backward's right-hand side
  * and gradients) run in fp16 (mma.sync m16n8k16, ldmatrix) on operands scaled
  * by powers of two, split hi + lo where they are fp32 (see tile_mma16). The
- * scans run in TF32 (m16n8k8): TF32 keeps 10 mantissa bits, so an fp32 operand
- * is split into a TF32 head and tail and the three significant products are
- * summed ("3xTF32", about fp32 accuracy); bf16 operands are exact in TF32 and
- * skip the split. cuBLAS cannot do these products: they are 64-row blocks
- * inside one kernel, interleaved with CG's per-row scalars.
+ * scans run in bf16 (the same instruction): the right factor is a bf16 input,
+ * the weighted left one is split into three bf16 terms (24 bits, fp32's range:
+ * no scaling). cuBLAS cannot do these products: they are 64-row blocks inside
+ * one kernel, interleaved with CG's per-row scalars.
+ *
+ * This file is compiled twice: for head sizes up to 128, and (mesa_cuda_d64.cu,
+ * MAXD 64) for heads up to 64 with half-width tiles and two chunk blocks per
+ * multiprocessor; everything here is static but the entry points, whose names
+ * MESA_NAME suffixes in the second build.
  *
  * One thread block (16 warps) per (chunk, sequence, head) solves the chunk's
  * C = 64 systems at once. A 64 x N tile lives in registers in the mma
@@ -34,7 +38,8 @@
  * change tried and its effect. With TF32 everywhere, the chunk kernels were
  * latency-bound (0.35 instructions per cycle per scheduler, tensor pipe 13%
  * busy); fp16 operands took the CG kernels from 5.0 to 2.1-2.2 ms and the
- * gradients kernel from 5.0 to 1.0 ms.
+ * gradients kernel from 5.0 to 1.0 ms; bf16 and cp.async took each scan from
+ * 0.77 to 0.42 ms.
  */
 #include <math.h>
 #include <stdlib.h>
