@@ -249,6 +249,24 @@ static int rows_vec(int group, const void *a, const void *b) {
 // walking all rows, the first version, took 0.46 ms for the bias of a [16384, 6] product and
 // 0.2 ms for a norm weight, with one load in flight per thread.)
 #define COLSUM_WARPS 8
+
+// The block's column sums out of the warps' partial sums acc (width columns a lane) through
+// part: out[c stride] += the block's sum of column c, for the block's columns below L.
+__device__ __forceinline__ void colsum_flush(float part[COLSUM_WARPS][256], const float acc[8], int width, int L,
+                                             float *out, int stride) {
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, tile = 32 * width;
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if (k < width) part[wp][lane * width + k] = acc[k];
+    __syncthreads();
+    for (int i = threadIdx.x; i < tile; i += blockDim.x) {
+        int c = blockIdx.x * tile + i;
+        if (c >= L) continue;
+        float sum = 0;
+        for (int w = 0; w < COLSUM_WARPS; w++) sum += part[w][i];
+        atomicAdd(&out[(size_t)c * stride], sum);
+    }
+}
 __global__ void colsum_kernel(float *out, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L, int group,
                               long per_strip, int vec) {
     __shared__ float part[COLSUM_WARPS][256];
@@ -272,17 +290,7 @@ __global__ void colsum_kernel(float *out, const bf16 *dy, const bf16 *x, const f
             for (int k = 0; k < 8; k++)
                 if (k < width) acc[k] += a[k];
         }
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-        if (k < width) part[wp][lane * width + k] = acc[k];
-    __syncthreads();
-    for (int i = threadIdx.x; i < tile; i += blockDim.x) {
-        int c = blockIdx.x * tile + i;
-        if (c >= L) continue;
-        float sum = 0;
-        for (int w = 0; w < COLSUM_WARPS; w++) sum += part[w][i];
-        atomicAdd(&out[c], sum);
-    }
+    colsum_flush(part, acc, width, L, out, 1);
 }
 
 // The grid of a column-sum kernel: tiles of 32 pieces of columns by strips of rows (about 1024
@@ -543,29 +551,32 @@ __global__ void silu_fwd_kernel(bf16 *y, const bf16 *x, size_t n, int vec) {
     }
 }
 
-__global__ void silu_bwd_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, size_t n, int vec) {
+// The two-input element-wise ops: out = f(a, b).
+enum { BIN_ADD, BIN_SILU_BWD, BIN_SWIGLU };
+
+__device__ __forceinline__ float binary_op(int op, float a, float b) {
+    if (op == BIN_ADD) return a + b;
+    if (op == BIN_SWIGLU) return a * sigmoidf_(a) * b;  // a = g, b = u
+    float s = sigmoidf_(b);                              // SiLU's backward: a = dy, b = x
+    return a * s * (1 + b * (1 - s));
+}
+
+__global__ void binary_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n, int vec, int op) {
     PIECE_LOOP(i, n) {
-        float d[8], v[8];
-        int m = piece_get(dy, i, n, vec, d);
-        piece_get(x, i, n, vec, v);
+        float u[8], w[8];
+        int m = piece_get(a, i, n, vec, u);
+        piece_get(b, i, n, vec, w);
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            float s = sigmoidf_(v[k]);
-            d[k] *= s * (1 + v[k] * (1 - s));
-        }
-        piece_put(dx, i, m, vec, d);
+        for (int k = 0; k < 8; k++) u[k] = binary_op(op, u[k], w[k]);
+        piece_put(out, i, m, vec, u);
     }
 }
 
-__global__ void swiglu_fwd_kernel(bf16 *h, const bf16 *g, const bf16 *u, size_t n, int vec) {
-    PIECE_LOOP(i, n) {
-        float v[8], w[8];
-        int m = piece_get(g, i, n, vec, v);
-        piece_get(u, i, n, vec, w);
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] *= sigmoidf_(v[k]) * w[k];
-        piece_put(h, i, m, vec, v);
-    }
+static int binary(const Backend *be, void *out, const void *a, const void *b, size_t n, int op) {
+    binary_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)out, (const bf16 *)a, (const bf16 *)b, n,
+                                                                   aligned16(out, a, b, b), op);
+    LAUNCH_CHECK();
+    return MN_OK;
 }
 
 __global__ void swiglu_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n, int vec) {
@@ -585,33 +596,16 @@ __global__ void swiglu_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16
     }
 }
 
-__global__ void add_kernel(bf16 *x, const bf16 *y, size_t n, int vec) {
-    PIECE_LOOP(i, n) {
-        float a[8], b[8];
-        int m = piece_get(x, i, n, vec, a);
-        piece_get(y, i, n, vec, b);
-#pragma unroll
-        for (int k = 0; k < 8; k++) a[k] += b[k];
-        piece_put(x, i, m, vec, a);
-    }
-}
-
 static int g_silu_fwd(const Backend *be, void *y, const void *x, size_t n) {
     silu_fwd_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)y, (const bf16 *)x, n, aligned16(y, x, x, x));
     LAUNCH_CHECK();
     return MN_OK;
 }
 static int g_silu_bwd(const Backend *be, void *dx, const void *dy, const void *x, size_t n) {
-    silu_bwd_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, n,
-                                                                     aligned16(dx, dy, x, x));
-    LAUNCH_CHECK();
-    return MN_OK;
+    return binary(be, dx, dy, x, n, BIN_SILU_BWD);
 }
 static int g_swiglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n) {
-    swiglu_fwd_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)h, (const bf16 *)g, (const bf16 *)u, n,
-                                                                       aligned16(h, g, u, u));
-    LAUNCH_CHECK();
-    return MN_OK;
+    return binary(be, h, g, u, n, BIN_SWIGLU);
 }
 static int g_swiglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
     swiglu_bwd_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>(
@@ -620,11 +614,7 @@ static int g_swiglu_bwd(const Backend *be, void *dg, void *du, const void *dh, c
     LAUNCH_CHECK();
     return MN_OK;
 }
-static int g_add(const Backend *be, void *x, const void *y, size_t n) {
-    add_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)x, (const bf16 *)y, n, aligned16(x, y, y, y));
-    LAUNCH_CHECK();
-    return MN_OK;
-}
+static int g_add(const Backend *be, void *x, const void *y, size_t n) { return binary(be, x, x, y, n, BIN_ADD); }
 
 // ------------------------------------------------------------------- sequence ops
 
@@ -635,11 +625,12 @@ __device__ __forceinline__ float conv_in(const bf16 *x, const bf16 *state, int b
     return state ? ld(state, ((size_t)b * (K - 1) + (t + K - 1)) * C + c) : 0.0f;
 }
 
+// The piece of x at (b, t, c): the state before t = 0 (or zero), zero from t = T on.
 __device__ __forceinline__ void conv_piece(float v[8], const bf16 *x, const bf16 *state, int b, int t, int c, int T,
                                            int C, int K, int vec) {
-    if (t >= 0) {
+    if (t >= 0 && t < T) {
         piece_load(x + ((size_t)b * T + t) * C + c, vec, v);
-    } else if (state) {
+    } else if (t < 0 && state) {
         piece_load(state + ((size_t)b * (K - 1) + (t + K - 1)) * C + c, vec, v);
     } else {
 #pragma unroll
@@ -648,58 +639,57 @@ __device__ __forceinline__ void conv_piece(float v[8], const bf16 *x, const bf16
 }
 
 // A thread takes a piece of channels over CONV_TT time steps: it reads its weights once and
-// keeps a window of the last 8 input pieces in registers, so every input is read once (a thread
+// keeps a window of its last 8 input pieces in registers, so every input is read once (a thread
 // per output piece read the K inputs and 8 K scattered weights each time: 2x slower than one
-// channel at a time). Windows and weights are 8 taps wide, right-aligned, zero beyond K, so that
+// channel at a time). Window and weights are 8 taps wide, right-aligned, zero beyond K, so that
 // registers are indexed by constants.
 #define CONV_TT 16
 
-// w8[q][k] = w[c + k, q - (8 - K)] for q >= 8 - K, else 0 (reversed with rev: w[c + k, K - 1 - q] for q < K).
-__device__ __forceinline__ void conv_weights(float w8[8][8], const float *w, int c, int K, int width, int rev) {
-#pragma unroll
-    for (int q = 0; q < 8; q++)
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            int j = rev ? K - 1 - q : q - (8 - K);
-            w8[q][k] = k < width && j >= 0 && j < K ? w[(c + k) * K + j] : 0.0f;
-        }
-}
-
-__device__ __forceinline__ void conv_dot(float out[8], const float w8[8][8], const float win[8][8]) {
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        out[k] = 0;
-#pragma unroll
-        for (int q = 0; q < 8; q++) out[k] += w8[q][k] * win[q][k];
-    }
-}
-
-// y[b, t, c] = sum_j w[c, j] x[b, t - K + 1 + j, c]; the window holds x at t - 7 .. t.
-__global__ void conv_fwd_kernel(bf16 *y, const bf16 *x, const float *w, int B, int T, int C, int K, const bf16 *sin,
-                                int vec) {
-    int width = vec ? 8 : 1, cp = C / width, tb = (T + CONV_TT - 1) / CONV_TT;
+// The forward, y[b, t, c] = sum_j w[c, j] x[b, t - K + 1 + j, c], walks t upwards with the window
+// holding x at t - 7 .. t. With rev, the input gradient dx[b, t, c] = sum_j w[c, j] dy[b, t + K - 1
+// - j, c] is the same sum walked downwards (the window holds dy at t + 7 .. t, zero past T).
+__global__ void conv_kernel(bf16 *out, const bf16 *in, const float *w, int B, int T, int C, int K, const bf16 *sin,
+                            int vec, int rev) {
+    int width = vec ? 8 : 1, cp = C / width, tb = (T + CONV_TT - 1) / CONV_TT, dir = rev ? -1 : 1;
     GRID_LOOP(i, (size_t)B * tb * cp) {
         size_t r = i / cp;
         int c = (int)(i % cp) * width, t0 = (int)(r % tb) * CONV_TT, b = (int)(r / tb), t1 = min(T, t0 + CONV_TT);
-        float w8[8][8], win[8][8], out[8];
-        conv_weights(w8, w, c, K, width, 0);
+        int ts = rev ? t1 - 1 : t0, n = t1 - t0;  // the first step, and the steps
+        float w8[8][8], win[8][8], y[8];
 #pragma unroll
-        for (int q = 1; q < 8; q++) {  // x at t0 - 8 + q, the window before its first shift
-            if (q >= 9 - K) conv_piece(win[q], x, sin, b, t0 - 8 + q, c, T, C, K, vec);
+        for (int q = 0; q < 8; q++)  // w8[q][k] = w[c + k, q - (8 - K)], zero for q < 8 - K
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                int j = q - (8 - K);
+                w8[q][k] = k < width && j >= 0 ? w[(c + k) * K + j] : 0.0f;
+            }
+#pragma unroll
+        for (int q = 1; q < 8; q++) {  // the inputs 8 - q steps before the first: the window before its first shift
+            if (q >= 9 - K) conv_piece(win[q], in, sin, b, ts + dir * (q - 8), c, T, C, K, vec);
             else
 #pragma unroll
                 for (int k = 0; k < 8; k++) win[q][k] = 0;
         }
-        for (int t = t0; t < t1; t++) {
+        for (int s = 0; s < n; s++) {
+            int t = ts + dir * s;
 #pragma unroll
             for (int q = 0; q < 7; q++)
 #pragma unroll
                 for (int k = 0; k < 8; k++) win[q][k] = win[q + 1][k];
-            conv_piece(win[7], x, sin, b, t, c, T, C, K, vec);
-            conv_dot(out, w8, win);
-            piece_store(y + ((size_t)b * T + t) * C + c, vec, out);
+            conv_piece(win[7], in, sin, b, t, c, T, C, K, vec);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                y[k] = 0;
+#pragma unroll
+                for (int q = 0; q < 8; q++) y[k] += w8[q][k] * win[q][k];
+            }
+            piece_store(out + ((size_t)b * T + t) * C + c, vec, y);
         }
     }
+}
+
+static unsigned conv_grid(int B, int T, int C, int vec) {
+    return grid_for((size_t)B * ((T + CONV_TT - 1) / CONV_TT) * (C / (vec ? 8 : 1)), 256);
 }
 
 __global__ void conv_state_kernel(bf16 *tmp, const bf16 *x, int B, int T, int C, int K, const bf16 *sin) {
@@ -716,9 +706,8 @@ static int g_conv_fwd(const Backend *be, void *y, const void *x, const void *w, 
     CudaCtx *cx = cuda_ctx(be);
     if (K > 8) return mn_error(MN_ERR_ARG, "cuda conv: kernel width %d, at most 8", K);
     int vec = conv_vec(C, y, x, sin);
-    size_t n = (size_t)B * ((T + CONV_TT - 1) / CONV_TT) * (C / (vec ? 8 : 1));
-    conv_fwd_kernel<<<grid_for(n, 256), 256, 0, cx->stream>>>((bf16 *)y, (const bf16 *)x, (const float *)w, B, T, C, K,
-                                                              (const bf16 *)sin, vec);
+    conv_kernel<<<conv_grid(B, T, C, vec), 256, 0, cx->stream>>>((bf16 *)y, (const bf16 *)x, (const float *)w, B, T, C,
+                                                                 K, (const bf16 *)sin, vec, 0);
     LAUNCH_CHECK();
     if (sout && K > 1) {  // via scratch: state_out may alias state_in
         size_t ns = (size_t)B * (K - 1) * C;
@@ -729,43 +718,6 @@ static int g_conv_fwd(const Backend *be, void *y, const void *x, const void *w, 
         CU_TRY(cudaMemcpyAsync(sout, tmp, ns * sizeof(bf16), cudaMemcpyDeviceToDevice, cx->stream));
     }
     return MN_OK;
-}
-
-// dx[b, t, c] = sum_j w[c, j] dy[b, t + K - 1 - j, c] = sum_q w[c, K - 1 - q] dy[b, t + q, c]: walked
-// backwards in t, the window holds dy at t .. t + 7 (zero past T).
-__device__ __forceinline__ void dy_piece(float v[8], const bf16 *dy, int b, int t, int c, int T, int C, int vec) {
-    if (t < T) {
-        piece_load(dy + ((size_t)b * T + t) * C + c, vec, v);
-    } else {
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = 0;
-    }
-}
-
-__global__ void conv_bwd_dx_kernel(bf16 *dx, const bf16 *dy, const float *w, int B, int T, int C, int K, int vec) {
-    int width = vec ? 8 : 1, cp = C / width, tb = (T + CONV_TT - 1) / CONV_TT;
-    GRID_LOOP(i, (size_t)B * tb * cp) {
-        size_t r = i / cp;
-        int c = (int)(i % cp) * width, t0 = (int)(r % tb) * CONV_TT, b = (int)(r / tb), t1 = min(T, t0 + CONV_TT);
-        float w8[8][8], win[8][8], out[8];
-        conv_weights(w8, w, c, K, width, 1);
-#pragma unroll
-        for (int q = 0; q < 7; q++) {  // dy at t1 + q, the window before its first shift
-            if (q < K - 1) dy_piece(win[q], dy, b, t1 + q, c, T, C, vec);
-            else
-#pragma unroll
-                for (int k = 0; k < 8; k++) win[q][k] = 0;
-        }
-        for (int t = t1 - 1; t >= t0; t--) {
-#pragma unroll
-            for (int q = 7; q > 0; q--)
-#pragma unroll
-                for (int k = 0; k < 8; k++) win[q][k] = win[q - 1][k];
-            dy_piece(win[0], dy, b, t, c, T, C, vec);
-            conv_dot(out, w8, win);
-            piece_store(dx + ((size_t)b * T + t) * C + c, vec, out);
-        }
-    }
 }
 
 // dw[c, j] = sum over (b, t) of dy[b, t, c] x[b, t - K + 1 + j, c]: column sums laid out as
@@ -798,18 +750,8 @@ __global__ void conv_bwd_dw_kernel(float *dw, const bf16 *dy, const bf16 *x, int
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         if (j >= K) break;
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            if (k < width) part[wp][lane * width + k] = acc[j][k];
-        __syncthreads();
-        for (int i = threadIdx.x; i < tile; i += blockDim.x) {
-            int c = blockIdx.x * tile + i;
-            if (c >= C) continue;
-            float sum = 0;
-            for (int w = 0; w < COLSUM_WARPS; w++) sum += part[w][i];
-            atomicAdd(&dw[c * K + j], sum);
-        }
-        __syncthreads();
+        colsum_flush(part, acc[j], width, C, dw + j, K);
+        __syncthreads();  // part is reused
     }
 }
 
@@ -818,8 +760,8 @@ static int g_conv_bwd(const Backend *be, void *dx, void *dw, const void *dy, con
     if (K > 8) return mn_error(MN_ERR_ARG, "cuda conv: kernel width %d, at most 8", K);
     cudaStream_t s = cuda_ctx(be)->stream;
     int vec = conv_vec(C, dx, dy, x) && aligned16(sin, sin, sin, sin);
-    size_t n = (size_t)B * ((T + CONV_TT - 1) / CONV_TT) * (C / (vec ? 8 : 1));
-    conv_bwd_dx_kernel<<<grid_for(n, 256), 256, 0, s>>>((bf16 *)dx, (const bf16 *)dy, (const float *)w, B, T, C, K, vec);
+    conv_kernel<<<conv_grid(B, T, C, vec), 256, 0, s>>>((bf16 *)dx, (const bf16 *)dy, (const float *)w, B, T, C, K, NULL,
+                                                        vec, 1);
     LAUNCH_CHECK();
     int tiles;
     long strips, per = strip_rows((long)B * T, C, vec, &tiles, &strips);
