@@ -28,7 +28,7 @@ typedef struct {
     int B, T;                // sizes of the last forward
     void *qp, *kp, *v;       // [N,Q], [N,Q], [N,Vd] projections
     void *qc, *kc;           // [N,Q] convolution outputs
-    void *qs, *ks;           // [N,Q] after SiLU
+    void *qs, *ks;           // [N,Q] after SiLU (forward temporaries: in the shared scratch)
     void *q, *k;             // [N,Q] L2-normalised queries and keys
     void *qinv, *kinv;       // [N*H] f32: 1/||SiLU(conv(.))||
     void *a, *b;             // [N,H] gate projections
@@ -36,11 +36,12 @@ typedef struct {
     void *lambda;            // [H*Dk] f32
     void *o, *x;             // [N,Vd] core output, [N,Q] CG solutions
     void *on, *onrstd;       // [N,Vd] normalised output, [N*H] f32 its 1/rms
-    void *z, *gated;         // [N,Vd] output-gate projection, gated output
+    void *z, *gated;         // [N,Vd] output-gate projection, gated output (in the shared scratch:
+                             // the backward recomputes it)
     void *steps;             // [N*H] i32: CG steps of the last call, per system
     void *steps_acc;         // [2, N*H] i32: per slot, the sum of those steps and the number of calls since
                              // the last collect; counted by the backend, so a recorded step counts too
-    // backward temporaries
+    // backward temporaries; the [N, .] ones in the shared scratch (scratch_views)
     void *d_gated, *d_z, *d_on, *d_o, *d_v;  // [N,Vd]
     void *d_q, *d_k, *d_tmp;                 // [N,Q]
     void *d_a, *d_b;                         // [N,H]
@@ -107,15 +108,12 @@ typedef struct {
 static int buffers(Mesa *s, const Sizes *z, BufDecl *out) {
     BufDecl d[] = {
         {&s->qp, z->Q, 0, MEM_ACT},        {&s->kp, z->Q, 0, MEM_ACT},      {&s->v, z->Vd, 0, MEM_ACT},
-        {&s->qc, z->Q, 0, MEM_ACT},        {&s->kc, z->Q, 0, MEM_ACT},      {&s->qs, z->Q, 0, MEM_ACT},
-        {&s->ks, z->Q, 0, MEM_ACT},        {&s->q, z->Q, 0, MEM_ACT},       {&s->k, z->Q, 0, MEM_ACT},
+        {&s->qc, z->Q, 0, MEM_ACT},        {&s->kc, z->Q, 0, MEM_ACT},
+        {&s->q, z->Q, 0, MEM_ACT},         {&s->k, z->Q, 0, MEM_ACT},
         {&s->qinv, z->H, 0, MEM_F32},      {&s->kinv, z->H, 0, MEM_F32},    {&s->a, z->H, 0, MEM_ACT},
         {&s->b, z->H, 0, MEM_ACT},         {&s->g, z->H, 0, MEM_F32},       {&s->beta, z->H, 0, MEM_F32},
         {&s->lambda, 0, z->Q, MEM_F32},    {&s->o, z->Vd, 0, MEM_ACT},      {&s->x, z->Q, 0, MEM_ACT},
         {&s->on, z->Vd, 0, MEM_ACT},       {&s->onrstd, z->H, 0, MEM_F32},  {&s->z, z->Vd, 0, MEM_ACT},
-        {&s->gated, z->Vd, 0, MEM_ACT},    {&s->d_gated, z->Vd, 0, MEM_ACT}, {&s->d_z, z->Vd, 0, MEM_ACT},
-        {&s->d_on, z->Vd, 0, MEM_ACT},     {&s->d_o, z->Vd, 0, MEM_ACT},    {&s->d_v, z->Vd, 0, MEM_ACT},
-        {&s->d_q, z->Q, 0, MEM_ACT},       {&s->d_k, z->Q, 0, MEM_ACT},     {&s->d_tmp, z->Q, 0, MEM_ACT},
         {&s->d_a, z->H, 0, MEM_ACT},       {&s->d_b, z->H, 0, MEM_ACT},     {&s->d_g, z->H, 0, MEM_F32},
         {&s->d_beta, z->H, 0, MEM_F32},    {&s->d_lambda, 0, z->Q, MEM_F32}, {&s->steps, z->H, 0, MEM_I32},
         {&s->steps_acc, 2 * z->H, 0, MEM_I32},
@@ -123,6 +121,24 @@ static int buffers(Mesa *s, const Sizes *z, BufDecl *out) {
     int n = (int)(sizeof d / sizeof d[0]);
     memcpy(out, d, sizeof d);
     return n;
+}
+
+// The call temporaries of N tokens, carved from the shared scratch: the forward's (qs, ks) and the
+// backward's (the d_ of [N, .]) overlap, as no call needs the other's; the gated output, which
+// both use, has its own place. Set at every call, since
+// another layer may have grown the scratch since this one's last.
+static size_t scratch_elems(const Sizes *z) { return (size_t)z->N * (6 * (size_t)z->Vd + 3 * (size_t)z->Q); }
+
+static void scratch_views(Mixer *m, const Sizes *z) {
+    Mesa *s = m->priv;
+    size_t es = m->be->elem_size(m->be, MEM_ACT), vd = (size_t)z->N * z->Vd * es, q = (size_t)z->N * z->Q * es;
+    char *p = m->scratch->p;
+    s->qs = p;
+    s->ks = p + q;
+    void **dv[] = {&s->d_gated, &s->d_z, &s->d_on, &s->d_o, &s->d_v}, **dq[] = {&s->d_q, &s->d_k, &s->d_tmp};
+    for (int i = 0; i < 5; i++) *dv[i] = p + i * vd;
+    for (int i = 0; i < 3; i++) *dq[i] = p + 5 * vd + i * q;
+    s->gated = p + 5 * vd + 3 * q;
 }
 
 static void free_buffers(Mixer *m) {
@@ -172,6 +188,7 @@ static int ensure_capacity(Mixer *m, int N) {
         *d[i].p = m->be->alloc(m->be, d[i].per_token * (size_t)N + d[i].fixed, d[i].kind);
         if (!*d[i].p) return MN_ERR_NOMEM;
     }
+    MN_TRY(mixer_scratch_reserve(m, scratch_elems(&z)));
     s->cap = N;
     return MN_OK;
 }
@@ -189,6 +206,7 @@ static int mesa_forward(Mixer *m, void *y, const void *u, int B, int T, int use_
     if (use_state && s->state_B != B)
         return mn_error(MN_ERR_ARG, "mesa: decoding %d sequences, but the state was reset for %d", B, s->state_B);
     MN_TRY(ensure_capacity(m, N));
+    scratch_views(m, &z);
     s->u = u;
     s->B = B;
     s->T = T;
@@ -241,9 +259,11 @@ static int mesa_backward(Mixer *m, void *du, const void *dy) {
     Mesa *s = m->priv;
     int B = s->B, T = s->T, N = B * T;
     Sizes z = sizes(m->cfg, N);
+    scratch_views(m, &z);
     void **w = m->w, **dw = m->dw;
     int gate = m->cfg->output_gate, onorm_len = m->cfg->shared_onorm ? z.Dv : z.Vd;
     // output projection, gate, norm
+    if (gate) MN_TRY(be->swiglu_fwd(be, s->gated, s->z, s->on, (size_t)N * z.Vd));  // as the forward made it
     const void *out = gate ? s->gated : s->on;
     MN_TRY(be->linear_bwd(be, s->d_gated, dw[O_PROJ], NULL, dy, out, w[O_PROJ], N, z.Vd, z.D, 0));
     void *d_on = s->d_gated;

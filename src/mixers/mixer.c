@@ -17,6 +17,17 @@ const MixerOps *mixer_find(const char *name) {
     return NULL;
 }
 
+int mixer_scratch_reserve(Mixer *m, size_t n) {
+    MixerScratch *s = m->scratch;
+    if (!s) return mn_error(MN_ERR_ARG, "mixer: no shared scratch (mixers are made by model_create)");
+    if (n <= s->n) return MN_OK;
+    if (s->p) m->be->free(m->be, s->p);
+    s->n = 0;
+    if (!(s->p = m->be->alloc(m->be, n, MEM_ACT))) return MN_ERR_NOMEM;
+    s->n = n;
+    return MN_OK;
+}
+
 int mixer_clock(const Mixer *m, double *t) {
     if (m->profile) MN_TRY(m->be->sync(m->be));
     *t = mn_now();

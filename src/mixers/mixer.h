@@ -14,6 +14,14 @@
 
 typedef struct Mixer Mixer;
 
+// Buffers the model's mixers share: temporaries of one forward or backward call. A layer's are
+// dead once its call returns and layers run one at a time, so the model holds one set, not one
+// per layer (for fla-162m at 8 x 2048 tokens, 250 MB a layer).
+typedef struct {
+    void *p;
+    size_t n;  // MEM_ACT elements
+} MixerScratch;
+
 typedef struct {
     const char *name;
     // Appends this layer's parameter specs, names prefixed by `prefix` (e.g. "model.layers.3.").
@@ -42,6 +50,7 @@ struct Mixer {
     MnSolver solver;          // CG settings for the next call (training, evaluation or decoding)
     void **w, **dw;           // this layer's parameters and their gradients, in declare() order
     void *priv;               // the mixer's own buffers
+    MixerScratch *scratch;    // the model's, shared by its mixers (grown with mixer_scratch_reserve)
     double cg_steps, cg_systems;  // CG steps and systems solved since the counters were zeroed
     double core_seconds;      // time in the core (e.g. the Mesa solve), for profiles
     int profile;              // nonzero: wait for the backend around timed parts, so that their times are true
@@ -50,6 +59,10 @@ struct Mixer {
 // The time (mn_now) at a boundary of a timed part: after the backend has finished the work
 // queued so far when profiling (otherwise only the launches would be timed on the GPU).
 int mixer_clock(const Mixer *m, double *t);
+
+// Grows the shared scratch to at least n MEM_ACT elements (its contents are lost). Call it only
+// where activations are (re)allocated: a recorded decode step holds the scratch's address.
+int mixer_scratch_reserve(Mixer *m, size_t n);
 
 // The mixer named `name`, or NULL with an error listing the known ones.
 const MixerOps *mixer_find(const char *name);

@@ -97,6 +97,7 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         m->mixers[l].ops = ops;
         m->mixers[l].be = be;
         m->mixers[l].cfg = &m->cfg;
+        m->mixers[l].scratch = &m->scratch;
         if ((st = ops->create(&m->mixers[l]))) goto fail;
     }
     if ((st = declare_all(cfg, ops, m->specs, &m->nparams, m->blocks, &m->embed, &m->norm_f, &m->head))) goto fail;
@@ -156,6 +157,7 @@ void model_free(Model *m) {
     if (m->mixers)
         for (int l = 0; l < m->cfg.n_layers; l++)
             if (m->mixers[l].ops && m->mixers[l].priv) m->mixers[l].ops->destroy(&m->mixers[l]);
+    if (m->scratch.p) m->be->free(m->be, m->scratch.p);
     if (m->params) m->be->free(m->be, m->params);
     if (m->grads) m->be->free(m->be, m->grads);
     free(m->p);

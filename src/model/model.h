@@ -35,6 +35,7 @@ typedef struct {
     int embed, head, norm_f; // indices of the backbone tensors (head = embed when tied)
     BlockParams *blocks;     // [n_layers]
     Mixer *mixers;           // [n_layers]
+    MixerScratch scratch;    // the mixers' shared temporaries
     MnSolver solver;         // CG settings for the mixers (training default: cfg.cg_steps fixed steps)
 
     // activations for up to `cap` tokens (N = B*T), from the last forward
