@@ -297,6 +297,7 @@ __global__ void colsum_kernel(float *out, const bf16 *dy, const bf16 *x, const f
 // blocks, 64 rows a strip at least). Returns the rows per strip.
 static long strip_rows(long rows, int cols, int vec, int *tiles, long *strips) {
     int tile = vec ? 256 : 32;
+    if (rows < 1) rows = 1;  // (no rows: one empty strip, whose blocks add zeros)
     *tiles = (cols + tile - 1) / tile;
     long n = (rows + 63) / 64, cap = 1024 / *tiles > 1 ? 1024 / *tiles : 1;
     if (n > cap) n = cap;
