@@ -236,9 +236,14 @@ __device__ __forceinline__ void piece_store(bf16 *p, int vec, const float v[8]) 
     *(uint4 *)p = u;
 }
 
-// Whether rows of `group` bf16 at these addresses can be read 8 at a time.
-static int rows_vec(int group, const void *a, const void *b) {
-    return group % 8 == 0 && ((uintptr_t)a | (uintptr_t)b) % 16 == 0;
+// Whether these addresses are 16-byte aligned (NULL is).
+static int aligned16(const void *a, const void *b, const void *c, const void *d) {
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) % 16) == 0;
+}
+
+// Whether rows of n bf16 at these addresses can be read 8 at a time.
+static int rows_vec(int n, const void *a, const void *b, const void *c, const void *d) {
+    return n % 8 == 0 && aligned16(a, b, c, d);
 }
 
 // Column sums over many rows, added to out[L] (the gradients of biases and norm weights):
@@ -308,7 +313,7 @@ static long strip_rows(long rows, int cols, int vec, int *tiles, long *strips) {
 
 static int colsum(const Backend *be, float *out, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L,
                   int group) {
-    int vec = L % 8 == 0 && rows_vec(group, dy, x ? x : dy), tiles;
+    int vec = L % 8 == 0 && rows_vec(group, dy, x, x, x), tiles;
     long strips, per = strip_rows(rows, L, vec, &tiles, &strips);
     colsum_kernel<<<dim3((unsigned)tiles, (unsigned)strips), 32 * COLSUM_WARPS, 0, cuda_ctx(be)->stream>>>(
         out, dy, x, rstd, rows, L, group, per, vec);
@@ -389,7 +394,7 @@ static int g_rmsnorm_fwd(const Backend *be, void *y, void *rstd, const void *x, 
     long rows = (long)N * (D / group);
     rmsnorm_fwd_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, cuda_ctx(be)->stream>>>(
         (bf16 *)y, (float *)rstd, (const bf16 *)x, (const float *)w, rows, group, D / group, wlen != group, eps,
-        rows_vec(group, x, y));
+        rows_vec(group, x, y, y, y));
     LAUNCH_CHECK();
     return MN_OK;
 }
@@ -428,7 +433,7 @@ static int g_rmsnorm_bwd(const Backend *be, void *dx, void *dw, const void *dy, 
     long rows = (long)N * (D / group);
     rmsnorm_bwd_dx_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, cuda_ctx(be)->stream>>>(
         (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const float *)w, (const float *)rstd, rows, group, D / group,
-        wlen != group, accum, rows_vec(group, dy, x) && rows_vec(group, dx, dx));
+        wlen != group, accum, rows_vec(group, dy, x, dx, dx));
     LAUNCH_CHECK();
     if (dw)
         return colsum(be, (float *)dw, (const bf16 *)dy, (const bf16 *)x, (const float *)rstd, (long)N * (D / wlen), wlen,
@@ -488,7 +493,7 @@ static int g_l2norm_fwd(const Backend *be, void *y, void *inv, const void *x, in
     long rows = (long)N * (D / group);
     l2norm_fwd_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)y, (float *)inv,
                                                                                     (const bf16 *)x, rows, group, eps,
-                                                                                    rows_vec(group, x, y));
+                                                                                    rows_vec(group, x, y, y, y));
     LAUNCH_CHECK();
     return MN_OK;
 }
@@ -498,7 +503,7 @@ static int g_l2norm_bwd(const Backend *be, void *dx, const void *dy, const void 
     long rows = (long)N * (D / group);
     l2norm_bwd_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, cuda_ctx(be)->stream>>>(
         (bf16 *)dx, (const bf16 *)dy, (const bf16 *)y, (const float *)inv, rows, group,
-        rows_vec(group, dy, y) && rows_vec(group, dx, dx));
+        rows_vec(group, dy, y, dx, dx));
     LAUNCH_CHECK();
     return MN_OK;
 }
@@ -534,10 +539,6 @@ __device__ __forceinline__ void piece_put(bf16 *p, size_t i, int m, int vec, con
         return;
     }
     for (int k = 0; k < m; k++) p[i + k] = __float2bfloat16(v[k]);
-}
-
-static int aligned16(const void *a, const void *b, const void *c, const void *d) {
-    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) % 16) == 0;
 }
 
 static unsigned piece_grid(size_t n) { return grid_for((n + 7) / 8, 256); }
@@ -700,13 +701,12 @@ __global__ void conv_state_kernel(bf16 *tmp, const bf16 *x, int B, int T, int C,
     }
 }
 
-static int conv_vec(int C, const void *a, const void *b, const void *c) { return C % 8 == 0 && aligned16(a, b, c, c); }
 
 static int g_conv_fwd(const Backend *be, void *y, const void *x, const void *w, int B, int T, int C, int K,
                       const void *sin, void *sout) {
     CudaCtx *cx = cuda_ctx(be);
     if (K > 8) return mn_error(MN_ERR_ARG, "cuda conv: kernel width %d, at most 8", K);
-    int vec = conv_vec(C, y, x, sin);
+    int vec = rows_vec(C, y, x, sin, sin);
     conv_kernel<<<conv_grid(B, T, C, vec), 256, 0, cx->stream>>>((bf16 *)y, (const bf16 *)x, (const float *)w, B, T, C,
                                                                  K, (const bf16 *)sin, vec, 0);
     LAUNCH_CHECK();
@@ -760,7 +760,7 @@ static int g_conv_bwd(const Backend *be, void *dx, void *dw, const void *dy, con
                       int C, int K, const void *sin) {
     if (K > 8) return mn_error(MN_ERR_ARG, "cuda conv: kernel width %d, at most 8", K);
     cudaStream_t s = cuda_ctx(be)->stream;
-    int vec = conv_vec(C, dx, dy, x) && aligned16(sin, sin, sin, sin);
+    int vec = rows_vec(C, dx, dy, x, sin);
     conv_kernel<<<conv_grid(B, T, C, vec), 256, 0, s>>>((bf16 *)dx, (const bf16 *)dy, (const float *)w, B, T, C, K, NULL,
                                                         vec, 1);
     LAUNCH_CHECK();
@@ -872,7 +872,7 @@ __global__ void xent_kernel(bf16 *logits, float *losses, const int32_t *targets,
 static int g_xent(const Backend *be, void *logits, void *losses, const void *targets, int N, int V, float cap,
                   float grad_scale) {
     xent_kernel<<<(unsigned)N, 256, 0, cuda_ctx(be)->stream>>>((bf16 *)logits, (float *)losses, (const int32_t *)targets,
-                                                               V, cap, grad_scale, rows_vec(V, logits, logits));
+                                                               V, cap, grad_scale, rows_vec(V, logits, logits, logits, logits));
     LAUNCH_CHECK();
     return MN_OK;
 }
