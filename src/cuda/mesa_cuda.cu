@@ -69,6 +69,7 @@ extern "C" {
 #define MAXNT (MAXD / (8 * NCG))  // n-tiles (8 columns) per warp, at most
 #define NTILES(n) ((n) / (8 * NCG))  // n-tiles per warp of a tile n columns wide
 #define FR 2                  // rows per thread in a tile: groupID and groupID + 8
+#define MFN (4 * NTILES(CH))    // elements of a 64 x 64 tile per thread (the precomputed mask)
 #define LDT (CH + 8)          // stride of k-major blocks: 8 mod 32, so fragment loads are conflict-free
 #define RESIDUAL_FLOOR (4.0f / 16777216.0f)  // as on the CPU (src/cpu/cg.c)
 
@@ -172,16 +173,17 @@ static __device__ __forceinline__ float tile_absmax(const Tile *t, int nc) {
 }
 
 // The block's maxima of n per-thread values at once (non-negative): m in, the
-// maxima out, for every thread. red: 32 n floats of smem. Synchronizes.
+// maxima out, for every thread. red: n NT / 32 floats of smem (at most 5 NT / 32 =
+// 10 NCG, inside the [NCG][CH] regions that callers pass). Synchronizes.
 static __device__ void block_max_n(float *m, int n, float *red) {
     for (int i = 0; i < n; i++) m[i] = warp_max(m[i]);
     __syncthreads();  // the previous readers of red are done
     if (lane_id() == 0)
-        for (int i = 0; i < n; i++) red[32 * i + warp_id()] = m[i];
+        for (int i = 0; i < n; i++) red[NT / 32 * i + warp_id()] = m[i];
     __syncthreads();
     for (int i = 0; i < n; i++) {
         float v = 0;
-        for (int w = 0; w < NT / 32; w++) v = fmaxf(v, red[32 * i + w]);
+        for (int w = 0; w < NT / 32; w++) v = fmaxf(v, red[NT / 32 * i + w]);
         m[i] = v;
     }
 }
@@ -465,6 +467,34 @@ static __device__ __forceinline__ void stage_batch16(float *sc, const Src *rows,
     stage_put16(fv, nf, f, fh, fl, fld, sc[n]);
 }
 
+// 16 bytes from global to smem in the background (cp.async): `bytes` (16 or 0)
+// are read, the rest zero-filled. cp_async_wait completes the thread's copies;
+// a barrier after it publishes them to the block.
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// The block of s (rpad x cpad, zero outside rows x cols) into smem as it is,
+// bf16 or float, row-major with stride ld elements: 16-byte copies in the
+// background, or element by element (at once) when rows are not 16-byte aligned.
+static __device__ void stage_raw(void *dst, int ld, const Src *s) {
+    int es = s->f32 ? 4 : 2, w = 16 / es, vpr = s->cpad / w;
+    for (int e = threadIdx.x; e < s->rpad * vpr; e += NT) {
+        int r = e / vpr, c = e % vpr * w, in = r < s->rows && c < s->cols;
+        char *d = (char *)dst + ((size_t)r * ld + c) * es;
+        const char *p = (const char *)s->p + ((size_t)r * s->rstride + c) * es;
+        if (s->vec) {
+            cp_async16(d, in ? p : s->p, in ? 16 : 0);
+        } else if (s->f32) {
+            for (int k = 0; k < w; k++) ((float *)d)[k] = in && c + k < s->cols ? ((const float *)p)[k] : 0.0f;
+        } else {
+            for (int k = 0; k < w; k++)
+                ((unsigned short *)d)[k] = in && c + k < s->cols ? ((const unsigned short *)p)[k] : 0;
+        }
+    }
+}
+
 // Warp 0's share of a chunk's decays: the log decays and betas of tokens lane
 // and lane + 32 (0 past the end).
 static __device__ __forceinline__ void fetch_decays(float glog[2], float beta[2], const float *g_log, const float *g_beta,
@@ -520,35 +550,78 @@ static __device__ int load_decays(float *b, float *beta, const float *g_log, con
     return min(CH, g->T - t0);
 }
 
-// The thread's tile of rows t0 .. t0+C of a [B,T,H,d] bf16 tensor (zero past T and d).
+// The thread's tiles against rows t0 .. t0+C of a [B,T,H,d] tensor (zero past T
+// and d): a thread's two adjacent columns are one 4-byte (bf16) or 8-byte (float)
+// access where d is even and the tensor so aligned, else two.
+static __device__ __forceinline__ int pairs_ok(const void *p, int d, int size) {
+    return d % 2 == 0 && (uintptr_t)p % (2 * size) == 0;
+}
+
 static __device__ void tile_load(Tile *t, const bf16 *src, const Geo *g, int pair, int t0, int d, int nc) {
+    int two = pairs_ok(src, d, 2);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int tt = t0 + f_row(e >> 1), c = f_col(j, e, nc);
-            t->v[j][e] = (j < nc && tt < g->T && c < d) ? ld(src, tok_index(g, pair, tt) * d + c) : 0.0f;
+        for (int i = 0; i < FR; i++) {
+            int tt = t0 + f_row(i), c = f_col(j, 2 * i, nc);
+            float2 v = make_float2(0.0f, 0.0f);
+            if (j < nc && tt < g->T && c < d) {
+                const bf16 *p = src + tok_index(g, pair, tt) * d + c;
+                if (two) v = __bfloat1622float2(*(const __nv_bfloat162 *)p);
+                else v = make_float2(ld(p, 0), c + 1 < d ? ld(p, 1) : 0.0f);
+            }
+            t->v[j][2 * i] = v.x;
+            t->v[j][2 * i + 1] = v.y;
         }
 }
 
 static __device__ void tile_store(bf16 *dst, const Tile *t, const Geo *g, int pair, int t0, int d, int nc) {
+    int two = pairs_ok(dst, d, 2);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int tt = t0 + f_row(e >> 1), c = f_col(j, e, nc);
-            if (j < nc && tt < g->T && c < d) st(dst, tok_index(g, pair, tt) * d + c, t->v[j][e]);
+        for (int i = 0; i < FR; i++) {
+            int tt = t0 + f_row(i), c = f_col(j, 2 * i, nc);
+            if (j >= nc || tt >= g->T || c >= d) continue;
+            bf16 *p = dst + tok_index(g, pair, tt) * d + c;
+            if (two) {
+                *(__nv_bfloat162 *)p = __floats2bfloat162_rn(t->v[j][2 * i], t->v[j][2 * i + 1]);
+            } else {
+                st(p, 0, t->v[j][2 * i]);
+                if (c + 1 < d) st(p, 1, t->v[j][2 * i + 1]);
+            }
         }
 }
 
 // Float version, for the backward's Y.
 static __device__ void tile_store_f(float *dst, const Tile *t, const Geo *g, int pair, int t0, int d, int nc) {
+    int two = pairs_ok(dst, d, 4);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int tt = t0 + f_row(e >> 1), c = f_col(j, e, nc);
-            if (j < nc && tt < g->T && c < d) dst[tok_index(g, pair, tt) * d + c] = t->v[j][e];
+        for (int i = 0; i < FR; i++) {
+            int tt = t0 + f_row(i), c = f_col(j, 2 * i, nc);
+            if (j >= nc || tt >= g->T || c >= d) continue;
+            float *p = dst + tok_index(g, pair, tt) * d + c;
+            if (two) {
+                *(float2 *)p = make_float2(t->v[j][2 * i], t->v[j][2 * i + 1]);
+            } else {
+                p[0] = t->v[j][2 * i];
+                if (c + 1 < d) p[1] = t->v[j][2 * i + 1];
+            }
+        }
+}
+
+// The thread's tile of a [CH][ld] bf16 block in smem (nc n-tiles).
+static __device__ __forceinline__ void tile_from_bf16(Tile *t, const bf16 *m, int ld, int nc) {
+#pragma unroll
+    for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+        for (int i = 0; i < FR; i++) {
+            float2 v = j < nc ? __bfloat1622float2(*(const __nv_bfloat162 *)(m + f_row(i) * ld + f_col(j, 2 * i, nc)))
+                              : make_float2(0.0f, 0.0f);
+            t->v[j][2 * i] = v.x;
+            t->v[j][2 * i + 1] = v.y;
         }
 }
 
@@ -569,9 +642,9 @@ static __device__ __forceinline__ void tile_mask(Tile *t, const float *b, const 
         for (int e = 0; e < 4; e++) t->v[j][e] *= chunk_mask(b, beta, f_row(e >> 1), f_col(j, e, NTILES(CH)), dir);
 }
 
-// The same with the forward mask precomputed in fragment order (chunk_consts): two 16-byte loads.
+// The same with the forward mask precomputed in fragment order (chunk_consts): a 16-byte load per n-tile.
 static __device__ __forceinline__ void tile_mask_f(Tile *t, const float *Mf) {
-    const float4 *m = (const float4 *)(Mf + 8 * threadIdx.x);
+    const float4 *m = (const float4 *)(Mf + MFN * threadIdx.x);
 #pragma unroll
     for (int j = 0; j < NTILES(CH); j++) {
         float4 v = m[j];
@@ -592,7 +665,7 @@ typedef struct {
     float *Dg;   // [CH][Dm]  the Jacobi diagonal; then V (the output and the rhs)
     float *b, *beta, *lam, *red;  // [CH], [CH], [Dm], [NCG][CH] (tile_dot's, at least Dm)
     // constant over the chunk, in the thread's fragment order (chunk_consts)
-    float *Mf;    // [NT][8] the forward mask at the thread's 8 elements of a 64 x 64 tile
+    float *Mf;    // [NT][MFN] the forward mask at the thread's elements of a 64 x 64 tile
     float *eb;    // [CH] e^{b_row}
     float *lamf;  // [NCG][4][2 MAXNT] lambda at the columns of a Dp-wide tile's fragments
 } Smem;
@@ -600,7 +673,7 @@ typedef struct {
 static size_t smem_floats(int Dp, int Dvp) {
     size_t dm = Dp > Dvp ? Dp : Dvp;
     return dm * ldrow((int)dm) + 2 * CH * ldrow((int)dm) + (size_t)CH * LDT + CH * dm + 2 * CH + dm + NCG * CH +
-           (size_t)NT * 8 + CH + NCG * 4 * 2 * MAXNT;
+           (size_t)NT * MFN + CH + NCG * 4 * 2 * MAXNT;
 }
 
 static __device__ Smem carve(float *base, const Geo *g) {
@@ -608,15 +681,15 @@ static __device__ Smem carve(float *base, const Geo *g) {
     Smem s;
     s.Hs = base;
     s.Kp = s.Hs + dm * ldrow(dm);
-    s.Bm = s.Kp + CH * ldrow(dm);
-    s.St = s.Bm + CH * ldrow(dm);
-    s.Dg = s.St + CH * LDT;
+    s.St = s.Kp + CH * ldrow(dm);
+    s.Bm = s.St + CH * LDT;
+    s.Dg = s.Bm + CH * ldrow(dm);  // right after Bm: the two hold the forward's staged G (stage_g)
     s.b = s.Dg + CH * dm;
     s.beta = s.b + CH;
     s.lam = s.beta + CH;
     s.red = s.lam + dm;
     s.Mf = s.red + NCG * CH;  // 16-byte aligned: every region above is a multiple of 4 floats
-    s.eb = s.Mf + NT * 8;
+    s.eb = s.Mf + NT * MFN;
     s.lamf = s.eb + CH;
     return s;
 }
@@ -631,13 +704,12 @@ static __device__ __forceinline__ void decay_to_end(float u[FR], const float *b,
 // the order the threads read them: the forward mask, e^b, lambda (s->b,
 // s->beta and s->lam loaded and synchronized). Ends synchronized.
 static __device__ void chunk_consts(const Smem *s, const Geo *g) {
-    static_assert(NTILES(CH) * 4 == 8, "Mf holds 8 elements per thread");
     int nc = NTILES(g->Dp);
 #pragma unroll
     for (int j = 0; j < NTILES(CH); j++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            s->Mf[8 * threadIdx.x + 4 * j + e] = chunk_mask(s->b, s->beta, f_row(e >> 1), f_col(j, e, NTILES(CH)), 0);
+            s->Mf[MFN * threadIdx.x + 4 * j + e] = chunk_mask(s->b, s->beta, f_row(e >> 1), f_col(j, e, NTILES(CH)), 0);
     for (int r = threadIdx.x; r < CH; r += NT) s->eb[r] = __expf(s->b[r]);
     if ((lane_id() >> 2) == 0 && (warp_id() & 3) == 0)  // one writer per (column group, lane & 3)
         for (int j = 0; j < nc; j++)
@@ -675,47 +747,29 @@ static __device__ Op16 op16_carve(const Smem *s, const Geo *g) {
     return o;
 }
 
-// The chunk's state (Hg: [Dk][Dk] float, global) and keys into fp16, scaled so
-// that their largest magnitudes lie in [1, 2). Ends synchronized.
-static __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *kg, const Geo *g, int pair, int t0) {
-    int dk = g->Dk, dp = g->Dp, lh = ldrow(dp), nh = dp * dp / 2, nk = CH * dp / 2;
-    size_t base = tok_index(g, pair, t0);
-    // each thread's elements (pairs of columns) in registers: at most 16 of H, 8 of K (LB loads in flight)
-    float2 hv[MAXD * MAXD / 2 / NT], kv[CH * MAXD / 2 / NT];
-    float mh = 0, mk = 0;
-#pragma unroll
-    for (int u = 0; u < MAXD * MAXD / 2 / NT; u++) {
-        int e = threadIdx.x + u * NT, r = 2 * e / dp, c = 2 * e % dp;
-        hv[u].x = e < nh && r < dk && c < dk ? Hg[r * dk + c] : 0.0f;
-        hv[u].y = e < nh && r < dk && c + 1 < dk ? Hg[r * dk + c + 1] : 0.0f;
+// The chunk's state (Hg: [Dk][Dk] float, global) and keys (kg; NULL: o->K and
+// o->sK are in place already) into fp16, scaled so that their largest
+// magnitudes lie in [1, 2), every load in flight at once (stage_batch16;
+// 16-byte loads where vec). With qg, the chunk's queries are fetched with them
+// (as they are, bf16, through the direction's buffer: CG has not started) into
+// the tile q. Ends synchronized.
+static __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *kg, const bf16 *qg, Tile *q, int vec,
+                                 const Geo *g, int pair, int t0) {
+    int ld = ldrow(g->Dp);
+    Src keys = tok_src(kg, 0, g->Dk, g->Dp, g, pair, t0, vec), state = mat_src(Hg, g->Dk, g->Dk, g->Dp, g->Dp, vec);
+    if (qg) {
+        Src qs = tok_src(qg, 0, g->Dk, g->Dp, g, pair, t0, vec);
+        stage_raw(o->P, ld, &qs);
     }
-#pragma unroll
-    for (int u = 0; u < CH * MAXD / 2 / NT; u++) {
-        int e = threadIdx.x + u * NT, r = 2 * e / dp, c = 2 * e % dp;
-        size_t i = (base + (size_t)r * g->H) * dk + c;
-        kv[u].x = e < nk && t0 + r < g->T && c < dk ? ld(kg, i) : 0.0f;
-        kv[u].y = e < nk && t0 + r < g->T && c + 1 < dk ? ld(kg, i + 1) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < MAXD * MAXD / 2 / NT; u++) mh = fmaxf(mh, fmaxf(fabsf(hv[u].x), fabsf(hv[u].y)));
-#pragma unroll
-    for (int u = 0; u < CH * MAXD / 2 / NT; u++) mk = fmaxf(mk, fmaxf(fabsf(kv[u].x), fabsf(kv[u].y)));
-    float m[2] = {mh, mk};
-    block_max_n(m, 2, s->red);
-    o->sH = fp16_scale(m[0]);
-    o->sK = fp16_scale(m[1]);
-#pragma unroll
-    for (int u = 0; u < MAXD * MAXD / 2 / NT; u++) {
-        int e = threadIdx.x + u * NT, r = 2 * e / dp, c = 2 * e % dp;
-        if (e < nh)
-            split_half2(hv[u].x * o->sH, hv[u].y * o->sH, (__half2 *)(o->Hh + r * lh + c), (__half2 *)(o->Hl + r * lh + c));
-    }
-#pragma unroll
-    for (int u = 0; u < CH * MAXD / 2 / NT; u++) {
-        int e = threadIdx.x + u * NT, r = 2 * e / dp, c = 2 * e % dp;
-        if (e < nk) *(__half2 *)(o->K + r * lh + c) = __floats2half2_rn(kv[u].x * o->sK, kv[u].y * o->sK);
-    }
+    __half *dst[1] = {o->K};
+    int lds[1] = {ld};
+    float sc[2];  // the keys', the state's (or the state's alone)
+    stage_batch16(sc, &keys, dst, lds, kg ? 1 : 0, &state, o->Hh, o->Hl, ld, MAXD * MAXD / 4 / NT, s->red);
+    if (kg) o->sK = sc[0];
+    o->sH = sc[kg ? 1 : 0];
+    cp_async_wait();
     __syncthreads();
+    if (qg) tile_from_bf16(q, (const bf16 *)o->P, ld, NTILES(g->Dp));
 }
 
 // Per-row power-of-two scales from norm2 (the row's squared norm, or CG's
@@ -828,6 +882,9 @@ static __device__ void jacobi_diagonal(const Smem *s, const Op16 *o, const Geo *
     __syncthreads();
 }
 
+// Whether CG uses the Jacobi diagonal (in Dg): preconditioned, or starting from q / diag.
+static __device__ __forceinline__ int cg_jacobi(const Geo *g) { return g->precond || g->init == MN_CG_INIT_JACOBI; }
+
 // z = r / diag (Jacobi) or r.
 static __device__ __forceinline__ void precondition(Tile *z, const Tile *r, const Smem *s, const Geo *g, int use) {
     int nc = NTILES(g->Dp), dm = max(g->Dp, g->Dvp);
@@ -839,8 +896,8 @@ static __device__ __forceinline__ void precondition(Tile *z, const Tile *r, cons
 }
 
 // Conjugate gradient for the chunk's rows (spec section 2): q in, x out,
-// steps per row, with the operator of the chunk's entry state Hg ([Dk][Dk],
-// global) and keys kg. A row stops at its tolerance (or the floor); the block
+// steps per row, with the operator o (op16_load: the chunk's entry state and
+// keys). A row stops at its tolerance (or the floor); the block
 // stops when all rows have, or after max_steps. Stopped rows carry p = 0;
 // every thread runs every step (the dots synchronize the block).
 //
@@ -850,12 +907,10 @@ static __device__ __forceinline__ void precondition(Tile *z, const Tile *r, cons
 // stopping test keeps its meaning; only conjugacy is perturbed (relative
 // 2^-12), which can cost a step, not accuracy. A starting guess is rounded
 // the same way (it is only a guess).
-static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, int steps[FR], const Tile *x0,
-                         int use_given, const float *Hg, const bf16 *kg, int pair, int t0, float *sK) {
-    int nc = NTILES(g->Dp), jac = g->precond || g->init == MN_CG_INIT_JACOBI;
-    Op16 o = op16_carve(s, g);
-    op16_load(&o, s, Hg, kg, g, pair, t0);
-    *sK = o.sK;
+static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, const Op16 *op, int steps[FR],
+                                const Tile *x0, int use_given) {
+    int nc = NTILES(g->Dp), jac = cg_jacobi(g);
+    const Op16 o = *op;
     Tile r, p, ap;
     float sp[FR];
     if (jac) jacobi_diagonal(s, &o, g);
@@ -866,7 +921,8 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
     } else {
         tile_zero(x);
     }
-    if (use_given || g->init == MN_CG_INIT_JACOBI) {
+    int guess = use_given || g->init == MN_CG_INIT_JACOBI;  // else x = 0 and r = q
+    if (guess) {
         float xx[FR];
         tile_dot(xx, x, x, nc, s->red);
         round_rows16(x, sp, xx, nc);
@@ -881,9 +937,15 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
     float qq[FR], rr[FR], rz[FR], thresh[FR];
     int active[FR];
     tile_dot(qq, q, q, nc, s->red);
-    tile_dot(rr, &r, &r, nc, s->red);
+    if (guess) tile_dot(rr, &r, &r, nc, s->red);
+    else
+#pragma unroll
+        for (int i = 0; i < FR; i++) rr[i] = qq[i];
     precondition(&p, &r, s, g, g->precond);
-    tile_dot(rz, &r, &p, nc, s->red);
+    if (g->precond) tile_dot(rz, &r, &p, nc, s->red);
+    else
+#pragma unroll
+        for (int i = 0; i < FR; i++) rz[i] = rr[i];  // z = r
 #pragma unroll
     for (int i = 0; i < FR; i++) {
         thresh[i] = g->tol2 * qq[i];
@@ -978,34 +1040,6 @@ static __device__ void slice_store(float *dst, const Tile *acc, int i0, int rows
                 if (c + 1 < dk) d[1] = v1;
             }
         }
-}
-
-// 16 bytes from global to smem in the background (cp.async): `bytes` (16 or 0)
-// are read, the rest zero-filled. cp_async_wait completes the thread's copies;
-// a barrier after it publishes them to the block.
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// The block of s (rpad x cpad, zero outside rows x cols) into smem as it is,
-// bf16 or float, row-major with stride ld elements: 16-byte copies in the
-// background, or element by element (at once) when rows are not 16-byte aligned.
-static __device__ void stage_raw(void *dst, int ld, const Src *s) {
-    int es = s->f32 ? 4 : 2, w = 16 / es, vpr = s->cpad / w;
-    for (int e = threadIdx.x; e < s->rpad * vpr; e += NT) {
-        int r = e / vpr, c = e % vpr * w, in = r < s->rows && c < s->cols;
-        char *d = (char *)dst + ((size_t)r * ld + c) * es;
-        const char *p = (const char *)s->p + ((size_t)r * s->rstride + c) * es;
-        if (s->vec) {
-            cp_async16(d, in ? p : s->p, in ? 16 : 0);
-        } else if (s->f32) {
-            for (int k = 0; k < w; k++) ((float *)d)[k] = in && c + k < s->cols ? ((const float *)p)[k] : 0.0f;
-        } else {
-            for (int k = 0; k < w; k++)
-                ((unsigned short *)d)[k] = in && c + k < s->cols ? ((const unsigned short *)p)[k] : 0;
-        }
-    }
 }
 
 // A scan chunk's raw operands, fetched in the background: the left factor's
@@ -1165,27 +1199,45 @@ static __device__ void store_row_ints(int *dst, const int v[FR], const Geo *g, i
         if (row_token(&ti, g, pair, t0, i)) dst[ti] = v[i];
 }
 
+// Whether the forward stages G in smem during CG (stage_g): Bm and Dg are free
+// then unless CG uses the Jacobi diagonal, and hold [Dvp][Dp] floats.
+static_assert(MAXD * MAXD <= CH * (2 * MAXD + 8), "Bm and Dg hold a [Dvp][Dp] float matrix");
+static __device__ __forceinline__ int g_staged(const Geo *g, int vec) { return vec && !cg_jacobi(g); }
+
+// Starts copying the chunk's G ([Dv][Dk] float, global) into Bm and Dg as
+// [Dvp][Dp] floats (zero outside), in the background while CG runs.
+static __device__ __forceinline__ void stage_g(const Smem *s, const float *G, const Geo *g) {
+    Src sg = mat_src(G, g->Dv, g->Dk, g->Dvp, g->Dp, 1);
+    stage_raw(s->Bm, g->Dp, &sg);
+}
+
 // The forward's output O = e^b (.) X G^T + ((X K^T) (.) M) V (G: the chunk's
-// entry state [Dv][Dk], global) on fp16 operands (tile_gla16): X split hi + lo
-// at per-row scales into Bm's region, G hi + lo into the state's buffers, V
-// into the Jacobi diagonal's; K (scale sK) is still in place from CG.
+// entry state [Dv][Dk], global, or staged in smem by stage_g when g_staged)
+// on fp16 operands (tile_gla16): X split hi + lo at per-row scales into Bm's
+// region, G hi + lo into the state's buffers, V into the Jacobi diagonal's; K
+// (scale sK) is still in place from CG.
 static __device__ __forceinline__ void forward_output(Tile *out, const Tile *xp, float sK, const Smem *sp, const bf16 *v,
                                             const float *G, int vec, const Geo *gp, int pair, int t0) {
     const Smem s = *sp;
     const Geo g = *gp;
     const Tile xt = *xp;
     Op16 op = op16_carve(&s, &g);
-    int nc = NTILES(g.Dp), ncv = NTILES(g.Dvp), ldk = ldrow(g.Dp), ldv = ldrow(g.Dvp);
+    int nc = NTILES(g.Dp), ncv = NTILES(g.Dvp), ldk = ldrow(g.Dp), ldv = ldrow(g.Dvp), staged = g_staged(&g, vec);
     __half *Xh = (__half *)s.Bm, *Xl = Xh + CH * ldk, *V16 = (__half *)s.Dg;
     __half *Gh = (__half *)s.Hs, *Gl = Gh + g.Dvp * ldk;  // G: Dvp rows, not op.Hh/op.Hl's Dp
-    Src sg = mat_src(G, g.Dv, g.Dk, g.Dvp, g.Dp, vec), sv = tok_src(v, 0, g.Dv, g.Dvp, &g, pair, t0, vec);
+    Src sg = staged ? mat_src(s.Bm, g.Dvp, g.Dp, g.Dvp, g.Dp, 1) : mat_src(G, g.Dv, g.Dk, g.Dvp, g.Dp, vec);
+    Src sv = tok_src(v, 0, g.Dv, g.Dvp, &g, pair, t0, vec);
     float sx[FR], sG, sV;
     {
         Vec16 gv[MAXD * MAXD / 4 / NT], vv[CH * MAXD / 8 / NT];
-        stage_fetch(gv, MAXD * MAXD / 4 / NT, &sg);
         stage_fetch(vv, CH * MAXD / 8 / NT, &sv);
+        if (staged) {
+            cp_async_wait();
+            __syncthreads();  // G is in place
+        }
+        stage_fetch(gv, MAXD * MAXD / 4 / NT, &sg);
         float xx[FR];
-        tile_dot(xx, &xt, &xt, nc, s.red);  // (its barriers also end CG's reads)
+        tile_dot(xx, &xt, &xt, nc, s.red);  // (its barriers also end CG's reads, and those of the staged G)
         row_scales16(sx, xx);
         tile_put16(Xh, Xl, ldk, &xt, sx, nc);
         float m[2] = {stage_absmax(gv, MAXD * MAXD / 4 / NT, 1), stage_absmax(vv, CH * MAXD / 8 / NT, 0)};
@@ -1215,15 +1267,16 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
     __syncthreads();
     chunk_consts(&s, &g);
     Tile qt, xt, x0t;
-    tile_load(&qt, q, &g, pair, t0, g.Dk, nc);
     if (x0) tile_load(&x0t, x0, &g, pair, t0, g.Dk, nc);
+    Op16 op = op16_carve(&s, &g);
+    op16_load(&op, &s, st_in, k, q, &qt, vec, &g, pair, t0);
+    if (g_staged(&g, vec)) stage_g(&s, st_in + hh, &g);  // for the output, while CG runs
     int steps[FR];
-    float sK;  // the scale of the keys CG leaves in op.K
-    cg_solve(&xt, &qt, &s, &g, steps, &x0t, x0 != NULL, st_in, k, pair, t0, &sK);
+    cg_solve(&xt, &qt, &s, &g, &op, steps, &x0t, x0 != NULL);
     tile_store(x_out, &xt, &g, pair, t0, g.Dk, nc);
     store_row_ints(steps_out, steps, &g, pair, t0);
     Tile out;
-    forward_output(&out, &xt, sK, &s, v, st_in + hh, vec, &g, pair, t0);
+    forward_output(&out, &xt, op.sK, &s, v, st_in + hh, vec, &g, pair, t0);
     tile_store(o, &out, &g, pair, t0, g.Dv, ncv);
 }
 
@@ -1232,7 +1285,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
 // (tile_gla16): G into the state's buffers, K into CG's, Delta into Bm's
 // region, V into the Jacobi diagonal's. (Inlined: as a called function it
 // left ptxas spilling less, but the kernels ran 1.2-1.5x slower, measured.)
-static __device__ __forceinline__ void backward_rhs(Tile *rhs, const Smem *sp, const bf16 *dout, const bf16 *v, const bf16 *k,
+static __device__ __forceinline__ float backward_rhs(Tile *rhs, const Smem *sp, const bf16 *dout, const bf16 *v, const bf16 *k,
                                           const float *G, int vec, const Geo *gp, int pair, int t0) {
     const Smem s = *sp;
     const Geo g = *gp;
@@ -1251,6 +1304,7 @@ static __device__ __forceinline__ void backward_rhs(Tile *rhs, const Smem *sp, c
     Gla16 f = {D16, NULL, Gh, Gl, V16, op.K, ldv, ldk, ldv, ldk, 0, g.Dvp, nc, sc[3], sc[1], sc[2]};
     float sa[FR] = {sc[0], sc[0]};
     tile_gla16(rhs, &f, sa, op.Sh, op.Sl, &s);
+    return sc[2];
 }
 
 // Backward, per chunk: R = G_t^T delta, Y = A^{-1} R (the second solve);
@@ -1271,14 +1325,19 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
     __syncthreads();
     chunk_consts(&s, &g);
     Tile rhs;
-    backward_rhs(&rhs, &s, dout, v, k, st_in + hh, vec, &g, pair, t0);
+    Op16 op = op16_carve(&s, &g);
+    op.sK = backward_rhs(&rhs, &s, dout, v, k, st_in + hh, vec, &g, pair, t0);  // leaves the keys in op.K
     // the second solve, with the forward's operator
-    __syncthreads();  // the operands' readers are done: CG loads H and K over them
+    __syncthreads();  // the operands' readers are done: CG loads H over them
+    op16_load(&op, &s, st_in, NULL, NULL, NULL, vec, &g, pair, t0);
+    Src xs = tok_src(x, 0, g.Dk, g.Dp, &g, pair, t0, vec);
+    stage_raw(s.Bm, ldrow(g.Dp), &xs);  // x, for after CG, in the background (CG leaves Bm alone)
     Tile y, xt;
     int steps[FR];
-    float sK;
-    cg_solve(&y, &rhs, &s, &g, steps, &y, 0, st_in, k, pair, t0, &sK);
-    tile_load(&xt, x, &g, pair, t0, g.Dk, nc);
+    cg_solve(&y, &rhs, &s, &g, &op, steps, &y, 0);
+    cp_async_wait();
+    __syncthreads();
+    tile_from_bf16(&xt, (const bf16 *)s.Bm, ldrow(g.Dp), nc);
     // y.(lambda (.) x) per token, and -sum over the chunk's rows of y (.) x for dlambda
     Tile lx;
 #pragma unroll

@@ -7,5 +7,6 @@
  * -> 3.45 ms (docs/cuda.md).
  */
 #define MAXD 64
+#define NCG 2
 #define MESA_NAME(f) f##_d64
 #include "mesa_cuda.cu"
