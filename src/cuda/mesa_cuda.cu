@@ -747,12 +747,11 @@ static __device__ Op16 op16_carve(const Smem *s, const Geo *g) {
     return o;
 }
 
-// The chunk's state (Hg: [Dk][Dk] float, global) and keys (kg; NULL: o->K and
-// o->sK are in place already) into fp16, scaled so that their largest
-// magnitudes lie in [1, 2), every load in flight at once (stage_batch16;
-// 16-byte loads where vec). With qg, the chunk's queries are fetched with them
-// (as they are, bf16, through the direction's buffer: CG has not started) into
-// the tile q. Ends synchronized.
+// The chunk's state (Hg: [Dk][Dk] float, global) and keys into fp16, scaled
+// so that their largest magnitudes lie in [1, 2), every load in flight at once
+// (stage_batch16; 16-byte loads where vec). With qg, the chunk's queries are
+// fetched with them (as they are, bf16, through the direction's buffer: CG has
+// not started) into the tile q. Ends synchronized.
 static __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *kg, const bf16 *qg, Tile *q, int vec,
                                  const Geo *g, int pair, int t0) {
     int ld = ldrow(g->Dp);
@@ -763,13 +762,25 @@ static __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const 
     }
     __half *dst[1] = {o->K};
     int lds[1] = {ld};
-    float sc[2];  // the keys', the state's (or the state's alone)
-    stage_batch16(sc, &keys, dst, lds, kg ? 1 : 0, &state, o->Hh, o->Hl, ld, MAXD * MAXD / 4 / NT, s->red);
-    if (kg) o->sK = sc[0];
-    o->sH = sc[kg ? 1 : 0];
+    float sc[2];  // the keys', the state's
+    stage_batch16(sc, &keys, dst, lds, 1, &state, o->Hh, o->Hl, ld, MAXD * MAXD / 4 / NT, s->red);
+    o->sK = sc[0];
+    o->sH = sc[1];
     cp_async_wait();
     __syncthreads();
     if (qg) tile_from_bf16(q, (const bf16 *)o->P, ld, NTILES(g->Dp));
+}
+
+// The state alone into fp16 (as op16_load), from registers: hv, fetched ahead
+// by stage_fetch from `state`. Every thread must be done with the previous
+// contents of o->Hh, o->Hl (block_max_n's first barrier orders them). Ends
+// synchronized.
+static __device__ void op16_put_state(Op16 *o, const Smem *s, const Vec16 *hv, const Src *state, const Geo *g) {
+    float m = stage_absmax(hv, MAXD * MAXD / 4 / NT, 1);
+    block_max_n(&m, 1, s->red);
+    o->sH = fp16_scale(m);
+    stage_put16(hv, MAXD * MAXD / 4 / NT, state, o->Hh, o->Hl, ldrow(g->Dp), o->sH);
+    __syncthreads();
 }
 
 // Per-row power-of-two scales from norm2 (the row's squared norm, or CG's
@@ -1285,8 +1296,9 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
 // (tile_gla16): G into the state's buffers, K into CG's, Delta into Bm's
 // region, V into the Jacobi diagonal's. (Inlined: as a called function it
 // left ptxas spilling less, but the kernels ran 1.2-1.5x slower, measured.)
-static __device__ __forceinline__ float backward_rhs(Tile *rhs, const Smem *sp, const bf16 *dout, const bf16 *v, const bf16 *k,
-                                          const float *G, int vec, const Geo *gp, int pair, int t0) {
+static __device__ __forceinline__ float backward_rhs(Tile *rhs, Vec16 *hv, const Src *sh, const Smem *sp, const bf16 *dout,
+                                                    const bf16 *v, const bf16 *k, const float *G, int vec, const Geo *gp,
+                                                    int pair, int t0) {
     const Smem s = *sp;
     const Geo g = *gp;
     Op16 op = op16_carve(&s, &g);
@@ -1300,6 +1312,7 @@ static __device__ __forceinline__ float backward_rhs(Tile *rhs, const Smem *sp, 
     int lds[3] = {ldv, ldv, ldk};
     float sc[4];  // the scales of Delta, V, K, G
     stage_batch16(sc, src, dst, lds, 3, &sg, Gh, Gl, ldk, MAXD * MAXD / 4 / NT, s.red);
+    stage_fetch(hv, MAXD * MAXD / 4 / NT, sh);  // CG's state, in flight while the right-hand side is computed
     __syncthreads();
     Gla16 f = {D16, NULL, Gh, Gl, V16, op.K, ldv, ldk, ldv, ldk, 0, g.Dvp, nc, sc[3], sc[1], sc[2]};
     float sa[FR] = {sc[0], sc[0]};
@@ -1326,10 +1339,11 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
     chunk_consts(&s, &g);
     Tile rhs;
     Op16 op = op16_carve(&s, &g);
-    op.sK = backward_rhs(&rhs, &s, dout, v, k, st_in + hh, vec, &g, pair, t0);  // leaves the keys in op.K
-    // the second solve, with the forward's operator
-    __syncthreads();  // the operands' readers are done: CG loads H over them
-    op16_load(&op, &s, st_in, NULL, NULL, NULL, vec, &g, pair, t0);
+    Vec16 hv[MAXD * MAXD / 4 / NT];
+    Src sh = mat_src(st_in, g.Dk, g.Dk, g.Dp, g.Dp, vec);
+    op.sK = backward_rhs(&rhs, hv, &sh, &s, dout, v, k, st_in + hh, vec, &g, pair, t0);  // leaves the keys in op.K
+    // the second solve, with the forward's operator: H over the right-hand side's G
+    op16_put_state(&op, &s, hv, &sh, &g);
     Src xs = tok_src(x, 0, g.Dk, g.Dp, &g, pair, t0, vec);
     stage_raw(s.Bm, ldrow(g.Dp), &xs);  // x, for after CG, in the background (CG leaves Bm alone)
     Tile y, xt;
