@@ -641,57 +641,85 @@ __device__ __forceinline__ void conv_piece(float v[8], const bf16 *x, const bf16
 }
 
 // A thread takes a piece of channels over CONV_TT time steps: it reads its weights once and
-// keeps a window of its last 8 input pieces in registers, so every input is read once (a thread
-// per output piece read the K inputs and 8 K scattered weights each time: 2x slower than one
-// channel at a time). Window and weights are 8 taps wide, right-aligned, zero beyond K, so that
-// registers are indexed by constants.
+// keeps a window of its last `taps` input pieces in registers, so every input is read once (a
+// thread per output piece read the K inputs and 8 K scattered weights each time: 2x slower than
+// one channel at a time). Window and weights are `taps` wide (a constant: 4, or 8 for K > 4;
+// 8 everywhere took 189 registers a thread), right-aligned, zero beyond K, so that registers are
+// indexed by constants.
 #define CONV_TT 16
 
 // The forward, y[b, t, c] = sum_j w[c, j] x[b, t - K + 1 + j, c], walks t upwards with the window
-// holding x at t - 7 .. t. With rev, the input gradient dx[b, t, c] = sum_j w[c, j] dy[b, t + K - 1
-// - j, c] is the same sum walked downwards (the window holds dy at t + 7 .. t, zero past T).
-__global__ void conv_kernel(bf16 *out, const bf16 *in, const float *w, int B, int T, int C, int K, const bf16 *sin,
-                            int vec, int rev) {
+// holding x at t - taps + 1 .. t. With rev, the input gradient dx[b, t, c] = sum_j w[c, j] dy[b, t +
+// K - 1 - j, c] is the same sum walked downwards (the window holds dy at t + taps - 1 .. t, zero
+// past T).
+
+// One step at t: the window shifts in the piece at t, the output piece goes out.
+__device__ __forceinline__ void conv_step(bf16 *out, const bf16 *in, const bf16 *sin, const float (*wt)[8], float (*win)[8],
+                                          int b, int t, int c, int T, int C, int K, int vec, const int taps) {
+#pragma unroll
+    for (int q = 0; q < taps - 1; q++)
+#pragma unroll
+        for (int k = 0; k < 8; k++) win[q][k] = win[q + 1][k];
+    conv_piece(win[taps - 1], in, sin, b, t, c, T, C, K, vec);
+    float y[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        y[k] = 0;
+#pragma unroll
+        for (int q = 0; q < taps; q++) y[k] += wt[q][k] * win[q][k];
+    }
+    piece_store(out + ((size_t)b * T + t) * C + c, vec, y);
+}
+
+__device__ __forceinline__ void conv_run(bf16 *out, const bf16 *in, const float *w, int B, int T, int C, int K,
+                                         const bf16 *sin, int vec, int rev, const int taps) {
     int width = vec ? 8 : 1, cp = C / width, tb = (T + CONV_TT - 1) / CONV_TT, dir = rev ? -1 : 1;
     GRID_LOOP(i, (size_t)B * tb * cp) {
         size_t r = i / cp;
         int c = (int)(i % cp) * width, t0 = (int)(r % tb) * CONV_TT, b = (int)(r / tb), t1 = min(T, t0 + CONV_TT);
         int ts = rev ? t1 - 1 : t0, n = t1 - t0;  // the first step, and the steps
-        float w8[8][8], win[8][8], y[8];
+        float wt[8][8], win[8][8];  // [taps][8] used
 #pragma unroll
-        for (int q = 0; q < 8; q++)  // w8[q][k] = w[c + k, q - (8 - K)], zero for q < 8 - K
+        for (int q = 0; q < taps; q++)  // wt[q][k] = w[c + k, q - (taps - K)], zero for q < taps - K
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                int j = q - (8 - K);
-                w8[q][k] = k < width && j >= 0 ? w[(c + k) * K + j] : 0.0f;
+                int j = q - (taps - K);
+                wt[q][k] = k < width && j >= 0 ? w[(c + k) * K + j] : 0.0f;
             }
 #pragma unroll
-        for (int q = 1; q < 8; q++) {  // the inputs 8 - q steps before the first: the window before its first shift
-            if (q >= 9 - K) conv_piece(win[q], in, sin, b, ts + dir * (q - 8), c, T, C, K, vec);
+        for (int q = 1; q < taps; q++) {  // the inputs taps - q steps before the first: the window before its first shift
+            if (q >= taps + 1 - K) conv_piece(win[q], in, sin, b, ts + dir * (q - taps), c, T, C, K, vec);
             else
 #pragma unroll
                 for (int k = 0; k < 8; k++) win[q][k] = 0;
         }
-        for (int s = 0; s < n; s++) {
-            int t = ts + dir * s;
+        if (n == CONV_TT) {  // unrolled, so that the loads of all steps are in flight together
 #pragma unroll
-            for (int q = 0; q < 7; q++)
-#pragma unroll
-                for (int k = 0; k < 8; k++) win[q][k] = win[q + 1][k];
-            conv_piece(win[7], in, sin, b, t, c, T, C, K, vec);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                y[k] = 0;
-#pragma unroll
-                for (int q = 0; q < 8; q++) y[k] += w8[q][k] * win[q][k];
-            }
-            piece_store(out + ((size_t)b * T + t) * C + c, vec, y);
+            for (int s = 0; s < CONV_TT; s++) conv_step(out, in, sin, wt, win, b, ts + dir * s, c, T, C, K, vec, taps);
+        } else {
+            for (int s = 0; s < n; s++) conv_step(out, in, sin, wt, win, b, ts + dir * s, c, T, C, K, vec, taps);
         }
     }
 }
 
-static unsigned conv_grid(int B, int T, int C, int vec) {
-    return grid_for((size_t)B * ((T + CONV_TT - 1) / CONV_TT) * (C / (vec ? 8 : 1)), 256);
+__global__ void conv_kernel4(bf16 *out, const bf16 *in, const float *w, int B, int T, int C, int K, const bf16 *sin,
+                             int vec, int rev) {
+    conv_run(out, in, w, B, T, C, K, sin, vec, rev, 4);
+}
+
+__global__ void conv_kernel8(bf16 *out, const bf16 *in, const float *w, int B, int T, int C, int K, const bf16 *sin,
+                             int vec, int rev) {
+    conv_run(out, in, w, B, T, C, K, sin, vec, rev, 8);
+}
+
+// conv_run over [B, T, C] with K <= 8 taps (forward, or with rev the input gradient).
+static int conv_launch(cudaStream_t st, bf16 *out, const bf16 *in, const float *w, int B, int T, int C, int K,
+                       const bf16 *sin, int vec, int rev) {
+    unsigned grid = grid_for((size_t)B * ((T + CONV_TT - 1) / CONV_TT) * (C / (vec ? 8 : 1)), 256);
+    if (K <= 4) conv_kernel4<<<grid, 256, 0, st>>>(out, in, w, B, T, C, K, sin, vec, rev);
+    else conv_kernel8<<<grid, 256, 0, st>>>(out, in, w, B, T, C, K, sin, vec, rev);
+    LAUNCH_CHECK();
+    return MN_OK;
 }
 
 __global__ void conv_state_kernel(bf16 *tmp, const bf16 *x, int B, int T, int C, int K, const bf16 *sin) {
@@ -707,9 +735,7 @@ static int g_conv_fwd(const Backend *be, void *y, const void *x, const void *w, 
     CudaCtx *cx = cuda_ctx(be);
     if (K > 8) return mn_error(MN_ERR_ARG, "cuda conv: kernel width %d, at most 8", K);
     int vec = rows_vec(C, y, x, sin, sin);
-    conv_kernel<<<conv_grid(B, T, C, vec), 256, 0, cx->stream>>>((bf16 *)y, (const bf16 *)x, (const float *)w, B, T, C,
-                                                                 K, (const bf16 *)sin, vec, 0);
-    LAUNCH_CHECK();
+    MN_TRY(conv_launch(cx->stream, (bf16 *)y, (const bf16 *)x, (const float *)w, B, T, C, K, (const bf16 *)sin, vec, 0));
     if (sout && K > 1) {  // via scratch: state_out may alias state_in
         size_t ns = (size_t)B * (K - 1) * C;
         bf16 *tmp = (bf16 *)cuda_scratch(be, ns * sizeof(bf16));
@@ -761,9 +787,7 @@ static int g_conv_bwd(const Backend *be, void *dx, void *dw, const void *dy, con
     if (K > 8) return mn_error(MN_ERR_ARG, "cuda conv: kernel width %d, at most 8", K);
     cudaStream_t s = cuda_ctx(be)->stream;
     int vec = rows_vec(C, dx, dy, x, sin);
-    conv_kernel<<<conv_grid(B, T, C, vec), 256, 0, s>>>((bf16 *)dx, (const bf16 *)dy, (const float *)w, B, T, C, K, NULL,
-                                                        vec, 1);
-    LAUNCH_CHECK();
+    MN_TRY(conv_launch(s, (bf16 *)dx, (const bf16 *)dy, (const float *)w, B, T, C, K, NULL, vec, 1));
     int tiles;
     long strips, per = strip_rows((long)B * T, C, vec, &tiles, &strips);
     conv_bwd_dw_kernel<<<dim3((unsigned)tiles, (unsigned)strips), 32 * COLSUM_WARPS, 0, s>>>(

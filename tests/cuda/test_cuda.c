@@ -176,9 +176,10 @@ TEST(cuda_op_norms_and_activations) {
 }
 
 // The causal convolution: channels read 8 at a time (Ch = 40, 16) and one by one (Ch = 13); T =
-// 37 spans three of a thread's runs of time steps.
-static void conv_case(int Ch, int T) {
-    int B = 3, K = 4;
+// 37 spans three of a thread's runs of time steps; K = 2 and 4 run the 4-tap window, K = 6 the
+// 8-tap one.
+static void conv_case(int Ch, int T, int K) {
+    int B = 3;
     size_t nx = (size_t)B * T * Ch, ns = (size_t)B * (K - 1) * Ch;
     double *x = input(50, nx, -1, 1, MEM_ACT), *w = input(51, (size_t)Ch * K, -1, 1, MEM_PARAM);
     double *sin = input(52, ns, -1, 1, MEM_ACT), *dy = input(53, nx, -1, 1, MEM_ACT);
@@ -202,9 +203,11 @@ static void conv_case(int Ch, int T) {
 
 TEST(cuda_op_conv_embed_xent_gates) {
     if (!setup()) return;
-    conv_case(40, 11);
-    conv_case(13, 11);
-    conv_case(16, 37);
+    conv_case(40, 11, 4);
+    conv_case(13, 11, 4);
+    conv_case(16, 37, 4);
+    conv_case(16, 37, 6);
+    conv_case(13, 37, 2);
 
     // embedding and the soft-capped cross-entropy
     int N = 9, D = 16, V = 300;
