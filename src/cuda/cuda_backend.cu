@@ -747,39 +747,62 @@ static int g_conv_fwd(const Backend *be, void *y, const void *x, const void *w, 
     return MN_OK;
 }
 
-// dw[c, j] = sum over (b, t) of dy[b, t, c] x[b, t - K + 1 + j, c]: column sums laid out as
-// colsum_kernel's (a block per strip of rows and 32 pieces of channels), K of them at once.
-__global__ void conv_bwd_dw_kernel(float *dw, const bf16 *dy, const bf16 *x, int B, int T, int C, int K, const bf16 *sin,
-                                   long per_strip, int vec) {
+// dw[c, j] = sum over (b, t) of dy[b, t, c] x[b, t - K + 1 + j, c]: column sums (colsum_kernel's
+// strips and tiles) of K products per row. Each warp walks its own run of consecutive rows with a
+// window of the last `taps` x pieces (as conv_run), so that a row costs one new x piece, not K;
+// the window is refilled where a run or a sequence starts. acc[q] gathers tap q - (taps - K).
+__device__ __forceinline__ void conv_dw_run(float *dw, const bf16 *dy, const bf16 *x, int B, int T, int C, int K,
+                                            const bf16 *sin, long per_strip, int vec, const int taps) {
     __shared__ float part[COLSUM_WARPS][256];
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, width = vec ? 8 : 1, tile = 32 * width;
     int c0 = blockIdx.x * tile + lane * width;
     long r0 = blockIdx.y * per_strip, r1 = min((long)B * T, r0 + per_strip);
-    float acc[8][8];  // [tap][channel], K <= 8
+    long span = (per_strip + COLSUM_WARPS - 1) / COLSUM_WARPS, w0 = r0 + wp * span, w1 = min(r1, w0 + span);
+    float acc[8][8], win[8][8];  // [taps][8] used
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int q = 0; q < taps; q++)
 #pragma unroll
-        for (int k = 0; k < 8; k++) acc[j][k] = 0;
+        for (int k = 0; k < 8; k++) acc[q][k] = 0;
     if (c0 < C)
-        for (long r = r0 + wp; r < r1; r += COLSUM_WARPS) {
+        for (long r = w0; r < w1; r++) {
             int b = (int)(r / T), t = (int)(r % T);
-            float g[8], v[8];
+            if (r == w0 || t == 0)  // the window before its shift: x at t - taps + q
+#pragma unroll
+                for (int q = 1; q < taps; q++) {
+                    if (q >= taps + 1 - K) conv_piece(win[q], x, sin, b, t - taps + q, c0, T, C, K, vec);
+                    else
+#pragma unroll
+                        for (int k = 0; k < 8; k++) win[q][k] = 0;
+                }
+#pragma unroll
+            for (int q = 0; q < taps - 1; q++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) win[q][k] = win[q + 1][k];
+            conv_piece(win[taps - 1], x, sin, b, t, c0, T, C, K, vec);
+            float g[8];
             piece_load(dy + (size_t)r * C + c0, vec, g);
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                if (j >= K) break;
-                conv_piece(v, x, sin, b, t - K + 1 + j, c0, T, C, K, vec);
+            for (int q = 0; q < taps; q++)
 #pragma unroll
-                for (int k = 0; k < 8; k++)
-                    if (k < width) acc[j][k] += g[k] * v[k];
-            }
+                for (int k = 0; k < 8; k++) acc[q][k] += g[k] * win[q][k];
         }
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        if (j >= K) break;
-        colsum_flush(part, acc[j], width, C, dw + j, K);
+    for (int q = 0; q < taps; q++) {
+        int j = q - (taps - K);
+        if (j < 0) continue;
+        colsum_flush(part, acc[q], width, C, dw + j, K);
         __syncthreads();  // part is reused
     }
+}
+
+__global__ void conv_bwd_dw_kernel4(float *dw, const bf16 *dy, const bf16 *x, int B, int T, int C, int K, const bf16 *sin,
+                                    long per_strip, int vec) {
+    conv_dw_run(dw, dy, x, B, T, C, K, sin, per_strip, vec, 4);
+}
+
+__global__ void conv_bwd_dw_kernel8(float *dw, const bf16 *dy, const bf16 *x, int B, int T, int C, int K, const bf16 *sin,
+                                    long per_strip, int vec) {
+    conv_dw_run(dw, dy, x, B, T, C, K, sin, per_strip, vec, 8);
 }
 
 static int g_conv_bwd(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w, int B, int T,
@@ -790,8 +813,13 @@ static int g_conv_bwd(const Backend *be, void *dx, void *dw, const void *dy, con
     MN_TRY(conv_launch(s, (bf16 *)dx, (const bf16 *)dy, (const float *)w, B, T, C, K, NULL, vec, 1));
     int tiles;
     long strips, per = strip_rows((long)B * T, C, vec, &tiles, &strips);
-    conv_bwd_dw_kernel<<<dim3((unsigned)tiles, (unsigned)strips), 32 * COLSUM_WARPS, 0, s>>>(
-        (float *)dw, (const bf16 *)dy, (const bf16 *)x, B, T, C, K, (const bf16 *)sin, per, vec);
+    dim3 grid((unsigned)tiles, (unsigned)strips);
+    if (K <= 4)
+        conv_bwd_dw_kernel4<<<grid, 32 * COLSUM_WARPS, 0, s>>>((float *)dw, (const bf16 *)dy, (const bf16 *)x, B, T, C, K,
+                                                               (const bf16 *)sin, per, vec);
+    else
+        conv_bwd_dw_kernel8<<<grid, 32 * COLSUM_WARPS, 0, s>>>((float *)dw, (const bf16 *)dy, (const bf16 *)x, B, T, C, K,
+                                                               (const bf16 *)sin, per, vec);
     LAUNCH_CHECK();
     return MN_OK;
 }
