@@ -640,6 +640,29 @@ __device__ __forceinline__ void conv_piece(float v[8], const bf16 *x, const bf16
     }
 }
 
+// A window of the last `taps` pieces (a constant), win[taps - 1] the newest. conv_window_fill
+// sets it as before a shift at t: win[q] = the piece at t + dir (q - taps) for q >= 1 (zero where
+// the taps of a width-K kernel never read it); conv_window_push shifts in the piece at t.
+__device__ __forceinline__ void conv_window_fill(float (*win)[8], const bf16 *x, const bf16 *state, int b, int t, int dir,
+                                                 int c, int T, int C, int K, int vec, const int taps) {
+#pragma unroll
+    for (int q = 1; q < taps; q++) {
+        if (q >= taps + 1 - K) conv_piece(win[q], x, state, b, t + dir * (q - taps), c, T, C, K, vec);
+        else
+#pragma unroll
+            for (int k = 0; k < 8; k++) win[q][k] = 0;
+    }
+}
+
+__device__ __forceinline__ void conv_window_push(float (*win)[8], const bf16 *x, const bf16 *state, int b, int t, int c,
+                                                 int T, int C, int K, int vec, const int taps) {
+#pragma unroll
+    for (int q = 0; q < taps - 1; q++)
+#pragma unroll
+        for (int k = 0; k < 8; k++) win[q][k] = win[q + 1][k];
+    conv_piece(win[taps - 1], x, state, b, t, c, T, C, K, vec);
+}
+
 // A thread takes a piece of channels over CONV_TT time steps: it reads its weights once and
 // keeps a window of its last `taps` input pieces in registers, so every input is read once (a
 // thread per output piece read the K inputs and 8 K scattered weights each time: 2x slower than
@@ -656,11 +679,7 @@ __device__ __forceinline__ void conv_piece(float v[8], const bf16 *x, const bf16
 // One step at t: the window shifts in the piece at t, the output piece goes out.
 __device__ __forceinline__ void conv_step(bf16 *out, const bf16 *in, const bf16 *sin, const float (*wt)[8], float (*win)[8],
                                           int b, int t, int c, int T, int C, int K, int vec, const int taps) {
-#pragma unroll
-    for (int q = 0; q < taps - 1; q++)
-#pragma unroll
-        for (int k = 0; k < 8; k++) win[q][k] = win[q + 1][k];
-    conv_piece(win[taps - 1], in, sin, b, t, c, T, C, K, vec);
+    conv_window_push(win, in, sin, b, t, c, T, C, K, vec, taps);
     float y[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) {
@@ -686,13 +705,7 @@ __device__ __forceinline__ void conv_run(bf16 *out, const bf16 *in, const float 
                 int j = q - (taps - K);
                 wt[q][k] = k < width && j >= 0 ? w[(c + k) * K + j] : 0.0f;
             }
-#pragma unroll
-        for (int q = 1; q < taps; q++) {  // the inputs taps - q steps before the first: the window before its first shift
-            if (q >= taps + 1 - K) conv_piece(win[q], in, sin, b, ts + dir * (q - taps), c, T, C, K, vec);
-            else
-#pragma unroll
-                for (int k = 0; k < 8; k++) win[q][k] = 0;
-        }
+        conv_window_fill(win, in, sin, b, ts, dir, c, T, C, K, vec, taps);
         if (n == CONV_TT) {  // unrolled, so that the loads of all steps are in flight together
 #pragma unroll
             for (int s = 0; s < CONV_TT; s++) conv_step(out, in, sin, wt, win, b, ts + dir * s, c, T, C, K, vec, taps);
@@ -766,19 +779,8 @@ __device__ __forceinline__ void conv_dw_run(float *dw, const bf16 *dy, const bf1
     if (c0 < C)
         for (long r = w0; r < w1; r++) {
             int b = (int)(r / T), t = (int)(r % T);
-            if (r == w0 || t == 0)  // the window before its shift: x at t - taps + q
-#pragma unroll
-                for (int q = 1; q < taps; q++) {
-                    if (q >= taps + 1 - K) conv_piece(win[q], x, sin, b, t - taps + q, c0, T, C, K, vec);
-                    else
-#pragma unroll
-                        for (int k = 0; k < 8; k++) win[q][k] = 0;
-                }
-#pragma unroll
-            for (int q = 0; q < taps - 1; q++)
-#pragma unroll
-                for (int k = 0; k < 8; k++) win[q][k] = win[q + 1][k];
-            conv_piece(win[taps - 1], x, sin, b, t, c0, T, C, K, vec);
+            if (r == w0 || t == 0) conv_window_fill(win, x, sin, b, t, 1, c0, T, C, K, vec, taps);
+            conv_window_push(win, x, sin, b, t, c0, T, C, K, vec, taps);
             float g[8];
             piece_load(dy + (size_t)r * C + c0, vec, g);
 #pragma unroll
