@@ -575,39 +575,27 @@ static __device__ void tile_load(Tile *t, const bf16 *src, const Geo *g, int pai
         }
 }
 
-static __device__ void tile_store(bf16 *dst, const Tile *t, const Geo *g, int pair, int t0, int d, int nc) {
-    int two = pairs_ok(dst, d, 2);
+// Stores the thread's tile to rows t0 .. of a [B,T,H,d] tensor of bf16 or (f32) float.
+static __device__ void tile_store(void *dst, int f32, const Tile *t, const Geo *g, int pair, int t0, int d, int nc) {
+    int two = pairs_ok(dst, d, f32 ? 4 : 2);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
         for (int i = 0; i < FR; i++) {
             int tt = t0 + f_row(i), c = f_col(j, 2 * i, nc);
             if (j >= nc || tt >= g->T || c >= d) continue;
-            bf16 *p = dst + tok_index(g, pair, tt) * d + c;
-            if (two) {
-                *(__nv_bfloat162 *)p = __floats2bfloat162_rn(t->v[j][2 * i], t->v[j][2 * i + 1]);
+            size_t o = tok_index(g, pair, tt) * d + c;
+            float a = t->v[j][2 * i], b = t->v[j][2 * i + 1];
+            if (f32 && two) {
+                *(float2 *)((float *)dst + o) = make_float2(a, b);
+            } else if (two) {
+                *(__nv_bfloat162 *)((bf16 *)dst + o) = __floats2bfloat162_rn(a, b);
+            } else if (f32) {
+                ((float *)dst)[o] = a;
+                if (c + 1 < d) ((float *)dst)[o + 1] = b;
             } else {
-                st(p, 0, t->v[j][2 * i]);
-                if (c + 1 < d) st(p, 1, t->v[j][2 * i + 1]);
-            }
-        }
-}
-
-// Float version, for the backward's Y.
-static __device__ void tile_store_f(float *dst, const Tile *t, const Geo *g, int pair, int t0, int d, int nc) {
-    int two = pairs_ok(dst, d, 4);
-#pragma unroll
-    for (int j = 0; j < MAXNT; j++)
-#pragma unroll
-        for (int i = 0; i < FR; i++) {
-            int tt = t0 + f_row(i), c = f_col(j, 2 * i, nc);
-            if (j >= nc || tt >= g->T || c >= d) continue;
-            float *p = dst + tok_index(g, pair, tt) * d + c;
-            if (two) {
-                *(float2 *)p = make_float2(t->v[j][2 * i], t->v[j][2 * i + 1]);
-            } else {
-                p[0] = t->v[j][2 * i];
-                if (c + 1 < d) p[1] = t->v[j][2 * i + 1];
+                st((bf16 *)dst, o, a);
+                if (c + 1 < d) st((bf16 *)dst, o + 1, b);
             }
         }
 }
@@ -1284,11 +1272,11 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
     if (g_staged(&g, vec)) stage_g(&s, st_in + hh, &g);  // for the output, while CG runs
     int steps[FR];
     cg_solve(&xt, &qt, &s, &g, &op, steps, &x0t, x0 != NULL);
-    tile_store(x_out, &xt, &g, pair, t0, g.Dk, nc);
+    tile_store(x_out, 0, &xt, &g, pair, t0, g.Dk, nc);
     store_row_ints(steps_out, steps, &g, pair, t0);
     Tile out;
     forward_output(&out, &xt, op.sK, &s, v, st_in + hh, vec, &g, pair, t0);
-    tile_store(o, &out, &g, pair, t0, g.Dv, ncv);
+    tile_store(o, 0, &out, &g, pair, t0, g.Dv, ncv);
 }
 
 // The backward's right-hand side R = e^b (.) Delta G + ((Delta V^T) (.) M) K
@@ -1360,8 +1348,8 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
         for (int e = 0; e < 4; e++) lx.v[j][e] = j < nc ? s.lam[f_col(j, e, nc)] * xt.v[j][e] : 0.0f;
     float ylx[FR];
     tile_dot(ylx, &y, &lx, nc, s.red);
-    tile_store(dq, &y, &g, pair, t0, g.Dk, nc);
-    tile_store_f(y_out, &y, &g, pair, t0, g.Dk, nc);
+    tile_store(dq, 0, &y, &g, pair, t0, g.Dk, nc);
+    tile_store(y_out, 1, &y, &g, pair, t0, g.Dk, nc);
     size_t ti;
     if (row_owner())
 #pragma unroll
@@ -1555,7 +1543,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     rows_join(vp, kt, s.red);
     for (int i = 0; i < FR; i++) f[i] = s.beta[f_row(i)];
     tile_scale_rows(&pq, f);
-    tile_store(dv_out, &pq, &g, pair, t0, g.Dv, ncv);
+    tile_store(dv_out, 0, &pq, &g, pair, t0, g.Dv, ncv);
 
     // Q = u (.) V Gbar + S2 X; dk = beta (Q - T)
 #pragma unroll
@@ -1566,7 +1554,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
 #pragma unroll
         for (int e = 0; e < 4; e++)
             pq.v[j][e] = s.beta[f_row(e >> 1)] * (pq.v[j][e] * (1.0f / (ss2 * sX)) - t.v[j][e]);
-    tile_store(dk_out, &pq, &g, pair, t0, g.Dk, nc);
+    tile_store(dk_out, 0, &pq, &g, pair, t0, g.Dk, nc);
     size_t ti;
     if (row_owner())
 #pragma unroll
