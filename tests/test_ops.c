@@ -428,30 +428,34 @@ TEST(op_softplus) {
 
 // ---------------------------------------------------------------- optimiser ops
 
-TEST(op_adamw_sumsq_scale_add) {
+TEST(op_adamw_sumsq_add) {
     backends();
     size_t n = 1000;
     double *p = rand_doubles(120, n, -1, 1), *g = rand_doubles(121, n, -1, 1), *m = xcalloc(n, 8), *v = xcalloc(n, 8);
     float *fp = floats_of(p, n), *fg = floats_of(g, n), *fm = xcalloc(n, 4), *fv = xcalloc(n, 4);
-    for (int t = 1; t <= 3; t++) {
-        R->adamw(R, p, g, m, v, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
-        C->adamw(C, fp, fg, fm, fv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    for (int t = 1; t <= 3; t++) {  // step 2 clips its gradients by half
+        float gs = t == 2 ? 0.5f : 1.0f;
+        R->adamw(R, p, g, m, v, n, gs, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        C->adamw(C, fp, fg, fm, fv, n, gs, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
     }
     cmp("adamw p", fp, p, n, F32_TOL);
     cmp("adamw m", fm, m, n, F32_TOL);
     cmp("adamw v", fv, v, n, F32_TOL);
     // The first AdamW step moves every weight by lr (sign of g) plus decay, whatever |g|.
     double q[2] = {0.5, -2}, dq[2] = {1e-3, -5}, mq[2] = {0}, vq[2] = {0};
-    R->adamw(R, q, dq, mq, vq, 2, 0.1f, 0.9f, 0.95f, 1e-12f, 0.0f, 1);
+    R->adamw(R, q, dq, mq, vq, 2, 1.0f, 0.1f, 0.9f, 0.95f, 1e-12f, 0.0f, 1);
     CHECK(fabs(q[0] - 0.4) < 1e-6 && fabs(q[1] + 1.9) < 1e-6, "first step: %g %g", q[0], q[1]);
+    // The clipping factor scales the gradients: the moments of gscale g, not of g.
+    double c[1] = {0}, dc[1] = {4}, mc[1] = {0}, vc[1] = {0};
+    R->adamw(R, c, dc, mc, vc, 1, 0.25f, 0.1f, 0.9f, 0.95f, 1e-12f, 0.0f, 1);
+    double m1 = 1 - (double)0.9f, v1 = 1 - (double)0.95f;  // (1 - beta) (0.25 x 4)^k, beta as passed (float)
+    CHECK(fabs(mc[0] - m1) < 1e-15 && fabs(vc[0] - v1) < 1e-15, "clipped moments: %.17g %.17g", mc[0], vc[0]);
     double s64, s32;
     R->sumsq(R, g, n, &s64);
     C->sumsq(C, fg, n, &s32);
     CHECK(fabs(s32 - s64) <= 1e-6 * s64, "sumsq %g vs %g", s32, s64);
-    R->scale(R, g, n, 0.5f);
-    C->scale(C, fg, n, 0.5f);
     R->add(R, g, p, n);
     C->add(C, fg, fp, n);
-    cmp("scale + add", fg, g, n, F32_TOL);
+    cmp("add", fg, g, n, F32_TOL);
     free(p); free(g); free(m); free(v); free(fp); free(fg); free(fm); free(fv);
 }

@@ -121,14 +121,13 @@ struct Backend {
     int (*mesa_bwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
 
     // --- optimiser -----------------------------------------------------------------------
-    // AdamW on n parameters: m, v (MEM_F32) moments; decoupled weight decay wd; bias correction
-    // with step t (1-based).
-    int (*adamw)(const Backend *be, void *p, const void *g, void *m, void *v, size_t n, float lr, float beta1,
-                 float beta2, float eps, float wd, int t);
+    // AdamW on n parameters with gradients gscale g (gscale: the clipping factor, 1 for none; folded
+    // in here rather than a pass of its own over the gradients): m, v (MEM_F32) moments; decoupled
+    // weight decay wd; bias correction with step t (1-based).
+    int (*adamw)(const Backend *be, void *p, const void *g, void *m, void *v, size_t n, float gscale, float lr,
+                 float beta1, float beta2, float eps, float wd, int t);
     // sum of squares of x (parameter gradients), into *out
     int (*sumsq)(const Backend *be, const void *x, size_t n, double *out);
-    // x *= s
-    int (*scale)(const Backend *be, void *x, size_t n, float s);
 
     // --- recorded launches (optional: NULL where ops run as they are called) ---------------------
     // Between graph_begin and graph_end the ops are recorded instead of run; graph_run replays them

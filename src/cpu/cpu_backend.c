@@ -385,15 +385,16 @@ static int c_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s,
     return mn_mesa_backward(d, s, io);
 }
 
-static int c_adamw(const Backend *be, void *p_, const void *g_, void *m_, void *v_, size_t n, float lr, float b1,
-                   float b2, float eps, float wd, int t) {
+static int c_adamw(const Backend *be, void *p_, const void *g_, void *m_, void *v_, size_t n, float gs, float lr,
+                   float b1, float b2, float eps, float wd, int t) {
     float *p = p_, *m = m_, *v = v_;
     const float *g = g_;
     float c1 = 1 - powf(b1, (float)t), c2 = 1 - powf(b2, (float)t);
 #pragma omp parallel for if (n > PAR_MIN)
     for (size_t i = 0; i < n; i++) {
-        m[i] = b1 * m[i] + (1 - b1) * g[i];
-        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        float gi = gs * g[i];
+        m[i] = b1 * m[i] + (1 - b1) * gi;
+        v[i] = b2 * v[i] + (1 - b2) * gi * gi;
         p[i] -= lr * (m[i] / c1 / (sqrtf(v[i] / c2) + eps) + wd * p[i]);
     }
     return MN_OK;
@@ -417,13 +418,6 @@ static int c_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
     return MN_OK;
 }
 
-static int c_scale(const Backend *be, void *x_, size_t n, float s) {
-    float *x = x_;
-#pragma omp parallel for if (n > PAR_MIN)
-    for (size_t i = 0; i < n; i++) x[i] *= s;
-    return MN_OK;
-}
-
 static const Backend cpu_backend = {
     .name = "cpu",
     .elem_size = c_elem_size, .alloc = c_alloc, .free = c_free, .zero = c_zero, .copy = c_copy,
@@ -440,7 +434,7 @@ static const Backend cpu_backend = {
     .mesa_gates_fwd = c_mesa_gates_fwd, .mesa_gates_bwd = c_mesa_gates_bwd,
     .softplus_fwd = c_softplus_fwd, .softplus_bwd = c_softplus_bwd,
     .mesa_fwd = c_mesa_fwd, .mesa_bwd = c_mesa_bwd,
-    .adamw = c_adamw, .sumsq = c_sumsq, .scale = c_scale,
+    .adamw = c_adamw, .sumsq = c_sumsq,
 };
 
 const Backend *backend_cpu(void) { return &cpu_backend; }

@@ -993,10 +993,10 @@ static int g_softplus_bwd(const Backend *be, void *dp, const void *dy, const voi
 
 // ------------------------------------------------------------------------ optimiser
 
-__global__ void adamw_kernel(float *p, bf16 *shadow, const float *g, float *m, float *v, size_t n, float lr, float b1,
-                             float b2, float eps, float wd, float c1, float c2) {
+__global__ void adamw_kernel(float *p, bf16 *shadow, const float *g, float *m, float *v, size_t n, float gs, float lr,
+                             float b1, float b2, float eps, float wd, float c1, float c2) {
     GRID_LOOP(i, n) {
-        float gi = g[i], mi = b1 * m[i] + (1 - b1) * gi, vi = b2 * v[i] + (1 - b2) * gi * gi;
+        float gi = gs * g[i], mi = b1 * m[i] + (1 - b1) * gi, vi = b2 * v[i] + (1 - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
         float pi = p[i] - lr * (mi / c1 / (sqrtf(vi / c2) + eps) + wd * p[i]);
@@ -1005,12 +1005,12 @@ __global__ void adamw_kernel(float *p, bf16 *shadow, const float *g, float *m, f
     }
 }
 
-static int g_adamw(const Backend *be, void *p, const void *g, void *m, void *v, size_t n, float lr, float b1, float b2,
-                   float eps, float wd, int t) {
+static int g_adamw(const Backend *be, void *p, const void *g, void *m, void *v, size_t n, float gs, float lr, float b1,
+                   float b2, float eps, float wd, int t) {
     float c1 = 1 - powf(b1, (float)t), c2 = 1 - powf(b2, (float)t);
     adamw_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((float *)p, (bf16 *)cuda_param_bf16(p),
-                                                                     (const float *)g, (float *)m, (float *)v, n, lr, b1,
-                                                                     b2, eps, wd, c1, c2);
+                                                                     (const float *)g, (float *)m, (float *)v, n, gs, lr,
+                                                                     b1, b2, eps, wd, c1, c2);
     LAUNCH_CHECK();
     return MN_OK;
 }
@@ -1041,14 +1041,6 @@ static int g_sumsq(const Backend *be, const void *x, size_t n, double *out) {
     free(h);
     CU_TRY(e);
     *out = s;
-    return MN_OK;
-}
-
-__global__ void scale_kernel(float *x, size_t n, float s) { GRID_LOOP(i, n) x[i] *= s; }
-
-static int g_scale(const Backend *be, void *x, size_t n, float s) {
-    scale_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((float *)x, n, s);
-    LAUNCH_CHECK();
     return MN_OK;
 }
 
@@ -1195,7 +1187,6 @@ extern "C" const Backend *backend_cuda(void) {
     b.mesa_bwd = cuda_mesa_bwd;
     b.adamw = g_adamw;
     b.sumsq = g_sumsq;
-    b.scale = g_scale;
     b.graph_begin = g_graph_begin;
     b.graph_end = g_graph_end;
     b.graph_run = g_graph_run;

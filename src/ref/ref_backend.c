@@ -349,14 +349,15 @@ static int r_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s,
     return ref_mesa_backward(d, NULL, &b);
 }
 
-static int r_adamw(const Backend *be, void *p_, const void *g_, void *m_, void *v_, size_t n, float lr, float b1,
-                   float b2, float eps, float wd, int t) {
+static int r_adamw(const Backend *be, void *p_, const void *g_, void *m_, void *v_, size_t n, float gs, float lr,
+                   float b1, float b2, float eps, float wd, int t) {
     double *p = p_, *m = m_, *v = v_;
     const double *g = g_;
     double c1 = 1 - pow(b1, t), c2 = 1 - pow(b2, t);
     for (size_t i = 0; i < n; i++) {
-        m[i] = b1 * m[i] + (1 - b1) * g[i];
-        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        double gi = (double)gs * g[i];
+        m[i] = b1 * m[i] + (1 - b1) * gi;
+        v[i] = b2 * v[i] + (1 - b2) * gi * gi;
         p[i] -= lr * (m[i] / c1 / (sqrt(v[i] / c2) + eps) + wd * p[i]);
     }
     return MN_OK;
@@ -367,12 +368,6 @@ static int r_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
     double s = 0;
     for (size_t i = 0; i < n; i++) s += x[i] * x[i];
     *out = s;
-    return MN_OK;
-}
-
-static int r_scale(const Backend *be, void *x_, size_t n, float s) {
-    double *x = x_;
-    for (size_t i = 0; i < n; i++) x[i] *= s;
     return MN_OK;
 }
 
@@ -392,7 +387,7 @@ static const Backend ref_backend = {
     .mesa_gates_fwd = r_mesa_gates_fwd, .mesa_gates_bwd = r_mesa_gates_bwd,
     .softplus_fwd = r_softplus_fwd, .softplus_bwd = r_softplus_bwd,
     .mesa_fwd = r_mesa_fwd, .mesa_bwd = r_mesa_bwd,
-    .adamw = r_adamw, .sumsq = r_sumsq, .scale = r_scale,
+    .adamw = r_adamw, .sumsq = r_sumsq,
 };
 
 const Backend *backend_ref(void) { return &ref_backend; }

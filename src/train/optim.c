@@ -29,13 +29,13 @@ int adamw_step(AdamW *o, Model *model, float lr, double *grad_norm) {
     double norm = sqrt(ss);
     if (grad_norm) *grad_norm = norm;
     if (!isfinite(norm)) return mn_error(MN_ERR_NUMERIC, "gradient norm is %g: refusing the update", norm);
-    if (o->clip > 0 && norm > o->clip) MN_TRY(be->scale(be, model->grads, model->total, (float)(o->clip / norm)));
+    float gscale = o->clip > 0 && norm > o->clip ? (float)(o->clip / norm) : 1.0f;  // clipping, applied by adamw
     o->step++;
     size_t esize = be->elem_size(be, MEM_F32);
     for (int i = 0; i < model->nparams; i++) {
         const ParamSpec *s = &model->specs[i];
         void *m = (char *)o->m + s->offset * esize, *v = (char *)o->v + s->offset * esize;
-        MN_TRY(be->adamw(be, model->p[i], model->g[i], m, v, s->numel, lr, o->beta1, o->beta2, o->eps,
+        MN_TRY(be->adamw(be, model->p[i], model->g[i], m, v, s->numel, gscale, lr, o->beta1, o->beta2, o->eps,
                          s->decay ? o->weight_decay : 0, o->step));
     }
     return MN_OK;

@@ -265,9 +265,10 @@ TEST(cuda_op_optimizer) {
     size_t n = 100003;
     double *p = input(80, n, -1, 1, MEM_PARAM), *g = input(81, n, -1, 1, MEM_F32), *m = xcalloc(n, 8), *v = xcalloc(n, 8);
     void *gp = to_gpu(p, n, MEM_PARAM), *gg = to_gpu(g, n, MEM_F32), *gm = G->alloc(G, n, MEM_F32), *gv = G->alloc(G, n, MEM_F32);
-    for (int t = 1; t <= 3; t++) {
-        R->adamw(R, p, g, m, v, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
-        G->adamw(G, gp, gg, gm, gv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    for (int t = 1; t <= 3; t++) {  // step 2 clips its gradients by half
+        float gs = t == 2 ? 0.5f : 1.0f;
+        R->adamw(R, p, g, m, v, n, gs, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        G->adamw(G, gp, gg, gm, gv, n, gs, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
     }
     cmp("adamw p", gp, p, n, MEM_PARAM, F32_TOL);
     cmp("adamw v", gv, v, n, MEM_F32, F32_TOL);
