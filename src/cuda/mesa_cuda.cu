@@ -13,7 +13,7 @@
  * one kernel, interleaved with CG's per-row scalars.
  *
  * This file is compiled twice: for head sizes up to 128, and (mesa_cuda_d64.cu,
- * MAXD 64) for heads up to 64 with half-width tiles and two chunk blocks per
+ * MAXD 64, NCG 2) for heads up to 64 with 8-warp blocks, two chunk blocks per
  * multiprocessor; everything here is static but the entry points, whose names
  * MESA_NAME suffixes in the second build.
  *
@@ -63,8 +63,8 @@ extern "C" {
 #ifndef MESA_NAME
 #define MESA_NAME(f) f        // the entry points' names (mesa_cuda_d64.cu suffixes its build's)
 #endif
-// Chunk-kernel blocks per multiprocessor: one at head size 128 (128 registers a thread, ~205 KB of
-// smem); two where tiles are half as wide (MAXD 64: 64 registers, ~108 KB).
+// Chunk-kernel blocks per multiprocessor: one at head size 128 (16 warps, 128 registers a thread,
+// ~210 KB of smem); two at MAXD 64 (mesa_cuda_d64.cu: 8 warps, 128 registers, ~108 KB).
 #define CHUNK_BLOCKS (MAXD <= 64 ? 2 : 1)
 #define MAXNT (MAXD / (8 * NCG))  // n-tiles (8 columns) per warp, at most
 #define NTILES(n) ((n) / (8 * NCG))  // n-tiles per warp of a tile n columns wide
