@@ -671,11 +671,6 @@ __device__ __forceinline__ void conv_window_push(float (*win)[8], const bf16 *x,
 // indexed by constants.
 #define CONV_TT 16
 
-// The forward, y[b, t, c] = sum_j w[c, j] x[b, t - K + 1 + j, c], walks t upwards with the window
-// holding x at t - taps + 1 .. t. With rev, the input gradient dx[b, t, c] = sum_j w[c, j] dy[b, t +
-// K - 1 - j, c] is the same sum walked downwards (the window holds dy at t + taps - 1 .. t, zero
-// past T).
-
 // One step at t: the window shifts in the piece at t, the output piece goes out.
 __device__ __forceinline__ void conv_step(bf16 *out, const bf16 *in, const bf16 *sin, const float (*wt)[8], float (*win)[8],
                                           int b, int t, int c, int T, int C, int K, int vec, const int taps) {
@@ -690,6 +685,10 @@ __device__ __forceinline__ void conv_step(bf16 *out, const bf16 *in, const bf16 
     piece_store(out + ((size_t)b * T + t) * C + c, vec, y);
 }
 
+// The forward, y[b, t, c] = sum_j w[c, j] x[b, t - K + 1 + j, c], walks t upwards with the window
+// holding x at t - taps + 1 .. t. With rev, the input gradient dx[b, t, c] = sum_j w[c, j] dy[b, t +
+// K - 1 - j, c] is the same sum walked downwards (the window holds dy at t + taps - 1 .. t, zero
+// past T).
 __device__ __forceinline__ void conv_run(bf16 *out, const bf16 *in, const float *w, int B, int T, int C, int K,
                                          const bf16 *sin, int vec, int rev, const int taps) {
     int width = vec ? 8 : 1, cp = C / width, tb = (T + CONV_TT - 1) / CONV_TT, dir = rev ? -1 : 1;

@@ -173,8 +173,8 @@ static __device__ __forceinline__ float tile_absmax(const Tile *t, int nc) {
 }
 
 // The block's maxima of n per-thread values at once (non-negative): m in, the
-// maxima out, for every thread. red: n NT / 32 floats of smem (at most 5 NT / 32 =
-// 10 NCG, inside the [NCG][CH] regions that callers pass). Synchronizes.
+// maxima out, for every thread. red: n NT / 32 floats of smem (n <= 5: at most
+// 20 NCG, inside the [NCG][CH] regions that callers pass). Synchronizes.
 static __device__ void block_max_n(float *m, int n, float *red) {
     for (int i = 0; i < n; i++) m[i] = warp_max(m[i]);
     __syncthreads();  // the previous readers of red are done
@@ -1282,8 +1282,10 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
 // The backward's right-hand side R = e^b (.) Delta G + ((Delta V^T) (.) M) K
 // (G: the chunk's entry state [Dv][Dk], global) on fp16 operands
 // (tile_gla16): G into the state's buffers, K into CG's, Delta into Bm's
-// region, V into the Jacobi diagonal's. (Inlined: as a called function it
-// left ptxas spilling less, but the kernels ran 1.2-1.5x slower, measured.)
+// region, V into the Jacobi diagonal's; meanwhile CG's state (sh) is fetched
+// into hv, registers. Returns the keys' scale (they stay in CG's buffer).
+// (Inlined: as a called function it left ptxas spilling less, but the kernels
+// ran 1.2-1.5x slower, measured.)
 static __device__ __forceinline__ float backward_rhs(Tile *rhs, Vec16 *hv, const Src *sh, const Smem *sp, const bf16 *dout,
                                                     const bf16 *v, const bf16 *k, const float *G, int vec, const Geo *gp,
                                                     int pair, int t0) {
