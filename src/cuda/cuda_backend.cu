@@ -224,6 +224,17 @@ __device__ __forceinline__ int piece_load(const bf16 *p, int vec, float v[8]) {
     return 8;
 }
 
+// The float piece (a norm's weights) beside a bf16 piece: two 16-byte loads where vec (float rows
+// of a multiple of 8, 16-byte aligned, as the parameter slab keeps them), else one value.
+__device__ __forceinline__ void piece_load_f32(const float *p, int vec, float v[8]) {
+    if (!vec) {
+        v[0] = *p;
+        return;
+    }
+    float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 __device__ __forceinline__ void piece_store(bf16 *p, int vec, const float v[8]) {
     if (!vec) {
         *p = __float2bfloat16(v[0]);
@@ -371,7 +382,7 @@ __global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, const bf16 *x, const fl
     if (r >= rows) return;
     const bf16 *xr = x + (size_t)r * group;
     const float *wr = w + (wfull ? (size_t)(r % per_row) * group : 0);
-    float ss = 0, v[8];
+    float ss = 0, v[8], wv[8];
     for (int i = lane * width; i < group; i += 32 * width) {
         int n = piece_load(xr + i, vec, v);
 #pragma unroll
@@ -382,9 +393,10 @@ __global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, const bf16 *x, const fl
     if (lane == 0) rstd[r] = rs;
     for (int i = lane * width; i < group; i += 32 * width) {
         int n = piece_load(xr + i, vec, v);
+        piece_load_f32(wr + i, vec, wv);
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            if (k < n) v[k] *= rs * wr[i + k];
+            if (k < n) v[k] *= rs * wv[k];
         piece_store(y + (size_t)r * group + i, vec, v);
     }
 }
@@ -394,7 +406,7 @@ static int g_rmsnorm_fwd(const Backend *be, void *y, void *rstd, const void *x, 
     long rows = (long)N * (D / group);
     rmsnorm_fwd_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, cuda_ctx(be)->stream>>>(
         (bf16 *)y, (float *)rstd, (const bf16 *)x, (const float *)w, rows, group, D / group, wlen != group, eps,
-        rows_vec(group, x, y, y, y));
+        rows_vec(group, x, y, w, w));
     LAUNCH_CHECK();
     return MN_OK;
 }
@@ -406,23 +418,25 @@ __global__ void rmsnorm_bwd_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, c
     if (r >= rows) return;
     size_t o = (size_t)r * group;
     const float *wr = w + (wfull ? (size_t)(r % per_row) * group : 0);
-    float dot = 0, a[8], b[8], d[8];
+    float dot = 0, a[8], b[8], d[8], wv[8];
     for (int i = lane * width; i < group; i += 32 * width) {
         int n = piece_load(dy + o + i, vec, a);
         piece_load(x + o + i, vec, b);
+        piece_load_f32(wr + i, vec, wv);
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            if (k < n) dot += a[k] * wr[i + k] * b[k];
+            if (k < n) dot += a[k] * wv[k] * b[k];
     }
     dot = warp_sum(dot);
     float rs = rstd[r], c = rs * rs * dot / group;
     for (int i = lane * width; i < group; i += 32 * width) {
         int n = piece_load(dy + o + i, vec, a);
         piece_load(x + o + i, vec, b);
+        piece_load_f32(wr + i, vec, wv);
         if (accum) piece_load(dx + o + i, vec, d);
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            if (k < n) a[k] = (accum ? d[k] : 0.0f) + rs * (a[k] * wr[i + k] - b[k] * c);
+            if (k < n) a[k] = (accum ? d[k] : 0.0f) + rs * (a[k] * wv[k] - b[k] * c);
         piece_store(dx + o + i, vec, a);
     }
 }
@@ -433,7 +447,7 @@ static int g_rmsnorm_bwd(const Backend *be, void *dx, void *dw, const void *dy, 
     long rows = (long)N * (D / group);
     rmsnorm_bwd_dx_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, cuda_ctx(be)->stream>>>(
         (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const float *)w, (const float *)rstd, rows, group, D / group,
-        wlen != group, accum, rows_vec(group, dy, x, dx, dx));
+        wlen != group, accum, rows_vec(group, dy, x, dx, w));
     LAUNCH_CHECK();
     if (dw)
         return colsum(be, (float *)dw, (const bf16 *)dy, (const bf16 *)x, (const float *)rstd, (long)N * (D / wlen), wlen,
