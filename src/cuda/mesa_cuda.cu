@@ -1904,7 +1904,8 @@ extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnMesaDims *d, 
     size_t smem = sizeof(float) * smem_floats(g.Dp, g.Dvp);
     MN_TRY(set_smem((const void *)cg_forward_kernel, smem, c));
     dim3 grid((unsigned)g.nchunks, (unsigned)(d->B * d->H));
-    int vec = rows_aligned(io->k, g.Dk, 2) && rows_aligned(io->v, g.Dv, 2) && rows_aligned(states, g.Dk, 4);
+    int vec = rows_aligned(io->k, g.Dk, 2) && rows_aligned(io->v, g.Dv, 2) && rows_aligned(states, g.Dk, 4) &&
+              rows_aligned(io->q, g.Dk, 2);  // (q is fetched by cp.async with the keys)
     cg_forward_kernel<<<grid, NT, smem, c->stream>>>((bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q,
                                                      (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta,
                                                      io->lambda, states, s->init == MN_CG_INIT_GIVEN ? (const bf16 *)io->x0 : NULL,

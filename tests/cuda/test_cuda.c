@@ -300,12 +300,15 @@ static double *readout64(const MesaCase *c, const double *x) {
 TEST(cuda_mesa_matches_reference) {
     if (!setup()) return;
     // kscale, qscale: keys and queries off the unit sphere, by powers of ten and two, for the
-    // power-of-two scaling of the CG operator's fp16 operands (a large, a small state; large, small queries)
+    // power-of-two scaling of the CG operator's fp16 operands (a large, a small state; large, small
+    // queries); qoff: q starts that many elements into its allocation (8 bytes: not 16-byte aligned,
+    // so the kernels must not fetch it 16 bytes at a time)
     struct {
         int B, T, H, Dk, Dv, states, variant;
         double kscale, qscale;
+        int qoff;
     } shapes[] = {{1, 5, 1, 12, 12, 0, 0, 1, 1}, {2, 37, 3, 16, 8, 1, 1, 1, 1}, {2, 130, 2, 32, 48, 1, 2, 1, 1},
-                  {1, 200, 2, 64, 64, 0, 3, 1, 1}, {1, 129, 1, 128, 128, 1, 0, 1, 1},
+                  {1, 200, 2, 64, 64, 0, 3, 1, 1, 4}, {1, 129, 1, 128, 128, 1, 0, 1, 1, 4},
                   {2, 100, 2, 64, 64, 1, 1, 4, 1e3}, {1, 130, 2, 128, 96, 0, 0, 1.0 / 64, 1e-3},
                   // heads up to 64 wide run in the narrow build (mesa_cuda_d64.cu); 72 pads to 96: the
                   // wide build with tiles part full
@@ -330,7 +333,9 @@ TEST(cuda_mesa_matches_reference) {
         double *o = xcalloc(c.nv, 8), *x = xcalloc(c.nq, 8), *hT = xcalloc(c.nh, 8), *gT = xcalloc(c.ngs, 8);
         MesaFwd64 fw = {c.q, c.k, c.v, c.g, c.beta, c.lambda, c.h0, c.g0, NULL, o, x, hT, gT, NULL};
         CHECK(!ref_mesa_forward(&d, NULL, &fw), "%s", mn_last_error());
-        void *gq = to_gpu(c.q, c.nq, MEM_ACT), *gk = to_gpu(c.k, c.nq, MEM_ACT), *gv = to_gpu(c.v, c.nv, MEM_ACT);
+        void *gqa = G->alloc(G, c.nq + shapes[si].qoff, MEM_ACT), *gq = (char *)gqa + 2 * shapes[si].qoff;  // bf16
+        CHECK(gqa && !G->upload(G, gq, c.q, c.nq, MEM_ACT), "%s", mn_last_error());
+        void *gk = to_gpu(c.k, c.nq, MEM_ACT), *gv = to_gpu(c.v, c.nv, MEM_ACT);
         void *ggl = to_gpu(c.g, c.ng, MEM_F32), *gb = to_gpu(c.beta, c.ng, MEM_F32), *gl = to_gpu(c.lambda, c.nl, MEM_F32);
         void *gh0 = c.h0 ? to_gpu(c.h0, c.nh, MEM_F32) : NULL, *gg0 = c.g0 ? to_gpu(c.g0, c.ngs, MEM_F32) : NULL;
         void *go = G->alloc(G, c.nv, MEM_ACT), *gx = G->alloc(G, c.nq, MEM_ACT), *ghT = G->alloc(G, c.nh, MEM_F32);
@@ -347,8 +352,9 @@ TEST(cuda_mesa_matches_reference) {
         G->free(G, gsteps);
         double ms = 0;
         for (size_t i = 0; i < c.ng; i++) ms += steps[i] / (double)c.ng;
-        test_note("B=%d T=%d H=%d Dk=%d Dv=%d states=%d variant=%d k x %g q x %g: mean CG steps %.1f", d.B, d.T, d.H,
-                  d.Dk, d.Dv, shapes[si].states, shapes[si].variant, shapes[si].kscale, shapes[si].qscale, ms);
+        test_note("B=%d T=%d H=%d Dk=%d Dv=%d states=%d variant=%d k x %g q x %g q offset %d: mean CG steps %.1f", d.B,
+                  d.T, d.H, d.Dk, d.Dv, shapes[si].states, shapes[si].variant, shapes[si].kscale, shapes[si].qscale,
+                  shapes[si].qoff, ms);
         // o and x are stored in bf16: their error is that rounding (~1.2e-3); the final states are float32
         cmp("mesa o", go, o, c.nv, MEM_ACT, BF16_TOL);
         cmp("mesa x", gx, x, c.nq, MEM_ACT, BF16_TOL);
@@ -398,7 +404,7 @@ TEST(cuda_mesa_matches_reference) {
             cmp("mesa dh0", gdh0, dh0, c.nh, MEM_F32, 1e-4);
             cmp("mesa dg0", gdg0, dg0, c.ngs, MEM_F32, 1e-4);
         }
-        void *gr[] = {gq, gk, gv, ggl, gb, gl, gh0, gg0, go, gx, ghT, ggT, gdo, gdhT, gdgT, gdq, gdk, gdv, gdg, gdbt, gdl, gdh0, gdg0};
+        void *gr[] = {gqa, gk, gv, ggl, gb, gl, gh0, gg0, go, gx, ghT, ggT, gdo, gdhT, gdgT, gdq, gdk, gdv, gdg, gdbt, gdl, gdh0, gdg0};
         for (size_t i = 0; i < sizeof gr / sizeof gr[0]; i++)
             if (gr[i]) G->free(G, gr[i]);
         free(o); free(x); free(hT); free(gT); free(steps); free(xb); free(ob);
