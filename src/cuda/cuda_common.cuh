@@ -81,16 +81,6 @@ __device__ __forceinline__ float block_sum(float v, float *shared32) {
     return warp_sum(v);
 }
 
-__device__ __forceinline__ float block_max(float v, float *shared32) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) shared32[warp] = v;
-    __syncthreads();
-    v = lane < nw ? shared32[lane] : -INFINITY;
-    return warp_max(v);
-}
-
 __device__ __forceinline__ float ld(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
 __device__ __forceinline__ void st(bf16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + __expf(-x)); }

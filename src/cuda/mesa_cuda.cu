@@ -737,17 +737,15 @@ static __device__ Op16 op16_carve(const Smem *s, const Geo *g) {
 
 // The chunk's state (Hg: [Dk][Dk] float, global) and keys into fp16, scaled
 // so that their largest magnitudes lie in [1, 2), every load in flight at once
-// (stage_batch16; 16-byte loads where vec). With qg, the chunk's queries are
-// fetched with them (as they are, bf16, through the direction's buffer: CG has
-// not started) into the tile q. Ends synchronized.
+// (stage_batch16; 16-byte loads where vec), and the chunk's queries with them
+// (as they are, bf16, by cp.async through the direction's buffer: CG has not
+// started) into the tile q. Ends synchronized.
 static __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *kg, const bf16 *qg, Tile *q, int vec,
                                  const Geo *g, int pair, int t0) {
     int ld = ldrow(g->Dp);
     Src keys = tok_src(kg, 0, g->Dk, g->Dp, g, pair, t0, vec), state = mat_src(Hg, g->Dk, g->Dk, g->Dp, g->Dp, vec);
-    if (qg) {
-        Src qs = tok_src(qg, 0, g->Dk, g->Dp, g, pair, t0, vec);
-        stage_raw(o->P, ld, &qs);
-    }
+    Src qs = tok_src(qg, 0, g->Dk, g->Dp, g, pair, t0, vec);
+    stage_raw(o->P, ld, &qs);
     __half *dst[1] = {o->K};
     int lds[1] = {ld};
     float sc[2];  // the keys', the state's
@@ -756,7 +754,7 @@ static __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const 
     o->sH = sc[1];
     cp_async_wait();
     __syncthreads();
-    if (qg) tile_from_bf16(q, (const bf16 *)o->P, ld, NTILES(g->Dp));
+    tile_from_bf16(q, (const bf16 *)o->P, ld, NTILES(g->Dp));
 }
 
 // The state alone into fp16 (as op16_load), from registers: hv, fetched ahead
