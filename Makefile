@@ -1,6 +1,7 @@
 # mesanet: `make` builds the library, the tool and the tests; `make test` runs the tests.
 #
-# Knobs: CUDA=0 turns the CUDA backend off even where nvcc exists; NATIVE=0 builds for
+# Knobs: CUDA=0 turns the CUDA backend off even where nvcc exists; NCCL=0 builds it without
+# NCCL (several GPUs then sum their gradients through the host); NATIVE=0 builds for
 # generic x86-64 instead of this machine's instruction set; BLAS_CFLAGS/BLAS_LIBS point at
 # another CBLAS.
 
@@ -56,6 +57,12 @@ ifeq ($(CUDA),1)
                  -Xcompiler -Wall,-Werror,-fopenmp -Werror all-warnings -Iinclude -Isrc -MMD -MP
     CFLAGS    += -DMN_HAVE_CUDA
     LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+    # NCCL for training on several GPUs (train --gpus N); without it the ranks sum through the host.
+    NCCL      ?= $(if $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h),1,0)
+    ifeq ($(NCCL),1)
+      CU_DEFS += -DMN_HAVE_NCCL
+      LDLIBS  += -lnccl
+    endif
   endif
 endif
 
@@ -85,7 +92,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(CU_DEFS) -c $< -o $@
 
 # The whole suite, on the CPU; ends with "N passed, M failed".
 test: all

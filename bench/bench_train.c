@@ -4,6 +4,9 @@
  * core, the Mesa solve) against the rest of the model, beside the sgemm rate
  * of the same run. Model flops per token: 6 x (parameters outside the
  * embedding lookup) for the dense products; the Mesa solve comes on top.
+ * With --gpus N, data-parallel as `mesanet train --gpus N`: every rank runs
+ * the batch, the gradients are summed, and the figures are for all ranks
+ * (memory and the product rate: per GPU).
  */
 #include <omp.h>
 #include <stdio.h>
@@ -18,7 +21,7 @@
 
 int bench_train(int argc, char **argv) {
     const char *config = "demo", *backend = "cpu";
-    int batch = 16, seq = 256, steps = 10, vocab = 4096, cg = 0;
+    int batch = 16, seq = 256, steps = 10, vocab = 4096, cg = 0, gpus = 1;
     Option opts[] = {
         {"config", OPT_STRING, &config, "preset or JSON config"},
         {"backend", OPT_STRING, &backend, "cpu or cuda"},
@@ -27,18 +30,23 @@ int bench_train(int argc, char **argv) {
         {"steps", OPT_INT, &steps, "timed steps (after 2 warm-up steps)"},
         {"vocab", OPT_INT, &vocab, "vocabulary size when the config leaves it to the data"},
         {"cg-steps", OPT_INT, &cg, "CG steps (0: the config's)"},
+        {"gpus", OPT_INT, &gpus, "data-parallel over this many GPUs, --batch sequences each"},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
+    Group g;
+    int code;
+    if (!ranks_begin("bench train", gpus, &g, &code)) return code;
     Model *m = bench_model(config, backend, vocab, cg);
     const Backend *be = m->be;
+    if (group_connect(&g, be)) die("%s", mn_last_error());
     const ModelConfig c = m->cfg;
     AdamW o = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1};
     if (adamw_init(&o, m)) die("%s", mn_last_error());
     size_t N = (size_t)batch * seq;
     int32_t *tok = xcalloc(N, 4), *tgt = xcalloc(N, 4);
     MnRng r;
-    mn_rng_seed(&r, 7);
+    mn_rng_seed(&r, 7 + (uint64_t)g.rank);
     for (size_t i = 0; i < N; i++) {
         tok[i] = (int32_t)(mn_rng_u64(&r) % (uint64_t)c.vocab_size);
         tgt[i] = (int32_t)(mn_rng_u64(&r) % (uint64_t)c.vocab_size);
@@ -56,7 +64,7 @@ int bench_train(int argc, char **argv) {
         for (int l = 0; l < c.n_layers; l++) m->mixers[l].core_seconds = 0;
         double t0 = mn_now();
         if (model_zero_grad(m) || model_forward(m, tok, tgt, batch, seq, 1.0f / (float)N, NULL) || model_backward(m) ||
-            adamw_step(&o, m, 1e-4f, NULL) || be->sync(be))
+            group_sum(&g, be, m->grads, m->total) || adamw_step(&o, m, 1e-4f, NULL) || be->sync(be))
             die("%s", mn_last_error());
         double dt = mn_now() - t0;
         if (gpu && be->device_mem_used(be) > peak) peak = be->device_mem_used(be);
@@ -71,12 +79,17 @@ int bench_train(int argc, char **argv) {
     }
     double cg_mean;
     if (model_take_cg_steps(m, &cg_mean)) die("%s", mn_last_error());
+    N *= (size_t)g.size;  // from here on, the tokens of all ranks
+    if (g.rank > 0) goto done;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     size_t embed = (size_t)c.vocab_size * c.dim;
     double dense_flops = 6.0 * (double)(m->count - (c.tie_embeddings ? 0 : embed)) * (double)N * steps;
     printf("training %s (%zu parameters) on %s, %d threads, batch %d x %d tokens, CG steps %d (mean used %.1f)\n", config,
-           m->count, be->name, omp_get_max_threads(), batch, seq, c.cg_steps, cg_mean);
+           m->count, be->name, omp_get_max_threads(), batch * g.size, seq, c.cg_steps, cg_mean);
+    if (g.size > 1)
+        printf("  data-parallel: %d ranks of %d sequences, gradients summed %s\n", g.size, batch,
+               g.be ? "by NCCL" : "through the host");
     if (gpu)
         printf("  %.0f tokens/s, %.1f ms/step, device memory in use %.2f GB\n", (double)N * steps / t_total,
                1e3 * t_total / steps, (double)peak / 1e9);
@@ -86,10 +99,12 @@ int bench_train(int argc, char **argv) {
     printf("  time in the mixers %.1f%% (their core, the Mesa solve: %.1f%%), rest of the model and optimizer %.1f%%\n",
            100 * t_mixer / t_prof, 100 * t_core / t_prof, 100 * (1 - t_mixer / t_prof));
     printf("  dense products (6 x parameters x tokens): %.1f GFLOP/s = %.1f%% of the %s (%.0f GFLOP/s in this run)\n",
-           dense_flops / t_total / 1e9, 100 * dense_flops / t_total / 1e9 / ceiling,
+           dense_flops / t_total / 1e9, 100 * dense_flops / t_total / 1e9 / ceiling / g.size,
            gpu ? "bf16 matrix-product rate, i.e. the MFU" : "sgemm rate", ceiling);
+done:
     free(tok);
     free(tgt);
+    group_close(&g);
     adamw_free(&o, m);
     model_free(m);
     return 0;

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "core/common.h"
 
 static void print_help(const char *cmd, const char *usage, const Option *opts, int nopts) {
     printf("usage: mesanet %s %s\n\noptions:\n", cmd, usage);
@@ -86,5 +87,24 @@ int parse_args(int argc, char **argv, const char *usage, const Option *opts, int
         }
         if (set_value(cmd, o, v)) return 1;
     }
+    return 0;
+}
+
+int ranks_begin(const char *cmd, int gpus, Group *g, int *exit_code) {
+    *exit_code = 1;
+    if (gpus < 1) {
+        fprintf(stderr, "mesanet %s: --gpus must be >= 1, got %d\n", cmd, gpus);
+        return 0;
+    }
+    if (dist_join(g, gpus)) {
+        fprintf(stderr, "mesanet %s: %s\n", cmd, mn_last_error());
+        return 0;
+    }
+    if (gpus == 1 || g->size > 1) return 1;
+    if (dist_launch(gpus, mesanet_argv)) {  // the ranks are this command again
+        fprintf(stderr, "mesanet %s: %s\n", cmd, mn_last_error());
+        return 0;
+    }
+    *exit_code = 0;
     return 0;
 }

@@ -8,7 +8,7 @@
 int cmd_train(int argc, char **argv) {
     TrainOptions o;
     train_options_default(&o);
-    int seed = 1, no_resume = 0;
+    int seed = 1, no_resume = 0, gpus = 1;
     Option opts[] = {
         {"config", OPT_STRING, &o.config, "model: a preset (tiny, demo, 125m, 400m, 1b, fla-162m, fla-412m) or a JSON file"},
         {"data", OPT_STRING, &o.data, "directory with train.bin and valid.bin (from mesanet tokenize)"},
@@ -32,14 +32,20 @@ int cmd_train(int argc, char **argv) {
         {"time-limit", OPT_FLOAT, &o.time_limit, "stop and save after this many minutes (0: none)"},
         {"stop-at", OPT_INT, &o.stop_at, "stop (and save) after this step; resume later with the same command"},
         {"no-resume", OPT_FLAG, &no_resume, "start afresh even if --out holds a checkpoint"},
+        {"gpus", OPT_INT, &gpus,
+         "data-parallel over this many GPUs, one process each with --batch sequences (cpu, ref: processes sharing the cores)"},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
     o.seed = (uint64_t)seed;
     o.resume = !no_resume;
-    if (train_run(&o, stdout)) {
-        fprintf(stderr, "mesanet train: %s\n", mn_last_error());
-        return 1;
-    }
-    return 0;
+    Group g;
+    int code;
+    if (!ranks_begin("train", gpus, &g, &code)) return code;
+    o.group = &g;
+    int s = train_run(&o, stdout);
+    if (s && g.size > 1) fprintf(stderr, "mesanet train (rank %d): %s\n", g.rank, mn_last_error());
+    else if (s) fprintf(stderr, "mesanet train: %s\n", mn_last_error());
+    group_close(&g);
+    return s ? 1 : 0;
 }

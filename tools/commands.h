@@ -2,11 +2,21 @@
 #ifndef MN_COMMANDS_H
 #define MN_COMMANDS_H
 
+#include "train/dist.h"
+
 typedef struct {
     const char *name;
     int (*run)(int argc, char **argv);  // argv[0] is the command's name
     const char *help;
 } Command;
+
+// The tool's own arguments (argv of main), for commands that run it again (train --gpus).
+extern char **mesanet_argv;
+
+// For commands with --gpus: in a rank that dist_launch started, joins its group and returns 1
+// (go on as rank g); in the command as the user ran it, with gpus > 1, runs the ranks, waits for
+// them and returns 0 with *exit_code set; alone (gpus 1), returns 1 with g of size 1.
+int ranks_begin(const char *cmd, int gpus, Group *g, int *exit_code);
 
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

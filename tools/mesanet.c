@@ -21,6 +21,8 @@ static const Command commands[] = {
     {"bench", cmd_bench, "time the layers against this machine's matrix-product rate"},
 };
 
+char **mesanet_argv;
+
 static void usage(FILE *f) {
     fprintf(f, "usage: mesanet <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
@@ -50,6 +52,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 1 : 0;
     }
     prefer_avx512_blas(argv);
+    mesanet_argv = argv;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "mesanet: unknown command '%s'\n\n", argv[1]);

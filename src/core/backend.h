@@ -30,6 +30,8 @@ typedef enum {
     MEM_I32,    // int32 (tokens, targets)
 } MemKind;
 
+enum { MN_GROUP_ID_BYTES = 256 };  // room for a group identifier (NCCL's: 128 bytes)
+
 typedef struct Backend Backend;
 
 struct Backend {
@@ -128,6 +130,16 @@ struct Backend {
                  float beta1, float beta2, float eps, float wd, int t);
     // sum of squares of x (parameter gradients), into *out
     int (*sumsq)(const Backend *be, const void *x, size_t n, double *out);
+
+    // --- data parallelism (optional: NULL where the backend has no collective of its own; the
+    // ranks then sum through the host, train/dist.h) -------------------------------------------
+    // group_id makes a group's identifier (in one rank; at most MN_GROUP_ID_BYTES bytes), which the
+    // launcher hands to the others; group_join joins that group as `rank` of `size` and returns
+    // once all have joined.
+    int (*group_id)(const Backend *be, void *id);
+    int (*group_join)(const Backend *be, const void *id, int rank, int size);
+    // x[n] (MEM_F32) = its sum over the group, in place; every rank gets the same numbers.
+    int (*allreduce)(const Backend *be, void *x, size_t n);
 
     // --- recorded launches (optional: NULL where ops run as they are called) ---------------------
     // Between graph_begin and graph_end the ops are recorded instead of run; graph_run replays them

@@ -1235,6 +1235,11 @@ extern "C" const Backend *backend_cuda(void) {
     b.mesa_bwd = cuda_mesa_bwd;
     b.adamw = g_adamw;
     b.sumsq = g_sumsq;
+#ifdef MN_HAVE_NCCL
+    b.group_id = cuda_group_id;
+    b.group_join = cuda_group_join;
+    b.allreduce = cuda_allreduce;
+#endif
     b.graph_begin = g_graph_begin;
     b.graph_end = g_graph_end;
     b.graph_run = g_graph_run;

@@ -47,9 +47,14 @@ typedef struct {
     void *pinned;       // page-locked host staging for bf16 downloads, grow-only
     size_t pinned_bytes;
     size_t scratch_bytes;
+    void *comm;         // the NCCL communicator of a data-parallel group (cuda_nccl.cu), or NULL
 } CudaCtx;
 
 CudaCtx *cuda_ctx(const Backend *be);
+// The group ops of the backend table (cuda_nccl.cu; in builds with NCCL only).
+int cuda_group_id(const Backend *be, void *id);
+int cuda_group_join(const Backend *be, const void *id, int rank, int size);
+int cuda_allreduce(const Backend *be, void *x, size_t n);
 // Device scratch of at least `bytes`, valid until the next call (stream-ordered).
 void *cuda_scratch(const Backend *be, size_t bytes);
 // The bf16 copy of a parameter (an element inside a MEM_PARAM allocation), or NULL.

@@ -5,21 +5,26 @@
 
 #include "core/common.h"
 
-int eval_run(Model *m, DataLoader *dl, int batches, EvalResult *r) {
-    int B = dl->B, T = dl->T;
-    size_t N = (size_t)B * T;
+int eval_run(Model *m, DataLoader *dl, int batches, EvalResult *r) { return eval_run_rows(m, dl, batches, 0, dl->B, r); }
+
+int eval_run_rows(Model *m, DataLoader *dl, int batches, int row0, int B, EvalResult *r) {
+    int T = dl->T;
+    size_t N = (size_t)B * T, all = (size_t)dl->B * T;
+    if (row0 < 0 || B < 1 || row0 + B > dl->B)
+        return mn_error(MN_ERR_ARG, "eval: rows %d..%d are not within the loader's batch of %d", row0, row0 + B - 1, dl->B);
     memset(r, 0, sizeof *r);
     r->T = T;
-    if (batches <= 0) batches = (int)((loader_num_sequences(dl) + (uint64_t)B - 1) / (uint64_t)B);
+    if (batches <= 0) batches = (int)((loader_num_sequences(dl) + (uint64_t)dl->B - 1) / (uint64_t)dl->B);
     r->pos_sum = calloc((size_t)T, sizeof(double));
     r->pos_count = calloc((size_t)T, sizeof(double));
-    int32_t *in = malloc(sizeof(int32_t) * N), *tg = malloc(sizeof(int32_t) * N);
+    int32_t *in_all = malloc(sizeof(int32_t) * all), *tg_all = malloc(sizeof(int32_t) * all);
+    int32_t *in = in_all ? in_all + (size_t)row0 * T : NULL, *tg = tg_all ? tg_all + (size_t)row0 * T : NULL;
     float *losses = malloc(sizeof(float) * N);
     int s = (!r->pos_sum || !r->pos_count || !in || !tg || !losses) ? mn_error(MN_ERR_NOMEM, "out of memory") : MN_OK;
     double cg_before;
     if (!s) s = model_take_cg_steps(m, &cg_before);  // zeroes the counters
     for (int b = 0; b < batches && !s; b++) {
-        if ((s = loader_next(dl, in, tg))) break;
+        if ((s = loader_next(dl, in_all, tg_all))) break;
         if ((s = model_forward(m, in, tg, B, T, 0, NULL))) break;
         if ((s = model_losses(m, losses))) break;
         for (size_t i = 0; i < N; i++) {
@@ -32,8 +37,8 @@ int eval_run(Model *m, DataLoader *dl, int batches, EvalResult *r) {
         r->batches++;
     }
     if (!s) s = model_take_cg_steps(m, &r->cg_steps);
-    free(in);
-    free(tg);
+    free(in_all);
+    free(tg_all);
     free(losses);
     if (s) eval_free(r);
     return s;

@@ -21,6 +21,8 @@ typedef struct {
 // Scores `batches` batches from the loader's current position (0: one pass
 // over the whole split). r is allocated here; free with eval_free.
 int eval_run(Model *m, DataLoader *dl, int batches, EvalResult *r);
+// The same over rows row0 .. row0 + B - 1 of each of the loader's batches (one rank's part).
+int eval_run_rows(Model *m, DataLoader *dl, int batches, int row0, int B, EvalResult *r);
 void eval_free(EvalResult *r);
 
 #endif

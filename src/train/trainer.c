@@ -153,14 +153,18 @@ static int make_dir(const char *path) {
     return mn_error(MN_ERR_IO, "%s: cannot create the directory", path);
 }
 
-// Mean validation loss over the first eval_batches batches of the split.
-static int validate(Model *m, DataLoader *valid, int batches, double *loss, double *cg) {
+// Mean validation loss over the first eval_batches batches of the split, each rank scoring its
+// rows of every batch.
+static int validate(Model *m, Group *g, DataLoader *valid, int batches, double *loss, double *cg) {
     MN_TRY(loader_set_position(valid, 0, 0));
     EvalResult r;
-    MN_TRY(eval_run(m, valid, batches, &r));
-    *loss = r.count > 0 ? r.nll_sum / r.count : NAN;
-    *cg = r.cg_steps;
+    int rows = valid->B / g->size;
+    MN_TRY(eval_run_rows(m, valid, batches, g->rank * rows, rows, &r));
+    double sums[3] = {r.nll_sum, r.count, r.cg_steps / g->size};
     eval_free(&r);
+    MN_TRY(group_sum_host(g, sums, 3));
+    *loss = sums[1] > 0 ? sums[0] / sums[1] : NAN;
+    *cg = sums[2];
     return MN_OK;
 }
 
@@ -178,6 +182,13 @@ int train_run(const TrainOptions *o, FILE *log) {
     MN_TRY(check_options(o));
     const Backend *be = backend_by_name(o->backend);
     if (!be) return MN_ERR_ARG;
+    Group alone = {.rank = 0, .size = 1};
+    Group *g = o->group ? o->group : &alone;
+    MN_TRY(group_connect(g, be));
+    FILE *quiet = NULL;
+    if (g->rank > 0 && !(log = quiet = fopen("/dev/null", "w")))  // rank 0 speaks for the group
+        return mn_error(MN_ERR_IO, "/dev/null: cannot open");
+    int lead = g->rank == 0;
     MN_TRY(make_dir(o->out));
     char train_path[4096], valid_path[4096], path[4096];
     snprintf(train_path, sizeof train_path, "%s/train.bin", o->data);
@@ -215,7 +226,7 @@ int train_run(const TrainOptions *o, FILE *log) {
     }
     // The tokenizer travels with the run, so that generate needs only the run directory.
     const char *tok_files[2] = {"encoder.json", "vocab.bpe"};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && lead; i++) {
         char src[4096];
         snprintf(src, sizeof src, "%s/%s", o->data, tok_files[i]);
         snprintf(path, sizeof path, "%s/%s", o->out, tok_files[i]);
@@ -225,29 +236,35 @@ int train_run(const TrainOptions *o, FILE *log) {
             goto done;
         }
     }
-    if ((s = loader_open(&train, train_path, o->batch, o->seq, st.seed, 1))) goto done;
-    if ((s = loader_open(&valid, valid_path, o->batch, o->seq, 0, 0))) goto done;
+    // Every rank draws the whole step's batch (so that the data order does not depend on the number
+    // of ranks) and trains on its own `batch` rows of each micro-batch.
+    int ranks = g->size;
+    if ((s = loader_open(&train, train_path, o->batch * ranks, o->seq, st.seed, 1))) goto done;
+    if ((s = loader_open(&valid, valid_path, o->batch * ranks, o->seq, 0, 0))) goto done;
     if (resumed && (s = loader_set_position(&train, st.epoch, st.index))) goto done;
 
-    size_t N = (size_t)o->batch * o->seq;
-    in = malloc(sizeof(int32_t) * N * (size_t)o->accum);
-    tg = malloc(sizeof(int32_t) * N * (size_t)o->accum);
+    size_t N = (size_t)o->batch * o->seq, NR = N * (size_t)ranks;  // tokens of a rank's, of all ranks' micro-batch
+    in = malloc(sizeof(int32_t) * NR * (size_t)o->accum);
+    tg = malloc(sizeof(int32_t) * NR * (size_t)o->accum);
     if (!in || !tg) {
         s = mn_error(MN_ERR_NOMEM, "out of memory");
         goto done;
     }
     LrSchedule sched = {o->lr, o->warmup, o->steps, o->lr_final};
     fprintf(log, "train: %s model, %zu parameters, %s backend; %d x %d tokens x %d accumulation per step, %d steps\n",
-            m->cfg.arch, m->count, be->name, o->batch, o->seq, o->accum, o->steps);
+            m->cfg.arch, m->count, be->name, o->batch * ranks, o->seq, o->accum, o->steps);
+    if (ranks > 1)
+        fprintf(log, "train: data-parallel over %d ranks of %d sequences each, gradients summed %s\n", ranks, o->batch,
+                g->be ? "by the backend's collective (NCCL)" : "through the host");
     double t_start = mn_now(), t_last = t_start, elapsed0 = st.elapsed, tok_rate = 0;
     int last_saved = st.step;
     while (st.step < o->steps) {
         float lr = lr_at(&sched, st.step);
         // All micro-batches first: the loss is averaged over every scored token of the step.
-        double scored = 0;
-        for (int a = 0; a < o->accum && !s; a++) s = loader_next(&train, in + (size_t)a * N, tg + (size_t)a * N);
+        double scored = 0;  // over all ranks' tokens, which every rank has
+        for (int a = 0; a < o->accum && !s; a++) s = loader_next(&train, in + (size_t)a * NR, tg + (size_t)a * NR);
         if (s) break;
-        for (size_t i = 0; i < N * (size_t)o->accum; i++) scored += tg[i] >= 0;
+        for (size_t i = 0; i < NR * (size_t)o->accum; i++) scored += tg[i] >= 0;
         if (scored == 0) {
             s = mn_error(MN_ERR_ARG, "train: step %d has no scored tokens (all targets are document starts)", st.step);
             break;
@@ -256,32 +273,36 @@ int train_run(const TrainOptions *o, FILE *log) {
         double loss_sum = 0;
         for (int a = 0; a < o->accum && !s; a++) {
             double l;
-            s = model_forward(m, in + (size_t)a * N, tg + (size_t)a * N, o->batch, o->seq,
-                              (float)(1.0 / scored), &l);
+            size_t mine = (size_t)a * NR + (size_t)g->rank * N;
+            s = model_forward(m, in + mine, tg + mine, o->batch, o->seq, (float)(1.0 / scored), &l);
             if (!s) s = model_backward(m);
             loss_sum += l;
         }
         double gnorm;
-        if (s || (s = adamw_step(&opt, m, lr, &gnorm))) break;
+        if (s || (s = group_sum(g, be, m->grads, m->total)) || (s = adamw_step(&opt, m, lr, &gnorm))) break;
         st.step++;
-        st.tokens += (double)N * o->accum;
+        st.tokens += (double)NR * o->accum;
         loader_get_position(&train, &st.epoch, &st.index);
         double now = mn_now();
         st.elapsed = elapsed0 + (now - t_start);
-        double rate = (double)N * o->accum / (now - t_last);
+        double rate = (double)NR * o->accum / (now - t_last);
         tok_rate = tok_rate == 0 ? rate : 0.9 * tok_rate + 0.1 * rate;
         t_last = now;
-        Row row = {st.step, loss_sum / scored, lr, gnorm, st.tokens, st.elapsed, NAN};
+        int time_up = (o->time_limit > 0 && st.elapsed - elapsed0 >= 60.0 * o->time_limit) ||
+                      (o->stop_at > 0 && st.step >= o->stop_at);
+        // The step's loss over all ranks, and rank 0's clock for all: the ranks stop together.
+        double shared[2] = {loss_sum, lead ? time_up : 0};
+        if ((s = group_sum_host(g, shared, 2))) break;
+        time_up = shared[1] > 0;
+        Row row = {st.step, shared[0] / scored, lr, gnorm, st.tokens, st.elapsed, NAN};
         if (!isfinite(row.loss)) {
             s = mn_error(MN_ERR_NUMERIC, "train: loss is %g at step %d", row.loss, st.step);
             break;
         }
-        int time_up = (o->time_limit > 0 && st.elapsed - elapsed0 >= 60.0 * o->time_limit) ||
-                      (o->stop_at > 0 && st.step >= o->stop_at);
         int last = st.step == o->steps || time_up;
         if (o->eval_every > 0 && (st.step % o->eval_every == 0 || last)) {
             double cg;
-            if ((s = validate(m, &valid, o->eval_batches, &row.val_loss, &cg))) break;
+            if ((s = validate(m, g, &valid, o->eval_batches, &row.val_loss, &cg))) break;
             fprintf(log, "step %6d | validation loss %.4f | perplexity %.2f | CG steps %.1f\n", st.step, row.val_loss,
                     exp(row.val_loss), cg);
         }
@@ -289,12 +310,12 @@ int train_run(const TrainOptions *o, FILE *log) {
         if (st.step % o->log_every == 0 || st.step == 1 || last) {
             char el[32], eta[32];
             fmt_duration(el, sizeof el, st.elapsed);
-            fmt_duration(eta, sizeof eta, (o->steps - st.step) * (double)N * o->accum / tok_rate);
+            fmt_duration(eta, sizeof eta, (o->steps - st.step) * (double)NR * o->accum / tok_rate);
             fprintf(log, "step %6d/%d | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s | %s | ETA %s\n", st.step, o->steps,
                     row.loss, lr, gnorm, tok_rate, el, eta);
             fflush(log);
         }
-        if ((o->save_every > 0 && st.step % o->save_every == 0) || last) {
+        if (lead && ((o->save_every > 0 && st.step % o->save_every == 0) || last)) {
             if ((s = checkpoint_save_model(o->out, m, st.step)) || (s = checkpoint_save_state(o->out, m, &opt, &st)) ||
                 (s = history_save(&hist, o->out)))
                 break;
@@ -306,12 +327,13 @@ int train_run(const TrainOptions *o, FILE *log) {
             break;
         }
     }
-    if (!s && last_saved != st.step) {
+    if (!s && lead && last_saved != st.step) {
         if (!(s = checkpoint_save_model(o->out, m, st.step)) && !(s = checkpoint_save_state(o->out, m, &opt, &st)))
             s = history_save(&hist, o->out);
     }
     if (!s) fprintf(log, "train: done, step %d; checkpoint, loss.csv and loss.svg in %s\n", st.step, o->out);
 done:
+    if (quiet) fclose(quiet);
     free(in);
     free(tg);
     free(hist.rows);

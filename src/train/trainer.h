@@ -1,13 +1,16 @@
 /*
  * The training loop: batches from the data loader, gradient accumulation,
  * AdamW with warm-up and cosine decay, a progress line, periodic validation,
- * atomic checkpoints, exact resume, and the loss curve as CSV and SVG.
+ * atomic checkpoints, exact resume, and the loss curve as CSV and SVG; on
+ * one device or data-parallel over several (train/dist.h).
  */
 #ifndef MN_TRAINER_H
 #define MN_TRAINER_H
 
 #include <stdint.h>
 #include <stdio.h>
+
+#include "train/dist.h"
 
 typedef struct {
     const char *config;     // preset name or JSON file (a resumed run keeps its own)
@@ -26,6 +29,8 @@ typedef struct {
     float time_limit;       // minutes; > 0: stop (and save) when reached
     int stop_at;            // > 0: stop (and save) after this step, as if interrupted
     int resume;             // continue from `out` when it holds a checkpoint
+    Group *group;           // data-parallel ranks (train/dist.h), each with `batch` sequences of every
+                            // micro-batch; rank 0 logs, validates and saves. NULL: this process alone
 } TrainOptions;
 
 void train_options_default(TrainOptions *o);
