@@ -3,8 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "core/common.h"
 #include "data/shard.h"
@@ -12,6 +10,7 @@
 #include "model/model.h"
 #include "test.h"
 #include "tmpdir.h"
+#include "toy.h"
 #include "train/checkpoint.h"
 #include "train/optim.h"
 #include "train/trainer.h"
@@ -21,30 +20,6 @@ static ModelConfig small_config(void) {
     if (config_preset(&c, "tiny")) die("%s", mn_last_error());
     c.vocab_size = 64;
     return c;
-}
-
-// A token stream with structure a model can learn: documents of a repeating
-// random pattern, each preceded by BOS = 63.
-static void write_toy_shards(TmpDir *t, const char *data_dir) {
-    MnRng r;
-    mn_rng_seed(&r, 2);
-    size_t n = 20000;
-    int32_t *tok = xcalloc(n, sizeof(int32_t));
-    for (size_t i = 0; i < n;) {
-        tok[i++] = 63;
-        int period = 2 + (int)(mn_rng_u64(&r) % 5), len = 30 + (int)(mn_rng_u64(&r) % 60);
-        int32_t pat[8];
-        for (int k = 0; k < period; k++) pat[k] = (int32_t)(mn_rng_u64(&r) % 60);
-        for (int k = 0; k < len && i < n; k++) tok[i++] = pat[k % period];
-    }
-    char path[512];
-    mkdir(data_dir, 0755);
-    snprintf(path, sizeof path, "%s/train.bin", data_dir);
-    if (shard_write(path, tok, n, 64, 63)) die("%s", mn_last_error());
-    snprintf(path, sizeof path, "%s/valid.bin", data_dir);
-    if (shard_write(path, tok + 15000, 5000, 64, 63)) die("%s", mn_last_error());
-    free(tok);
-    (void)t;
 }
 
 static TrainOptions toy_options(const char *data, const char *out) {
@@ -89,7 +64,7 @@ TEST(train_resume_reproduces_losses) {
     snprintf(data, sizeof data, "%s/data", t.dir);
     snprintf(a, sizeof a, "%s/a", t.dir);
     snprintf(b, sizeof b, "%s/b", t.dir);
-    write_toy_shards(&t, data);
+    write_toy_shards(data);
     FILE *devnull = fopen("/dev/null", "w");
     TrainOptions oa = toy_options(data, a), ob = toy_options(data, b);
     CHECK(!train_run(&oa, devnull), "uninterrupted run: %s", mn_last_error());
@@ -262,25 +237,6 @@ TEST(train_refuses_bad_inputs) {
     tmp_remove(&t);
 }
 
-// `mesanet train` itself (data parallelism runs the tool again as its ranks), from the build
-// directory of this test binary; its output goes to `log`. Returns the exit status.
-static int run_tool(const char *args, const char *log) {
-    char exe[512], cmd[2048];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return -1;
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (!slash) return -1;
-    snprintf(slash + 1, sizeof exe - (size_t)(slash + 1 - exe), "mesanet");
-    if (access(exe, X_OK)) {
-        test_fail(__FILE__, __LINE__, "%s: not built (make all builds it beside this test binary)", exe);
-        return -1;
-    }
-    snprintf(cmd, sizeof cmd, "%s %s >%s 2>&1", exe, args, log);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
 // Two ranks of 2 sequences take the steps of one process with 4: the same batches (every rank
 // draws the whole batch and trains on its rows), the gradients summed, validation split.
 TEST(train_data_parallel_matches_one_process) {
@@ -291,7 +247,7 @@ TEST(train_data_parallel_matches_one_process) {
     snprintf(a, sizeof a, "%s/a", t.dir);
     snprintf(b, sizeof b, "%s/b", t.dir);
     snprintf(log, sizeof log, "%s/log.txt", t.dir);
-    write_toy_shards(&t, data);
+    write_toy_shards(data);
     const char *common = "--config tiny --seq 32 --steps 8 --warmup 2 --lr 1e-2 --eval-every 4 --eval-batches 2 "
                          "--save-every 0 --cg-steps 20 --no-resume";
     snprintf(args, sizeof args, "train %s --data %s --out %s --batch 4", common, data, a);

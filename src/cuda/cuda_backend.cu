@@ -1167,6 +1167,12 @@ void *cuda_scratch(const Backend *be, size_t bytes) {
     return c->scratch;
 }
 
+// How many devices this process sees (0 where there is no driver or device).
+extern "C" int cuda_device_count(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
 extern "C" const Backend *backend_cuda(void) {
     if (initialised) return initialised > 0 ? &cuda_backend : NULL;
     initialised = -1;

@@ -1,0 +1,56 @@
+// A toy corpus and the command-line tool, for the tests that train (see toy.h).
+#include "toy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../src/core/common.h"
+#include "../src/data/shard.h"
+#include "test.h"
+
+// A token stream with structure a model can learn: documents of a repeating
+// random pattern, each preceded by BOS = 63.
+void write_toy_shards(const char *data_dir) {
+    MnRng r;
+    mn_rng_seed(&r, 2);
+    size_t n = 20000;
+    int32_t *tok = xcalloc(n, sizeof(int32_t));
+    for (size_t i = 0; i < n;) {
+        tok[i++] = 63;
+        int period = 2 + (int)(mn_rng_u64(&r) % 5), len = 30 + (int)(mn_rng_u64(&r) % 60);
+        int32_t pat[8];
+        for (int k = 0; k < period; k++) pat[k] = (int32_t)(mn_rng_u64(&r) % 60);
+        for (int k = 0; k < len && i < n; k++) tok[i++] = pat[k % period];
+    }
+    char path[512];
+    mkdir(data_dir, 0755);
+    snprintf(path, sizeof path, "%s/train.bin", data_dir);
+    if (shard_write(path, tok, n, 64, 63)) die("%s", mn_last_error());
+    snprintf(path, sizeof path, "%s/valid.bin", data_dir);
+    if (shard_write(path, tok + 15000, 5000, 64, 63)) die("%s", mn_last_error());
+    free(tok);
+}
+
+// `mesanet train` itself (data parallelism runs the tool again as its ranks), from the build
+// directory of this test binary; its output goes to `log`. Returns the exit status.
+int run_tool(const char *args, const char *log) {
+    char exe[512], cmd[2048];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return -1;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return -1;
+    snprintf(slash + 1, sizeof exe - (size_t)(slash + 1 - exe), "mesanet");
+    if (access(exe, X_OK)) {
+        test_fail(__FILE__, __LINE__, "%s: not built (make all builds it beside this test binary)", exe);
+        return -1;
+    }
+    snprintf(cmd, sizeof cmd, "%s %s >%s 2>&1", exe, args, log);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+

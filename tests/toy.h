@@ -1,0 +1,13 @@
+// A toy corpus and the command-line tool, for the tests that train.
+#ifndef MN_TEST_TOY_H
+#define MN_TEST_TOY_H
+
+// train.bin (20,000 tokens) and valid.bin (5,000) in data_dir: documents of a repeating random
+// pattern over 60 tokens, each preceded by BOS = 63 (vocabulary 64). Dies on failure.
+void write_toy_shards(const char *data_dir);
+
+// Runs `mesanet <args>` (the tool built beside this test binary), its output into the file
+// `log`; returns its exit status (-1, and a test failure, where the tool is missing).
+int run_tool(const char *args, const char *log);
+
+#endif
