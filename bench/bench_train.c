@@ -21,7 +21,7 @@
 
 int bench_train(int argc, char **argv) {
     const char *config = "demo", *backend = "cpu";
-    int batch = 16, seq = 256, steps = 10, vocab = 4096, cg = 0, gpus = 1;
+    int batch = 16, seq = 256, steps = 10, vocab = 4096, cg = 0, gpus = 1, serial = 0;
     Option opts[] = {
         {"config", OPT_STRING, &config, "preset or JSON config"},
         {"backend", OPT_STRING, &backend, "cpu or cuda"},
@@ -31,6 +31,7 @@ int bench_train(int argc, char **argv) {
         {"vocab", OPT_INT, &vocab, "vocabulary size when the config leaves it to the data"},
         {"cg-steps", OPT_INT, &cg, "CG steps (0: the config's)"},
         {"gpus", OPT_INT, &gpus, "data-parallel over this many GPUs, --batch sequences each"},
+        {"serial-sums", OPT_FLAG, &serial, "sum the gradients after the backward pass instead of beside it"},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
@@ -63,8 +64,9 @@ int bench_train(int argc, char **argv) {
         m->mixer_seconds = 0;
         for (int l = 0; l < c.n_layers; l++) m->mixers[l].core_seconds = 0;
         double t0 = mn_now();
+        if (!serial) group_grads_begin(&g, m);
         if (model_zero_grad(m) || model_forward(m, tok, tgt, batch, seq, 1.0f / (float)N, NULL) || model_backward(m) ||
-            group_sum(&g, be, m->grads, m->total) || adamw_step(&o, m, 1e-4f, NULL) || be->sync(be))
+            group_grads_end(&g, m) || adamw_step(&o, m, 1e-4f, NULL) || be->sync(be))
             die("%s", mn_last_error());
         double dt = mn_now() - t0;
         if (gpu && be->device_mem_used(be) > peak) peak = be->device_mem_used(be);
@@ -88,8 +90,8 @@ int bench_train(int argc, char **argv) {
     printf("training %s (%zu parameters) on %s, %d threads, batch %d x %d tokens, CG steps %d (mean used %.1f)\n", config,
            m->count, be->name, omp_get_max_threads(), batch * g.size, seq, c.cg_steps, cg_mean);
     if (g.size > 1)
-        printf("  data-parallel: %d ranks of %d sequences, gradients summed %s\n", g.size, batch,
-               g.be ? "by NCCL" : "through the host");
+        printf("  data-parallel: %d ranks of %d sequences, gradients summed %s, %s\n", g.size, batch,
+               g.be ? "by NCCL" : "through the host", serial || !g.be ? "after the backward pass" : "beside the backward pass");
     if (gpu)
         printf("  %.0f tokens/s, %.1f ms/step, device memory in use %.2f GB\n", (double)N * steps / t_total,
                1e3 * t_total / steps, (double)peak / 1e9);

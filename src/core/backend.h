@@ -138,8 +138,11 @@ struct Backend {
     // once all have joined.
     int (*group_id)(const Backend *be, void *id);
     int (*group_join)(const Backend *be, const void *id, int rank, int size);
-    // x[n] (MEM_F32) = its sum over the group, in place; every rank gets the same numbers.
+    // x[n] (MEM_F32) = its sum over the group, in place; every rank gets the same numbers. It runs
+    // after the work queued so far and beside what is queued next (a stream of its own on cuda):
+    // allreduce_wait orders all later work after every reduction begun.
     int (*allreduce)(const Backend *be, void *x, size_t n);
+    int (*allreduce_wait)(const Backend *be);
 
     // --- recorded launches (optional: NULL where ops run as they are called) ---------------------
     // Between graph_begin and graph_end the ops are recorded instead of run; graph_run replays them

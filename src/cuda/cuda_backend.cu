@@ -198,6 +198,7 @@ static size_t g_mem_used(const Backend *be) {
 
 static int g_sync(const Backend *be) {
     CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->stream));
+    if (cuda_ctx(be)->comm_stream) CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->comm_stream));  // a group's sums
     CU_TRY(cudaGetLastError());
     return MN_OK;
 }
@@ -1245,6 +1246,7 @@ extern "C" const Backend *backend_cuda(void) {
     b.group_id = cuda_group_id;
     b.group_join = cuda_group_join;
     b.allreduce = cuda_allreduce;
+    b.allreduce_wait = cuda_allreduce_wait;
 #endif
     b.graph_begin = g_graph_begin;
     b.graph_end = g_graph_end;

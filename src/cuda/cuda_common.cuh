@@ -48,6 +48,8 @@ typedef struct {
     size_t pinned_bytes;
     size_t scratch_bytes;
     void *comm;         // the NCCL communicator of a data-parallel group (cuda_nccl.cu), or NULL
+    cudaStream_t comm_stream;        // where its reductions run, beside the compute stream
+    cudaEvent_t comm_after, comm_done;  // orders: compute -> a reduction; reductions -> compute
 } CudaCtx;
 
 CudaCtx *cuda_ctx(const Backend *be);
@@ -55,6 +57,7 @@ CudaCtx *cuda_ctx(const Backend *be);
 int cuda_group_id(const Backend *be, void *id);
 int cuda_group_join(const Backend *be, const void *id, int rank, int size);
 int cuda_allreduce(const Backend *be, void *x, size_t n);
+int cuda_allreduce_wait(const Backend *be);
 // Device scratch of at least `bytes`, valid until the next call (stream-ordered).
 void *cuda_scratch(const Backend *be, size_t bytes);
 // The bf16 copy of a parameter (an element inside a MEM_PARAM allocation), or NULL.

@@ -31,6 +31,9 @@ int cuda_group_id(const Backend *be, void *id) {
 int cuda_group_join(const Backend *be, const void *id, int rank, int size) {
     CudaCtx *c = cuda_ctx(be);
     if (c->comm) return mn_error(MN_ERR_ARG, "cuda: this process has joined a group already");
+    CU_TRY(cudaStreamCreateWithFlags(&c->comm_stream, cudaStreamNonBlocking));
+    CU_TRY(cudaEventCreateWithFlags(&c->comm_after, cudaEventDisableTiming));
+    CU_TRY(cudaEventCreateWithFlags(&c->comm_done, cudaEventDisableTiming));
     ncclUniqueId u;
     memcpy(&u, id, sizeof u);
     ncclComm_t comm;
@@ -39,10 +42,22 @@ int cuda_group_join(const Backend *be, const void *id, int rank, int size) {
     return MN_OK;
 }
 
+// On the group's stream, after the compute stream's work so far (the gradients being summed are
+// final there), so that the sum runs beside the compute that follows.
 int cuda_allreduce(const Backend *be, void *x, size_t n) {
     CudaCtx *c = cuda_ctx(be);
     if (!c->comm) return mn_error(MN_ERR_ARG, "cuda: allreduce outside a group (group_join first)");
-    NCCL_TRY(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, (ncclComm_t)c->comm, c->stream));
+    CU_TRY(cudaEventRecord(c->comm_after, c->stream));
+    CU_TRY(cudaStreamWaitEvent(c->comm_stream, c->comm_after, 0));
+    NCCL_TRY(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, (ncclComm_t)c->comm, c->comm_stream));
+    return MN_OK;
+}
+
+int cuda_allreduce_wait(const Backend *be) {
+    CudaCtx *c = cuda_ctx(be);
+    if (!c->comm) return MN_OK;
+    CU_TRY(cudaEventRecord(c->comm_done, c->comm_stream));
+    CU_TRY(cudaStreamWaitEvent(c->stream, c->comm_done, 0));
     return MN_OK;
 }
 #endif

@@ -317,6 +317,17 @@ int model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B
     return MN_OK;
 }
 
+// Hands the slab's elements [from, to) to the grads_done hook, if any.
+static int grads_done(Model *m, size_t from, size_t to) {
+    return m->grads_done ? m->grads_done(m->grads_done_arg, at(m, m->grads, from, MEM_F32), to - from) : MN_OK;
+}
+
+// Where block l's tensors begin in the slab (l = n_layers: the final norm's): the blocks, the
+// final norm and the head follow the embedding in this order (declare_all).
+static size_t block_offset(const Model *m, int l) {
+    return m->specs[l < m->cfg.n_layers ? m->blocks[l].attn_norm : m->norm_f].offset;
+}
+
 int model_backward(Model *m) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
@@ -330,6 +341,7 @@ int model_backward(Model *m) {
     void *xl = at(m, m->x, (size_t)c->n_layers * N * D, MEM_ACT);
     MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[m->norm_f], m->dn, xl, m->p[m->norm_f], m->rf, (int)N, (int)D, (int)D,
                            (int)D, 0));
+    MN_TRY(grads_done(m, block_offset(m, c->n_layers), m->total));  // the final norm and an untied head
     for (int l = c->n_layers - 1; l >= 0; l--) {
         const BlockParams *bp = &m->blocks[l];
         void *x = at(m, m->x, l * N * D, MEM_ACT), *mid = at(m, m->mid, l * N * D, MEM_ACT);
@@ -356,8 +368,10 @@ int model_backward(Model *m) {
         MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[bp->attn_norm], m->dn, x, m->p[bp->attn_norm], r1, (int)N, (int)D,
                                (int)D, (int)D, 1));
         (void)n1;
+        MN_TRY(grads_done(m, block_offset(m, l), block_offset(m, l + 1)));
     }
-    return be->embed_bwd(be, m->g[m->embed], m->dx, m->tokens, (int)N, (int)D, embed_scale(c));
+    MN_TRY(be->embed_bwd(be, m->g[m->embed], m->dx, m->tokens, (int)N, (int)D, embed_scale(c)));
+    return grads_done(m, 0, block_offset(m, 0));  // the embedding (and a tied head)
 }
 
 int model_zero_grad(Model *m) {

@@ -52,6 +52,11 @@ typedef struct {
     void *dx, *dn, *dact, *dgate, *dup;  // backward scratch: [N,D], [N,D], [N,F] x3
     int state_B;             // sequences of the decoding state (0: none)
     int grad_ready;          // the last forward left dloss/dlogits for model_backward
+    // Called by model_backward as gradients become final: the `n` slab elements from `grads` hold
+    // this backward's last contribution (so that summing them over data-parallel ranks can run
+    // while the backward goes on: train/dist.h). NULL: not called.
+    int (*grads_done)(void *arg, void *grads, size_t n);
+    void *grads_done_arg;
     double mixer_seconds;    // time in the mixers (forward and backward), for profiles
     int profile;             // nonzero: timed parts wait for the backend (true times, a little slower)
 

@@ -276,7 +276,10 @@ int group_sum_host(Group *g, double *x, size_t n) {
 
 int group_sum(Group *g, const Backend *be, void *x, size_t n) {
     if (g->size == 1) return MN_OK;
-    if (g->be == be) return be->allreduce(be, x, n);
+    if (g->be == be) {
+        MN_TRY(be->allreduce(be, x, n));
+        return be->allreduce_wait(be);
+    }
     double *h = malloc(n * sizeof(double));
     if (!h) return mn_error(MN_ERR_NOMEM, "out of memory (%zu numbers to sum over the ranks)", n);
     int s = be->download(be, h, x, n, MEM_F32);
@@ -284,6 +287,27 @@ int group_sum(Group *g, const Backend *be, void *x, size_t n) {
     if (!s) s = be->upload(be, x, h, n, MEM_F32);
     free(h);
     return s;
+}
+
+static int sum_block(void *arg, void *grads, size_t n) {
+    const Backend *be = ((Group *)arg)->be;
+    return be->allreduce(be, grads, n);
+}
+
+void group_grads_begin(Group *g, Model *m) {
+    if (g->size > 1 && g->be == m->be) {
+        m->grads_done = sum_block;
+        m->grads_done_arg = g;
+    }
+}
+
+int group_grads_end(Group *g, Model *m) {
+    if (g->size == 1) return MN_OK;
+    if (m->grads_done == sum_block) {
+        m->grads_done = NULL;
+        return m->be->allreduce_wait(m->be);
+    }
+    return group_sum(g, m->be, m->grads, m->total);
 }
 
 void group_close(Group *g) {

@@ -20,6 +20,7 @@
 #include <stddef.h>
 
 #include "core/backend.h"
+#include "model/model.h"
 
 typedef struct DistShared DistShared;
 
@@ -43,6 +44,13 @@ int group_connect(Group *g, const Backend *be);
 
 // x[n] (a buffer of be, MEM_F32) = its sum over the ranks, the same on every rank.
 int group_sum(Group *g, const Backend *be, void *x, size_t n);
+// The model's gradients summed over the ranks. group_grads_begin (before the backward pass of a
+// step's last micro-batch) has model_backward hand each block's gradients to the backend's
+// collective as soon as they are final, so that the sums run beside the rest of the backward;
+// group_grads_end (after it) orders later work after them, or, where the group sums through the
+// host, sums all gradients then.
+void group_grads_begin(Group *g, Model *m);
+int group_grads_end(Group *g, Model *m);
 // The same for host numbers (losses, flags): x[n] = the sum over the ranks, in rank order.
 int group_sum_host(Group *g, double *x, size_t n);
 // Waits until every rank has called it.

@@ -275,11 +275,12 @@ int train_run(const TrainOptions *o, FILE *log) {
             double l;
             size_t mine = (size_t)a * NR + (size_t)g->rank * N;
             s = model_forward(m, in + mine, tg + mine, o->batch, o->seq, (float)(1.0 / scored), &l);
+            if (!s && a == o->accum - 1) group_grads_begin(g, m);  // summed over the ranks as they complete
             if (!s) s = model_backward(m);
             loss_sum += l;
         }
         double gnorm;
-        if (s || (s = group_sum(g, be, m->grads, m->total)) || (s = adamw_step(&opt, m, lr, &gnorm))) break;
+        if (s || (s = group_grads_end(g, m)) || (s = adamw_step(&opt, m, lr, &gnorm))) break;
         st.step++;
         st.tokens += (double)NR * o->accum;
         loader_get_position(&train, &st.epoch, &st.index);
