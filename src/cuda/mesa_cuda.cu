@@ -73,14 +73,17 @@ extern "C" {
 #define LDT (CH + 8)          // stride of k-major blocks: 8 mod 32, so fragment loads are conflict-free
 #define RESIDUAL_FLOOR (4.0f / 16777216.0f)  // as on the CPU (src/cpu/cg.c)
 
-// Head sizes padded so that every warp of a tile gets whole n-tiles (and ldrow's bank property holds).
-static int pad_head(int d) { return (d + 8 * NCG - 1) / (8 * NCG) * (8 * NCG); }
+// The chunk kernels' head size: heads (Dk and Dv) are padded with zeros to the build's largest, so
+// that every tile's width, stride and loop count is a compile-time constant. (With the padded size
+// read from the problem, ptxas kept a bounds test and a branch before every product's n-tiles, in
+// the innermost loops: 16% of the CG kernel's instructions were compares and branches.)
+#define DP MAXD
 // Stride of a row-major operand with n columns (n a multiple of 16): 8 or 24 mod 32, conflict-free.
 static __host__ __device__ __forceinline__ int ldrow(int n) { return n + 8; }
 
 // Sizes of one problem, passed to every kernel.
 typedef struct {
-    int B, T, H, Dk, Dv, Dp, Dvp, nchunks;
+    int B, T, H, Dk, Dv, nchunks;
     int max_steps, precond, init;
     float tol2;  // squared stopping tolerance (at least the rounding floor)
 } Geo;
@@ -658,14 +661,14 @@ typedef struct {
     float *lamf;  // [NCG][4][2 MAXNT] lambda at the columns of a Dp-wide tile's fragments
 } Smem;
 
-static size_t smem_floats(int Dp, int Dvp) {
-    size_t dm = Dp > Dvp ? Dp : Dvp;
+static size_t smem_floats(void) {
+    size_t dm = DP;
     return dm * ldrow((int)dm) + 2 * CH * ldrow((int)dm) + (size_t)CH * LDT + CH * dm + 2 * CH + dm + NCG * CH +
            (size_t)NT * MFN + CH + NCG * 4 * 2 * MAXNT;
 }
 
 static __device__ Smem carve(float *base, const Geo *g) {
-    int dm = max(g->Dp, g->Dvp);
+    int dm = DP;
     Smem s;
     s.Hs = base;
     s.Kp = s.Hs + dm * ldrow(dm);
@@ -692,7 +695,7 @@ static __device__ __forceinline__ void decay_to_end(float u[FR], const float *b,
 // the order the threads read them: the forward mask, e^b, lambda (s->b,
 // s->beta and s->lam loaded and synchronized). Ends synchronized.
 static __device__ void chunk_consts(const Smem *s, const Geo *g) {
-    int nc = NTILES(g->Dp);
+    int nc = NTILES(DP);
 #pragma unroll
     for (int j = 0; j < NTILES(CH); j++)
 #pragma unroll
@@ -723,10 +726,10 @@ typedef struct {
 } Op16;
 
 static __device__ Op16 op16_carve(const Smem *s, const Geo *g) {
-    int ld = ldrow(g->Dp);
+    int ld = ldrow(DP);
     Op16 o;
     o.Hh = (__half *)s->Hs;
-    o.Hl = o.Hh + g->Dp * ld;
+    o.Hl = o.Hh + DP * ld;
     o.K = (__half *)s->Kp;  // with P: CH ldrow(Dp) floats
     o.P = o.K + CH * ld;
     o.Sh = (__half *)s->St;  // both halves: exactly St
@@ -742,9 +745,9 @@ static __device__ Op16 op16_carve(const Smem *s, const Geo *g) {
 // started) into the tile q. Ends synchronized.
 static __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *kg, const bf16 *qg, Tile *q, int vec,
                                  const Geo *g, int pair, int t0) {
-    int ld = ldrow(g->Dp);
-    Src keys = tok_src(kg, 0, g->Dk, g->Dp, g, pair, t0, vec), state = mat_src(Hg, g->Dk, g->Dk, g->Dp, g->Dp, vec);
-    Src qs = tok_src(qg, 0, g->Dk, g->Dp, g, pair, t0, vec);
+    int ld = ldrow(DP);
+    Src keys = tok_src(kg, 0, g->Dk, DP, g, pair, t0, vec), state = mat_src(Hg, g->Dk, g->Dk, DP, DP, vec);
+    Src qs = tok_src(qg, 0, g->Dk, DP, g, pair, t0, vec);
     stage_raw(o->P, ld, &qs);
     __half *dst[1] = {o->K};
     int lds[1] = {ld};
@@ -754,7 +757,7 @@ static __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const 
     o->sH = sc[1];
     cp_async_wait();
     __syncthreads();
-    tile_from_bf16(q, (const bf16 *)o->P, ld, NTILES(g->Dp));
+    tile_from_bf16(q, (const bf16 *)o->P, ld, NTILES(DP));
 }
 
 // The state alone into fp16 (as op16_load), from registers: hv, fetched ahead
@@ -765,7 +768,7 @@ static __device__ void op16_put_state(Op16 *o, const Smem *s, const Vec16 *hv, c
     float m = stage_absmax(hv, MAXD * MAXD / 4 / NT, 1);
     block_max_n(&m, 1, s->red);
     o->sH = fp16_scale(m);
-    stage_put16(hv, MAXD * MAXD / 4 / NT, state, o->Hh, o->Hl, ldrow(g->Dp), o->sH);
+    stage_put16(hv, MAXD * MAXD / 4 / NT, state, o->Hh, o->Hl, ldrow(DP), o->sH);
     __syncthreads();
 }
 
@@ -844,10 +847,10 @@ static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, con
 // p = 0. Callers have synchronized since the last reads of o->P and o->S
 // (cg_solve: the dots' barriers).
 static __device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], const Smem *s, const Op16 *o, const Geo *g) {
-    int nc = NTILES(g->Dp), ld = ldrow(g->Dp);
+    int nc = NTILES(DP), ld = ldrow(DP);
     tile_put16(o->P, NULL, ld, p, sp, nc);
     __syncthreads();
-    Gla16 f = {o->P, NULL, o->Hh, o->Hl, o->K, o->K, ld, ld, ld, ld, 0, g->Dp, nc, o->sH, o->sK, o->sK};
+    Gla16 f = {o->P, NULL, o->Hh, o->Hl, o->K, o->K, ld, ld, ld, ld, 0, DP, nc, o->sH, o->sK, o->sK};
     tile_gla16(ap, &f, sp, o->Sh, o->Sl, s);
     const float *lam = lam_frag(s);
 #pragma unroll
@@ -864,10 +867,10 @@ static __device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR
 // The Jacobi diagonal of each row's A_t into Dg: e^{b_t} diag(Hc) + sum_{s<=t} e^{b_t-b_s} beta_s k_s^2 + lambda
 // (from the fp16 operands: a preconditioner need not be exact).
 static __device__ void jacobi_diagonal(const Smem *s, const Op16 *o, const Geo *g) {
-    int dm = max(g->Dp, g->Dvp), ld = ldrow(g->Dp);
+    int dm = DP, ld = ldrow(DP);
     float ih = 1.0f / o->sH, ik2 = 1.0f / (o->sK * o->sK);
-    for (int e = threadIdx.x; e < CH * g->Dp; e += NT) {
-        int r = e / g->Dp, c = e % g->Dp;
+    for (int e = threadIdx.x; e < CH * DP; e += NT) {
+        int r = e / DP, c = e % DP;
         float hc = __half2float(o->Hh[c * ld + c]) + __half2float(o->Hl[c * ld + c]);
         float acc = __expf(s->b[r]) * hc * ih + s->lam[c];
         for (int t = 0; t <= r; t++) {
@@ -884,7 +887,7 @@ static __device__ __forceinline__ int cg_jacobi(const Geo *g) { return g->precon
 
 // z = r / diag (Jacobi) or r.
 static __device__ __forceinline__ void precondition(Tile *z, const Tile *r, const Smem *s, const Geo *g, int use) {
-    int nc = NTILES(g->Dp), dm = max(g->Dp, g->Dvp);
+    int nc = NTILES(DP), dm = DP;
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
@@ -906,7 +909,7 @@ static __device__ __forceinline__ void precondition(Tile *z, const Tile *r, cons
 // the same way (it is only a guess).
 static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo *g, const Op16 *op, int steps[FR],
                                 const Tile *x0, int use_given) {
-    int nc = NTILES(g->Dp), jac = cg_jacobi(g);
+    int nc = NTILES(DP), jac = cg_jacobi(g);
     const Op16 o = *op;
     Tile r, p, ap;
     float sp[FR];
@@ -1044,11 +1047,11 @@ static __device__ void slice_store(float *dst, const Tile *acc, int i0, int rows
 // at dst, the right factor (stride ldrow(Dp)) at dst + lbytes.
 static __device__ __forceinline__ void scan_stage(unsigned char *dst, size_t lbytes, const void *l, int l32, int i0, int dl,
                                            const bf16 *r, int vec, const Geo *g, int pair, int t0) {
-    Src ls = tok_src(l, l32, dl, CH, g, pair, t0, vec), rs = tok_src(r, 0, g->Dk, g->Dp, g, pair, t0, vec);
+    Src ls = tok_src(l, l32, dl, CH, g, pair, t0, vec), rs = tok_src(r, 0, g->Dk, DP, g, pair, t0, vec);
     ls.p = (const char *)ls.p + (size_t)i0 * (l32 ? 4 : 2);
     ls.cols = min(CH, dl - i0);
     stage_raw(dst, l32 ? CH + 4 : CH + 8, &ls);
-    stage_raw(dst + lbytes, ldrow(g->Dp), &rs);
+    stage_raw(dst + lbytes, ldrow(DP), &rs);
 }
 
 // Warp 0: a scan chunk's token weights w (forward e^{b_n - b_s} beta_s,
@@ -1117,13 +1120,13 @@ static __global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float
     extern __shared__ __align__(16) unsigned char smb[];
     int pair = blockIdx.y, z = blockIdx.x, s0 = (sc.d[0] + CH - 1) / CH, m = z < s0 ? 0 : 1;
     // the slice's operands, picked without indexing the parameter arrays (which would copy them to the stack)
-    int i0 = CH * (m ? z - s0 : z), dl = m ? sc.d[1] : sc.d[0], dk = g.Dk, nc = NTILES(g.Dp);
+    int i0 = CH * (m ? z - s0 : z), dl = m ? sc.d[1] : sc.d[0], dk = g.Dk, nc = NTILES(DP);
     const float *l32p = m ? sc.l32[1] : sc.l32[0], *init = m ? sc.init[1] : sc.init[0];
     const void *l = l32p ? (const void *)l32p : (const void *)(m ? sc.l16[1] : sc.l16[0]);
     int l32 = l32p != NULL;
     float *fin = m ? sc.fin[1] : sc.fin[0];
     float init_sign = m ? sc.init_sign[1] : sc.init_sign[0], fin_sign = m ? sc.fin_sign[1] : sc.fin_sign[0];
-    size_t lbytes = (size_t)CH * (CH + 4) * sizeof(float), sbytes = lbytes + (size_t)CH * ldrow(g.Dp) * sizeof(bf16);
+    size_t lbytes = (size_t)CH * (CH + 4) * sizeof(float), sbytes = lbytes + (size_t)CH * ldrow(DP) * sizeof(bf16);
     bf16 *A = (bf16 *)(smb + 2 * sbytes);
     float *w = (float *)(A + 3 * CH * ldrow(CH)), *decay = w + 2 * CH;
     size_t slot_sz = (size_t)(sc.d[0] + sc.d[1]) * dk, off = m ? (size_t)sc.d[0] * dk : 0;
@@ -1163,8 +1166,8 @@ static __global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float
 #pragma unroll
             for (int e = 0; e < 4; e++) acc.v[j][e] *= d;
         const __half *a = (const __half *)A, *r = (const __half *)(st + lbytes);
-        tile_mma_b16(&acc, a + 2 * CH * ldrow(CH), NULL, ldrow(CH), 1, r, NULL, ldrow(g.Dp), 0, 0, CH, nc, 1);
-        tile_mma_b16(&acc, a, a + CH * ldrow(CH), ldrow(CH), 1, r, NULL, ldrow(g.Dp), 0, 0, CH, nc, 1);
+        tile_mma_b16(&acc, a + 2 * CH * ldrow(CH), NULL, ldrow(CH), 1, r, NULL, ldrow(DP), 0, 0, CH, nc, 1);
+        tile_mma_b16(&acc, a, a + CH * ldrow(CH), ldrow(CH), 1, r, NULL, ldrow(DP), 0, 0, CH, nc, 1);
     }
     if (!sc.reverse) slice_store(out + (size_t)g.nchunks * slot_sz, &acc, i0, dl, dk, nc, 1.0f);
     else if (fin) slice_store(fin + (size_t)pair * dl * dk, &acc, i0, dl, dk, nc, fin_sign);
@@ -1172,7 +1175,7 @@ static __global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float
 
 // Two stage buffers (the left slice as floats at most, the right factor), the split left operand, weights, decays.
 static size_t scan_smem(const Geo *g) {
-    return 2 * ((size_t)CH * (CH + 4) * sizeof(float) + (size_t)CH * ldrow(g->Dp) * sizeof(bf16)) +
+    return 2 * ((size_t)CH * (CH + 4) * sizeof(float) + (size_t)CH * ldrow(DP) * sizeof(bf16)) +
            3 * (size_t)CH * ldrow(CH) * sizeof(bf16) + 2 * CH * sizeof(float) + 2 * sizeof(float);
 }
 
@@ -1204,8 +1207,8 @@ static __device__ __forceinline__ int g_staged(const Geo *g, int vec) { return v
 // Starts copying the chunk's G ([Dv][Dk] float, global) into Bm and Dg as
 // [Dvp][Dp] floats (zero outside), in the background while CG runs.
 static __device__ __forceinline__ void stage_g(const Smem *s, const float *G, const Geo *g) {
-    Src sg = mat_src(G, g->Dv, g->Dk, g->Dvp, g->Dp, 1);
-    stage_raw(s->Bm, g->Dp, &sg);
+    Src sg = mat_src(G, g->Dv, g->Dk, DP, DP, 1);
+    stage_raw(s->Bm, DP, &sg);
 }
 
 // The forward's output O = e^b (.) X G^T + ((X K^T) (.) M) V (G: the chunk's
@@ -1219,11 +1222,11 @@ static __device__ __forceinline__ void forward_output(Tile *out, const Tile *xp,
     const Geo g = *gp;
     const Tile xt = *xp;
     Op16 op = op16_carve(&s, &g);
-    int nc = NTILES(g.Dp), ncv = NTILES(g.Dvp), ldk = ldrow(g.Dp), ldv = ldrow(g.Dvp), staged = g_staged(&g, vec);
+    int nc = NTILES(DP), ncv = NTILES(DP), ldk = ldrow(DP), ldv = ldrow(DP), staged = g_staged(&g, vec);
     __half *Xh = (__half *)s.Bm, *Xl = Xh + CH * ldk, *V16 = (__half *)s.Dg;
-    __half *Gh = (__half *)s.Hs, *Gl = Gh + g.Dvp * ldk;  // G: Dvp rows, not op.Hh/op.Hl's Dp
-    Src sg = staged ? mat_src(s.Bm, g.Dvp, g.Dp, g.Dvp, g.Dp, 1) : mat_src(G, g.Dv, g.Dk, g.Dvp, g.Dp, vec);
-    Src sv = tok_src(v, 0, g.Dv, g.Dvp, &g, pair, t0, vec);
+    __half *Gh = (__half *)s.Hs, *Gl = Gh + DP * ldk;  // G: Dvp rows, not op.Hh/op.Hl's Dp
+    Src sg = staged ? mat_src(s.Bm, DP, DP, DP, DP, 1) : mat_src(G, g.Dv, g.Dk, DP, DP, vec);
+    Src sv = tok_src(v, 0, g.Dv, DP, &g, pair, t0, vec);
     float sx[FR], sG, sV;
     {
         Vec16 gv[MAXD * MAXD / 4 / NT], vv[CH * MAXD / 8 / NT];
@@ -1245,7 +1248,7 @@ static __device__ __forceinline__ void forward_output(Tile *out, const Tile *xp,
         stage_put16(vv, CH * MAXD / 8 / NT, &sv, V16, NULL, ldv, sV);
     }
     __syncthreads();
-    Gla16 f = {Xh, Xl, Gh, Gl, op.K, V16, ldk, ldk, ldk, ldv, 1, g.Dp, ncv, sG, sK, sV};
+    Gla16 f = {Xh, Xl, Gh, Gl, op.K, V16, ldk, ldk, ldk, ldv, 1, DP, ncv, sG, sK, sV};
     tile_gla16(out, &f, sx, op.Sh, op.Sl, &s);
 }
 
@@ -1256,11 +1259,11 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
                                                            const bf16 *x0, int vec, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(g.Dp), ncv = NTILES(g.Dvp);
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(DP), ncv = NTILES(DP);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
-    for (int i = threadIdx.x; i < g.Dp; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
+    for (int i = threadIdx.x; i < DP; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
     chunk_consts(&s, &g);
     Tile qt, xt, x0t;
@@ -1290,19 +1293,19 @@ static __device__ __forceinline__ float backward_rhs(Tile *rhs, Vec16 *hv, const
     const Smem s = *sp;
     const Geo g = *gp;
     Op16 op = op16_carve(&s, &g);
-    int nc = NTILES(g.Dp), ldk = ldrow(g.Dp), ldv = ldrow(g.Dvp);
+    int nc = NTILES(DP), ldk = ldrow(DP), ldv = ldrow(DP);
     // G [Dvp][ldk] hi + lo in the state's region (Dvp rows: not op.Hh/op.Hl's Dp)
-    __half *D16 = (__half *)s.Bm, *V16 = (__half *)s.Dg, *Gh = (__half *)s.Hs, *Gl = Gh + g.Dvp * ldk;
-    Src src[3] = {tok_src(dout, 0, g.Dv, g.Dvp, &g, pair, t0, vec), tok_src(v, 0, g.Dv, g.Dvp, &g, pair, t0, vec),
-                  tok_src(k, 0, g.Dk, g.Dp, &g, pair, t0, vec)};
-    Src sg = mat_src(G, g.Dv, g.Dk, g.Dvp, g.Dp, vec);
+    __half *D16 = (__half *)s.Bm, *V16 = (__half *)s.Dg, *Gh = (__half *)s.Hs, *Gl = Gh + DP * ldk;
+    Src src[3] = {tok_src(dout, 0, g.Dv, DP, &g, pair, t0, vec), tok_src(v, 0, g.Dv, DP, &g, pair, t0, vec),
+                  tok_src(k, 0, g.Dk, DP, &g, pair, t0, vec)};
+    Src sg = mat_src(G, g.Dv, g.Dk, DP, DP, vec);
     __half *dst[3] = {D16, V16, op.K};
     int lds[3] = {ldv, ldv, ldk};
     float sc[4];  // the scales of Delta, V, K, G
     stage_batch16(sc, src, dst, lds, 3, &sg, Gh, Gl, ldk, MAXD * MAXD / 4 / NT, s.red);
     stage_fetch(hv, MAXD * MAXD / 4 / NT, sh);  // CG's state, in flight while the right-hand side is computed
     __syncthreads();
-    Gla16 f = {D16, NULL, Gh, Gl, V16, op.K, ldv, ldk, ldv, ldk, 0, g.Dvp, nc, sc[3], sc[1], sc[2]};
+    Gla16 f = {D16, NULL, Gh, Gl, V16, op.K, ldv, ldk, ldv, ldk, 0, DP, nc, sc[3], sc[1], sc[2]};
     float sa[FR] = {sc[0], sc[0]};
     tile_gla16(rhs, &f, sa, op.Sh, op.Sl, &s);
     return sc[2];
@@ -1318,28 +1321,28 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
                                                             const float *lambda, const float *states, int vec, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(g.Dp);
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(DP);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
-    for (int i = threadIdx.x; i < g.Dp; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
+    for (int i = threadIdx.x; i < DP; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
     chunk_consts(&s, &g);
     Tile rhs;
     Op16 op = op16_carve(&s, &g);
     Vec16 hv[MAXD * MAXD / 4 / NT];
-    Src sh = mat_src(st_in, g.Dk, g.Dk, g.Dp, g.Dp, vec);
+    Src sh = mat_src(st_in, g.Dk, g.Dk, DP, DP, vec);
     op.sK = backward_rhs(&rhs, hv, &sh, &s, dout, v, k, st_in + hh, vec, &g, pair, t0);  // leaves the keys in op.K
     // the second solve, with the forward's operator: H over the right-hand side's G
     op16_put_state(&op, &s, hv, &sh, &g);
-    Src xs = tok_src(x, 0, g.Dk, g.Dp, &g, pair, t0, vec);
-    stage_raw(s.Bm, ldrow(g.Dp), &xs);  // x, for after CG, in the background (CG leaves Bm alone)
+    Src xs = tok_src(x, 0, g.Dk, DP, &g, pair, t0, vec);
+    stage_raw(s.Bm, ldrow(DP), &xs);  // x, for after CG, in the background (CG leaves Bm alone)
     Tile y, xt;
     int steps[FR];
     cg_solve(&y, &rhs, &s, &g, &op, steps, &y, 0);
     cp_async_wait();
     __syncthreads();
-    tile_from_bf16(&xt, (const bf16 *)s.Bm, ldrow(g.Dp), nc);
+    tile_from_bf16(&xt, (const bf16 *)s.Bm, ldrow(DP), nc);
     // y.(lambda (.) x) per token, and -sum over the chunk's rows of y (.) x for dlambda
     Tile lx;
 #pragma unroll
@@ -1359,7 +1362,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
                 if (steps_out) steps_out[ti] = steps[i];
             }
     __syncthreads();
-    for (int i = threadIdx.x; i < g.Dp; i += NT) s.red[i] = 0;
+    for (int i = threadIdx.x; i < DP; i += NT) s.red[i] = 0;
     __syncthreads();
     // column sums: over the quad's 8 row groups by shuffles, then across warps in smem
 #pragma unroll
@@ -1390,13 +1393,13 @@ typedef struct {
 } GradSmem;
 
 static size_t grads_smem(const Geo *g) {
-    size_t dm = g->Dp > g->Dvp ? g->Dp : g->Dvp, ld = ldrow((int)dm);
+    size_t dm = DP > DP ? DP : DP, ld = ldrow((int)dm);
     size_t halves = 2 * dm * ld + 2 * CH * ld + 4 * (size_t)CH * ldrow(CH) + 4 * CH * ld;
     return 2 * halves + sizeof(float) * (2 * CH + NCG * CH);
 }
 
 static __device__ GradSmem grads_carve(float *base, const Geo *g) {
-    int dm = max(g->Dp, g->Dvp), ld = ldrow(dm), ls = CH * ldrow(CH);
+    int dm = DP, ld = ldrow(dm), ls = CH * ldrow(CH);
     GradSmem s;
     s.Mh = (__half *)base;
     s.Ml = s.Mh + dm * ld;
@@ -1453,8 +1456,8 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
                                                       const float *gbeta, const float *adj, int vec, Geo g) {
     extern __shared__ float sm[];
     GradSmem s = grads_carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = NTILES(g.Dp), ncv = NTILES(g.Dvp), ncs = NTILES(CH);
-    int ld = ldrow(max(g.Dp, g.Dvp)), lds = ldrow(CH), rb = 16 * (warp_id() & 3);
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = NTILES(DP), ncv = NTILES(DP), ncs = NTILES(CH);
+    int ld = ldrow(DP), lds = ldrow(CH), rb = 16 * (warp_id() & 3);
     size_t gg = (size_t)g.Dv * g.Dk, hh = (size_t)g.Dk * g.Dk;
     const float *gbar = adj + ((size_t)pair * g.nchunks + c) * (gg + hh), *hn = gbar + gg;
     int n = load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
@@ -1462,10 +1465,10 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     decay_to_end(u, s.b, n);
 
     // the chunk's rows and Y: every load in flight at once, then scaled into fp16
-    Src src[5] = {tok_src(k, 0, g.Dk, g.Dp, &g, pair, t0, vec), tok_src(x, 0, g.Dk, g.Dp, &g, pair, t0, vec),
-                  tok_src(v, 0, g.Dv, g.Dvp, &g, pair, t0, vec), tok_src(dout, 0, g.Dv, g.Dvp, &g, pair, t0, vec),
-                  tok_src(y, 1, g.Dk, g.Dp, &g, pair, t0, vec)};
-    Src shn = mat_src(hn, g.Dk, g.Dk, g.Dp, g.Dp, vec), sgb = mat_src(gbar, g.Dv, g.Dk, g.Dvp, g.Dp, vec);
+    Src src[5] = {tok_src(k, 0, g.Dk, DP, &g, pair, t0, vec), tok_src(x, 0, g.Dk, DP, &g, pair, t0, vec),
+                  tok_src(v, 0, g.Dv, DP, &g, pair, t0, vec), tok_src(dout, 0, g.Dv, DP, &g, pair, t0, vec),
+                  tok_src(y, 1, g.Dk, DP, &g, pair, t0, vec)};
+    Src shn = mat_src(hn, g.Dk, g.Dk, DP, DP, vec), sgb = mat_src(gbar, g.Dv, g.Dk, DP, DP, vec);
     __half *dst[4] = {s.K, s.X, s.V, s.D};
     float sc[5];  // the scales of K, X, V, Delta, Y
     int lds4[4] = {ld, ld, ld, ld};
@@ -1481,9 +1484,9 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     tile_zero(&s1);
     tile_zero(&s2);
     tile_zero(&ky);
-    tile_mma16(&s1, s.K, NULL, ld, s.X, NULL, ld, 1, 0, g.Dp, ncs);
-    tile_mma16(&s2, s.V, NULL, ld, s.D, NULL, ld, 1, 0, g.Dvp, ncs);
-    tile_mma16(&ky, s.K, NULL, ld, s.Yh, s.Yl, ld, 1, 0, g.Dp, ncs);
+    tile_mma16(&s1, s.K, NULL, ld, s.X, NULL, ld, 1, 0, DP, ncs);
+    tile_mma16(&s2, s.V, NULL, ld, s.D, NULL, ld, 1, 0, DP, ncs);
+    tile_mma16(&ky, s.K, NULL, ld, s.Yh, s.Yl, ld, 1, 0, DP, ncs);
     float ikx = 1.0f / (sK * sX), ivd = 1.0f / (sV * sD), iky = 1.0f / (sK * sY);  // powers of two: exact
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
@@ -1512,8 +1515,8 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     Tile t;
     float f[FR], ka[FR], kt[FR], kr[FR];
     tile_zero(&t);
-    tile_mma16(&t, s.K, NULL, ld, s.Mh, s.Ml, ld, 1, 0, g.Dp, nc);  // K Hn^T
-    tile_mma16(&t, s.K, NULL, ld, s.Mh, s.Ml, ld, 0, 0, g.Dp, nc);  // K Hn
+    tile_mma16(&t, s.K, NULL, ld, s.Mh, s.Ml, ld, 1, 0, DP, nc);  // K Hn^T
+    tile_mma16(&t, s.K, NULL, ld, s.Mh, s.Ml, ld, 0, 0, DP, nc);  // K Hn
 #pragma unroll
     for (int i = 0; i < FR; i++) f[i] = u[i] * (ss1 * sY) / (sK * sH);
     tile_scale_rows(&t, f);
@@ -1536,7 +1539,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     float vp[FR];
 #pragma unroll
     for (int i = 0; i < FR; i++) f[i] = u[i] * (ss1 * sD) / (sK * sG);
-    tile_gla16_rev(&pq, s.K, s.Mh, s.Ml, 1, g.Dp, f, s.S1h, s.S1l, s.D, ld, ncv);
+    tile_gla16_rev(&pq, s.K, s.Mh, s.Ml, 1, DP, f, s.S1h, s.S1l, s.D, ld, ncv);
     for (int i = 0; i < FR; i++) f[i] = 1.0f / (ss1 * sD);
     tile_scale_rows(&pq, f);
     tile_rowdot16(kt, &pq, s.V, ld, 1.0f / sV, ncv);
@@ -1548,7 +1551,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     // Q = u (.) V Gbar + S2 X; dk = beta (Q - T)
 #pragma unroll
     for (int i = 0; i < FR; i++) f[i] = u[i] * (ss2 * sX) / (sV * sG);
-    tile_gla16_rev(&pq, s.V, s.Mh, s.Ml, 0, g.Dvp, f, s.S2h, s.S2l, s.X, ld, nc);
+    tile_gla16_rev(&pq, s.V, s.Mh, s.Ml, 0, DP, f, s.S2h, s.S2l, s.X, ld, nc);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
@@ -1783,8 +1786,6 @@ static int make_geo(Geo *g, const MnMesaDims *d, const MnSolver *s) {
     g->H = d->H;
     g->Dk = d->Dk;
     g->Dv = d->Dv;
-    g->Dp = pad_head(d->Dk);
-    g->Dvp = pad_head(d->Dv);
     g->nchunks = (d->T + CH - 1) / CH;
     g->max_steps = s->max_steps;
     g->precond = s->precond == MN_PRECOND_JACOBI;
@@ -1864,7 +1865,7 @@ extern "C" int cuda_mesa_bwd_d64(const Backend *be, const MnMesaDims *d, const M
 
 // Whether the build for head sizes up to 64 (mesa_cuda_d64.cu) takes the problem: chunked, and
 // both head sizes padded to at most 64.
-static int narrow_heads(const MnMesaDims *d) { return d->T > 1 && pad_head(d->Dk) <= 64 && pad_head(d->Dv) <= 64; }
+static int narrow_heads(const MnMesaDims *d) { return d->T > 1 && d->Dk <= 64 && d->Dv <= 64; }
 #endif
 
 extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io) {
@@ -1899,7 +1900,7 @@ extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnMesaDims *d, 
     float *states = (float *)cuda_scratch(be, states_floats(&g) * sizeof(float));
     if (!states) return MN_ERR_NOMEM;
     MN_TRY(run_states(be, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0, &g));
-    size_t smem = sizeof(float) * smem_floats(g.Dp, g.Dvp);
+    size_t smem = sizeof(float) * smem_floats();
     MN_TRY(set_smem((const void *)cg_forward_kernel, smem, c));
     dim3 grid((unsigned)g.nchunks, (unsigned)(d->B * d->H));
     int vec = rows_aligned(io->k, g.Dk, 2) && rows_aligned(io->v, g.Dv, 2) && rows_aligned(states, g.Dk, 4) &&
@@ -1939,7 +1940,7 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, 
     int *steps = io->steps;  // a device buffer (MEM_I32), or NULL
     CU_TRY(cudaMemsetAsync(io->dlambda, 0, sizeof(float) * (size_t)d->H * d->Dk, c->stream));
     MN_TRY(run_states(be, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0, &g));
-    size_t smem = sizeof(float) * smem_floats(g.Dp, g.Dvp);
+    size_t smem = sizeof(float) * smem_floats();
     dim3 grid((unsigned)g.nchunks, (unsigned)pairs);
     MN_TRY(set_smem((const void *)cg_backward_kernel, smem, c));
     // 16-byte loads when every operand's rows start aligned
