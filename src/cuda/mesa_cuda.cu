@@ -305,6 +305,9 @@ static __device__ __forceinline__ int log2_floor(float m) {
 }
 
 static __device__ __forceinline__ float pow2f_(int e) { return __int_as_float((127 + e) << 23); }  // 2^e, |e| <= 126
+// 1 / x for x a power of two 2^e, |e| <= 126: exact, by negating the exponent (a division costs a
+// reciprocal, its refinement and a branch to IEEE's slow path, in the CG loop's critical path).
+static __device__ __forceinline__ float inv_pow2(float x) { return __int_as_float((254 << 23) - __float_as_int(x)); }
 
 // The power of two that brings a largest magnitude m into [1, 2) (1 for m = 0).
 static __device__ __forceinline__ float fp16_scale(float m) { return pow2f_(-log2_floor(m)); }
@@ -774,9 +777,10 @@ static __device__ void op16_put_state(Op16 *o, const Smem *s, const Vec16 *hv, c
 
 // Per-row power-of-two scales from norm2 (the row's squared norm, or CG's
 // r.z) that bring the row's norm near [1/4, 1/2), far inside fp16's range.
+// (floor(log2 sqrt(n)) = floor(floor(log2 n) / 2): no square root needed.)
 static __device__ __forceinline__ void row_scales16(float sc[FR], const float norm2[FR]) {
 #pragma unroll
-    for (int i = 0; i < FR; i++) sc[i] = pow2f_(-(log2_floor(sqrtf(norm2[i])) + 2));
+    for (int i = 0; i < FR; i++) sc[i] = pow2f_(-((log2_floor(norm2[i]) >> 1) + 2));
 }
 
 // Rounds each of the tile's rows to fp16 at its scale (row_scales16) and
@@ -784,7 +788,7 @@ static __device__ __forceinline__ void row_scales16(float sc[FR], const float no
 // uses them, not the unrounded ones.
 static __device__ __forceinline__ void round_rows16(Tile *t, float sc[FR], const float norm2[FR], int nc) {
     row_scales16(sc, norm2);
-    float inv[FR] = {1.0f / sc[0], 1.0f / sc[1]};  // powers of two: exact
+    float inv[FR] = {inv_pow2(sc[0]), inv_pow2(sc[1])};
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
         if (j < nc)
@@ -832,8 +836,8 @@ static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, con
     float d[FR], inv[FR];
 #pragma unroll
     for (int i = 0; i < FR; i++) {
-        d[i] = s->eb[f_row(i)] * (f->sB * f->sR / f->sS);
-        inv[i] = 1.0f / (sa[i] * f->sB * f->sR);  // a power of two: exact
+        d[i] = s->eb[f_row(i)] * (f->sB * f->sR * inv_pow2(f->sS));
+        inv[i] = inv_pow2(sa[i] * f->sB * f->sR);
     }
     tile_scale_rows(acc, d);
     __syncthreads();  // the scores are complete
@@ -966,7 +970,8 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
 #pragma unroll
         for (int i = 0; i < FR; i++) {
             if (active[i] && (!(pap[i] > 0) || !(rz[i] > 0))) active[i] = 0;  // converged exactly, or non-finite input
-            alpha[i] = active[i] ? rz[i] / pap[i] : 0.0f;
+            // __fdividef (2 ulp): a step length, with which x and r move alike, needs no IEEE division
+            alpha[i] = active[i] ? __fdividef(rz[i], pap[i]) : 0.0f;
             if (active[i]) steps[i] = step;
         }
 #pragma unroll
@@ -988,7 +993,7 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
             for (int i = 0; i < FR; i++) rzn[i] = rr[i];  // z = r
 #pragma unroll
         for (int i = 0; i < FR; i++) {
-            beta[i] = active[i] ? rzn[i] / rz[i] : 0.0f;
+            beta[i] = active[i] ? __fdividef(rzn[i], rz[i]) : 0.0f;
             if (active[i]) rz[i] = rzn[i];
         }
 #pragma unroll
