@@ -41,22 +41,6 @@ static TrainOptions toy_options(const char *data, const char *out) {
     return o;
 }
 
-// The "loss" column of a run's loss.csv.
-static int read_losses(const char *dir, double *out, int max) {
-    char path[512], line[1024];
-    snprintf(path, sizeof path, "%s/loss.csv", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    int n = 0;
-    if (fgets(line, sizeof line, f))
-        while (n < max && fgets(line, sizeof line, f)) {
-            char *comma = strchr(line, ',');
-            out[n++] = comma ? strtod(comma + 1, NULL) : NAN;
-        }
-    fclose(f);
-    return n;
-}
-
 TEST(train_resume_reproduces_losses) {
     TmpDir t;
     tmp_make(&t);

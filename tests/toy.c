@@ -1,6 +1,7 @@
 // A toy corpus and the command-line tool, for the tests that train (see toy.h).
 #include "toy.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,3 +55,18 @@ int run_tool(const char *args, const char *log) {
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+// The "loss" column of a run's loss.csv.
+int read_losses(const char *dir, double *out, int max) {
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/loss.csv", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int n = 0;
+    if (fgets(line, sizeof line, f))
+        while (n < max && fgets(line, sizeof line, f)) {
+            char *comma = strchr(line, ',');
+            out[n++] = comma ? strtod(comma + 1, NULL) : NAN;
+        }
+    fclose(f);
+    return n;
+}

@@ -10,22 +10,6 @@
 
 int cuda_device_count(void);
 
-// The "loss" column of a run's loss.csv.
-static int read_losses(const char *dir, double *out, int max) {
-    char path[512], line[1024];
-    snprintf(path, sizeof path, "%s/loss.csv", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    int n = 0;
-    if (fgets(line, sizeof line, f))
-        while (n < max && fgets(line, sizeof line, f)) {
-            char *comma = strchr(line, ',');
-            out[n++] = comma ? strtod(comma + 1, NULL) : NAN;
-        }
-    fclose(f);
-    return n;
-}
-
 // Two GPUs with 2 sequences each take the steps of one GPU with 4 (NCCL sums the gradients).
 TEST(cuda_data_parallel_matches_one_gpu) {
     int devices = cuda_device_count();
