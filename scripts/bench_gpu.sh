@@ -1,7 +1,8 @@
 #!/bin/sh
 # The GPU comparison, side by side in one run on one GPU: the Mesa core (ours,
 # then fla's Triton kernels), then whole-model training and generation (ours,
-# then fla's MesaNet model in PyTorch). Needs a GPU, a CUDA build (make) and fla's source
+# then fla's MesaNet model in PyTorch); where several GPUs are visible, last,
+# data-parallel training on one and on all of them. Needs a GPU, a CUDA build (make) and fla's source
 # in .fla/ (git-ignored, never committed; see bench/fla_bench.py).
 #
 #   scripts/bench_gpu.sh [OUT_DIR] [GPU_NAME]    (default bench/results, h100)
@@ -23,3 +24,11 @@ python3 bench/fla_model_bench.py fla-162m fla-412m | tee "$OUT/fla-model-$GPU.tx
 for tol in 0 1e-4; do "$BIN" bench decode --backend cuda --config fla-162m --cg-tol $tol; done |
     tee "$OUT/gpu-decode-model-$GPU.txt"
 python3 bench/fla_model_bench.py --decode fla-162m | tee "$OUT/fla-decode-model-$GPU.txt"
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$NGPU" -gt 1 ]; then
+    for c in fla-412m fla-162m; do
+        for g in 1 "$NGPU"; do
+            "$BIN" bench train --backend cuda --config "$c" --batch 8 --seq 2048 --steps 8 --gpus "$g"
+        done
+    done | tee "$OUT/gpu-train-dp-$GPU.txt"
+fi
