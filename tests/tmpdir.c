@@ -1,7 +1,8 @@
 // Scratch directories and whole-file helpers for the tests (see tmpdir.h).
+#define _XOPEN_SOURCE 700  // nftw
 #include "tmpdir.h"
 
-#include <dirent.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,15 +22,13 @@ const char *tmp_path(TmpDir *t, const char *name) {
     return t->path;
 }
 
-void tmp_remove(TmpDir *t) {
-    DIR *d = opendir(t->dir);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) remove(tmp_path(t, e->d_name));
-    closedir(d);
-    rmdir(t->dir);
+// nftw's callback: removes each entry, the directories after their contents (FTW_DEPTH).
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)st, (void)type, (void)ftw;
+    return remove(path) ? -1 : 0;
 }
+
+void tmp_remove(TmpDir *t) { nftw(t->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
 void write_bytes(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");

@@ -14,7 +14,7 @@ typedef struct {
 void tmp_make(TmpDir *t);
 // "<dir>/<name>" in t->path; valid until the next call.
 const char *tmp_path(TmpDir *t, const char *name);
-// Removes the directory and the plain files in it.
+// Removes the directory with everything in it.
 void tmp_remove(TmpDir *t);
 
 // Writes n bytes to path (dies on failure); reads a whole file into a new
