@@ -650,7 +650,7 @@ static __device__ __forceinline__ void tile_mask_f(Tile *t, const float *Mf) {
 }
 
 // Shared-memory layout of the CG kernels: regions of floats, most of them
-// holding fp16 operands (Dm = max(Dp, Dvp)).
+// holding fp16 operands (Dm = DP, the padded head size).
 typedef struct {
     float *Hs;   // [Dm][ldrow(Dm)] the state term's matrix hi + lo (H; G for the output and the rhs)
     float *Kp;   // [CH][ldrow(Dm)] the chunk's keys and CG's direction
@@ -661,7 +661,7 @@ typedef struct {
     // constant over the chunk, in the thread's fragment order (chunk_consts)
     float *Mf;    // [NT][MFN] the forward mask at the thread's elements of a 64 x 64 tile
     float *eb;    // [CH] e^{b_row}
-    float *lamf;  // [NCG][4][2 MAXNT] lambda at the columns of a Dp-wide tile's fragments
+    float *lamf;  // [NCG][4][2 MAXNT] lambda at the columns of a DP-wide tile's fragments
 } Smem;
 
 static size_t smem_floats(void) {
@@ -712,7 +712,7 @@ static __device__ void chunk_consts(const Smem *s, const Geo *g) {
     __syncthreads();
 }
 
-// lambda at the thread's columns of a Dp-wide tile: element (j, e) is lambda[2 j + (e & 1)].
+// lambda at the thread's columns of a DP-wide tile: element (j, e) is lambda[2 j + (e & 1)].
 static __device__ __forceinline__ const float *lam_frag(const Smem *s) {
     return s->lamf + ((warp_id() >> 2) * 4 + (lane_id() & 3)) * 2 * MAXNT;
 }
@@ -721,9 +721,9 @@ static __device__ __forceinline__ const float *lam_frag(const Smem *s) {
 // times a power-of-two scale, so rounding to fp16 loses nothing but what is
 // stated at tile_mma16.
 typedef struct {
-    __half *Hh, *Hl;  // [Dp][ldrow(Dp)] the state times sH, hi + lo, row-major
-    __half *K;        // [CH][ldrow(Dp)] the chunk's keys times sK
-    __half *P;        // [CH][ldrow(Dp)] the direction, each row times its scale
+    __half *Hh, *Hl;  // [DP][ldrow(DP)] the state times sH, hi + lo, row-major
+    __half *K;        // [CH][ldrow(DP)] the chunk's keys times sK
+    __half *P;        // [CH][ldrow(DP)] the direction, each row times its scale
     __half *Sh, *Sl;  // [CH][ldrow(CH)] the masked scores (scaled), hi + lo
     float sH, sK;
 } Op16;
@@ -733,7 +733,7 @@ static __device__ Op16 op16_carve(const Smem *s, const Geo *g) {
     Op16 o;
     o.Hh = (__half *)s->Hs;
     o.Hl = o.Hh + DP * ld;
-    o.K = (__half *)s->Kp;  // with P: CH ldrow(Dp) floats
+    o.K = (__half *)s->Kp;  // with P: CH ldrow(DP) floats
     o.P = o.K + CH * ld;
     o.Sh = (__half *)s->St;  // both halves: exactly St
     o.Sl = o.Sh + CH * ldrow(CH);
@@ -1049,7 +1049,7 @@ static __device__ void slice_store(float *dst, const Tile *acc, int i0, int rows
 
 // A scan chunk's raw operands, fetched in the background: the left factor's
 // 64-column slice (from column i0 of dl; stride CH + 4 floats or CH + 8 bf16)
-// at dst, the right factor (stride ldrow(Dp)) at dst + lbytes.
+// at dst, the right factor (stride ldrow(DP)) at dst + lbytes.
 static __device__ __forceinline__ void scan_stage(unsigned char *dst, size_t lbytes, const void *l, int l32, int i0, int dl,
                                            const bf16 *r, int vec, const Geo *g, int pair, int t0) {
     Src ls = tok_src(l, l32, dl, CH, g, pair, t0, vec), rs = tok_src(r, 0, g->Dk, DP, g, pair, t0, vec);
@@ -1205,12 +1205,12 @@ static __device__ void store_row_ints(int *dst, const int v[FR], const Geo *g, i
 }
 
 // Whether the forward stages G in smem during CG (stage_g): Bm and Dg are free
-// then unless CG uses the Jacobi diagonal, and hold [Dvp][Dp] floats.
-static_assert(MAXD * MAXD <= CH * (2 * MAXD + 8), "Bm and Dg hold a [Dvp][Dp] float matrix");
+// then unless CG uses the Jacobi diagonal, and hold [DP][DP] floats.
+static_assert(MAXD * MAXD <= CH * (2 * MAXD + 8), "Bm and Dg hold a [DP][DP] float matrix");
 static __device__ __forceinline__ int g_staged(const Geo *g, int vec) { return vec && !cg_jacobi(g); }
 
 // Starts copying the chunk's G ([Dv][Dk] float, global) into Bm and Dg as
-// [Dvp][Dp] floats (zero outside), in the background while CG runs.
+// [DP][DP] floats (zero outside), in the background while CG runs.
 static __device__ __forceinline__ void stage_g(const Smem *s, const float *G, const Geo *g) {
     Src sg = mat_src(G, g->Dv, g->Dk, DP, DP, 1);
     stage_raw(s->Bm, DP, &sg);
@@ -1227,9 +1227,9 @@ static __device__ __forceinline__ void forward_output(Tile *out, const Tile *xp,
     const Geo g = *gp;
     const Tile xt = *xp;
     Op16 op = op16_carve(&s, &g);
-    int nc = NTILES(DP), ncv = NTILES(DP), ldk = ldrow(DP), ldv = ldrow(DP), staged = g_staged(&g, vec);
+    int nc = NTILES(DP), ldk = ldrow(DP), staged = g_staged(&g, vec);  // (keys and values: both DP wide)
     __half *Xh = (__half *)s.Bm, *Xl = Xh + CH * ldk, *V16 = (__half *)s.Dg;
-    __half *Gh = (__half *)s.Hs, *Gl = Gh + DP * ldk;  // G: Dvp rows, not op.Hh/op.Hl's Dp
+    __half *Gh = (__half *)s.Hs, *Gl = Gh + DP * ldk;  // G hi + lo, in the state's region
     Src sg = staged ? mat_src(s.Bm, DP, DP, DP, DP, 1) : mat_src(G, g.Dv, g.Dk, DP, DP, vec);
     Src sv = tok_src(v, 0, g.Dv, DP, &g, pair, t0, vec);
     float sx[FR], sG, sV;
@@ -1250,10 +1250,10 @@ static __device__ __forceinline__ void forward_output(Tile *out, const Tile *xp,
         sG = fp16_scale(m[0]);
         sV = fp16_scale(m[1]);
         stage_put16(gv, MAXD * MAXD / 4 / NT, &sg, Gh, Gl, ldk, sG);
-        stage_put16(vv, CH * MAXD / 8 / NT, &sv, V16, NULL, ldv, sV);
+        stage_put16(vv, CH * MAXD / 8 / NT, &sv, V16, NULL, ldk, sV);
     }
     __syncthreads();
-    Gla16 f = {Xh, Xl, Gh, Gl, op.K, V16, ldk, ldk, ldk, ldv, 1, DP, ncv, sG, sK, sV};
+    Gla16 f = {Xh, Xl, Gh, Gl, op.K, V16, ldk, ldk, ldk, ldk, 1, DP, nc, sG, sK, sV};
     tile_gla16(out, &f, sx, op.Sh, op.Sl, &s);
 }
 
@@ -1264,7 +1264,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
                                                            const bf16 *x0, int vec, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(DP), ncv = NTILES(DP);
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(DP);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
@@ -1282,7 +1282,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
     store_row_ints(steps_out, steps, &g, pair, t0);
     Tile out;
     forward_output(&out, &xt, op.sK, &s, v, st_in + hh, vec, &g, pair, t0);
-    tile_store(o, 0, &out, &g, pair, t0, g.Dv, ncv);
+    tile_store(o, 0, &out, &g, pair, t0, g.Dv, nc);
 }
 
 // The backward's right-hand side R = e^b (.) Delta G + ((Delta V^T) (.) M) K
@@ -1298,19 +1298,19 @@ static __device__ __forceinline__ float backward_rhs(Tile *rhs, Vec16 *hv, const
     const Smem s = *sp;
     const Geo g = *gp;
     Op16 op = op16_carve(&s, &g);
-    int nc = NTILES(DP), ldk = ldrow(DP), ldv = ldrow(DP);
-    // G [Dvp][ldk] hi + lo in the state's region (Dvp rows: not op.Hh/op.Hl's Dp)
+    int nc = NTILES(DP), ldk = ldrow(DP);  // (keys and values: both DP wide)
+    // G [DP][ldk] hi + lo in the state's region
     __half *D16 = (__half *)s.Bm, *V16 = (__half *)s.Dg, *Gh = (__half *)s.Hs, *Gl = Gh + DP * ldk;
     Src src[3] = {tok_src(dout, 0, g.Dv, DP, &g, pair, t0, vec), tok_src(v, 0, g.Dv, DP, &g, pair, t0, vec),
                   tok_src(k, 0, g.Dk, DP, &g, pair, t0, vec)};
     Src sg = mat_src(G, g.Dv, g.Dk, DP, DP, vec);
     __half *dst[3] = {D16, V16, op.K};
-    int lds[3] = {ldv, ldv, ldk};
+    int lds[3] = {ldk, ldk, ldk};
     float sc[4];  // the scales of Delta, V, K, G
     stage_batch16(sc, src, dst, lds, 3, &sg, Gh, Gl, ldk, MAXD * MAXD / 4 / NT, s.red);
     stage_fetch(hv, MAXD * MAXD / 4 / NT, sh);  // CG's state, in flight while the right-hand side is computed
     __syncthreads();
-    Gla16 f = {D16, NULL, Gh, Gl, V16, op.K, ldv, ldk, ldv, ldk, 0, DP, nc, sc[3], sc[1], sc[2]};
+    Gla16 f = {D16, NULL, Gh, Gl, V16, op.K, ldk, ldk, ldk, ldk, 0, DP, nc, sc[3], sc[1], sc[2]};
     float sa[FR] = {sc[0], sc[0]};
     tile_gla16(rhs, &f, sa, op.Sh, op.Sl, &s);
     return sc[2];
@@ -1388,7 +1388,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
 }
 
 // Shared memory of grads_kernel: fp16 operands, each times a power of two
-// (Dm = max(Dp, Dvp), ld = ldrow(Dm)).
+// (Dm = DP, ld = ldrow(Dm)).
 typedef struct {
     __half *Mh, *Ml;                  // [Dm][ld] an adjoint, hi + lo: Hn, then Gbar
     __half *Yh, *Yl;                  // [CH][ld] Y, hi + lo
@@ -1461,7 +1461,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
                                                       const float *gbeta, const float *adj, int vec, Geo g) {
     extern __shared__ float sm[];
     GradSmem s = grads_carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = NTILES(DP), ncv = NTILES(DP), ncs = NTILES(CH);
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = NTILES(DP), ncs = NTILES(CH);
     int ld = ldrow(DP), lds = ldrow(CH), rb = 16 * (warp_id() & 3);
     size_t gg = (size_t)g.Dv * g.Dk, hh = (size_t)g.Dk * g.Dk;
     const float *gbar = adj + ((size_t)pair * g.nchunks + c) * (gg + hh), *hn = gbar + gg;
@@ -1544,14 +1544,14 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     float vp[FR];
 #pragma unroll
     for (int i = 0; i < FR; i++) f[i] = u[i] * (ss1 * sD) / (sK * sG);
-    tile_gla16_rev(&pq, s.K, s.Mh, s.Ml, 1, DP, f, s.S1h, s.S1l, s.D, ld, ncv);
+    tile_gla16_rev(&pq, s.K, s.Mh, s.Ml, 1, DP, f, s.S1h, s.S1l, s.D, ld, nc);
     for (int i = 0; i < FR; i++) f[i] = 1.0f / (ss1 * sD);
     tile_scale_rows(&pq, f);
-    tile_rowdot16(kt, &pq, s.V, ld, 1.0f / sV, ncv);
+    tile_rowdot16(kt, &pq, s.V, ld, 1.0f / sV, nc);
     rows_join(vp, kt, s.red);
     for (int i = 0; i < FR; i++) f[i] = s.beta[f_row(i)];
     tile_scale_rows(&pq, f);
-    tile_store(dv_out, 0, &pq, &g, pair, t0, g.Dv, ncv);
+    tile_store(dv_out, 0, &pq, &g, pair, t0, g.Dv, nc);
 
     // Q = u (.) V Gbar + S2 X; dk = beta (Q - T)
 #pragma unroll
