@@ -240,55 +240,82 @@ static __device__ __forceinline__ void mma16(float c[4], const unsigned a[4], co
     else mma_f16(c, a, b);
 }
 
+// The B operand of a warp's product: B and B2 (B2, the low half of a split
+// operand, may be NULL) by k (B(k, n) = B[k ldb + n]) or, with b_nmajor, by n
+// (B(k, n) = B[n ldb + k]), and where the lane's ldmatrix rows lie in them.
+typedef struct {
+    const __half *B, *B2;
+    int off, kstep, jstep, trans;  // the lane's row at k = 0, n-tile 0; the steps to k + 1 and to n-tile + 1
+} BFrag;
+
+// The warp's columns of B over nc n-tiles (the warp's column group w >> 2).
+static __device__ __forceinline__ BFrag b_frag(const __half *B, const __half *B2, int ldb, int b_nmajor, int nc) {
+    int l = lane_id(), n0 = (warp_id() >> 2) * 8 * nc;
+    BFrag f = {B, B2, 0, b_nmajor ? 1 : ldb, b_nmajor ? 8 * ldb : 8, !b_nmajor};
+    // the lane's row address inside a 16 (k) x 16 (n) block of B (two n-tiles)
+    f.off = b_nmajor ? (n0 + (l & 7) + (l >> 4) * 8) * ldb + ((l >> 3) & 1) * 8
+                     : ((l & 7) + ((l >> 3) & 1) * 8) * ldb + n0 + (l >> 4) * 8;
+    return f;
+}
+
+// acc += (a + a2) B[k:k+16, :] + a B2[k:k+16, :] over the warp's nc n-tiles, for
+// A's fragments a (and, with has_a2, its low half's a2) of the k-step at k.
+static __device__ __forceinline__ void mma_kstep(Tile *acc, const unsigned a[4], const unsigned a2[4], int has_a2,
+                                             const BFrag *f, int k, int nc, int bf) {
+#pragma unroll
+    for (int j = 0; j < MAXNT; j += 2) {
+        if (j >= nc) break;
+        int off = f->off + k * f->kstep + j * f->jstep;
+        if (j + 1 < nc) {
+            unsigned b[4];
+            ldsm4(b, f->B + off, f->trans);
+            mma16(acc->v[j], a, b, bf);
+            mma16(acc->v[j + 1], a, b + 2, bf);
+            if (has_a2) {
+                mma16(acc->v[j], a2, b, bf);
+                mma16(acc->v[j + 1], a2, b + 2, bf);
+            }
+            if (f->B2) {
+                ldsm4(b, f->B2 + off, f->trans);
+                mma16(acc->v[j], a, b, bf);
+                mma16(acc->v[j + 1], a, b + 2, bf);
+            }
+        } else {
+            unsigned b[2];
+            ldsm2(b, f->B + off, f->trans);
+            mma16(acc->v[j], a, b, bf);
+            if (has_a2) mma16(acc->v[j], a2, b, bf);
+            if (f->B2) {
+                ldsm2(b, f->B2 + off, f->trans);
+                mma16(acc->v[j], a, b, bf);
+            }
+        }
+    }
+}
+
+// The lane's row address inside the warp's 16 x 16 block of A at k = 0: A
+// row-major (A(i, k) = A[i lda + k]) or, with a_kmajor, by k (A(i, k) = A[k lda + i]).
+static __device__ __forceinline__ int a_frag_off(int lda, int a_kmajor) {
+    int l = lane_id(), m0 = 16 * (warp_id() & 3);
+    return a_kmajor ? ((l & 7) + (l >> 4) * 8) * lda + m0 + ((l >> 3) & 1) * 8 : (m0 + (l & 15)) * lda + (l >> 4) * 8;
+}
+
 // acc += (A + A2)[:, k0:k1] (B + B2)[k0:k1, :] less A2 B2, for this warp's part
 // of the tile (nc n-tiles). 16-bit operands in smem, fp16 or, with bf, bf16
-// (passed as __half pointers: ldmatrix moves bits). A and A2 row-major (A(i, k)
-// = A[i lda + k]) or, with a_kmajor, by k (A(i, k) = A[k lda + i]); B and B2 by
-// k (B(k, n) = B[k ldb + n]) or, with b_nmajor, by n (B(k, n) = B[n ldb + k]).
-// A2 and B2 (the low halves of split operands) may be NULL. k0, k1 multiples of
-// 16; strides of 16 mod 128 bytes (ldrow) keep ldmatrix free of bank conflicts.
+// (passed as __half pointers: ldmatrix moves bits); layouts as a_frag_off's and
+// b_frag's. A2 and B2 (the low halves of split operands) may be NULL. k0, k1
+// multiples of 16; strides of 16 mod 128 bytes (ldrow) keep ldmatrix free of
+// bank conflicts.
 static __device__ __forceinline__ void tile_mma_b16(Tile *acc, const __half *A, const __half *A2, int lda, int a_kmajor,
                                              const __half *B, const __half *B2, int ldb, int b_nmajor, int k0, int k1,
                                              int nc, int bf) {
-    int l = lane_id(), m0 = 16 * (warp_id() & 3), n0 = (warp_id() >> 2) * 8 * nc;
-    // the lane's row address inside the 16 x 16 block of A at k, and inside a 16 (k) x 16 (n) block of B (two n-tiles)
-    int a_off = a_kmajor ? ((l & 7) + (l >> 4) * 8) * lda + m0 + ((l >> 3) & 1) * 8 : (m0 + (l & 15)) * lda + (l >> 4) * 8;
-    int b_off = b_nmajor ? (n0 + (l & 7) + (l >> 4) * 8) * ldb + ((l >> 3) & 1) * 8
-                         : ((l & 7) + ((l >> 3) & 1) * 8) * ldb + n0 + (l >> 4) * 8;
-    int akstep = a_kmajor ? lda : 1, kstep = b_nmajor ? 1 : ldb, jstep = b_nmajor ? 8 * ldb : 8;
+    int a_off = a_frag_off(lda, a_kmajor), akstep = a_kmajor ? lda : 1;
+    BFrag f = b_frag(B, B2, ldb, b_nmajor, nc);
     for (int k = k0; k < k1; k += 16) {
         unsigned a[4], a2[4];
         ldsm4(a, A + a_off + k * akstep, a_kmajor);
         if (A2) ldsm4(a2, A2 + a_off + k * akstep, a_kmajor);
-#pragma unroll
-        for (int j = 0; j < MAXNT; j += 2) {
-            if (j >= nc) break;
-            int off = b_off + k * kstep + j * jstep;
-            if (j + 1 < nc) {
-                unsigned b[4];
-                ldsm4(b, B + off, !b_nmajor);
-                mma16(acc->v[j], a, b, bf);
-                mma16(acc->v[j + 1], a, b + 2, bf);
-                if (A2) {
-                    mma16(acc->v[j], a2, b, bf);
-                    mma16(acc->v[j + 1], a2, b + 2, bf);
-                }
-                if (B2) {
-                    ldsm4(b, B2 + off, !b_nmajor);
-                    mma16(acc->v[j], a, b, bf);
-                    mma16(acc->v[j + 1], a, b + 2, bf);
-                }
-            } else {
-                unsigned b[2];
-                ldsm2(b, B + off, !b_nmajor);
-                mma16(acc->v[j], a, b, bf);
-                if (A2) mma16(acc->v[j], a2, b, bf);
-                if (B2) {
-                    ldsm2(b, B2 + off, !b_nmajor);
-                    mma16(acc->v[j], a, b, bf);
-                }
-            }
-        }
+        mma_kstep(acc, a, a2, A2 != NULL, &f, k, nc, bf);
     }
 }
 
@@ -628,6 +655,15 @@ static __device__ __forceinline__ float chunk_mask(const float *b, const float *
     return s >= r ? __expf(b[s] - b[r]) : 0.0f;
 }
 
+// Whether the warp's block of a 64 x 64 tile of scores (rows 16 (w & 3).., CH / NCG columns from
+// (w >> 2) CH / NCG) lies wholly outside the mask of direction dir, so that its product can be
+// skipped: the mask would zero it. At NCG 4, 6 of the 16 warps (a tenth of a CG step's operand
+// traffic through shared memory, where the loop is bound).
+static __device__ __forceinline__ int scores_masked_out(int dir) {
+    int r0 = 16 * (warp_id() & 3), c0 = (warp_id() >> 2) * (CH / NCG);
+    return dir == 0 ? c0 > r0 + 15 : c0 + CH / NCG - 1 < r0;
+}
+
 // Multiplies a 64 x 64 tile of scores by the mask of direction dir.
 static __device__ __forceinline__ void tile_mask(Tile *t, const float *b, const float *beta, int dir) {
 #pragma unroll
@@ -824,15 +860,23 @@ typedef struct {
 static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, const float sa[FR], __half *Sh, __half *Sl,
                                            const Smem *s) {
     const float one[FR] = {1.0f, 1.0f};
-    // the masked scores, split into fp16 hi + lo
+    // the scores A B^T and the state term A S in one pass over k, which loads each k-step's fragments
+    // of A once for both (the loop is bound by shared-memory traffic: 4% of the CG step at head size 128)
     Tile sc;
     tile_zero(&sc);
-    tile_mma16(&sc, f->Ah, f->Al, f->lda, f->B, NULL, f->ldb, 1, 0, f->dk, NTILES(CH));
-    tile_mask_f(&sc, s->Mf);
-    tile_put16(Sh, Sl, ldrow(CH), &sc, one, NTILES(CH));
-    // the state term
     tile_zero(acc);
-    tile_mma16(acc, f->Ah, f->Al, f->lda, f->Sh, f->Sl, f->lds, f->s_nmajor, 0, f->dk, f->nc);
+    int skip = scores_masked_out(0), a_off = a_frag_off(f->lda, 0);
+    BFrag fb = b_frag(f->B, NULL, f->ldb, 1, NTILES(CH)), fs = b_frag(f->Sh, f->Sl, f->lds, f->s_nmajor, f->nc);
+    for (int k = 0; k < f->dk; k += 16) {
+        unsigned a[4], a2[4];
+        ldsm4(a, f->Ah + a_off + k, 0);
+        if (f->Al) ldsm4(a2, f->Al + a_off + k, 0);
+        if (!skip) mma_kstep(&sc, a, a2, f->Al != NULL, &fb, k, NTILES(CH), 0);
+        mma_kstep(acc, a, a2, f->Al != NULL, &fs, k, f->nc, 0);
+    }
+    // the masked scores, split into fp16 hi + lo
+    if (!skip) tile_mask_f(&sc, s->Mf);
+    tile_put16(Sh, Sl, ldrow(CH), &sc, one, NTILES(CH));
     float d[FR], inv[FR];
 #pragma unroll
     for (int i = 0; i < FR; i++) {
@@ -1489,9 +1533,11 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     tile_zero(&s1);
     tile_zero(&s2);
     tile_zero(&ky);
-    tile_mma16(&s1, s.K, NULL, ld, s.X, NULL, ld, 1, 0, DP, ncs);
-    tile_mma16(&s2, s.V, NULL, ld, s.D, NULL, ld, 1, 0, DP, ncs);
-    tile_mma16(&ky, s.K, NULL, ld, s.Yh, s.Yl, ld, 1, 0, DP, ncs);
+    if (!scores_masked_out(1)) {
+        tile_mma16(&s1, s.K, NULL, ld, s.X, NULL, ld, 1, 0, DP, ncs);
+        tile_mma16(&s2, s.V, NULL, ld, s.D, NULL, ld, 1, 0, DP, ncs);
+        tile_mma16(&ky, s.K, NULL, ld, s.Yh, s.Yl, ld, 1, 0, DP, ncs);
+    }
     float ikx = 1.0f / (sK * sX), ivd = 1.0f / (sV * sD), iky = 1.0f / (sK * sY);  // powers of two: exact
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
