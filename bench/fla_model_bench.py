@@ -16,7 +16,8 @@ The configs are those of our `fla-162m` and `fla-412m` presets (the same
 architecture and tensors: bench/fla_compat.py checks it), trained as ours is:
 fp32 master weights with bf16 autocast, AdamW, batch 8 x 2048 random tokens,
 30 CG steps; tokens/s over the timed steps after two warm-up steps, peak memory
-as PyTorch allocated it, and MFU as 6 x (parameters less the untied input
+as PyTorch allocated it and the device memory in use after the steps (total less free, as ours is
+measured: PyTorch's cache and the CUDA context included), and MFU as 6 x (parameters less the untied input
 embedding) x tokens/s over the bf16 matrix-product rate measured in the same run.
 """
 import os
@@ -71,9 +72,11 @@ def bench(name, batch=8, seq=2048, steps=5, ceiling=None):
     dt = sum(times) / len(times)
     tps = batch * seq / dt
     peak = torch.cuda.max_memory_allocated() / 1e9
+    free, total = torch.cuda.mem_get_info()
     mfu = 6 * dense * tps / (ceiling * 1e12)
     print(f"fla {name} ({n_params} parameters), batch {batch} x {seq}: {tps:.0f} tokens/s, {1e3 * dt:.1f} ms/step, "
-          f"peak memory {peak:.2f} GB, MFU {100 * mfu:.1f}%", flush=True)
+          f"peak memory {peak:.2f} GB, device memory in use {(total - free) / 1e9:.2f} GB, MFU {100 * mfu:.1f}%",
+          flush=True)
     del model, opt
 
 
@@ -128,6 +131,8 @@ def main():
     ms = triton.testing.do_bench(lambda: a @ a, return_mode="median")
     ceiling = 2 * 8192**3 / ms / 1e9
     print(f"bf16 matrix product 8192^3: {ceiling:.0f} TFLOP/s")
+    del a
+    torch.cuda.empty_cache()  # each model's device memory starts from the CUDA context alone
     for name in sys.argv[1:] or ["fla-162m", "fla-412m"]:
         try:
             bench(name, ceiling=ceiling)

@@ -248,13 +248,17 @@ typedef struct {
     int off, kstep, jstep, trans;  // the lane's row at k = 0, n-tile 0; the steps to k + 1 and to n-tile + 1
 } BFrag;
 
-// The warp's columns of B over nc n-tiles (the warp's column group w >> 2).
-static __device__ __forceinline__ BFrag b_frag(const __half *B, const __half *B2, int ldb, int b_nmajor, int nc) {
-    int l = lane_id(), n0 = (warp_id() >> 2) * 8 * nc;
-    BFrag f = {B, B2, 0, b_nmajor ? 1 : ldb, b_nmajor ? 8 * ldb : 8, !b_nmajor};
-    // the lane's row address inside a 16 (k) x 16 (n) block of B (two n-tiles)
-    f.off = b_nmajor ? (n0 + (l & 7) + (l >> 4) * 8) * ldb + ((l >> 3) & 1) * 8
-                     : ((l & 7) + ((l >> 3) & 1) * 8) * ldb + n0 + (l >> 4) * 8;
+// The lane's row address inside the 16 (k) x 16 (n) block of B (two n-tiles) at k = 0, column n0
+// (the first of its warp's columns: (w >> 2) 8 nc for nc n-tiles a warp).
+static __device__ __forceinline__ int b_lane_off(int l, int n0, int ldb, int b_nmajor) {
+    return b_nmajor ? (n0 + (l & 7) + (l >> 4) * 8) * ldb + ((l >> 3) & 1) * 8
+                    : ((l & 7) + ((l >> 3) & 1) * 8) * ldb + n0 + (l >> 4) * 8;
+}
+
+// B's fragments for the lane at offset off (b_lane_off). (Taking the offset rather than computing
+// it here: ptxas then spilled twice as much in the CG forward kernel, and it ran 2% slower.)
+static __device__ __forceinline__ BFrag b_frag_at(const __half *B, const __half *B2, int ldb, int b_nmajor, int off) {
+    BFrag f = {B, B2, off, b_nmajor ? 1 : ldb, b_nmajor ? 8 * ldb : 8, !b_nmajor};
     return f;
 }
 
@@ -303,14 +307,14 @@ static __device__ __forceinline__ int a_frag_off(int lda, int a_kmajor) {
 // acc += (A + A2)[:, k0:k1] (B + B2)[k0:k1, :] less A2 B2, for this warp's part
 // of the tile (nc n-tiles). 16-bit operands in smem, fp16 or, with bf, bf16
 // (passed as __half pointers: ldmatrix moves bits); layouts as a_frag_off's and
-// b_frag's. A2 and B2 (the low halves of split operands) may be NULL. k0, k1
+// BFrag's. A2 and B2 (the low halves of split operands) may be NULL. k0, k1
 // multiples of 16; strides of 16 mod 128 bytes (ldrow) keep ldmatrix free of
 // bank conflicts.
 static __device__ __forceinline__ void tile_mma_b16(Tile *acc, const __half *A, const __half *A2, int lda, int a_kmajor,
                                              const __half *B, const __half *B2, int ldb, int b_nmajor, int k0, int k1,
                                              int nc, int bf) {
     int a_off = a_frag_off(lda, a_kmajor), akstep = a_kmajor ? lda : 1;
-    BFrag f = b_frag(B, B2, ldb, b_nmajor, nc);
+    BFrag f = b_frag_at(B, B2, ldb, b_nmajor, b_lane_off(lane_id(), (warp_id() >> 2) * 8 * nc, ldb, b_nmajor));
     for (int k = k0; k < k1; k += 16) {
         unsigned a[4], a2[4];
         ldsm4(a, A + a_off + k * akstep, a_kmajor);
@@ -866,7 +870,9 @@ static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, con
     tile_zero(&sc);
     tile_zero(acc);
     int skip = scores_masked_out(0), a_off = a_frag_off(f->lda, 0);
-    BFrag fb = b_frag(f->B, NULL, f->ldb, 1, NTILES(CH)), fs = b_frag(f->Sh, f->Sl, f->lds, f->s_nmajor, f->nc);
+    int l = lane_id(), cg = warp_id() >> 2;
+    BFrag fb = b_frag_at(f->B, NULL, f->ldb, 1, b_lane_off(l, cg * 8 * NTILES(CH), f->ldb, 1));
+    BFrag fs = b_frag_at(f->Sh, f->Sl, f->lds, f->s_nmajor, b_lane_off(l, cg * 8 * f->nc, f->lds, f->s_nmajor));
     for (int k = 0; k < f->dk; k += 16) {
         unsigned a[4], a2[4];
         ldsm4(a, f->Ah + a_off + k, 0);

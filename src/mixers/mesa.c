@@ -35,7 +35,8 @@ typedef struct {
     void *g, *beta;          // [N,H] f32: log forget gate, input gate
     void *lambda;            // [H*Dk] f32
     void *o, *x;             // [N,Vd] core output, [N,Q] CG solutions
-    void *on, *onrstd;       // [N,Vd] normalised output, [N*H] f32 its 1/rms
+    void *on, *onrstd;       // [N,Vd] normalised output (in the shared scratch: the backward recomputes
+                             // it), [N*H] f32 its 1/rms
     void *z, *gated;         // [N,Vd] output-gate projection, gated output (in the shared scratch:
                              // the backward recomputes it)
     void *steps;             // [N*H] i32: CG steps of the last call, per system
@@ -113,7 +114,7 @@ static int buffers(Mesa *s, const Sizes *z, BufDecl *out) {
         {&s->qinv, z->H, 0, MEM_F32},      {&s->kinv, z->H, 0, MEM_F32},    {&s->a, z->H, 0, MEM_ACT},
         {&s->b, z->H, 0, MEM_ACT},         {&s->g, z->H, 0, MEM_F32},       {&s->beta, z->H, 0, MEM_F32},
         {&s->lambda, 0, z->Q, MEM_F32},    {&s->o, z->Vd, 0, MEM_ACT},      {&s->x, z->Q, 0, MEM_ACT},
-        {&s->on, z->Vd, 0, MEM_ACT},       {&s->onrstd, z->H, 0, MEM_F32},  {&s->z, z->Vd, 0, MEM_ACT},
+        {&s->onrstd, z->H, 0, MEM_F32},   {&s->z, z->Vd, 0, MEM_ACT},
         {&s->d_a, z->H, 0, MEM_ACT},       {&s->d_b, z->H, 0, MEM_ACT},     {&s->d_g, z->H, 0, MEM_F32},
         {&s->d_beta, z->H, 0, MEM_F32},    {&s->d_lambda, 0, z->Q, MEM_F32}, {&s->steps, z->H, 0, MEM_I32},
         {&s->steps_acc, 2 * z->H, 0, MEM_I32},
@@ -124,10 +125,10 @@ static int buffers(Mesa *s, const Sizes *z, BufDecl *out) {
 }
 
 // The call temporaries of N tokens, carved from the shared scratch: the forward's (qs, ks) and the
-// backward's (the d_ of [N, .]) overlap, as no call needs the other's; the gated output, which
-// both use, has its own place. Set at every call, since
+// backward's (the d_ of [N, .]) overlap, as no call needs the other's; the normalised and the
+// gated output, which both use, have their own places. Set at every call, since
 // another layer may have grown the scratch since this one's last.
-static size_t scratch_elems(const Sizes *z) { return (size_t)z->N * (6 * (size_t)z->Vd + 3 * (size_t)z->Q); }
+static size_t scratch_elems(const Sizes *z) { return (size_t)z->N * (7 * (size_t)z->Vd + 3 * (size_t)z->Q); }
 
 static void scratch_views(Mixer *m, const Sizes *z) {
     Mesa *s = m->priv;
@@ -139,6 +140,7 @@ static void scratch_views(Mixer *m, const Sizes *z) {
     for (int i = 0; i < 5; i++) *dv[i] = p + i * vd;
     for (int i = 0; i < 3; i++) *dq[i] = p + 5 * vd + i * q;
     s->gated = p + 5 * vd + 3 * q;
+    s->on = p + 6 * vd + 3 * q;
 }
 
 static void free_buffers(Mixer *m) {
@@ -262,8 +264,9 @@ static int mesa_backward(Mixer *m, void *du, const void *dy) {
     scratch_views(m, &z);
     void **w = m->w, **dw = m->dw;
     int gate = m->cfg->output_gate, onorm_len = m->cfg->shared_onorm ? z.Dv : z.Vd;
-    // output projection, gate, norm
-    if (gate) MN_TRY(be->swiglu_fwd(be, s->gated, s->z, s->on, (size_t)N * z.Vd));  // as the forward made it
+    // output projection, gate, norm (the normalised and the gated output as the forward made them)
+    MN_TRY(be->rmsnorm_fwd(be, s->on, s->onrstd, s->o, w[O_NORM], N, z.Vd, z.Dv, onorm_len, m->cfg->norm_eps));
+    if (gate) MN_TRY(be->swiglu_fwd(be, s->gated, s->z, s->on, (size_t)N * z.Vd));
     const void *out = gate ? s->gated : s->on;
     MN_TRY(be->linear_bwd(be, s->d_gated, dw[O_PROJ], NULL, dy, out, w[O_PROJ], N, z.Vd, z.D, 0));
     void *d_on = s->d_gated;

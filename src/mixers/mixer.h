@@ -31,7 +31,9 @@ typedef struct {
     // y[B*T, D] = mixer(u). With use_state, starts from the recurrent state and leaves the final
     // one there (prefill and decode); otherwise starts from zero and keeps the activations for backward.
     int (*forward)(Mixer *m, void *y, const void *u, int B, int T, int use_state);
-    // du (=) and the parameter gradients (+=) from dy, for the last forward without state.
+    // du (=) and the parameter gradients (+=) from dy, for the last forward without state. The
+    // forward's input u may be read again: the caller makes it hold the same values (the model
+    // keeps one buffer of normalised inputs for all blocks and recomputes it before each backward).
     int (*backward)(Mixer *m, void *du, const void *dy);
     // Zeroes (allocating if needed) the recurrent state of B sequences.
     int (*reset_state)(Mixer *m, int B);

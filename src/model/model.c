@@ -218,7 +218,7 @@ static int ensure_capacity(Model *m, int N) {
         MemKind kind;
     } bufs[] = {
         {&m->tokens, n, MEM_I32},  {&m->targets, n, MEM_I32},  {&m->x, (L + 1) * n * D, MEM_ACT},
-        {&m->mid, L * n * D, MEM_ACT}, {&m->n1, L * n * D, MEM_ACT}, {&m->n2, L * n * D, MEM_ACT},
+        {&m->mid, L * n * D, MEM_ACT}, {&m->n1, n * D, MEM_ACT},     {&m->n2, n * D, MEM_ACT},
         {&m->r1, L * n, MEM_F32},  {&m->r2, L * n, MEM_F32},   {&m->gate, L * n * F, MEM_ACT},
         {&m->up, L * n * F, MEM_ACT}, {&m->act, L * n * F, MEM_ACT}, {&m->xf, n * D, MEM_ACT},
         {&m->rf, n, MEM_F32},      {&m->logits, n * V, MEM_ACT}, {&m->losses, n, MEM_F32},
@@ -256,8 +256,8 @@ static int forward_blocks(Model *m, int B, int T, int use_state) {
     for (int l = 0; l < c->n_layers; l++) {
         const BlockParams *bp = &m->blocks[l];
         void *x = at(m, m->x, l * N * D, MEM_ACT), *xn = at(m, m->x, (l + 1) * N * D, MEM_ACT);
-        void *mid = at(m, m->mid, l * N * D, MEM_ACT), *n1 = at(m, m->n1, l * N * D, MEM_ACT);
-        void *n2 = at(m, m->n2, l * N * D, MEM_ACT), *r1 = at(m, m->r1, l * N, MEM_F32), *r2 = at(m, m->r2, l * N, MEM_F32);
+        void *mid = at(m, m->mid, l * N * D, MEM_ACT), *n1 = m->n1, *n2 = m->n2;
+        void *r1 = at(m, m->r1, l * N, MEM_F32), *r2 = at(m, m->r2, l * N, MEM_F32);
         void *gate = at(m, m->gate, l * N * F, MEM_ACT), *up = at(m, m->up, l * N * F, MEM_ACT);
         void *act = at(m, m->act, l * N * F, MEM_ACT);
         // u = x + Mixer(RMSNorm(x))
@@ -345,18 +345,22 @@ int model_backward(Model *m) {
     for (int l = c->n_layers - 1; l >= 0; l--) {
         const BlockParams *bp = &m->blocks[l];
         void *x = at(m, m->x, l * N * D, MEM_ACT), *mid = at(m, m->mid, l * N * D, MEM_ACT);
-        void *n1 = at(m, m->n1, l * N * D, MEM_ACT), *n2 = at(m, m->n2, l * N * D, MEM_ACT);
         void *r1 = at(m, m->r1, l * N, MEM_F32), *r2 = at(m, m->r2, l * N, MEM_F32);
         void *gate = at(m, m->gate, l * N * F, MEM_ACT), *up = at(m, m->up, l * N * F, MEM_ACT);
         void *act = at(m, m->act, l * N * F, MEM_ACT);
+        // the block's normalised inputs again (one buffer each serves every block: cheap to
+        // recompute, 2 [N, D] a block to keep)
+        MN_TRY(be->rmsnorm_fwd(be, m->n2, r2, mid, m->p[bp->mlp_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
         // MLP: dx (the gradient of x') flows to u directly and through the MLP
         MN_TRY(be->linear_bwd(be, m->dact, m->g[bp->down], NULL, m->dx, act, m->p[bp->down], (int)N, (int)F, (int)D, 0));
         MN_TRY(be->swiglu_bwd(be, m->dgate, m->dup, m->dact, gate, up, N * F));
-        MN_TRY(be->linear_bwd(be, m->dn, m->g[bp->gate], NULL, m->dgate, n2, m->p[bp->gate], (int)N, (int)D, (int)F, 0));
-        MN_TRY(be->linear_bwd(be, m->dn, m->g[bp->up], NULL, m->dup, n2, m->p[bp->up], (int)N, (int)D, (int)F, 1));
+        MN_TRY(be->linear_bwd(be, m->dn, m->g[bp->gate], NULL, m->dgate, m->n2, m->p[bp->gate], (int)N, (int)D, (int)F, 0));
+        MN_TRY(be->linear_bwd(be, m->dn, m->g[bp->up], NULL, m->dup, m->n2, m->p[bp->up], (int)N, (int)D, (int)F, 1));
         MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[bp->mlp_norm], m->dn, mid, m->p[bp->mlp_norm], r2, (int)N, (int)D, (int)D,
                                (int)D, 1));
-        // mixer: dx (now the gradient of u) flows to x directly and through the mixer
+        // mixer: dx (now the gradient of u) flows to x directly and through the mixer, whose
+        // input (n1) must hold its forward's values again
+        MN_TRY(be->rmsnorm_fwd(be, m->n1, r1, x, m->p[bp->attn_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
         Mixer *mx = &m->mixers[l];
         mx->solver = m->solver;
         mx->profile = m->profile;
@@ -367,7 +371,6 @@ int model_backward(Model *m) {
         m->mixer_seconds += t1 - t0;
         MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[bp->attn_norm], m->dn, x, m->p[bp->attn_norm], r1, (int)N, (int)D,
                                (int)D, (int)D, 1));
-        (void)n1;
         MN_TRY(grads_done(m, block_offset(m, l), block_offset(m, l + 1)));
     }
     MN_TRY(be->embed_bwd(be, m->g[m->embed], m->dx, m->tokens, (int)N, (int)D, embed_scale(c)));
