@@ -43,7 +43,8 @@ typedef struct {
     void *tokens, *targets;  // [N] int32
     void *x;                 // [(L+1), N, D] the residual stream entering each block, and leaving the last
     void *mid;               // [L, N, D] after the mixer's residual add
-    void *n1, *n2;           // [L, N, D] normalised inputs of the mixer and of the MLP
+    void *n1, *n2;           // [N, D] normalised inputs of the mixer and of the MLP, of the block last
+                             // computed (the backward recomputes each block's)
     void *r1, *r2;           // [L, N] f32 their 1/rms
     void *gate, *up, *act;   // [L, N, F] MLP activations
     void *xf, *rf;           // [N, D] final norm, [N] its 1/rms
