@@ -280,13 +280,16 @@ int group_sum(Group *g, const Backend *be, void *x, size_t n) {
         MN_TRY(be->allreduce(be, x, n));
         return be->allreduce_wait(be);
     }
-    double *h = malloc(n * sizeof(double));
-    if (!h) return mn_error(MN_ERR_NOMEM, "out of memory (%zu numbers to sum over the ranks)", n);
-    int s = be->download(be, h, x, n, MEM_F32);
-    if (!s) s = group_sum_host(g, h, n);
-    if (!s) s = be->upload(be, x, h, n, MEM_F32);
-    free(h);
-    return s;
+    if (n > g->host_n) {  // (the gradients' size: grown once, then every step reuses it)
+        free(g->host);
+        g->host_n = 0;
+        g->host = malloc(n * sizeof(double));
+        if (!g->host) return mn_error(MN_ERR_NOMEM, "out of memory (%zu numbers to sum over the ranks)", n);
+        g->host_n = n;
+    }
+    MN_TRY(be->download(be, g->host, x, n, MEM_F32));
+    MN_TRY(group_sum_host(g, g->host, n));
+    return be->upload(be, x, g->host, n, MEM_F32);
 }
 
 static int sum_block(void *arg, void *grads, size_t n) {
@@ -312,6 +315,9 @@ int group_grads_end(Group *g, Model *m) {
 
 void group_close(Group *g) {
     if (g->shared) munmap(g->shared, shared_bytes(g->size));
+    free(g->host);
     g->shared = NULL;
     g->be = NULL;
+    g->host = NULL;
+    g->host_n = 0;
 }

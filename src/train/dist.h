@@ -28,6 +28,8 @@ typedef struct {
     int rank, size;      // this process's rank, of size (size 1: alone, every call a no-op)
     DistShared *shared;  // the region the ranks share (NULL when alone)
     const Backend *be;   // the backend whose collective sums the buffers (NULL: through the host)
+    double *host;        // [host_n] group_sum's copy of a backend buffer, kept between steps
+    size_t host_n;
 } Group;
 
 // Runs this program as `size` ranks with the arguments argv (argv[0] is only a name: the
