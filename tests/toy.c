@@ -56,9 +56,8 @@ int run_tool(const char *args, const char *log) {
 }
 
 // The "loss" column of a run's loss.csv.
-int read_losses(const char *dir, double *out, int max) {
-    char path[512], line[1024];
-    snprintf(path, sizeof path, "%s/loss.csv", dir);
+int read_second_column(const char *path, double *out, int max) {
+    char line[1024];
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     int n = 0;
@@ -69,4 +68,10 @@ int read_losses(const char *dir, double *out, int max) {
         }
     fclose(f);
     return n;
+}
+
+int read_losses(const char *dir, double *out, int max) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/loss.csv", dir);
+    return read_second_column(path, out, max);
 }

@@ -10,6 +10,10 @@ void write_toy_shards(const char *data_dir);
 // `log`; returns its exit status (-1, and a test failure, where the tool is missing).
 int run_tool(const char *args, const char *log);
 
+// The second column of a CSV file with a header line into out (at most max rows); the rows read,
+// or -1 where the file cannot be opened.
+int read_second_column(const char *path, double *out, int max);
+
 // The "loss" column of the run directory's loss.csv into out (at most max rows); the rows read, or
 // -1 where the file cannot be opened.
 int read_losses(const char *dir, double *out, int max);

@@ -15,18 +15,43 @@
 
 typedef struct {
     const char *shard;
-    int batch, batches;
+    int batch, batches;  // sequences a rank scores of each batch; batches (of batch x ranks sequences)
     const Backend *be;
+    Group *g;            // the ranks (one process: size 1)
 } EvalSetup;
 
-// Evaluates `m` at sequence length T with the given CG settings.
+// Adds the ranks' results: every rank then holds the sums over all of them (the mean CG steps,
+// the mean of the ranks' means).
+static int eval_sum(Group *g, EvalResult *r) {
+    if (g->size == 1) return MN_OK;
+    size_t n = 3 + 2 * (size_t)r->T;
+    double *v = malloc(n * sizeof(double));
+    if (!v) return mn_error(MN_ERR_NOMEM, "out of memory");
+    v[0] = r->nll_sum;
+    v[1] = r->count;
+    v[2] = r->cg_steps / g->size;
+    memcpy(v + 3, r->pos_sum, r->T * sizeof(double));
+    memcpy(v + 3 + r->T, r->pos_count, r->T * sizeof(double));
+    int s = group_sum_host(g, v, n);
+    r->nll_sum = v[0];
+    r->count = v[1];
+    r->cg_steps = v[2];
+    memcpy(r->pos_sum, v + 3, r->T * sizeof(double));
+    memcpy(r->pos_count, v + 3 + r->T, r->T * sizeof(double));
+    free(v);
+    return s;
+}
+
+// Evaluates `m` at sequence length T with the given CG settings: each rank scores its rows of
+// every batch, and all get the sums.
 static int evaluate(Model *m, const EvalSetup *e, int T, int steps, float tol, EvalResult *r) {
     DataLoader dl;
-    MN_TRY(loader_open(&dl, e->shard, e->batch, T, 0, 0));
+    MN_TRY(loader_open(&dl, e->shard, e->batch * e->g->size, T, 0, 0));
     m->solver.max_steps = steps;
     m->solver.tol = tol;
-    int s = eval_run(m, &dl, e->batches, r);
+    int s = eval_run_rows(m, &dl, e->batches, e->g->rank * e->batch, e->batch, r);
     loader_close(&dl);
+    if (!s && (s = eval_sum(e->g, r))) eval_free(r);
     return s;
 }
 
@@ -58,14 +83,14 @@ static int parse_ints(const char *s, int *out, int max) {
 int cmd_eval(int argc, char **argv) {
     const char *run = "runs/demo", *data = NULL, *shard = NULL, *compare = NULL, *out = NULL, *backend = "cpu";
     const char *lengths = NULL;
-    int seq = 0, batch = 8, batches = 0, steps = 0, sweep = 0;
+    int seq = 0, batch = 8, batches = 0, steps = 0, sweep = 0, gpus = 1;
     float tol = 0;
     Option opts[] = {
         {"model", OPT_STRING, &run, "run directory of the model to evaluate"},
         {"data", OPT_STRING, &data, "data directory: evaluates its valid.bin (default: the run's training data)"},
         {"shard", OPT_STRING, &shard, "or this token shard"},
         {"seq", OPT_INT, &seq, "sequence length (0: the training length)"},
-        {"batch", OPT_INT, &batch, "sequences per batch"},
+        {"batch", OPT_INT, &batch, "sequences per batch (per GPU with --gpus)"},
         {"batches", OPT_INT, &batches, "batches to score (0: the whole split)"},
         {"cg-steps", OPT_INT, &steps, "CG steps of the Mesa layers (0: the training setting)"},
         {"cg-tol", OPT_FLOAT, &tol, "stop CG at this relative residual (0: fixed steps)"},
@@ -74,10 +99,18 @@ int cmd_eval(int argc, char **argv) {
         {"compare", OPT_STRING, &compare, "run directory of a second model: Delta NLL by position"},
         {"out", OPT_STRING, &out, "directory for the CSV and SVG files (default: <model>/eval)"},
         {"backend", OPT_STRING, &backend, "cpu or cuda"},
+        {"gpus", OPT_INT, &gpus,
+         "split every batch over this many GPUs, one process each with --batch sequences (cpu, ref: processes)"},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
-    EvalSetup e = {NULL, batch, batches, backend_by_name(backend)};
+    if (batch < 1) die("--batch must be >= 1, got %d", batch);
+    Group g;
+    int code;
+    if (!ranks_begin("eval", gpus, &g, &code)) return code;
+    int lead = g.rank == 0;  // rank 0 speaks and writes for the group
+    if (!lead && !freopen("/dev/null", "w", stdout)) die("/dev/null: cannot open");
+    EvalSetup e = {NULL, batch, batches, backend_by_name(backend), &g};
     if (!e.be) die("%s", mn_last_error());
     char path[4096], outdir[4096], shard_path[4096];
     Model *m, *other = NULL;
@@ -90,14 +123,15 @@ int cmd_eval(int argc, char **argv) {
     e.shard = shard;
     snprintf(outdir, sizeof outdir, "%s", out ? out : run);
     if (!out) snprintf(outdir, sizeof outdir, "%s/eval", run);
-    mkdir(outdir, 0755);
+    if (lead) mkdir(outdir, 0755);
     int T = seq > 0 ? seq : m->cfg.seq_len;
     int train_steps = m->cfg.cg_steps, use_steps = steps > 0 ? steps : train_steps;
 
     EvalResult r;
     if (evaluate(m, &e, T, use_steps, tol, &r)) die("%s", mn_last_error());
     double nll = mean_nll(&r);
-    printf("%s on %s: %d sequences of %d tokens, %.0f scored\n", run, shard, r.batches * batch, T, r.count);
+    printf("%s on %s: %d sequences of %d tokens, %.0f scored\n", run, shard, r.batches * batch * g.size, T, r.count);
+    if (g.size > 1) printf("  split over %d ranks, %d sequences of every batch each\n", g.size, batch);
     printf("  loss %.4f nats/token, perplexity %.3f, mean CG steps %.2f (max %d%s)\n", nll, exp(nll), r.cg_steps,
            use_steps, tol > 0 ? ", tolerance" : "");
 
@@ -117,11 +151,11 @@ int cmd_eval(int argc, char **argv) {
     const char *cols[6] = {"position", "nll", "mean_so_far", "nll_other", "mean_so_far_other", "delta_nll"};
     const double *data_cols[6] = {x, pos, sofar, opos, osofar, delta};
     snprintf(path, sizeof path, "%s/nll_by_position.csv", outdir);
-    if (csv_write(path, cols, other ? 6 : 3, data_cols, T)) die("%s", mn_last_error());
+    if (lead && csv_write(path, cols, other ? 6 : 3, data_cols, T)) die("%s", mn_last_error());
     PlotSeries ps[2] = {{run, x, pos, T}, {compare, x, opos, T}};
     PlotOpts po = {"NLL by token position", "token position", "NLL (nats)", 1, 0, 0, 0};
     snprintf(path, sizeof path, "%s/nll_by_position.svg", outdir);
-    if (plot_svg(path, &po, ps, other ? 2 : 1)) die("%s", mn_last_error());
+    if (lead && plot_svg(path, &po, ps, other ? 2 : 1)) die("%s", mn_last_error());
     printf("  wrote %s/nll_by_position.csv and .svg\n", outdir);
     if (other) {
         PlotSeries ds = {"Delta NLL", x, delta, T};
@@ -129,7 +163,7 @@ int cmd_eval(int argc, char **argv) {
         snprintf(title, sizeof title, "Delta NLL by position: %s minus %s (negative: first is better)", run, compare);
         PlotOpts pd = {title, "token position", "Delta NLL (nats)", 1, 0, 0, 0};
         snprintf(path, sizeof path, "%s/delta_nll.svg", outdir);
-        if (plot_svg(path, &pd, &ds, 1)) die("%s", mn_last_error());
+        if (lead && plot_svg(path, &pd, &ds, 1)) die("%s", mn_last_error());
         printf("  wrote %s/delta_nll.svg\n", outdir);
     }
     eval_free(&r);
@@ -180,7 +214,7 @@ int cmd_eval(int argc, char **argv) {
         for (int i = 0; i < ns; i++) sp[i] = (PlotSeries){names[i], x, curves[i], T};
         PlotOpts pc = {"NLL by position for CG budgets", "token position", "NLL (nats)", 1, 0, 0, 0};
         snprintf(path, sizeof path, "%s/cg_sweep.svg", outdir);
-        if (plot_svg(path, &pc, sp, ns)) die("%s", mn_last_error());
+        if (lead && plot_svg(path, &pc, sp, ns)) die("%s", mn_last_error());
         const char *ccols[10];
         const double *cdata[10];
         ccols[0] = "position";
@@ -190,7 +224,7 @@ int cmd_eval(int argc, char **argv) {
             cdata[i + 1] = curves[i];
         }
         snprintf(path, sizeof path, "%s/cg_sweep.csv", outdir);
-        if (csv_write(path, ccols, ns + 1, cdata, T)) die("%s", mn_last_error());
+        if (lead && csv_write(path, ccols, ns + 1, cdata, T)) die("%s", mn_last_error());
         printf("  wrote %s/cg_sweep.csv and .svg\n", outdir);
         for (int i = 0; i < ns; i++) {
             free(curves[i]);
@@ -200,5 +234,6 @@ int cmd_eval(int argc, char **argv) {
     free(pos); free(sofar); free(x); free(opos); free(osofar); free(delta);
     model_free(m);
     if (other) model_free(other);
+    group_close(&g);
     return 0;
 }
