@@ -1,4 +1,4 @@
-// Data parallelism on GPUs: `mesanet train --backend cuda --gpus 2` against one GPU.
+// Data parallelism on GPUs: `mesanet train --backend cuda --gpus 2` (and `eval --gpus 2`) against one GPU.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +10,8 @@
 
 int cuda_device_count(void);
 
-// Two GPUs with 2 sequences each take the steps of one GPU with 4 (NCCL sums the gradients).
+// Two GPUs with 2 sequences each take the steps of one GPU with 4 (NCCL sums the gradients), and
+// score its sequences alike.
 TEST(cuda_data_parallel_matches_one_gpu) {
     int devices = cuda_device_count();
     if (devices < 2) {
@@ -48,5 +49,22 @@ TEST(cuda_data_parallel_matches_one_gpu) {
     test_note("losses, one GPU vs two: step 1 %.6f / %.6f, step 8 %.6f / %.6f; largest difference %.2g", la[0], lb[0],
               la[na - 1], lb[nb - 1], worst);
     CHECK(worst <= 2e-3, "two GPUs' losses differ from one GPU's by %.3g (relative) > 2e-3", worst);
+    // Evaluation of the trained model split over the two GPUs (2 of every 4 sequences each) against
+    // one GPU: the NLL by position, within the same bf16 tolerance.
+    const char *ev = "--backend cuda --seq 64 --batches 3 --cg-steps 20";
+    snprintf(args, sizeof args, "eval --model %s/a --data %s %s --batch 4 --out %s/e1", t.dir, data, ev, t.dir);
+    CHECK(run_tool(args, log) == 0, "eval, one GPU: failed (see %s)", log);
+    snprintf(args, sizeof args, "eval --model %s/a --data %s %s --batch 2 --gpus 2 --out %s/e2", t.dir, data, ev, t.dir);
+    CHECK(run_tool(args, log) == 0, "eval, two GPUs: failed (see %s)", log);
+    double pa[64], pb[64];
+    char p1[512], p2[512];
+    snprintf(p1, sizeof p1, "%s/e1/nll_by_position.csv", t.dir);
+    snprintf(p2, sizeof p2, "%s/e2/nll_by_position.csv", t.dir);
+    int ma = read_second_column(p1, pa, 64), mb = read_second_column(p2, pb, 64);
+    CHECK(ma == 64 && mb == 64, "eval positions: %d and %d, expected 64", ma, mb);
+    worst = 0;
+    for (int i = 0; i < ma && i < mb; i++) worst = fmax(worst, fabs(pa[i] - pb[i]) / fabs(pa[i]));
+    test_note("eval NLL by position, one GPU vs two: largest difference %.2g", worst);
+    CHECK(worst <= 2e-3, "two GPUs' NLL by position differs from one GPU's by %.3g (relative) > 2e-3", worst);
     tmp_remove(&t);
 }
