@@ -78,6 +78,26 @@ extern "C" {
 // read from the problem, ptxas kept a bounds test and a branch before every product's n-tiles, in
 // the innermost loops: 16% of the CG kernel's instructions were compares and branches.)
 #define DP MAXD
+
+// Hopper's warpgroup products (wgmma) for the CG operator's state term, in the sm_90a build: a
+// warpgroup's 64 x 32 product reads each operand once from shared memory, where mma.sync has every
+// warp load its own fragments (the CG loop is bound by that traffic). Other builds use mma.sync.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WGMMA 1
+#else
+#define WGMMA 0
+#endif
+
+// wgmma's core-matrix layout without swizzling, of a matrix DP columns wide: 8 x 8 blocks of
+// 16-bit values, each 128 contiguous bytes (its row r at byte 16 r), the blocks of a row of blocks
+// side by side along the columns, the rows of blocks DP / 8 blocks apart. Passing LD_CORE where a
+// row stride is expected selects it.
+#define LD_CORE (-1)
+static __device__ __forceinline__ int mat_off(int r, int c, int ld) {
+    return ld == LD_CORE ? (((r >> 3) * (DP / 8) + (c >> 3)) << 6) + ((r & 7) << 3) + (c & 7) : r * ld + c;
+}
+// The layout of the CG operator's direction P and state H.
+#define LD_OP (WGMMA ? LD_CORE : ldrow(DP))
 // Stride of a row-major operand with n columns (n a multiple of 16): 8 or 24 mod 32, conflict-free.
 static __host__ __device__ __forceinline__ int ldrow(int n) { return n + 8; }
 
@@ -298,11 +318,14 @@ static __device__ __forceinline__ void mma_kstep(Tile *acc, const unsigned a[4],
 }
 
 // The lane's row address inside the warp's 16 x 16 block of A at k = 0: A
-// row-major (A(i, k) = A[i lda + k]) or, with a_kmajor, by k (A(i, k) = A[k lda + i]).
+// row-major (A(i, k) = A[i lda + k], or lda LD_CORE) or, with a_kmajor, by k (A(i, k) = A[k lda + i]).
 static __device__ __forceinline__ int a_frag_off(int lda, int a_kmajor) {
     int l = lane_id(), m0 = 16 * (warp_id() & 3);
+    if (lda == LD_CORE) return mat_off(m0 + (l & 15), (l >> 4) * 8, LD_CORE);
     return a_kmajor ? ((l & 7) + (l >> 4) * 8) * lda + m0 + ((l >> 3) & 1) * 8 : (m0 + (l & 15)) * lda + (l >> 4) * 8;
 }
+// The step of that address from k to k + 1 (k a multiple of 16 where lda is LD_CORE).
+static __device__ __forceinline__ int a_frag_kstep(int lda, int a_kmajor) { return lda == LD_CORE ? 8 : a_kmajor ? lda : 1; }
 
 // acc += (A + A2)[:, k0:k1] (B + B2)[k0:k1, :] less A2 B2, for this warp's part
 // of the tile (nc n-tiles). 16-bit operands in smem, fp16 or, with bf, bf16
@@ -313,7 +336,7 @@ static __device__ __forceinline__ int a_frag_off(int lda, int a_kmajor) {
 static __device__ __forceinline__ void tile_mma_b16(Tile *acc, const __half *A, const __half *A2, int lda, int a_kmajor,
                                              const __half *B, const __half *B2, int ldb, int b_nmajor, int k0, int k1,
                                              int nc, int bf) {
-    int a_off = a_frag_off(lda, a_kmajor), akstep = a_kmajor ? lda : 1;
+    int a_off = a_frag_off(lda, a_kmajor), akstep = a_frag_kstep(lda, a_kmajor);
     BFrag f = b_frag_at(B, B2, ldb, b_nmajor, b_lane_off(lane_id(), (warp_id() >> 2) * 8 * nc, ldb, b_nmajor));
     for (int k = k0; k < k1; k += 16) {
         unsigned a[4], a2[4];
@@ -321,6 +344,68 @@ static __device__ __forceinline__ void tile_mma_b16(Tile *acc, const __half *A, 
         if (A2) ldsm4(a2, A2 + a_off + k * akstep, a_kmajor);
         mma_kstep(acc, a, a2, A2 != NULL, &f, k, nc, bf);
     }
+}
+
+#if WGMMA
+#if MAXNT != 4
+#error "the wgmma state term is written for 4 n-tiles a warp (m64n32)"
+#endif
+// The descriptor of a 16-bit operand in LD_CORE layout from p (16-byte aligned): core matrices
+// 128 bytes apart along k (LBO), rows of them DP / 8 x 128 bytes apart along m or n (SBO), no swizzle.
+static __device__ __forceinline__ unsigned long long wg_desc(const __half *p) {
+    unsigned long long a = smem_u32(p);
+    return ((a & 0x3FFFF) >> 4) | ((unsigned long long)(128 >> 4) << 16) | ((unsigned long long)(DP / 8 * 128 >> 4) << 32);
+}
+
+// Keeps the compiler from moving the accumulator's uses across the asynchronous product.
+static __device__ __forceinline__ void wg_pin(Tile *acc) {
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        asm volatile("" : "+f"(acc->v[j][0]), "+f"(acc->v[j][1]), "+f"(acc->v[j][2]), "+f"(acc->v[j][3])::"memory");
+}
+
+// acc += A B for the warpgroup's 64 x 32 tile (warp w: rows 16 (w & 3).., the mma.sync layout),
+// A and B from their descriptors (both k-major), issued asynchronously.
+static __device__ __forceinline__ void wg_mma_n32(Tile *acc, unsigned long long da, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(acc->v[0][0]), "+f"(acc->v[0][1]), "+f"(acc->v[0][2]), "+f"(acc->v[0][3]), "+f"(acc->v[1][0]),
+          "+f"(acc->v[1][1]), "+f"(acc->v[1][2]), "+f"(acc->v[1][3]), "+f"(acc->v[2][0]), "+f"(acc->v[2][1]),
+          "+f"(acc->v[2][2]), "+f"(acc->v[2][3]), "+f"(acc->v[3][0]), "+f"(acc->v[3][1]), "+f"(acc->v[3][2]),
+          "+f"(acc->v[3][3])
+        : "l"(da), "l"(db));
+}
+
+// Starts acc = A (Bh + Bl) for the warpgroup's 32 columns (w >> 2): A [64][DP] and B [DP][DP] in
+// LD_CORE layout, B's rows read as its columns (B symmetric: the state H), over k = 0 .. DP.
+// wg_state_wait completes it. Callers have made the operands visible to the async proxy
+// (fence_async_smem, then a barrier).
+static __device__ __forceinline__ void wg_state_start(Tile *acc, const __half *A, const __half *Bh, const __half *Bl) {
+    int n0 = (warp_id() >> 2) * 32;
+    wg_pin(acc);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int k = 0; k < DP; k += 16) {
+        unsigned long long da = wg_desc(A + mat_off(0, k, LD_CORE));
+        wg_mma_n32(acc, da, wg_desc(Bh + mat_off(n0, k, LD_CORE)));
+        wg_mma_n32(acc, da, wg_desc(Bl + mat_off(n0, k, LD_CORE)));
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+static __device__ __forceinline__ void wg_state_wait(Tile *acc) {
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_pin(acc);
+}
+#endif
+
+// Orders this thread's writes to shared memory before later reads by the async proxy (wgmma).
+static __device__ __forceinline__ void fence_async_smem() {
+#if WGMMA
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
 }
 
 // The chunk kernels' fp16 products: A row-major.
@@ -351,14 +436,14 @@ static __device__ __forceinline__ void split_half2(float v0, float v1, __half2 *
 }
 
 // Writes the tile, each row times its scale sc, into fp16 smem, row-major
-// (M[r ld + c]); split hi + lo when lo is given.
+// (M[r ld + c]; or LD_CORE); split hi + lo when lo is given.
 static __device__ __forceinline__ void tile_put16(__half *hi, __half *lo, int ld, const Tile *t, const float sc[FR], int nc) {
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
         if (j < nc)
 #pragma unroll
             for (int i = 0; i < FR; i++) {
-                int o = f_row(i) * ld + f_col(j, 2 * i, nc);
+                int o = mat_off(f_row(i), f_col(j, 2 * i, nc), ld);
                 float v0 = t->v[j][2 * i] * sc[i], v1 = t->v[j][2 * i + 1] * sc[i];
                 if (lo) split_half2(v0, v1, (__half2 *)(hi + o), (__half2 *)(lo + o));
                 else *(__half2 *)(hi + o) = __floats2half2_rn(v0, v1);
@@ -452,7 +537,7 @@ static __device__ __forceinline__ float stage_absmax(const Vec16 *v, int nv, int
     return m;
 }
 
-// The staged values times `scale` into fp16 smem, row-major (M[r ld + c]),
+// The staged values times `scale` into fp16 smem, row-major (M[r ld + c]; or LD_CORE),
 // split hi + lo when lo is given.
 static __device__ __forceinline__ void stage_put16(const Vec16 *v, int nv, const Src *s, __half *hi, __half *lo, int ld,
                                             float scale) {
@@ -469,7 +554,7 @@ static __device__ __forceinline__ void stage_put16(const Vec16 *v, int nv, const
             if (lo) split_half2(a, b, &h[k], &l[k]);
             else h[k] = __floats2half2_rn(a, b);
         }
-        __half *dh = hi + r * ld + c, *dl = lo ? lo + r * ld + c : NULL;
+        __half *dh = hi + mat_off(r, c, ld), *dl = lo ? lo + mat_off(r, c, ld) : NULL;
         if (w == 8) {
             *(uint4 *)dh = *(const uint4 *)h;
             if (lo) *(uint4 *)dl = *(const uint4 *)l;
@@ -762,9 +847,9 @@ static __device__ __forceinline__ const float *lam_frag(const Smem *s) {
 // times a power-of-two scale, so rounding to fp16 loses nothing but what is
 // stated at tile_mma16.
 typedef struct {
-    __half *Hh, *Hl;  // [DP][ldrow(DP)] the state times sH, hi + lo, row-major
+    __half *Hh, *Hl;  // [DP][ldrow(DP)] the state times sH, hi + lo, in LD_OP layout
     __half *K;        // [CH][ldrow(DP)] the chunk's keys times sK
-    __half *P;        // [CH][ldrow(DP)] the direction, each row times its scale
+    __half *P;        // [CH][ldrow(DP)] the direction, each row times its scale (LD_OP layout)
     __half *Sh, *Sl;  // [CH][ldrow(CH)] the masked scores (scaled), hi + lo
     float sH, sK;
 } Op16;
@@ -796,7 +881,7 @@ static __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const 
     __half *dst[1] = {o->K};
     int lds[1] = {ld};
     float sc[2];  // the keys', the state's
-    stage_batch16(sc, &keys, dst, lds, 1, &state, o->Hh, o->Hl, ld, MAXD * MAXD / 4 / NT, s->red);
+    stage_batch16(sc, &keys, dst, lds, 1, &state, o->Hh, o->Hl, LD_OP, MAXD * MAXD / 4 / NT, s->red);
     o->sK = sc[0];
     o->sH = sc[1];
     cp_async_wait();
@@ -812,7 +897,7 @@ static __device__ void op16_put_state(Op16 *o, const Smem *s, const Vec16 *hv, c
     float m = stage_absmax(hv, MAXD * MAXD / 4 / NT, 1);
     block_max_n(&m, 1, s->red);
     o->sH = fp16_scale(m);
-    stage_put16(hv, MAXD * MAXD / 4 / NT, state, o->Hh, o->Hl, ldrow(DP), o->sH);
+    stage_put16(hv, MAXD * MAXD / 4 / NT, state, o->Hh, o->Hl, LD_OP, o->sH);
     __syncthreads();
 }
 
@@ -871,16 +956,31 @@ static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, con
     Tile sc;
     tile_zero(&sc);
     tile_zero(acc);
-    int skip = scores_masked_out(0), a_off = a_frag_off(f->lda, 0);
+    int skip = scores_masked_out(0), a_off = a_frag_off(f->lda, 0), ak = a_frag_kstep(f->lda, 0);
     int l = lane_id(), cg = warp_id() >> 2;
     BFrag fb = b_frag_at(f->B, NULL, f->ldb, 1, b_lane_off(l, cg * 8 * NTILES(CH), f->ldb, 1));
-    BFrag fs = b_frag_at(f->Sh, f->Sl, f->lds, f->s_nmajor, b_lane_off(l, cg * 8 * f->nc, f->lds, f->s_nmajor));
-    for (int k = 0; k < f->dk; k += 16) {
-        unsigned a[4], a2[4];
-        ldsm4(a, f->Ah + a_off + k, 0);
-        if (f->Al) ldsm4(a2, f->Al + a_off + k, 0);
-        if (!skip) mma_kstep(&sc, a, a2, f->Al != NULL, &fb, k, NTILES(CH), 0);
-        mma_kstep(acc, a, a2, f->Al != NULL, &fs, k, f->nc, 0);
+#if WGMMA
+    if (f->lds == LD_CORE) {  // the CG operator (A = P exact in fp16, S = H symmetric): the state term
+                              // by wgmma, running while the scores' pass loads its own fragments
+        wg_state_start(acc, f->Ah, f->Sh, f->Sl);
+        if (!skip)
+            for (int k = 0; k < f->dk; k += 16) {
+                unsigned a[4];
+                ldsm4(a, f->Ah + a_off + k * ak, 0);
+                mma_kstep(&sc, a, a, 0, &fb, k, NTILES(CH), 0);
+            }
+        wg_state_wait(acc);
+    } else
+#endif
+    {
+        BFrag fs = b_frag_at(f->Sh, f->Sl, f->lds, f->s_nmajor, b_lane_off(l, cg * 8 * f->nc, f->lds, f->s_nmajor));
+        for (int k = 0; k < f->dk; k += 16) {
+            unsigned a[4], a2[4];
+            ldsm4(a, f->Ah + a_off + k * ak, 0);
+            if (f->Al) ldsm4(a2, f->Al + a_off + k * ak, 0);
+            if (!skip) mma_kstep(&sc, a, a2, f->Al != NULL, &fb, k, NTILES(CH), 0);
+            mma_kstep(acc, a, a2, f->Al != NULL, &fs, k, f->nc, 0);
+        }
     }
     // the masked scores, split into fp16 hi + lo
     if (!skip) tile_mask_f(&sc, s->Mf);
@@ -904,9 +1004,10 @@ static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, con
 // (cg_solve: the dots' barriers).
 static __device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], const Smem *s, const Op16 *o, const Geo *g) {
     int nc = NTILES(DP), ld = ldrow(DP);
-    tile_put16(o->P, NULL, ld, p, sp, nc);
+    tile_put16(o->P, NULL, LD_OP, p, sp, nc);
+    fence_async_smem();  // (P, and the state written before CG, for wgmma)
     __syncthreads();
-    Gla16 f = {o->P, NULL, o->Hh, o->Hl, o->K, o->K, ld, ld, ld, ld, 0, DP, nc, o->sH, o->sK, o->sK};
+    Gla16 f = {o->P, NULL, o->Hh, o->Hl, o->K, o->K, LD_OP, LD_OP, ld, ld, 0, DP, nc, o->sH, o->sK, o->sK};
     tile_gla16(ap, &f, sp, o->Sh, o->Sl, s);
     const float *lam = lam_frag(s);
 #pragma unroll
@@ -927,7 +1028,7 @@ static __device__ void jacobi_diagonal(const Smem *s, const Op16 *o, const Geo *
     float ih = 1.0f / o->sH, ik2 = 1.0f / (o->sK * o->sK);
     for (int e = threadIdx.x; e < CH * DP; e += NT) {
         int r = e / DP, c = e % DP;
-        float hc = __half2float(o->Hh[c * ld + c]) + __half2float(o->Hl[c * ld + c]);
+        float hc = __half2float(o->Hh[mat_off(c, c, LD_OP)]) + __half2float(o->Hl[mat_off(c, c, LD_OP)]);
         float acc = __expf(s->b[r]) * hc * ih + s->lam[c];
         for (int t = 0; t <= r; t++) {
             float kv = __half2float(o->K[t * ld + c]);
