@@ -55,7 +55,6 @@ int run_tool(const char *args, const char *log) {
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-// The "loss" column of a run's loss.csv.
 int read_second_column(const char *path, double *out, int max) {
     char line[1024];
     FILE *f = fopen(path, "r");

@@ -20,28 +20,6 @@ typedef struct {
     Group *g;            // the ranks (one process: size 1)
 } EvalSetup;
 
-// Adds the ranks' results: every rank then holds the sums over all of them (the mean CG steps,
-// the mean of the ranks' means).
-static int eval_sum(Group *g, EvalResult *r) {
-    if (g->size == 1) return MN_OK;
-    size_t n = 3 + 2 * (size_t)r->T;
-    double *v = malloc(n * sizeof(double));
-    if (!v) return mn_error(MN_ERR_NOMEM, "out of memory");
-    v[0] = r->nll_sum;
-    v[1] = r->count;
-    v[2] = r->cg_steps / g->size;
-    memcpy(v + 3, r->pos_sum, r->T * sizeof(double));
-    memcpy(v + 3 + r->T, r->pos_count, r->T * sizeof(double));
-    int s = group_sum_host(g, v, n);
-    r->nll_sum = v[0];
-    r->count = v[1];
-    r->cg_steps = v[2];
-    memcpy(r->pos_sum, v + 3, r->T * sizeof(double));
-    memcpy(r->pos_count, v + 3 + r->T, r->T * sizeof(double));
-    free(v);
-    return s;
-}
-
 // Evaluates `m` at sequence length T with the given CG settings: each rank scores its rows of
 // every batch, and all get the sums.
 static int evaluate(Model *m, const EvalSetup *e, int T, int steps, float tol, EvalResult *r) {
@@ -51,7 +29,7 @@ static int evaluate(Model *m, const EvalSetup *e, int T, int steps, float tol, E
     m->solver.tol = tol;
     int s = eval_run_rows(m, &dl, e->batches, e->g->rank * e->batch, e->batch, r);
     loader_close(&dl);
-    if (!s && (s = eval_sum(e->g, r))) eval_free(r);
+    if (!s && (s = group_sum_eval(e->g, r))) eval_free(r);
     return s;
 }
 

@@ -275,8 +275,8 @@ static __device__ __forceinline__ int b_lane_off(int l, int n0, int ldb, int b_n
                     : ((l & 7) + ((l >> 3) & 1) * 8) * ldb + n0 + (l >> 4) * 8;
 }
 
-// B's fragments for the lane at offset off (b_lane_off). (Taking the offset rather than computing
-// it here: ptxas then spilled twice as much in the CG forward kernel, and it ran 2% slower.)
+// B's fragments for the lane at offset off (b_lane_off). (The caller computes the offset: computed
+// in here, it made ptxas spill twice as much in the CG forward kernel, which ran 2% slower.)
 static __device__ __forceinline__ BFrag b_frag_at(const __half *B, const __half *B2, int ldb, int b_nmajor, int off) {
     BFrag f = {B, B2, off, b_nmajor ? 1 : ldb, b_nmajor ? 8 * ldb : 8, !b_nmajor};
     return f;
@@ -776,14 +776,14 @@ static __device__ __forceinline__ void tile_mask_f(Tile *t, const float *Mf) {
 }
 
 // Shared-memory layout of the CG kernels: regions of floats, most of them
-// holding fp16 operands (Dm = DP, the padded head size).
+// holding fp16 operands (DP: the padded head size).
 typedef struct {
-    float *Hs;   // [Dm][ldrow(Dm)] the state term's matrix hi + lo (H; G for the output and the rhs)
-    float *Kp;   // [CH][ldrow(Dm)] the chunk's keys and CG's direction
-    float *Bm;   // [CH][ldrow(Dm)] X hi + lo (the forward's output) or Delta (the backward's rhs)
+    float *Hs;   // [DP][ldrow(DP)] the state term's matrix hi + lo (H; G for the output and the rhs)
+    float *Kp;   // [CH][ldrow(DP)] the chunk's keys and CG's direction
+    float *Bm;   // [CH][ldrow(DP)] X hi + lo (the forward's output) or Delta (the backward's rhs)
     float *St;   // [CH][LDT] the masked scores, hi + lo
-    float *Dg;   // [CH][Dm]  the Jacobi diagonal; then V (the output and the rhs)
-    float *b, *beta, *lam, *red;  // [CH], [CH], [Dm], [NCG][CH] (tile_dot's, at least Dm)
+    float *Dg;   // [CH][DP]  the Jacobi diagonal; then V (the output and the rhs)
+    float *b, *beta, *lam, *red;  // [CH], [CH], [DP], [NCG][CH] (tile_dot's, at least DP)
     // constant over the chunk, in the thread's fragment order (chunk_consts)
     float *Mf;    // [NT][MFN] the forward mask at the thread's elements of a 64 x 64 tile
     float *eb;    // [CH] e^{b_row}
@@ -791,23 +791,21 @@ typedef struct {
 } Smem;
 
 static size_t smem_floats(void) {
-    size_t dm = DP;
-    return dm * ldrow((int)dm) + 2 * CH * ldrow((int)dm) + (size_t)CH * LDT + CH * dm + 2 * CH + dm + NCG * CH +
+    return (size_t)DP * ldrow(DP) + 2 * CH * ldrow(DP) + (size_t)CH * LDT + CH * DP + 2 * CH + DP + NCG * CH +
            (size_t)NT * MFN + CH + NCG * 4 * 2 * MAXNT;
 }
 
 static __device__ Smem carve(float *base, const Geo *g) {
-    int dm = DP;
     Smem s;
     s.Hs = base;
-    s.Kp = s.Hs + dm * ldrow(dm);
-    s.St = s.Kp + CH * ldrow(dm);
+    s.Kp = s.Hs + DP * ldrow(DP);
+    s.St = s.Kp + CH * ldrow(DP);
     s.Bm = s.St + CH * LDT;
-    s.Dg = s.Bm + CH * ldrow(dm);  // right after Bm: the two hold the forward's staged G (stage_g)
-    s.b = s.Dg + CH * dm;
+    s.Dg = s.Bm + CH * ldrow(DP);  // right after Bm: the two hold the forward's staged G (stage_g)
+    s.b = s.Dg + CH * DP;
     s.beta = s.b + CH;
     s.lam = s.beta + CH;
-    s.red = s.lam + dm;
+    s.red = s.lam + DP;
     s.Mf = s.red + NCG * CH;  // 16-byte aligned: every region above is a multiple of 4 floats
     s.eb = s.Mf + NT * MFN;
     s.lamf = s.eb + CH;
@@ -1024,7 +1022,7 @@ static __device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR
 // The Jacobi diagonal of each row's A_t into Dg: e^{b_t} diag(Hc) + sum_{s<=t} e^{b_t-b_s} beta_s k_s^2 + lambda
 // (from the fp16 operands: a preconditioner need not be exact).
 static __device__ void jacobi_diagonal(const Smem *s, const Op16 *o, const Geo *g) {
-    int dm = DP, ld = ldrow(DP);
+    int ld = ldrow(DP);
     float ih = 1.0f / o->sH, ik2 = 1.0f / (o->sK * o->sK);
     for (int e = threadIdx.x; e < CH * DP; e += NT) {
         int r = e / DP, c = e % DP;
@@ -1034,7 +1032,7 @@ static __device__ void jacobi_diagonal(const Smem *s, const Op16 *o, const Geo *
             float kv = __half2float(o->K[t * ld + c]);
             acc += __expf(s->b[r] - s->b[t]) * s->beta[t] * kv * kv * ik2;
         }
-        s->Dg[r * dm + c] = acc;
+        s->Dg[r * DP + c] = acc;
     }
     __syncthreads();
 }
@@ -1044,12 +1042,12 @@ static __device__ __forceinline__ int cg_jacobi(const Geo *g) { return g->precon
 
 // z = r / diag (Jacobi) or r.
 static __device__ __forceinline__ void precondition(Tile *z, const Tile *r, const Smem *s, const Geo *g, int use) {
-    int nc = NTILES(DP), dm = DP;
+    int nc = NTILES(DP);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            z->v[j][e] = (use && j < nc) ? r->v[j][e] / s->Dg[f_row(e >> 1) * dm + f_col(j, e, nc)] : r->v[j][e];
+            z->v[j][e] = (use && j < nc) ? r->v[j][e] / s->Dg[f_row(e >> 1) * DP + f_col(j, e, nc)] : r->v[j][e];
 }
 
 // Conjugate gradient for the chunk's rows (spec section 2): q in, x out,
@@ -1541,9 +1539,9 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
 }
 
 // Shared memory of grads_kernel: fp16 operands, each times a power of two
-// (Dm = DP, ld = ldrow(Dm)).
+// (ld = ldrow(DP)).
 typedef struct {
-    __half *Mh, *Ml;                  // [Dm][ld] an adjoint, hi + lo: Hn, then Gbar
+    __half *Mh, *Ml;                  // [DP][ld] an adjoint, hi + lo: Hn, then Gbar
     __half *Yh, *Yl;                  // [CH][ld] Y, hi + lo
     __half *S1h, *S1l, *S2h, *S2l;    // [CH][ldrow(CH)] the masked scores S1 and S2 (below), hi + lo
     __half *K, *X, *V, *D;            // [CH][ld] the chunk's k, x, v and Delta (exact in fp16)
@@ -1551,17 +1549,17 @@ typedef struct {
 } GradSmem;
 
 static size_t grads_smem(const Geo *g) {
-    size_t dm = DP > DP ? DP : DP, ld = ldrow((int)dm);
-    size_t halves = 2 * dm * ld + 2 * CH * ld + 4 * (size_t)CH * ldrow(CH) + 4 * CH * ld;
+    size_t ld = ldrow(DP);
+    size_t halves = 2 * DP * ld + 2 * CH * ld + 4 * (size_t)CH * ldrow(CH) + 4 * CH * ld;
     return 2 * halves + sizeof(float) * (2 * CH + NCG * CH);
 }
 
 static __device__ GradSmem grads_carve(float *base, const Geo *g) {
-    int dm = DP, ld = ldrow(dm), ls = CH * ldrow(CH);
+    int ld = ldrow(DP), ls = CH * ldrow(CH);
     GradSmem s;
     s.Mh = (__half *)base;
-    s.Ml = s.Mh + dm * ld;
-    s.Yh = s.Ml + dm * ld;
+    s.Ml = s.Mh + DP * ld;
+    s.Yh = s.Ml + DP * ld;
     s.Yl = s.Yh + CH * ld;
     s.S1h = s.Yl + CH * ld;
     s.S1l = s.S1h + ls;

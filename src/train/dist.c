@@ -292,6 +292,26 @@ int group_sum(Group *g, const Backend *be, void *x, size_t n) {
     return be->upload(be, x, g->host, n, MEM_F32);
 }
 
+int group_sum_eval(Group *g, EvalResult *r) {
+    if (g->size == 1) return MN_OK;
+    size_t n = 3 + 2 * (size_t)r->T;
+    double *v = malloc(n * sizeof(double));
+    if (!v) return mn_error(MN_ERR_NOMEM, "out of memory");
+    v[0] = r->nll_sum;
+    v[1] = r->count;
+    v[2] = r->cg_steps / g->size;
+    memcpy(v + 3, r->pos_sum, r->T * sizeof(double));
+    memcpy(v + 3 + r->T, r->pos_count, r->T * sizeof(double));
+    int s = group_sum_host(g, v, n);
+    r->nll_sum = v[0];
+    r->count = v[1];
+    r->cg_steps = v[2];
+    memcpy(r->pos_sum, v + 3, r->T * sizeof(double));
+    memcpy(r->pos_count, v + 3 + r->T, r->T * sizeof(double));
+    free(v);
+    return s;
+}
+
 static int sum_block(void *arg, void *grads, size_t n) {
     const Backend *be = ((Group *)arg)->be;
     return be->allreduce(be, grads, n);

@@ -20,6 +20,7 @@
 #include <stddef.h>
 
 #include "core/backend.h"
+#include "eval/eval.h"
 #include "model/model.h"
 
 typedef struct DistShared DistShared;
@@ -55,6 +56,10 @@ void group_grads_begin(Group *g, Model *m);
 int group_grads_end(Group *g, Model *m);
 // The same for host numbers (losses, flags): x[n] = the sum over the ranks, in rank order.
 int group_sum_host(Group *g, double *x, size_t n);
+// An evaluation's sums over the ranks, each rank having scored its own rows (eval_run_rows):
+// every rank then holds the totals (the NLL, overall and by position), and as cg_steps the mean
+// of the ranks' means.
+int group_sum_eval(Group *g, EvalResult *r);
 // Waits until every rank has called it.
 void group_barrier(Group *g);
 

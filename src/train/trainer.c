@@ -160,12 +160,11 @@ static int validate(Model *m, Group *g, DataLoader *valid, int batches, double *
     EvalResult r;
     int rows = valid->B / g->size;
     MN_TRY(eval_run_rows(m, valid, batches, g->rank * rows, rows, &r));
-    double sums[3] = {r.nll_sum, r.count, r.cg_steps / g->size};
+    int s = group_sum_eval(g, &r);
+    *loss = r.count > 0 ? r.nll_sum / r.count : NAN;
+    *cg = r.cg_steps;
     eval_free(&r);
-    MN_TRY(group_sum_host(g, sums, 3));
-    *loss = sums[1] > 0 ? sums[0] / sums[1] : NAN;
-    *cg = sums[2];
-    return MN_OK;
+    return s;
 }
 
 static int check_options(const TrainOptions *o) {
