@@ -595,6 +595,10 @@ static __device__ __forceinline__ void stage_batch16(float *sc, const Src *rows,
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
 }
+// The same for 4 bytes (`bytes` 4 or 0), through L1 (.ca: 4-byte copies cannot bypass it).
+static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
+}
 static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // The block of s (rpad x cpad, zero outside rows x cols) into smem as it is,
@@ -628,6 +632,22 @@ static __device__ __forceinline__ void fetch_decays(float glog[2], float beta[2]
         int t = threadIdx.x + 32 * h;
         glog[h] = t < n ? g_log[base + (size_t)t * g->H] : 0.0f;
         beta[h] = t < n ? g_beta[base + (size_t)t * g->H] : 0.0f;
+    }
+}
+
+// The same into smem in the background (cp.async; cp_async_wait completes it): glog[t], beta[t].
+// (Fetched into registers a chunk ahead, the scan kept them across the chunk's products and ptxas
+// spilled them: warp 0 then waited for the loads before every chunk's barrier, and the block with it.)
+static __device__ __forceinline__ void fetch_decays_async(float *glog, float *beta, const float *g_log, const float *g_beta,
+                                                   const Geo *g, int pair, int t0) {
+    int n = min(CH, g->T - t0);
+    size_t base = tok_index(g, pair, t0);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int t = threadIdx.x + 32 * h, in = t < n;
+        size_t i = in ? base + (size_t)t * g->H : 0;
+        cp_async4(glog + t, g_log + i, in ? 4 : 0);
+        cp_async4(beta + t, g_beta + i, in ? 4 : 0);
     }
 }
 
@@ -1198,6 +1218,38 @@ static __device__ void slice_store(float *dst, const Tile *acc, int i0, int rows
         }
 }
 
+// slice_store through 1 KB of smem per warp (scr), so that every store instruction writes four
+// whole 128-byte rows: from the mma layout (two adjacent columns a thread), 8-byte stores had cost
+// an L2 request per 32 bytes, and the scan was bound by L2 tag lookups (ncu: 80% of their peak).
+// Needs dk % 4 == 0 and dst 16-byte aligned (slice_rows_ok). A row's 8-byte units are swizzled
+// (unit u of row r at u ^ 4 (r & 3)), so that the writes and the 16-byte reads are free of bank conflicts.
+static __device__ void slice_store_rows(float *dst, const Tile *acc, int i0, int rows, int dk, float sign, float *scr) {
+    int l = lane_id(), w = warp_id(), c0 = (w >> 2) * 8 * MAXNT;
+    float *my = scr + w * 8 * 32;  // 8 rows x 32 columns: the warp's rows f_row(i) for one i
+#pragma unroll
+    for (int i = 0; i < FR; i++) {
+        int r = l >> 2;
+#pragma unroll
+        for (int j = 0; j < MAXNT; j++) {
+            int u = 4 * j + (l & 3);  // columns 2u, 2u + 1 of the warp's 32
+            *(float2 *)(my + r * 32 + 2 * (u ^ (4 * (r & 3)))) = make_float2(sign * acc->v[j][2 * i], sign * acc->v[j][2 * i + 1]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int rr = (l >> 3) + 4 * h, f = l & 7;  // row rr, columns 4f .. 4f + 3
+            float4 v = *(const float4 *)(my + rr * 32 + 2 * ((2 * f) ^ (4 * (rr & 3))));
+            int row = i0 + 16 * (w & 3) + 8 * i + rr, col = c0 + 4 * f;
+            if (row < rows && col < dk) *(float4 *)(dst + (size_t)row * dk + col) = v;
+        }
+        __syncwarp();
+    }
+}
+
+static __device__ __forceinline__ int slice_rows_ok(const float *dst, int dk) {
+    return MAXNT == 4 && dk % 4 == 0 && (uintptr_t)dst % 16 == 0;
+}
+
 // A scan chunk's raw operands, fetched in the background: the left factor's
 // 64-column slice (from column i0 of dl; stride CH + 4 floats or CH + 8 bf16)
 // at dst, the right factor (stride ldrow(DP)) at dst + lbytes.
@@ -1284,7 +1336,7 @@ static __global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float
     float init_sign = m ? sc.init_sign[1] : sc.init_sign[0], fin_sign = m ? sc.fin_sign[1] : sc.fin_sign[0];
     size_t lbytes = (size_t)CH * (CH + 4) * sizeof(float), sbytes = lbytes + (size_t)CH * ldrow(DP) * sizeof(bf16);
     bf16 *A = (bf16 *)(smb + 2 * sbytes);
-    float *w = (float *)(A + 3 * CH * ldrow(CH)), *decay = w + 2 * CH;
+    float *w = (float *)(A + 3 * CH * ldrow(CH)), *decay = w + 2 * CH, *dec = decay + 2;  // dec: [2][glog, beta][CH]
     size_t slot_sz = (size_t)(sc.d[0] + sc.d[1]) * dk, off = m ? (size_t)sc.d[0] * dk : 0;
     float *out = sc.out + (size_t)pair * sc.nslots * slot_sz + off;
     Tile acc;
@@ -1300,22 +1352,29 @@ static __global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float
             }
     }
     int dir = sc.reverse ? -1 : 1, c = sc.reverse ? g.nchunks - 1 : 0;
-    float gl[2], bt[2];  // warp 0: the decays of the chunk ahead
+    int rows_ok = slice_rows_ok(out, dk) && slot_sz % 4 == 0;
     scan_stage(smb, lbytes, l, l32, i0, dl, sc.r, sc.vec, &g, pair, c * CH);
-    if (threadIdx.x < 32) fetch_decays(gl, bt, glog, gbeta, &g, pair, c * CH);
+    if (threadIdx.x < 32) fetch_decays_async(dec, dec + CH, glog, gbeta, &g, pair, c * CH);
     for (int step = 0; step < g.nchunks; step++, c += dir) {
         int n = min(CH, g.T - c * CH), buf = step & 1, more = step + 1 < g.nchunks;
         const unsigned char *st = smb + buf * sbytes;
-        if (threadIdx.x < 32) {
-            scan_weights(w + buf * CH, decay + buf, gl, bt, n, sc.reverse);
-            if (more) fetch_decays(gl, bt, glog, gbeta, &g, pair, (c + dir) * CH);
-        }
+        float *scr = (float *)(smb + buf * sbytes);  // the left slice's space, free once A is in place
         cp_async_wait();
+        if (threadIdx.x < 32) {
+            const float *d = dec + buf * 2 * CH;
+            float gl[2] = {d[threadIdx.x], d[threadIdx.x + 32]}, bt[2] = {d[CH + threadIdx.x], d[CH + threadIdx.x + 32]};
+            scan_weights(w + buf * CH, decay + buf, gl, bt, n, sc.reverse);
+        }
         __syncthreads();  // chunk c's operands and weights are in place; the other stage buffer and A are free
-        if (more) scan_stage(smb + (buf ^ 1) * sbytes, lbytes, l, l32, i0, dl, sc.r, sc.vec, &g, pair, (c + dir) * CH);
+        if (more) {
+            scan_stage(smb + (buf ^ 1) * sbytes, lbytes, l, l32, i0, dl, sc.r, sc.vec, &g, pair, (c + dir) * CH);
+            if (threadIdx.x < 32)
+                fetch_decays_async(dec + (buf ^ 1) * 2 * CH, dec + (buf ^ 1) * 2 * CH + CH, glog, gbeta, &g, pair, (c + dir) * CH);
+        }
         scan_put_a(A, st, l32, w + buf * CH);
-        slice_store(out + (size_t)c * slot_sz, &acc, i0, dl, dk, nc, 1.0f);
+        if (!rows_ok) slice_store(out + (size_t)c * slot_sz, &acc, i0, dl, dk, nc, 1.0f);
         __syncthreads();  // A is in place
+        if (rows_ok) slice_store_rows(out + (size_t)c * slot_sz, &acc, i0, dl, dk, 1.0f, scr);
         float d = decay[buf];
 #pragma unroll
         for (int j = 0; j < MAXNT; j++)
@@ -1325,14 +1384,19 @@ static __global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float
         tile_mma_b16(&acc, a + 2 * CH * ldrow(CH), NULL, ldrow(CH), 1, r, NULL, ldrow(DP), 0, 0, CH, nc, 1);
         tile_mma_b16(&acc, a, a + CH * ldrow(CH), ldrow(CH), 1, r, NULL, ldrow(DP), 0, 0, CH, nc, 1);
     }
-    if (!sc.reverse) slice_store(out + (size_t)g.nchunks * slot_sz, &acc, i0, dl, dk, nc, 1.0f);
-    else if (fin) slice_store(fin + (size_t)pair * dl * dk, &acc, i0, dl, dk, nc, fin_sign);
+    // (each warp stores through its own part of the last chunk's scratch, which it alone uses)
+    float *scr = (float *)(smb + ((g.nchunks - 1) & 1) * sbytes);
+    float *last = sc.reverse ? (fin ? fin + (size_t)pair * dl * dk : NULL) : out + (size_t)g.nchunks * slot_sz;
+    float sign = sc.reverse ? fin_sign : 1.0f;
+    if (last && slice_rows_ok(last, dk)) slice_store_rows(last, &acc, i0, dl, dk, sign, scr);
+    else if (last) slice_store(last, &acc, i0, dl, dk, nc, sign);
 }
 
-// Two stage buffers (the left slice as floats at most, the right factor), the split left operand, weights, decays.
+// Two stage buffers (the left slice as floats at most, the right factor), the split left operand,
+// weights, decays and two chunks' fetched log decays and betas.
 static size_t scan_smem(const Geo *g) {
     return 2 * ((size_t)CH * (CH + 4) * sizeof(float) + (size_t)CH * ldrow(DP) * sizeof(bf16)) +
-           3 * (size_t)CH * ldrow(CH) * sizeof(bf16) + 2 * CH * sizeof(float) + 2 * sizeof(float);
+           3 * (size_t)CH * ldrow(CH) * sizeof(bf16) + 2 * CH * sizeof(float) + 2 * sizeof(float) + 4 * CH * sizeof(float);
 }
 
 // ---------------------------------------------------------------- the chunk kernels
@@ -1740,26 +1804,42 @@ static __global__ void final_dot_kernel(float *db_final, const float *states, co
     if (threadIdx.x == 0) db_final[pair] = acc;
 }
 
-// dg_t = db_final + sum_{u >= t} db_u, one warp per pair: windows of 32 tokens
-// from the end, a shuffle scan inside each, the running sum carried across.
-static __global__ void dg_scan_kernel(float *dg, const float *db, const float *db_final, Geo g) {
-    int pair = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = lane_id();
-    if (pair >= g.B * g.H) return;  // the whole warp
+// dg_t = db_final + sum_{u >= t} db_u: a block per pair, over tiles of DG_THREADS x DG_RUN tokens
+// from the end. Each thread loads its run of DG_RUN consecutive tokens (all loads in flight) and
+// sums it; a block scan of the runs' sums gives each run what lies after it. (One warp walking
+// windows of 32 tokens, a dependent load each, took 48 us at 8 x 2048 x 16.)
+#define DG_THREADS 256
+#define DG_RUN 8
+static __global__ void __launch_bounds__(DG_THREADS) dg_scan_kernel(float *dg, const float *db, const float *db_final, Geo g) {
+    __shared__ float part[DG_THREADS / 32];
+    int pair = blockIdx.x, lane = lane_id(), w = warp_id();
     float carry = db_final[pair];
-    for (int top = g.T - 1; top >= 0; top -= 32) {
-        int t = top - lane;  // lane 0 is the latest token of the window
-        float v = t >= 0 ? db[tok_index(&g, pair, t)] : 0.0f;
+    for (int end = g.T; end > 0; end -= DG_THREADS * DG_RUN) {
+        int top = end - 1 - (int)threadIdx.x * DG_RUN;  // thread 0 takes the latest run
+        float v[DG_RUN], s = 0;
+#pragma unroll
+        for (int r = 0; r < DG_RUN; r++) v[r] = top - r >= 0 ? db[tok_index(&g, pair, top - r)] : 0.0f;
+#pragma unroll
+        for (int r = 0; r < DG_RUN; r++) v[r] = s += v[r];  // the run's sums from its top down
+        float x = s;  // then the sums over this warp's runs up to this one
         for (int o = 1; o < 32; o <<= 1) {
-            float u = __shfl_up_sync(0xffffffffu, v, o);
-            if (lane >= o) v += u;
+            float u = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += u;
         }
-        v += carry;
-        if (t >= 0) dg[tok_index(&g, pair, t)] = v;
-        carry = __shfl_sync(0xffffffffu, v, 31);
+        if (lane == 31) part[w] = x;
+        __syncthreads();
+        float after = carry + x - s, total = 0;  // after: the tokens after this run
+        for (int i = 0; i < DG_THREADS / 32; i++) {
+            if (i < w) after += part[i];
+            total += part[i];
+        }
+#pragma unroll
+        for (int r = 0; r < DG_RUN; r++)
+            if (top - r >= 0) dg[tok_index(&g, pair, top - r)] = after + v[r];
+        carry += total;
+        __syncthreads();  // part is written again
     }
 }
-
-// ---------------------------------------------------------------- decode (T = 1)
 
 #define DEC_BATCH 32  // H loads each decode thread keeps in flight
 #define DEC_ROWS 8     // rows of G each decode warp loads at once
@@ -2121,7 +2201,7 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, 
                                                  (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, y,
                                                  terms, io->g, io->beta, adj, vec, g);
     LAUNCH_CHECK();
-    dg_scan_kernel<<<(unsigned)((pairs + 3) / 4), 128, 0, c->stream>>>(io->dg, db, db_final, g);
+    dg_scan_kernel<<<(unsigned)pairs, DG_THREADS, 0, c->stream>>>(io->dg, db, db_final, g);
     LAUNCH_CHECK();
     return MN_OK;
 }
