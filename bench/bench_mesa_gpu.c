@@ -174,6 +174,7 @@ static int run_fwd_bwd(void *p) {
 
 int bench_mesa_gpu(int argc, char **argv) {
     const char *shapes_s = "8x2048x16x128,4x4096x16x128,16x2048x8x64", *decode_s = "1,16,128";
+    const char *init_s = "zero", *precond_s = "none";
     int steps = 30, reps = 10;
     float tol = 1e-4f;
     Option opts[] = {
@@ -182,9 +183,16 @@ int bench_mesa_gpu(int argc, char **argv) {
         {"tol", OPT_FLOAT, &tol, "tolerance of the tolerance mode"},
         {"reps", OPT_INT, &reps, "timed repetitions (median reported)"},
         {"decode", OPT_STRING, &decode_s, "batch sizes of the decode step (H=16, D=128), or \"\""},
+        {"init", OPT_STRING, &init_s, "CG's initial guess: zero or jacobi (q / diag A)"},
+        {"precond", OPT_STRING, &precond_s, "CG's preconditioner: none or jacobi"},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
+    MnSolver solver = mn_solver_default();
+    if (!strcmp(init_s, "jacobi")) solver.init = MN_CG_INIT_JACOBI;
+    else if (strcmp(init_s, "zero")) die("--init: expected zero or jacobi, got '%s'", init_s);
+    if (!strcmp(precond_s, "jacobi")) solver.precond = MN_PRECOND_JACOBI;
+    else if (strcmp(precond_s, "none")) die("--precond: expected none or jacobi, got '%s'", precond_s);
     Shape shapes[8];
     int ns = parse_shapes(shapes_s, shapes, 8);
     if (ns <= 0) die("--shapes: expected BxTxHxD[,BxTxHxD...]");
@@ -209,7 +217,7 @@ int bench_mesa_gpu(int argc, char **argv) {
         void *steps_f = be->alloc(be, h.ng, MEM_I32), *steps_b = be->alloc(be, h.ng, MEM_I32);  // on the device
         int32_t *hs_f = xcalloc(h.ng, sizeof(int32_t)), *hs_b = xcalloc(h.ng, sizeof(int32_t));
         for (int mode = 0; mode < 2; mode++) {
-            Run r = {be, d, mn_solver_default()};
+            Run r = {be, d, solver};
             r.s.max_steps = steps;
             r.s.tol = mode ? tol : 0;
             MnMesaFwd f = {q, k, v, g, b, lam, NULL, NULL, NULL, o, x, NULL, NULL, steps_f};

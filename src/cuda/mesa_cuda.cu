@@ -150,13 +150,16 @@ static __device__ __forceinline__ void tile_rowdot(float s[FR], const Tile *a, c
 // out[i] = the sum of the partials s[i] of the thread's rows: rows span the 4
 // lanes of a quad and the NCG column-group warps; `red` ([NCG][CH] floats of
 // smem) joins the groups. Called by all threads (it synchronizes the block).
-static __device__ void rows_join(float out[FR], float s[FR], float *red) {
+// With `fresh`, the caller guarantees that every thread has passed a barrier
+// since its last reads of red (the CG loop alternates two buffers), and the
+// join takes one barrier instead of two.
+static __device__ void rows_join(float out[FR], float s[FR], float *red, int fresh = 0) {
 #pragma unroll
     for (int i = 0; i < FR; i++) {
         s[i] += __shfl_xor_sync(0xffffffffu, s[i], 1);
         s[i] += __shfl_xor_sync(0xffffffffu, s[i], 2);
     }
-    __syncthreads();  // the previous readers of red are done
+    if (!fresh) __syncthreads();  // the previous readers of red are done
     if ((lane_id() & 3) == 0)
 #pragma unroll
         for (int i = 0; i < FR; i++) red[(warp_id() >> 2) * CH + f_row(i)] = s[i];
@@ -170,10 +173,11 @@ static __device__ void rows_join(float out[FR], float s[FR], float *red) {
 }
 
 // out[i] = a_row . b_row for the thread's rows (all threads; synchronizes).
-static __device__ __forceinline__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, float *red) {
+static __device__ __forceinline__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, float *red,
+                                         int fresh = 0) {
     float s[FR];
     tile_rowdot(s, a, b, nc);
-    rows_join(out, s, red);
+    rows_join(out, s, red, fresh);
 }
 
 // Multiplies the thread's rows by f.
@@ -351,46 +355,54 @@ static __device__ __forceinline__ void tile_mma_b16(Tile *acc, const __half *A, 
 #error "the wgmma state term is written for 4 n-tiles a warp (m64n32)"
 #endif
 // The descriptor of a 16-bit operand in LD_CORE layout from p (16-byte aligned): core matrices
-// 128 bytes apart along k (LBO), rows of them DP / 8 x 128 bytes apart along m or n (SBO), no swizzle.
-static __device__ __forceinline__ unsigned long long wg_desc(const __half *p) {
-    unsigned long long a = smem_u32(p);
-    return ((a & 0x3FFFF) >> 4) | ((unsigned long long)(128 >> 4) << 16) | ((unsigned long long)(DP / 8 * 128 >> 4) << 32);
+// 128 bytes apart along k (LBO), rows of them DP / 8 x 128 bytes apart along m or n (SBO), no
+// swizzle. Its high word (SBO) is the same for every operand, so the products take the low word
+// (the address and LBO) and add the high one themselves: half the registers per descriptor.
+static __device__ __forceinline__ unsigned wg_desc(const __half *p) {
+    return ((smem_u32(p) & 0x3FFFF) >> 4) | ((128 >> 4) << 16);
 }
+#define WG_DESC_HI (DP / 8 * 128 >> 4)
 
 // Keeps the compiler from moving the accumulator's uses across the asynchronous product.
 static __device__ __forceinline__ void wg_pin(Tile *acc) {
 #pragma unroll
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < MAXNT; j++)
         asm volatile("" : "+f"(acc->v[j][0]), "+f"(acc->v[j][1]), "+f"(acc->v[j][2]), "+f"(acc->v[j][3])::"memory");
 }
 
 // acc += A B for the warpgroup's 64 x 32 tile (warp w: rows 16 (w & 3).., the mma.sync layout),
 // A and B from their descriptors (both k-major), issued asynchronously.
-static __device__ __forceinline__ void wg_mma_n32(Tile *acc, unsigned long long da, unsigned long long db) {
+static __device__ __forceinline__ void wg_mma_n32(Tile *acc, unsigned da, unsigned db) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, 1, 0;\n"
+        "mov.b64 da, {%16, %18};\nmov.b64 db, {%17, %18};\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, da, db, p, 1, 1, 0, 0;\n}\n"
         : "+f"(acc->v[0][0]), "+f"(acc->v[0][1]), "+f"(acc->v[0][2]), "+f"(acc->v[0][3]), "+f"(acc->v[1][0]),
           "+f"(acc->v[1][1]), "+f"(acc->v[1][2]), "+f"(acc->v[1][3]), "+f"(acc->v[2][0]), "+f"(acc->v[2][1]),
           "+f"(acc->v[2][2]), "+f"(acc->v[2][3]), "+f"(acc->v[3][0]), "+f"(acc->v[3][1]), "+f"(acc->v[3][2]),
           "+f"(acc->v[3][3])
-        : "l"(da), "l"(db));
+        : "r"(da), "r"(db), "r"(WG_DESC_HI));
 }
 
-// Starts acc = A (Bh + Bl) for the warpgroup's 32 columns (w >> 2): A [64][DP] and B [DP][DP] in
+// Starts acc += A (Bh + Bl) for the warpgroup's 32 columns (w >> 2): A [64][DP] and B [DP][DP] in
 // LD_CORE layout, B's rows read as its columns (B symmetric: the state H), over k = 0 .. DP.
 // wg_state_wait completes it. Callers have made the operands visible to the async proxy
 // (fence_async_smem, then a barrier).
+//
+// A descriptor's address field counts 16 bytes, and the block k .. k + 15 of a row of core matrices
+// starts 16 k bytes after column 0: stepping over k adds k to the descriptor (no carry: shared
+// addresses stay under 2^18). The bases are computed once, so that a product costs an add, not the
+// descriptor's masks and shifts again (ptxas then keeps the descriptors in uniform registers).
 static __device__ __forceinline__ void wg_state_start(Tile *acc, const __half *A, const __half *Bh, const __half *Bl) {
     int n0 = (warp_id() >> 2) * 32;
+    unsigned da = wg_desc(A), dh = wg_desc(Bh + mat_off(n0, 0, LD_CORE)), dl = wg_desc(Bl + mat_off(n0, 0, LD_CORE));
     wg_pin(acc);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int k = 0; k < DP; k += 16) {
-        unsigned long long da = wg_desc(A + mat_off(0, k, LD_CORE));
-        wg_mma_n32(acc, da, wg_desc(Bh + mat_off(n0, k, LD_CORE)));
-        wg_mma_n32(acc, da, wg_desc(Bl + mat_off(n0, k, LD_CORE)));
+        wg_mma_n32(acc, da + k, dh + k);
+        wg_mma_n32(acc, da + k, dl + k);
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
@@ -435,15 +447,24 @@ static __device__ __forceinline__ void split_half2(float v0, float v1, __half2 *
     *lo = __floats2half2_rn(v0 - h.x, v1 - h.y);
 }
 
+// Where the thread's tile elements lie in a matrix with row stride ld (or LD_CORE): the pair
+// (f_row(i), f_col(j, 2 i, nc)) at frag_off + i frag_rstep + j frag_cstep. (Written as a base and
+// constant steps, the addresses cost one add each; ptxas did not see that f_row and f_col move by
+// whole 8 x 8 blocks, and recomputed mat_off's shifts and masks for every element at every CG step.)
+static __device__ __forceinline__ int frag_off(int ld, int nc) { return mat_off(f_row(0), f_col(0, 0, nc), ld); }
+static __device__ __forceinline__ int frag_rstep(int ld) { return ld == LD_CORE ? 8 * DP : 8 * ld; }
+static __device__ __forceinline__ int frag_cstep(int ld) { return ld == LD_CORE ? 64 : 8; }
+
 // Writes the tile, each row times its scale sc, into fp16 smem, row-major
 // (M[r ld + c]; or LD_CORE); split hi + lo when lo is given.
 static __device__ __forceinline__ void tile_put16(__half *hi, __half *lo, int ld, const Tile *t, const float sc[FR], int nc) {
+    int o0 = frag_off(ld, nc), rs = frag_rstep(ld), cs = frag_cstep(ld);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
         if (j < nc)
 #pragma unroll
             for (int i = 0; i < FR; i++) {
-                int o = mat_off(f_row(i), f_col(j, 2 * i, nc), ld);
+                int o = o0 + i * rs + j * cs;
                 float v0 = t->v[j][2 * i] * sc[i], v1 = t->v[j][2 * i + 1] * sc[i];
                 if (lo) split_half2(v0, v1, (__half2 *)(hi + o), (__half2 *)(lo + o));
                 else *(__half2 *)(hi + o) = __floats2half2_rn(v0, v1);
@@ -804,6 +825,7 @@ typedef struct {
     float *St;   // [CH][LDT] the masked scores, hi + lo
     float *Dg;   // [CH][DP]  the Jacobi diagonal; then V (the output and the rhs)
     float *b, *beta, *lam, *red;  // [CH], [CH], [DP], [NCG][CH] (tile_dot's, at least DP)
+    float *red2;                  // [NCG][CH] a second one (the CG loop alternates them)
     // constant over the chunk, in the thread's fragment order (chunk_consts)
     float *Mf;    // [NT][MFN] the forward mask at the thread's elements of a 64 x 64 tile
     float *eb;    // [CH] e^{b_row}
@@ -811,7 +833,7 @@ typedef struct {
 } Smem;
 
 static size_t smem_floats(void) {
-    return (size_t)DP * ldrow(DP) + 2 * CH * ldrow(DP) + (size_t)CH * LDT + CH * DP + 2 * CH + DP + NCG * CH +
+    return (size_t)DP * ldrow(DP) + 2 * CH * ldrow(DP) + (size_t)CH * LDT + CH * DP + 2 * CH + DP + 2 * NCG * CH +
            (size_t)NT * MFN + CH + NCG * 4 * 2 * MAXNT;
 }
 
@@ -826,7 +848,8 @@ static __device__ Smem carve(float *base, const Geo *g) {
     s.beta = s.b + CH;
     s.lam = s.beta + CH;
     s.red = s.lam + DP;
-    s.Mf = s.red + NCG * CH;  // 16-byte aligned: every region above is a multiple of 4 floats
+    s.red2 = s.red + NCG * CH;
+    s.Mf = s.red2 + NCG * CH;  // 16-byte aligned: every region above is a multiple of 4 floats
     s.eb = s.Mf + NT * MFN;
     s.lamf = s.eb + CH;
     return s;
@@ -927,18 +950,25 @@ static __device__ __forceinline__ void row_scales16(float sc[FR], const float no
     for (int i = 0; i < FR; i++) sc[i] = pow2f_(-((log2_floor(norm2[i]) >> 1) + 2));
 }
 
-// Rounds each of the tile's rows to fp16 at its scale (row_scales16) and
-// returns the scales. The rounded values are exact fp16 operands; the caller
-// uses them, not the unrounded ones.
-static __device__ __forceinline__ void round_rows16(Tile *t, float sc[FR], const float norm2[FR], int nc) {
+// Rounds each of the tile's (DP-wide) rows to fp16 at its scale (row_scales16, returned in sc),
+// stores the rounded rows, times their scales, into P ([CH][DP], LD_OP layout: the operand of the
+// next product, fenced for wgmma; the caller's next barrier publishes it) and keeps them in t, in
+// true units: the exact values of the operand, which the caller uses instead of the unrounded ones.
+static __device__ __forceinline__ void round_put_rows16(Tile *t, float sc[FR], const float norm2[FR], __half *P) {
     row_scales16(sc, norm2);
     float inv[FR] = {inv_pow2(sc[0]), inv_pow2(sc[1])};
+    int o0 = frag_off(LD_OP, NTILES(DP)), rs = frag_rstep(LD_OP), cs = frag_cstep(LD_OP);
 #pragma unroll
-    for (int j = 0; j < MAXNT; j++)
-        if (j < nc)
+    for (int j = 0; j < NTILES(DP); j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                t->v[j][e] = __half2float(__float2half_rn(t->v[j][e] * sc[e >> 1])) * inv[e >> 1];
+        for (int i = 0; i < FR; i++) {
+            __half2 h = __floats2half2_rn(t->v[j][2 * i] * sc[i], t->v[j][2 * i + 1] * sc[i]);
+            *(__half2 *)(P + o0 + i * rs + j * cs) = h;
+            float2 f = __half22float2(h);
+            t->v[j][2 * i] = f.x * inv[i];
+            t->v[j][2 * i + 1] = f.y * inv[i];
+        }
+    fence_async_smem();  // (P, and the state and keys written before CG)
 }
 
 // The operands of a forward GLA form of the chunk, fp16 in smem, each times
@@ -1017,15 +1047,12 @@ static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, con
 }
 
 // A(P) = e^b (.) P Hc + ((P K^T) (.) M) K + lambda (.) P for the tile's rows,
-// P on its rows' fp16 grids (round_rows16, scales sp). Rows that stopped pass
-// p = 0. Callers have synchronized since the last reads of o->P and o->S
-// (cg_solve: the dots' barriers).
+// P on its rows' fp16 grids (round_put_rows16, scales sp), already in o->P. Rows
+// that stopped pass p = 0. Callers have synchronized since writing o->P and
+// since the last reads of o->S (cg_solve: the dots' barriers).
 static __device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], const Smem *s, const Op16 *o, const Geo *g) {
-    int nc = NTILES(DP), ld = ldrow(DP);
-    tile_put16(o->P, NULL, LD_OP, p, sp, nc);
-    fence_async_smem();  // (P, and the state written before CG, for wgmma)
-    __syncthreads();
-    Gla16 f = {o->P, NULL, o->Hh, o->Hl, o->K, o->K, LD_OP, LD_OP, ld, ld, 0, DP, nc, o->sH, o->sK, o->sK};
+    int nc = NTILES(DP);
+    Gla16 f = {o->P, NULL, o->Hh, o->Hl, o->K, o->K, LD_OP, LD_OP, ldrow(DP), ldrow(DP), 0, DP, nc, o->sH, o->sK, o->sK};
     tile_gla16(ap, &f, sp, o->Sh, o->Sl, s);
     const float *lam = lam_frag(s);
 #pragma unroll
@@ -1100,7 +1127,8 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
     if (guess) {
         float xx[FR];
         tile_dot(xx, x, x, nc, s->red);
-        round_rows16(x, sp, xx, nc);
+        round_put_rows16(x, sp, xx, o.P);
+        __syncthreads();
         apply_operator(&ap, x, sp, s, &o, g);
 #pragma unroll
         for (int j = 0; j < MAXNT; j++)
@@ -1132,12 +1160,14 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
 #pragma unroll
         for (int e = 0; e < 4; e++)
             if (!active[e >> 1]) p.v[j][e] = 0.0f;
-    round_rows16(&p, sp, rz, nc);
+    round_put_rows16(&p, sp, rz, o.P);
     for (int step = 1; step <= g->max_steps; step++) {
-        if (!__syncthreads_or(active[0] | active[1])) break;
+        if (!__syncthreads_or(active[0] | active[1])) break;  // (also publishes P)
         apply_operator(&ap, &p, sp, s, &o, g);
         float pap[FR], alpha[FR];
-        tile_dot(pap, &p, &ap, nc, s->red);
+        // (the loop's dots join through red, red2, red in turn: each buffer's last readers have
+        // passed a barrier since, so that a join needs one barrier, not two)
+        tile_dot(pap, &p, &ap, nc, s->red, 1);
 #pragma unroll
         for (int i = 0; i < FR; i++) {
             if (active[i] && (!(pap[i] > 0) || !(rz[i] > 0))) active[i] = 0;  // converged exactly, or non-finite input
@@ -1152,13 +1182,13 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
                 x->v[j][e] += alpha[e >> 1] * p.v[j][e];
                 r.v[j][e] -= alpha[e >> 1] * ap.v[j][e];
             }
-        tile_dot(rr, &r, &r, nc, s->red);
+        tile_dot(rr, &r, &r, nc, s->red2, 1);
 #pragma unroll
         for (int i = 0; i < FR; i++)
             if (active[i] && !(rr[i] > thresh[i])) active[i] = 0;
         precondition(&ap, &r, s, g, g->precond);  // z, in the space of ap
         float rzn[FR], beta[FR];
-        if (g->precond) tile_dot(rzn, &r, &ap, nc, s->red);
+        if (g->precond) tile_dot(rzn, &r, &ap, nc, s->red, 1);
         else
 #pragma unroll
             for (int i = 0; i < FR; i++) rzn[i] = rr[i];  // z = r
@@ -1171,7 +1201,7 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
         for (int j = 0; j < MAXNT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) p.v[j][e] = active[e >> 1] ? ap.v[j][e] + beta[e >> 1] * p.v[j][e] : 0.0f;
-        round_rows16(&p, sp, rz, nc);
+        round_put_rows16(&p, sp, rz, o.P);
     }
 }
 
