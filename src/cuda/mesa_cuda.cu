@@ -988,6 +988,13 @@ typedef struct {
     float sS, sB, sR;       // the scales of S, B, R
 } Gla16;
 
+// The scores tile masked (unless the mask zeroes all of it: skip) and split into fp16 hi + lo.
+static __device__ __forceinline__ void put_scores(Tile *sc, int skip, __half *Sh, __half *Sl, const Smem *s) {
+    const float one[FR] = {1.0f, 1.0f};
+    if (!skip) tile_mask_f(sc, s->Mf);
+    tile_put16(Sh, Sl, ldrow(CH), sc, one, NTILES(CH));
+}
+
 // acc = the form, for the thread's rows (sa: the scales of A's rows), through
 // the fp16 scores buffers Sh, Sl ([CH][ldrow(CH)], hi + lo), with the chunk's
 // constants (chunk_consts). Evaluated on the
@@ -997,7 +1004,6 @@ typedef struct {
 // reads of Sh, Sl.
 static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, const float sa[FR], __half *Sh, __half *Sl,
                                            const Smem *s) {
-    const float one[FR] = {1.0f, 1.0f};
     // the scores A B^T and the state term A S in one pass over k, which loads each k-step's fragments
     // of A once for both (the CG loop is bound by shared-memory traffic; 1.5% of the layer's
     // forward+backward at 8 x 2048 x 16 x 128)
@@ -1017,6 +1023,7 @@ static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, con
                 ldsm4(a, f->Ah + a_off + k * ak, 0);
                 mma_kstep(&sc, a, a, 0, &fb, k, NTILES(CH), 0);
             }
+        put_scores(&sc, skip, Sh, Sl, s);  // while the state term runs
         wg_state_wait(acc);
     } else
 #endif
@@ -1029,10 +1036,8 @@ static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, con
             if (!skip) mma_kstep(&sc, a, a2, f->Al != NULL, &fb, k, NTILES(CH), 0);
             mma_kstep(acc, a, a2, f->Al != NULL, &fs, k, f->nc, 0);
         }
+        put_scores(&sc, skip, Sh, Sl, s);
     }
-    // the masked scores, split into fp16 hi + lo
-    if (!skip) tile_mask_f(&sc, s->Mf);
-    tile_put16(Sh, Sl, ldrow(CH), &sc, one, NTILES(CH));
     float d[FR], inv[FR];
 #pragma unroll
     for (int i = 0; i < FR; i++) {
