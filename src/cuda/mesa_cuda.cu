@@ -1005,8 +1005,8 @@ static __device__ __forceinline__ void put_scores(Tile *sc, int skip, __half *Sh
 static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, const float sa[FR], __half *Sh, __half *Sl,
                                            const Smem *s) {
     // the scores A B^T and the state term A S in one pass over k, which loads each k-step's fragments
-    // of A once for both (the CG loop is bound by shared-memory traffic; 1.5% of the layer's
-    // forward+backward at 8 x 2048 x 16 x 128)
+    // of A once for both (1.5% of the layer's forward+backward at 8 x 2048 x 16 x 128, when the
+    // state term still ran on mma.sync and shared-memory traffic bound the CG loop; docs/cuda.md)
     Tile sc;
     tile_zero(&sc);
     tile_zero(acc);
