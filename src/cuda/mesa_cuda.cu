@@ -395,7 +395,10 @@ static __device__ __forceinline__ void wg_mma_n32(Tile *acc, unsigned da, unsign
 // addresses stay under 2^18). The bases are computed once, so that a product costs an add, not the
 // descriptor's masks and shifts again (ptxas then keeps the descriptors in uniform registers).
 static __device__ __forceinline__ void wg_state_start(Tile *acc, const __half *A, const __half *Bh, const __half *Bl) {
-    int n0 = (warp_id() >> 2) * 32;
+    // (the warpgroup's number broadcast from lane 0, so that ptxas knows it is the same across the
+    // warp and keeps the descriptors in uniform registers: from warp_id() it moved each of them to
+    // one (R2UR) before every product, 32 instructions a CG step)
+    int n0 = __shfl_sync(0xffffffffu, warp_id() >> 2, 0) * 32;
     unsigned da = wg_desc(A), dh = wg_desc(Bh + mat_off(n0, 0, LD_CORE)), dl = wg_desc(Bl + mat_off(n0, 0, LD_CORE));
     wg_pin(acc);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -952,9 +955,11 @@ static __device__ __forceinline__ void row_scales16(float sc[FR], const float no
 
 // Rounds each of the tile's (DP-wide) rows to fp16 at its scale (row_scales16, returned in sc),
 // stores the rounded rows, times their scales, into P ([CH][DP], LD_OP layout: the operand of the
-// next product, fenced for wgmma; the caller's next barrier publishes it) and keeps them in t, in
-// true units: the exact values of the operand, which the caller uses instead of the unrounded ones.
-static __device__ __forceinline__ void round_put_rows16(Tile *t, float sc[FR], const float norm2[FR], __half *P) {
+// next product, fenced for wgmma; the caller's next barrier publishes it) and keeps them in t: the
+// exact values of the operand, which the caller uses instead of the unrounded ones, in true units
+// or, without true_units, as stored (times the scales: CG folds the scales into its step lengths).
+static __device__ __forceinline__ void round_put_rows16(Tile *t, float sc[FR], const float norm2[FR], __half *P,
+                                                        int true_units) {
     row_scales16(sc, norm2);
     float inv[FR] = {inv_pow2(sc[0]), inv_pow2(sc[1])};
     int o0 = frag_off(LD_OP, NTILES(DP)), rs = frag_rstep(LD_OP), cs = frag_cstep(LD_OP);
@@ -965,8 +970,8 @@ static __device__ __forceinline__ void round_put_rows16(Tile *t, float sc[FR], c
             __half2 h = __floats2half2_rn(t->v[j][2 * i] * sc[i], t->v[j][2 * i + 1] * sc[i]);
             *(__half2 *)(P + o0 + i * rs + j * cs) = h;
             float2 f = __half22float2(h);
-            t->v[j][2 * i] = f.x * inv[i];
-            t->v[j][2 * i + 1] = f.y * inv[i];
+            t->v[j][2 * i] = true_units ? f.x * inv[i] : f.x;
+            t->v[j][2 * i + 1] = true_units ? f.y * inv[i] : f.y;
         }
     fence_async_smem();  // (P, and the state and keys written before CG)
 }
@@ -999,11 +1004,12 @@ static __device__ __forceinline__ void put_scores(Tile *sc, int skip, __half *Sh
 // the fp16 scores buffers Sh, Sl ([CH][ldrow(CH)], hi + lo), with the chunk's
 // constants (chunk_consts). Evaluated on the
 // scaled operands as
-//   [ (e^b sB sR / sS) (.) (A S)^ + ((A B^T)^ (.) M) R^ ] / (sa sB sR).
+//   [ (e^b sB sR / sS) (.) (A S)^ + ((A B^T)^ (.) M) R^ ] / (sa sB sR),
+// or, without scale_out, the same times (sa sB sR): the form of the scaled A.
 // Callers have synchronized since writing the operands and since the last
 // reads of Sh, Sl.
 static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, const float sa[FR], __half *Sh, __half *Sl,
-                                           const Smem *s) {
+                                           const Smem *s, int scale_out) {
     // the scores A B^T and the state term A S in one pass over k, which loads each k-step's fragments
     // of A once for both (1.5% of the layer's forward+backward at 8 x 2048 x 16 x 128, when the
     // state term still ran on mma.sync and shared-memory traffic bound the CG loop; docs/cuda.md)
@@ -1048,17 +1054,20 @@ static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, con
     __syncthreads();  // the scores are complete
     // the scores times R, over the causal range of the warp's rows
     tile_mma16(acc, Sh, Sl, ldrow(CH), f->R, NULL, f->ldr, 0, 0, 16 * (warp_id() & 3) + 16, f->nc);
-    tile_scale_rows(acc, inv);
+    if (scale_out) tile_scale_rows(acc, inv);
 }
 
-// A(P) = e^b (.) P Hc + ((P K^T) (.) M) K + lambda (.) P for the tile's rows,
-// P on its rows' fp16 grids (round_put_rows16, scales sp), already in o->P. Rows
-// that stopped pass p = 0. Callers have synchronized since writing o->P and
-// since the last reads of o->S (cg_solve: the dots' barriers).
+// sK^2 A(P) = sK^2 [e^b (.) P Hc + ((P K^T) (.) M) K + lambda (.) P] for the tile's rows,
+// P the direction on its rows' fp16 grids times their scales sp, as stored in o->P by
+// round_put_rows16 and as passed in p: so A(P) is sp (.) A(p) for the direction p in true
+// units, and the result is kept in the units of the scaled products (sp sK^2), which cg_solve
+// folds into its step lengths (the scalings back cost two multiplies an element a step). The
+// lambda term takes lamf times sK^2 (cg_solve). Rows that stopped pass p = 0. Callers have
+// synchronized since writing o->P and since the last reads of o->S (cg_solve: the dots' barriers).
 static __device__ void apply_operator(Tile *ap, const Tile *p, const float sp[FR], const Smem *s, const Op16 *o, const Geo *g) {
     int nc = NTILES(DP);
     Gla16 f = {o->P, NULL, o->Hh, o->Hl, o->K, o->K, LD_OP, LD_OP, ldrow(DP), ldrow(DP), 0, DP, nc, o->sH, o->sK, o->sK};
-    tile_gla16(ap, &f, sp, o->Sh, o->Sl, s);
+    tile_gla16(ap, &f, sp, o->Sh, o->Sl, s, 0);
     const float *lam = lam_frag(s);
 #pragma unroll
     for (int j = 0; j < MAXNT; j++)
@@ -1119,7 +1128,10 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
     int nc = NTILES(DP), jac = cg_jacobi(g);
     const Op16 o = *op;
     Tile r, p, ap;
-    float sp[FR];
+    float sp[FR], c = o.sK * o.sK;  // (apply_operator's units: sp c A p)
+    if ((lane_id() >> 2) == 0 && (warp_id() & 3) == 0)  // lambda in those units (chunk_consts' writers)
+        for (int j = 0; j < 2 * MAXNT; j++) s->lamf[((warp_id() >> 2) * 4 + (lane_id() & 3)) * 2 * MAXNT + j] *= c;
+    __syncthreads();
     if (jac) jacobi_diagonal(s, &o, g);
     if (use_given) {
         *x = *x0;
@@ -1132,13 +1144,18 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
     if (guess) {
         float xx[FR];
         tile_dot(xx, x, x, nc, s->red);
-        round_put_rows16(x, sp, xx, o.P);
+        round_put_rows16(x, sp, xx, o.P, 1);
         __syncthreads();
-        apply_operator(&ap, x, sp, s, &o, g);
+        float u[FR] = {inv_pow2(sp[0] * c), inv_pow2(sp[1] * c)};
 #pragma unroll
         for (int j = 0; j < MAXNT; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) r.v[j][e] = q->v[j][e] - ap.v[j][e];
+            for (int e = 0; e < 4; e++) p.v[j][e] = x->v[j][e] * sp[e >> 1];  // the guess as stored
+        apply_operator(&ap, &p, sp, s, &o, g);
+#pragma unroll
+        for (int j = 0; j < MAXNT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) r.v[j][e] = q->v[j][e] - ap.v[j][e] * u[e >> 1];
     } else {
         r = *q;
     }
@@ -1165,27 +1182,33 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
 #pragma unroll
         for (int e = 0; e < 4; e++)
             if (!active[e >> 1]) p.v[j][e] = 0.0f;
-    round_put_rows16(&p, sp, rz, o.P);
+    round_put_rows16(&p, sp, rz, o.P, 0);
+    // p is kept as stored, sp (.) p in true units, and Ap as apply_operator returns it, c sp (.) A p:
+    // so p.Ap comes out times c sp^2, and the updates of x, r and p take the step lengths over
+    // those factors (powers of two: exact).
     for (int step = 1; step <= g->max_steps; step++) {
         if (!__syncthreads_or(active[0] | active[1])) break;  // (also publishes P)
         apply_operator(&ap, &p, sp, s, &o, g);
-        float pap[FR], alpha[FR];
+        float pap[FR], ax[FR], ar[FR];
         // (the loop's dots join through red, red2, red in turn: each buffer's last readers have
         // passed a barrier since, so that a join needs one barrier, not two)
         tile_dot(pap, &p, &ap, nc, s->red, 1);
 #pragma unroll
         for (int i = 0; i < FR; i++) {
             if (active[i] && (!(pap[i] > 0) || !(rz[i] > 0))) active[i] = 0;  // converged exactly, or non-finite input
-            // __fdividef (2 ulp): a step length, with which x and r move alike, needs no IEEE division
-            alpha[i] = active[i] ? __fdividef(rz[i], pap[i]) : 0.0f;
+            // __fdividef (2 ulp): a step length, with which x and r move alike, needs no IEEE division;
+            // alpha = a c sp^2 moves x by alpha p = (a c sp) (sp p) and r by alpha Ap = (a sp) (c sp Ap)
+            float a = active[i] ? __fdividef(rz[i], pap[i]) : 0.0f;
+            ax[i] = a * c * sp[i];
+            ar[i] = a * sp[i];
             if (active[i]) steps[i] = step;
         }
 #pragma unroll
         for (int j = 0; j < MAXNT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                x->v[j][e] += alpha[e >> 1] * p.v[j][e];
-                r.v[j][e] -= alpha[e >> 1] * ap.v[j][e];
+                x->v[j][e] += ax[e >> 1] * p.v[j][e];
+                r.v[j][e] -= ar[e >> 1] * ap.v[j][e];
             }
         tile_dot(rr, &r, &r, nc, s->red2, 1);
 #pragma unroll
@@ -1199,14 +1222,14 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
             for (int i = 0; i < FR; i++) rzn[i] = rr[i];  // z = r
 #pragma unroll
         for (int i = 0; i < FR; i++) {
-            beta[i] = active[i] ? __fdividef(rzn[i], rz[i]) : 0.0f;
+            beta[i] = active[i] ? __fdividef(rzn[i], rz[i]) * inv_pow2(sp[i]) : 0.0f;  // (over p's scale)
             if (active[i]) rz[i] = rzn[i];
         }
 #pragma unroll
         for (int j = 0; j < MAXNT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) p.v[j][e] = active[e >> 1] ? ap.v[j][e] + beta[e >> 1] * p.v[j][e] : 0.0f;
-        round_put_rows16(&p, sp, rz, o.P);
+        round_put_rows16(&p, sp, rz, o.P, 0);
     }
 }
 
@@ -1504,7 +1527,7 @@ static __device__ __forceinline__ void forward_output(Tile *out, const Tile *xp,
     }
     __syncthreads();
     Gla16 f = {Xh, Xl, Gh, Gl, op.K, V16, ldk, ldk, ldk, ldk, 1, DP, nc, sG, sK, sV};
-    tile_gla16(out, &f, sx, op.Sh, op.Sl, &s);
+    tile_gla16(out, &f, sx, op.Sh, op.Sl, &s, 1);
 }
 
 // Forward per chunk: CG for the chunk's systems, then the output (forward_output).
@@ -1562,7 +1585,7 @@ static __device__ __forceinline__ float backward_rhs(Tile *rhs, Vec16 *hv, const
     __syncthreads();
     Gla16 f = {D16, NULL, Gh, Gl, V16, op.K, ldk, ldk, ldk, ldk, 0, DP, nc, sc[3], sc[1], sc[2]};
     float sa[FR] = {sc[0], sc[0]};
-    tile_gla16(rhs, &f, sa, op.Sh, op.Sl, &s);
+    tile_gla16(rhs, &f, sa, op.Sh, op.Sl, &s, 1);
     return sc[2];
 }
 
