@@ -6,6 +6,7 @@ fla's source is not committed: copy its `fla/` folder into `.fla/` (git-ignored)
 and run on the GPU machine:
 
     python3 bench/fla_model_bench.py fla-162m fla-412m
+    python3 bench/fla_model_bench.py --steps 20 fla-412m    (timed training steps; default 5)
     python3 bench/fla_model_bench.py --decode fla-162m
 
 Decoding: bf16 weights, a 16-token prompt with the cache, then 64 single-token steps per run for
@@ -117,6 +118,12 @@ def decode_steps(model, B, prompt, tokens, reps):
 
 
 def main():
+    steps = 5
+    if sys.argv[1:2] == ["--steps"]:
+        if len(sys.argv) < 3 or not sys.argv[2].isdigit() or int(sys.argv[2]) < 1:
+            sys.exit("fla_model_bench.py: --steps: expected a positive number of timed steps")
+        steps = int(sys.argv[2])
+        del sys.argv[1:3]
     if sys.argv[1:2] == ["--decode"]:
         print(f"fla's MesaNet model on {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
         for name in sys.argv[2:] or ["fla-162m"]:
@@ -135,7 +142,7 @@ def main():
     torch.cuda.empty_cache()  # each model's device memory starts from the CUDA context alone
     for name in sys.argv[1:] or ["fla-162m", "fla-412m"]:
         try:
-            bench(name, ceiling=ceiling)
+            bench(name, steps=steps, ceiling=ceiling)
         except Exception as e:  # report and go on (out of memory, a kernel fla refuses)
             print(f"fla {name}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
         torch.cuda.empty_cache()
