@@ -153,7 +153,7 @@ static __device__ __forceinline__ void tile_rowdot(float s[FR], const Tile *a, c
 // With `fresh`, the caller guarantees that every thread has passed a barrier
 // since its last reads of red (the CG loop alternates two buffers), and the
 // join takes one barrier instead of two.
-static __device__ void rows_join(float out[FR], float s[FR], float *red, int fresh = 0) {
+static __device__ void rows_join(float out[FR], float s[FR], float *red, int fresh) {
 #pragma unroll
     for (int i = 0; i < FR; i++) {
         s[i] += __shfl_xor_sync(0xffffffffu, s[i], 1);
@@ -174,7 +174,7 @@ static __device__ void rows_join(float out[FR], float s[FR], float *red, int fre
 
 // out[i] = a_row . b_row for the thread's rows (all threads; synchronizes).
 static __device__ __forceinline__ void tile_dot(float out[FR], const Tile *a, const Tile *b, int nc, float *red,
-                                         int fresh = 0) {
+                                         int fresh) {
     float s[FR];
     tile_rowdot(s, a, b, nc);
     rows_join(out, s, red, fresh);
@@ -864,6 +864,13 @@ static __device__ __forceinline__ void decay_to_end(float u[FR], const float *b,
     for (int i = 0; i < FR; i++) u[i] = __expf(b[n - 1] - b[f_row(i)]);
 }
 
+// lambda at the thread's columns of a DP-wide tile: element (j, e) is lambda[2 j + (e & 1)].
+static __device__ __forceinline__ float *lam_frag(const Smem *s) {
+    return s->lamf + ((warp_id() >> 2) * 4 + (lane_id() & 3)) * 2 * MAXNT;
+}
+// Whether this thread writes its lam_frag (one writer per column group and lane & 3).
+static __device__ __forceinline__ int lamf_writer() { return (lane_id() >> 2) == 0 && (warp_id() & 3) == 0; }
+
 // The chunk's constants that CG would otherwise recompute at every step, in
 // the order the threads read them: the forward mask, e^b, lambda (s->b,
 // s->beta and s->lam loaded and synchronized). Ends synchronized.
@@ -875,16 +882,10 @@ static __device__ void chunk_consts(const Smem *s, const Geo *g) {
         for (int e = 0; e < 4; e++)
             s->Mf[MFN * threadIdx.x + 4 * j + e] = chunk_mask(s->b, s->beta, f_row(e >> 1), f_col(j, e, NTILES(CH)), 0);
     for (int r = threadIdx.x; r < CH; r += NT) s->eb[r] = __expf(s->b[r]);
-    if ((lane_id() >> 2) == 0 && (warp_id() & 3) == 0)  // one writer per (column group, lane & 3)
+    if (lamf_writer())
         for (int j = 0; j < nc; j++)
-            for (int e = 0; e < 2; e++)
-                s->lamf[((warp_id() >> 2) * 4 + (lane_id() & 3)) * 2 * MAXNT + 2 * j + e] = s->lam[f_col(j, e, nc)];
+            for (int e = 0; e < 2; e++) lam_frag(s)[2 * j + e] = s->lam[f_col(j, e, nc)];
     __syncthreads();
-}
-
-// lambda at the thread's columns of a DP-wide tile: element (j, e) is lambda[2 j + (e & 1)].
-static __device__ __forceinline__ const float *lam_frag(const Smem *s) {
-    return s->lamf + ((warp_id() >> 2) * 4 + (lane_id() & 3)) * 2 * MAXNT;
 }
 
 // The CG operator's fp16 operands, carved from the Smem regions. Every value is held
@@ -1129,8 +1130,8 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
     const Op16 o = *op;
     Tile r, p, ap;
     float sp[FR], c = o.sK * o.sK;  // (apply_operator's units: sp c A p)
-    if ((lane_id() >> 2) == 0 && (warp_id() & 3) == 0)  // lambda in those units (chunk_consts' writers)
-        for (int j = 0; j < 2 * MAXNT; j++) s->lamf[((warp_id() >> 2) * 4 + (lane_id() & 3)) * 2 * MAXNT + j] *= c;
+    if (lamf_writer())  // lambda in those units
+        for (int j = 0; j < 2 * NTILES(DP); j++) lam_frag(s)[j] *= c;
     __syncthreads();
     if (jac) jacobi_diagonal(s, &o, g);
     if (use_given) {
@@ -1143,7 +1144,7 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
     int guess = use_given || g->init == MN_CG_INIT_JACOBI;  // else x = 0 and r = q
     if (guess) {
         float xx[FR];
-        tile_dot(xx, x, x, nc, s->red);
+        tile_dot(xx, x, x, nc, s->red, 0);
         round_put_rows16(x, sp, xx, o.P, 1);
         __syncthreads();
         float u[FR] = {inv_pow2(sp[0] * c), inv_pow2(sp[1] * c)};
@@ -1161,13 +1162,13 @@ static __device__ void cg_solve(Tile *x, const Tile *q, const Smem *s, const Geo
     }
     float qq[FR], rr[FR], rz[FR], thresh[FR];
     int active[FR];
-    tile_dot(qq, q, q, nc, s->red);
-    if (guess) tile_dot(rr, &r, &r, nc, s->red);
+    tile_dot(qq, q, q, nc, s->red, 0);
+    if (guess) tile_dot(rr, &r, &r, nc, s->red, 0);
     else
 #pragma unroll
         for (int i = 0; i < FR; i++) rr[i] = qq[i];
     precondition(&p, &r, s, g, g->precond);
-    if (g->precond) tile_dot(rz, &r, &p, nc, s->red);
+    if (g->precond) tile_dot(rz, &r, &p, nc, s->red, 0);
     else
 #pragma unroll
         for (int i = 0; i < FR; i++) rz[i] = rr[i];  // z = r
@@ -1515,7 +1516,7 @@ static __device__ __forceinline__ void forward_output(Tile *out, const Tile *xp,
         }
         stage_fetch(gv, MAXD * MAXD / 4 / NT, &sg);
         float xx[FR];
-        tile_dot(xx, &xt, &xt, nc, s.red);  // (its barriers also end CG's reads, and those of the staged G)
+        tile_dot(xx, &xt, &xt, nc, s.red, 0);  // (its barriers also end CG's reads, and those of the staged G)
         row_scales16(sx, xx);
         tile_put16(Xh, Xl, ldk, &xt, sx, nc);
         float m[2] = {stage_absmax(gv, MAXD * MAXD / 4 / NT, 1), stage_absmax(vv, CH * MAXD / 8 / NT, 0)};
@@ -1628,7 +1629,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
 #pragma unroll
         for (int e = 0; e < 4; e++) lx.v[j][e] = j < nc ? s.lam[f_col(j, e, nc)] * xt.v[j][e] : 0.0f;
     float ylx[FR];
-    tile_dot(ylx, &y, &lx, nc, s.red);
+    tile_dot(ylx, &y, &lx, nc, s.red, 0);
     tile_store(dq, 0, &y, &g, pair, t0, g.Dk, nc);
     tile_store(y_out, 1, &y, &g, pair, t0, g.Dk, nc);
     size_t ti;
@@ -1807,7 +1808,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     tile_scale_rows(&t, f);
     tile_rowdot16(kt, &t, s.K, ld, iK, nc);
     for (int i = 0; i < FR; i++) kt[i] -= 0.5f * ka[i] * it * iK;
-    rows_join(kr, kt, s.red);  // (its barriers also end the reads of Hn)
+    rows_join(kr, kt, s.red, 0);  // (its barriers also end the reads of Hn)
     float sG = stage_absmax(gv, MAXD * MAXD / 4 / NT, 1);
     block_max_n(&sG, 1, s.red);
     sG = fp16_scale(sG);
@@ -1823,7 +1824,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     for (int i = 0; i < FR; i++) f[i] = 1.0f / (ss1 * sD);
     tile_scale_rows(&pq, f);
     tile_rowdot16(kt, &pq, s.V, ld, 1.0f / sV, nc);
-    rows_join(vp, kt, s.red);
+    rows_join(vp, kt, s.red, 0);
     for (int i = 0; i < FR; i++) f[i] = s.beta[f_row(i)];
     tile_scale_rows(&pq, f);
     tile_store(dv_out, 0, &pq, &g, pair, t0, g.Dv, nc);
