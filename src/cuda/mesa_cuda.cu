@@ -561,8 +561,29 @@ static __device__ __forceinline__ float stage_absmax(const Vec16 *v, int nv, int
     return m;
 }
 
-// The staged values times `scale` into fp16 smem, row-major (M[r ld + c]; or LD_CORE),
-// split hi + lo when lo is given.
+// One vector (4 floats or 8 bf16 values, from column c of row r) times `scale` into fp16 smem,
+// row-major (M[r ld + c]; or LD_CORE), split hi + lo when lo is given.
+static __device__ __forceinline__ void vec_put16(const Vec16 *v, int f32, int r, int c, __half *hi, __half *lo, int ld,
+                                                 float scale) {
+    __half2 h[4], l[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (f32 && k >= 2) break;
+        float a = vec_at(v, 2 * k, f32) * scale, b = vec_at(v, 2 * k + 1, f32) * scale;
+        if (lo) split_half2(a, b, &h[k], &l[k]);
+        else h[k] = __floats2half2_rn(a, b);
+    }
+    __half *dh = hi + mat_off(r, c, ld), *dl = lo ? lo + mat_off(r, c, ld) : NULL;
+    if (!f32) {
+        *(uint4 *)dh = *(const uint4 *)h;
+        if (lo) *(uint4 *)dl = *(const uint4 *)l;
+    } else {
+        *(uint2 *)dh = *(const uint2 *)h;
+        if (lo) *(uint2 *)dl = *(const uint2 *)l;
+    }
+}
+
+// The staged values times `scale` into fp16 smem (vec_put16).
 static __device__ __forceinline__ void stage_put16(const Vec16 *v, int nv, const Src *s, __half *hi, __half *lo, int ld,
                                             float scale) {
     int w = s->f32 ? 4 : 8, vpr = s->cpad / w;
@@ -570,22 +591,7 @@ static __device__ __forceinline__ void stage_put16(const Vec16 *v, int nv, const
     for (int u = 0; u < nv; u++) {
         int e = threadIdx.x + u * NT, r = e / vpr, c = e % vpr * w;
         if (r >= s->rpad) continue;
-        __half2 h[4], l[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            if (2 * k >= w) break;
-            float a = vec_at(&v[u], 2 * k, s->f32) * scale, b = vec_at(&v[u], 2 * k + 1, s->f32) * scale;
-            if (lo) split_half2(a, b, &h[k], &l[k]);
-            else h[k] = __floats2half2_rn(a, b);
-        }
-        __half *dh = hi + mat_off(r, c, ld), *dl = lo ? lo + mat_off(r, c, ld) : NULL;
-        if (w == 8) {
-            *(uint4 *)dh = *(const uint4 *)h;
-            if (lo) *(uint4 *)dl = *(const uint4 *)l;
-        } else {
-            *(uint2 *)dh = *(const uint2 *)h;
-            if (lo) *(uint2 *)dl = *(const uint2 *)l;
-        }
+        vec_put16(&v[u], s->f32, r, c, hi, lo, ld, scale);
     }
 }
 
@@ -912,29 +918,61 @@ static __device__ Op16 op16_carve(const Smem *s, const Geo *g) {
     return o;
 }
 
-// The chunk's state (Hg: [Dk][Dk] float, global) and keys into fp16, scaled
-// so that their largest magnitudes lie in [1, 2), every load in flight at once
-// (stage_batch16; 16-byte loads where vec), and the chunk's queries with them
-// (as they are, bf16, by cp.async through the direction's buffer: CG has not
-// started) into the tile q. Ends synchronized.
-static __device__ void op16_load(Op16 *o, const Smem *s, const float *Hg, const bf16 *kg, const bf16 *qg, Tile *q, int vec,
-                                 const Geo *g, int pair, int t0) {
-    int ld = ldrow(DP);
+// Starts copying the chunk's operator into smem as it is, in the background (stage_raw), for
+// op16_load to take into fp16 once the chunk's constants are worked out: the state (Hg: [Dk][Dk]
+// float, global) into Bm and Dg (free until stage_g), the keys into the scores' region and the
+// queries into the direction's (both free until CG starts). (Fetched into registers after the
+// constants, the loads had waited alone: ncu put a tenth of cg_forward's samples on them.)
+static __device__ void op16_stage(const Op16 *o, const Smem *s, const float *Hg, const bf16 *kg, const bf16 *qg, int vec,
+                                  const Geo *g, int pair, int t0) {
     Src keys = tok_src(kg, 0, g->Dk, DP, g, pair, t0, vec), state = mat_src(Hg, g->Dk, g->Dk, DP, DP, vec);
     Src qs = tok_src(qg, 0, g->Dk, DP, g, pair, t0, vec);
-    stage_raw(o->P, ld, &qs);
-    __half *dst[1] = {o->K};
-    int lds[1] = {ld};
-    float sc[2];  // the keys', the state's
-    stage_batch16(sc, &keys, dst, lds, 1, &state, o->Hh, o->Hl, LD_OP, MAXD * MAXD / 4 / NT, s->red);
-    o->sK = sc[0];
-    o->sH = sc[1];
+    stage_raw(s->Bm, DP, &state);
+    stage_raw(s->St, ldrow(DP), &keys);
+    stage_raw(o->P, ldrow(DP), &qs);
+}
+
+// The staged state and keys (op16_stage) into fp16, scaled so that their largest magnitudes lie
+// in [1, 2), the state split hi + lo; the queries into the tile q. Ends synchronized.
+static __device__ void op16_load(Op16 *o, const Smem *s, Tile *q) {
+    static_assert(DP * DP <= CH * ((DP + 8) + DP), "Bm and Dg (ldrow: n + 8) hold the raw state");
+    static_assert(CH * (DP + 8) <= 2 * CH * LDT, "St holds the raw keys");
+    const float *H = s->Bm;
+    const bf16 *K = (const bf16 *)s->St;
+    int ld = ldrow(DP);
     cp_async_wait();
+    __syncthreads();
+    float m[2] = {0, 0};  // the keys', the state's
+    for (int e = threadIdx.x; e < CH * DP / 8; e += NT) {
+        Vec16 v;
+        v.u = *(const uint4 *)(K + e / (DP / 8) * ld + e % (DP / 8) * 8);
+        m[0] = fmaxf(m[0], stage_absmax(&v, 1, 0));
+    }
+    for (int e = threadIdx.x; e < DP * DP / 4; e += NT) {
+        Vec16 v;
+        v.u = *(const uint4 *)(H + 4 * e);
+        m[1] = fmaxf(m[1], stage_absmax(&v, 1, 1));
+    }
+    block_max_n(m, 2, s->red);
+    o->sK = fp16_scale(m[0]);
+    o->sH = fp16_scale(m[1]);
+    for (int e = threadIdx.x; e < CH * DP / 8; e += NT) {
+        int r = e / (DP / 8), c = e % (DP / 8) * 8;
+        Vec16 v;
+        v.u = *(const uint4 *)(K + r * ld + c);
+        vec_put16(&v, 0, r, c, o->K, NULL, ld, o->sK);
+    }
+    for (int e = threadIdx.x; e < DP * DP / 4; e += NT) {
+        int r = e / (DP / 4), c = e % (DP / 4) * 4;
+        Vec16 v;
+        v.u = *(const uint4 *)(H + 4 * e);
+        vec_put16(&v, 1, r, c, o->Hh, o->Hl, LD_OP, o->sH);
+    }
     __syncthreads();
     tile_from_bf16(q, (const bf16 *)o->P, ld, NTILES(DP));
 }
 
-// The state alone into fp16 (as op16_load), from registers: hv, fetched ahead
+// The state alone into fp16 (as op16_load does), from registers: hv, fetched ahead
 // by stage_fetch from `state`. Every thread must be done with the previous
 // contents of o->Hh, o->Hl (block_max_n's first barrier orders them). Ends
 // synchronized.
@@ -1541,14 +1579,15 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
     int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(DP);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
+    Op16 op = op16_carve(&s, &g);
+    op16_stage(&op, &s, st_in, k, q, vec, &g, pair, t0);
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
     for (int i = threadIdx.x; i < DP; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
     chunk_consts(&s, &g);
     Tile qt, xt, x0t;
     if (x0) tile_load(&x0t, x0, &g, pair, t0, g.Dk, nc);
-    Op16 op = op16_carve(&s, &g);
-    op16_load(&op, &s, st_in, k, q, &qt, vec, &g, pair, t0);
+    op16_load(&op, &s, &qt);
     if (g_staged(&g, vec)) stage_g(&s, st_in + hh, &g);  // for the output, while CG runs
     int steps[FR];
     cg_solve(&xt, &qt, &s, &g, &op, steps, &x0t, x0 != NULL);
