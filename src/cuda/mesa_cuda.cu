@@ -932,42 +932,59 @@ static __device__ void op16_stage(const Op16 *o, const Smem *s, const float *Hg,
     stage_raw(o->P, ldrow(DP), &qs);
 }
 
+// Blocks copied raw into smem (stage_raw), then taken into fp16 by the block: R holds CH rows of
+// DP bf16 values (stride ld), F DP rows of DP floats (stride DP). raw16_absmax and raw32_absmax:
+// the thread's share of the largest magnitude; raw16_put and raw32_put: the values times `scale`
+// into fp16 (vec_put16; F split hi + lo).
+static __device__ __forceinline__ float raw16_absmax(const bf16 *R, int ld) {
+    float m = 0;
+    for (int e = threadIdx.x; e < CH * DP / 8; e += NT) {
+        Vec16 v;
+        v.u = *(const uint4 *)(R + e / (DP / 8) * ld + e % (DP / 8) * 8);
+        m = fmaxf(m, stage_absmax(&v, 1, 0));
+    }
+    return m;
+}
+static __device__ __forceinline__ void raw16_put(const bf16 *R, int ld, __half *dst, int ldd, float scale) {
+    for (int e = threadIdx.x; e < CH * DP / 8; e += NT) {
+        int r = e / (DP / 8), c = e % (DP / 8) * 8;
+        Vec16 v;
+        v.u = *(const uint4 *)(R + r * ld + c);
+        vec_put16(&v, 0, r, c, dst, NULL, ldd, scale);
+    }
+}
+static __device__ __forceinline__ float raw32_absmax(const float *F) {
+    float m = 0;
+    for (int e = threadIdx.x; e < DP * DP / 4; e += NT) {
+        Vec16 v;
+        v.u = *(const uint4 *)(F + 4 * e);
+        m = fmaxf(m, stage_absmax(&v, 1, 1));
+    }
+    return m;
+}
+static __device__ __forceinline__ void raw32_put(const float *F, __half *hi, __half *lo, int ld, float scale) {
+    for (int e = threadIdx.x; e < DP * DP / 4; e += NT) {
+        Vec16 v;
+        v.u = *(const uint4 *)(F + 4 * e);
+        vec_put16(&v, 1, e / (DP / 4), e % (DP / 4) * 4, hi, lo, ld, scale);
+    }
+}
+
 // The staged state and keys (op16_stage) into fp16, scaled so that their largest magnitudes lie
 // in [1, 2), the state split hi + lo; the queries into the tile q. Ends synchronized.
 static __device__ void op16_load(Op16 *o, const Smem *s, Tile *q) {
     static_assert(DP * DP <= CH * ((DP + 8) + DP), "Bm and Dg (ldrow: n + 8) hold the raw state");
     static_assert(CH * (DP + 8) <= 2 * CH * LDT, "St holds the raw keys");
-    const float *H = s->Bm;
     const bf16 *K = (const bf16 *)s->St;
     int ld = ldrow(DP);
     cp_async_wait();
     __syncthreads();
-    float m[2] = {0, 0};  // the keys', the state's
-    for (int e = threadIdx.x; e < CH * DP / 8; e += NT) {
-        Vec16 v;
-        v.u = *(const uint4 *)(K + e / (DP / 8) * ld + e % (DP / 8) * 8);
-        m[0] = fmaxf(m[0], stage_absmax(&v, 1, 0));
-    }
-    for (int e = threadIdx.x; e < DP * DP / 4; e += NT) {
-        Vec16 v;
-        v.u = *(const uint4 *)(H + 4 * e);
-        m[1] = fmaxf(m[1], stage_absmax(&v, 1, 1));
-    }
+    float m[2] = {raw16_absmax(K, ld), raw32_absmax(s->Bm)};  // the keys', the state's
     block_max_n(m, 2, s->red);
     o->sK = fp16_scale(m[0]);
     o->sH = fp16_scale(m[1]);
-    for (int e = threadIdx.x; e < CH * DP / 8; e += NT) {
-        int r = e / (DP / 8), c = e % (DP / 8) * 8;
-        Vec16 v;
-        v.u = *(const uint4 *)(K + r * ld + c);
-        vec_put16(&v, 0, r, c, o->K, NULL, ld, o->sK);
-    }
-    for (int e = threadIdx.x; e < DP * DP / 4; e += NT) {
-        int r = e / (DP / 4), c = e % (DP / 4) * 4;
-        Vec16 v;
-        v.u = *(const uint4 *)(H + 4 * e);
-        vec_put16(&v, 1, r, c, o->Hh, o->Hl, LD_OP, o->sH);
-    }
+    raw16_put(K, ld, o->K, ld, o->sK);
+    raw32_put(s->Bm, o->Hh, o->Hl, LD_OP, o->sH);
     __syncthreads();
     tile_from_bf16(q, (const bf16 *)o->P, ld, NTILES(DP));
 }
@@ -1598,29 +1615,67 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
     tile_store(o, 0, &out, &g, pair, t0, g.Dv, nc);
 }
 
+// Where rhs_stage copies the right-hand side's operands raw: G (float, [DP][DP]) in the state's
+// region, Delta in the second half of Bm's, V in the direction's, the keys in the scores' (each
+// free until backward_rhs has taken them into fp16).
+typedef struct {
+    float *G;
+    bf16 *D, *V, *K;
+} RhsRaw;
+
+static __device__ __forceinline__ RhsRaw rhs_raw(const Smem *s) {
+    int ld = ldrow(DP);
+    RhsRaw r = {s->Hs, (bf16 *)s->Bm + CH * ld, (bf16 *)s->Kp + CH * ld, (bf16 *)s->St};
+    return r;
+}
+
+// Starts copying the chunk's Delta, V, keys and G (the entry state [Dv][Dk], global) into smem as
+// they are (rhs_raw), in the background, for backward_rhs once the chunk's constants are worked
+// out (as op16_stage does for the forward).
+static __device__ void rhs_stage(const Smem *s, const bf16 *dout, const bf16 *v, const bf16 *k, const float *G, int vec,
+                                 const Geo *g, int pair, int t0) {
+    RhsRaw r = rhs_raw(s);
+    int ld = ldrow(DP);
+    Src sg = mat_src(G, g->Dv, g->Dk, DP, DP, vec), sd = tok_src(dout, 0, g->Dv, DP, g, pair, t0, vec);
+    Src sv = tok_src(v, 0, g->Dv, DP, g, pair, t0, vec), sk = tok_src(k, 0, g->Dk, DP, g, pair, t0, vec);
+    stage_raw(r.G, DP, &sg);
+    stage_raw(r.D, ld, &sd);
+    stage_raw(r.V, ld, &sv);
+    stage_raw(r.K, ld, &sk);
+}
+
 // The backward's right-hand side R = e^b (.) Delta G + ((Delta V^T) (.) M) K
-// (G: the chunk's entry state [Dv][Dk], global) on fp16 operands
-// (tile_gla16): G into the state's buffers, K into CG's, Delta into Bm's
-// region, V into the Jacobi diagonal's; meanwhile CG's state (sh) is fetched
-// into hv, registers. Returns the keys' scale (they stay in CG's buffer).
-// (Inlined: as a called function it left ptxas spilling less, but the kernels
-// ran 1.2-1.5x slower, measured.)
-static __device__ __forceinline__ float backward_rhs(Tile *rhs, Vec16 *hv, const Src *sh, const Smem *sp, const bf16 *dout,
-                                                    const bf16 *v, const bf16 *k, const float *G, int vec, const Geo *gp,
-                                                    int pair, int t0) {
+// on fp16 operands (tile_gla16), from the raw copies of rhs_stage: G into the
+// state's buffers (through registers: its raw copy lies there), K into CG's,
+// Delta into Bm's region, V into the Jacobi diagonal's; meanwhile CG's state
+// (sh) is fetched into hv, registers. Returns the keys' scale (they stay in
+// CG's buffer). (Inlined: as a called function it left ptxas spilling less,
+// but the kernels ran 1.2-1.5x slower, measured.)
+static __device__ __forceinline__ float backward_rhs(Tile *rhs, Vec16 *hv, const Src *sh, const Smem *sp, const Geo *gp) {
     const Smem s = *sp;
     const Geo g = *gp;
     Op16 op = op16_carve(&s, &g);
     int nc = NTILES(DP), ldk = ldrow(DP);  // (keys and values: both DP wide)
     // G [DP][ldk] hi + lo in the state's region
     __half *D16 = (__half *)s.Bm, *V16 = (__half *)s.Dg, *Gh = (__half *)s.Hs, *Gl = Gh + DP * ldk;
-    Src src[3] = {tok_src(dout, 0, g.Dv, DP, &g, pair, t0, vec), tok_src(v, 0, g.Dv, DP, &g, pair, t0, vec),
-                  tok_src(k, 0, g.Dk, DP, &g, pair, t0, vec)};
-    Src sg = mat_src(G, g.Dv, g.Dk, DP, DP, vec);
-    __half *dst[3] = {D16, V16, op.K};
-    int lds[3] = {ldk, ldk, ldk};
-    float sc[4];  // the scales of Delta, V, K, G
-    stage_batch16(sc, src, dst, lds, 3, &sg, Gh, Gl, ldk, MAXD * MAXD / 4 / NT, s.red);
+    RhsRaw raw = rhs_raw(&s);
+    cp_async_wait();
+    __syncthreads();
+    Vec16 gv[MAXD * MAXD / 4 / NT];
+#pragma unroll
+    for (int u = 0; u < MAXD * MAXD / 4 / NT; u++) gv[u].u = ((const uint4 *)raw.G)[threadIdx.x + u * NT];
+    float sc[4] = {raw16_absmax(raw.D, ldk), raw16_absmax(raw.V, ldk), raw16_absmax(raw.K, ldk),
+                   stage_absmax(gv, MAXD * MAXD / 4 / NT, 1)};  // the scales of Delta, V, K, G
+    block_max_n(sc, 4, s.red);  // (its barriers also end the reads of G's raw copy)
+    for (int i = 0; i < 4; i++) sc[i] = fp16_scale(sc[i]);
+    raw16_put(raw.D, ldk, D16, ldk, sc[0]);
+    raw16_put(raw.V, ldk, V16, ldk, sc[1]);
+    raw16_put(raw.K, ldk, op.K, ldk, sc[2]);
+#pragma unroll
+    for (int u = 0; u < MAXD * MAXD / 4 / NT; u++) {
+        int e = threadIdx.x + u * NT;
+        vec_put16(&gv[u], 1, e / (DP / 4), e % (DP / 4) * 4, Gh, Gl, ldk, sc[3]);
+    }
     stage_fetch(hv, MAXD * MAXD / 4 / NT, sh);  // CG's state, in flight while the right-hand side is computed
     __syncthreads();
     Gla16 f = {D16, NULL, Gh, Gl, V16, op.K, ldk, ldk, ldk, ldk, 0, DP, nc, sc[3], sc[1], sc[2]};
@@ -1642,6 +1697,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
     int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(DP);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
+    rhs_stage(&s, dout, v, k, st_in + hh, vec, &g, pair, t0);
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
     for (int i = threadIdx.x; i < DP; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
@@ -1650,7 +1706,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
     Op16 op = op16_carve(&s, &g);
     Vec16 hv[MAXD * MAXD / 4 / NT];
     Src sh = mat_src(st_in, g.Dk, g.Dk, DP, DP, vec);
-    op.sK = backward_rhs(&rhs, hv, &sh, &s, dout, v, k, st_in + hh, vec, &g, pair, t0);  // leaves the keys in op.K
+    op.sK = backward_rhs(&rhs, hv, &sh, &s, &g);  // leaves the keys in op.K
     // the second solve, with the forward's operator: H over the right-hand side's G
     op16_put_state(&op, &s, hv, &sh, &g);
     Src xs = tok_src(x, 0, g.Dk, DP, &g, pair, t0, vec);
