@@ -1199,6 +1199,7 @@ extern "C" const Backend *backend_cuda(void) {
         return NULL;
     }
     ctx.sm_count = prop.multiProcessorCount;
+    ctx.cc_major = prop.major;
     ctx.smem_optin = prop.sharedMemPerBlockOptin;
     Backend b = {};
     b.name = "cuda";

@@ -41,6 +41,7 @@ typedef struct {
     cudaStream_t stream;
     cublasHandle_t blas;
     int sm_count;
+    int cc_major;       // compute capability (9: Hopper, where the sm_90a kernels run)
     size_t smem_optin;  // the most shared memory one block may ask for
     void *blas_ws;      // cuBLAS workspace (fixed, so that products can be recorded into graphs)
     void *scratch;      // device scratch, grow-only (cuda_scratch)

@@ -681,7 +681,7 @@ static __device__ __forceinline__ void fetch_decays_async(float *glog, float *be
     }
 }
 
-// Warp 0: b = the inclusive cumulative sum over the chunk of the fetched log
+// A warp: b = the inclusive cumulative sum over the chunk of the fetched log
 // decays, for tokens lane and lane + 32 (a warp scan; rows past the end repeat the last).
 static __device__ __forceinline__ void chunk_cumsum(float b[2], const float glog[2]) {
     float run = 0;
@@ -690,7 +690,7 @@ static __device__ __forceinline__ void chunk_cumsum(float b[2], const float glog
         float v = glog[h];
         for (int o = 1; o < 32; o <<= 1) {
             float u = __shfl_up_sync(0xffffffffu, v, o);
-            if ((int)threadIdx.x >= o) v += u;
+            if (lane_id() >= o) v += u;
         }
         b[h] = run + v;
         run += __shfl_sync(0xffffffffu, v, 31);
@@ -1513,6 +1513,242 @@ static size_t scan_smem(const Geo *g) {
            3 * (size_t)CH * ldrow(CH) * sizeof(bf16) + 2 * CH * sizeof(float) + 2 * sizeof(float) + 4 * CH * sizeof(float);
 }
 
+// ---------------------------------------------------------------- the scan by wgmma (sm_90a)
+
+// The same recurrence on Hopper, one warpgroup a block (grid and slices as scan_kernel's), when
+// the state is DP columns wide and both matrices' rows come in whole slices of 64. What the
+// profile of scan_kernel said (bench/results/gpu-mesa-variants-h200.txt): 16 warps in lockstep
+// between two barriers a chunk, every warp computing addresses and loading fragments for its part
+// of the product, and the state stored through a per-warp scratch; issue 0.55 a scheduler, DRAM
+// at 43%. Here a chunk needs one barrier: the warpgroup's product is asynchronous (wgmma, the
+// right factor read once from smem), the left factor goes straight from the staged slice into
+// the A fragments in registers (weighted and split in three there), and each warp hands its 16
+// rows of the state to the bulk-copy engine (cp.async.bulk), which writes whole rows.
+#define SW_NT 128            // threads: one warpgroup
+#define SW_LDO (DP + 8)      // the staged state's row stride (floats): a half-warp's 8-byte stores hit 32 banks
+#define SW_RBYTES (CH * DP * 2)           // the right factor, bf16, in wgmma's core-matrix layout
+#define SW_LBYTES (CH * (CH + 4) * 4)     // the left factor's slice, as fetched (float at most)
+#define SW_SMEM (2 * SW_RBYTES + 2 * SW_LBYTES + CH * SW_LDO * 4 + 4 * CH * 4)
+
+#if WGMMA
+// acc += A B over the warpgroup's 64 x DP tile: A (64 x 16 bf16) from registers in mma.sync's
+// fragment layout (warp w: rows 16 w..), B (16 x DP bf16) from smem by descriptor, N-major (its
+// rows are k, as the scan's right factor is stored). acc in the accumulator layout: element e of
+// 8-column group j at row 16 w + lane / 4 + 8 (e >> 1), column 8 j + 2 (lane & 3) + (e & 1).
+static __device__ __forceinline__ void wg_mma_rs(float *acc, const unsigned a[4], unsigned long long db) {
+#if DP == 128
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]),
+          "+f"(acc[7]), "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]),
+          "+f"(acc[14]), "+f"(acc[15]), "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]),
+          "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), "+f"(acc[24]), "+f"(acc[25]), "+f"(acc[26]), "+f"(acc[27]),
+          "+f"(acc[28]), "+f"(acc[29]), "+f"(acc[30]), "+f"(acc[31]), "+f"(acc[32]), "+f"(acc[33]), "+f"(acc[34]),
+          "+f"(acc[35]), "+f"(acc[36]), "+f"(acc[37]), "+f"(acc[38]), "+f"(acc[39]), "+f"(acc[40]), "+f"(acc[41]),
+          "+f"(acc[42]), "+f"(acc[43]), "+f"(acc[44]), "+f"(acc[45]), "+f"(acc[46]), "+f"(acc[47]), "+f"(acc[48]),
+          "+f"(acc[49]), "+f"(acc[50]), "+f"(acc[51]), "+f"(acc[52]), "+f"(acc[53]), "+f"(acc[54]), "+f"(acc[55]),
+          "+f"(acc[56]), "+f"(acc[57]), "+f"(acc[58]), "+f"(acc[59]), "+f"(acc[60]), "+f"(acc[61]), "+f"(acc[62]),
+          "+f"(acc[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+#elif DP == 64
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]),
+          "+f"(acc[7]), "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]),
+          "+f"(acc[14]), "+f"(acc[15]), "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]),
+          "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), "+f"(acc[24]), "+f"(acc[25]), "+f"(acc[26]), "+f"(acc[27]),
+          "+f"(acc[28]), "+f"(acc[29]), "+f"(acc[30]), "+f"(acc[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+#else
+#error "the wgmma scan is written for head sizes 64 and 128"
+#endif
+}
+
+// Keeps the compiler from moving accesses of n registers across the asynchronous products.
+static __device__ __forceinline__ void wg_pin_n(float *v, int n) {
+#pragma unroll
+    for (int i = 0; i < n; i++) asm volatile("" : "+f"(v[i])::"memory");
+}
+static __device__ __forceinline__ void wg_pin_u(unsigned *v, int n) {
+#pragma unroll
+    for (int i = 0; i < n; i++) asm volatile("" : "+r"(v[i])::"memory");
+}
+
+// The descriptor of a [CH][DP] bf16 block in LD_CORE layout read N-major (k along its rows): core
+// matrices adjacent along k (8 rows down) DP / 8 x 128 bytes apart (LBO), along n 128 (SBO).
+static __device__ __forceinline__ unsigned long long wg_desc_kn(const void *p) {
+    return (unsigned long long)((smem_u32(p) & 0x3FFFF) >> 4) | (unsigned long long)(DP / 8 * 128 >> 4) << 16 |
+           (unsigned long long)(128 >> 4) << 32;
+}
+
+static __device__ __forceinline__ void bulk_store(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\ncp.async.bulk.commit_group;" ::"l"(dst),
+                 "r"(smem_u32(src)), "r"(bytes)
+                 : "memory");
+}
+// Waits until this thread's bulk stores have read their smem (read) or are done (all).
+static __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+static __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// A chunk's operands into smem in the background (cp.async, zero past the sequence's end): the
+// right factor R (tokens x DP) into LD_CORE layout at R, the left factor's 64 columns from i0 (dl
+// wide, bf16 or float) row-major at L (stride CH + 8 bf16 or CH + 4 floats).
+static __device__ __forceinline__ void scan_wg_stage(unsigned char *R, unsigned char *L, const void *l, int l32, int i0,
+                                                     int dl, const bf16 *r, const Geo *g, int pair, int t0) {
+    int n = min(CH, g->T - t0);
+    size_t base = tok_index(g, pair, t0);
+#pragma unroll
+    for (int u = 0; u < CH * DP / 8 / SW_NT; u++) {
+        int e = threadIdx.x + u * SW_NT, s = e / (DP / 8), c = e % (DP / 8) * 8;
+        const bf16 *src = r + (base + (size_t)s * g->H) * DP + c;
+        cp_async16(R + 2 * mat_off(s, c, LD_CORE), s < n ? (const void *)src : (const void *)r, s < n ? 16 : 0);
+    }
+    int w = l32 ? 4 : 8, ld = l32 ? CH + 4 : CH + 8, es = l32 ? 4 : 2;
+    for (int e = threadIdx.x; e < CH * CH / w; e += SW_NT) {
+        int s = e / (CH / w), c = e % (CH / w) * w;
+        const char *src = (const char *)l + ((base + (size_t)s * g->H) * dl + i0 + c) * es;
+        cp_async16(L + (s * ld + c) * es, s < n ? (const void *)src : l, s < n ? 16 : 0);
+    }
+}
+
+// The warpgroup's state (times sign) to rows 0..63 of dst (stride DP floats): each warp its 16
+// rows, through its part of the staging O, one bulk store a row.
+static __device__ __forceinline__ void scan_wg_put(float *dst, const float *acc, float *O, float sign) {
+    int w = warp_id(), l = lane_id(), r0 = 16 * w + (l >> 2), q = l & 3;
+    if (l < 16) bulk_wait_read();  // the warp's previous stores have read their rows
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < DP / 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            *(float2 *)(O + (r0 + 8 * h) * SW_LDO + 8 * j + 2 * q) =
+                make_float2(sign * acc[4 * j + 2 * h], sign * acc[4 * j + 2 * h + 1]);
+    fence_async_smem();
+    __syncwarp();
+    if (l < 16) bulk_store(dst + (size_t)(16 * w + l) * DP, O + (16 * w + l) * SW_LDO, DP * 4);
+}
+
+// The thread's A fragments of k-step kk (tokens 16 kk..) of A(i, s) = w_s L[s][i], split in three
+// (split_bf16x3) into t[0] (hi), t[1], t[2] (lo). wt: the weights of tokens lane and lane + 32.
+static __device__ __forceinline__ void scan_wg_afrag(unsigned t[3][4], const unsigned char *L, int l32, int kk,
+                                                     const float wt[2]) {
+    int l = lane_id(), q = l & 3, r0 = 16 * warp_id() + (l >> 2);
+    float ws[4], v[8];  // ws: tokens 2q, 2q + 1, 2q + 8, 2q + 9 of the k-step
+#pragma unroll
+    for (int d = 0; d < 4; d++) ws[d] = __shfl_sync(0xffffffffu, wt[kk >> 1], (16 * kk + 2 * q + (d & 1) + 8 * (d >> 1)) & 31);
+    if (l32) {
+        const float *F = (const float *)L + 16 * kk * (CH + 4);
+#pragma unroll
+        for (int f = 0; f < 4; f++)  // fragment f: row r0 + 8 (f & 1), tokens 2q (+ 8 (f >> 1)), + 1
+#pragma unroll
+            for (int e = 0; e < 2; e++) v[2 * f + e] = F[(2 * q + e + 8 * (f >> 1)) * (CH + 4) + r0 + 8 * (f & 1)];
+    } else {
+        unsigned b[4];
+        ldsm4(b, (const __half *)L + a_frag_off(CH + 8, 1) + 16 * kk * (CH + 8), 1);
+#pragma unroll
+        for (int f = 0; f < 4; f++) {
+            v[2 * f] = __uint_as_float(b[f] << 16);
+            v[2 * f + 1] = __uint_as_float(b[f] & 0xffff0000u);
+        }
+    }
+#pragma unroll
+    for (int f = 0; f < 4; f++) {
+        __nv_bfloat162 p[3];
+        split_bf16x3(ws[2 * (f >> 1)] * v[2 * f], ws[2 * (f >> 1) + 1] * v[2 * f + 1], p);
+#pragma unroll
+        for (int i = 0; i < 3; i++) t[i][f] = *(const unsigned *)&p[i];
+    }
+}
+#endif
+
+static __global__ void __launch_bounds__(SW_NT, 2) scan_wg_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
+#if WGMMA
+    extern __shared__ __align__(128) unsigned char smw[];
+    int pair = blockIdx.y, z = blockIdx.x, s0 = sc.d[0] / CH, m = z < s0 ? 0 : 1;
+    int i0 = CH * (m ? z - s0 : z), dl = m ? sc.d[1] : sc.d[0];
+    const float *l32p = m ? sc.l32[1] : sc.l32[0], *init = m ? sc.init[1] : sc.init[0];
+    const void *l = l32p ? (const void *)l32p : (const void *)(m ? sc.l16[1] : sc.l16[0]);
+    int l32 = l32p != NULL;
+    float *fin = m ? sc.fin[1] : sc.fin[0];
+    float init_sign = m ? sc.init_sign[1] : sc.init_sign[0], fin_sign = m ? sc.fin_sign[1] : sc.fin_sign[0];
+    unsigned char *Rb = smw, *Lb = smw + 2 * SW_RBYTES;
+    float *O = (float *)(Lb + 2 * SW_LBYTES), *dec = O + CH * SW_LDO;  // dec: [2][glog, beta][CH]
+    size_t slot_sz = (size_t)(sc.d[0] + sc.d[1]) * DP, off = (m ? (size_t)sc.d[0] * DP : 0) + (size_t)i0 * DP;
+    float *out = sc.out + (size_t)pair * sc.nslots * slot_sz + off;
+    int lane = lane_id(), r0 = 16 * warp_id() + (lane >> 2), q = lane & 3;
+    float acc[DP / 2];
+#pragma unroll
+    for (int j = 0; j < DP / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[4 * j + e] = init ? init_sign * init[((size_t)pair * dl + i0 + r0 + 8 * (e >> 1)) * DP + 8 * j + 2 * q + (e & 1)]
+                                  : 0.0f;
+    int dir = sc.reverse ? -1 : 1, c = sc.reverse ? g.nchunks - 1 : 0;
+    scan_wg_stage(Rb, Lb, l, l32, i0, dl, sc.r, &g, pair, c * CH);
+    if (threadIdx.x < 32) fetch_decays_async(dec, dec + CH, glog, gbeta, &g, pair, c * CH);
+    for (int step = 0; step < g.nchunks; step++, c += dir) {
+        int n = min(CH, g.T - c * CH), buf = step & 1;
+        cp_async_wait();
+        fence_async_smem();  // (the right factor is read by wgmma, the async proxy)
+        __syncthreads();     // chunk c's operands are in place; the other buffers' readers are done
+        if (step + 1 < g.nchunks) {
+            int nb = buf ^ 1;
+            scan_wg_stage(Rb + nb * SW_RBYTES, Lb + nb * SW_LBYTES, l, l32, i0, dl, sc.r, &g, pair, (c + dir) * CH);
+            if (threadIdx.x < 32) fetch_decays_async(dec + nb * 2 * CH, dec + nb * 2 * CH + CH, glog, gbeta, &g, pair, (c + dir) * CH);
+        }
+        scan_wg_put(out + (size_t)c * slot_sz, acc, O, 1.0f);
+        // the chunk's weights (forward e^{b_n - b_s} beta_s, reverse e^{b_s}; 0 past the end) and decay e^{b_n}
+        const float *d = dec + buf * 2 * CH;
+        float gl[2] = {d[lane], d[lane + 32]}, b[2], wt[2];
+        chunk_cumsum(b, gl);
+        float bn = __shfl_sync(0xffffffffu, n > 32 ? b[1] : b[0], (n - 1) & 31), decay = __expf(bn);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int t = lane + 32 * h;
+            wt[h] = t < n ? (sc.reverse ? __expf(b[h]) : __expf(bn - b[h]) * d[CH + t]) : 0.0f;
+        }
+        unsigned a[CH / 16][3][4];
+#pragma unroll
+        for (int kk = 0; kk < CH / 16; kk++) scan_wg_afrag(a[kk], Lb + buf * SW_LBYTES, l32, kk, wt);
+#pragma unroll
+        for (int i = 0; i < DP / 2; i++) acc[i] *= decay;
+        unsigned long long db = wg_desc_kn(Rb + buf * SW_RBYTES);
+        wg_pin_n(acc, DP / 2);  // (the fence must follow every write of the products' registers)
+        wg_pin_u(&a[0][0][0], CH / 16 * 12);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < CH / 16; kk++)
+#pragma unroll
+            for (int i = 2; i >= 0; i--)  // lo, mid, hi: the small terms first
+                wg_mma_rs(acc, a[kk][i], db + (unsigned long long)(kk * 2 * (DP / 8 * 128) >> 4));
+        asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;" ::: "memory");
+        wg_pin_n(acc, DP / 2);  // (no read of acc moves above the wait)
+    }
+    float *last = sc.reverse ? (fin ? fin + ((size_t)pair * dl + i0) * DP : NULL) : out + (size_t)g.nchunks * slot_sz;
+    if (last) scan_wg_put(last, acc, O, sc.reverse ? fin_sign : 1.0f);
+    if (lane < 16) bulk_wait_all();  // (smem must outlive the bulk stores' reads)
+#endif
+}
+
+// Whether scan_wg_kernel takes a scan: a Hopper device (the sm_90a build), the state DP columns
+// wide, both matrices in whole slices, 16-byte rows everywhere.
+static int scan_wg_ok(const CudaCtx *c, const Scan *s, const Geo *g) {
+    int ok = c->cc_major == 9 && g->Dk == DP && s->d[0] % CH == 0 && s->d[1] % CH == 0 && s->vec &&
+             (uintptr_t)s->out % 16 == 0;
+    for (int m = 0; m < 2; m++) ok &= !s->fin[m] || (uintptr_t)s->fin[m] % 16 == 0;
+    return ok;
+}
+
 // ---------------------------------------------------------------- the chunk kernels
 
 // The token index of the thread's row i of the chunk at t0 in [B,T,H] order;
@@ -2222,10 +2458,15 @@ static int run_scan(const Backend *be, const Scan *scan, const float *glog, cons
     Scan s = *scan, *sc = &s;
     s.vec = rows_aligned(s.r, g->Dk, 2);
     for (int m = 0; m < 2; m++) s.vec &= rows_aligned(s.l16[m], s.d[m], 2) && rows_aligned(s.l32[m], s.d[m], 4);
-    size_t smem = scan_smem(g);
-    MN_TRY(set_smem((const void *)scan_kernel, smem, c));
     dim3 grid((unsigned)((sc->d[0] + CH - 1) / CH + (sc->d[1] + CH - 1) / CH), (unsigned)(g->B * g->H));
-    scan_kernel<<<grid, NT, smem, c->stream>>>(*sc, glog, beta, *g);
+    if (scan_wg_ok(c, sc, g)) {
+        MN_TRY(set_smem((const void *)scan_wg_kernel, SW_SMEM, c));
+        scan_wg_kernel<<<grid, SW_NT, SW_SMEM, c->stream>>>(*sc, glog, beta, *g);
+    } else {
+        size_t smem = scan_smem(g);
+        MN_TRY(set_smem((const void *)scan_kernel, smem, c));
+        scan_kernel<<<grid, NT, smem, c->stream>>>(*sc, glog, beta, *g);
+    }
     LAUNCH_CHECK();
     return MN_OK;
 }
