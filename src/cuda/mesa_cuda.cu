@@ -630,6 +630,20 @@ static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
 }
 static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most n of the thread's committed groups are still in flight.
+template <int n> static __device__ __forceinline__ void cp_async_wait_groups() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory");
+}
+
+// n floats from global to smem (16-byte aligned) in the background, the block's nt threads
+// striding: 16-byte copies when src and n allow, else 4-byte ones.
+static __device__ void copy_async_f32(float *dst, const float *src, int n, int nt) {
+    if ((uintptr_t)src % 16 == 0 && n % 4 == 0)
+        for (int e = 4 * threadIdx.x; e < n; e += 4 * nt) cp_async16(dst + e, src + e, 16);
+    else
+        for (int e = threadIdx.x; e < n; e += nt) cp_async4(dst + e, src + e, 4);
+}
 
 // The block of s (rpad x cpad, zero outside rows x cols) into smem as it is,
 // bf16 or float, row-major with stride ld elements: 16-byte copies in the
@@ -2236,13 +2250,16 @@ static __global__ void __launch_bounds__(DG_THREADS) dg_scan_kernel(float *dg, c
     }
 }
 
-#define DEC_BATCH 32  // H loads each decode thread keeps in flight
-#define DEC_ROWS 8     // rows of G each decode warp loads at once
+#define DEC_ROWS 8  // rows of G each decode warp loads at once
 
-// Both sums over the block at once (one pair of barriers instead of two); red: 64 floats of smem.
-static __device__ __forceinline__ void block_sum2(float *a, float *b, float *red) {
+// n floats rounded up to whole 16-byte units, so that what follows in smem stays aligned
+static __host__ __device__ __forceinline__ size_t decode_pad4(size_t n) { return (n + 3) & ~(size_t)3; }
+
+// Both sums over the block at once; red: 64 floats of smem. With fence, a barrier first lets the
+// previous readers of red finish; without, the caller ensures a barrier has passed since they read.
+static __device__ __forceinline__ void block_sum2(float *a, float *b, float *red, int fence = 1) {
     float x = warp_sum(*a), y = warp_sum(*b);
-    __syncthreads();  // the previous readers of red are done
+    if (fence) __syncthreads();
     if (lane_id() == 0) {
         red[warp_id()] = x;
         red[32 + warp_id()] = y;
@@ -2255,28 +2272,43 @@ static __device__ __forceinline__ void block_sum2(float *a, float *b, float *red
     *b = warp_sum(y);
 }
 
-// y_i = (H' p)_i for the owners (tid < Dk): H' symmetric, so thread i reads
-// column i (consecutive threads, consecutive banks); the parts = nt / 128
-// groups of 128 threads each take every parts-th k, joined through `part` ([parts][128]).
-static __device__ __forceinline__ float decode_matvec(const float *Hs, const float *ps, float *part, int dk, int nt) {
+// CG's operator on p (in ps, 16-byte aligned, written before the call): returns (H' p)_i to the
+// owners (tid < Dk) and sets *pap = p.(H' + diag(lambda)) p for every thread (lam: the thread's
+// lambda_i, 0 for non-owners). H' is symmetric, so thread i reads column i (consecutive threads,
+// consecutive banks); the parts = nt / 128 groups of 128 threads each take a contiguous range of
+// k, whose p they read 4 at a time. The dot is summed from the groups' parts directly, so the
+// parts (in `part`, [parts][128]) and the dot (in red, 32 floats) meet behind one barrier.
+static __device__ __forceinline__ float decode_apply(const float *Hs, const float *ps, float *part, float *red, int dk,
+                                                     int nt, float lam, float *pap) {
     const int parts = nt / 128;
     int i = threadIdx.x & 127, grp = threadIdx.x >> 7;
-    __syncthreads();  // ps is written
+    float dot = 0;
+    __syncthreads();  // ps is written; the previous readers of part and red are done
     if (i < dk) {
-        float s0 = 0, s1 = 0;
-        int k = grp;
-        for (; k + parts < dk; k += 2 * parts) {
-            s0 += Hs[k * dk + i] * ps[k];
-            s1 += Hs[(k + parts) * dk + i] * ps[k + parts];
+        int per = ((dk + parts - 1) / parts + 3) & ~3, k = grp * per, k1 = min(k + per, dk);
+        float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma unroll 4
+        for (; k + 4 <= k1; k += 4) {
+            float4 p4 = *reinterpret_cast<const float4 *>(ps + k);
+            const float *h = Hs + k * dk + i;
+            s0 += h[0] * p4.x;
+            s1 += h[dk] * p4.y;
+            s2 += h[2 * dk] * p4.z;
+            s3 += h[3 * dk] * p4.w;
         }
-        if (k < dk) s0 += Hs[k * dk + i] * ps[k];
-        part[grp * 128 + i] = s0 + s1;
+        for (; k < k1; k++) s0 += Hs[k * dk + i] * ps[k];
+        float sum = (s0 + s1) + (s2 + s3), pi = ps[i];
+        part[grp * 128 + i] = sum;
+        dot = pi * (sum + lam * pi);
     }
+    dot = warp_sum(dot);
+    if (lane_id() == 0) red[warp_id()] = dot;
     __syncthreads();
     float y = 0;
     if (threadIdx.x < dk)
 #pragma unroll
         for (int q = 0; q < parts; q++) y += part[q * 128 + threadIdx.x];
+    *pap = warp_sum(lane_id() < nt / 32 ? red[lane_id()] : 0.0f);
     return y;
 }
 
@@ -2284,54 +2316,55 @@ static __device__ __forceinline__ float decode_matvec(const float *Hs, const flo
 // recurrent form (spec section 1) without the chunk machinery, which would pad
 // the one row to 64. H' = gamma H + beta k k^T is built in smem (and written to
 // hT), CG solves (H' + diag(lambda)) x = q with thread i < Dk owning x_i, then
-// G' = gamma G + beta v k^T streams from global (written to gT) into o = G' x.
-// In place (hT = h0, gT = g0) is safe: each state element is read and written
-// by the same thread. Two widths (the wrappers below): few blocks (small
-// batches) run 512 threads each, shortening every phase; many run 256 at
-// three blocks per multiprocessor.
+// G' = gamma G + beta v k^T (written to gT) gives o = G' x. H is copied into
+// smem by cp.async as the block starts; with stage_g G too, so that its load
+// runs under the CG (else G streams from global after it). Two widths (the
+// wrappers below): few blocks (small batches) run 512 threads each with G
+// staged, shortening every phase; many run 256 at three blocks per
+// multiprocessor, where G's 64 KB in smem would not fit.
+// In place (hT = h0, gT = g0) is safe: H (and a staged G) is read whole
+// before any of it is written, and a streamed G's elements are each read and
+// written by the same thread.
 static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *steps_out, const bf16 *q, const bf16 *k,
                                             const bf16 *v, const float *glog, const float *gbeta, const float *lambda,
                                             const float *h0, const float *g0, float *hT, float *gT, const bf16 *x0,
-                                            Geo g, int nt) {
+                                            Geo g, int nt, int stage_g) {
     extern __shared__ float sm[];
     int pair = blockIdx.x, h = pair % g.H, dk = g.Dk, dv = g.Dv, tid = threadIdx.x, own = tid < dk;
-    float *Hs = sm, *ks = Hs + dk * dk, *vs = ks + dk, *ps = vs + dv, *part = ps + dk, *red = part + 4 * 128;
-    size_t ti = pair;  // T = 1: token index = b H + h = pair
     size_t hh = (size_t)dk * dk, gg = (size_t)dv * dk;
+    float *Hs = sm, *Gs = Hs + decode_pad4(hh), *ps = Gs + (stage_g ? decode_pad4(gg) : 0), *ks = ps + decode_pad4(dk);
+    float *vs = ks + dk, *part = vs + dv, *red = part + 4 * 128, *red_op = red + 64;
+    size_t ti = pair;  // T = 1: token index = b H + h = pair
+    const float *hin = h0 ? h0 + pair * hh : NULL, *gin = g0 ? g0 + pair * gg : NULL;
+    float *hout = hT ? hT + pair * hh : NULL, *gout = gT ? gT + pair * gg : NULL;
+    if (hin) copy_async_f32(Hs, hin, (int)hh, nt);
+    cp_async_commit();
+    if (stage_g && gin) copy_async_f32(Gs, gin, (int)gg, nt);
+    cp_async_commit();
     float gamma = __expf(glog[ti]), beta = gbeta[ti];
+    float qi = own ? ld(q, ti * dk + tid) : 0.0f, lam = own ? lambda[(size_t)h * dk + tid] : 0.0f;
     for (int j = tid; j < dk; j += nt) ks[j] = ld(k, ti * dk + j);
     for (int i = tid; i < dv; i += nt) vs[i] = beta * ld(v, ti * dv + i);
+    cp_async_wait_groups<1>();  // H has arrived (G may still be on its way)
     __syncthreads();
-    // H' in batches of DEC_BATCH loads per thread issued before any store: with
-    // hT = h0 a store may alias a later load, so unbatched each element would
-    // wait out a full memory latency.
-    const float *hin = h0 ? h0 + pair * hh : NULL;
-    float *hout = hT ? hT + pair * hh : NULL;
-    for (int e0 = tid; e0 < dk * dk; e0 += nt * DEC_BATCH) {
-        float hv[DEC_BATCH];
-#pragma unroll
-        for (int u = 0; u < DEC_BATCH; u++) {
-            int e = e0 + u * nt;
-            hv[u] = hin && e < dk * dk ? hin[e] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < DEC_BATCH; u++) {
-            int e = e0 + u * nt;
-            if (e >= dk * dk) break;
-            float val = gamma * hv[u] + beta * ks[e / dk] * ks[e % dk];
-            Hs[e] = val;
-            if (hout) hout[e] = val;
-        }
+    // element e = (r, c) of H, its row and column stepped along (no division per element)
+    for (int e = tid, r = tid / dk, c = tid % dk; e < dk * dk; e += nt) {
+        float val = (hin ? gamma * Hs[e] : 0.0f) + beta * ks[r] * ks[c];
+        Hs[e] = val;
+        if (hout) hout[e] = val;
+        r += nt / dk;
+        c += nt % dk;
+        if (c >= dk) c -= dk, r++;
     }
     __syncthreads();
     // CG (the same rules as cg_solve: relative tolerance with its floor, exact-convergence stop)
-    float qi = own ? ld(q, ti * dk + tid) : 0.0f, lam = own ? lambda[(size_t)h * dk + tid] : 0.0f;
     float diag = own ? Hs[tid * dk + tid] + lam : 1.0f, x = 0, r = qi;
     if (g.init == MN_CG_INIT_GIVEN && x0) x = own ? ld(x0, ti * dk + tid) : 0.0f;
     else if (g.init == MN_CG_INIT_JACOBI) x = qi / diag;
     if ((x0 && g.init == MN_CG_INIT_GIVEN) || g.init == MN_CG_INIT_JACOBI) {
+        float unused;
         if (own) ps[tid] = x;
-        r = qi - decode_matvec(Hs, ps, part, dk, nt) - lam * x;
+        r = qi - decode_apply(Hs, ps, part, red_op, dk, nt, lam, &unused) - lam * x;
     }
     float z = g.precond ? r / diag : r, qq = qi * qi, rr = r * r, rz = r * z, p = z;
     block_sum2(&qq, &rr, red);
@@ -2340,11 +2373,11 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
     float thresh = g.tol2 * qq;
     int steps = 0;
     int active = rr > thresh;
+    if (own) ps[tid] = p;  // (the sums' barriers ordered the readers of ps before)
+    // three barriers a step: the operator's two, then the residual's sums, whose buffer (red) the
+    // operator's (red_op) alternates with, so that neither needs one of its own first
     for (int step = 1; active && step <= g.max_steps; step++) {
-        __syncthreads();  // the previous readers of ps are done
-        if (own) ps[tid] = p;
-        float ap = decode_matvec(Hs, ps, part, dk, nt) + lam * p, pap = p * ap, dummy = 0;
-        block_sum2(&pap, &dummy, red);
+        float pap, ap = decode_apply(Hs, ps, part, red_op, dk, nt, lam, &pap) + lam * p;
         if (!(pap > 0) || !(rz > 0)) break;  // converged exactly, or non-finite input
         float alpha = rz / pap;
         x += alpha * p;
@@ -2352,20 +2385,21 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
         steps = step;
         z = g.precond ? r / diag : r;
         float rr2 = r * r, rzn = r * z;
-        block_sum2(&rr2, &rzn, red);
+        block_sum2(&rr2, &rzn, red, 0);
         if (!(rr2 > thresh)) break;
         p = z + (rzn / rz) * p;
         rz = rzn;
+        if (own) ps[tid] = p;  // every read of ps in this step came before the sums' barrier
     }
     if (own) st(x_out, ti * dk + tid, x);
     if (steps_out && tid == 0) steps_out[ti] = steps;
+    cp_async_wait_groups<0>();  // a staged G has arrived
     __syncthreads();
     if (own) ps[tid] = x;
     __syncthreads();
     // o = G' x, G' = gamma G + beta v k^T: a warp per row of G, lanes along its
     // columns (Dk <= 128: four per lane), DEC_ROWS rows' loads in flight at once
-    const float *gin = g0 ? g0 + pair * gg : NULL;
-    float *gout = gT ? gT + pair * gg : NULL;
+    const float *gsrc = stage_g ? Gs : gin;
     for (int i0 = warp_id(); i0 < dv; i0 += DEC_ROWS * (nt / 32)) {
         float gv[DEC_ROWS][MAXD / 32];
 #pragma unroll
@@ -2373,7 +2407,7 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
 #pragma unroll
             for (int c = 0; c < MAXD / 32; c++) {
                 int i = i0 + u * (nt / 32), j = lane_id() + 32 * c;
-                gv[u][c] = gin && i < dv && j < dk ? gin[(size_t)i * dk + j] : 0.0f;
+                gv[u][c] = gin && i < dv && j < dk ? gsrc[(size_t)i * dk + j] : 0.0f;
             }
 #pragma unroll
         for (int u = 0; u < DEC_ROWS; u++) {
@@ -2399,14 +2433,16 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
         const float *gbeta, const float *lambda, const float *h0, const float *g0, float *hT, float *gT, const bf16 *x0, \
         Geo g
 static __global__ void __launch_bounds__(256, 3) decode_kernel_narrow(DECODE_ARGS) {
-    decode_body(o, x_out, steps_out, q, k, v, glog, gbeta, lambda, h0, g0, hT, gT, x0, g, 256);
+    decode_body(o, x_out, steps_out, q, k, v, glog, gbeta, lambda, h0, g0, hT, gT, x0, g, 256, 0);
 }
 static __global__ void __launch_bounds__(512) decode_kernel_wide(DECODE_ARGS) {
-    decode_body(o, x_out, steps_out, q, k, v, glog, gbeta, lambda, h0, g0, hT, gT, x0, g, 512);
+    decode_body(o, x_out, steps_out, q, k, v, glog, gbeta, lambda, h0, g0, hT, gT, x0, g, 512, 1);
 }
 
-static size_t decode_smem(const Geo *g) {
-    return sizeof(float) * ((size_t)g->Dk * g->Dk + 2 * g->Dk + g->Dv + 4 * 128 + 64);
+static size_t decode_smem(const Geo *g, int stage_g) {
+    size_t hh = (size_t)g->Dk * g->Dk, gg = (size_t)g->Dv * g->Dk;
+    return sizeof(float) * (decode_pad4(hh) + (stage_g ? decode_pad4(gg) : 0) + decode_pad4(g->Dk) + g->Dk + g->Dv +
+                            4 * 128 + 64 + 32);
 }
 
 // ------------------------------------------------------------------------ the host side
@@ -2519,8 +2555,8 @@ extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnMesaDims *d, 
     CudaCtx *c = cuda_ctx(be);
     int *steps = io->steps;  // a device buffer (MEM_I32), or NULL
     if (d->T == 1) {  // decoding: the recurrent kernel, wide blocks when they all fit in one wave
-        size_t smem = decode_smem(&g);
         int blocks = d->B * d->H, wide = blocks <= c->sm_count;
+        size_t smem = decode_smem(&g, wide);
         const void *kern = wide ? (const void *)decode_kernel_wide : (const void *)decode_kernel_narrow;
         MN_TRY(set_smem(kern, smem, c));
         const bf16 *x0 = s->init == MN_CG_INIT_GIVEN ? (const bf16 *)io->x0 : NULL;

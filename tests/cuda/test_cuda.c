@@ -316,7 +316,9 @@ TEST(cuda_mesa_matches_reference) {
                   // T = 1 takes the decode kernel: wide blocks while B H fits one wave, narrow above
                   {4, 1, 3, 128, 128, 1, 0, 1, 1}, {3, 1, 2, 16, 8, 1, 3, 1, 1}, {2, 1, 2, 48, 64, 1, 1, 1, 1},
                   {2, 1, 1, 32, 32, 0, 2, 1, 1},
-                  {50, 1, 3, 32, 24, 1, 1, 1, 1}, {70, 1, 4, 128, 128, 1, 0, 1, 1}};
+                  {50, 1, 3, 32, 24, 1, 1, 1, 1}, {70, 1, 4, 128, 128, 1, 0, 1, 1},
+                  // states of 81 and 63 floats: fetched 4 bytes at a time, wide and narrow
+                  {1, 1, 2, 9, 7, 1, 1, 1, 1}, {45, 1, 3, 9, 7, 1, 0, 1, 1}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         MnMesaDims d = {shapes[si].B, shapes[si].T, shapes[si].H, shapes[si].Dk, shapes[si].Dv};
         MesaCase c;
