@@ -44,7 +44,10 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include <cuda.h>  // CUtensorMap (the scans' TMA copies; the driver's encoder is looked up at run time)
 #include <cuda_fp16.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <stdio.h>
 
 #include "cuda_common.cuh"
 
@@ -1546,12 +1549,14 @@ static size_t scan_smem(const Geo *g) {
 // at 43%. Here a chunk needs one barrier: the warpgroup's product is asynchronous (wgmma, the
 // right factor read once from smem), the left factor goes straight from the staged slice into
 // the A fragments in registers (weighted and split in three there), and each warp hands its 16
-// rows of the state to the bulk-copy engine (cp.async.bulk), which writes whole rows.
-#define SW_NT 128            // threads: one warpgroup
-#define SW_LDO (DP + 8)      // the staged state's row stride (floats): a half-warp's 8-byte stores hit 32 banks
-#define SW_RBYTES (CH * DP * 2)           // the right factor, bf16, in wgmma's core-matrix layout
-#define SW_LBYTES (CH * (CH + 4) * 4)     // the left factor's slice, as fetched (float at most)
-#define SW_SMEM (2 * SW_RBYTES + 2 * SW_LBYTES + CH * SW_LDO * 4 + 4 * CH * 4)
+// rows of the state to the tensor-memory accelerator (TMA) in one store. The right factor comes
+// by TMA too (one copy a chunk), the left by cp.async.
+#define SW_NT 128                      // threads: one warpgroup
+#define SW_OBYTES (CH * DP * 4)        // the staged state, fp32, in the out map's swizzled boxes
+#define SW_RBYTES (CH * DP * 2)        // the right factor, bf16, in wgmma's core-matrix layout
+#define SW_LBYTES (CH * (CH + 4) * 4)  // the left factor's slice, as fetched (float at most)
+// + two mbarriers, + 1 KB to align the staged state to 1024 bytes (the swizzle's period)
+#define SW_SMEM (SW_OBYTES + 2 * SW_RBYTES + 2 * SW_LBYTES + 4 * CH * 4 + 2 * 8 + 1024)
 
 #if WGMMA
 // acc += A B over the warpgroup's 64 x DP tile: A (64 x 16 bf16) from registers in mma.sync's
@@ -1607,37 +1612,49 @@ static __device__ __forceinline__ void wg_pin_u(unsigned *v, int n) {
     for (int i = 0; i < n; i++) asm volatile("" : "+r"(v[i])::"memory");
 }
 
-// The descriptor of a [CH][DP] bf16 block in LD_CORE layout read N-major (k along its rows): core
-// matrices adjacent along k (8 rows down) DP / 8 x 128 bytes apart (LBO), along n 128 (SBO).
+// The descriptor of the right factor as the TMA copy lays it out (scan_right_map), read N-major
+// (k along its rows): core matrices adjacent along k (8 tokens on) 128 bytes apart (LBO), along n
+// (8 columns on) CH x 16 = 1024 (SBO).
 static __device__ __forceinline__ unsigned long long wg_desc_kn(const void *p) {
-    return (unsigned long long)((smem_u32(p) & 0x3FFFF) >> 4) | (unsigned long long)(DP / 8 * 128 >> 4) << 16 |
-           (unsigned long long)(128 >> 4) << 32;
+    return (unsigned long long)((smem_u32(p) & 0x3FFFF) >> 4) | (unsigned long long)(128 >> 4) << 16 |
+           (unsigned long long)(CH * 16 >> 4) << 32;
 }
 
-static __device__ __forceinline__ void bulk_store(void *dst, const void *src, int bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\ncp.async.bulk.commit_group;" ::"l"(dst),
-                 "r"(smem_u32(src)), "r"(bytes)
-                 : "memory");
+// mbarriers, for the completion of the TMA copies: one arrival (the thread that issues the copy,
+// announcing its bytes) and the copy's bytes complete a phase; the readers wait on its parity.
+static __device__ __forceinline__ void mbar_init(unsigned long long *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
 }
+static __device__ __forceinline__ void mbar_wait(unsigned long long *bar, int parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(
+            smem_u32(bar)),
+        "r"(parity)
+        : "memory");
+}
+// The right factor's chunk at token t0 of pair (b, h) into R (SW_RBYTES), completing on bar.
+static __device__ __forceinline__ void tma_right(unsigned char *R, const CUtensorMap *map, int t0, int pair, int H,
+                                                 unsigned long long *bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "n"(SW_RBYTES) : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {0, %2, 0, %3, %4}], "
+        "[%5];" ::"r"(smem_u32(R)),
+        "l"(map), "r"(t0), "r"(pair % H), "r"(pair / H), "r"(smem_u32(bar))
+        : "memory");
+}
+
 // Waits until this thread's bulk stores have read their smem (read) or are done (all).
 static __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 static __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
-// A chunk's operands into smem in the background (cp.async, zero past the sequence's end): the
-// right factor R (tokens x DP) into LD_CORE layout at R, the left factor's 64 columns from i0 (dl
-// wide, bf16 or float) row-major at L (stride CH + 8 bf16 or CH + 4 floats). (scan_stage through
-// the general stage_raw, with LD_CORE and a thread count as parameters, made this scan 11% slower:
-// 264 -> 293 us; here the loops' counts and strides are constants and rows always 16-byte aligned.)
-static __device__ __forceinline__ void scan_wg_stage(unsigned char *R, unsigned char *L, const void *l, int l32, int i0,
-                                                     int dl, const bf16 *r, const Geo *g, int pair, int t0) {
+// The left factor's chunk into smem in the background (cp.async, zero past the sequence's end):
+// its 64 columns from i0 (dl wide, bf16 or float) row-major at L (stride CH + 8 bf16 or CH + 4
+// floats). (The general stage_raw, with a thread count as parameter, made the scan 11% slower:
+// here the loops' counts and strides are constants and rows always 16-byte aligned.)
+static __device__ __forceinline__ void scan_wg_stage(unsigned char *L, const void *l, int l32, int i0, int dl,
+                                                     const Geo *g, int pair, int t0) {
     int n = min(CH, g->T - t0);
     size_t base = tok_index(g, pair, t0);
-#pragma unroll
-    for (int u = 0; u < CH * DP / 8 / SW_NT; u++) {
-        int e = threadIdx.x + u * SW_NT, s = e / (DP / 8), c = e % (DP / 8) * 8;
-        const bf16 *src = r + (base + (size_t)s * g->H) * DP + c;
-        cp_async16(R + 2 * mat_off(s, c, LD_CORE), s < n ? (const void *)src : (const void *)r, s < n ? 16 : 0);
-    }
     int w = l32 ? 4 : 8, ld = l32 ? CH + 4 : CH + 8, es = l32 ? 4 : 2;
     for (int e = threadIdx.x; e < CH * CH / w; e += SW_NT) {
         int s = e / (CH / w), c = e % (CH / w) * w;
@@ -1646,21 +1663,45 @@ static __device__ __forceinline__ void scan_wg_stage(unsigned char *R, unsigned 
     }
 }
 
-// The warpgroup's state (times sign) to rows 0..63 of dst (stride DP floats): each warp its 16
-// rows, through its part of the staging O, one bulk store a row.
-static __device__ __forceinline__ void scan_wg_put(float *dst, const float *acc, float *O, float sign) {
-    int w = warp_id(), l = lane_id(), r0 = 16 * w + (l >> 2), q = l & 3;
-    if (l < 16) bulk_wait_read();  // the warp's previous stores have read their rows
+// The warpgroup's state to rows row0.. of the out map (scan_out_map), each warp its 16 rows
+// through its 8 KB of the staging O: DP / 32 boxes of 16 rows x 32 floats, each row's 16-byte
+// units at unit ^ (row & 7) (TMA's 128-byte swizzle), so that a warp's 8-byte stores (8 rows x 4
+// lanes) fill every bank twice, no more; lane 0 then hands them to one TMA store. (Stores of a row
+// each, by cp.async.bulk, were 16 a warp and a chunk, issued one lane at a time: 24% of the scan's
+// stall samples waited on them.)
+static __device__ __forceinline__ void scan_wg_put(const CUtensorMap *map, int row0, const float *acc, unsigned char *O) {
+    int w = warp_id(), l = lane_id(), r = l >> 2, q = l & 3;
+    unsigned char *Ow = O + w * (SW_OBYTES / 4);
+    if (l == 0) bulk_wait_read();  // the warp's previous store has read its rows
     __syncwarp();
+#pragma unroll
+    for (int j = 0; j < DP / 8; j++)  // columns 8 j + 2 q, + 1: box j / 4, unit 2 (j % 4) + q / 2
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int row = r + 8 * h, unit = (2 * (j & 3) + (q >> 1)) ^ r;
+            *(float2 *)(Ow + (j >> 2) * 2048 + row * 128 + unit * 16 + (q & 1) * 8) =
+                make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+    fence_async_smem();
+    __syncwarp();
+    if (l == 0)
+        asm volatile(
+            "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {0, %1, 0}], [%2];\n"
+            "cp.async.bulk.commit_group;" ::"l"(map),
+            "r"(row0 + 16 * w), "r"(smem_u32(Ow))
+            : "memory");
+}
+
+// The same straight from registers to dst (rows 0..63, stride DP), times sign: the one final
+// store of a reverse scan, into a buffer of its own.
+static __device__ __forceinline__ void scan_wg_put_direct(float *dst, const float *acc, float sign) {
+    int r0 = 16 * warp_id() + (lane_id() >> 2), q = lane_id() & 3;
 #pragma unroll
     for (int j = 0; j < DP / 8; j++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            *(float2 *)(O + (r0 + 8 * h) * SW_LDO + 8 * j + 2 * q) =
+            *(float2 *)(dst + (size_t)(r0 + 8 * h) * DP + 8 * j + 2 * q) =
                 make_float2(sign * acc[4 * j + 2 * h], sign * acc[4 * j + 2 * h + 1]);
-    fence_async_smem();
-    __syncwarp();
-    if (l < 16) bulk_store(dst + (size_t)(16 * w + l) * DP, O + (16 * w + l) * SW_LDO, DP * 4);
 }
 
 // The thread's A fragments of k-step kk (tokens 16 kk..) of A(i, s) = w_s L[s][i], split in three
@@ -1696,7 +1737,9 @@ static __device__ __forceinline__ void scan_wg_afrag(unsigned t[3][4], const uns
 }
 #endif
 
-static __global__ void __launch_bounds__(SW_NT, 2) scan_wg_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
+static __global__ void __launch_bounds__(SW_NT, 2) scan_wg_kernel(Scan sc, const float *glog, const float *gbeta, Geo g,
+                                                                  const __grid_constant__ CUtensorMap rmap,
+                                                                  const __grid_constant__ CUtensorMap omap) {
 #if WGMMA
     extern __shared__ __align__(128) unsigned char smw[];
     int pair = blockIdx.y, z = blockIdx.x, s0 = sc.d[0] / CH, m = z < s0 ? 0 : 1;
@@ -1706,10 +1749,11 @@ static __global__ void __launch_bounds__(SW_NT, 2) scan_wg_kernel(Scan sc, const
     int l32 = l32p != NULL;
     float *fin = m ? sc.fin[1] : sc.fin[0];
     float init_sign = m ? sc.init_sign[1] : sc.init_sign[0], fin_sign = m ? sc.fin_sign[1] : sc.fin_sign[0];
-    unsigned char *Rb = smw, *Lb = smw + 2 * SW_RBYTES;
-    float *O = (float *)(Lb + 2 * SW_LBYTES), *dec = O + CH * SW_LDO;  // dec: [2][glog, beta][CH]
-    size_t slot_sz = (size_t)(sc.d[0] + sc.d[1]) * DP, off = (m ? (size_t)sc.d[0] * DP : 0) + (size_t)i0 * DP;
-    float *out = sc.out + (size_t)pair * sc.nslots * slot_sz + off;
+    unsigned char *O = smw + (-smem_u32(smw) & 1023), *Rb = O + SW_OBYTES, *Lb = Rb + 2 * SW_RBYTES;
+    float *dec = (float *)(Lb + 2 * SW_LBYTES);                      // [2][glog, beta][CH]
+    unsigned long long *bar = (unsigned long long *)(dec + 4 * CH);  // [2]: the right factor's copies
+    // the slice's row in the out map at slot 0; a slot is d0 + d1 rows on
+    int slot_rows = sc.d[0] + sc.d[1], orow = pair * sc.nslots * slot_rows + (m ? sc.d[0] : 0) + i0;
     int lane = lane_id(), r0 = 16 * warp_id() + (lane >> 2), q = lane & 3;
     float acc[DP / 2];
 #pragma unroll
@@ -1719,19 +1763,25 @@ static __global__ void __launch_bounds__(SW_NT, 2) scan_wg_kernel(Scan sc, const
             acc[4 * j + e] = init ? init_sign * init[((size_t)pair * dl + i0 + r0 + 8 * (e >> 1)) * DP + 8 * j + 2 * q + (e & 1)]
                                   : 0.0f;
     int dir = sc.reverse ? -1 : 1, c = sc.reverse ? g.nchunks - 1 : 0;
-    scan_wg_stage(Rb, Lb, l, l32, i0, dl, sc.r, &g, pair, c * CH);
+    if (threadIdx.x == 0) {
+        mbar_init(&bar[0]);
+        mbar_init(&bar[1]);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // (visible to the copies)
+        tma_right(Rb, &rmap, c * CH, pair, g.H, &bar[0]);
+    }
+    scan_wg_stage(Lb, l, l32, i0, dl, &g, pair, c * CH);
     if (threadIdx.x < 32) fetch_decays_async(dec, dec + CH, glog, gbeta, &g, pair, c * CH);
     for (int step = 0; step < g.nchunks; step++, c += dir) {
         int n = min(CH, g.T - c * CH), buf = step & 1;
         cp_async_wait();
-        fence_async_smem();  // (the right factor is read by wgmma, the async proxy)
-        __syncthreads();     // chunk c's operands are in place; the other buffers' readers are done
+        __syncthreads();  // chunk c's left factor and decays are in place; the other buffers' readers are done
         if (step + 1 < g.nchunks) {
             int nb = buf ^ 1;
-            scan_wg_stage(Rb + nb * SW_RBYTES, Lb + nb * SW_LBYTES, l, l32, i0, dl, sc.r, &g, pair, (c + dir) * CH);
+            if (threadIdx.x == 0) tma_right(Rb + nb * SW_RBYTES, &rmap, (c + dir) * CH, pair, g.H, &bar[nb]);
+            scan_wg_stage(Lb + nb * SW_LBYTES, l, l32, i0, dl, &g, pair, (c + dir) * CH);
             if (threadIdx.x < 32) fetch_decays_async(dec + nb * 2 * CH, dec + nb * 2 * CH + CH, glog, gbeta, &g, pair, (c + dir) * CH);
         }
-        scan_wg_put(out + (size_t)c * slot_sz, acc, O, 1.0f);
+        scan_wg_put(&omap, orow + c * slot_rows, acc, O);
         // the chunk's weights and decay (chunk_weights)
         const float *d = dec + buf * 2 * CH;
         float gl[2] = {d[lane], d[lane + 32]}, bt[2] = {d[CH + lane], d[CH + lane + 32]}, wt[2];
@@ -1742,6 +1792,7 @@ static __global__ void __launch_bounds__(SW_NT, 2) scan_wg_kernel(Scan sc, const
 #pragma unroll
         for (int i = 0; i < DP / 2; i++) acc[i] *= decay;
         unsigned long long db = wg_desc_kn(Rb + buf * SW_RBYTES);
+        mbar_wait(&bar[buf], (step >> 1) & 1);  // chunk c's right factor has arrived
         wg_pin_n(acc, DP / 2);  // (the fence must follow every write of the products' registers)
         wg_pin_u(&a[0][0][0], CH / 16 * 12);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -1749,14 +1800,70 @@ static __global__ void __launch_bounds__(SW_NT, 2) scan_wg_kernel(Scan sc, const
         for (int kk = 0; kk < CH / 16; kk++)
 #pragma unroll
             for (int i = 2; i >= 0; i--)  // lo, mid, hi: the small terms first
-                wg_mma_rs(acc, a[kk][i], db + (unsigned long long)(kk * 2 * (DP / 8 * 128) >> 4));
+                wg_mma_rs(acc, a[kk][i], db + (unsigned long long)(kk * 2 * 128 >> 4));
         asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;" ::: "memory");
         wg_pin_n(acc, DP / 2);  // (no read of acc moves above the wait)
     }
-    float *last = sc.reverse ? (fin ? fin + ((size_t)pair * dl + i0) * DP : NULL) : out + (size_t)g.nchunks * slot_sz;
-    if (last) scan_wg_put(last, acc, O, sc.reverse ? fin_sign : 1.0f);
-    if (lane < 16) bulk_wait_all();  // (smem must outlive the bulk stores' reads)
+    if (!sc.reverse) scan_wg_put(&omap, orow + g.nchunks * slot_rows, acc, O);
+    else if (fin) scan_wg_put_direct(fin + ((size_t)pair * dl + i0) * DP, acc, fin_sign);
+    if (lane == 0) bulk_wait_all();  // (smem must outlive the stores' reads)
 #endif
+}
+
+// The driver's tensor-map encoder (cuTensorMapEncodeTiled), looked up once through the runtime,
+// so that the build needs no link to the driver library; NULL where the driver lacks it.
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+#else
+    cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return (PFN_cuTensorMapEncodeTiled_v12000)fn;
+}
+
+// A tensor map (cuTensorMapEncodeTiled's arguments, strides of the dimensions above the first);
+// false (with a warning, once) where the driver cannot encode it: the scan then takes scan_kernel.
+static int encode_map(CUtensorMap *map, CUtensorMapDataType type, int rank, const void *p, const cuuint64_t *dim,
+                      const cuuint64_t *stride, const cuuint32_t *box, CUtensorMapSwizzle swizzle) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    static int warned;
+    const cuuint32_t step[5] = {1, 1, 1, 1, 1};
+    CUresult e = encode ? encode(map, type, (cuuint32_t)rank, (void *)p, dim, stride, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+                        : CUDA_ERROR_NOT_FOUND;
+    if (e != CUDA_SUCCESS && !warned) {
+        warned = 1;
+        fprintf(stderr, "cuda mesa: no tensor map for the scans (CUresult %d); they run without TMA, slower\n", (int)e);
+    }
+    return e == CUDA_SUCCESS;
+}
+
+// The right factor r [B, T, H, DP] bf16 as scan_wg_kernel's TMA copies see it: five dimensions
+// (column within a group of 8, token, group of 8 columns, head, sequence), so that one box of
+// {8, CH, DP / 8, 1, 1} lands a chunk in wgmma's core-matrix layout (element (s, c) at byte
+// 1024 (c / 8) + 16 s + 2 (c % 8): see wg_desc_kn), tokens past T read as zeros.
+static int scan_right_map(CUtensorMap *map, const bf16 *r, const Geo *g) {
+    const cuuint64_t row = (cuuint64_t)DP * 2;  // bytes
+    cuuint64_t dim[5] = {8, (cuuint64_t)g->T, DP / 8, (cuuint64_t)g->H, (cuuint64_t)g->B};
+    cuuint64_t stride[4] = {g->H * row, 16, row, (cuuint64_t)g->T * g->H * row};
+    cuuint32_t box[5] = {8, CH, DP / 8, 1, 1};
+    return encode_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, r, dim, stride, box, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
+// The scan's output [pair][slot][d0 + d1][DP] fp32 as its TMA stores see it: rows of DP floats
+// in groups of 32 (128 bytes, the swizzle's span), so that a box of {32, 16, DP / 32} is a warp's
+// 16 rows (scan_wg_put).
+static int scan_out_map(CUtensorMap *map, const Scan *s, const Geo *g) {
+    cuuint64_t rows = (cuuint64_t)g->B * g->H * s->nslots * (s->d[0] + s->d[1]);
+    cuuint64_t dim[3] = {32, rows, DP / 32}, stride[2] = {(cuuint64_t)DP * 4, 128};
+    cuuint32_t box[3] = {32, 16, DP / 32};
+    return encode_map(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, s->out, dim, stride, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // Whether scan_wg_kernel takes a scan: a Hopper device (the sm_90a build), the state DP columns
@@ -2500,9 +2607,10 @@ static int run_scan(const Backend *be, const Scan *scan, const float *glog, cons
     s.vec = rows_aligned(s.r, g->Dk, 2);
     for (int m = 0; m < 2; m++) s.vec &= rows_aligned(s.l16[m], s.d[m], 2) && rows_aligned(s.l32[m], s.d[m], 4);
     dim3 grid((unsigned)((sc->d[0] + CH - 1) / CH + (sc->d[1] + CH - 1) / CH), (unsigned)(g->B * g->H));
-    if (scan_wg_ok(c, sc, g)) {
+    CUtensorMap rmap, omap;
+    if (scan_wg_ok(c, sc, g) && scan_right_map(&rmap, sc->r, g) && scan_out_map(&omap, sc, g)) {
         MN_TRY(set_smem((const void *)scan_wg_kernel, SW_SMEM, c));
-        scan_wg_kernel<<<grid, SW_NT, SW_SMEM, c->stream>>>(*sc, glog, beta, *g);
+        scan_wg_kernel<<<grid, SW_NT, SW_SMEM, c->stream>>>(*sc, glog, beta, *g, rmap, omap);
     } else {
         size_t smem = scan_smem(g);
         MN_TRY(set_smem((const void *)scan_kernel, smem, c));
