@@ -41,6 +41,7 @@
  * gradients kernel from 5.0 to 1.0 ms; bf16 and cp.async took each scan from
  * 0.77 to 0.42 ms.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -1871,6 +1872,8 @@ static int scan_out_map(CUtensorMap *map, const Scan *s, const Geo *g) {
 static int scan_wg_ok(const CudaCtx *c, const Scan *s, const Geo *g) {
     int ok = c->cc_major == 9 && g->Dk == DP && s->d[0] % CH == 0 && s->d[1] % CH == 0 && s->vec &&
              (uintptr_t)s->out % 16 == 0;
+    // the TMA stores' row coordinate in the out map (scan_out_map) is a 32-bit int
+    ok &= (size_t)g->B * g->H * s->nslots * (s->d[0] + s->d[1]) <= (size_t)INT_MAX;
     for (int m = 0; m < 2; m++) ok &= !s->fin[m] || (uintptr_t)s->fin[m] % 16 == 0;
     return ok;
 }
