@@ -640,6 +640,20 @@ template <int n> static __device__ __forceinline__ void cp_async_wait_groups() {
     asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory");
 }
 
+// Asks the L2 for the n bytes at p, a 128-byte line a thread, so that a later phase's loads of
+// them hit the L2 instead of waiting on DRAM with nothing else to run (one block fills a
+// multiprocessor in the chunk kernels).
+static __device__ __forceinline__ void l2_prefetch(const void *p, size_t n) {
+    for (size_t o = (size_t)threadIdx.x * 128; o < n; o += (size_t)NT * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+}
+// The same for the rows of tokens t0.. of a token-major tensor [B, T, H, d] (es bytes an element).
+static __device__ __forceinline__ void l2_prefetch_rows(const void *p, int es, int d, const Geo *g, int pair, int t0) {
+    int n = min(CH, g->T - t0), lines = (d * es + 127) / 128;
+    for (int e = threadIdx.x; e < n * lines; e += NT)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + tok_index(g, pair, t0 + e / lines) * d * es + e % lines * 128));
+}
+
 // n floats from global to smem (16-byte aligned) in the background, the block's nt threads
 // striding: 16-byte copies when src and n allow, else 4-byte ones.
 static __device__ void copy_async_f32(float *dst, const float *src, int n, int nt) {
@@ -1554,7 +1568,7 @@ static size_t scan_smem(const Geo *g) {
 // by TMA too (one copy a chunk), the left by cp.async.
 #define SW_NT 128                      // threads: one warpgroup
 #define SW_OBYTES (CH * DP * 4)        // the staged state, fp32, in the out map's swizzled boxes
-#define SW_RBYTES (CH * DP * 2)        // the right factor, bf16, in wgmma's core-matrix layout
+#define SW_RBYTES (CH * DP * 2)        // the right factor, bf16, in wgmma's 128-byte swizzled layout
 #define SW_LBYTES (CH * (CH + 4) * 4)  // the left factor's slice, as fetched (float at most)
 // + two mbarriers, + 1 KB to align the staged state to 1024 bytes (the swizzle's period)
 #define SW_SMEM (SW_OBYTES + 2 * SW_RBYTES + 2 * SW_LBYTES + 4 * CH * 4 + 2 * 8 + 1024)
@@ -1614,11 +1628,12 @@ static __device__ __forceinline__ void wg_pin_u(unsigned *v, int n) {
 }
 
 // The descriptor of the right factor as the TMA copy lays it out (scan_right_map), read N-major
-// (k along its rows): core matrices adjacent along k (8 tokens on) 128 bytes apart (LBO), along n
-// (8 columns on) CH x 16 = 1024 (SBO).
+// (k along its rows) with the 128-byte swizzle: each token's 64 columns of a half are one 128-byte
+// row, 8 rows (k) a swizzle atom, atoms 1024 bytes apart along k (SBO), the halves CH x 128 bytes
+// apart along n (LBO).
 static __device__ __forceinline__ unsigned long long wg_desc_kn(const void *p) {
-    return (unsigned long long)((smem_u32(p) & 0x3FFFF) >> 4) | (unsigned long long)(128 >> 4) << 16 |
-           (unsigned long long)(CH * 16 >> 4) << 32;
+    return (unsigned long long)((smem_u32(p) & 0x3FFFF) >> 4) | (unsigned long long)(CH * 128 >> 4) << 16 |
+           (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;
 }
 
 // mbarriers, for the completion of the TMA copies: one arrival (the thread that issues the copy,
@@ -1801,7 +1816,7 @@ static __global__ void __launch_bounds__(SW_NT, 2) scan_wg_kernel(Scan sc, const
         for (int kk = 0; kk < CH / 16; kk++)
 #pragma unroll
             for (int i = 2; i >= 0; i--)  // lo, mid, hi: the small terms first
-                wg_mma_rs(acc, a[kk][i], db + (unsigned long long)(kk * 2 * 128 >> 4));
+                wg_mma_rs(acc, a[kk][i], db + (unsigned long long)(kk * 16 * 128 >> 4));
         asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;" ::: "memory");
         wg_pin_n(acc, DP / 2);  // (no read of acc moves above the wait)
     }
@@ -1846,15 +1861,16 @@ static int encode_map(CUtensorMap *map, CUtensorMapDataType type, int rank, cons
 }
 
 // The right factor r [B, T, H, DP] bf16 as scan_wg_kernel's TMA copies see it: five dimensions
-// (column within a group of 8, token, group of 8 columns, head, sequence), so that one box of
-// {8, CH, DP / 8, 1, 1} lands a chunk in wgmma's core-matrix layout (element (s, c) at byte
-// 1024 (c / 8) + 16 s + 2 (c % 8): see wg_desc_kn), tokens past T read as zeros.
+// (column within a half of 64, token, half, head, sequence), so that one box of {64, CH, DP / 64,
+// 1, 1} lands a chunk as the halves' 128-byte token rows, swizzled (see wg_desc_kn), tokens past T
+// read as zeros. (A box of 16-byte pieces in the unswizzled core-matrix layout had the L2 serve a
+// 32-byte sector for each.)
 static int scan_right_map(CUtensorMap *map, const bf16 *r, const Geo *g) {
     const cuuint64_t row = (cuuint64_t)DP * 2;  // bytes
-    cuuint64_t dim[5] = {8, (cuuint64_t)g->T, DP / 8, (cuuint64_t)g->H, (cuuint64_t)g->B};
-    cuuint64_t stride[4] = {g->H * row, 16, row, (cuuint64_t)g->T * g->H * row};
-    cuuint32_t box[5] = {8, CH, DP / 8, 1, 1};
-    return encode_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, r, dim, stride, box, CU_TENSOR_MAP_SWIZZLE_NONE);
+    cuuint64_t dim[5] = {64, (cuuint64_t)g->T, DP / 64, (cuuint64_t)g->H, (cuuint64_t)g->B};
+    cuuint64_t stride[4] = {g->H * row, 128, row, (cuuint64_t)g->T * g->H * row};
+    cuuint32_t box[5] = {64, CH, DP / 64, 1, 1};
+    return encode_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, r, dim, stride, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // The scan's output [pair][slot][d0 + d1][DP] fp32 as its TMA stores see it: rows of DP floats
@@ -1963,6 +1979,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     Op16 op = op16_carve(&s, &g);
     op16_stage(&op, &s, st_in, k, q, vec, &g, pair, t0);
+    l2_prefetch_rows(v, 2, g.Dv, &g, pair, t0);  // the values, for the output after CG
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
     for (int i = threadIdx.x; i < DP; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
@@ -2063,6 +2080,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     rhs_stage(&s, dout, v, k, st_in + hh, vec, &g, pair, t0);
+    l2_prefetch(st_in, hh * sizeof(float));  // CG's state, fetched while the right-hand side is computed
     load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
     for (int i = threadIdx.x; i < DP; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
     __syncthreads();
@@ -2216,6 +2234,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     // (the adjoints are fetched a phase ahead; fetching them in the first batch spills registers)
     Vec16 hv[MAXD * MAXD / 4 / NT];  // Hn, in flight while S1 and S2 are computed
     stage_fetch(hv, MAXD * MAXD / 4 / NT, &shn);
+    l2_prefetch(gbar, gg * sizeof(float));  // Gbar, for the third phase
     __syncthreads();
 
     // S1 and S2, in true units, then each scaled into fp16 by its block maximum
