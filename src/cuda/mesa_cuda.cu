@@ -529,6 +529,20 @@ static __device__ __forceinline__ float vec_at(const Vec16 *v, int i, int f32) {
     return f32 ? v->f[i] : __uint_as_float((unsigned)v->h[i] << 16);
 }
 
+// Asks the L2 for the n bytes at p, a 128-byte line a thread, so that a later phase's loads of
+// them hit the L2 instead of waiting on DRAM with nothing else to run (one block fills a
+// multiprocessor in the chunk kernels).
+static __device__ __forceinline__ void l2_prefetch(const void *p, size_t n) {
+    for (size_t o = (size_t)threadIdx.x * 128; o < n; o += (size_t)NT * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+}
+// The same for the rows of tokens t0.. of a token-major tensor [B, T, H, d] (es bytes an element).
+static __device__ __forceinline__ void l2_prefetch_rows(const void *p, int es, int d, const Geo *g, int pair, int t0) {
+    int n = min(CH, g->T - t0), lines = (d * es + 127) / 128;
+    for (int e = threadIdx.x; e < n * lines; e += NT)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + tok_index(g, pair, t0 + e / lines) * d * es + e % lines * 128));
+}
+
 // The thread's vectors u = 0 .. nv-1 of the block (vector threadIdx.x + u NT,
 // row-major over the padded block) into registers. nv is a constant at every
 // call, so that v stays in registers; every load is issued before any is used.
@@ -603,14 +617,18 @@ static __device__ __forceinline__ void stage_put16(const Vec16 *v, int nv, const
 // once: n (at most 4) blocks of bf16 token rows, each exact at its own scale,
 // and one fp32 block (nf vectors per thread, at most 8) split hi + lo. One
 // reduction gives all the scales: sc[0..n-1] the rows', sc[n] the fp32
-// block's. No barrier after the stores.
+// block's. No barrier after the stores. Behind the batch's loads, the L2 is
+// asked for the pf_bytes at pf (the next phase's operands; none if 0): ahead
+// of them, such requests delayed the batch (measured).
 static __device__ __forceinline__ void stage_batch16(float *sc, const Src *rows, __half *const *dst, const int *ld, int n,
-                                              const Src *f, __half *fh, __half *fl, int fld, int nf, float *red) {
+                                              const Src *f, __half *fh, __half *fl, int fld, int nf, float *red,
+                                              const void *pf, size_t pf_bytes) {
     Vec16 rv[4][CH * MAXD / 8 / NT], fv[MAXD * MAXD / 4 / NT];
 #pragma unroll
     for (int i = 0; i < 4; i++)
         if (i < n) stage_fetch(rv[i], CH * MAXD / 8 / NT, &rows[i]);
     stage_fetch(fv, nf, f);
+    l2_prefetch(pf, pf_bytes);
 #pragma unroll
     for (int i = 0; i < 4; i++)
         if (i < n) sc[i] = stage_absmax(rv[i], CH * MAXD / 8 / NT, 0);
@@ -638,20 +656,6 @@ static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.asyn
 // Waits until at most n of the thread's committed groups are still in flight.
 template <int n> static __device__ __forceinline__ void cp_async_wait_groups() {
     asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory");
-}
-
-// Asks the L2 for the n bytes at p, a 128-byte line a thread, so that a later phase's loads of
-// them hit the L2 instead of waiting on DRAM with nothing else to run (one block fills a
-// multiprocessor in the chunk kernels).
-static __device__ __forceinline__ void l2_prefetch(const void *p, size_t n) {
-    for (size_t o = (size_t)threadIdx.x * 128; o < n; o += (size_t)NT * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
-}
-// The same for the rows of tokens t0.. of a token-major tensor [B, T, H, d] (es bytes an element).
-static __device__ __forceinline__ void l2_prefetch_rows(const void *p, int es, int d, const Geo *g, int pair, int t0) {
-    int n = min(CH, g->T - t0), lines = (d * es + 127) / 128;
-    for (int e = threadIdx.x; e < n * lines; e += NT)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + tok_index(g, pair, t0 + e / lines) * d * es + e % lines * 128));
 }
 
 // n floats from global to smem (16-byte aligned) in the background, the block's nt threads
@@ -2229,7 +2233,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     __half *dst[4] = {s.K, s.X, s.V, s.D};
     float sc[5];  // the scales of K, X, V, Delta, Y
     int lds4[4] = {ld, ld, ld, ld};
-    stage_batch16(sc, src, dst, lds4, 4, &src[4], s.Yh, s.Yl, ld, CH * MAXD / 4 / NT, s.red);
+    stage_batch16(sc, src, dst, lds4, 4, &src[4], s.Yh, s.Yl, ld, CH * MAXD / 4 / NT, s.red, hn, hh * sizeof(float));
     float sK = sc[0], sX = sc[1], sV = sc[2], sD = sc[3], sY = sc[4];
     // (the adjoints are fetched a phase ahead; fetching them in the first batch spills registers)
     Vec16 hv[MAXD * MAXD / 4 / NT];  // Hn, in flight while S1 and S2 are computed
