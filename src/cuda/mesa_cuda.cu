@@ -687,21 +687,8 @@ static __device__ void stage_raw(void *dst, int ld, const Src *s) {
     }
 }
 
-// Warp 0's share of a chunk's decays: the log decays and betas of tokens lane
-// and lane + 32 (0 past the end).
-static __device__ __forceinline__ void fetch_decays(float glog[2], float beta[2], const float *g_log, const float *g_beta,
-                                             const Geo *g, int pair, int t0) {
-    int n = min(CH, g->T - t0);
-    size_t base = tok_index(g, pair, t0);
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int t = threadIdx.x + 32 * h;
-        glog[h] = t < n ? g_log[base + (size_t)t * g->H] : 0.0f;
-        beta[h] = t < n ? g_beta[base + (size_t)t * g->H] : 0.0f;
-    }
-}
-
-// The same into smem in the background (cp.async; cp_async_wait completes it): glog[t], beta[t].
+// Warp 0: a chunk's log decays and betas of tokens lane and lane + 32 (0 past the end) into smem
+// in the background (cp.async; cp_async_wait completes it): glog[t], beta[t].
 // (Fetched into registers a chunk ahead, the scan kept them across the chunk's products and ptxas
 // spilled them: warp 0 then waited for the loads before every chunk's barrier, and the block with it.)
 static __device__ __forceinline__ void fetch_decays_async(float *glog, float *beta, const float *g_log, const float *g_beta,
@@ -733,29 +720,34 @@ static __device__ __forceinline__ void chunk_cumsum(float b[2], const float glog
     }
 }
 
-// Warp 0: the fetched decays into smem, b cumulated (chunk_cumsum) and beta.
-static __device__ __forceinline__ void put_decays(float *b, float *beta, const float glog[2], const float bt[2]) {
-    float c[2];
-    chunk_cumsum(c, glog);
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        b[threadIdx.x + 32 * h] = c[h];
-        beta[threadIdx.x + 32 * h] = bt[h];
+// A chunk kernel's small first loads, in two steps: chunk_fetch requests them (cp.async, one
+// committed group) before the chunk's large operands, behind which their latency held up the
+// chunk's constants that wait on them (measured); chunk_put waits for that group alone and
+// cumulates b. Warp 0: the raw log decays into b, and beta; threads below DP, where lam is given:
+// lambda (1 past Dk). (cg_backward loads lambda after its operands: with it here, ptxas spilled
+// 64 bytes there and the kernel was no faster.)
+static __device__ __forceinline__ void chunk_fetch(float *b, float *beta, float *lam, const float *g_log, const float *g_beta,
+                                                   const float *lambda, const Geo *g, int pair, int t0) {
+    if (threadIdx.x < 32) fetch_decays_async(b, beta, g_log, g_beta, g, pair, t0);
+    int i = threadIdx.x;
+    if (lam && i < DP) {
+        if (i < g->Dk) cp_async4(lam + i, lambda + (size_t)(pair % g->H) * g->Dk + i, 4);
+        else lam[i] = 1.0f;
     }
+    cp_async_commit();
 }
 
-// Decays of a chunk: b (cumulative log decay; rows past the end repeat the
-// last), beta (0 past the end). Returns n, the chunk's real length.
-static __device__ int load_decays(float *b, float *beta, const float *g_log, const float *g_beta, const Geo *g, int pair,
-                           int t0) {
-    __syncthreads();  // the previous readers of b and beta are done
+// Once the group of chunk_fetch has landed: b, the cumulative log decay (rows past the end repeat
+// the last). Callers synchronise before reading b, beta and lambda.
+static __device__ __forceinline__ void chunk_put(float *b) {
+    cp_async_wait_groups<0>();  // (the copies issued since are not committed yet: not waited for)
     if (threadIdx.x < 32) {
-        float gl[2], bt[2];
-        fetch_decays(gl, bt, g_log, g_beta, g, pair, t0);
-        put_decays(b, beta, gl, bt);
+        float gl[2] = {b[threadIdx.x], b[threadIdx.x + 32]}, c[2];
+        chunk_cumsum(c, gl);
+        __syncwarp();
+        b[threadIdx.x] = c[0];
+        b[threadIdx.x + 32] = c[1];
     }
-    __syncthreads();
-    return min(CH, g->T - t0);
 }
 
 // The thread's tiles against rows t0 .. t0+C of a [B,T,H,d] tensor (zero past T
@@ -1978,14 +1970,14 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
                                                            const bf16 *x0, int vec, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(DP);
+    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = NTILES(DP);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     Op16 op = op16_carve(&s, &g);
+    chunk_fetch(s.b, s.beta, s.lam, glog, gbeta, lambda, &g, pair, t0);
     op16_stage(&op, &s, st_in, k, q, vec, &g, pair, t0);
     l2_prefetch_rows(v, 2, g.Dv, &g, pair, t0);  // the values, for the output after CG
-    load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
-    for (int i = threadIdx.x; i < DP; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
+    chunk_put(s.b);
     __syncthreads();
     chunk_consts(&s, &g);
     Tile qt, xt, x0t;
@@ -2083,10 +2075,11 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
     int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(DP);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
+    chunk_fetch(s.b, s.beta, NULL, glog, gbeta, NULL, &g, pair, t0);
     rhs_stage(&s, dout, v, k, st_in + hh, vec, &g, pair, t0);
     l2_prefetch(st_in, hh * sizeof(float));  // CG's state, fetched while the right-hand side is computed
-    load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
     for (int i = threadIdx.x; i < DP; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
+    chunk_put(s.b);
     __syncthreads();
     chunk_consts(&s, &g);
     Tile rhs;
@@ -2221,9 +2214,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     int ld = ldrow(DP), lds = ldrow(CH), rb = 16 * (warp_id() & 3);
     size_t gg = (size_t)g.Dv * g.Dk, hh = (size_t)g.Dk * g.Dk;
     const float *gbar = adj + ((size_t)pair * g.nchunks + c) * (gg + hh), *hn = gbar + gg;
-    int n = load_decays(s.b, s.beta, glog, gbeta, &g, pair, t0);
-    float u[FR];
-    decay_to_end(u, s.b, n);
+    chunk_fetch(s.b, s.beta, NULL, glog, gbeta, NULL, &g, pair, t0);
 
     // the chunk's rows and Y: every load in flight at once, then scaled into fp16
     Src src[5] = {tok_src(k, 0, g.Dk, DP, &g, pair, t0, vec), tok_src(x, 0, g.Dk, DP, &g, pair, t0, vec),
@@ -2239,7 +2230,10 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
     Vec16 hv[MAXD * MAXD / 4 / NT];  // Hn, in flight while S1 and S2 are computed
     stage_fetch(hv, MAXD * MAXD / 4 / NT, &shn);
     l2_prefetch(gbar, gg * sizeof(float));  // Gbar, for the third phase
+    chunk_put(s.b);
     __syncthreads();
+    float u[FR];
+    decay_to_end(u, s.b, min(CH, g.T - t0));
 
     // S1 and S2, in true units, then each scaled into fp16 by its block maximum
     Tile s1, s2, ky;
