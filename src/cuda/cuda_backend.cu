@@ -1190,6 +1190,12 @@ extern "C" const Backend *backend_cuda(void) {
         mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': could not initialise the device, a stream or cuBLAS");
         return NULL;
     }
+    if (cudaStreamCreateWithFlags(&ctx.side, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&ctx.side_fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&ctx.side_join, cudaEventDisableTiming) != cudaSuccess) {
+        mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': could not create the side stream and its events");
+        return NULL;
+    }
     // an explicit cuBLAS workspace (32 MiB, cuBLAS's own default on Hopper), so that products
     // recorded into a graph allocate nothing (set after the stream: cublasSetStream resets it)
     size_t ws_bytes = (size_t)32 << 20;

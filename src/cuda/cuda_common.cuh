@@ -39,6 +39,8 @@ typedef __nv_bfloat16 bf16;
 
 typedef struct {
     cudaStream_t stream;
+    cudaStream_t side;                  // a second compute stream: half of a Mesa call's (b, h) pairs run there
+    cudaEvent_t side_fork, side_join;   // orders: stream -> side (fork); side -> stream (join)
     cublasHandle_t blas;
     int sm_count;
     int cc_major;       // compute capability (9: Hopper, where the sm_90a kernels run)

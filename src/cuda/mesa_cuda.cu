@@ -110,6 +110,7 @@ typedef struct {
     int B, T, H, Dk, Dv, nchunks;
     int max_steps, precond, init;
     float tol2;  // squared stopping tolerance (at least the rounding floor)
+    int pair0;   // the launch's first (b, h) pair: the grid's pair index counts on from it (Part)
 } Geo;
 
 static __device__ __forceinline__ size_t tok_index(const Geo *g, int pair, int t) {
@@ -1477,7 +1478,7 @@ static __device__ __forceinline__ void scan_put_a(bf16 *A, const unsigned char *
 // with no scaling. Two blocks per multiprocessor (95 KB of smem each).
 static __global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
     extern __shared__ __align__(16) unsigned char smb[];
-    int pair = blockIdx.y, z = blockIdx.x, s0 = (sc.d[0] + CH - 1) / CH, m = z < s0 ? 0 : 1;
+    int pair = g.pair0 + blockIdx.y, z = blockIdx.x, s0 = (sc.d[0] + CH - 1) / CH, m = z < s0 ? 0 : 1;
     // the slice's operands, picked without indexing the parameter arrays (which would copy them to the stack)
     int i0 = CH * (m ? z - s0 : z), dl = m ? sc.d[1] : sc.d[0], dk = g.Dk, nc = NTILES(DP);
     const float *l32p = m ? sc.l32[1] : sc.l32[0], *init = m ? sc.init[1] : sc.init[0];
@@ -1754,7 +1755,7 @@ static __global__ void __launch_bounds__(SW_NT, 2) scan_wg_kernel(Scan sc, const
                                                                   const __grid_constant__ CUtensorMap omap) {
 #if WGMMA
     extern __shared__ __align__(128) unsigned char smw[];
-    int pair = blockIdx.y, z = blockIdx.x, s0 = sc.d[0] / CH, m = z < s0 ? 0 : 1;
+    int pair = g.pair0 + blockIdx.y, z = blockIdx.x, s0 = sc.d[0] / CH, m = z < s0 ? 0 : 1;
     int i0 = CH * (m ? z - s0 : z), dl = m ? sc.d[1] : sc.d[0];
     const float *l32p = m ? sc.l32[1] : sc.l32[0], *init = m ? sc.init[1] : sc.init[0];
     const void *l = l32p ? (const void *)l32p : (const void *)(m ? sc.l16[1] : sc.l16[0]);
@@ -1970,7 +1971,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
                                                            const bf16 *x0, int vec, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = NTILES(DP);
+    int c = blockIdx.x, pair = g.pair0 + blockIdx.y, t0 = c * CH, nc = NTILES(DP);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     Op16 op = op16_carve(&s, &g);
@@ -2072,7 +2073,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
                                                             const float *lambda, const float *states, int vec, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(DP);
+    int c = blockIdx.x, pair = g.pair0 + blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(DP);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     chunk_fetch(s.b, s.beta, NULL, glog, gbeta, NULL, &g, pair, t0);
@@ -2210,7 +2211,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
                                                       const float *gbeta, const float *adj, int vec, Geo g) {
     extern __shared__ float sm[];
     GradSmem s = grads_carve(sm, &g);
-    int c = blockIdx.x, pair = blockIdx.y, t0 = c * CH, nc = NTILES(DP), ncs = NTILES(CH);
+    int c = blockIdx.x, pair = g.pair0 + blockIdx.y, t0 = c * CH, nc = NTILES(DP), ncs = NTILES(CH);
     int ld = ldrow(DP), lds = ldrow(CH), rb = 16 * (warp_id() & 3);
     size_t gg = (size_t)g.Dv * g.Dk, hh = (size_t)g.Dk * g.Dk;
     const float *gbar = adj + ((size_t)pair * g.nchunks + c) * (gg + hh), *hn = gbar + gg;
@@ -2330,7 +2331,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
 // db_final[pair] = <dhT, H_T> + <dgT, G_T> (the final states' term of dL/db), one block per pair.
 static __global__ void final_dot_kernel(float *db_final, const float *states, const float *dhT, const float *dgT, Geo g) {
     __shared__ float red[32];
-    int pair = blockIdx.x;
+    int pair = g.pair0 + blockIdx.x;
     size_t hh = (size_t)g.Dk * g.Dk, gg = (size_t)g.Dv * g.Dk;
     const float *fin = states + ((size_t)pair * (g.nchunks + 1) + g.nchunks) * (hh + gg);
     float acc = 0;
@@ -2348,7 +2349,7 @@ static __global__ void final_dot_kernel(float *db_final, const float *states, co
 #define DG_RUN 8
 static __global__ void __launch_bounds__(DG_THREADS) dg_scan_kernel(float *dg, const float *db, const float *db_final, Geo g) {
     __shared__ float part[DG_THREADS / 32];
-    int pair = blockIdx.x, lane = lane_id(), w = warp_id();
+    int pair = g.pair0 + blockIdx.x, lane = lane_id(), w = warp_id();
     float carry = db_final[pair];
     for (int end = g.T; end > 0; end -= DG_THREADS * DG_RUN) {
         int top = end - 1 - (int)threadIdx.x * DG_RUN;  // thread 0 takes the latest run
@@ -2621,30 +2622,70 @@ static size_t states_floats(const Geo *g) {
 // Whether rows of n elements of `size` bytes from p all start 16-byte aligned.
 static int rows_aligned(const void *p, int n, int size) { return !p || ((uintptr_t)p % 16 == 0 && n * size % 16 == 0); }
 
-static int run_scan(const Backend *be, const Scan *scan, const float *glog, const float *beta, const Geo *g) {
+// A launch's share of the (b, h) pairs and the stream it runs on. A chunked call with more than a
+// wave of chunk blocks splits its pairs in two halves, the second on the side stream: each chunk
+// kernel holds a multiprocessor a block and ends in a last, partly empty wave, and the scans are
+// bound by memory while the chunk kernels are bound by issue, so each half fills what the other
+// leaves idle. Every kernel of a call takes its pairs from Geo.pair0 on, so a half is the same
+// launch with a smaller grid.
+typedef struct {
+    cudaStream_t stream;
+    Geo g;       // the call's sizes, with g.pair0 this part's first pair
+    int npairs;  // the part's pairs (the grid's y, or x for the per-pair kernels)
+} Part;
+
+// Fills part[] and *nparts (1 or 2); two are forked from the compute stream here and joined back
+// by join_parts.
+static int split_pairs(CudaCtx *c, const Geo *g, Part part[2], int *nparts) {
+    int pairs = g->B * g->H;
+    int n = *nparts = pairs >= 2 && (long)pairs * g->nchunks > c->sm_count ? 2 : 1;
+    part[0].stream = c->stream;
+    part[0].g = *g;
+    part[0].npairs = n == 2 ? pairs / 2 : pairs;
+    part[1].stream = c->side;
+    part[1].g = *g;
+    part[1].g.pair0 = part[0].npairs;
+    part[1].npairs = pairs - part[0].npairs;
+    if (n == 2) {
+        CU_TRY(cudaEventRecord(c->side_fork, c->stream));
+        CU_TRY(cudaStreamWaitEvent(c->side, c->side_fork, 0));
+    }
+    return MN_OK;
+}
+
+static int join_parts(CudaCtx *c, int nparts) {
+    if (nparts < 2) return MN_OK;
+    CU_TRY(cudaEventRecord(c->side_join, c->side));
+    CU_TRY(cudaStreamWaitEvent(c->stream, c->side_join, 0));
+    return MN_OK;
+}
+
+static int run_scan(const Backend *be, const Part *p, const Scan *scan, const float *glog, const float *beta) {
     CudaCtx *c = cuda_ctx(be);
+    const Geo *g = &p->g;
     Scan s = *scan, *sc = &s;
     s.vec = rows_aligned(s.r, g->Dk, 2);
     for (int m = 0; m < 2; m++) s.vec &= rows_aligned(s.l16[m], s.d[m], 2) && rows_aligned(s.l32[m], s.d[m], 4);
-    dim3 grid((unsigned)((sc->d[0] + CH - 1) / CH + (sc->d[1] + CH - 1) / CH), (unsigned)(g->B * g->H));
+    dim3 grid((unsigned)((sc->d[0] + CH - 1) / CH + (sc->d[1] + CH - 1) / CH), (unsigned)p->npairs);
     CUtensorMap rmap, omap;
     if (scan_wg_ok(c, sc, g) && scan_right_map(&rmap, sc->r, g) && scan_out_map(&omap, sc, g)) {
         MN_TRY(set_smem((const void *)scan_wg_kernel, SW_SMEM, c));
-        scan_wg_kernel<<<grid, SW_NT, SW_SMEM, c->stream>>>(*sc, glog, beta, *g, rmap, omap);
+        scan_wg_kernel<<<grid, SW_NT, SW_SMEM, p->stream>>>(*sc, glog, beta, *g, rmap, omap);
     } else {
         size_t smem = scan_smem(g);
         MN_TRY(set_smem((const void *)scan_kernel, smem, c));
-        scan_kernel<<<grid, NT, smem, c->stream>>>(*sc, glog, beta, *g);
+        scan_kernel<<<grid, NT, smem, p->stream>>>(*sc, glog, beta, *g);
     }
     LAUNCH_CHECK();
     return MN_OK;
 }
 
 // The states entering every chunk, and the final ones: states[pair][c] = (H [Dk*Dk], G [Dv*Dk]), c = 0 .. nchunks.
-static int run_states(const Backend *be, float *states, const bf16 *k, const bf16 *v, const float *glog,
-                      const float *beta, const float *h0, const float *g0, const Geo *g) {
+static int run_states(const Backend *be, const Part *p, float *states, const bf16 *k, const bf16 *v, const float *glog,
+                      const float *beta, const float *h0, const float *g0) {
+    const Geo *g = &p->g;
     Scan sc = {{k, v}, {NULL, NULL}, {g->Dk, g->Dv}, k, {h0, g0}, {1, 1}, states, g->nchunks + 1, {NULL, NULL}, {1, 1}, 0};
-    return run_scan(be, &sc, glog, beta, g);
+    return run_scan(be, p, &sc, glog, beta);
 }
 
 // Copies the final states (the last entry of the states workspace) out.
@@ -2701,17 +2742,23 @@ extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnMesaDims *d, 
     }
     float *states = (float *)cuda_scratch(be, states_floats(&g) * sizeof(float));
     if (!states) return MN_ERR_NOMEM;
-    MN_TRY(run_states(be, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0, &g));
     size_t smem = sizeof(float) * smem_floats();
     MN_TRY(set_smem((const void *)cg_forward_kernel, smem, c));
-    dim3 grid((unsigned)g.nchunks, (unsigned)(d->B * d->H));
     int vec = rows_aligned(io->k, g.Dk, 2) && rows_aligned(io->v, g.Dv, 2) && rows_aligned(states, g.Dk, 4) &&
               rows_aligned(io->q, g.Dk, 2);  // (q is fetched by cp.async with the keys)
-    cg_forward_kernel<<<grid, NT, smem, c->stream>>>((bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q,
-                                                     (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta,
-                                                     io->lambda, states, s->init == MN_CG_INIT_GIVEN ? (const bf16 *)io->x0 : NULL,
-                                                     vec, g);
-    LAUNCH_CHECK();
+    const bf16 *x0 = s->init == MN_CG_INIT_GIVEN ? (const bf16 *)io->x0 : NULL;
+    Part part[2];
+    int np;
+    MN_TRY(split_pairs(c, &g, part, &np));
+    for (const Part *p = part; p < part + np; p++)
+        MN_TRY(run_states(be, p, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0));
+    for (const Part *p = part; p < part + np; p++) {
+        cg_forward_kernel<<<dim3((unsigned)g.nchunks, (unsigned)p->npairs), NT, smem, p->stream>>>(
+            (bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
+            io->beta, io->lambda, states, x0, vec, p->g);
+        LAUNCH_CHECK();
+    }
+    MN_TRY(join_parts(c, np));
     if (io->hT || io->gT) {
         final_states_kernel<<<grid_for((size_t)d->B * d->H * 1024, 256), 256, 0, c->stream>>>(io->hT, io->gT, states, g);
         LAUNCH_CHECK();
@@ -2741,31 +2788,38 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, 
     float *db_final = db + ntok;
     int *steps = io->steps;  // a device buffer (MEM_I32), or NULL
     CU_TRY(cudaMemsetAsync(io->dlambda, 0, sizeof(float) * (size_t)d->H * d->Dk, c->stream));
-    MN_TRY(run_states(be, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0, &g));
-    size_t smem = sizeof(float) * smem_floats();
-    dim3 grid((unsigned)g.nchunks, (unsigned)pairs);
+    size_t smem = sizeof(float) * smem_floats(), gsmem = grads_smem(&g);
     MN_TRY(set_smem((const void *)cg_backward_kernel, smem, c));
+    MN_TRY(set_smem((const void *)grads_kernel, gsmem, c));
     // 16-byte loads when every operand's rows start aligned
     int vec = rows_aligned(io->k, g.Dk, 2) && rows_aligned(io->x, g.Dk, 2) && rows_aligned(io->v, g.Dv, 2) &&
               rows_aligned(io->dout, g.Dv, 2) && rows_aligned(states, g.Dk, 4) && rows_aligned(y, g.Dk, 4) &&
               rows_aligned(adj, g.Dk, 4);
-    cg_backward_kernel<<<grid, NT, smem, c->stream>>>((bf16 *)io->dq, y, terms, io->dlambda, steps, (const bf16 *)io->k,
-                                                      (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout,
-                                                      io->g, io->beta, io->lambda, states, vec, g);
-    LAUNCH_CHECK();
     // the adjoints at every chunk's end (Gbar [Dv*Dk], Hn = -Hbar [Dk*Dk]), from (dgT, -dhT) in reverse
-    final_dot_kernel<<<(unsigned)pairs, 256, 0, c->stream>>>(db_final, states, io->dhT, io->dgT, g);
-    LAUNCH_CHECK();
-    Scan sc = {{(const bf16 *)io->dout, NULL}, {NULL, y}, {g.Dv, g.Dk}, (const bf16 *)io->x, {io->dgT, io->dhT}, {1, -1},
-               adj, g.nchunks, {io->dg0, io->dh0}, {1, -1}, 1};
-    MN_TRY(run_scan(be, &sc, io->g, io->beta, &g));
-    size_t gsmem = grads_smem(&g);
-    MN_TRY(set_smem((const void *)grads_kernel, gsmem, c));
-    grads_kernel<<<grid, NT, gsmem, c->stream>>>((bf16 *)io->dk, (bf16 *)io->dv, io->dbeta, db, (const bf16 *)io->k,
-                                                 (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, y,
-                                                 terms, io->g, io->beta, adj, vec, g);
-    LAUNCH_CHECK();
-    dg_scan_kernel<<<(unsigned)pairs, DG_THREADS, 0, c->stream>>>(io->dg, db, db_final, g);
-    LAUNCH_CHECK();
-    return MN_OK;
+    Scan adjoints = {{(const bf16 *)io->dout, NULL}, {NULL, y}, {g.Dv, g.Dk}, (const bf16 *)io->x, {io->dgT, io->dhT}, {1, -1},
+                     adj, g.nchunks, {io->dg0, io->dh0}, {1, -1}, 1};
+    Part part[2];
+    int np;
+    MN_TRY(split_pairs(c, &g, part, &np));
+    const Part *end = part + np;
+    for (const Part *p = part; p < end; p++)
+        MN_TRY(run_states(be, p, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0));
+    for (const Part *p = part; p < end; p++) {
+        cg_backward_kernel<<<dim3((unsigned)g.nchunks, (unsigned)p->npairs), NT, smem, p->stream>>>(
+            (bf16 *)io->dq, y, terms, io->dlambda, steps, (const bf16 *)io->k, (const bf16 *)io->v, (const bf16 *)io->x,
+            (const bf16 *)io->dout, io->g, io->beta, io->lambda, states, vec, p->g);
+        LAUNCH_CHECK();
+        final_dot_kernel<<<(unsigned)p->npairs, 256, 0, p->stream>>>(db_final, states, io->dhT, io->dgT, p->g);
+        LAUNCH_CHECK();
+    }
+    for (const Part *p = part; p < end; p++) MN_TRY(run_scan(be, p, &adjoints, io->g, io->beta));
+    for (const Part *p = part; p < end; p++) {
+        grads_kernel<<<dim3((unsigned)g.nchunks, (unsigned)p->npairs), NT, gsmem, p->stream>>>(
+            (bf16 *)io->dk, (bf16 *)io->dv, io->dbeta, db, (const bf16 *)io->k, (const bf16 *)io->v, (const bf16 *)io->x,
+            (const bf16 *)io->dout, y, terms, io->g, io->beta, adj, vec, p->g);
+        LAUNCH_CHECK();
+        dg_scan_kernel<<<(unsigned)p->npairs, DG_THREADS, 0, p->stream>>>(io->dg, db, db_final, p->g);
+        LAUNCH_CHECK();
+    }
+    return join_parts(c, np);
 }

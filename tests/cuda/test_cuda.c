@@ -315,6 +315,9 @@ TEST(cuda_mesa_matches_reference) {
                   // heads up to 64 wide run in the narrow build (mesa_cuda_d64.cu); 72 pads to 96: the
                   // wide build with tiles part full
                   {2, 70, 2, 72, 40, 1, 2, 1, 1},
+                  // more chunk blocks than a wave (on up to 160 multiprocessors): the (b, h) pairs go
+                  // in two halves on two streams, 9 + 9 and 7 + 8 (split_pairs)
+                  {2, 520, 9, 128, 128, 1, 0, 1, 1}, {3, 700, 5, 64, 64, 1, 0, 1, 1},
                   // T = 1 takes the decode kernel: wide blocks while B H fits one wave, narrow above
                   {4, 1, 3, 128, 128, 1, 0, 1, 1}, {3, 1, 2, 16, 8, 1, 3, 1, 1}, {2, 1, 2, 48, 64, 1, 1, 1, 1},
                   {2, 1, 1, 32, 32, 0, 2, 1, 1},
