@@ -1971,7 +1971,9 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
                                                            const bf16 *x0, int vec, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = g.pair0 + blockIdx.y, t0 = c * CH, nc = NTILES(DP);
+    // chunk-major from the last chunk down: the last wave is of first chunks, whose systems (a state of
+    // few tokens) take the fewest CG steps, so the kernel's tail is short (cg_backward alike)
+    int c = g.nchunks - 1 - blockIdx.y, pair = g.pair0 + blockIdx.x, t0 = c * CH, nc = NTILES(DP);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     Op16 op = op16_carve(&s, &g);
@@ -2073,7 +2075,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
                                                             const float *lambda, const float *states, int vec, Geo g) {
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = blockIdx.x, pair = g.pair0 + blockIdx.y, t0 = c * CH, h = pair % g.H, nc = NTILES(DP);
+    int c = g.nchunks - 1 - blockIdx.y, pair = g.pair0 + blockIdx.x, t0 = c * CH, h = pair % g.H, nc = NTILES(DP);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     chunk_fetch(s.b, s.beta, NULL, glog, gbeta, NULL, &g, pair, t0);
@@ -2584,6 +2586,10 @@ static int make_geo(Geo *g, const MnMesaDims *d, const MnSolver *s) {
     g->Dk = d->Dk;
     g->Dv = d->Dv;
     g->nchunks = (d->T + CH - 1) / CH;
+    // the chunk kernels' grids have the chunks along y (at most 65535), the scans' the pairs
+    if (d->T > 1 && (g->nchunks > 65535 || (long)d->B * d->H > 65535))
+        return mn_error(MN_ERR_UNSUPPORTED, "cuda mesa: at most 65535 chunks of %d tokens and 65535 (sequence, head) pairs (got T=%d, B*H=%ld)",
+                        CH, d->T, (long)d->B * d->H);
     g->max_steps = s->max_steps;
     g->precond = s->precond == MN_PRECOND_JACOBI;
     g->init = s->init;
@@ -2753,7 +2759,7 @@ extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnMesaDims *d, 
     for (const Part *p = part; p < part + np; p++)
         MN_TRY(run_states(be, p, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0));
     for (const Part *p = part; p < part + np; p++) {
-        cg_forward_kernel<<<dim3((unsigned)g.nchunks, (unsigned)p->npairs), NT, smem, p->stream>>>(
+        cg_forward_kernel<<<dim3((unsigned)p->npairs, (unsigned)g.nchunks), NT, smem, p->stream>>>(
             (bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
             io->beta, io->lambda, states, x0, vec, p->g);
         LAUNCH_CHECK();
@@ -2805,7 +2811,7 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, 
     for (const Part *p = part; p < end; p++)
         MN_TRY(run_states(be, p, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0));
     for (const Part *p = part; p < end; p++) {
-        cg_backward_kernel<<<dim3((unsigned)g.nchunks, (unsigned)p->npairs), NT, smem, p->stream>>>(
+        cg_backward_kernel<<<dim3((unsigned)p->npairs, (unsigned)g.nchunks), NT, smem, p->stream>>>(
             (bf16 *)io->dq, y, terms, io->dlambda, steps, (const bf16 *)io->k, (const bf16 *)io->v, (const bf16 *)io->x,
             (const bf16 *)io->dout, io->g, io->beta, io->lambda, states, vec, p->g);
         LAUNCH_CHECK();
