@@ -654,10 +654,9 @@ static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int
 }
 static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most n of the thread's committed groups are still in flight.
-template <int n> static __device__ __forceinline__ void cp_async_wait_groups() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory");
-}
+// Waits until at most n of the thread's committed groups are still in flight (n a literal: an
+// immediate of the instruction, hence a macro).
+#define CP_ASYNC_WAIT_GROUPS(n) asm volatile("cp.async.wait_group " #n ";" ::: "memory")
 
 // n floats from global to smem (16-byte aligned) in the background, the block's nt threads
 // striding: 16-byte copies when src and n allow, else 4-byte ones.
@@ -741,7 +740,7 @@ static __device__ __forceinline__ void chunk_fetch(float *b, float *beta, float 
 // Once the group of chunk_fetch has landed: b, the cumulative log decay (rows past the end repeat
 // the last). Callers synchronise before reading b, beta and lambda.
 static __device__ __forceinline__ void chunk_put(float *b) {
-    cp_async_wait_groups<0>();  // (the copies issued since are not committed yet: not waited for)
+    CP_ASYNC_WAIT_GROUPS(0);  // (the copies issued since are not committed yet: not waited for)
     if (threadIdx.x < 32) {
         float gl[2] = {b[threadIdx.x], b[threadIdx.x + 32]}, c[2];
         chunk_cumsum(c, gl);
@@ -2387,7 +2386,7 @@ static __host__ __device__ __forceinline__ size_t decode_pad4(size_t n) { return
 
 // Both sums over the block at once; red: 64 floats of smem. With fence, a barrier first lets the
 // previous readers of red finish; without, the caller ensures a barrier has passed since they read.
-static __device__ __forceinline__ void block_sum2(float *a, float *b, float *red, int fence = 1) {
+static __device__ __forceinline__ void block_sum2(float *a, float *b, float *red, int fence) {
     float x = warp_sum(*a), y = warp_sum(*b);
     if (fence) __syncthreads();
     if (lane_id() == 0) {
@@ -2419,7 +2418,7 @@ static __device__ __forceinline__ float decode_apply(const float *Hs, const floa
         float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma unroll 4
         for (; k + 4 <= k1; k += 4) {
-            float4 p4 = *reinterpret_cast<const float4 *>(ps + k);
+            float4 p4 = *(const float4 *)(ps + k);
             const float *h = Hs + k * dk + i;
             s0 += h[0] * p4.x;
             s1 += h[dk] * p4.y;
@@ -2475,7 +2474,7 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
     float qi = own ? ld(q, ti * dk + tid) : 0.0f, lam = own ? lambda[(size_t)h * dk + tid] : 0.0f;
     for (int j = tid; j < dk; j += nt) ks[j] = ld(k, ti * dk + j);
     for (int i = tid; i < dv; i += nt) vs[i] = beta * ld(v, ti * dv + i);
-    cp_async_wait_groups<1>();  // H has arrived (G may still be on its way)
+    CP_ASYNC_WAIT_GROUPS(1);  // H has arrived (G may still be on its way)
     __syncthreads();
     // element e = (r, c) of H, its row and column stepped along (no division per element)
     for (int e = tid, r = tid / dk, c = tid % dk; e < dk * dk; e += nt) {
@@ -2497,9 +2496,9 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
         r = qi - decode_apply(Hs, ps, part, red_op, dk, nt, lam, &unused) - lam * x;
     }
     float z = g.precond ? r / diag : r, qq = qi * qi, rr = r * r, rz = r * z, p = z;
-    block_sum2(&qq, &rr, red);
+    block_sum2(&qq, &rr, red, 1);
     float none = 0;
-    block_sum2(&rz, &none, red);
+    block_sum2(&rz, &none, red, 1);
     float thresh = g.tol2 * qq;
     int steps = 0;
     int active = rr > thresh;
@@ -2523,7 +2522,7 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
     }
     if (own) st(x_out, ti * dk + tid, x);
     if (steps_out && tid == 0) steps_out[ti] = steps;
-    cp_async_wait_groups<0>();  // a staged G has arrived
+    CP_ASYNC_WAIT_GROUPS(0);  // a staged G has arrived
     __syncthreads();
     if (own) ps[tid] = x;
     __syncthreads();
