@@ -1660,19 +1660,28 @@ static __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async
 static __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 // The left factor's chunk into smem in the background (cp.async, zero past the sequence's end):
-// its 64 columns from i0 (dl wide, bf16 or float) row-major at L (stride CH + 8 bf16 or CH + 4
-// floats). (The general stage_raw, with a thread count as parameter, made the scan 11% slower:
-// here the loops' counts and strides are constants and rows always 16-byte aligned.)
-static __device__ __forceinline__ void scan_wg_stage(unsigned char *L, const void *l, int l32, int i0, int dl,
-                                                     const Geo *g, int pair, int t0) {
+// its 64 columns from i0 (dl wide, es = 2: bf16, 4: float) row-major at L (stride CH + 8 bf16 or
+// CH + 4 floats). es is a constant at both calls (scan_wg_stage), so that a thread's 16-byte unit
+// e splits into row and column by shifts: with es read at run time, the division by a row's units
+// took 150 of a warp's 870 instructions a chunk. (The general stage_raw, with a thread count as
+// parameter, made the scan 11% slower: here the loops' counts and strides are constants and rows
+// always 16-byte aligned.)
+static __device__ __forceinline__ void scan_wg_stage_es(unsigned char *L, const void *l, int es, int i0, int dl,
+                                                        const Geo *g, int pair, int t0) {
+    const int w = 16 / es, units = CH / w, ld = es == 4 ? CH + 4 : CH + 8;  // units: a row's 16-byte units
     int n = min(CH, g->T - t0);
     size_t base = tok_index(g, pair, t0);
-    int w = l32 ? 4 : 8, ld = l32 ? CH + 4 : CH + 8, es = l32 ? 4 : 2;
-    for (int e = threadIdx.x; e < CH * CH / w; e += SW_NT) {
-        int s = e / (CH / w), c = e % (CH / w) * w;
+#pragma unroll
+    for (int e = threadIdx.x; e < CH * units; e += SW_NT) {
+        int s = e / units, c = e % units * w;
         const char *src = (const char *)l + ((base + (size_t)s * g->H) * dl + i0 + c) * es;
         cp_async16(L + (s * ld + c) * es, s < n ? (const void *)src : l, s < n ? 16 : 0);
     }
+}
+static __device__ __forceinline__ void scan_wg_stage(unsigned char *L, const void *l, int l32, int i0, int dl,
+                                                     const Geo *g, int pair, int t0) {
+    if (l32) scan_wg_stage_es(L, l, 4, i0, dl, g, pair, t0);
+    else scan_wg_stage_es(L, l, 2, i0, dl, g, pair, t0);
 }
 
 // The warpgroup's state to rows row0.. of the out map (scan_out_map), each warp its 16 rows
@@ -2342,7 +2351,7 @@ static __global__ void final_dot_kernel(float *db_final, const float *states, co
     if (threadIdx.x == 0) db_final[pair] = acc;
 }
 
-// dg_t = db_final + sum_{u >= t} db_u: a block per pair, over tiles of DG_THREADS x DG_RUN tokens
+// dg_t = db_final + sum_{u >= t} db_u (db_final NULL: 0): a block per pair, over tiles of DG_THREADS x DG_RUN tokens
 // from the end. Each thread loads its run of DG_RUN consecutive tokens (all loads in flight) and
 // sums it; a block scan of the runs' sums gives each run what lies after it. (One warp walking
 // windows of 32 tokens, a dependent load each, took 48 us at 8 x 2048 x 16.)
@@ -2351,7 +2360,7 @@ static __global__ void final_dot_kernel(float *db_final, const float *states, co
 static __global__ void __launch_bounds__(DG_THREADS) dg_scan_kernel(float *dg, const float *db, const float *db_final, Geo g) {
     __shared__ float part[DG_THREADS / 32];
     int pair = g.pair0 + blockIdx.x, lane = lane_id(), w = warp_id();
-    float carry = db_final[pair];
+    float carry = db_final ? db_final[pair] : 0.0f;
     for (int end = g.T; end > 0; end -= DG_THREADS * DG_RUN) {
         int top = end - 1 - (int)threadIdx.x * DG_RUN;  // thread 0 takes the latest run
         float v[DG_RUN], s = 0;
@@ -2815,8 +2824,10 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, 
             (bf16 *)io->dq, y, terms, io->dlambda, steps, (const bf16 *)io->k, (const bf16 *)io->v, (const bf16 *)io->x,
             (const bf16 *)io->dout, io->g, io->beta, io->lambda, states, vec, p->g);
         LAUNCH_CHECK();
-        final_dot_kernel<<<(unsigned)p->npairs, 256, 0, p->stream>>>(db_final, states, io->dhT, io->dgT, p->g);
-        LAUNCH_CHECK();
+        if (io->dhT || io->dgT) {  // (without final-state gradients their term of dL/db is 0)
+            final_dot_kernel<<<(unsigned)p->npairs, 256, 0, p->stream>>>(db_final, states, io->dhT, io->dgT, p->g);
+            LAUNCH_CHECK();
+        }
     }
     for (const Part *p = part; p < end; p++) MN_TRY(run_scan(be, p, &adjoints, io->g, io->beta));
     for (const Part *p = part; p < end; p++) {
@@ -2824,7 +2835,7 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, 
             (bf16 *)io->dk, (bf16 *)io->dv, io->dbeta, db, (const bf16 *)io->k, (const bf16 *)io->v, (const bf16 *)io->x,
             (const bf16 *)io->dout, y, terms, io->g, io->beta, adj, vec, p->g);
         LAUNCH_CHECK();
-        dg_scan_kernel<<<(unsigned)p->npairs, DG_THREADS, 0, p->stream>>>(io->dg, db, db_final, p->g);
+        dg_scan_kernel<<<(unsigned)p->npairs, DG_THREADS, 0, p->stream>>>(io->dg, db, io->dhT || io->dgT ? db_final : NULL, p->g);
         LAUNCH_CHECK();
     }
     return join_parts(c, np);
