@@ -2351,8 +2351,8 @@ static __global__ void final_dot_kernel(float *db_final, const float *states, co
     if (threadIdx.x == 0) db_final[pair] = acc;
 }
 
-// dg_t = db_final + sum_{u >= t} db_u (db_final NULL: 0): a block per pair, over tiles of DG_THREADS x DG_RUN tokens
-// from the end. Each thread loads its run of DG_RUN consecutive tokens (all loads in flight) and
+// dg_t = db_final + sum_{u >= t} db_u (db_final NULL: 0): a block per pair, over tiles of
+// DG_THREADS x DG_RUN tokens from the end. Each thread loads its run of DG_RUN consecutive tokens (all loads in flight) and
 // sums it; a block scan of the runs' sums gives each run what lies after it. (One warp walking
 // windows of 32 tokens, a dependent load each, took 48 us at 8 x 2048 x 16.)
 #define DG_THREADS 256
