@@ -43,12 +43,12 @@
  */
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <cuda.h>  // CUtensorMap (the scans' TMA copies; the driver's encoder is looked up at run time)
 #include <cuda_fp16.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-#include <stdio.h>
 
 #include "cuda_common.cuh"
 
@@ -2352,8 +2352,8 @@ static __global__ void final_dot_kernel(float *db_final, const float *states, co
 }
 
 // dg_t = db_final + sum_{u >= t} db_u (db_final NULL: 0): a block per pair, over tiles of
-// DG_THREADS x DG_RUN tokens from the end. Each thread loads its run of DG_RUN consecutive tokens (all loads in flight) and
-// sums it; a block scan of the runs' sums gives each run what lies after it. (One warp walking
+// DG_THREADS x DG_RUN tokens from the end. Each thread loads its run of DG_RUN consecutive tokens
+// (all loads in flight) and sums it; a block scan of the runs' sums gives each run what lies after it. (One warp walking
 // windows of 32 tokens, a dependent load each, took 48 us at 8 x 2048 x 16.)
 #define DG_THREADS 256
 #define DG_RUN 8
@@ -2800,7 +2800,8 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, 
     char *ws = (char *)cuda_scratch(be, bytes);
     if (!ws) return MN_ERR_NOMEM;
     float *states = (float *)ws, *adj = states + nst, *y = adj + nadj, *terms = y + ny, *db = terms + ntok;
-    float *db_final = db + ntok;
+    // the final states' term of dL/db, one a pair; NULL without final-state gradients (then 0)
+    float *db_final = io->dhT || io->dgT ? db + ntok : NULL;
     int *steps = io->steps;  // a device buffer (MEM_I32), or NULL
     CU_TRY(cudaMemsetAsync(io->dlambda, 0, sizeof(float) * (size_t)d->H * d->Dk, c->stream));
     size_t smem = sizeof(float) * smem_floats(), gsmem = grads_smem(&g);
@@ -2824,7 +2825,7 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, 
             (bf16 *)io->dq, y, terms, io->dlambda, steps, (const bf16 *)io->k, (const bf16 *)io->v, (const bf16 *)io->x,
             (const bf16 *)io->dout, io->g, io->beta, io->lambda, states, vec, p->g);
         LAUNCH_CHECK();
-        if (io->dhT || io->dgT) {  // (without final-state gradients their term of dL/db is 0)
+        if (db_final) {
             final_dot_kernel<<<(unsigned)p->npairs, 256, 0, p->stream>>>(db_final, states, io->dhT, io->dgT, p->g);
             LAUNCH_CHECK();
         }
@@ -2835,7 +2836,7 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, 
             (bf16 *)io->dk, (bf16 *)io->dv, io->dbeta, db, (const bf16 *)io->k, (const bf16 *)io->v, (const bf16 *)io->x,
             (const bf16 *)io->dout, y, terms, io->g, io->beta, adj, vec, p->g);
         LAUNCH_CHECK();
-        dg_scan_kernel<<<(unsigned)p->npairs, DG_THREADS, 0, p->stream>>>(io->dg, db, io->dhT || io->dgT ? db_final : NULL, p->g);
+        dg_scan_kernel<<<(unsigned)p->npairs, DG_THREADS, 0, p->stream>>>(io->dg, db, db_final, p->g);
         LAUNCH_CHECK();
     }
     return join_parts(c, np);
