@@ -66,6 +66,35 @@ void *cuda_scratch(const Backend *be, size_t bytes);
 // The bf16 copy of a parameter (an element inside a MEM_PARAM allocation), or NULL.
 const bf16 *cuda_param_bf16(const void *p);
 
+// Programmatic dependent launch (Hopper on): a kernel launched by launch_after() may start while the
+// kernel before it in its stream is still ending, so that its launch and first instructions overlap
+// that kernel's last blocks. It must call grid_wait() before it touches memory that kernel (or any
+// before it) writes or reads; grid_wait() returns at once in a kernel launched plainly.
+__device__ __forceinline__ void grid_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+typedef struct {
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr;
+} Launch;
+
+// The configuration of such a launch (a plain one before Hopper), to pass to cudaLaunchKernelEx.
+static inline const cudaLaunchConfig_t *launch_after(Launch *l, const CudaCtx *c, dim3 grid, unsigned block, size_t smem,
+                                                     cudaStream_t stream) {
+    l->attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    l->attr.val.programmaticStreamSerializationAllowed = 1;
+    l->cfg.gridDim = grid;
+    l->cfg.blockDim = dim3(block);
+    l->cfg.dynamicSmemBytes = smem;
+    l->cfg.stream = stream;
+    l->cfg.attrs = &l->attr;
+    l->cfg.numAttrs = c->cc_major >= 9 ? 1 : 0;
+    return &l->cfg;
+}
+
 static inline unsigned grid_for(size_t n, unsigned block) {
     size_t g = (n + block - 1) / block;
     return (unsigned)(g < 65535u * 32u ? (g ? g : 1) : 65535u * 32u);

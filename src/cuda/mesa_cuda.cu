@@ -1476,6 +1476,7 @@ static __device__ __forceinline__ void scan_put_a(bf16 *A, const unsigned char *
 // left one is split in three (24 bits), so the state keeps float32 accuracy
 // with no scaling. Two blocks per multiprocessor (95 KB of smem each).
 static __global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
+    grid_wait();
     extern __shared__ __align__(16) unsigned char smb[];
     int pair = g.pair0 + blockIdx.y, z = blockIdx.x, s0 = (sc.d[0] + CH - 1) / CH, m = z < s0 ? 0 : 1;
     // the slice's operands, picked without indexing the parameter arrays (which would copy them to the stack)
@@ -1761,6 +1762,7 @@ static __device__ __forceinline__ void scan_wg_afrag(unsigned t[3][4], const uns
 static __global__ void __launch_bounds__(SW_NT, 2) scan_wg_kernel(Scan sc, const float *glog, const float *gbeta, Geo g,
                                                                   const __grid_constant__ CUtensorMap rmap,
                                                                   const __grid_constant__ CUtensorMap omap) {
+    grid_wait();
 #if WGMMA
     extern __shared__ __align__(128) unsigned char smw[];
     int pair = g.pair0 + blockIdx.y, z = blockIdx.x, s0 = sc.d[0] / CH, m = z < s0 ? 0 : 1;
@@ -1977,6 +1979,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
                                                            const bf16 *k, const bf16 *v, const float *glog,
                                                            const float *gbeta, const float *lambda, const float *states,
                                                            const bf16 *x0, int vec, Geo g) {
+    grid_wait();
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
     // chunk-major from the last chunk down: the last wave is of first chunks, whose systems (a state of
@@ -2081,6 +2084,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
                                                             int *steps_out, const bf16 *k, const bf16 *v, const bf16 *x,
                                                             const bf16 *dout, const float *glog, const float *gbeta,
                                                             const float *lambda, const float *states, int vec, Geo g) {
+    grid_wait();
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
     int c = g.nchunks - 1 - blockIdx.y, pair = g.pair0 + blockIdx.x, t0 = c * CH, h = pair % g.H, nc = NTILES(DP);
@@ -2219,6 +2223,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
                                                       const bf16 *k, const bf16 *v, const bf16 *x, const bf16 *dout,
                                                       const float *y, const float *tok_terms, const float *glog,
                                                       const float *gbeta, const float *adj, int vec, Geo g) {
+    grid_wait();
     extern __shared__ float sm[];
     GradSmem s = grads_carve(sm, &g);
     int c = blockIdx.x, pair = g.pair0 + blockIdx.y, t0 = c * CH, nc = NTILES(DP), ncs = NTILES(CH);
@@ -2340,6 +2345,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
 
 // db_final[pair] = <dhT, H_T> + <dgT, G_T> (the final states' term of dL/db), one block per pair.
 static __global__ void final_dot_kernel(float *db_final, const float *states, const float *dhT, const float *dgT, Geo g) {
+    grid_wait();
     __shared__ float red[32];
     int pair = g.pair0 + blockIdx.x;
     size_t hh = (size_t)g.Dk * g.Dk, gg = (size_t)g.Dv * g.Dk;
@@ -2358,6 +2364,7 @@ static __global__ void final_dot_kernel(float *db_final, const float *states, co
 #define DG_THREADS 256
 #define DG_RUN 8
 static __global__ void __launch_bounds__(DG_THREADS) dg_scan_kernel(float *dg, const float *db, const float *db_final, Geo g) {
+    grid_wait();
     __shared__ float part[DG_THREADS / 32];
     int pair = g.pair0 + blockIdx.x, lane = lane_id(), w = warp_id();
     float carry = db_final ? db_final[pair] : 0.0f;
@@ -2683,15 +2690,16 @@ static int run_scan(const Backend *be, const Part *p, const Scan *scan, const fl
     for (int m = 0; m < 2; m++) s.vec &= rows_aligned(s.l16[m], s.d[m], 2) && rows_aligned(s.l32[m], s.d[m], 4);
     dim3 grid((unsigned)((sc->d[0] + CH - 1) / CH + (sc->d[1] + CH - 1) / CH), (unsigned)p->npairs);
     CUtensorMap rmap, omap;
+    Launch l;
     if (scan_wg_ok(c, sc, g) && scan_right_map(&rmap, sc->r, g) && scan_out_map(&omap, sc, g)) {
         MN_TRY(set_smem((const void *)scan_wg_kernel, SW_SMEM, c));
-        scan_wg_kernel<<<grid, SW_NT, SW_SMEM, p->stream>>>(*sc, glog, beta, *g, rmap, omap);
+        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, grid, SW_NT, SW_SMEM, p->stream), scan_wg_kernel, *sc, glog, beta, *g,
+                                  rmap, omap));
     } else {
         size_t smem = scan_smem(g);
         MN_TRY(set_smem((const void *)scan_kernel, smem, c));
-        scan_kernel<<<grid, NT, smem, p->stream>>>(*sc, glog, beta, *g);
+        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, grid, NT, smem, p->stream), scan_kernel, *sc, glog, beta, *g));
     }
-    LAUNCH_CHECK();
     return MN_OK;
 }
 
@@ -2768,10 +2776,10 @@ extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnMesaDims *d, 
     for (const Part *p = part; p < part + np; p++)
         MN_TRY(run_states(be, p, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0));
     for (const Part *p = part; p < part + np; p++) {
-        cg_forward_kernel<<<dim3((unsigned)p->npairs, (unsigned)g.nchunks), NT, smem, p->stream>>>(
-            (bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
-            io->beta, io->lambda, states, x0, vec, p->g);
-        LAUNCH_CHECK();
+        Launch l;
+        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)p->npairs, (unsigned)g.nchunks), NT, smem, p->stream),
+                                  cg_forward_kernel, (bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q,
+                                  (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->lambda, states, x0, vec, p->g));
     }
     MN_TRY(join_parts(c, np));
     if (io->hT || io->gT) {
@@ -2821,23 +2829,24 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, 
     for (const Part *p = part; p < end; p++)
         MN_TRY(run_states(be, p, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0));
     for (const Part *p = part; p < end; p++) {
-        cg_backward_kernel<<<dim3((unsigned)p->npairs, (unsigned)g.nchunks), NT, smem, p->stream>>>(
-            (bf16 *)io->dq, y, terms, io->dlambda, steps, (const bf16 *)io->k, (const bf16 *)io->v, (const bf16 *)io->x,
-            (const bf16 *)io->dout, io->g, io->beta, io->lambda, states, vec, p->g);
-        LAUNCH_CHECK();
-        if (db_final) {
-            final_dot_kernel<<<(unsigned)p->npairs, 256, 0, p->stream>>>(db_final, states, io->dhT, io->dgT, p->g);
-            LAUNCH_CHECK();
-        }
+        Launch l;
+        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)p->npairs, (unsigned)g.nchunks), NT, smem, p->stream),
+                                  cg_backward_kernel, (bf16 *)io->dq, y, terms, io->dlambda, steps, (const bf16 *)io->k,
+                                  (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, io->g, io->beta,
+                                  io->lambda, states, vec, p->g));
+        if (db_final)
+            CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)p->npairs), 256, 0, p->stream), final_dot_kernel,
+                                      db_final, states, io->dhT, io->dgT, p->g));
     }
     for (const Part *p = part; p < end; p++) MN_TRY(run_scan(be, p, &adjoints, io->g, io->beta));
     for (const Part *p = part; p < end; p++) {
-        grads_kernel<<<dim3((unsigned)g.nchunks, (unsigned)p->npairs), NT, gsmem, p->stream>>>(
-            (bf16 *)io->dk, (bf16 *)io->dv, io->dbeta, db, (const bf16 *)io->k, (const bf16 *)io->v, (const bf16 *)io->x,
-            (const bf16 *)io->dout, y, terms, io->g, io->beta, adj, vec, p->g);
-        LAUNCH_CHECK();
-        dg_scan_kernel<<<(unsigned)p->npairs, DG_THREADS, 0, p->stream>>>(io->dg, db, db_final, p->g);
-        LAUNCH_CHECK();
+        Launch l;
+        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)g.nchunks, (unsigned)p->npairs), NT, gsmem, p->stream),
+                                  grads_kernel, (bf16 *)io->dk, (bf16 *)io->dv, io->dbeta, db, (const bf16 *)io->k,
+                                  (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, (const float *)y,
+                                  (const float *)terms, io->g, io->beta, (const float *)adj, vec, p->g));
+        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)p->npairs), DG_THREADS, 0, p->stream), dg_scan_kernel,
+                                  io->dg, (const float *)db, (const float *)db_final, p->g));
     }
     return join_parts(c, np);
 }
