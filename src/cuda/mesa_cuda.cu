@@ -697,7 +697,7 @@ static __device__ __forceinline__ void fetch_decays_async(float *glog, float *be
     size_t base = tok_index(g, pair, t0);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        int t = threadIdx.x + 32 * h, in = t < n;
+        int t = lane_id() + 32 * h, in = t < n;
         size_t i = in ? base + (size_t)t * g->H : 0;
         cp_async4(glog + t, g_log + i, in ? 4 : 0);
         cp_async4(beta + t, g_beta + i, in ? 4 : 0);
@@ -1563,14 +1563,27 @@ static size_t scan_smem(const Geo *g) {
 // the A fragments in registers (weighted and split in three there), and each warp hands its 16
 // rows of the state to the tensor-memory accelerator (TMA) in one store. The right factor comes
 // by TMA too (one copy a chunk), the left by cp.async.
-#define SW_NT 128                      // threads: one warpgroup
+#define SW_NT 128                      // threads of a slice: one warpgroup
 #define SW_OBYTES (CH * DP * 4)        // the staged state, fp32, in the out map's swizzled boxes
 #define SW_RBYTES (CH * DP * 2)        // the right factor, bf16, in wgmma's 128-byte swizzled layout
 #define SW_LBYTES (CH * (CH + 4) * 4)  // the left factor's slice, as fetched (float at most)
-// + two mbarriers, + 1 KB to align the staged state to 1024 bytes (the swizzle's period)
-#define SW_SMEM (SW_OBYTES + 2 * SW_RBYTES + 2 * SW_LBYTES + 4 * CH * 4 + 2 * 8 + 1024)
+// a warpgroup's smem, with two mbarriers, in whole KB so that every staged state is aligned to 1024
+// bytes (the swizzle's period)
+#define SW_WG_SMEM ((SW_OBYTES + 2 * SW_RBYTES + 2 * SW_LBYTES + 4 * CH * 4 + 2 * 8 + 1023) / 1024 * 1024)
+// Warpgroups a block, each its own slice, independent but for sharing a multiprocessor. Where a
+// chunk block takes a whole multiprocessor (head size 128), two: as two blocks of one warpgroup,
+// the 256 scan blocks of a half-call left 8 multiprocessors half used in their second wave, where
+// no chunk block fits (docs/cuda.md, "Where the GPU sits idle"). Where two chunk blocks share one
+// (mesa_cuda_d64.cu), one, so that a scan block still fits beside a chunk block.
+#define SW_WGS (MAXD > 64 ? 2 : 1)
+#define SW_SMEM (SW_WGS * SW_WG_SMEM + 1024)  // + 1 KB to align
 
 #if WGMMA
+// A scan block's thread and warp within its warpgroup
+static __device__ __forceinline__ int wg_thread() { return threadIdx.x & (SW_NT - 1); }
+static __device__ __forceinline__ int wg_warp() { return warp_id() & 3; }
+// The warpgroup's own barrier (named barrier 1 + wg of SW_NT threads; 0 is __syncthreads')
+static __device__ __forceinline__ void wg_sync(int wg) { asm volatile("bar.sync %0, %1;" ::"r"(1 + wg), "n"(SW_NT) : "memory"); }
 // acc += A B over the warpgroup's 64 x DP tile: A (64 x 16 bf16) from registers in mma.sync's
 // fragment layout (warp w: rows 16 w..), B (16 x DP bf16) from smem by descriptor, N-major (its
 // rows are k, as the scan's right factor is stored). acc in the accumulator layout: element e of
@@ -1673,7 +1686,7 @@ static __device__ __forceinline__ void scan_wg_stage_es(unsigned char *L, const 
     int n = min(CH, g->T - t0);
     size_t base = tok_index(g, pair, t0);
 #pragma unroll
-    for (int e = threadIdx.x; e < CH * units; e += SW_NT) {
+    for (int e = wg_thread(); e < CH * units; e += SW_NT) {
         int s = e / units, c = e % units * w;
         const char *src = (const char *)l + ((base + (size_t)s * g->H) * dl + i0 + c) * es;
         cp_async16(L + (s * ld + c) * es, s < n ? (const void *)src : l, s < n ? 16 : 0);
@@ -1692,7 +1705,7 @@ static __device__ __forceinline__ void scan_wg_stage(unsigned char *L, const voi
 // each, by cp.async.bulk, were 16 a warp and a chunk, issued one lane at a time: 24% of the scan's
 // stall samples waited on them.)
 static __device__ __forceinline__ void scan_wg_put(const CUtensorMap *map, int row0, const float *acc, unsigned char *O) {
-    int w = warp_id(), l = lane_id(), r = l >> 2, q = l & 3;
+    int w = wg_warp(), l = lane_id(), r = l >> 2, q = l & 3;
     unsigned char *Ow = O + w * (SW_OBYTES / 4);
     if (l == 0) bulk_wait_read();  // the warp's previous store has read its rows
     __syncwarp();
@@ -1717,7 +1730,7 @@ static __device__ __forceinline__ void scan_wg_put(const CUtensorMap *map, int r
 // The same straight from registers to dst (rows 0..63, stride DP), times sign: the one final
 // store of a reverse scan, into a buffer of its own.
 static __device__ __forceinline__ void scan_wg_put_direct(float *dst, const float *acc, float sign) {
-    int r0 = 16 * warp_id() + (lane_id() >> 2), q = lane_id() & 3;
+    int r0 = 16 * wg_warp() + (lane_id() >> 2), q = lane_id() & 3;
 #pragma unroll
     for (int j = 0; j < DP / 8; j++)
 #pragma unroll
@@ -1730,7 +1743,7 @@ static __device__ __forceinline__ void scan_wg_put_direct(float *dst, const floa
 // (split_bf16x3) into t[0] (hi), t[1], t[2] (lo). wt: the weights of tokens lane and lane + 32.
 static __device__ __forceinline__ void scan_wg_afrag(unsigned t[3][4], const unsigned char *L, int l32, int kk,
                                                      const float wt[2]) {
-    int l = lane_id(), q = l & 3, r0 = 16 * warp_id() + (l >> 2);
+    int l = lane_id(), q = l & 3, r0 = 16 * wg_warp() + (l >> 2);
     float ws[4], v[8];  // ws: tokens 2q, 2q + 1, 2q + 8, 2q + 9 of the k-step
 #pragma unroll
     for (int d = 0; d < 4; d++) ws[d] = __shfl_sync(0xffffffffu, wt[kk >> 1], (16 * kk + 2 * q + (d & 1) + 8 * (d >> 1)) & 31);
@@ -1759,25 +1772,26 @@ static __device__ __forceinline__ void scan_wg_afrag(unsigned t[3][4], const uns
 }
 #endif
 
-static __global__ void __launch_bounds__(SW_NT, 2) scan_wg_kernel(Scan sc, const float *glog, const float *gbeta, Geo g,
+static __global__ void __launch_bounds__(SW_WGS * SW_NT, 3 - SW_WGS) scan_wg_kernel(Scan sc, const float *glog, const float *gbeta, Geo g,
                                                                   const __grid_constant__ CUtensorMap rmap,
                                                                   const __grid_constant__ CUtensorMap omap) {
     grid_wait();
 #if WGMMA
     extern __shared__ __align__(128) unsigned char smw[];
-    int pair = g.pair0 + blockIdx.y, z = blockIdx.x, s0 = sc.d[0] / CH, m = z < s0 ? 0 : 1;
+    int wg = threadIdx.x / SW_NT, pair = g.pair0 + blockIdx.y, z = SW_WGS * blockIdx.x + wg, s0 = sc.d[0] / CH, m = z < s0 ? 0 : 1;
+    if (z >= s0 + sc.d[1] / CH) return;  // (an odd count of slices: the last block's second warpgroup)
     int i0 = CH * (m ? z - s0 : z), dl = m ? sc.d[1] : sc.d[0];
     const float *l32p = m ? sc.l32[1] : sc.l32[0], *init = m ? sc.init[1] : sc.init[0];
     const void *l = l32p ? (const void *)l32p : (const void *)(m ? sc.l16[1] : sc.l16[0]);
     int l32 = l32p != NULL;
     float *fin = m ? sc.fin[1] : sc.fin[0];
     float init_sign = m ? sc.init_sign[1] : sc.init_sign[0], fin_sign = m ? sc.fin_sign[1] : sc.fin_sign[0];
-    unsigned char *O = smw + (-smem_u32(smw) & 1023), *Rb = O + SW_OBYTES, *Lb = Rb + 2 * SW_RBYTES;
+    unsigned char *O = smw + (-smem_u32(smw) & 1023) + wg * SW_WG_SMEM, *Rb = O + SW_OBYTES, *Lb = Rb + 2 * SW_RBYTES;
     float *dec = (float *)(Lb + 2 * SW_LBYTES);                      // [2][glog, beta][CH]
     unsigned long long *bar = (unsigned long long *)(dec + 4 * CH);  // [2]: the right factor's copies
     // the slice's row in the out map at slot 0; a slot is d0 + d1 rows on
     int slot_rows = sc.d[0] + sc.d[1], orow = pair * sc.nslots * slot_rows + (m ? sc.d[0] : 0) + i0;
-    int lane = lane_id(), r0 = 16 * warp_id() + (lane >> 2), q = lane & 3;
+    int lane = lane_id(), r0 = 16 * wg_warp() + (lane >> 2), q = lane & 3, t = wg_thread();
     float acc[DP / 2];
 #pragma unroll
     for (int j = 0; j < DP / 8; j++)
@@ -1786,23 +1800,23 @@ static __global__ void __launch_bounds__(SW_NT, 2) scan_wg_kernel(Scan sc, const
             acc[4 * j + e] = init ? init_sign * init[((size_t)pair * dl + i0 + r0 + 8 * (e >> 1)) * DP + 8 * j + 2 * q + (e & 1)]
                                   : 0.0f;
     int dir = sc.reverse ? -1 : 1, c = sc.reverse ? g.nchunks - 1 : 0;
-    if (threadIdx.x == 0) {
+    if (t == 0) {
         mbar_init(&bar[0]);
         mbar_init(&bar[1]);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // (visible to the copies)
         tma_right(Rb, &rmap, c * CH, pair, g.H, &bar[0]);
     }
     scan_wg_stage(Lb, l, l32, i0, dl, &g, pair, c * CH);
-    if (threadIdx.x < 32) fetch_decays_async(dec, dec + CH, glog, gbeta, &g, pair, c * CH);
+    if (t < 32) fetch_decays_async(dec, dec + CH, glog, gbeta, &g, pair, c * CH);
     for (int step = 0; step < g.nchunks; step++, c += dir) {
         int n = min(CH, g.T - c * CH), buf = step & 1;
         cp_async_wait();
-        __syncthreads();  // chunk c's left factor and decays are in place; the other buffers' readers are done
+        wg_sync(wg);  // chunk c's left factor and decays are in place; the other buffers' readers are done
         if (step + 1 < g.nchunks) {
             int nb = buf ^ 1;
-            if (threadIdx.x == 0) tma_right(Rb + nb * SW_RBYTES, &rmap, (c + dir) * CH, pair, g.H, &bar[nb]);
+            if (t == 0) tma_right(Rb + nb * SW_RBYTES, &rmap, (c + dir) * CH, pair, g.H, &bar[nb]);
             scan_wg_stage(Lb + nb * SW_LBYTES, l, l32, i0, dl, &g, pair, (c + dir) * CH);
-            if (threadIdx.x < 32) fetch_decays_async(dec + nb * 2 * CH, dec + nb * 2 * CH + CH, glog, gbeta, &g, pair, (c + dir) * CH);
+            if (t < 32) fetch_decays_async(dec + nb * 2 * CH, dec + nb * 2 * CH + CH, glog, gbeta, &g, pair, (c + dir) * CH);
         }
         scan_wg_put(&omap, orow + c * slot_rows, acc, O);
         // the chunk's weights and decay (chunk_weights)
@@ -2688,12 +2702,14 @@ static int run_scan(const Backend *be, const Part *p, const Scan *scan, const fl
     Scan s = *scan, *sc = &s;
     s.vec = rows_aligned(s.r, g->Dk, 2);
     for (int m = 0; m < 2; m++) s.vec &= rows_aligned(s.l16[m], s.d[m], 2) && rows_aligned(s.l32[m], s.d[m], 4);
-    dim3 grid((unsigned)((sc->d[0] + CH - 1) / CH + (sc->d[1] + CH - 1) / CH), (unsigned)p->npairs);
+    unsigned slices = (unsigned)((sc->d[0] + CH - 1) / CH + (sc->d[1] + CH - 1) / CH);
+    dim3 grid(slices, (unsigned)p->npairs);
     CUtensorMap rmap, omap;
     Launch l;
     if (scan_wg_ok(c, sc, g) && scan_right_map(&rmap, sc->r, g) && scan_out_map(&omap, sc, g)) {
         MN_TRY(set_smem((const void *)scan_wg_kernel, SW_SMEM, c));
-        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, grid, SW_NT, SW_SMEM, p->stream), scan_wg_kernel, *sc, glog, beta, *g,
+        grid.x = (slices + SW_WGS - 1) / SW_WGS;
+        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, grid, SW_WGS * SW_NT, SW_SMEM, p->stream), scan_wg_kernel, *sc, glog, beta, *g,
                                   rmap, omap));
     } else {
         size_t smem = scan_smem(g);

@@ -312,6 +312,9 @@ TEST(cuda_mesa_matches_reference) {
                   {2, 100, 2, 64, 64, 1, 1, 4, 1e3}, {1, 130, 2, 128, 96, 0, 0, 1.0 / 64, 1e-3},
                   // several sequences and heads of 128: the scans' TMA copies address them apart
                   {2, 150, 3, 128, 128, 1, 0, 1, 1},
+                  // values of 64 beside keys of 128: three state slices, an odd count, so the last scan
+                  // block's second warpgroup has none
+                  {2, 140, 3, 128, 64, 1, 0, 1, 1},
                   // heads up to 64 wide run in the narrow build (mesa_cuda_d64.cu); 72 pads to 96: the
                   // wide build with tiles part full
                   {2, 70, 2, 72, 40, 1, 2, 1, 1},
