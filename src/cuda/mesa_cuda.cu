@@ -687,8 +687,8 @@ static __device__ void stage_raw(void *dst, int ld, const Src *s) {
     }
 }
 
-// Warp 0: a chunk's log decays and betas of tokens lane and lane + 32 (0 past the end) into smem
-// in the background (cp.async; cp_async_wait completes it): glog[t], beta[t].
+// One warp (warp 0 of the block, or of a scan block's warpgroup): a chunk's log decays and betas
+// of tokens lane and lane + 32 (0 past the end) into smem in the background (cp.async; cp_async_wait completes it): glog[t], beta[t].
 // (Fetched into registers a chunk ahead, the scan kept them across the chunk's products and ptxas
 // spilled them: warp 0 then waited for the loads before every chunk's barrier, and the block with it.)
 static __device__ __forceinline__ void fetch_decays_async(float *glog, float *beta, const float *g_log, const float *g_beta,
