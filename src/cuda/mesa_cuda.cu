@@ -2696,6 +2696,14 @@ static int join_parts(CudaCtx *c, int nparts) {
     return MN_OK;
 }
 
+// Joins the parts whatever the launches between split_pairs and here returned (rc), so that a
+// failed launch never leaves the side stream forked: later work on the compute stream would not
+// wait for what the side stream had already been given. Returns rc, or the join's own error.
+static int join_parts_after(CudaCtx *c, int nparts, int rc) {
+    int rj = join_parts(c, nparts);
+    return rc ? rc : rj;
+}
+
 static int run_scan(const Backend *be, const Part *p, const Scan *scan, const float *glog, const float *beta) {
     CudaCtx *c = cuda_ctx(be);
     const Geo *g = &p->g;
@@ -2703,17 +2711,17 @@ static int run_scan(const Backend *be, const Part *p, const Scan *scan, const fl
     s.vec = rows_aligned(s.r, g->Dk, 2);
     for (int m = 0; m < 2; m++) s.vec &= rows_aligned(s.l16[m], s.d[m], 2) && rows_aligned(s.l32[m], s.d[m], 4);
     unsigned slices = (unsigned)((sc->d[0] + CH - 1) / CH + (sc->d[1] + CH - 1) / CH);
-    dim3 grid(slices, (unsigned)p->npairs);
     CUtensorMap rmap, omap;
     Launch l;
     if (scan_wg_ok(c, sc, g) && scan_right_map(&rmap, sc->r, g) && scan_out_map(&omap, sc, g)) {
         MN_TRY(set_smem((const void *)scan_wg_kernel, SW_SMEM, c));
-        grid.x = (slices + SW_WGS - 1) / SW_WGS;
+        dim3 grid((slices + SW_WGS - 1) / SW_WGS, (unsigned)p->npairs);  // SW_WGS slices a block
         CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, grid, SW_WGS * SW_NT, SW_SMEM, p->stream), scan_wg_kernel, *sc, glog, beta, *g,
                                   rmap, omap));
     } else {
         size_t smem = scan_smem(g);
         MN_TRY(set_smem((const void *)scan_kernel, smem, c));
+        dim3 grid(slices, (unsigned)p->npairs);
         CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, grid, NT, smem, p->stream), scan_kernel, *sc, glog, beta, *g));
     }
     return MN_OK;
@@ -2739,6 +2747,66 @@ static __global__ void final_states_kernel(float *hT, float *gT, const float *st
             gT[pair * (hg - hh) + i - hh] = val;
         }
     }
+}
+
+// The forward's launches for each part: the states, then CG and the output per chunk.
+static int forward_parts(const Backend *be, const Part *part, int np, float *states, const MnMesaFwd *io, const bf16 *x0,
+                         size_t smem, int vec) {
+    CudaCtx *c = cuda_ctx(be);
+    for (const Part *p = part; p < part + np; p++)
+        MN_TRY(run_states(be, p, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0));
+    for (const Part *p = part; p < part + np; p++) {
+        Launch l;
+        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)p->npairs, (unsigned)p->g.nchunks), NT, smem, p->stream),
+                                  cg_forward_kernel, (bf16 *)io->o, (bf16 *)io->x, io->steps, (const bf16 *)io->q,
+                                  (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->lambda, states, x0, vec, p->g));
+    }
+    return MN_OK;
+}
+
+// The backward's workspace (cuda_scratch), carved in cuda_mesa_bwd.
+typedef struct {
+    float *states;    // states_floats: the recomputed states
+    float *adj;       // [pair][chunk] (Gbar, Hn) at every chunk's end
+    float *y;         // [B,T,H,Dk] the second solve
+    float *terms;     // [B,T,H] y.(lambda (.) x)
+    float *db;        // [B,T,H] dL/db per token
+    float *db_final;  // [pair] the final states' term of dL/db, or NULL (then 0)
+} BwdWork;
+
+// The backward's launches for each part: the states again, the second solve, the adjoints'
+// reverse scan, the intra-chunk gradients and dg's reverse sums.
+static int backward_parts(const Backend *be, const Part *part, int np, const MnMesaBwd *io, const BwdWork *w, size_t smem,
+                          size_t gsmem, int vec) {
+    CudaCtx *c = cuda_ctx(be);
+    const Part *end = part + np;
+    const Geo *g = &part[0].g;
+    // the adjoints at every chunk's end (Gbar [Dv*Dk], Hn = -Hbar [Dk*Dk]), from (dgT, -dhT) in reverse
+    Scan adjoints = {{(const bf16 *)io->dout, NULL}, {NULL, w->y}, {g->Dv, g->Dk}, (const bf16 *)io->x, {io->dgT, io->dhT}, {1, -1},
+                     w->adj, g->nchunks, {io->dg0, io->dh0}, {1, -1}, 1};
+    for (const Part *p = part; p < end; p++)
+        MN_TRY(run_states(be, p, w->states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0));
+    for (const Part *p = part; p < end; p++) {
+        Launch l;
+        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)p->npairs, (unsigned)g->nchunks), NT, smem, p->stream),
+                                  cg_backward_kernel, (bf16 *)io->dq, w->y, w->terms, io->dlambda, io->steps, (const bf16 *)io->k,
+                                  (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, io->g, io->beta,
+                                  io->lambda, w->states, vec, p->g));
+        if (w->db_final)
+            CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)p->npairs), 256, 0, p->stream), final_dot_kernel,
+                                      w->db_final, w->states, io->dhT, io->dgT, p->g));
+    }
+    for (const Part *p = part; p < end; p++) MN_TRY(run_scan(be, p, &adjoints, io->g, io->beta));
+    for (const Part *p = part; p < end; p++) {
+        Launch l;
+        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)g->nchunks, (unsigned)p->npairs), NT, gsmem, p->stream),
+                                  grads_kernel, (bf16 *)io->dk, (bf16 *)io->dv, io->dbeta, w->db, (const bf16 *)io->k,
+                                  (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, (const float *)w->y,
+                                  (const float *)w->terms, io->g, io->beta, (const float *)w->adj, vec, p->g));
+        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)p->npairs), DG_THREADS, 0, p->stream), dg_scan_kernel,
+                                  io->dg, (const float *)w->db, (const float *)w->db_final, p->g));
+    }
+    return MN_OK;
 }
 
 #if MAXD > 64
@@ -2789,15 +2857,7 @@ extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnMesaDims *d, 
     Part part[2];
     int np;
     MN_TRY(split_pairs(c, &g, part, &np));
-    for (const Part *p = part; p < part + np; p++)
-        MN_TRY(run_states(be, p, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0));
-    for (const Part *p = part; p < part + np; p++) {
-        Launch l;
-        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)p->npairs, (unsigned)g.nchunks), NT, smem, p->stream),
-                                  cg_forward_kernel, (bf16 *)io->o, (bf16 *)io->x, steps, (const bf16 *)io->q,
-                                  (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->lambda, states, x0, vec, p->g));
-    }
-    MN_TRY(join_parts(c, np));
+    MN_TRY(join_parts_after(c, np, forward_parts(be, part, np, states, io, x0, smem, vec)));
     if (io->hT || io->gT) {
         final_states_kernel<<<grid_for((size_t)d->B * d->H * 1024, 256), 256, 0, c->stream>>>(io->hT, io->gT, states, g);
         LAUNCH_CHECK();
@@ -2823,46 +2883,23 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, 
     size_t ny = ntok * g.Dk, bytes = sizeof(float) * (nst + nadj + ny + ntok + ntok + pairs);
     char *ws = (char *)cuda_scratch(be, bytes);
     if (!ws) return MN_ERR_NOMEM;
-    float *states = (float *)ws, *adj = states + nst, *y = adj + nadj, *terms = y + ny, *db = terms + ntok;
-    // the final states' term of dL/db, one a pair; NULL without final-state gradients (then 0)
-    float *db_final = io->dhT || io->dgT ? db + ntok : NULL;
-    int *steps = io->steps;  // a device buffer (MEM_I32), or NULL
+    BwdWork w;
+    w.states = (float *)ws;
+    w.adj = w.states + nst;
+    w.y = w.adj + nadj;
+    w.terms = w.y + ny;
+    w.db = w.terms + ntok;
+    w.db_final = io->dhT || io->dgT ? w.db + ntok : NULL;  // (without final-state gradients the term is 0)
     CU_TRY(cudaMemsetAsync(io->dlambda, 0, sizeof(float) * (size_t)d->H * d->Dk, c->stream));
     size_t smem = sizeof(float) * smem_floats(), gsmem = grads_smem(&g);
     MN_TRY(set_smem((const void *)cg_backward_kernel, smem, c));
     MN_TRY(set_smem((const void *)grads_kernel, gsmem, c));
     // 16-byte loads when every operand's rows start aligned
     int vec = rows_aligned(io->k, g.Dk, 2) && rows_aligned(io->x, g.Dk, 2) && rows_aligned(io->v, g.Dv, 2) &&
-              rows_aligned(io->dout, g.Dv, 2) && rows_aligned(states, g.Dk, 4) && rows_aligned(y, g.Dk, 4) &&
-              rows_aligned(adj, g.Dk, 4);
-    // the adjoints at every chunk's end (Gbar [Dv*Dk], Hn = -Hbar [Dk*Dk]), from (dgT, -dhT) in reverse
-    Scan adjoints = {{(const bf16 *)io->dout, NULL}, {NULL, y}, {g.Dv, g.Dk}, (const bf16 *)io->x, {io->dgT, io->dhT}, {1, -1},
-                     adj, g.nchunks, {io->dg0, io->dh0}, {1, -1}, 1};
+              rows_aligned(io->dout, g.Dv, 2) && rows_aligned(w.states, g.Dk, 4) && rows_aligned(w.y, g.Dk, 4) &&
+              rows_aligned(w.adj, g.Dk, 4);
     Part part[2];
     int np;
     MN_TRY(split_pairs(c, &g, part, &np));
-    const Part *end = part + np;
-    for (const Part *p = part; p < end; p++)
-        MN_TRY(run_states(be, p, states, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->h0, io->g0));
-    for (const Part *p = part; p < end; p++) {
-        Launch l;
-        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)p->npairs, (unsigned)g.nchunks), NT, smem, p->stream),
-                                  cg_backward_kernel, (bf16 *)io->dq, y, terms, io->dlambda, steps, (const bf16 *)io->k,
-                                  (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, io->g, io->beta,
-                                  io->lambda, states, vec, p->g));
-        if (db_final)
-            CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)p->npairs), 256, 0, p->stream), final_dot_kernel,
-                                      db_final, states, io->dhT, io->dgT, p->g));
-    }
-    for (const Part *p = part; p < end; p++) MN_TRY(run_scan(be, p, &adjoints, io->g, io->beta));
-    for (const Part *p = part; p < end; p++) {
-        Launch l;
-        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)g.nchunks, (unsigned)p->npairs), NT, gsmem, p->stream),
-                                  grads_kernel, (bf16 *)io->dk, (bf16 *)io->dv, io->dbeta, db, (const bf16 *)io->k,
-                                  (const bf16 *)io->v, (const bf16 *)io->x, (const bf16 *)io->dout, (const float *)y,
-                                  (const float *)terms, io->g, io->beta, (const float *)adj, vec, p->g));
-        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)p->npairs), DG_THREADS, 0, p->stream), dg_scan_kernel,
-                                  io->dg, (const float *)db, (const float *)db_final, p->g));
-    }
-    return join_parts(c, np);
+    return join_parts_after(c, np, backward_parts(be, part, np, io, &w, smem, gsmem, vec));
 }
