@@ -688,7 +688,8 @@ static __device__ void stage_raw(void *dst, int ld, const Src *s) {
 }
 
 // One warp (warp 0 of the block, or of a scan block's warpgroup): a chunk's log decays and betas
-// of tokens lane and lane + 32 (0 past the end) into smem in the background (cp.async; cp_async_wait completes it): glog[t], beta[t].
+// of tokens lane and lane + 32 (0 past the end) into smem in the background (cp.async;
+// cp_async_wait completes it): glog[t], beta[t].
 // (Fetched into registers a chunk ahead, the scan kept them across the chunk's products and ptxas
 // spilled them: warp 0 then waited for the loads before every chunk's barrier, and the block with it.)
 static __device__ __forceinline__ void fetch_decays_async(float *glog, float *beta, const float *g_log, const float *g_beta,
@@ -2373,8 +2374,8 @@ static __global__ void final_dot_kernel(float *db_final, const float *states, co
 
 // dg_t = db_final + sum_{u >= t} db_u (db_final NULL: 0): a block per pair, over tiles of
 // DG_THREADS x DG_RUN tokens from the end. Each thread loads its run of DG_RUN consecutive tokens
-// (all loads in flight) and sums it; a block scan of the runs' sums gives each run what lies after it. (One warp walking
-// windows of 32 tokens, a dependent load each, took 48 us at 8 x 2048 x 16.)
+// (all loads in flight) and sums it; a block scan of the runs' sums gives each run what lies after
+// it. (One warp walking windows of 32 tokens, a dependent load each, took 48 us at 8 x 2048 x 16.)
 #define DG_THREADS 256
 #define DG_RUN 8
 static __global__ void __launch_bounds__(DG_THREADS) dg_scan_kernel(float *dg, const float *db, const float *db_final, Geo g) {
@@ -2615,7 +2616,7 @@ static int make_geo(Geo *g, const MnMesaDims *d, const MnSolver *s) {
     g->Dk = d->Dk;
     g->Dv = d->Dv;
     g->nchunks = (d->T + CH - 1) / CH;
-    // the chunk kernels' grids have the chunks along y (at most 65535), the scans' the pairs
+    // grid y is at most 65535: the CG kernels' grids have the chunks there, the scans' and grads' the pairs
     if (d->T > 1 && (g->nchunks > 65535 || (long)d->B * d->H > 65535))
         return mn_error(MN_ERR_UNSUPPORTED, "cuda mesa: at most 65535 chunks of %d tokens and 65535 (sequence, head) pairs (got T=%d, B*H=%ld)",
                         CH, d->T, (long)d->B * d->H);
