@@ -127,13 +127,13 @@ typedef struct {
 } Tile;
 
 static __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
-// Tells the compiler that the block has NT threads, which __launch_bounds__ leaves unsaid. Called
-// first in the chunk kernels: the staging loops' tests whether a thread's vector lies inside its
-// block then fold away where the vectors cover it exactly, and the register allocation changed
-// with them: ptxas's spills went to none in the CG kernels and 8 bytes in grads_kernel (from 20,
-// 4 and 36), and forward+backward at 8 x 2048 x 16 x 128 ran 1.7% faster (grads_kernel 3.9%, the
-// CG kernels 0.9% and 1.8%; docs/cuda.md).
-static __device__ __forceinline__ void assume_nt_threads() { __builtin_assume(threadIdx.x < NT); }
+// Tells the compiler that the block has n threads (a constant), which __launch_bounds__ leaves
+// unsaid; every kernel calls it first. In the chunk kernels the staging loops' tests whether a
+// thread's vector lies inside its block then fold away where the vectors cover it exactly, and the
+// register allocation changed with them: ptxas's spills went to none in the CG kernels and 8 bytes
+// in grads_kernel (from 20, 4 and 36), and forward+backward at 8 x 2048 x 16 x 128 ran 1.7% faster
+// (grads_kernel 3.9%, the CG kernels 0.9% and 1.8%; docs/cuda.md).
+static __device__ __forceinline__ void assume_threads(unsigned n) { __builtin_assume(threadIdx.x < n); }
 static __device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
 static __device__ __forceinline__ int f_row(int i) { return 16 * (warp_id() & 3) + (lane_id() >> 2) + 8 * i; }
 static __device__ __forceinline__ int f_col(int j, int e, int nc) {
@@ -1484,6 +1484,7 @@ static __device__ __forceinline__ void scan_put_a(bf16 *A, const unsigned char *
 // left one is split in three (24 bits), so the state keeps float32 accuracy
 // with no scaling. Two blocks per multiprocessor (95 KB of smem each).
 static __global__ void __launch_bounds__(NT, 2) scan_kernel(Scan sc, const float *glog, const float *gbeta, Geo g) {
+    assume_threads(NT);
     grid_wait();
     extern __shared__ __align__(16) unsigned char smb[];
     int pair = g.pair0 + blockIdx.y, z = blockIdx.x, s0 = (sc.d[0] + CH - 1) / CH, m = z < s0 ? 0 : 1;
@@ -1783,6 +1784,7 @@ static __device__ __forceinline__ void scan_wg_afrag(unsigned t[3][4], const uns
 static __global__ void __launch_bounds__(SW_WGS * SW_NT, 3 - SW_WGS) scan_wg_kernel(Scan sc, const float *glog, const float *gbeta, Geo g,
                                                                   const __grid_constant__ CUtensorMap rmap,
                                                                   const __grid_constant__ CUtensorMap omap) {
+    assume_threads(SW_WGS * SW_NT);
     grid_wait();
 #if WGMMA
     extern __shared__ __align__(128) unsigned char smw[];
@@ -2001,7 +2003,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_forward_kernel(bf1
                                                            const bf16 *k, const bf16 *v, const float *glog,
                                                            const float *gbeta, const float *lambda, const float *states,
                                                            const bf16 *x0, int vec, Geo g) {
-    assume_nt_threads();
+    assume_threads(NT);
     grid_wait();
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
@@ -2107,7 +2109,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
                                                             int *steps_out, const bf16 *k, const bf16 *v, const bf16 *x,
                                                             const bf16 *dout, const float *glog, const float *gbeta,
                                                             const float *lambda, const float *states, int vec, Geo g) {
-    assume_nt_threads();
+    assume_threads(NT);
     grid_wait();
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
@@ -2247,7 +2249,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) grads_kernel(bf16 *dk
                                                       const bf16 *k, const bf16 *v, const bf16 *x, const bf16 *dout,
                                                       const float *y, const float *tok_terms, const float *glog,
                                                       const float *gbeta, const float *adj, int vec, Geo g) {
-    assume_nt_threads();
+    assume_threads(NT);
     grid_wait();
     extern __shared__ float sm[];
     GradSmem s = grads_carve(sm, &g);
@@ -2389,6 +2391,7 @@ static __global__ void final_dot_kernel(float *db_final, const float *states, co
 #define DG_THREADS 256
 #define DG_RUN 8
 static __global__ void __launch_bounds__(DG_THREADS) dg_scan_kernel(float *dg, const float *db, const float *db_final, Geo g) {
+    assume_threads(DG_THREADS);
     grid_wait();
     __shared__ float part[DG_THREADS / 32];
     int pair = g.pair0 + blockIdx.x, lane = lane_id(), w = warp_id();
@@ -2603,9 +2606,11 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
         const float *gbeta, const float *lambda, const float *h0, const float *g0, float *hT, float *gT, const bf16 *x0, \
         Geo g
 static __global__ void __launch_bounds__(256, 3) decode_kernel_narrow(DECODE_ARGS) {
+    assume_threads(256);
     decode_body(o, x_out, steps_out, q, k, v, glog, gbeta, lambda, h0, g0, hT, gT, x0, g, 256, 0);
 }
 static __global__ void __launch_bounds__(512) decode_kernel_wide(DECODE_ARGS) {
+    assume_threads(512);
     decode_body(o, x_out, steps_out, q, k, v, glog, gbeta, lambda, h0, g0, hT, gT, x0, g, 512, 1);
 }
 
