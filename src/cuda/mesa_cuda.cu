@@ -128,7 +128,7 @@ typedef struct {
 
 static __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 // Tells the compiler that the block has n threads (a constant), which __launch_bounds__ leaves
-// unsaid; every kernel calls it first. In the chunk kernels the staging loops' tests whether a
+// unsaid; the chunk kernels, the scans, dg_scan and decode call it first. In the chunk kernels the staging loops' tests whether a
 // thread's vector lies inside its block then fold away where the vectors cover it exactly, and the
 // register allocation changed with them: ptxas's spills went to none in the CG kernels and 8 bytes
 // in grads_kernel (from 20, 4 and 36), and forward+backward at 8 x 2048 x 16 x 128 ran 1.7% faster
