@@ -128,11 +128,12 @@ typedef struct {
 
 static __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 // Tells the compiler that the block has n threads (a constant), which __launch_bounds__ leaves
-// unsaid; the chunk kernels, the scans, dg_scan and decode call it first. In the chunk kernels the staging loops' tests whether a
-// thread's vector lies inside its block then fold away where the vectors cover it exactly, and the
-// register allocation changed with them: ptxas's spills went to none in the CG kernels and 8 bytes
-// in grads_kernel (from 20, 4 and 36), and forward+backward at 8 x 2048 x 16 x 128 ran 1.7% faster
-// (grads_kernel 3.9%, the CG kernels 0.9% and 1.8%; docs/cuda.md).
+// unsaid; the chunk kernels, the scans, dg_scan and decode call it first. In the chunk kernels the
+// staging loops' tests whether a thread's vector lies inside its block then fold away where the
+// vectors cover it exactly, and the register allocation changed with them: ptxas's spills went to
+// none in the CG kernels and 8 bytes in grads_kernel (from 20, 4 and 36), and forward+backward at
+// 8 x 2048 x 16 x 128 ran 1.7% faster (grads_kernel 3.9%, the CG kernels 0.9% and 1.8%;
+// docs/cuda.md).
 static __device__ __forceinline__ void assume_threads(unsigned n) { __builtin_assume(threadIdx.x < n); }
 static __device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
 static __device__ __forceinline__ int f_row(int i) { return 16 * (warp_id() & 3) + (lane_id() >> 2) + 8 * i; }
@@ -2502,6 +2503,7 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
                                             const bf16 *v, const float *glog, const float *gbeta, const float *lambda,
                                             const float *h0, const float *g0, float *hT, float *gT, const bf16 *x0,
                                             Geo g, int nt, int stage_g) {
+    assume_threads(nt);  // (nt a constant at both kernels)
     extern __shared__ float sm[];
     int pair = blockIdx.x, h = pair % g.H, dk = g.Dk, dv = g.Dv, tid = threadIdx.x, own = tid < dk;
     size_t hh = (size_t)dk * dk, gg = (size_t)dv * dk;
@@ -2606,11 +2608,9 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
         const float *gbeta, const float *lambda, const float *h0, const float *g0, float *hT, float *gT, const bf16 *x0, \
         Geo g
 static __global__ void __launch_bounds__(256, 3) decode_kernel_narrow(DECODE_ARGS) {
-    assume_threads(256);
     decode_body(o, x_out, steps_out, q, k, v, glog, gbeta, lambda, h0, g0, hT, gT, x0, g, 256, 0);
 }
 static __global__ void __launch_bounds__(512) decode_kernel_wide(DECODE_ARGS) {
-    assume_threads(512);
     decode_body(o, x_out, steps_out, q, k, v, glog, gbeta, lambda, h0, g0, hT, gT, x0, g, 512, 1);
 }
 
