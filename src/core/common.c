@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 static _Thread_local char last_error[1024];
 
@@ -91,4 +93,40 @@ double mn_rng_normal(MnRng *r) {
     double u1 = mn_rng_uniform(r), u2 = mn_rng_uniform(r);
     if (u1 < 1e-300) u1 = 1e-300;
     return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+int mn_mkdirs(const char *path) {
+    size_t n = strlen(path);
+    if (n == 0) return mn_error(MN_ERR_ARG, "empty directory name");
+    char *p = malloc(n + 1);
+    if (!p) return mn_error(MN_ERR_NOMEM, "out of memory creating %s", path);
+    memcpy(p, path, n + 1);
+    int s = MN_OK;
+    // Each prefix ending before a '/', then the whole path.
+    for (size_t i = 1; i <= n && !s; i++) {
+        if (i < n && p[i] != '/') continue;
+        char c = p[i];
+        p[i] = 0;
+        struct stat st;
+        if (mkdir(p, 0777) && errno != EEXIST)
+            s = mn_error(MN_ERR_IO, "%s: cannot create the directory (%s)", p, strerror(errno));
+        else if (stat(p, &st) || !S_ISDIR(st.st_mode))
+            s = mn_error(MN_ERR_IO, "%s: exists and is not a directory", p);
+        p[i] = c;
+    }
+    free(p);
+    return s;
+}
+
+int mn_mkdirs_parent(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path) return MN_OK;
+    size_t n = (size_t)(slash - path);
+    char *dir = malloc(n + 1);
+    if (!dir) return mn_error(MN_ERR_NOMEM, "out of memory creating the parent of %s", path);
+    memcpy(dir, path, n);
+    dir[n] = 0;
+    int s = mn_mkdirs(dir);
+    free(dir);
+    return s;
 }

@@ -38,6 +38,13 @@ void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 // Monotonic wall clock in seconds.
 double mn_now(void);
 
+// Creates the directory `path` and every missing parent (as `mkdir -p`, mode 0777 less the
+// umask). An existing directory is success; otherwise MN_ERR_IO naming the component that
+// could not be made and the system's reason (strerror).
+int mn_mkdirs(const char *path);
+// Creates the parent directories of the file `path` (nothing for a bare file name).
+int mn_mkdirs_parent(const char *path);
+
 // ---------------------------------------------------------------------------
 // Random numbers: splitmix64 seeding + xoshiro256** (fast, good quality,
 // reproducible on every platform, unlike rand()).
