@@ -1565,7 +1565,7 @@ static size_t scan_smem(const Geo *g) {
 
 // The same recurrence on Hopper, one warpgroup a block (grid and slices as scan_kernel's), when
 // the state is DP columns wide and both matrices' rows come in whole slices of 64. What the
-// profile of scan_kernel said (bench/results/gpu-mesa-variants-h200.txt): 16 warps in lockstep
+// profile of scan_kernel said (docs/cuda.md, the table of what was tried): 16 warps in lockstep
 // between two barriers a chunk, every warp computing addresses and loading fragments for its part
 // of the product, and the state stored through a per-warp scratch; issue 0.55 a scheduler, DRAM
 // at 43%. Here a chunk needs one barrier: the warpgroup's product is asynchronous (wgmma, the
