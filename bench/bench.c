@@ -20,7 +20,17 @@ int cmd_bench(int argc, char **argv) {
     size_t n = sizeof benches / sizeof benches[0];
     if (argc >= 2)
         for (size_t i = 0; i < n; i++)
-            if (!strcmp(argv[1], benches[i].name)) return benches[i].run(argc - 1, argv + 1);
+            if (!strcmp(argv[1], benches[i].name)) {
+                // The benchmark's messages and usage name the whole command, "bench mesa"; a copy of
+                // the arguments, since --gpus runs the tool again with the original ones.
+                char name[64], **sub = xcalloc((size_t)argc, sizeof *sub);
+                snprintf(name, sizeof name, "bench %s", benches[i].name);
+                sub[0] = name;
+                for (int a = 2; a < argc; a++) sub[a - 1] = argv[a];
+                int rc = benches[i].run(argc - 1, sub);
+                free(sub);
+                return rc;
+            }
     FILE *f = argc >= 2 && strcmp(argv[1], "--help") ? stderr : stdout;
     fprintf(f, "usage: mesanet bench <what> [options]\n\n");
     for (size_t i = 0; i < n; i++) fprintf(f, "  %-8s %s\n", benches[i].name, benches[i].help);

@@ -63,12 +63,12 @@ int bench_decode(int argc, char **argv) {
         {"config", OPT_STRING, &config, "preset or JSON config"},
         {"backend", OPT_STRING, &backend, "cpu or cuda"},
         {"batch", OPT_STRING, &batches, "sequences decoded together, a comma-separated list"},
-        {"tokens", OPT_INT, &tokens, "timed steps per run"},
-        {"prompt", OPT_INT, &prompt, "prefill tokens before them"},
-        {"reps", OPT_INT, &reps, "runs (the median is reported)"},
-        {"vocab", OPT_INT, &vocab, "vocabulary size when the config leaves it to the data"},
-        {"cg-steps", OPT_INT, &cg, "CG steps at most (0: the config's)"},
-        {"cg-tol", OPT_FLOAT, &tol, "CG tolerance (0: always the full steps)"},
+        {"tokens", OPT_INT, &tokens, "timed steps per run", 1, 1e6},
+        {"prompt", OPT_INT, &prompt, "prefill tokens before them", 1, 1e6},
+        {"reps", OPT_INT, &reps, "runs (the median is reported)", 1, 10000},
+        {"vocab", OPT_INT, &vocab, "vocabulary size when the config leaves it to the data", 1, 1 << 24},
+        {"cg-steps", OPT_INT, &cg, "CG steps at most (0: the config's)", 0, 10000},
+        {"cg-tol", OPT_FLOAT, &tol, "CG tolerance (0: always the full steps)", 0, 1},
         {"eager", OPT_FLAG, &eager_only, "eager steps only (no recording; e.g. under a profiler)"},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);

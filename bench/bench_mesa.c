@@ -116,17 +116,17 @@ int bench_mesa(int argc, char **argv) {
     float tol = 1e-4f, lambda = 1.0f, gmean = 3.0f;
     const char *dims = "64,128", *chunks = "16,32,64", *forms = "chunk,recurrent", *out = NULL;
     Option opts[] = {
-        {"B", OPT_INT, &B, "sequences"},
-        {"T", OPT_INT, &T, "tokens per sequence"},
-        {"H", OPT_INT, &H, "heads"},
+        {"B", OPT_INT, &B, "sequences", 1, 4096},
+        {"T", OPT_INT, &T, "tokens per sequence", 1, 1 << 20},
+        {"H", OPT_INT, &H, "heads", 1, 1024},
         {"D", OPT_STRING, &dims, "head sizes to run (Dk = Dv), comma-separated"},
         {"chunks", OPT_STRING, &chunks, "chunk sizes of the chunkwise form, comma-separated"},
         {"forms", OPT_STRING, &forms, "forms to run: chunk, recurrent or both"},
-        {"steps", OPT_INT, &steps, "CG steps (fixed mode; the cap in tolerance mode)"},
-        {"tol", OPT_FLOAT, &tol, "tolerance of the tolerance mode"},
-        {"reps", OPT_INT, &reps, "timed repetitions (median reported)"},
-        {"lambda", OPT_FLOAT, &lambda, "ridge lambda of every channel (1: the initial value; 0.25: its lower bound)"},
-        {"gmean", OPT_FLOAT, &gmean, "forget gates are sigmoid(N(gmean, 1)): larger is longer memory"},
+        {"steps", OPT_INT, &steps, "CG steps (fixed mode; the cap in tolerance mode)", 1, 10000},
+        {"tol", OPT_FLOAT, &tol, "tolerance of the tolerance mode", 0, 1},
+        {"reps", OPT_INT, &reps, "timed repetitions (median reported)", 1, 10000},
+        {"lambda", OPT_FLOAT, &lambda, "ridge lambda of every channel (1: the initial value; 0.25: its lower bound)", 0.01, 100},
+        {"gmean", OPT_FLOAT, &gmean, "forget gates are sigmoid(N(gmean, 1)): larger is longer memory", -20, 20},
         {"out", OPT_STRING, &out, "also write the results as JSON to this file"},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);

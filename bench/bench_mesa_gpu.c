@@ -179,9 +179,9 @@ int bench_mesa_gpu(int argc, char **argv) {
     float tol = 1e-4f;
     Option opts[] = {
         {"shapes", OPT_STRING, &shapes_s, "BxTxHxD shapes, comma-separated"},
-        {"steps", OPT_INT, &steps, "CG steps (the cap in tolerance mode)"},
-        {"tol", OPT_FLOAT, &tol, "tolerance of the tolerance mode"},
-        {"reps", OPT_INT, &reps, "timed repetitions (median reported)"},
+        {"steps", OPT_INT, &steps, "CG steps (the cap in tolerance mode)", 1, 10000},
+        {"tol", OPT_FLOAT, &tol, "tolerance of the tolerance mode", 0, 1},
+        {"reps", OPT_INT, &reps, "timed repetitions (median reported)", 1, 10000},
         {"decode", OPT_STRING, &decode_s, "batch sizes of the decode step (H=16, D=128), or \"\""},
         {"init", OPT_STRING, &init_s, "CG's initial guess: zero or jacobi (q / diag A)"},
         {"precond", OPT_STRING, &precond_s, "CG's preconditioner: none or jacobi"},

@@ -25,12 +25,12 @@ int bench_train(int argc, char **argv) {
     Option opts[] = {
         {"config", OPT_STRING, &config, "preset or JSON config"},
         {"backend", OPT_STRING, &backend, "cpu or cuda"},
-        {"batch", OPT_INT, &batch, "sequences per step"},
-        {"seq", OPT_INT, &seq, "tokens per sequence"},
-        {"steps", OPT_INT, &steps, "timed steps (after 2 warm-up steps)"},
-        {"vocab", OPT_INT, &vocab, "vocabulary size when the config leaves it to the data"},
-        {"cg-steps", OPT_INT, &cg, "CG steps (0: the config's)"},
-        {"gpus", OPT_INT, &gpus, "data-parallel over this many GPUs, --batch sequences each"},
+        {"batch", OPT_INT, &batch, "sequences per step", 1, 65536},
+        {"seq", OPT_INT, &seq, "tokens per sequence", 1, 1 << 24},
+        {"steps", OPT_INT, &steps, "timed steps (after 2 warm-up steps)", 1, 1e6},
+        {"vocab", OPT_INT, &vocab, "vocabulary size when the config leaves it to the data", 1, 1 << 24},
+        {"cg-steps", OPT_INT, &cg, "CG steps (0: the config's)", 0, 10000},
+        {"gpus", OPT_INT, &gpus, "data-parallel over this many GPUs, --batch sequences each", 1, 256},
         {"serial-sums", OPT_FLAG, &serial, "sum the gradients after the backward pass instead of beside it"},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);

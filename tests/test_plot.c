@@ -399,3 +399,66 @@ TEST(io_plot_random) {
     CHECK(made > 100, "only %d of 150 random plots were made", made);
     tmp_remove(&td);
 }
+
+// Series styles: a colour shared by a pair (a noisy curve, faint, and its smooth mean), markers
+// on every point of a series that asks for them.
+TEST(io_plot_series_styles) {
+    TmpDir td;
+    tmp_make(&td);
+    double x[4] = {1, 2, 3, 4}, a[4] = {1, 3, 2, 4}, b[4] = {1, 2, 2, 2.5};
+    PlotSeries s[3] = {{"noisy", x, a, 4, 1, 1, 0}, {"mean", x, b, 4, 1, 0, 0}, {"dots", x, a, 4, 0, 0, 1}};
+    char *svg = plot_and_read(&td, NULL, s, 3);
+    if (svg) {
+        CHECK(count(svg, "stroke=\"#1f77b4\"") == 4, "the pair does not share the first colour (%d strokes)",
+              count(svg, "stroke=\"#1f77b4\""));
+        CHECK(count(svg, "stroke-opacity=\"0.4\"") == 2, "faint series: line and legend entry translucent");
+        CHECK(count(svg, "class=\"marker\"") == 4 && strstr(svg, "stroke=\"#2ca02c\""),
+              "markers: %d, expected one per point of the third series", count(svg, "class=\"marker\""));
+        free(svg);
+    }
+    tmp_remove(&td);
+}
+
+// A figure of panels side by side, with a categorical x axis: every category labelled in order.
+TEST(io_plot_panels_and_categories) {
+    TmpDir td;
+    tmp_make(&td);
+    const char *cats[9] = {"1", "2", "5", "10", "30", "1e-2", "1e-3", "1e-4", "1e-5"};
+    double idx[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8}, nll[9] = {3.2, 3.1, 3.05, 3.04, 3.04, 3.06, 3.045, 3.04, 3.04};
+    double steps[9] = {1, 2, 5, 10, 30, 3, 6, 9, 14};
+    PlotSeries left[2] = {{"fixed", idx, nll, 5, 1, 0, 1}, {"tolerance", idx + 5, nll + 5, 4, 2, 0, 1}};
+    PlotSeries right[2] = {{"fixed", idx, steps, 5, 1, 0, 1}, {"tolerance", idx + 5, steps + 5, 4, 2, 0, 1}};
+    PlotPanel p[2] = {{{"NLL", "setting", "nats", 0, 0, 0, 0, cats, 9}, left, 2},
+                      {{"steps", "setting", "CG steps", 0, 1, 500, 0, cats, 9}, right, 2}};
+    const char *path = tmp_path(&td, "panels.svg");
+    CHECK(!plot_svg_panels(path, "Figure <&>", p, 2), "plot_svg_panels: %s", mn_last_error());
+    size_t n;
+    char *svg = (char *)read_bytes(path, &n);
+    if (svg) {
+        svg[n] = 0;
+        const char *bad = xml_wellformed(svg);
+        CHECK(!bad, "SVG not well-formed: %s", bad);
+        CHECK(strstr(svg, "width=\"980\" height=\"440\""), "size: two panels 480 + 500 wide, 400 high under a title");
+        CHECK(count(svg, "class=\"panel\"") == 2 && strstr(svg, ">Figure &lt;&amp;&gt;</text>"), "panels and title");
+        char ticks[512];
+        tick_texts(svg, "xtick", ticks, sizeof ticks);
+        CHECK(!strcmp(ticks, "1|2|5|10|30|1e" MINUS "2|1e" MINUS "3|1e" MINUS "4|1e" MINUS "5|1|2|5|10|30|1e" MINUS
+                             "2|1e" MINUS "3|1e" MINUS "4|1e" MINUS "5"),
+              "category labels %s", ticks);
+        CHECK(count(svg, "class=\"marker\"") == 18 && count(svg, "class=\"series\"") == 4, "%d markers, %d lines",
+              count(svg, "class=\"marker\""), count(svg, "class=\"series\""));
+        free(svg);
+    }
+    // Errors name the panel; a refused figure leaves no file.
+    double none[2] = {NAN, NAN};
+    PlotSeries empty = {"none", idx, none, 2};
+    PlotPanel q[2] = {p[0], {{NULL, NULL, NULL, 0, 0, 0, 0, NULL, 0}, &empty, 1}};
+    const char *path2 = tmp_path(&td, "refused.svg");
+    int s = plot_svg_panels(path2, NULL, q, 2);
+    CHECK(s == MN_ERR_NUMERIC && strstr(mn_last_error(), "panel 2"), "a panel of NaN: %d %s", s, mn_last_error());
+    CHECK(access(path2, F_OK) != 0, "a refused figure left a file");
+    CHECK(plot_svg_panels(path2, NULL, p, 0) == MN_ERR_ARG, "no panels accepted");
+    PlotOpts too_many = {NULL, NULL, NULL, 0, 0, 0, 0, cats, 100};
+    CHECK(plot_svg(path2, &too_many, left, 1) == MN_ERR_ARG, "100 categories accepted");
+    tmp_remove(&td);
+}

@@ -11,9 +11,10 @@ int cmd_tokenize(int argc, char **argv) {
     const char *bpe = NULL;
     Option opts[] = {
         {"out", OPT_STRING, &o.out_dir, "output directory (train.bin, valid.bin, encoder.json, vocab.bpe)"},
-        {"vocab", OPT_INT, &o.vocab, "train a byte-level BPE of this many tokens on the training documents"},
+        {"vocab", OPT_INT, &o.vocab, "train a byte-level BPE of this many tokens on the training documents (256 bytes + EOT at least)",
+         257, 1 << 24},
         {"bpe", OPT_STRING, &bpe, "use this directory's encoder.json and vocab.bpe instead (e.g. data/gpt2)"},
-        {"valid", OPT_FLOAT, &valid, "share of documents held out for validation"},
+        {"valid", OPT_FLOAT, &valid, "share of documents held out for validation", 0, 0.5},
         {"doc-sep", OPT_STRING, &o.doc_sep, "a line that separates documents inside a file"},
     };
     char *inputs[4096];

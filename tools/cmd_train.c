@@ -1,9 +1,20 @@
 // mesanet train: train a language model on token shards.
+#include <limits.h>
 #include <stdio.h>
 
 #include "core/common.h"
 #include "tools/commands.h"
 #include "train/trainer.h"
+
+// What the options say together, in their own names, before the trainer would refuse it
+// in its field names.
+static void check_sizes(const TrainOptions *o, int gpus) {
+    if (o->warmup > o->steps) cmd_fail("train", "--warmup (%d) must not exceed --steps (%d)", o->warmup, o->steps);
+    long long tokens = (long long)o->batch * gpus * o->seq;  // the loader's batch of all ranks, an int
+    if (tokens > INT_MAX)
+        cmd_fail("train", "--batch %d x --gpus %d x --seq %d = %lld tokens per micro-batch, at most %d", o->batch, gpus,
+                 o->seq, tokens, INT_MAX);
+}
 
 int cmd_train(int argc, char **argv) {
     TrainOptions o;
@@ -14,29 +25,32 @@ int cmd_train(int argc, char **argv) {
         {"data", OPT_STRING, &o.data, "directory with train.bin and valid.bin (from mesanet tokenize)"},
         {"out", OPT_STRING, &o.out, "run directory: checkpoints, loss.csv, loss.svg"},
         {"backend", OPT_STRING, &o.backend, "cpu, cuda or ref (float64, for checks)"},
-        {"batch", OPT_INT, &o.batch, "sequences per micro-batch"},
-        {"seq", OPT_INT, &o.seq, "tokens per sequence (the training context)"},
-        {"accum", OPT_INT, &o.accum, "micro-batches per optimizer step"},
-        {"steps", OPT_INT, &o.steps, "optimizer steps"},
-        {"warmup", OPT_INT, &o.warmup, "linear warm-up steps"},
-        {"lr", OPT_FLOAT, &o.lr, "peak learning rate"},
-        {"lr-final", OPT_FLOAT, &o.lr_final, "the cosine decays to this fraction of the peak"},
-        {"wd", OPT_FLOAT, &o.weight_decay, "weight decay (not on embeddings, norms, gate biases, lambda)"},
-        {"clip", OPT_FLOAT, &o.clip, "global gradient-norm clip (0: none)"},
-        {"eval-every", OPT_INT, &o.eval_every, "validate every this many steps (0: only at the end)"},
-        {"eval-batches", OPT_INT, &o.eval_batches, "validation batches"},
-        {"save-every", OPT_INT, &o.save_every, "checkpoint every this many steps"},
-        {"log-every", OPT_INT, &o.log_every, "progress line every this many steps"},
-        {"seed", OPT_INT, &seed, "initialisation and data-order seed"},
-        {"cg-steps", OPT_INT, &o.cg_steps, "CG steps of the Mesa layers in training (0: the config's, 30)"},
-        {"time-limit", OPT_FLOAT, &o.time_limit, "stop and save after this many minutes (0: none)"},
-        {"stop-at", OPT_INT, &o.stop_at, "stop (and save) after this step; resume later with the same command"},
+        {"batch", OPT_INT, &o.batch, "sequences per micro-batch", 1, 65536},
+        // at least 2: the forget-gate bound follows the context and must exceed 1 (config.c)
+        {"seq", OPT_INT, &o.seq, "tokens per sequence (the training context)", 2, 1 << 24},
+        {"accum", OPT_INT, &o.accum, "micro-batches per optimizer step", 1, 65536},
+        {"steps", OPT_INT, &o.steps, "optimizer steps", 1, 1e9},
+        {"warmup", OPT_INT, &o.warmup, "linear warm-up steps (at most --steps)", 0, 1e9},
+        {"lr", OPT_FLOAT, &o.lr, "peak learning rate", 1e-9, 10},
+        {"lr-final", OPT_FLOAT, &o.lr_final, "the cosine decays to this fraction of the peak", 0, 1},
+        {"wd", OPT_FLOAT, &o.weight_decay, "weight decay (not on embeddings, norms, gate biases, lambda)", 0, 1},
+        {"clip", OPT_FLOAT, &o.clip, "global gradient-norm clip (0: none)", 0, 1e6},
+        {"eval-every", OPT_INT, &o.eval_every, "validate every this many steps (0: only at the end)", 0, 1e9},
+        {"eval-batches", OPT_INT, &o.eval_batches, "validation batches (0: the whole split)", 0, 1e6},
+        {"save-every", OPT_INT, &o.save_every, "checkpoint every this many steps (0: only at the end)", 0, 1e9},
+        {"log-every", OPT_INT, &o.log_every, "progress line every this many steps", 1, 1e9},
+        {"seed", OPT_INT, &seed, "initialisation and data-order seed", 0, INT_MAX},
+        {"cg-steps", OPT_INT, &o.cg_steps, "CG steps of the Mesa layers in training (0: the config's, 30)", 0, 10000},
+        {"time-limit", OPT_FLOAT, &o.time_limit, "stop and save after this many minutes (0: none)", 0, 1e7},
+        {"stop-at", OPT_INT, &o.stop_at, "stop (and save) after this step; resume later with the same command (0: none)", 0, 1e9},
         {"no-resume", OPT_FLAG, &no_resume, "start afresh even if --out holds a checkpoint"},
         {"gpus", OPT_INT, &gpus,
-         "data-parallel over this many GPUs, one process each with --batch sequences (cpu, ref: processes sharing the cores)"},
+         "data-parallel over this many GPUs, one process each with --batch sequences (cpu, ref: processes sharing the cores)",
+         1, 256},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
+    check_sizes(&o, gpus);
     o.seed = (uint64_t)seed;
     o.resume = !no_resume;
     Group g;

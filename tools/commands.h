@@ -32,13 +32,25 @@ typedef struct {
     const char *name;  // without the leading "--"
     OptType type;
     void *dst;         // int*, float*, const char**, int* (flag: set to 1)
-    const char *help;  // shown by --help, with the default value
+    const char *help;  // shown by --help, with the default value and the range
+    double lo, hi;     // OPT_INT, OPT_FLOAT: the accepted values, both included. Every numeric option
+                       // needs them (lo < hi): a table without is refused before any parsing
 } Option;
 
 // Parses "--name value" / "--name=value" options and up to max_pos positional
-// arguments. Returns 0 on success; prints help and returns 2 for --help, or an
-// error naming the option and returns 1.
+// arguments. A numeric value must be wholly a number (an integer for OPT_INT),
+// finite and within [lo, hi]. Returns 0 on success; prints help and returns 2
+// for --help, or an error naming the option and its range and returns 1.
+// argv[0] is the command as the user names it ("train", "bench mesa").
 int parse_args(int argc, char **argv, const char *usage, const Option *opts, int nopts, char **pos, int *npos,
                int max_pos);
+
+// Checks an option table: every numeric option has a range lo < hi (integers
+// within int for OPT_INT) holding its default. Returns 0, or prints what is
+// wrong as `mesanet cmd: ...` and returns 1. parse_args runs it first.
+int options_check(const char *cmd, const Option *opts, int nopts);
+
+// Prints `mesanet cmd: message` to stderr and exits with status 1.
+void cmd_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
 
 #endif

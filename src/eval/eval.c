@@ -8,6 +8,11 @@
 int eval_run(Model *m, DataLoader *dl, int batches, EvalResult *r) { return eval_run_rows(m, dl, batches, 0, dl->B, r); }
 
 int eval_run_rows(Model *m, DataLoader *dl, int batches, int row0, int B, EvalResult *r) {
+    return eval_run_rows_progress(m, dl, batches, row0, B, r, NULL, NULL);
+}
+
+int eval_run_rows_progress(Model *m, DataLoader *dl, int batches, int row0, int B, EvalResult *r, EvalProgress progress,
+                           void *ctx) {
     int T = dl->T;
     size_t N = (size_t)B * T, all = (size_t)dl->B * T;
     if (row0 < 0 || B < 1 || row0 + B > dl->B)
@@ -23,6 +28,7 @@ int eval_run_rows(Model *m, DataLoader *dl, int batches, int row0, int B, EvalRe
     int s = (!r->pos_sum || !r->pos_count || !in || !tg || !losses) ? mn_error(MN_ERR_NOMEM, "out of memory") : MN_OK;
     double cg_before;
     if (!s) s = model_take_cg_steps(m, &cg_before);  // zeroes the counters
+    double t0 = mn_now();
     for (int b = 0; b < batches && !s; b++) {
         if ((s = loader_next(dl, in_all, tg_all))) break;
         if ((s = model_forward(m, in, tg, B, T, 0, NULL))) break;
@@ -35,6 +41,7 @@ int eval_run_rows(Model *m, DataLoader *dl, int batches, int row0, int B, EvalRe
             r->pos_count[i % (size_t)T] += 1;
         }
         r->batches++;
+        if (progress) progress(ctx, r->batches, batches, (double)r->batches * (double)N, mn_now() - t0);
     }
     if (!s) s = model_take_cg_steps(m, &r->cg_steps);
     free(in_all);

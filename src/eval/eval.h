@@ -23,6 +23,13 @@ typedef struct {
 int eval_run(Model *m, DataLoader *dl, int batches, EvalResult *r);
 // The same over rows row0 .. row0 + B - 1 of each of the loader's batches (one rank's part).
 int eval_run_rows(Model *m, DataLoader *dl, int batches, int row0, int B, EvalResult *r);
+
+// Called after every batch with the batches done and to do, and the tokens this
+// process scored in `seconds` so far: for a progress line.
+typedef void (*EvalProgress)(void *ctx, int done, int total, double tokens, double seconds);
+// eval_run_rows, telling `progress` (if not NULL) after every batch.
+int eval_run_rows_progress(Model *m, DataLoader *dl, int batches, int row0, int B, EvalResult *r, EvalProgress progress,
+                           void *ctx);
 void eval_free(EvalResult *r);
 
 #endif

@@ -265,6 +265,14 @@ static double axis_px(const Axis *a, double v, double p0, double p1) {
     return p0 + (axis_t(a, v) - t0) / (t1 - t0) * (p1 - p0);
 }
 
+// A categorical axis: category i at i, labelled with its name, half a step of room at the ends.
+static void axis_categories(Axis *a, const PlotOpts *o) {
+    memset(a, 0, sizeof *a);
+    a->lo = -0.5;
+    a->hi = o->ncats - 0.5;
+    for (int i = 0; i < o->ncats; i++) add_major(a, i, o->xcats[i] ? o->xcats[i] : "", "");
+}
+
 static void build_axis(Axis *a, int log, double min, double max, int target) {
     if (log) axis_log(a, min, max, 2 * target);  // denser to start with: labels_fit thins it
     else axis_linear(a, min, max, target);
@@ -321,6 +329,8 @@ static int check_args(const char *path, const PlotOpts *o, const PlotSeries *ser
     if (!series || ns <= 0) return mn_error(MN_ERR_ARG, "plot %s: no series to draw", path);
     if (!(o->width >= 160 && o->width <= 20000 && o->height >= 120 && o->height <= 20000))
         return mn_error(MN_ERR_ARG, "plot %s: size %gx%g outside [160, 20000] x [120, 20000]", path, o->width, o->height);
+    if (o->ncats < 0 || o->ncats > MAX_TICKS || (o->ncats > 0 && !o->xcats))
+        return mn_error(MN_ERR_ARG, "plot %s: %d categories (at most %d, with their names)", path, o->ncats, MAX_TICKS);
     for (int s = 0; s < ns; s++) {
         if (series[s].n < 0) return mn_error(MN_ERR_ARG, "plot %s: series %d has n = %d", path, s, series[s].n);
         if (series[s].n > 0 && (!series[s].x || !series[s].y))
@@ -349,7 +359,8 @@ static void layout(const PlotOpts *o, const Range *r, Axis *ax, Axis *ay, Frame 
     fit_axis(ay, o->log_y, r->ymin, r->ymax, fr->y1 - fr->y0, 45, 0);
     fr->x0 = 12 + (o->ylabel && o->ylabel[0] ? LABEL_FONT + 12 : 0) + max_tick_width(ay) + 10;
     fr->x1 = fr->W - 24;
-    fit_axis(ax, o->log_x, r->xmin, r->xmax, fr->x1 - fr->x0, 70, 1);
+    if (o->ncats > 0) axis_categories(ax, o);  // every category keeps its label
+    else fit_axis(ax, o->log_x, r->xmin, r->xmax, fr->x1 - fr->x0, 70, 1);
     // The last x label is centred on the right edge: keep it on the canvas.
     if (ax->nmajor) fr->x1 = fmin(fr->x1, fr->W - 6 - tick_width(&ax->major[ax->nmajor - 1]) / 2);
 }
@@ -409,22 +420,34 @@ static void draw_axes(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay) 
     fputs("</g>\n", f);
 }
 
-static const char *dash_of(int s) { return s < NPALETTE ? "" : s < 2 * NPALETTE ? "7 4" : "2 3"; }
+// Series past the palette are told apart by dashes; a series given its colour keeps a solid line.
+static const char *dash_of(const PlotSeries *s, int si) {
+    return s->color > 0 || si < NPALETTE ? "" : si < 2 * NPALETTE ? "7 4" : "2 3";
+}
+
+static const char *color_of(const PlotSeries *s, int si) { return palette[(s->color > 0 ? s->color - 1 : si) % NPALETTE]; }
+
+// The stroke attributes of a series' line: width, opacity and dashes.
+static void stroke_style(FILE *f, const PlotSeries *s, int si, double width) {
+    fprintf(f, " stroke=\"%s\" stroke-width=\"%.1f\"", color_of(s, si), s->faint ? width * 0.6 : width);
+    if (s->faint) fputs(" stroke-opacity=\"0.4\"", f);
+    if (*dash_of(s, si)) fprintf(f, " stroke-dasharray=\"%s\"", dash_of(s, si));
+}
 
 // One <path> per series (lines broken at skipped points) and a <circle> for
 // each isolated point.
 static void draw_series(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay, const PlotOpts *o, const PlotSeries *s,
                         int si) {
-    const char *color = palette[si % NPALETTE];
+    const char *color = color_of(s, si);
     int open = 0;
     for (int i = 0; i < s->n; i++) {
         if (!point_at(o, s, i)) continue;
         int prev = point_at(o, s, i - 1), next = point_at(o, s, i + 1);
         if (!prev && !next) continue;  // drawn as a marker below
         if (!open) {
-            fprintf(f, "<path class=\"series\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" stroke-linejoin=\"round\" "
-                       "stroke-linecap=\"round\"%s%s%s d=\"", color, *dash_of(si) ? " stroke-dasharray=\"" : "",
-                    dash_of(si), *dash_of(si) ? "\"" : "");
+            fputs("<path class=\"series\" fill=\"none\"", f);
+            stroke_style(f, s, si, 1.8);
+            fputs(" stroke-linejoin=\"round\" stroke-linecap=\"round\" d=\"", f);
             open = 1;
         }
         fprintf(f, "%c%.2f %.2f ", prev ? 'L' : 'M', axis_px(ax, s->x[i], fr->x0, fr->x1),
@@ -432,9 +455,10 @@ static void draw_series(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay
     }
     if (open) fputs("\"/>\n", f);
     for (int i = 0; i < s->n; i++)
-        if (point_at(o, s, i) && !point_at(o, s, i - 1) && !point_at(o, s, i + 1))
-            fprintf(f, "<circle class=\"marker\" cx=\"%.2f\" cy=\"%.2f\" r=\"3.2\" fill=\"%s\"/>\n",
-                    axis_px(ax, s->x[i], fr->x0, fr->x1), axis_px(ay, s->y[i], fr->y1, fr->y0), color);
+        if (point_at(o, s, i) && (s->markers || (!point_at(o, s, i - 1) && !point_at(o, s, i + 1))))
+            fprintf(f, "<circle class=\"marker\" cx=\"%.2f\" cy=\"%.2f\" r=\"%.1f\" fill=\"%s\"/>\n",
+                    axis_px(ax, s->x[i], fr->x0, fr->x1), axis_px(ay, s->y[i], fr->y1, fr->y0), s->markers ? 3.8 : 3.2,
+                    color);
 }
 
 static int has_name(const PlotSeries *s) { return s->name && s->name[0]; }
@@ -508,12 +532,13 @@ static void draw_legend(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay
     for (int s = 0; s < ns; s++) {
         if (!has_name(&series[s])) continue;
         double y = by + 6 + (row++ + 0.5) * LEGEND_ROW;
-        const char *color = palette[s % NPALETTE];
-        if (has_line(o, &series[s]))
-            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2.2\"%s%s%s/>\n",
-                    bx + 10, y, bx + 34, y, color, *dash_of(s) ? " stroke-dasharray=\"" : "", dash_of(s),
-                    *dash_of(s) ? "\"" : "");
-        else  // a series of isolated points is shown as its marker
+        const char *color = color_of(&series[s], s);
+        if (has_line(o, &series[s])) {
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"", bx + 10, y, bx + 34, y);
+            stroke_style(f, &series[s], s, 2.2);
+            fputs("/>\n", f);
+        }
+        if (!has_line(o, &series[s]) || series[s].markers)  // a series of isolated points is shown as its marker
             fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.2\" fill=\"%s\"/>\n", bx + 22, y, color);
         fprintf(f, "<text class=\"legend-name\" x=\"%.1f\" y=\"%.1f\" fill=\"#222\">", bx + 42, y + TICK_FONT * 0.35);
         xml_put(f, series[s].name);
@@ -544,44 +569,104 @@ static void draw_labels(FILE *f, const Frame *fr, const PlotOpts *o) {
     }
 }
 
-int plot_svg(const char *path, const PlotOpts *opts, const PlotSeries *series, int nseries) {
-    PlotOpts o = opts ? *opts : (PlotOpts){0};
-    if (o.width == 0) o.width = 720;
-    if (o.height == 0) o.height = 440;
-    MN_TRY(check_args(path, &o, series, nseries));
-    Range r;
-    data_range(&o, series, nseries, &r);
-    if (r.finite == 0) return mn_error(MN_ERR_NUMERIC, "plot %s: no point has finite x and y", path);
-    if (r.n == 0)
-        return mn_error(MN_ERR_ARG, "plot %s: no point is positive on the log %s axis", path,
-                        o.log_x && o.log_y ? "x and y" : o.log_x ? "x" : "y");
-    if (!isfinite(r.xmax - r.xmin) || !isfinite(r.ymax - r.ymin))
-        return mn_error(MN_ERR_ARG, "plot %s: data range too wide to draw", path);
-    Axis *axes = calloc(2, sizeof(Axis));
-    if (!axes) return mn_error(MN_ERR_NOMEM, "plot %s: out of memory", path);
-    Axis *ax = &axes[0], *ay = &axes[1];
+// A plot ready to draw: its options with the defaults filled in, axes and frame.
+typedef struct {
+    PlotOpts o;
+    Axis ax, ay;
     Frame fr;
-    layout(&o, &r, ax, ay, &fr);
+} Prepared;
 
-    AtomicFile af;
-    int s = af_open(&af, path);
-    if (s) {
-        free(axes);
-        return s;
-    }
-    FILE *f = af.f;
+static int prepare(const char *name, const PlotOpts *opts, double width, double height, const PlotSeries *series,
+                   int nseries, Prepared *p) {
+    p->o = opts ? *opts : (PlotOpts){0};
+    if (p->o.width == 0) p->o.width = width;
+    if (p->o.height == 0) p->o.height = height;
+    if (p->o.ncats > 0) p->o.log_x = 0;
+    MN_TRY(check_args(name, &p->o, series, nseries));
+    Range r;
+    data_range(&p->o, series, nseries, &r);
+    if (r.finite == 0) return mn_error(MN_ERR_NUMERIC, "plot %s: no point has finite x and y", name);
+    if (r.n == 0)
+        return mn_error(MN_ERR_ARG, "plot %s: no point is positive on the log %s axis", name,
+                        p->o.log_x && p->o.log_y ? "x and y" : p->o.log_x ? "x" : "y");
+    if (!isfinite(r.xmax - r.xmin) || !isfinite(r.ymax - r.ymin))
+        return mn_error(MN_ERR_ARG, "plot %s: data range too wide to draw", name);
+    layout(&p->o, &r, &p->ax, &p->ay, &p->fr);
+    return MN_OK;
+}
+
+static void draw_plot(FILE *f, const Prepared *p, const PlotSeries *series, int nseries) {
+    draw_grid(f, &p->fr, &p->ax, &p->ay);
+    for (int i = 0; i < nseries; i++) draw_series(f, &p->fr, &p->ax, &p->ay, &p->o, &series[i], i);
+    draw_axes(f, &p->fr, &p->ax, &p->ay);
+    draw_legend(f, &p->fr, &p->ax, &p->ay, &p->o, series, nseries);
+    draw_labels(f, &p->fr, &p->o);
+}
+
+static void svg_begin(FILE *f, double W, double H) {
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
                "font-family=\"%s\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-            fr.W, fr.H, fr.W, fr.H, FONT);
-    draw_grid(f, &fr, ax, ay);
-    for (int i = 0; i < nseries; i++) draw_series(f, &fr, ax, ay, &o, &series[i], i);
-    draw_axes(f, &fr, ax, ay);
-    draw_legend(f, &fr, ax, ay, &o, series, nseries);
-    draw_labels(f, &fr, &o);
-    fputs("</svg>\n", f);
-    free(axes);
-    return af_commit(&af);
+            W, H, W, H, FONT);
+}
+
+int plot_svg(const char *path, const PlotOpts *opts, const PlotSeries *series, int nseries) {
+    if (!path) return mn_error(MN_ERR_ARG, "plot: path is NULL");
+    Prepared *p = calloc(1, sizeof *p);
+    if (!p) return mn_error(MN_ERR_NOMEM, "plot %s: out of memory", path);
+    AtomicFile af;
+    int s = prepare(path, opts, 720, 440, series, nseries, p);
+    if (!s) s = af_open(&af, path);
+    if (!s) {
+        svg_begin(af.f, p->fr.W, p->fr.H);
+        draw_plot(af.f, p, series, nseries);
+        fputs("</svg>\n", af.f);
+        s = af_commit(&af);
+    }
+    free(p);
+    return s;
+}
+
+#define PANEL_TITLE_BAND 40.0  // room above the panels for the figure's title
+
+int plot_svg_panels(const char *path, const char *title, const PlotPanel *panels, int npanels) {
+    if (!path) return mn_error(MN_ERR_ARG, "plot: path is NULL");
+    if (!panels || npanels <= 0 || npanels > 16)
+        return mn_error(MN_ERR_ARG, "plot %s: %d panels, expected 1 to 16", path, npanels);
+    Prepared *p = calloc((size_t)npanels, sizeof *p);
+    if (!p) return mn_error(MN_ERR_NOMEM, "plot %s: out of memory", path);
+    int s = MN_OK;
+    double W = 0, H = 0, top = title && title[0] ? PANEL_TITLE_BAND : 0;
+    for (int i = 0; i < npanels && !s; i++) {
+        char name[4200];
+        snprintf(name, sizeof name, "%s (panel %d)", path, i + 1);
+        s = prepare(name, &panels[i].opts, 480, 400, panels[i].series, panels[i].nseries, &p[i]);
+        W += p[i].fr.W;
+        H = fmax(H, p[i].fr.H);
+    }
+    AtomicFile af;
+    if (!s) s = af_open(&af, path);
+    if (!s) {
+        FILE *f = af.f;
+        svg_begin(f, W, H + top);
+        if (top) {
+            fprintf(f, "<text class=\"figure-title\" x=\"%.1f\" y=\"26\" text-anchor=\"middle\" font-size=\"%.0f\" "
+                       "font-weight=\"bold\" fill=\"#222\">", W / 2, TITLE_FONT + 1);
+            xml_put(f, title);
+            fputs("</text>\n", f);
+        }
+        double x = 0;
+        for (int i = 0; i < npanels; i++) {
+            fprintf(f, "<g class=\"panel\" transform=\"translate(%.1f %.1f)\">\n", x, top);
+            draw_plot(f, &p[i], panels[i].series, panels[i].nseries);
+            fputs("</g>\n", f);
+            x += p[i].fr.W;
+        }
+        fputs("</svg>\n", f);
+        s = af_commit(&af);
+    }
+    free(p);
+    return s;
 }
 
 // ---------------------------------------------------------------------------
