@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -77,5 +78,69 @@ int af_commit(AtomicFile *af) {
     sync_parent_dir(af->path);
     free(af->tmp);
     memset(af, 0, sizeof *af);
+    return MN_OK;
+}
+
+int af_copy(const char *src, const char *dst) {
+    FILE *in = fopen(src, "rb");
+    if (!in) return mn_error(MN_ERR_IO, "%s: cannot open: %s", src, strerror(errno));
+    AtomicFile af;
+    int s = af_open(&af, dst);
+    if (s) {
+        fclose(in);
+        return s;
+    }
+    char buf[1 << 16];
+    size_t n;
+    while (!s && (n = fread(buf, 1, sizeof buf, in)) > 0) s = af_write(&af, buf, n);
+    if (!s && ferror(in)) s = mn_error(MN_ERR_IO, "%s: read failed: %s", src, strerror(errno));
+    fclose(in);
+    if (s) {
+        af_abort(&af);
+        return s;
+    }
+    return af_commit(&af);
+}
+
+int file_read_all(const char *path, size_t max_bytes, char **text, size_t *n) {
+    *text = NULL;
+    *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return mn_error(MN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+        int dir = S_ISDIR(st.st_mode);
+        fclose(f);
+        return mn_error(MN_ERR_IO, "%s: %s", path, dir ? "is a directory" : "not a regular file");
+    }
+    // Read to the end, whatever the size said (the file may change meanwhile).
+    size_t len = 0, cap = 4096;
+    char *buf = malloc(cap);
+    int s = buf ? MN_OK : mn_error(MN_ERR_NOMEM, "%s: out of memory", path);
+    while (!s) {
+        if (len + 1 >= cap) {
+            char *nb = cap <= max_bytes ? realloc(buf, cap * 2) : NULL;
+            if (!nb) {
+                s = cap > max_bytes ? mn_error(MN_ERR_IO, "%s: larger than %zu bytes", path, max_bytes)
+                                    : mn_error(MN_ERR_NOMEM, "%s: out of memory", path);
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + len, 1, cap - 1 - len, f);
+        len += got;
+        if (got == 0) break;
+    }
+    if (!s && ferror(f)) s = mn_error(MN_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+    if (!s && len > max_bytes) s = mn_error(MN_ERR_IO, "%s: larger than %zu bytes", path, max_bytes);
+    fclose(f);
+    if (s) {
+        free(buf);
+        return s;
+    }
+    buf[len] = 0;
+    *text = buf;
+    *n = len;
     return MN_OK;
 }

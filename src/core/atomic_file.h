@@ -34,4 +34,13 @@ int af_commit(AtomicFile *af);
 // Closes and removes the temporary (after an error); path is untouched.
 void af_abort(AtomicFile *af);
 
+// Copies the file src to dst through an AtomicFile (dst is the old file or the whole copy).
+// MN_ERR_IO naming the file and the system's reason on failure.
+int af_copy(const char *src, const char *dst);
+
+// Reads the whole regular file `path` into a new buffer (*text, NUL-terminated after its *n
+// bytes; free it). MN_ERR_IO with the system's reason when it cannot be read, saying so when it
+// is a directory or not a regular file; files larger than max_bytes are refused.
+int file_read_all(const char *path, size_t max_bytes, char **text, size_t *n);
+
 #endif

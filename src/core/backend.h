@@ -56,6 +56,10 @@ struct Backend {
     int (*sync)(const Backend *be);  // waits for queued work; reports asynchronous errors
     // Device memory in use (bytes), or NULL where memory is the host's (then see getrusage).
     size_t (*device_mem_used)(const Backend *be);
+    // Bytes this backend can still allocate: the device's free memory on cuda, what the host can
+    // still give this process on the host backends (host_mem_available); SIZE_MAX when unknown.
+    // For refusing work that cannot fit before allocating it (model.h: model_check_batch).
+    size_t (*mem_available)(const Backend *be);
 
     // --- dense layers -------------------------------------------------------------
     // y[N,nout] = x[N,nin] W[nout,nin]^T + bias[nout] (bias may be NULL)
@@ -160,6 +164,12 @@ const Backend *backend_ref(void);  // float64 reference: plain loops, the ground
 const Backend *backend_cpu(void);  // float32 CPU: BLAS + OpenMP
 // The backend named "cpu", "ref" or "cuda"; NULL + mn_error if unknown or not built.
 const Backend *backend_by_name(const char *name);
+
+// What the host can still give this process, in bytes: the kernel's MemAvailable, or less where a
+// memory cgroup (a container's limit) or the address-space limit (ulimit -v) leaves less;
+// SIZE_MAX when none of them can be read. The mem_available op of the host backends.
+size_t host_mem_available(void);
+size_t host_mem_available_op(const Backend *be);
 
 // The int32 ops of backends whose buffers are host memory (ref, cpu).
 int host_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t n);

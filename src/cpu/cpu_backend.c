@@ -423,7 +423,7 @@ static const Backend cpu_backend = {
     .elem_size = c_elem_size, .alloc = c_alloc, .free = c_free, .zero = c_zero, .copy = c_copy,
     .upload = c_upload, .download = c_download, .upload_f32 = c_upload_f32, .download_f32 = c_download_f32,
     .upload_i32 = host_upload_i32, .download_i32 = host_download_i32, .tally_i32 = host_tally_i32,
-    .sync = c_sync,
+    .sync = c_sync, .mem_available = host_mem_available_op,
     .linear_fwd = c_linear_fwd, .linear_bwd = c_linear_bwd,
     .rmsnorm_fwd = c_rmsnorm_fwd, .rmsnorm_bwd = c_rmsnorm_bwd,
     .l2norm_fwd = c_l2norm_fwd, .l2norm_bwd = c_l2norm_bwd,

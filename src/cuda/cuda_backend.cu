@@ -196,6 +196,13 @@ static size_t g_mem_used(const Backend *be) {
     return total - free_b;
 }
 
+// The device's free memory (cudaMemGetInfo); SIZE_MAX when it cannot be read.
+static size_t g_mem_available(const Backend *be) {
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return SIZE_MAX;
+    return free_b;
+}
+
 static int g_sync(const Backend *be) {
     CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->stream));
     if (cuda_ctx(be)->comm_stream) CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->comm_stream));  // a group's sums
@@ -1224,6 +1231,7 @@ extern "C" const Backend *backend_cuda(void) {
     b.tally_i32 = g_tally_i32;
     b.sync = g_sync;
     b.device_mem_used = g_mem_used;
+    b.mem_available = g_mem_available;
     b.linear_fwd = g_linear_fwd;
     b.linear_bwd = g_linear_bwd;
     b.rmsnorm_fwd = g_rmsnorm_fwd;

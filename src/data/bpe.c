@@ -800,6 +800,15 @@ static int write_atomic(const char *dir, const char *name, const Buf *b) {
         return mn_error(MN_ERR_ARG, "%s: path too long", dir);
     int fd = mkstemp(tmp);
     if (fd < 0) return mn_error(MN_ERR_IO, "%s: cannot create (%s)", tmp, strerror(errno));
+    // mkstemp makes the file 0600; the files we write get the usual 0666 less the umask.
+    mode_t mask = umask(0);
+    umask(mask);
+    if (fchmod(fd, 0666 & ~mask)) {
+        int err = errno;
+        close(fd);
+        unlink(tmp);
+        return mn_error(MN_ERR_IO, "%s: cannot set its permissions (%s)", tmp, strerror(err));
+    }
     FILE *f = fdopen(fd, "wb");
     if (!f) {
         close(fd);
@@ -818,7 +827,7 @@ static int write_atomic(const char *dir, const char *name, const Buf *b) {
 
 int bpe_write_files(const char *dir, const unsigned char *bytes, const size_t *off, int n, const int32_t *merges,
                     int nmerges) {
-    if (mkdir(dir, 0777) && errno != EEXIST) return mn_error(MN_ERR_IO, "%s: cannot create (%s)", dir, strerror(errno));
+    MN_TRY(mn_mkdirs(dir));  // with its parents
     Buf enc = {0}, voc = {0};
     buf_str(&enc, "{");
     for (int i = 0; i < n; i++) {

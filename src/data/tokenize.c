@@ -197,9 +197,7 @@ int tokenize_run(const TokenizeOptions *o, FILE *log) {
     if (o->vocab == 0 && !o->bpe_dir) return mn_error(MN_ERR_ARG, "tokenize: give a vocabulary size or a BPE directory");
     if (o->vocab < 0 || (o->vocab > 0 && o->vocab < 257))
         return mn_error(MN_ERR_ARG, "tokenize: vocabulary size %d must be at least 257 (256 bytes + EOT)", o->vocab);
-    struct stat st;
-    if (mkdir(o->out_dir, 0755) && (stat(o->out_dir, &st) || !S_ISDIR(st.st_mode)))
-        return mn_error(MN_ERR_IO, "%s: cannot create the directory", o->out_dir);
+    MN_TRY(mn_mkdirs(o->out_dir));  // with its parents (data/ on a fresh clone)
     Corpus c = {0};
     Bpe *bpe = NULL;
     int32_t *ids = NULL;

@@ -3,14 +3,19 @@
  */
 #include "config.h"
 
+#include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/atomic_file.h"
 #include "core/common.h"
 #include "core/json.h"
+#include "mixers/mixer.h"
 
 void config_default(ModelConfig *c) {
     memset(c, 0, sizeof *c);
@@ -83,45 +88,101 @@ int config_preset(ModelConfig *c, const char *name) {
     return mn_error(MN_ERR_ARG, "unknown config '%s': not a file, nor a preset (%s)", name, known);
 }
 
-// Field table: the JSON keys and where they go.
+// Field table: the JSON keys, where they go, and the values a model can be built with (checked
+// by config_validate). The bounds keep every product the model forms from the sizes inside the
+// types that hold it, and every float finite through the initialisation: lambda_init -
+// lambda_min goes through log(expm1(.)), which overflows a double near 710.
 typedef enum { F_INT, F_FLOAT, F_BOOL, F_STR } FieldType;
 typedef struct {
     const char *key;
     FieldType type;
     size_t offset;
-    size_t size;  // F_STR: buffer size
+    size_t size;       // F_STR: buffer size
+    double min, max;   // F_INT, F_FLOAT: the valid range (inclusive; see config_validate for the open ends)
+    const char *what;  // for messages: what the number is
 } Field;
 
-#define FIELD(k, t) {#k, t, offsetof(ModelConfig, k), sizeof(((ModelConfig *)0)->k)}
+#define FIELD(k, t, lo, hi, w) {#k, t, offsetof(ModelConfig, k), sizeof(((ModelConfig *)0)->k), lo, hi, w}
 static const Field fields[] = {
-    FIELD(mixer, F_STR),         FIELD(arch, F_STR),          FIELD(vocab_size, F_INT),   FIELD(dim, F_INT),
-    FIELD(n_layers, F_INT),      FIELD(n_heads, F_INT),       FIELD(head_dim, F_INT),     FIELD(mlp_hidden, F_INT),
-    FIELD(conv_size, F_INT),     FIELD(norm_eps, F_FLOAT),    FIELD(logit_cap, F_FLOAT),  FIELD(embed_scale, F_BOOL),
-    FIELD(tie_embeddings, F_BOOL), FIELD(shared_onorm, F_BOOL), FIELD(output_gate, F_BOOL), FIELD(lambda_min, F_FLOAT),
-    FIELD(lambda_init, F_FLOAT), FIELD(gate_bound, F_FLOAT),  FIELD(seq_len, F_INT),      FIELD(resid_scale, F_FLOAT),
-    FIELD(cg_steps, F_INT),
+    FIELD(mixer, F_STR, 0, 0, "the sequence mixer"),
+    FIELD(arch, F_STR, 0, 0, "the architecture"),
+    FIELD(vocab_size, F_INT, 0, 1 << 24, "the vocabulary size (0: from the data)"),
+    FIELD(dim, F_INT, 1, 65536, "the model width"),
+    FIELD(n_layers, F_INT, 1, CONFIG_MAX_LAYERS, "the number of blocks"),
+    FIELD(n_heads, F_INT, 1, 1024, "the number of heads"),
+    FIELD(head_dim, F_INT, 1, 1024, "the head width"),
+    FIELD(mlp_hidden, F_INT, 1, 1 << 20, "the MLP width"),
+    FIELD(conv_size, F_INT, 1, 8, "the short convolution's width"),
+    FIELD(norm_eps, F_FLOAT, 0, 1, "the RMSNorm epsilon"),
+    FIELD(logit_cap, F_FLOAT, 0, 1e6, "the logits' soft cap (0: none)"),
+    FIELD(embed_scale, F_BOOL, 0, 1, "the embedding scale flag"),
+    FIELD(tie_embeddings, F_BOOL, 0, 1, "the tied head flag"),
+    FIELD(shared_onorm, F_BOOL, 0, 1, "the shared o_norm flag"),
+    FIELD(output_gate, F_BOOL, 0, 1, "the output gate flag"),
+    FIELD(lambda_min, F_FLOAT, 0, 100, "the lower bound of lambda"),
+    FIELD(lambda_init, F_FLOAT, 0, 100, "the initial lambda"),
+    FIELD(gate_bound, F_FLOAT, 0, 1e9, "the forget-gate bound (0: none)"),
+    // at least 2: a sequence of one token has no next token to learn from, and the forget-gate
+    // bound, which follows the training context, must exceed 1
+    FIELD(seq_len, F_INT, 2, 1 << 24, "the training context length"),
+    FIELD(resid_scale, F_FLOAT, 0, 10, "the residual init exponent"),
+    FIELD(cg_steps, F_INT, 0, 10000, "the CG steps in training"),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 
+static const Field *find_field(const char *key) {
+    for (size_t k = 0; k < NFIELDS; k++)
+        if (!strcmp(fields[k].key, key)) return &fields[k];
+    return NULL;
+}
+
+// A JSON number as an int, or MN_ERR_FORMAT naming the key: checked to be a whole number within
+// the int range before the conversion (which is undefined behaviour outside it).
+static int json_int(const Json *v, const char *key, const char *where, int *out) {
+    if (v->type != JSON_NUMBER && v->type != JSON_BOOL)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be a number", where, v->line, key);
+    double x = v->number;
+    if (!(x == floor(x) && fabs(x) <= 1e9))  // (NaN fails the comparison)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be an integer of at most 1e9 in size, got %g", where, v->line,
+                        key, x);
+    *out = (int)x;
+    return MN_OK;
+}
+
+// A JSON number as a float, refused unless finite and within the float range (converting a larger
+// double is undefined behaviour, and an infinity would be saved as a config that cannot be read).
+static int json_float(const Json *v, const char *key, const char *where, float *out) {
+    if (v->type != JSON_NUMBER)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be a number", where, v->line, key);
+    if (!isfinite(v->number) || fabs(v->number) > FLT_MAX)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" = %g is not a finite number in the float range", where, v->line, key,
+                        v->number);
+    *out = (float)v->number;
+    return MN_OK;
+}
+
+// true / false, or the numbers 0 and 1.
+static int json_flag(const Json *v, const char *key, const char *where, int *out) {
+    if ((v->type != JSON_BOOL && v->type != JSON_NUMBER) || !(v->number == 0 || v->number == 1))
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be true or false", where, v->line, key);
+    *out = v->number == 1;
+    return MN_OK;
+}
+
 static int set_field(ModelConfig *c, const Field *f, const Json *v, const char *path) {
     char *dst = (char *)c + f->offset;
-    if (f->type == F_STR) {
-        if (v->type != JSON_STRING || v->string_len >= f->size)
+    switch (f->type) {
+    case F_STR:
+        if (v->type != JSON_STRING || v->string_len >= f->size || strlen(v->string) != v->string_len)
             return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be a string shorter than %zu characters", path, v->line,
                             f->key, f->size);
         strcpy(dst, v->string);
         return MN_OK;
+    case F_FLOAT: return json_float(v, f->key, path, (float *)dst);
+    case F_BOOL: return json_flag(v, f->key, path, (int *)dst);
+    case F_INT: return json_int(v, f->key, path, (int *)dst);
     }
-    if (v->type != JSON_NUMBER && v->type != JSON_BOOL)
-        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be a number", path, v->line, f->key);
-    if (f->type == F_FLOAT) {
-        *(float *)dst = (float)v->number;
-    } else {
-        if (v->number != floor(v->number) || fabs(v->number) > 1e9)
-            return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be an integer, got %g", path, v->line, f->key, v->number);
-        *(int *)dst = (int)v->number;
-    }
-    return MN_OK;
+    return MN_ERR_ARG;
 }
 
 // Applies the members of a JSON object of our fields (optionally based on a
@@ -139,60 +200,107 @@ static int config_from_json(ModelConfig *c, const Json *j, const char *where) {
     for (int i = 0; i < j->count; i++) {
         const Json *v = &j->items[i];
         if (!strcmp(v->key, "preset")) continue;
-        const Field *fd = NULL;
-        for (size_t k = 0; k < NFIELDS; k++)
-            if (!strcmp(fields[k].key, v->key)) fd = &fields[k];
+        const Field *fd = find_field(v->key);
         if (!fd) return mn_error(MN_ERR_FORMAT, "%s:%d: unknown key \"%s\"", where, v->line, v->key);
         MN_TRY(set_field(c, fd, v, where));
     }
     return config_validate(c, where);
 }
 
-static double hf_number(const Json *j, const char *key, double fallback) {
+// The member `key` of a Hugging Face config as an int in [min, max] (fallback when absent).
+static int hf_int(const Json *j, const char *key, int fallback, int min, int max, const char *where, int *out) {
     const Json *v = json_get(j, key);
-    return v && (v->type == JSON_NUMBER || v->type == JSON_BOOL) ? v->number : fallback;
+    *out = fallback;
+    if (!v || v->type == JSON_NULL) return MN_OK;
+    MN_TRY(json_int(v, key, where, out));
+    if (*out < min || *out > max)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" = %d, expected %d to %d", where, v->line, key, *out, min, max);
+    return MN_OK;
+}
+
+static int hf_float(const Json *j, const char *key, float fallback, const char *where, float *out) {
+    const Json *v = json_get(j, key);
+    *out = fallback;
+    return v && v->type != JSON_NULL ? json_float(v, key, where, out) : MN_OK;
+}
+
+static int hf_flag(const Json *j, const char *key, int fallback, const char *where, int *out) {
+    const Json *v = json_get(j, key);
+    *out = fallback;
+    return v && v->type != JSON_NULL ? json_flag(v, key, where, out) : MN_OK;
 }
 
 // A config.json written by fla's MesaNetConfig (Hugging Face), without our own
-// "mesanet" block: fla's architecture with its sizes.
+// "mesanet" block: fla's architecture with its sizes. Each number is range-checked as it is read;
+// config_validate then checks the whole.
 static int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
     const Json *type = json_get(j, "model_type");
     if (!type || type->type != JSON_STRING || strcmp(type->string, "mesa_net"))
         return mn_error(MN_ERR_FORMAT, "%s: neither a mesanet config nor a Hugging Face config with model_type \"mesa_net\"",
                         where);
     config_default(c);
-    c->dim = (int)hf_number(j, "hidden_size", 2048);
-    c->n_layers = (int)hf_number(j, "num_hidden_layers", 24);
-    c->n_heads = (int)hf_number(j, "num_heads", 16);
-    c->head_dim = (int)hf_number(j, "head_dim", 128);
-    c->vocab_size = (int)hf_number(j, "vocab_size", 32000);
+    enum { BIG = 1 << 30 };  // beyond every valid size (config_validate names the real bound)
+    MN_TRY(hf_int(j, "hidden_size", 2048, 1, 65536, where, &c->dim));  // bounded here: config_fla multiplies it
+    MN_TRY(hf_int(j, "num_hidden_layers", 24, -BIG, BIG, where, &c->n_layers));
+    MN_TRY(hf_int(j, "num_heads", 16, -BIG, BIG, where, &c->n_heads));
+    MN_TRY(hf_int(j, "head_dim", 128, -BIG, BIG, where, &c->head_dim));
+    MN_TRY(hf_int(j, "vocab_size", 32000, -BIG, BIG, where, &c->vocab_size));
     config_fla(c);
     const Json *inter = json_get(j, "intermediate_size");
-    if (inter && inter->type == JSON_NUMBER) {
-        c->mlp_hidden = (int)inter->number;
+    if (inter && inter->type != JSON_NULL) {
+        MN_TRY(hf_int(j, "intermediate_size", 0, -BIG, BIG, where, &c->mlp_hidden));
     } else {
-        int ratio = (int)hf_number(j, "hidden_ratio", 4), h = c->dim * ratio * 2 / 3;
+        int ratio;
+        MN_TRY(hf_int(j, "hidden_ratio", 4, 1, 64, where, &ratio));
+        int h = c->dim * ratio * 2 / 3;  // at most 65536 * 64
         c->mlp_hidden = 256 * ((h + 255) / 256);
     }
-    c->norm_eps = (float)hf_number(j, "norm_eps", 1e-6);
-    c->tie_embeddings = (int)hf_number(j, "tie_word_embeddings", 0);
-    c->output_gate = (int)hf_number(j, "use_output_gate", 0);
-    c->conv_size = (int)hf_number(j, "conv_size", 4);
-    c->lambda_min = (float)hf_number(j, "lambda_lower_bound", 0.25);
-    c->cg_steps = (int)hf_number(j, "max_cg_step_training", 30);
-    c->seq_len = (int)hf_number(j, "max_position_embeddings", 2048);
+    MN_TRY(hf_float(j, "norm_eps", 1e-6f, where, &c->norm_eps));
+    MN_TRY(hf_flag(j, "tie_word_embeddings", 0, where, &c->tie_embeddings));
+    MN_TRY(hf_flag(j, "use_output_gate", 0, where, &c->output_gate));
+    MN_TRY(hf_int(j, "conv_size", 4, -BIG, BIG, where, &c->conv_size));
+    MN_TRY(hf_float(j, "lambda_lower_bound", 0.25f, where, &c->lambda_min));
+    MN_TRY(hf_int(j, "max_cg_step_training", 30, -BIG, BIG, where, &c->cg_steps));
+    MN_TRY(hf_int(j, "max_position_embeddings", 2048, -BIG, BIG, where, &c->seq_len));
     const Json *act = json_get(j, "hidden_act");
     if (act && (act->type != JSON_STRING || (strcmp(act->string, "swish") && strcmp(act->string, "silu"))))
         return mn_error(MN_ERR_FORMAT, "%s: hidden_act must be \"swish\" (SwiGLU), got another", where);
     return config_validate(c, where);
 }
 
+// Whether `spec` names a config file: 1 for a regular file, 0 for nothing there (then it is a
+// preset name), or an error saying what else it is.
+static int config_file_kind(const char *spec, int *is_file) {
+    struct stat st;
+    *is_file = 0;
+    if (stat(spec, &st)) {
+        if (errno == ENOENT || errno == ENOTDIR) return MN_OK;
+        return mn_error(MN_ERR_IO, "%s: cannot read the config: %s", spec, strerror(errno));
+    }
+    if (S_ISDIR(st.st_mode)) {
+        char inner[4096];
+        snprintf(inner, sizeof inner, "%s/config.json", spec);
+        return mn_error(MN_ERR_IO, "%s: is a directory, not a config file%s%s", spec,
+                        access(inner, F_OK) ? "" : "; the run's config is ", access(inner, F_OK) ? "" : inner);
+    }
+    if (!S_ISREG(st.st_mode)) return mn_error(MN_ERR_IO, "%s: not a regular file (a config is a JSON file)", spec);
+    if (access(spec, R_OK)) return mn_error(MN_ERR_IO, "%s: cannot read the config: %s", spec, strerror(errno));
+    *is_file = 1;
+    return MN_OK;
+}
+
 int config_load(ModelConfig *c, const char *spec) {
-    FILE *f = fopen(spec, "rb");
-    if (!f) return config_preset(c, spec);
-    fclose(f);
+    if (!spec || !spec[0]) return mn_error(MN_ERR_ARG, "config: empty name (a preset or a JSON file)");
+    int is_file;
+    MN_TRY(config_file_kind(spec, &is_file));
+    if (!is_file) return config_preset(c, spec);
+    char *text;
+    size_t n;
+    MN_TRY(file_read_all(spec, (size_t)64 << 20, &text, &n));
     Json *j;
-    MN_TRY(json_parse_file(spec, &j));
+    int parsed = json_parse(text, n, spec, &j);
+    free(text);
+    MN_TRY(parsed);
     const Json *ours = json_get(j, "mesanet");
     int st = ours ? config_from_json(c, ours, spec)
                   : json_get(j, "model_type") ? config_from_hf(c, j, spec) : config_from_json(c, j, spec);
@@ -200,9 +308,22 @@ int config_load(ModelConfig *c, const char *spec) {
     return st;
 }
 
+// A field's value as it is written in a config.json (also for messages).
+static void field_text(const ModelConfig *c, const Field *f, char *buf, size_t n) {
+    const char *src = (const char *)c + f->offset;
+    switch (f->type) {
+    case F_STR: snprintf(buf, n, "\"%s\"", src); break;
+    case F_INT: snprintf(buf, n, "%d", *(const int *)src); break;
+    case F_BOOL: snprintf(buf, n, "%s", *(const int *)src ? "true" : "false"); break;
+    case F_FLOAT: snprintf(buf, n, "%.9g", (double)*(const float *)src); break;  // 9 digits: exact for a float
+    }
+}
+
 // config.json as Hugging Face and fla read it (model_type "mesa_net"), with
 // our complete config in a "mesanet" block that takes precedence on loading.
+// Only a valid config is written, so that every saved config loads again.
 int config_save(const ModelConfig *c, const char *path) {
+    MN_TRY(config_validate(c, path));
     AtomicFile af;
     MN_TRY(af_open(&af, path));
     FILE *f = af.f;
@@ -221,46 +342,57 @@ int config_save(const ModelConfig *c, const char *path) {
             c->vocab_size > 50256 ? 50256 : c->vocab_size - 1);
     fprintf(f, "  \"mesanet\": {\n");
     for (size_t k = 0; k < NFIELDS; k++) {
-        const char *src = (const char *)c + fields[k].offset;
-        fprintf(f, "    \"%s\": ", fields[k].key);
-        switch (fields[k].type) {
-        case F_STR: fprintf(f, "\"%s\"", src); break;
-        case F_INT: fprintf(f, "%d", *(const int *)src); break;
-        case F_BOOL: fprintf(f, "%s", *(const int *)src ? "true" : "false"); break;
-        case F_FLOAT: fprintf(f, "%.9g", (double)*(const float *)src); break;
-        }
-        fprintf(f, "%s\n", k + 1 < NFIELDS ? "," : "");
+        char value[64];
+        field_text(c, &fields[k], value, sizeof value);  // strings: validated names, nothing to escape
+        fprintf(f, "    \"%s\": %s%s\n", fields[k].key, value, k + 1 < NFIELDS ? "," : "");
     }
     fprintf(f, "  }\n}\n");
     return af_commit(&af);  // refuses to rename a stream that failed
 }
 
+int config_diff(const ModelConfig *a, const ModelConfig *b, char *out, size_t n) {
+    for (size_t k = 0; k < NFIELDS; k++) {
+        const Field *f = &fields[k];
+        const char *pa = (const char *)a + f->offset, *pb = (const char *)b + f->offset;
+        int same = f->type == F_STR ? !strncmp(pa, pb, f->size) : !memcmp(pa, pb, f->size);
+        if (same) continue;
+        char va[64], vb[64];
+        field_text(a, f, va, sizeof va);
+        field_text(b, f, vb, sizeof vb);
+        if (out && n) snprintf(out, n, "%s: %s vs %s", f->key, va, vb);
+        return 1;
+    }
+    if (out && n) out[0] = 0;
+    return 0;
+}
+
+// The range check of one numeric field: finite and within the table's bounds.
+static int check_range(const ModelConfig *c, const Field *f, const char *where) {
+    const char *src = (const char *)c + f->offset;
+    double x = f->type == F_FLOAT ? (double)*(const float *)src : (double)*(const int *)src;
+    if (isfinite(x) && x >= f->min && x <= f->max) return MN_OK;
+    if (f->type == F_BOOL) return mn_error(MN_ERR_ARG, "%s: %s = %g, expected 0 or 1 (false or true)", where, f->key, x);
+    if (f->type == F_INT)
+        return mn_error(MN_ERR_ARG, "%s: %s = %g (%s), expected %g to %g", where, f->key, x, f->what, f->min, f->max);
+    return mn_error(MN_ERR_ARG, "%s: %s = %g (%s), expected a finite number from %g to %g", where, f->key, x, f->what,
+                    f->min, f->max);
+}
+
 int config_validate(const ModelConfig *c, const char *where) {
-    const struct {
-        const char *name;
-        int value, min, max;
-    } ints[] = {
-        {"vocab_size", c->vocab_size, 0, 1 << 24},  // 0: taken from the training data
-        {"dim", c->dim, 1, 65536},
-        {"n_layers", c->n_layers, 1, 1024},
-        {"n_heads", c->n_heads, 1, 1024},          {"head_dim", c->head_dim, 1, 1024}, {"mlp_hidden", c->mlp_hidden, 1, 1 << 20},
-        {"conv_size", c->conv_size, 1, 8},         {"seq_len", c->seq_len, 1, 1 << 24}, {"cg_steps", c->cg_steps, 0, 10000},
-    };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        if (ints[i].value < ints[i].min || ints[i].value > ints[i].max)
-            return mn_error(MN_ERR_ARG, "%s: %s = %d, expected %d to %d", where, ints[i].name, ints[i].value, ints[i].min,
-                            ints[i].max);
+    for (size_t k = 0; k < NFIELDS; k++)
+        if (fields[k].type != F_STR) MN_TRY(check_range(c, &fields[k], where));
+    if (!memchr(c->mixer, 0, sizeof c->mixer) || !memchr(c->arch, 0, sizeof c->arch))
+        return mn_error(MN_ERR_ARG, "%s: mixer or arch is not a terminated string", where);
+    if (!mixer_find(c->mixer)) return mn_error(MN_ERR_ARG, "%s: %s", where, mn_last_error());
     if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla"))
         return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\" or \"fla\"", where, c->arch);
     if (!(c->norm_eps > 0)) return mn_error(MN_ERR_ARG, "%s: norm_eps must be > 0", where);
-    if (!(c->logit_cap >= 0)) return mn_error(MN_ERR_ARG, "%s: logit_cap must be >= 0 (0: none)", where);
     if (!(c->lambda_min > 0)) return mn_error(MN_ERR_ARG, "%s: lambda_min must be > 0 (it keeps H + Lambda invertible)", where);
     if (!(c->lambda_init > c->lambda_min))
         return mn_error(MN_ERR_ARG, "%s: lambda_init = %g must exceed lambda_min = %g", where, (double)c->lambda_init,
                         (double)c->lambda_min);
     if (!(c->gate_bound == 0 || c->gate_bound > 1))
         return mn_error(MN_ERR_ARG, "%s: gate_bound must be 0 (none) or > 1, got %g", where, (double)c->gate_bound);
-    if (!(c->resid_scale >= 0)) return mn_error(MN_ERR_ARG, "%s: resid_scale must be >= 0", where);
     return MN_OK;
 }
 

@@ -34,21 +34,33 @@ typedef struct {
     float lambda_min;     // lower bound of lambda = softplus(p) + lambda_min
     float lambda_init;    // initial lambda
     float gate_bound;     // h_max of the forget-gate bound (0: none)
-    int seq_len;          // training context length (informational)
+    int seq_len;          // training context length (at least 2; the forget-gate bound follows it)
     float resid_scale;    // the variance of W_o and W_down is divided by n_layers^resid_scale
     int cg_steps;         // CG steps in training (30)
 } ModelConfig;
+
+// The most blocks a config may have: every tensor of such a model fits the model's table of
+// MODEL_MAX_PARAMS (model.h checks it), so validation refuses more up front.
+enum { CONFIG_MAX_LAYERS = 200 };
 
 // Fills the defaults of the "paper" architecture for the given sizes.
 void config_default(ModelConfig *c);
 // A named preset ("tiny", "demo", "125m", "400m", "1b", "fla-162m", "fla-412m"), or MN_ERR_ARG listing them.
 int config_preset(ModelConfig *c, const char *name);
-// Reads a JSON config (unknown keys and impossible sizes are refused, naming the file and key),
-// or, if `spec` is not a file, a preset name.
+// Reads a JSON config (ours, or a Hugging Face config.json of fla's MesaNet; unknown keys and
+// impossible values are refused, naming the file and key, every number range-checked before it
+// is converted), or, if nothing exists at `spec`, a preset name. A directory or another kind of
+// file is refused saying so.
 int config_load(ModelConfig *c, const char *spec);
+// Writes config.json atomically; refuses an invalid config, so that every saved config loads
+// again with the same value in every field.
 int config_save(const ModelConfig *c, const char *path);
-// MN_ERR_ARG with a message naming the field unless every size is consistent.
+// MN_ERR_ARG with a message naming the field, its value and the valid range unless every field is
+// in range (floats finite) and the sizes are consistent.
 int config_validate(const ModelConfig *c, const char *where);
+// 0 when every field of a and b is equal; otherwise 1 and, in out, the first field that differs
+// with both values ("dim: 32 vs 192").
+int config_diff(const ModelConfig *a, const ModelConfig *b, char *out, size_t n);
 
 typedef enum {
     INIT_NORMAL,       // N(0, init_value^2)

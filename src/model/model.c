@@ -3,7 +3,9 @@
  */
 #include "model.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +77,20 @@ int model_specs(const ModelConfig *c, ParamSpec **specs, int *n) {
     return s;
 }
 
+static double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+// The weights and their gradients against what the backend can still give.
+static int check_params_fit(const Model *m) {
+    const Backend *be = m->be;
+    double need = (double)m->total * (double)(be->elem_size(be, MEM_PARAM) + be->elem_size(be, MEM_F32));
+    size_t avail = be->mem_available ? be->mem_available(be) : SIZE_MAX;
+    if (avail == SIZE_MAX || need <= (double)avail) return MN_OK;
+    return mn_error(MN_ERR_NOMEM,
+                    "model: %zu parameters need about %.0f bytes (%.2f GiB) for the weights and their gradients, but "
+                    "%zu bytes (%.2f GiB) are available on backend '%s'",
+                    m->count, need, gib(need), avail, gib((double)avail), be->name);
+}
+
 int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
     const MixerOps *ops = NULL;
     MN_TRY(usable_config(cfg, &ops));
@@ -109,6 +125,7 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         m->total += m->specs[i].numel;
         m->count += m->specs[i].numel;
     }
+    if ((st = check_params_fit(m))) goto fail;
     m->params = be->alloc(be, m->total, MEM_PARAM);
     m->grads = be->alloc(be, m->total, MEM_F32);  // float32 gradients on every backend
     m->p = calloc((size_t)m->nparams, sizeof(void *));
@@ -206,8 +223,70 @@ int model_init_params(Model *m, uint64_t seed) {
     return st;
 }
 
-static int ensure_capacity(Model *m, int N) {
+// Elements per token (and per block where per_layer) of every activation buffer, by kind: the
+// model's (ensure_capacity below) and the Mesa mixer's (mixers/mesa.c: its buffers() per block,
+// and the shared scratch, scratch_elems). An estimate for refusing batches that cannot fit, so
+// it errs on neither side by much: the CPU kernels' per-thread workspaces, which do not grow with
+// the batch, are left out.
+static size_t activation_bytes_per_token(const ModelConfig *c, const Backend *be) {
+    size_t L = (size_t)c->n_layers, D = (size_t)c->dim, F = (size_t)c->mlp_hidden, V = (size_t)c->vocab_size;
+    size_t H = (size_t)c->n_heads, Q = H * (size_t)c->head_dim;  // Q = Vd
+    size_t act = (L + 1) * D + L * D + 2 * D + 3 * L * F + D + V + 2 * D + 3 * F  // x, mid, n1 n2, MLP, xf, logits, dx dn, d*
+                 + L * (7 * Q + 3 * Q + 4 * H)                                    // the mixers' projections and outputs
+                 + 7 * Q + 3 * Q;                                                 // their shared scratch
+    size_t f32 = 2 * L + 2 + 7 * H * L, i32 = 2 + 3 * H * L;
+    return act * be->elem_size(be, MEM_ACT) + f32 * be->elem_size(be, MEM_F32) + i32 * sizeof(int32_t);
+}
+
+size_t model_activation_bytes(const ModelConfig *c, const Backend *be, size_t N) {
+    size_t per = activation_bytes_per_token(c, be);
+    return N && per > SIZE_MAX / N ? SIZE_MAX : per * N;
+}
+
+int model_check_batch(const Model *m, int B, int T, const MemNeeds *needs) {
+    const Backend *be = m->be;
+    if (B <= 0 || T <= 0) return mn_error(MN_ERR_ARG, "model: a batch of %d sequences of %d tokens", B, T);
+    const char *what = needs && needs->what ? needs->what : "model";
+    int device = be->device_mem_used != NULL;  // the buffers in device memory, the caller's on the host
+    int sharers = needs && needs->sharers > 1 ? needs->sharers : 1;
+    double per_act = (double)model_activation_bytes(&m->cfg, be, (size_t)T);
+    double per_host = needs ? (double)needs->host_per_seq : 0;
+    // The current activations are freed before the new ones are made: they count as available.
+    size_t av = be->mem_available ? be->mem_available(be) : SIZE_MAX;
+    double held = (double)model_activation_bytes(&m->cfg, be, (size_t)m->cap);
+    double avail = av == SIZE_MAX ? INFINITY : (double)av + held;
+    double host_avail = device ? (double)host_mem_available() : avail;
+    if (host_avail >= (double)SIZE_MAX) host_avail = INFINITY;
+    host_avail /= sharers;
+    if (!device) avail = host_avail;
+    // The largest batch each pool of memory allows, and the smaller of the two.
+    double per_pool = device ? per_act : per_act + per_host;
+    double fit = per_pool > 0 ? floor(avail / per_pool) : INFINITY;
+    double fit_host = device && per_host > 0 ? floor(host_avail / per_host) : INFINITY;
+    if (fmin(fit, fit_host) >= (double)B) return MN_OK;
+    int host_short = fit_host < fit;
+    double need = host_short ? per_host * B : per_pool * B, have = host_short ? host_avail : avail;
+    double model_bytes = (double)m->total * (double)(be->elem_size(be, MEM_PARAM) + be->elem_size(be, MEM_F32));
+    double fits = fmin(fmin(fit, fit_host), (double)B);
+    char advice[160];
+    if (fits >= 1)
+        snprintf(advice, sizeof advice, "a batch of at most %.0f sequences of %d tokens fits", fits, T);
+    else
+        snprintf(advice, sizeof advice, "not even one sequence of %d tokens fits: try shorter sequences or a smaller model", T);
+    return mn_error(MN_ERR_NOMEM,
+                    "%s: a batch of %d sequences of %d tokens needs about %.0f bytes (%.2f GiB) of %s memory (%s), besides "
+                    "the %.0f bytes (%.2f GiB) of parameters and gradients%s, but %.0f bytes (%.2f GiB) are available%s; %s",
+                    what, B, T, need, gib(need), host_short || !device ? "host" : "device",
+                    host_short ? "the batch's token buffers" : device ? "activations" : "activations and token buffers",
+                    model_bytes + (needs ? (double)needs->held : 0), gib(model_bytes + (needs ? (double)needs->held : 0)),
+                    needs && needs->held ? " and optimizer state" : "", have, gib(have),
+                    sharers > 1 ? " to each of the processes sharing the host" : "", advice);
+}
+
+static int ensure_capacity(Model *m, int B, int T) {
+    int N = B * T;  // (the callers checked that it is an int)
     if (N <= m->cap) return MN_OK;
+    MN_TRY(model_check_batch(m, B, T, NULL));
     free_activations(m);
     const Backend *be = m->be;
     size_t L = (size_t)m->cfg.n_layers, D = (size_t)m->cfg.dim, F = (size_t)m->cfg.mlp_hidden;
@@ -291,8 +370,9 @@ int model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B
     const ModelConfig *c = &m->cfg;
     if (B <= 0 || T <= 0) return mn_error(MN_ERR_ARG, "model_forward: B = %d, T = %d must be > 0", B, T);
     size_t N = (size_t)B * T;
+    if (N > INT_MAX) return mn_error(MN_ERR_ARG, "model_forward: B x T = %d x %d tokens, at most %d", B, T, INT_MAX);
     MN_TRY(check_tokens(m, tokens, targets, N));
-    MN_TRY(ensure_capacity(m, (int)N));
+    MN_TRY(ensure_capacity(m, B, T));
     m->B = B;
     m->T = T;
     m->grad_ready = 0;
@@ -455,8 +535,9 @@ int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits) {
         return mn_error(MN_ERR_ARG, "model_decode: %d sequences, but the state was reset for %d", B, m->state_B);
     if (T <= 0) return mn_error(MN_ERR_ARG, "model_decode: T = %d must be > 0", T);
     size_t N = (size_t)B * T, V = (size_t)c->vocab_size;
+    if (N > INT_MAX) return mn_error(MN_ERR_ARG, "model_decode: B x T = %d x %d tokens, at most %d", B, T, INT_MAX);
     MN_TRY(check_tokens(m, tokens, NULL, N));
-    MN_TRY(ensure_capacity(m, (int)N));
+    MN_TRY(ensure_capacity(m, B, T));
     m->B = B;
     m->T = T;
     m->grad_ready = 0;

@@ -14,7 +14,11 @@
 #include "mixers/mixer.h"
 #include "model/config.h"
 
-enum { MODEL_MAX_PARAMS = 4096 };
+// Room for the tensors of every valid config: the backbone's 3, and per block 4 and the mixer's
+// (at most MODEL_MIXER_MAX_PARAMS; Mesa declares 12, or 13 with the output gate).
+enum { MODEL_MAX_PARAMS = 4096, MODEL_MIXER_MAX_PARAMS = 16 };
+_Static_assert(3 + CONFIG_MAX_LAYERS * (4 + MODEL_MIXER_MAX_PARAMS) <= MODEL_MAX_PARAMS,
+               "config validation admits more blocks than the model's tensor table holds");
 
 // Per-block parameter indices into specs.
 typedef struct {
@@ -96,6 +100,24 @@ int model_losses(const Model *m, float *out);
 // token go to host logits [B*V].
 int model_reset_state(Model *m, int B);
 int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits);
+
+// Memory: the bytes a batch needs, checked against what the backend can still give before the
+// buffers are allocated, so that a batch that cannot fit is refused at once with a batch that
+// does (instead of the kernel killing the process minutes later, or the device failing).
+typedef struct {
+    const char *what;       // who asks, for the message ("train")
+    size_t host_per_seq;    // the caller's own host buffers per sequence (bytes)
+    size_t held;            // bytes the caller holds besides the model (optimizer state), for the message
+    int sharers;            // processes sharing the host's memory (data-parallel ranks on the CPU); 0 or 1: alone
+} MemNeeds;
+
+// Bytes of the activation buffers (the model's and its mixers') for N tokens.
+size_t model_activation_bytes(const ModelConfig *c, const Backend *be, size_t N);
+// MN_ERR_NOMEM unless B sequences of T tokens fit: activations on the backend, plus (needs, may be
+// NULL) the caller's host buffers; the message names the estimated bytes, the available bytes and
+// the largest batch that fits. model_forward and model_decode check every batch larger than the
+// last before allocating for it, so eval and generate pass here too.
+int model_check_batch(const Model *m, int B, int T, const MemNeeds *needs);
 
 // Mean CG steps per system since the last call (the mixers' counters, read back from the
 // backend), and resets them.

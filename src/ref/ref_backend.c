@@ -376,7 +376,7 @@ static const Backend ref_backend = {
     .elem_size = r_elem_size, .alloc = r_alloc, .free = r_free, .zero = r_zero, .copy = r_copy,
     .upload = r_upload, .download = r_download, .upload_f32 = r_upload_f32, .download_f32 = r_download_f32,
     .upload_i32 = host_upload_i32, .download_i32 = host_download_i32, .tally_i32 = host_tally_i32,
-    .sync = r_sync,
+    .sync = r_sync, .mem_available = host_mem_available_op,
     .linear_fwd = r_linear_fwd, .linear_bwd = r_linear_bwd,
     .rmsnorm_fwd = r_rmsnorm_fwd, .rmsnorm_bwd = r_rmsnorm_bwd,
     .l2norm_fwd = r_l2norm_fwd, .l2norm_bwd = r_l2norm_bwd,

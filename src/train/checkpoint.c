@@ -1,11 +1,14 @@
 #include "checkpoint.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "core/atomic_file.h"
 #include "core/common.h"
 #include "core/safetensors.h"
 
@@ -57,10 +60,9 @@ static int write_slabs(const char *path, const Model *m, const void *const *slab
     return s;
 }
 
-int checkpoint_save_model(const char *dir, const Model *m, int step) {
+// dir/model.safetensors.
+static int save_weights(const char *dir, const Model *m, int step) {
     char path[4096], stepstr[32];
-    join(path, sizeof path, dir, "config.json");
-    MN_TRY(config_save(&m->cfg, path));
     snprintf(stepstr, sizeof stepstr, "%d", step);
     // "format": "pt" is what Hugging Face's loader expects of a PyTorch checkpoint.
     StMeta meta[] = {{"format", "pt"}, {"producer", "mesanet"}, {"arch", m->cfg.arch}, {"step", stepstr}};
@@ -68,6 +70,13 @@ int checkpoint_save_model(const char *dir, const Model *m, int step) {
     const void *slabs[1] = {m->params};
     const char *prefixes[1] = {""};
     return write_slabs(path, m, slabs, prefixes, 1, MEM_PARAM, meta, 4);
+}
+
+int checkpoint_save_model(const char *dir, const Model *m, int step) {
+    char path[4096];
+    join(path, sizeof path, dir, "config.json");
+    MN_TRY(config_save(&m->cfg, path));
+    return save_weights(dir, m, step);
 }
 
 // Reads every tensor of `m` (shapes checked) from f, named prefix + name, into
@@ -108,9 +117,10 @@ int checkpoint_load_weights(const char *path, Model *m) {
     return s;
 }
 
-int checkpoint_load_model(const char *dir, const Backend *be, Model **out) {
-    char path[4096];
+int checkpoint_load_model(const char *run, const Backend *be, Model **out) {
+    char path[4096], dir[4096];
     ModelConfig cfg;
+    MN_TRY(checkpoint_dir(run, dir, sizeof dir));
     join(path, sizeof path, dir, "config.json");
     if (access(path, R_OK)) return mn_error(MN_ERR_IO, "%s: missing (not a checkpoint directory?)", path);
     MN_TRY(config_load(&cfg, path));
@@ -151,8 +161,9 @@ static int meta_u64(const StFile *f, const char *path, const char *key, uint64_t
     return MN_OK;
 }
 
-int checkpoint_load_state(const char *dir, const Model *m, AdamW *o, TrainState *t) {
-    char path[4096], mpath[4096];
+int checkpoint_load_state(const char *run, const Model *m, AdamW *o, TrainState *t) {
+    char path[4096], mpath[4096], dir[4096];
+    MN_TRY(checkpoint_dir(run, dir, sizeof dir));
     join(path, sizeof path, dir, "optimizer.safetensors");
     join(mpath, sizeof mpath, dir, "model.safetensors");
     StFile *f, *mf;
@@ -182,10 +193,237 @@ int checkpoint_load_state(const char *dir, const Model *m, AdamW *o, TrainState 
     return s;
 }
 
-int checkpoint_exists(const char *dir) {
-    char a[4096], b[4096], c[4096];
-    join(a, sizeof a, dir, "config.json");
-    join(b, sizeof b, dir, "model.safetensors");
-    join(c, sizeof c, dir, "optimizer.safetensors");
-    return !access(a, R_OK) && !access(b, R_OK) && !access(c, R_OK);
+// ------------------------------------------------------------------- checkpoints as sets
+
+static const char *const set_files[3] = {"config.json", "model.safetensors", "optimizer.safetensors"};
+
+int checkpoint_stop_point(const char *point, int step) {
+    const char *v = getenv("MESANET_CHECKPOINT_STOP");
+    if (!v || !*v) return MN_OK;
+    size_t n = strcspn(v, "@");
+    if (strlen(point) != n || strncmp(v, point, n)) return MN_OK;
+    if (v[n] == '@' && atoi(v + n + 1) != step) return MN_OK;
+    return mn_error(MN_ERR_IO, "the checkpoint of step %d stopped after '%s' (MESANET_CHECKPOINT_STOP=%s)", step, point, v);
+}
+
+// "step-" and digits, optionally "-" and digits: the names of step directories (and nothing that
+// could leave the checkpoints directory).
+static int is_step_name(const char *s, size_t len) {
+    if (len < 6 || len > 40 || strncmp(s, "step-", 5)) return 0;
+    size_t i = 5, digits = 0;
+    while (i < len && s[i] >= '0' && s[i] <= '9') i++, digits++;
+    if (!digits) return 0;
+    if (i < len && s[i] == '-') {
+        size_t more = 0;
+        for (i++; i < len && s[i] >= '0' && s[i] <= '9'; i++) more++;
+        if (!more) return 0;
+    }
+    return i == len;
+}
+
+// The step directory checkpoints/latest names, in name[cap] (*have = 1), or *have = 0 without one.
+static int latest_name(const char *run, char *name, size_t cap, int *have) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/checkpoints/latest", run);
+    *have = 0;
+    if (access(path, F_OK)) {
+        if (errno == ENOENT || errno == ENOTDIR) return MN_OK;
+        return mn_error(MN_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    char *text;
+    size_t n;
+    MN_TRY(file_read_all(path, 256, &text, &n));
+    if (n > 0 && text[n - 1] == '\n') n--;
+    int ok = is_step_name(text, n) && n < cap;
+    if (ok) {
+        memcpy(name, text, n);
+        name[n] = 0;
+    }
+    free(text);
+    if (!ok) return mn_error(MN_ERR_FORMAT, "%s: does not name a step directory (step-<number>)", path);
+    *have = 1;
+    return MN_OK;
+}
+
+int checkpoint_dir(const char *dir, char *out, size_t n) {
+    char name[64];
+    int have;
+    MN_TRY(latest_name(dir, name, sizeof name, &have));
+    if (have) snprintf(out, n, "%s/checkpoints/%s", dir, name);
+    else snprintf(out, n, "%s", dir);
+    return MN_OK;
+}
+
+static int file_there(const char *dir, const char *file) {
+    char path[4096];
+    join(path, sizeof path, dir, file);
+    return access(path, F_OK) == 0;
+}
+
+int checkpoint_find(const char *run, int *found) {
+    char dir[4096], name[64];
+    int have;
+    *found = 0;
+    MN_TRY(latest_name(run, name, sizeof name, &have));
+    MN_TRY(checkpoint_dir(run, dir, sizeof dir));
+    int there[3];
+    for (int i = 0; i < 3; i++) there[i] = file_there(dir, set_files[i]);
+    if (!have && !there[1] && !there[2]) return MN_OK;  // nothing saved (a config alone is no checkpoint)
+    for (int i = 0; i < 3; i++) {
+        if (there[i]) continue;
+        char path[4096];
+        join(path, sizeof path, dir, set_files[i]);
+        if (i == 2 && there[1])
+            return mn_error(MN_ERR_FORMAT,
+                            "%s: missing: the checkpoint in %s holds the model's weights but not the optimizer state, so "
+                            "training cannot resume from it (--no-resume starts afresh and replaces it; or give another "
+                            "--out)",
+                            path, dir);
+        return mn_error(MN_ERR_FORMAT, "%s: missing: the checkpoint in %s is incomplete (--no-resume starts afresh and "
+                        "replaces it; or give another --out)", path, dir);
+    }
+    *found = 1;
+    return MN_OK;
+}
+
+// The step directory a checkpoint of `step` goes to: step-<step>, or, where that is the latest
+// already (the same step saved again), step-<step>-1, so that the latest is never written into.
+static int step_dir(const char *run, int step, char *name, size_t cap) {
+    char latest[64];
+    int have;
+    MN_TRY(latest_name(run, latest, sizeof latest, &have));
+    snprintf(name, cap, "step-%08d", step);
+    if (have && !strcmp(name, latest)) snprintf(name, cap, "step-%08d-1", step);
+    return MN_OK;
+}
+
+// Removes a step directory and the files in it (ours: the set's files and their temporaries).
+static void remove_step_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char file[4096 + 256];
+            snprintf(file, sizeof file, "%s/%s", path, e->d_name);
+            unlink(file);
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+// Removes every step directory but `keep` (NULL: all). Best effort: a directory left behind
+// costs disk space, never correctness (only the one `latest` names is ever read).
+static void remove_step_dirs(const char *run, const char *keep) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/checkpoints", run);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char (*names)[64] = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {  // collected first: removing while reading may skip entries
+        size_t len = strlen(e->d_name);
+        if (!is_step_name(e->d_name, len) || (keep && !strcmp(e->d_name, keep))) continue;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 16;
+            char(*nn)[64] = realloc(names, nc * sizeof *names);
+            if (!nn) break;
+            names = nn;
+            cap = nc;
+        }
+        snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+    }
+    closedir(d);
+    for (size_t i = 0; i < n; i++) {
+        char path[4096 + 64];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        remove_step_dir(path);
+    }
+    free(names);
+}
+
+int checkpoint_save_set(const char *run, const Model *m, const AdamW *o, const TrainState *t) {
+    char name[64], dir[4096], path[4096];
+    MN_TRY(step_dir(run, t->step, name, sizeof name));
+    snprintf(dir, sizeof dir, "%s/checkpoints/%s", run, name);
+    remove_step_dir(dir);  // what a save killed earlier left there (never the latest: step_dir)
+    MN_TRY(mn_mkdirs(dir));
+    join(path, sizeof path, dir, "config.json");
+    MN_TRY(config_save(&m->cfg, path));
+    MN_TRY(checkpoint_stop_point("config", t->step));
+    MN_TRY(save_weights(dir, m, t->step));
+    MN_TRY(checkpoint_stop_point("model", t->step));
+    MN_TRY(checkpoint_save_state(dir, m, o, t));
+    return checkpoint_stop_point("optimizer", t->step);
+}
+
+// dst becomes src's file: a hard link renamed over it, or, where the file system has none, a copy
+// (each atomic).
+static int publish(const char *src, const char *dst) {
+    char tmp[4096 + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", dst);
+    unlink(tmp);
+    if (!link(src, tmp)) {
+        if (!rename(tmp, dst)) return MN_OK;
+        int e = errno;
+        unlink(tmp);
+        return mn_error(MN_ERR_IO, "%s: cannot rename %s over it: %s", dst, tmp, strerror(e));
+    }
+    return af_copy(src, dst);
+}
+
+int checkpoint_commit(const char *run, int step) {
+    char name[64], dir[4096], path[4096], text[80];
+    MN_TRY(step_dir(run, step, name, sizeof name));
+    snprintf(dir, sizeof dir, "%s/checkpoints/%s", run, name);
+    for (int i = 0; i < 3; i++)
+        if (!file_there(dir, set_files[i]))
+            return mn_error(MN_ERR_IO, "%s/%s: missing: the checkpoint of step %d was not saved", dir, set_files[i], step);
+    // The switch: from here on, loading the run reads this step's set.
+    snprintf(path, sizeof path, "%s/checkpoints/latest", run);
+    int n = snprintf(text, sizeof text, "%s\n", name);
+    AtomicFile af;
+    MN_TRY(af_open(&af, path));
+    int s = af_write(&af, text, (size_t)n);
+    if (s) {
+        af_abort(&af);
+        return s;
+    }
+    MN_TRY(af_commit(&af));
+    MN_TRY(checkpoint_stop_point("latest", step));
+    for (int i = 0; i < 2; i++) {  // config.json, model.safetensors
+        char src[4096], dst[4096];
+        join(src, sizeof src, dir, set_files[i]);
+        join(dst, sizeof dst, run, set_files[i]);
+        MN_TRY(publish(src, dst));
+    }
+    MN_TRY(checkpoint_stop_point("publish", step));
+    remove_step_dirs(run, name);
+    join(path, sizeof path, run, "optimizer.safetensors");  // an older layout's, now superseded
+    unlink(path);
+    return MN_OK;
+}
+
+int checkpoint_save(const char *run, const Model *m, const AdamW *o, const TrainState *t) {
+    MN_TRY(checkpoint_save_set(run, m, o, t));
+    return checkpoint_commit(run, t->step);
+}
+
+int checkpoint_remove_all(const char *run) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/checkpoints/latest", run);
+    // The pointer first: once it is gone, nothing of the old run is read as the latest checkpoint.
+    if (unlink(path) && errno != ENOENT && errno != ENOTDIR)
+        return mn_error(MN_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    remove_step_dirs(run, NULL);
+    snprintf(path, sizeof path, "%s/checkpoints", run);
+    rmdir(path);  // (where only ours were in it)
+    for (int i = 0; i < 3; i++) {
+        join(path, sizeof path, run, set_files[i]);
+        if (unlink(path) && errno != ENOENT && errno != ENOTDIR)
+            return mn_error(MN_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    }
+    return MN_OK;
 }

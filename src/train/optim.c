@@ -1,12 +1,22 @@
 #include "optim.h"
 
 #include <math.h>
+#include <stdint.h>
 
 #include "core/common.h"
 
 int adamw_init(AdamW *o, const Model *model) {
     const Backend *be = model->be;
     o->step = 0;
+    o->m = o->v = NULL;
+    // refused before allocating, as the model's own buffers are (model.h: model_check_batch)
+    double need = 2.0 * (double)model->total * (double)be->elem_size(be, MEM_F32);
+    size_t avail = be->mem_available ? be->mem_available(be) : SIZE_MAX;
+    if (avail != SIZE_MAX && need > (double)avail)
+        return mn_error(MN_ERR_NOMEM,
+                        "optimizer: the AdamW moments of %zu parameters need about %.0f bytes (%.2f GiB), but %zu bytes "
+                        "(%.2f GiB) are available on backend '%s'",
+                        model->count, need, need / 1073741824.0, avail, (double)avail / 1073741824.0, be->name);
     o->m = be->alloc(be, model->total, MEM_F32);
     o->v = be->alloc(be, model->total, MEM_F32);
     if (!o->m || !o->v) {

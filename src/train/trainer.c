@@ -1,17 +1,20 @@
 #include "trainer.h"
 
+#include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/atomic_file.h"
 #include "core/common.h"
 #include "data/loader.h"
 #include "eval/eval.h"
-#include "eval/plot.h"
 #include "train/checkpoint.h"
+#include "train/loss_log.h"
 #include "train/optim.h"
+#include "train/run_info.h"
 
 void train_options_default(TrainOptions *o) {
     memset(o, 0, sizeof *o);
@@ -38,119 +41,15 @@ void train_options_default(TrainOptions *o) {
     o->resume = 1;
 }
 
-// One row of the loss curve.
-typedef struct {
-    double step, loss, lr, grad_norm, tokens, seconds, val_loss;
-} Row;
-
-enum { NCOLS = 7 };
-static const char *const columns[NCOLS] = {"step", "loss", "lr", "grad_norm", "tokens", "seconds", "val_loss"};
-
-typedef struct {
-    Row *rows;
-    int n, cap;
-} History;
-
-static int history_add(History *h, Row r) {
-    if (h->n == h->cap) {
-        int nc = h->cap ? 2 * h->cap : 256;
-        Row *nr = realloc(h->rows, sizeof(Row) * (size_t)nc);
-        if (!nr) return mn_error(MN_ERR_NOMEM, "out of memory");
-        h->rows = nr;
-        h->cap = nc;
-    }
-    h->rows[h->n++] = r;
-    return MN_OK;
-}
-
-// Reads back loss.csv (our own file) up to `step`, for a resumed run.
-static int history_load(History *h, const char *path, int step) {
-    FILE *f = fopen(path, "r");
-    if (!f) return MN_OK;  // no curve yet
-    char line[1024];
-    int s = MN_OK;
-    if (!fgets(line, sizeof line, f)) goto done;  // header
-    while (!s && fgets(line, sizeof line, f)) {
-        Row r;
-        double *v = &r.step;
-        char *p = line, *end;
-        for (int i = 0; i < NCOLS; i++) {
-            v[i] = strtod(p, &end);
-            if (end == p && strncmp(p, "nan", 3) && strncmp(p, "NaN", 3)) {
-                s = mn_error(MN_ERR_FORMAT, "%s: malformed row '%s'", path, line);
-                break;
-            }
-            p = end + (*end == ',');
-        }
-        if (!s && r.step <= step) s = history_add(h, r);
-    }
-done:
-    fclose(f);
-    return s;
-}
-
-static int history_save(const History *h, const char *dir) {
-    char path[4096];
-    double *cols[NCOLS];
-    for (int c = 0; c < NCOLS; c++) {
-        cols[c] = malloc(sizeof(double) * (size_t)(h->n ? h->n : 1));
-        if (!cols[c]) return mn_error(MN_ERR_NOMEM, "out of memory");
-        for (int i = 0; i < h->n; i++) cols[c][i] = (&h->rows[i].step)[c];
-    }
-    snprintf(path, sizeof path, "%s/loss.csv", dir);
-    int s = csv_write(path, columns, NCOLS, (const double *const *)cols, h->n);
-    if (!s && h->n > 0) {
-        // validation points only where measured
-        int nv = 0;
-        double *vx = malloc(sizeof(double) * (size_t)h->n), *vy = malloc(sizeof(double) * (size_t)h->n);
-        for (int i = 0; i < h->n && vx && vy; i++)
-            if (!isnan(h->rows[i].val_loss)) {
-                vx[nv] = h->rows[i].step;
-                vy[nv++] = h->rows[i].val_loss;
-            }
-        PlotSeries series[2] = {{"train loss", cols[0], cols[1], h->n}, {"validation loss", vx, vy, nv}};
-        PlotOpts po = {"Training loss", "step", "loss (nats per token)", 0, 0, 0, 0};
-        snprintf(path, sizeof path, "%s/loss.svg", dir);
-        s = plot_svg(path, &po, series, nv > 0 ? 2 : 1);
-        free(vx);
-        free(vy);
-    }
-    for (int c = 0; c < NCOLS; c++) free(cols[c]);
-    return s;
-}
-
 static void fmt_duration(char *buf, size_t n, double s) {
     if (s < 60) snprintf(buf, n, "%.0fs", s);
     else if (s < 3600) snprintf(buf, n, "%dm%02ds", (int)s / 60, (int)s % 60);
     else snprintf(buf, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
-// Copies src to dst atomically; MN_ERR_IO (without a message) when src is absent.
-static int copy_file(const char *src, const char *dst) {
-    FILE *in = fopen(src, "rb");
-    if (!in) return MN_ERR_IO;  // optional: the caller decides
-    AtomicFile af;
-    int s = af_open(&af, dst);
-    if (s) {
-        fclose(in);
-        return s;
-    }
-    char buf[1 << 16];
-    size_t n;
-    while (!s && (n = fread(buf, 1, sizeof buf, in)) > 0) s = af_write(&af, buf, n);
-    if (!s && ferror(in)) s = mn_error(MN_ERR_IO, "%s: read failed", src);
-    fclose(in);
-    if (s) {
-        af_abort(&af);
-        return s;
-    }
-    return af_commit(&af);
-}
-
-static int make_dir(const char *path) {
-    struct stat st;
-    if (!mkdir(path, 0755) || (!stat(path, &st) && S_ISDIR(st.st_mode))) return MN_OK;
-    return mn_error(MN_ERR_IO, "%s: cannot create the directory", path);
+void train_eta(char *buf, size_t n, int steps_left, int timed, double seconds) {
+    if (timed < 2 || !(seconds > 0)) snprintf(buf, n, "--");
+    else fmt_duration(buf, n, steps_left * (seconds / timed));
 }
 
 // Mean validation loss over the first eval_batches batches of the split, each rank scoring its
@@ -168,12 +67,153 @@ static int validate(Model *m, Group *g, DataLoader *valid, int batches, double *
 }
 
 static int check_options(const TrainOptions *o) {
-    if (o->batch <= 0 || o->seq <= 0 || o->accum <= 0 || o->steps <= 0)
-        return mn_error(MN_ERR_ARG, "train: batch, seq, accum and steps must be > 0");
+    if (o->batch < 0 || o->seq < 0 || o->accum < 0 || o->steps <= 0)
+        return mn_error(MN_ERR_ARG, "train: batch, seq and accum must be > 0 (or 0: unset), steps > 0");
     if (o->warmup < 0 || o->warmup > o->steps) return mn_error(MN_ERR_ARG, "train: warmup must be in [0, steps]");
     if (!(o->lr > 0)) return mn_error(MN_ERR_ARG, "train: lr must be > 0");
     if (o->eval_every < 0 || o->save_every < 0 || o->log_every <= 0)
         return mn_error(MN_ERR_ARG, "train: eval_every and save_every must be >= 0, log_every > 0");
+    if (!o->out || !o->out[0]) return mn_error(MN_ERR_ARG, "train: no run directory (out)");
+    return MN_OK;
+}
+
+// What a run trains with: the options, the unset ones filled from the resumed run or the defaults.
+typedef struct {
+    const char *config, *data;
+    int batch, seq, accum;  // batch: this rank's sequences per micro-batch
+} Settings;
+
+// The config of a fresh run: the named one, with the vocabulary of the data where it leaves it
+// open (vocab, 0: not known here), the training context and the CG steps of the options.
+static int run_config(const TrainOptions *o, const Settings *set, int vocab, ModelConfig *cfg) {
+    MN_TRY(config_load(cfg, set->config));
+    if (cfg->vocab_size == 0) cfg->vocab_size = vocab;  // the preset leaves it to the data
+    if (o->cg_steps > 0) cfg->cg_steps = o->cg_steps;
+    // The config records the training context; the forget-gate bound follows it unless set apart.
+    if (cfg->gate_bound == (float)cfg->seq_len) cfg->gate_bound = (float)set->seq;
+    cfg->seq_len = set->seq;
+    return config_validate(cfg, "train");
+}
+
+// Refuses an option that differs from the resumed run's setting.
+static int refuse_change(const char *out, const char *option, const char *given, const char *run_value, const char *more) {
+    return mn_error(MN_ERR_ARG,
+                    "%s %s differs from the run's %s%s in %s: resuming would %s; resume with the run's settings, or "
+                    "start afresh with --no-resume (which replaces its checkpoint) or another --out",
+                    option, given, run_value, more, out,
+                    !strcmp(option, "--config") || !strcmp(option, "--cg-steps") ? "continue with the run's own model"
+                                                                                 : "change what its data position and steps mean");
+}
+
+static int refuse_int_change(const char *out, const char *option, int given, int run_value, const char *more) {
+    char g[32], r[32];
+    snprintf(g, sizeof g, "%d", given);
+    snprintf(r, sizeof r, "%d", run_value);
+    return refuse_change(out, option, g, r, more);
+}
+
+// The settings of a resumed run: each option given must be the run's (from its run.json, ri, where
+// it has one; an older run without one is checked for its config and seq only).
+static int resume_settings(const TrainOptions *o, int ranks, const Model *m, const RunInfo *ri, Settings *set) {
+    int run_seq = ri ? ri->seq : m->cfg.seq_len;
+    if (o->seq && o->seq != run_seq) return refuse_int_change(o->out, "--seq", o->seq, run_seq, "");
+    set->seq = run_seq;
+    const struct {
+        const char *option;
+        int given, run, *dst, fallback;
+    } sizes[] = {{"--batch", o->batch, ri ? ri->batch : 0, &set->batch, 16}, {"--accum", o->accum, ri ? ri->accum : 0, &set->accum, 1}};
+    for (int i = 0; i < 2; i++) {
+        int given = sizes[i].given, run = sizes[i].run, per_rank = i == 0;  // the batch is per rank, the run's of all
+        char more[96] = "";
+        if (per_rank && ranks > 1) snprintf(more, sizeof more, " (given: %d per rank x %d ranks)", given, ranks);
+        if (given && run && (per_rank ? (long long)given * ranks : given) != run)
+            return refuse_int_change(o->out, sizes[i].option, per_rank ? given * ranks : given, run, more);
+        if (!given && run && per_rank && run % ranks)
+            return mn_error(MN_ERR_ARG, "the run's batch of %d sequences does not split over %d ranks: give --batch", run,
+                            ranks);
+        *sizes[i].dst = given ? given : run ? (per_rank ? run / ranks : run) : sizes[i].fallback;
+    }
+    if (o->cg_steps > 0 && o->cg_steps != m->cfg.cg_steps)
+        return refuse_int_change(o->out, "--cg-steps", o->cg_steps, m->cfg.cg_steps, "");
+    set->config = o->config ? o->config : ri ? ri->config : "demo";
+    set->data = o->data ? o->data : ri ? ri->data : "data/demo";
+    if (o->config) {  // the config it names, made as a fresh run would, against the run's
+        ModelConfig given;
+        char diff[256], more[300], run_name[1100];
+        TrainOptions same = *o;
+        same.cg_steps = m->cfg.cg_steps;
+        MN_TRY(run_config(&same, set, m->cfg.vocab_size, &given));
+        if (config_diff(&given, &m->cfg, diff, sizeof diff)) {
+            snprintf(more, sizeof more, " (%s)", diff);
+            snprintf(run_name, sizeof run_name, "%s", ri ? ri->config : "config (its config.json)");
+            return refuse_change(o->out, "--config", o->config, run_name, more);
+        }
+    }
+    return MN_OK;
+}
+
+// The settings of a fresh run: the options, the defaults where unset.
+static void fresh_settings(const TrainOptions *o, Settings *set) {
+    set->config = o->config ? o->config : "demo";
+    set->data = o->data ? o->data : "data/demo";
+    set->batch = o->batch ? o->batch : 16;
+    set->seq = o->seq ? o->seq : 256;
+    set->accum = o->accum ? o->accum : 1;
+}
+
+// The run's loss curve up to its checkpoint's step, for a resumed run: a missing or damaged
+// loss.csv is refused (resuming would silently lose the history before the checkpoint).
+static int load_history(const char *out, int step, LossLog *hist) {
+    char path[4096], why[1024];
+    snprintf(path, sizeof path, "%s/loss.csv", out);
+    int s = loss_log_read(path, hist);
+    if (s) {
+        snprintf(why, sizeof why, "%s", mn_last_error());
+        return mn_error(s, "%s (the run's loss history, which resuming continues; restore it, or start afresh with "
+                        "--no-resume)", why);
+    }
+    if (hist->n < step) {
+        s = mn_error(MN_ERR_FORMAT, "%s: its rows end at step %d, but the checkpoint is at step %d", path, hist->n, step);
+        loss_log_free(hist);
+        return s;
+    }
+    hist->n = step;  // rows written after the checkpoint, by a save that did not complete
+    return MN_OK;
+}
+
+// The checkpoint of st->step as a set (checkpoint.h), with the loss curve up to it written before
+// the switch to it: a resumed run finds the rows up to its checkpoint's step.
+static int save_checkpoint(const char *out, const Model *m, const AdamW *opt, const TrainState *st, const LossLog *hist) {
+    MN_TRY(checkpoint_save_set(out, m, opt, st));
+    MN_TRY(loss_log_write(hist, out));
+    MN_TRY(checkpoint_stop_point("history", st->step));
+    return checkpoint_commit(out, st->step);
+}
+
+// run.json for a run (re)started with these settings.
+static int write_run_info(const char *out, const Settings *set, int ranks, uint64_t train_tokens) {
+    RunInfo ri;
+    memset(&ri, 0, sizeof ri);
+    char resolved[PATH_MAX];
+    snprintf(ri.config, sizeof ri.config, "%s", set->config);
+    snprintf(ri.data, sizeof ri.data, "%s", realpath(set->data, resolved) ? resolved : set->data);
+    snprintf(ri.data_given, sizeof ri.data_given, "%s", set->data);
+    ri.seq = set->seq;
+    ri.batch = set->batch * ranks;
+    ri.accum = set->accum;
+    ri.train_tokens = train_tokens;
+    return run_info_write(out, &ri);
+}
+
+// The tokenizer travels with the run, so that generate needs only the run directory.
+static int copy_tokenizer(const char *data, const char *out) {
+    const char *files[2] = {"encoder.json", "vocab.bpe"};
+    for (int i = 0; i < 2; i++) {
+        char src[4096], dst[4096];
+        snprintf(src, sizeof src, "%s/%s", data, files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", out, files[i]);
+        if (!access(src, F_OK)) MN_TRY(af_copy(src, dst));  // (data without a tokenizer: none to copy)
+    }
     return MN_OK;
 }
 
@@ -187,114 +227,125 @@ int train_run(const TrainOptions *o, FILE *log) {
     FILE *quiet = NULL;
     if (g->rank > 0 && !(log = quiet = fopen("/dev/null", "w")))  // rank 0 speaks for the group
         return mn_error(MN_ERR_IO, "/dev/null: cannot open");
-    int lead = g->rank == 0;
-    MN_TRY(make_dir(o->out));
-    char train_path[4096], valid_path[4096], path[4096];
-    snprintf(train_path, sizeof train_path, "%s/train.bin", o->data);
-    snprintf(valid_path, sizeof valid_path, "%s/valid.bin", o->data);
+    int lead = g->rank == 0, ranks = g->size;
+    char train_path[4096], valid_path[4096];
 
     Model *m = NULL;
     AdamW opt = {.beta1 = o->beta1, .beta2 = o->beta2, .eps = 1e-8f, .weight_decay = o->weight_decay, .clip = o->clip};
     TrainState st = {.seed = o->seed};
-    History hist = {0};
+    LossLog hist = {0};
     DataLoader train = {0}, valid = {0};
     int32_t *in = NULL, *tg = NULL;
-    int s;
-    int resumed = o->resume && checkpoint_exists(o->out);
+    RunInfo ri;
+    Settings set;
+    int found = 0, have_ri = 0, s = mn_mkdirs(o->out);  // with its parents
+    if (!s && o->resume) s = checkpoint_find(o->out, &found);
+    if (!s && found && run_info_exists(o->out)) have_ri = !(s = run_info_read(o->out, &ri));
+    int resumed = found;
+    if (s) goto done;
     if (resumed) {
         if ((s = checkpoint_load_model(o->out, be, &m))) goto done;
+        if ((s = resume_settings(o, ranks, m, have_ri ? &ri : NULL, &set))) goto done;
         if ((s = adamw_init(&opt, m)) || (s = checkpoint_load_state(o->out, m, &opt, &st))) goto done;
-        snprintf(path, sizeof path, "%s/loss.csv", o->out);
-        if ((s = history_load(&hist, path, st.step))) goto done;
+        if ((s = load_history(o->out, st.step, &hist))) goto done;
         fprintf(log, "train: resuming %s at step %d (%.0f tokens seen)\n", o->out, st.step, st.tokens);
     } else {
+        if (lead && !o->resume && (s = checkpoint_remove_all(o->out))) goto done;  // afresh: the old run goes
+        fresh_settings(o, &set);
         ModelConfig cfg;
         TokenShard probe;
-        if ((s = config_load(&cfg, o->config)) || (s = shard_read(train_path, &probe))) goto done;
-        if (cfg.vocab_size == 0) cfg.vocab_size = (int)probe.vocab_size;  // the preset leaves it to the data
-        if (probe.vocab_size > (uint32_t)cfg.vocab_size)
+        snprintf(train_path, sizeof train_path, "%s/train.bin", set.data);
+        if ((s = config_load(&cfg, set.config)) || (s = shard_read(train_path, &probe))) goto done;
+        s = run_config(o, &set, (int)probe.vocab_size, &cfg);
+        if (!s && probe.vocab_size > (uint32_t)cfg.vocab_size)
             s = mn_error(MN_ERR_ARG, "%s: vocabulary of %u tokens does not fit the model's vocab_size %d", train_path,
                          probe.vocab_size, cfg.vocab_size);
         shard_free(&probe);
         if (s) goto done;
-        if (o->cg_steps > 0) cfg.cg_steps = o->cg_steps;
-        // The config records the training context; the forget-gate bound follows it unless set apart.
-        if (cfg.gate_bound == (float)cfg.seq_len) cfg.gate_bound = (float)o->seq;
-        cfg.seq_len = o->seq;
         if ((s = model_create(&m, &cfg, be)) || (s = model_init_params(m, o->seed)) || (s = adamw_init(&opt, m))) goto done;
     }
-    // The tokenizer travels with the run, so that generate needs only the run directory.
-    const char *tok_files[2] = {"encoder.json", "vocab.bpe"};
-    for (int i = 0; i < 2 && lead; i++) {
-        char src[4096];
-        snprintf(src, sizeof src, "%s/%s", o->data, tok_files[i]);
-        snprintf(path, sizeof path, "%s/%s", o->out, tok_files[i]);
-        int cs = copy_file(src, path);
-        if (cs && cs != MN_ERR_IO) {
-            s = cs;
-            goto done;
-        }
-    }
+    snprintf(train_path, sizeof train_path, "%s/train.bin", set.data);
+    snprintf(valid_path, sizeof valid_path, "%s/valid.bin", set.data);
     // Every rank draws the whole step's batch (so that the data order does not depend on the number
     // of ranks) and trains on its own `batch` rows of each micro-batch.
-    int ranks = g->size;
-    if ((s = loader_open(&train, train_path, o->batch * ranks, o->seq, st.seed, 1))) goto done;
-    if ((s = loader_open(&valid, valid_path, o->batch * ranks, o->seq, 0, 0))) goto done;
+    if ((long long)set.batch * ranks * set.seq > INT_MAX) {
+        s = mn_error(MN_ERR_ARG, "train: %d sequences x %d ranks x %d tokens = %lld tokens per micro-batch, at most %d",
+                     set.batch, ranks, set.seq, (long long)set.batch * ranks * set.seq, INT_MAX);
+        goto done;
+    }
+    size_t N = (size_t)set.batch * set.seq, NR = N * (size_t)ranks;  // tokens of a rank's, of all ranks' micro-batch
+    // Before the batch's buffers: a batch that cannot fit is refused now, naming one that does.
+    MemNeeds needs = {"train", 2 * sizeof(int32_t) * (size_t)set.seq * (size_t)ranks * (size_t)set.accum,
+                      2 * m->total * be->elem_size(be, MEM_F32), ranks};
+    if ((s = model_check_batch(m, set.batch, set.seq, &needs))) goto done;
+    if ((s = loader_open(&train, train_path, set.batch * ranks, set.seq, st.seed, 1))) goto done;
+    if ((s = loader_open(&valid, valid_path, set.batch * ranks, set.seq, 0, 0))) goto done;
+    if (resumed && have_ri && train.shard.n_tokens != ri.train_tokens) {
+        s = mn_error(MN_ERR_ARG,
+                     "--data %s holds %" PRIu64 " training tokens, but the run in %s was trained on %s with %" PRIu64
+                     ": resuming would change what its data position means; resume with the run's data, or start afresh "
+                     "with --no-resume or another --out",
+                     set.data, train.shard.n_tokens, o->out, ri.data, ri.train_tokens);
+        goto done;
+    }
     if (resumed && (s = loader_set_position(&train, st.epoch, st.index))) goto done;
+    if (lead && (!resumed || !have_ri) && (s = write_run_info(o->out, &set, ranks, train.shard.n_tokens))) goto done;
+    if (lead && (s = copy_tokenizer(set.data, o->out))) goto done;
 
-    size_t N = (size_t)o->batch * o->seq, NR = N * (size_t)ranks;  // tokens of a rank's, of all ranks' micro-batch
-    in = malloc(sizeof(int32_t) * NR * (size_t)o->accum);
-    tg = malloc(sizeof(int32_t) * NR * (size_t)o->accum);
+    in = malloc(sizeof(int32_t) * NR * (size_t)set.accum);
+    tg = malloc(sizeof(int32_t) * NR * (size_t)set.accum);
     if (!in || !tg) {
         s = mn_error(MN_ERR_NOMEM, "out of memory");
         goto done;
     }
     LrSchedule sched = {o->lr, o->warmup, o->steps, o->lr_final};
     fprintf(log, "train: %s model, %zu parameters, %s backend; %d x %d tokens x %d accumulation per step, %d steps\n",
-            m->cfg.arch, m->count, be->name, o->batch * ranks, o->seq, o->accum, o->steps);
+            m->cfg.arch, m->count, be->name, set.batch * ranks, set.seq, set.accum, o->steps);
     if (ranks > 1)
-        fprintf(log, "train: data-parallel over %d ranks of %d sequences each, gradients summed %s\n", ranks, o->batch,
+        fprintf(log, "train: data-parallel over %d ranks of %d sequences each, gradients summed %s\n", ranks, set.batch,
                 g->be ? "by the backend's collective (NCCL)" : "through the host");
-    double t_start = mn_now(), t_last = t_start, elapsed0 = st.elapsed, tok_rate = 0;
-    int last_saved = st.step;
+    double t_start = mn_now(), t_last = t_start, t_first = 0, elapsed0 = st.elapsed, tok_rate = 0;
+    int last_saved = st.step, done_here = 0;
     while (st.step < o->steps) {
         float lr = lr_at(&sched, st.step);
         // All micro-batches first: the loss is averaged over every scored token of the step.
         double scored = 0;  // over all ranks' tokens, which every rank has
-        for (int a = 0; a < o->accum && !s; a++) s = loader_next(&train, in + (size_t)a * NR, tg + (size_t)a * NR);
+        for (int a = 0; a < set.accum && !s; a++) s = loader_next(&train, in + (size_t)a * NR, tg + (size_t)a * NR);
         if (s) break;
-        for (size_t i = 0; i < NR * (size_t)o->accum; i++) scored += tg[i] >= 0;
+        for (size_t i = 0; i < NR * (size_t)set.accum; i++) scored += tg[i] >= 0;
         if (scored == 0) {
             s = mn_error(MN_ERR_ARG, "train: step %d has no scored tokens (all targets are document starts)", st.step);
             break;
         }
         if ((s = model_zero_grad(m))) break;
         double loss_sum = 0;
-        for (int a = 0; a < o->accum && !s; a++) {
+        for (int a = 0; a < set.accum && !s; a++) {
             double l;
             size_t mine = (size_t)a * NR + (size_t)g->rank * N;
-            s = model_forward(m, in + mine, tg + mine, o->batch, o->seq, (float)(1.0 / scored), &l);
-            if (!s && a == o->accum - 1) group_grads_begin(g, m);  // summed over the ranks as they complete
+            s = model_forward(m, in + mine, tg + mine, set.batch, set.seq, (float)(1.0 / scored), &l);
+            if (!s && a == set.accum - 1) group_grads_begin(g, m);  // summed over the ranks as they complete
             if (!s) s = model_backward(m);
             loss_sum += l;
         }
         double gnorm;
         if (s || (s = group_grads_end(g, m)) || (s = adamw_step(&opt, m, lr, &gnorm))) break;
         st.step++;
-        st.tokens += (double)NR * o->accum;
+        st.tokens += (double)NR * set.accum;
         loader_get_position(&train, &st.epoch, &st.index);
         double now = mn_now();
         st.elapsed = elapsed0 + (now - t_start);
-        double rate = (double)NR * o->accum / (now - t_last);
-        tok_rate = tok_rate == 0 ? rate : 0.9 * tok_rate + 0.1 * rate;
+        double rate = (double)NR * set.accum / (now - t_last);
+        // The rate of this process's first step includes its start-up: the average starts after it.
+        tok_rate = done_here <= 1 ? rate : 0.9 * tok_rate + 0.1 * rate;
         t_last = now;
+        if (++done_here == 1) t_first = now;
         int time_up = (o->time_limit > 0 && st.elapsed - elapsed0 >= 60.0 * o->time_limit) ||
                       (o->stop_at > 0 && st.step >= o->stop_at);
         // The step's loss over all ranks, and rank 0's clock for all: the ranks stop together.
         double shared[2] = {loss_sum, lead ? time_up : 0};
         if ((s = group_sum_host(g, shared, 2))) break;
         time_up = shared[1] > 0;
-        Row row = {st.step, shared[0] / scored, lr, gnorm, st.tokens, st.elapsed, NAN};
+        LossRow row = {st.step, shared[0] / scored, lr, gnorm, st.tokens, st.elapsed, NAN};
         if (!isfinite(row.loss)) {
             s = mn_error(MN_ERR_NUMERIC, "train: loss is %g at step %d", row.loss, st.step);
             break;
@@ -306,19 +357,17 @@ int train_run(const TrainOptions *o, FILE *log) {
             fprintf(log, "step %6d | validation loss %.4f | perplexity %.2f | CG steps %.1f\n", st.step, row.val_loss,
                     exp(row.val_loss), cg);
         }
-        if ((s = history_add(&hist, row))) break;
+        if ((s = loss_log_add(&hist, row))) break;
         if (st.step % o->log_every == 0 || st.step == 1 || last) {
             char el[32], eta[32];
             fmt_duration(el, sizeof el, st.elapsed);
-            fmt_duration(eta, sizeof eta, (o->steps - st.step) * (double)NR * o->accum / tok_rate);
+            train_eta(eta, sizeof eta, o->steps - st.step, done_here - 1, now - t_first);
             fprintf(log, "step %6d/%d | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s | %s | ETA %s\n", st.step, o->steps,
                     row.loss, lr, gnorm, tok_rate, el, eta);
             fflush(log);
         }
         if (lead && ((o->save_every > 0 && st.step % o->save_every == 0) || last)) {
-            if ((s = checkpoint_save_model(o->out, m, st.step)) || (s = checkpoint_save_state(o->out, m, &opt, &st)) ||
-                (s = history_save(&hist, o->out)))
-                break;
+            if ((s = save_checkpoint(o->out, m, &opt, &st, &hist))) break;
             last_saved = st.step;
         }
         if (time_up) {
@@ -327,16 +376,13 @@ int train_run(const TrainOptions *o, FILE *log) {
             break;
         }
     }
-    if (!s && lead && last_saved != st.step) {
-        if (!(s = checkpoint_save_model(o->out, m, st.step)) && !(s = checkpoint_save_state(o->out, m, &opt, &st)))
-            s = history_save(&hist, o->out);
-    }
+    if (!s && lead && last_saved != st.step) s = save_checkpoint(o->out, m, &opt, &st, &hist);
     if (!s) fprintf(log, "train: done, step %d; checkpoint, loss.csv and loss.svg in %s\n", st.step, o->out);
 done:
     if (quiet) fclose(quiet);
     free(in);
     free(tg);
-    free(hist.rows);
+    loss_log_free(&hist);
     loader_close(&train);
     loader_close(&valid);
     if (m) {

@@ -7,15 +7,20 @@
 #ifndef MN_TRAINER_H
 #define MN_TRAINER_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "train/dist.h"
 
+// A run resumed from its checkpoint keeps what its checkpoint means: config, data, seq, batch (of
+// all ranks together) and accum must be the run's own (recorded in its run.json, run_info.h) or
+// unset (NULL, 0: the run's own), and anything else is refused naming the option; a fresh run
+// takes the defaults of train_options_default for the unset ones.
 typedef struct {
-    const char *config;     // preset name or JSON file (a resumed run keeps its own)
+    const char *config;     // preset name or JSON file
     const char *data;       // directory with train.bin and valid.bin (and the tokenizer files)
-    const char *out;        // run directory: checkpoints, loss.csv, loss.svg
+    const char *out;        // run directory: checkpoints, run.json, loss.csv, loss.svg (made with its parents)
     const char *backend;    // "cpu", "cuda" or "ref"
     int batch, seq, accum;  // sequences per micro-batch, tokens per sequence, micro-batches per step
     int steps, warmup;      // optimizer steps in all, warm-up steps
@@ -28,12 +33,18 @@ typedef struct {
     int cg_steps;           // CG steps in training (0: the config's)
     float time_limit;       // minutes; > 0: stop (and save) when reached
     int stop_at;            // > 0: stop (and save) after this step, as if interrupted
-    int resume;             // continue from `out` when it holds a checkpoint
+    int resume;             // continue from `out` when it holds a checkpoint (0: start afresh, removing it)
     Group *group;           // data-parallel ranks (train/dist.h), each with `batch` sequences of every
                             // micro-batch; rank 0 logs, validates and saves. NULL: this process alone
 } TrainOptions;
 
 void train_options_default(TrainOptions *o);
 int train_run(const TrainOptions *o, FILE *log);
+
+// The ETA of the progress line: "--" until `timed` (>= 2) steps after this process's first have
+// taken `seconds` (the first carries the start-up: allocations, first touches of memory, code
+// loading, and measured alone it overestimates the rest many times); then their mean times the
+// steps left.
+void train_eta(char *buf, size_t n, int steps_left, int timed, double seconds);
 
 #endif
