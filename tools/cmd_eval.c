@@ -183,7 +183,7 @@ static void write_position_files(const char *outdir, const char *run, const char
     if (plot_svg(path, &po, ps, compare ? 4 : 2)) cmd_fail("eval", "%s", mn_last_error());
     printf("  wrote %s/nll_by_position.csv and .svg\n", outdir);
     if (compare) {
-        PlotSeries ds[2] = {{"per position", x, delta, T, 1, 1, 0}, {"running means", x, delta_mean, T, 1, 0, 0}};
+        PlotSeries ds[2] = {{"per position", x, delta, T, 1, 1, 0}, {"of the running means", x, delta_mean, T, 1, 0, 0}};
         char title[8600];
         snprintf(title, sizeof title, "Delta NLL by position: %s minus %s (negative: first is better)", run, compare);
         PlotOpts pd = {title, "token position t", "Delta NLL (nats)", 1, 0, 0, 0};

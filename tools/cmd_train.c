@@ -8,7 +8,7 @@
 
 // What the options say together, in their own names, before the trainer would refuse it
 // in its field names.
-static void check_sizes(const TrainOptions *o, int gpus) {
+static void check_combinations(const TrainOptions *o, int gpus) {
     if (o->warmup > o->steps) cmd_fail("train", "--warmup (%d) must not exceed --steps (%d)", o->warmup, o->steps);
     long long tokens = (long long)o->batch * gpus * o->seq;  // the loader's batch of all ranks, an int
     if (tokens > INT_MAX)
@@ -50,7 +50,7 @@ int cmd_train(int argc, char **argv) {
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
-    check_sizes(&o, gpus);
+    check_combinations(&o, gpus);
     o.seed = (uint64_t)seed;
     o.resume = !no_resume;
     Group g;
