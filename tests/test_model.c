@@ -156,7 +156,7 @@ TEST(model_cpu_matches_reference) {
     cfg.head_dim = 8;
     cfg.mlp_hidden = 40;
     cfg.vocab_size = 37;
-    Model *r, *c;
+    Model *r = NULL, *c = NULL;
     CHECK(!model_create(&r, &cfg, backend_ref()) && !model_create(&c, &cfg, backend_cpu()), "%s", mn_last_error());
     model_init_params(r, 9);
     double *v = xcalloc(r->total, 8);

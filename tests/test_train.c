@@ -66,7 +66,7 @@ TEST(train_resume_reproduces_losses) {
     CHECK(same, "the resumed run's losses differ from the uninterrupted run's");
     CHECK(la[na - 1] < la[0] - 0.15, "training did not reduce the loss (%.3f -> %.3f)", la[0], la[na - 1]);
     // the final weights are identical too
-    Model *ma, *mb;
+    Model *ma = NULL, *mb = NULL;
     CHECK(!checkpoint_load_model(a, backend_cpu(), &ma) && !checkpoint_load_model(b, backend_cpu(), &mb), "%s",
           mn_last_error());
     CHECK(!memcmp(ma->params, mb->params, ma->total * sizeof(float)), "final weights differ");

@@ -104,6 +104,17 @@ static char **rank_environment(int r, int size, int fd) {
     return env;
 }
 
+// Frees a rank's environment: the array and the strings made for it (the others are environ's).
+static void free_environment(char **env) {
+    if (!env) return;
+    for (size_t i = 0; env[i]; i++) {
+        size_t j = 0;
+        while (environ[j] && environ[j] != env[i]) j++;
+        if (!environ[j]) free(env[i]);
+    }
+    free(env);
+}
+
 // The shared region, in a memory file the ranks inherit across exec.
 static int shared_create(int size, int *fd_out, DistShared **out) {
     int fd = memfd_create("mesanet-group", 0);  // no MFD_CLOEXEC: the ranks inherit it
@@ -199,7 +210,7 @@ int dist_launch(int size, char *const argv[]) {
         s = wait_ranks(pids, size);
     }
     if (envs)
-        for (int r = 0; r < size; r++) free(envs[r]);  // (their strings: freed with the process)
+        for (int r = 0; r < size; r++) free_environment(envs[r]);
     free(envs);
     free(pids);
     munmap(sh, shared_bytes(size));
