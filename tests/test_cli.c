@@ -347,8 +347,8 @@ TEST(cli_eval_validates_lengths_and_reports) {
     tmp_remove(&td);
 }
 
-// Without --data, eval scores the run's own data as the run records it (run.json's "data"), and
-// says so where the run records none.
+// Without --data, eval scores the run's own data as its run.json records it, and says so where
+// the run records none (a run made before run.json).
 TEST(cli_eval_defaults_to_the_runs_data) {
     TmpDir td;
     tmp_make(&td);
@@ -356,21 +356,17 @@ TEST(cli_eval_defaults_to_the_runs_data) {
         tmp_remove(&td);
         return;
     }
-    char args[1024], json[512], want[512];
+    char args[1024], want[512];
     snprintf(args, sizeof args, "eval --model %s/run --batch 2 --batches 1 --out %s/e", td.dir, td.dir);
-    char *recorded = slurp(tmp_path(&td, "run/run.json"));
-    if (!recorded[0]) {  // a trainer that records nothing: eval names the fallback
-        ToolRun r = run(&td, args);
-        CHECK(strstr(r.err, "does not record its data directory"), "no note of the fallback:\n%s", r.err);
-        run_free(&r);
-        snprintf(json, sizeof json, "{\"data\": \"%s/data\"}\n", td.dir);
-        write_bytes(tmp_path(&td, "run/run.json"), json, strlen(json));
-    }
-    free(recorded);
     ToolRun r = run(&td, args);
     snprintf(want, sizeof want, " on %s/data/valid.bin:", td.dir);
     CHECK(r.rc == 0 && strstr(r.out, want), "eval without --data: exit status %d, expected '%s' in:\n%s%s", r.rc, want,
           r.out, r.err);
+    run_free(&r);
+    CHECK(!remove(tmp_path(&td, "run/run.json")), "the trainer wrote no run.json");
+    r = run(&td, args);
+    CHECK(strstr(r.err, "does not record its data directory") && strstr(r.err, "data/demo"),
+          "no note of the fallback:\n%s", r.err);
     run_free(&r);
     tmp_remove(&td);
 }
@@ -396,5 +392,27 @@ TEST(cli_generate_reads_the_prompt_from_a_file) {
     expect_refusal(&td, args, "--prompt-file", "cannot read", NULL);
     snprintf(args, sizeof args, "generate --model %s/run --prompt hi --prompt-file %s/prompt.txt", td.dir, td.dir);
     expect_refusal(&td, args, "--prompt", "--prompt-file", "not both");
+    tmp_remove(&td);
+}
+
+TEST(cli_logits_checks_token_ids) {
+    TmpDir td;
+    tmp_make(&td);
+    if (make_tiny_run(&td)) {
+        tmp_remove(&td);
+        return;
+    }
+    char args[1024];
+    const char *bad[] = {"1,,2", "1,300", "-1", "1,2,", "", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "logits --model %s/run --tokens '%s' --out %s/l.bin", td.dir, bad[i], td.dir);
+        expect_refusal(&td, args, "mesanet logits: --tokens", "[0, 299]", NULL);
+    }
+    snprintf(args, sizeof args, "logits --model %s/run --tokens 1,2,299 --out %s/l.bin", td.dir, td.dir);
+    ToolRun r = run(&td, args);
+    size_t n = 0;
+    free(read_bytes(tmp_path(&td, "l.bin"), &n));
+    CHECK(r.rc == 0 && n == 3 * 300 * sizeof(float), "exit status %d, %zu bytes of logits:\n%s", r.rc, n, r.err);
+    run_free(&r);
     tmp_remove(&td);
 }

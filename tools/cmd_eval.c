@@ -8,13 +8,13 @@
 #include <unistd.h>
 
 #include "core/common.h"
-#include "core/json.h"
 #include "data/shard.h"
 #include "eval/eval.h"
 #include "eval/plot.h"
 #include "model/model.h"
 #include "tools/commands.h"
 #include "train/checkpoint.h"
+#include "train/run_info.h"
 
 #define MAX_FACTOR 4096       // --lengths: the largest multiple of the training length
 #define MAX_FACTORS 16        // --lengths: how many
@@ -104,20 +104,15 @@ static int parse_factors(const char *s, int *out, int max) {
     }
 }
 
-// The data directory a run was trained on, as the trainer records it in <run>/run.json ("data",
-// an absolute path). 1 if found; 0 if the run records none (runs from before run.json); fails on a
-// file that cannot be read.
+// The data directory a run was trained on, as its run.json records it (train/run_info.h). 1 if
+// found; 0 for a run without run.json (made before the trainer wrote one); fails on a run.json
+// that cannot be read.
 static int recorded_data_dir(const char *run, char *out, size_t cap) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/run.json", run);
-    if (access(path, F_OK)) return 0;
-    Json *j;
-    if (json_parse_file(path, &j)) cmd_fail("eval", "%s", mn_last_error());
-    const Json *d = json_get(j, "data");
-    int found = d && d->type == JSON_STRING && d->string[0];
-    if (found) snprintf(out, cap, "%s", d->string);
-    json_free(j);
-    return found;
+    if (!run_info_exists(run)) return 0;
+    RunInfo ri;
+    if (run_info_read(run, &ri)) cmd_fail("eval", "%s", mn_last_error());
+    snprintf(out, cap, "%s", ri.data);
+    return ri.data[0] != 0;
 }
 
 // --shard, else --data's valid.bin, else the valid.bin of the run's own data (data/demo where the
