@@ -538,7 +538,7 @@ static void draw_legend(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay
             stroke_style(f, &series[s], s, 2.2);
             fputs("/>\n", f);
         }
-        if (!has_line(o, &series[s]) || series[s].markers)  // a series of isolated points is shown as its marker
+        if (!has_line(o, &series[s]) || series[s].markers)  // dots, or only isolated points: shown by the marker
             fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.2\" fill=\"%s\"/>\n", bx + 22, y, color);
         fprintf(f, "<text class=\"legend-name\" x=\"%.1f\" y=\"%.1f\" fill=\"#222\">", bx + 42, y + TICK_FONT * 0.35);
         xml_put(f, series[s].name);
