@@ -373,7 +373,7 @@ static int check_range(const ModelConfig *c, const Field *f, const char *where) 
     if (isfinite(x) && x >= f->min && x <= f->max) return MN_OK;
     if (f->type == F_BOOL) return mn_error(MN_ERR_ARG, "%s: %s = %g, expected 0 or 1 (false or true)", where, f->key, x);
     if (f->type == F_INT)
-        return mn_error(MN_ERR_ARG, "%s: %s = %g (%s), expected %g to %g", where, f->key, x, f->what, f->min, f->max);
+        return mn_error(MN_ERR_ARG, "%s: %s = %.0f (%s), expected %.0f to %.0f", where, f->key, x, f->what, f->min, f->max);
     return mn_error(MN_ERR_ARG, "%s: %s = %g (%s), expected a finite number from %g to %g", where, f->key, x, f->what,
                     f->min, f->max);
 }
@@ -383,7 +383,11 @@ int config_validate(const ModelConfig *c, const char *where) {
         if (fields[k].type != F_STR) MN_TRY(check_range(c, &fields[k], where));
     if (!memchr(c->mixer, 0, sizeof c->mixer) || !memchr(c->arch, 0, sizeof c->arch))
         return mn_error(MN_ERR_ARG, "%s: mixer or arch is not a terminated string", where);
-    if (!mixer_find(c->mixer)) return mn_error(MN_ERR_ARG, "%s: %s", where, mn_last_error());
+    if (!mixer_find(c->mixer)) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", mn_last_error());  // (mn_error may not read its own buffer)
+        return mn_error(MN_ERR_ARG, "%s: %s", where, why);
+    }
     if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla"))
         return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\" or \"fla\"", where, c->arch);
     if (!(c->norm_eps > 0)) return mn_error(MN_ERR_ARG, "%s: norm_eps must be > 0", where);
