@@ -446,8 +446,9 @@ TEST(robust_loss_log_parser_takes_any_bytes) {
     free(text);
     loss_log_free(&log);
     // run.json's parser likewise
-    const char *bad_runs[] = {"", "[]", "{\"config\": 1}", "{\"config\":\"a\",\"data\":\"b\",\"data_given\":\"c\",\"seq\":1e300,"
-                              "\"batch\":1,\"accum\":1,\"train_tokens\":0}"};
+    const char *seq_too_big = "{\"config\":\"a\",\"data\":\"b\",\"data_given\":\"c\",\"seq\":1e300,"
+                              "\"batch\":1,\"accum\":1,\"train_tokens\":0}";
+    const char *bad_runs[] = {"", "[]", "{\"config\": 1}", seq_too_big};
     for (size_t i = 0; i < sizeof bad_runs / sizeof bad_runs[0]; i++) {
         RunInfo ri;
         CHECK(run_info_parse(bad_runs[i], strlen(bad_runs[i]), "run.json", &ri) == MN_ERR_FORMAT, "run.json %zu parsed", i);
