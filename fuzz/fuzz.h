@@ -19,7 +19,8 @@
 // Cuts a multi-file input: "part0" FUZZ_SEP "part1" FUZZ_SEP "part2".
 #define FUZZ_SEP "\n--mesanet-fuzz-file--\n"
 
-// The harness's scratch directory, made on the first call and removed at exit.
+// The harness's scratch directory, made on the first call (with the subdirectories
+// checkpoints/step-00000003/ that fuzz_checkpoint.c writes into) and removed at exit.
 const char *fuzz_dir(void);
 // "<scratch dir>/<name>" into out[cap].
 void fuzz_path(char *out, size_t cap, const char *name);

@@ -4,9 +4,12 @@
  * train --resume`, `eval` and `generate` read them.
  *
  * Input: config.json FUZZ_SEP model.safetensors FUZZ_SEP optimizer.safetensors
- * (fuzz.h), written into a scratch run directory (a missing part is a missing
- * file); then checkpoint_load_model on the CPU backend and, when that works,
- * checkpoint_load_state into fresh AdamW moments. A config that describes a
+ * [FUZZ_SEP checkpoints/latest] (fuzz.h), written into a scratch run directory
+ * (a missing part is a missing file); with a fourth part, the three files also
+ * go into checkpoints/step-00000003/ and the part becomes checkpoints/latest,
+ * the pointer that loading follows. Then checkpoint_find, checkpoint_load_model
+ * on the CPU backend and, when that works, checkpoint_load_state into fresh
+ * AdamW moments. A config that describes a
  * model of more than 2^18 parameters is skipped: allocating a large model that
  * a valid config asks for is not a parser's fault, and would only slow the runs.
  * Seeds: a tiny model's checkpoint that checkpoint_save_model and
@@ -14,6 +17,7 @@
  *
  *     make fuzz FUZZ_TARGETS=checkpoint FUZZ_TIME=60
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +34,7 @@ static const char *const NAMES[3] = {"config.json", "model.safetensors", "optimi
 
 // 1 if the config in path loads and makes a model small enough to try.
 static int small_enough(const char *path) {
+    // (the run directory's own config: checkpoints/latest's copy is the same bytes)
     ModelConfig c;
     ParamSpec *specs = NULL;
     int n = 0;
@@ -47,16 +52,26 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    const uint8_t *part[3];
-    size_t len[3];
-    int np = fuzz_split(data, size, part, len, 3);
-    char path[512];
+    const uint8_t *part[4];
+    size_t len[4];
+    int np = fuzz_split(data, size, part, len, 4);
+    char path[512], name[128];
     for (int i = 0; i < 3; i++) {
-        if (i < np) fuzz_write(path, sizeof path, NAMES[i], part[i], len[i]);
-        else fuzz_unlink(NAMES[i]);
+        snprintf(name, sizeof name, "checkpoints/step-00000003/%s", NAMES[i]);
+        if (i < np) {
+            fuzz_write(path, sizeof path, NAMES[i], part[i], len[i]);
+            if (np == 4) fuzz_write(path, sizeof path, name, part[i], len[i]);
+        } else {
+            fuzz_unlink(NAMES[i]);
+        }
+        if (np < 4) fuzz_unlink(name);
     }
+    if (np == 4) fuzz_write(path, sizeof path, "checkpoints/latest", part[3], len[3]);
+    else fuzz_unlink("checkpoints/latest");
     fuzz_path(path, sizeof path, "config.json");
     if (!small_enough(path)) return 0;
+    int found;
+    checkpoint_find(fuzz_dir(), &found);
     Model *m = NULL;
     if (checkpoint_load_model(fuzz_dir(), backend_cpu(), &m)) return 0;
     AdamW o;

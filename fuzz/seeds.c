@@ -8,6 +8,7 @@
  * hand-made edge cases are, in fuzz/edge/<target>/). Multi-file inputs are
  * joined with FUZZ_SEP (fuzz.h).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
+#include "train/loss_log.h"
 #include "train/optim.h"
 
 static const char *out_dir;
@@ -224,6 +226,13 @@ static void seed_checkpoints(const char *scratch) {
         const char *f[3] = {files[0], files[1], files[2]};
         put_joined("checkpoint", fla ? "tiny_fla" : "tiny_paper", f, 3);
         put_joined("checkpoint", fla ? "tiny_fla_model_only" : "tiny_paper_model_only", f, 2);
+        // the same set as checkpoints/step-00000003, named by checkpoints/latest
+        char latest[1100];
+        snprintf(latest, sizeof latest, "%s/latest", dir);
+        FILE *lf = fopen(latest, "wb");
+        if (!lf || fputs("step-00000003\n", lf) < 0 || fclose(lf)) die("fuzz_seeds: cannot write %s", latest);
+        const char *g[4] = {files[0], files[1], files[2], latest};
+        put_joined("checkpoint", fla ? "tiny_fla_latest" : "tiny_paper_latest", g, 4);
         if (!fla) {
             size_t n;
             unsigned char *b = slurp(files[1], &n);
@@ -233,6 +242,28 @@ static void seed_checkpoints(const char *scratch) {
         adamw_free(&o, m);
         model_free(m);
     }
+}
+
+static void seed_loss_logs(const char *scratch) {
+    for (int k = 0; k < 2; k++) {
+        LossLog log = {0};
+        int n = k ? 12 : 1;
+        for (int i = 1; i <= n; i++) {
+            LossRow r = {i, 5.5 - 0.1 * i, 1e-3 * i / n, 0.5 + i, 1024.0 * i, 0.25 * i, i % 4 == 0 ? 5.0 - 0.05 * i : NAN};
+            check(loss_log_add(&log, r), "loss_log_add");
+        }
+        char dir[1024], p[1100];
+        snprintf(dir, sizeof dir, "%s/loss%d", scratch, k);
+        check(mn_mkdirs(dir), dir);
+        check(loss_log_write(&log, dir), "loss_log_write");
+        snprintf(p, sizeof p, "%s/loss.csv", dir);
+        size_t len;
+        unsigned char *b = slurp(p, &len);
+        put("loss_log", k ? "twelve_steps" : "one_step", b, len);
+        free(b);
+        loss_log_free(&log);
+    }
+    put_str("loss_log", "header_only", "step,loss,lr,grad_norm,tokens,seconds,val_loss\n");
 }
 
 int main(int argc, char **argv) {
@@ -247,5 +278,6 @@ int main(int argc, char **argv) {
     seed_shards(scratch);
     seed_bpe(scratch);
     seed_checkpoints(scratch);
+    seed_loss_logs(scratch);
     return 0;
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char scratch[256];
@@ -28,6 +29,11 @@ const char *fuzz_dir(void) {
             abort();
         }
         atexit(remove_scratch);
+        char sub[320];
+        snprintf(sub, sizeof sub, "%s/checkpoints", scratch);
+        if (mkdir(sub, 0777)) abort();
+        snprintf(sub, sizeof sub, "%s/checkpoints/step-00000003", scratch);
+        if (mkdir(sub, 0777)) abort();
     }
     return scratch;
 }

@@ -68,6 +68,9 @@ static int parse_row(const char **p, const char *end, const char *name, int row,
     if (r->step != row)
         return mn_error(MN_ERR_FORMAT, "%s:%d: step %g where step %d was expected (one row per step from 1 on)", name, line,
                         r->step, row);
+    // Training stops at a loss that is not finite, so no log of ours holds one (and the plot of
+    // a log without a finite loss could not be drawn on the next save).
+    if (!isfinite(r->loss)) return mn_error(MN_ERR_FORMAT, "%s:%d: the loss is %g, not a finite number", name, line, r->loss);
     return MN_OK;
 }
 

@@ -1,0 +1,32 @@
+/*
+ * Regression tests for what the fuzzers (fuzz/) found: each input is the
+ * smallest form of one that failed, with the file and the fault it showed.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/core/common.h"
+#include "../src/train/loss_log.h"
+#include "test.h"
+#include "tmpdir.h"
+
+// fuzz_loss_log: a loss.csv whose losses are all infinite was read, and the next save of the
+// resumed run failed (loss_log_write: "plot ...: no point has finite x and y"). Training stops at
+// a non-finite loss, so such a file is not ours: refused when read, naming the line.
+TEST(fuzz_regress_loss_log_infinite_loss) {
+    static const char text[] = "step,loss,lr,grad_norm,tokens,seconds,val_loss\n"
+                               "1,5.1e3084,8.33333333166666e-05,1.5,1024,25,3331e308\n";
+    LossLog log;
+    int s = loss_log_parse(text, sizeof text - 1, "loss.csv", &log);
+    CHECK(s == MN_ERR_FORMAT && strstr(mn_last_error(), "loss.csv:2:"), "status %d: %s", s, mn_last_error());
+    CHECK(log.n == 0 && !log.rows, "a refused log is left empty");
+    // a finite loss with an infinite validation loss and gradient norm still reads, and writes
+    static const char ok[] = "step,loss,lr,grad_norm,tokens,seconds,val_loss\n1,5.5,0.001,inf,1024,0.5,inf\n";
+    CHECK(!loss_log_parse(ok, sizeof ok - 1, "loss.csv", &log) && log.n == 1, "%s", mn_last_error());
+    TmpDir t;
+    tmp_make(&t);
+    CHECK(!loss_log_write(&log, t.dir), "%s", mn_last_error());
+    loss_log_free(&log);
+    tmp_remove(&t);
+}
