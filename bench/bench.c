@@ -1,5 +1,6 @@
 // `mesanet bench <what>`: dispatches to the benchmarks; and their shared helpers.
 #include <math.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,8 +80,9 @@ int bench_parse_ints(const char *s, int *out, int max) {
     int n = 0;
     while (*s && n < max) {
         char *end;
+        errno = 0;
         long v = strtol(s, &end, 10);
-        if (end == s || v <= 0) return -1;
+        if (end == s || v <= 0 || v > 1 << 24 || errno == ERANGE) return -1;  // sizes, not counters
         out[n++] = (int)v;
         s = *end == ',' ? end + 1 : end;
         if (*end && *end != ',') return -1;

@@ -1,6 +1,7 @@
 // mesanet train: train a language model on token shards.
 #include <limits.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core/common.h"
 #include "tools/commands.h"
@@ -8,6 +9,14 @@
 
 // What the options say together, in their own names, before the trainer would refuse it
 // in its field names.
+static int option_given(int argc, char **argv, const char *name) {
+    size_t n = strlen(name);
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--", 2) && !strncmp(argv[i] + 2, name, n) && (!argv[i][2 + n] || argv[i][2 + n] == '='))
+            return 1;
+    return 0;
+}
+
 static void check_combinations(const TrainOptions *o, int gpus) {
     if (o->warmup > o->steps) cmd_fail("train", "--warmup (%d) must not exceed --steps (%d)", o->warmup, o->steps);
     long long tokens = (long long)o->batch * gpus * o->seq;  // the loader's batch of all ranks, an int
@@ -30,7 +39,7 @@ int cmd_train(int argc, char **argv) {
         {"seq", OPT_INT, &o.seq, "tokens per sequence (the training context)", 2, 1 << 24},
         {"accum", OPT_INT, &o.accum, "micro-batches per optimizer step", 1, 65536},
         {"steps", OPT_INT, &o.steps, "optimizer steps", 1, 1e9},
-        {"warmup", OPT_INT, &o.warmup, "linear warm-up steps (at most --steps)", 0, 1e9},
+        {"warmup", OPT_INT, &o.warmup, "linear warm-up steps, at most --steps (default: 100, or a tenth of a shorter run)", 0, 1e9},
         {"lr", OPT_FLOAT, &o.lr, "peak learning rate", 1e-9, 10},
         {"lr-final", OPT_FLOAT, &o.lr_final, "the cosine decays to this fraction of the peak", 0, 1},
         {"wd", OPT_FLOAT, &o.weight_decay, "weight decay (not on embeddings, norms, gate biases, lambda)", 0, 1},
@@ -50,6 +59,8 @@ int cmd_train(int argc, char **argv) {
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
+    // The default warm-up suits long runs; a short one without --warmup warms up for a tenth of it.
+    if (!option_given(argc, argv, "warmup") && o.warmup > o.steps) o.warmup = o.steps / 10;
     check_combinations(&o, gpus);
     o.seed = (uint64_t)seed;
     o.resume = !no_resume;
