@@ -244,7 +244,7 @@ TEST(cli_train_checks_in_option_terms) {
     TmpDir td;
     tmp_make(&td);
     expect_refusal(&td, "train --seq 1", "--seq", "[2, 16777216]", "got '1'");
-    expect_refusal(&td, "train --steps 5", "--warmup (100) must not exceed --steps (5)", NULL, NULL);
+    expect_refusal(&td, "train --steps 5 --warmup 100", "--warmup (100) must not exceed --steps (5)", NULL, NULL);
     expect_refusal(&td, "train --batch 65536 --seq 65536", "--batch", "--seq", "tokens per micro-batch");
     tmp_remove(&td);
 }
