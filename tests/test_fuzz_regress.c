@@ -11,6 +11,19 @@
 #include "test.h"
 #include "tmpdir.h"
 
+// A whole file as a NUL-terminated string (NULL if it cannot be read).
+static char *read_text(const char *path) {
+    size_t n;
+    unsigned char *b = read_bytes(path, &n);
+    char *s = b ? malloc(n + 1) : NULL;
+    if (s) {
+        memcpy(s, b, n);
+        s[n] = 0;
+    }
+    free(b);
+    return s;
+}
+
 // fuzz_loss_log: a loss.csv whose losses are all infinite was read, and the next save of the
 // resumed run failed (loss_log_write: "plot ...: no point has finite x and y"). Training stops at
 // a non-finite loss, so such a file is not ours: refused when read, naming the line.
@@ -27,6 +40,28 @@ TEST(fuzz_regress_loss_log_infinite_loss) {
     TmpDir t;
     tmp_make(&t);
     CHECK(!loss_log_write(&log, t.dir), "%s", mn_last_error());
+    loss_log_free(&log);
+    tmp_remove(&t);
+}
+
+// fuzz_loss_log: a loss.csv with one subnormal loss (6e-323) was read, and plotting it on the next
+// save was undefined behaviour: the axis's span underflowed to 0, and log10 of a zero step went
+// into an int (src/eval/plot.c, axis_linear). Now a span too small to divide is widened.
+TEST(fuzz_regress_loss_log_subnormal_loss_plots) {
+    static const char text[] = "step,loss,lr,grad_norm,tokens,seconds,val_loss\n"
+                               "1,-061e-324,0.001,.5,1024,0.25,nan\n"
+                               "2,5e-324,0.001,.5,2048,0.5,5e-324\n";
+    LossLog log;
+    CHECK(!loss_log_parse(text, sizeof text - 1, "loss.csv", &log) && log.n == 2, "%s", mn_last_error());
+    TmpDir t;
+    tmp_make(&t);
+    for (int n = 1; n <= 2; n++) {  // one point, then two points a subnormal apart
+        log.n = n;
+        CHECK(!loss_log_write(&log, t.dir), "%d rows: %s", n, mn_last_error());
+        char *svg = read_text(tmp_path(&t, "loss.svg"));
+        CHECK(svg && *svg && !strstr(svg, "nan") && !strstr(svg, "inf"), "%d rows: loss.svg is missing or holds NaN", n);
+        free(svg);
+    }
     loss_log_free(&log);
     tmp_remove(&t);
 }

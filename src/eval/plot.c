@@ -12,6 +12,7 @@
  */
 #include "plot.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,8 +138,9 @@ static void format_linear(char *buf, size_t cap, double v, double step, double m
 // Limits on multiples of a 1, 2 or 5 x 10^k step giving about `target` intervals.
 static void axis_linear(Axis *a, double min, double max, int target) {
     memset(a, 0, sizeof *a);
-    if (max == min) {  // one value: centre it
-        double d = min != 0 ? fabs(min) * 0.1 : 1;
+    if (!((max - min) / target >= DBL_MIN)) {  // one value, or a span too small to divide: centre it
+        double d = fmax(fabs(min), fabs(max)) * 0.1;
+        if (!(d / target >= DBL_MIN)) d = 1;  // 0, or so near it that a tenth of it is no step
         min -= d;
         max += d;
     }
