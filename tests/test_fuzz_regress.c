@@ -1,12 +1,17 @@
 /*
- * Regression tests for what the fuzzers (fuzz/) found: each input is the
+ * Regression tests for what the fuzzers (fuzz/), the sanitizer build (make
+ * SAN=1) and the review of the parsers around them found: each input is the
  * smallest form of one that failed, with the file and the fault it showed.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
+
 #include "../src/core/common.h"
+#include "../src/core/json.h"
+#include "../src/data/bpe.h"
 #include "../src/train/loss_log.h"
 #include "test.h"
 #include "tmpdir.h"
@@ -63,5 +68,25 @@ TEST(fuzz_regress_loss_log_subnormal_loss_plots) {
         free(svg);
     }
     loss_log_free(&log);
+    tmp_remove(&t);
+}
+
+// Review of the file readers: a directory where encoder.json or vocab.bpe should be was measured
+// with fseek/ftell, which a directory answers with a huge size, and refused as "cannot read
+// 9223372036854775807 bytes" (MN_ERR_NOMEM). json_parse_file and bpe_load now read through
+// file_read_all: MN_ERR_IO, "is a directory".
+TEST(fuzz_regress_directory_for_a_json_file) {
+    TmpDir t;
+    tmp_make(&t);
+    char enc[300], voc[300];
+    snprintf(enc, sizeof enc, "%s", tmp_path(&t, "encoder.json"));
+    snprintf(voc, sizeof voc, "%s", tmp_path(&t, "vocab.bpe"));
+    CHECK(!mkdir(enc, 0755) && !mkdir(voc, 0755), "mkdir");
+    Json *j = NULL;
+    int s = json_parse_file(enc, &j);
+    CHECK(s == MN_ERR_IO && strstr(mn_last_error(), "is a directory"), "json_parse_file: %d %s", s, mn_last_error());
+    Bpe *bpe = NULL;
+    s = bpe_load(&bpe, enc, voc);
+    CHECK(s == MN_ERR_IO && strstr(mn_last_error(), "is a directory"), "bpe_load: %d %s", s, mn_last_error());
     tmp_remove(&t);
 }

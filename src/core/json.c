@@ -1,9 +1,14 @@
 #include "json.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "atomic_file.h"
 #include "common.h"
+
+// The largest JSON file json_parse_file reads (configs are tiny; GPT-2's encoder.json is 1 MB).
+#define JSON_MAX_FILE ((size_t)1 << 30)
 
 typedef struct {
     const char *s, *end, *name;
@@ -97,6 +102,7 @@ static int parse_string(Parser *p, char **out, size_t *out_len) {
 
 static int push(Json **items, int *count, int *cap, Json **slot) {
     if (*count == *cap) {
+        if (*cap > INT_MAX / 2) return mn_error(MN_ERR_FORMAT, "JSON array or object of more than %d values", *cap);
         int nc = *cap ? 2 * *cap : 4;
         Json *ni = realloc(*items, sizeof(Json) * (size_t)nc);
         if (!ni) return mn_error(MN_ERR_NOMEM, "out of memory parsing JSON");
@@ -187,17 +193,11 @@ int json_parse(const char *text, size_t len, const char *name, Json **out) {
 }
 
 int json_parse_file(const char *path, Json **out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return mn_error(MN_ERR_IO, "%s: cannot open", path);
-    if (fseek(f, 0, SEEK_END)) { fclose(f); return mn_error(MN_ERR_IO, "%s: cannot seek", path); }
-    long n = ftell(f);
-    rewind(f);
-    char *text = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (!text) { fclose(f); return mn_error(MN_ERR_NOMEM, "%s: cannot read %ld bytes", path, n); }
-    size_t got = fread(text, 1, (size_t)n, f);
-    fclose(f);
-    if (got != (size_t)n) { free(text); return mn_error(MN_ERR_IO, "%s: short read", path); }
-    int s = json_parse(text, (size_t)n, path, out);
+    char *text;
+    size_t n;
+    // A regular file (a directory is refused as one, not read as a huge size) of sane size.
+    MN_TRY(file_read_all(path, JSON_MAX_FILE, &text, &n));
+    int s = json_parse(text, n, path, out);
     free(text);
     return s;
 }

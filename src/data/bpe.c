@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "bpe_internal.h"
+#include "core/atomic_file.h"
 #include "core/common.h"
 #include "core/json.h"
 #include "unicode_tables.h"
@@ -307,29 +308,11 @@ size_t bpe_pretoken_end(const unsigned char *text, size_t len, size_t pos) {
 // ---------------------------------------------------------------------------
 // Loading
 
+// The whole of vocab.bpe (a regular file; GPT-2's is 456 KB), NUL-terminated.
 static int read_file(const char *path, unsigned char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return mn_error(MN_ERR_IO, "%s: cannot open (%s)", path, strerror(errno));
-    long n = -1;
-    if (!fseek(f, 0, SEEK_END)) n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET)) {
-        fclose(f);
-        return mn_error(MN_ERR_IO, "%s: cannot seek", path);
-    }
-    unsigned char *buf = malloc((size_t)n + 1);
-    if (!buf) {
-        fclose(f);
-        return mn_error(MN_ERR_NOMEM, "%s: cannot allocate %ld bytes", path, n);
-    }
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    if (got != (size_t)n) {
-        free(buf);
-        return mn_error(MN_ERR_IO, "%s: short read", path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = (size_t)n;
+    char *text;
+    MN_TRY(file_read_all(path, (size_t)1 << 30, &text, len));
+    *out = (unsigned char *)text;
     return MN_OK;
 }
 
