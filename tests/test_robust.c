@@ -347,14 +347,26 @@ TEST(robust_resume_refuses_other_settings) {
     c = o;
     c.data = other;
     CHECK_FAILS(train_run(&c, dn), MN_ERR_ARG, "holds 3000 training tokens, but the run");
-    // Nothing given: the run's own settings; the same settings given: resumes too.
+    // The same data at another place: resumes, and run.json records where it is now.
+    char moved[256];
+    snprintf(moved, sizeof moved, "%s/moved", t.dir);
+    CHECK(!rename(data, moved), "cannot move the data");
+    c = o;
+    c.data = moved;
+    c.stop_at = 6;
+    CHECK(!train_run(&c, dn), "resumed with the data moved: %s", mn_last_error());
+    CHECK(!run_info_read(run, &ri) && strstr(ri.data, "/moved") && !strcmp(ri.data_given, moved) && ri.seq == 32,
+          "run.json after the move: data %s (%s)", ri.data, ri.data_given);
+    CHECK(!rename(moved, data), "cannot move the data back");
+    // Nothing given: the run's own settings (the data where run.json says: moved back, so given);
+    // the same settings given: resumes too.
     c = o;
     c.config = NULL;
-    c.data = NULL;
     c.seq = c.batch = c.accum = c.cg_steps = 0;
     c.stop_at = 8;
     CHECK(!train_run(&c, dn), "resumed with the run's settings: %s", mn_last_error());
     o.stop_at = 0;
+    o.data = NULL;  // where run.json says (back at its place: the run before noted it)
     CHECK(!train_run(&o, dn), "resumed with the same settings: %s", mn_last_error());
     double l[32];
     CHECK(read_losses(run, l, 32) == 12, "loss rows after the resumes");
@@ -642,19 +654,24 @@ TEST(robust_first_eta_is_not_from_the_first_step) {
 
 // dist_launch frees the ranks' environments, strings and all: the heap in use is the same after
 // a launch as before it. The ranks are this test binary with a filter that selects no test.
+// Freed small blocks stay in glibc's per-thread cache, which mallinfo counts as in use, until the
+// cache holds its fill of each size: the first launches fill it (by 352 to 928 bytes each, then
+// 0 from the fifth on), so the heap is compared only after 8 of them. Without the fix every
+// launch keeps 320 bytes more.
 TEST(robust_rank_launch_frees_its_environments) {
     char *argv[] = {"run_tests", "no test has this name", NULL};
     fflush(stdout);
     int saved = dup(1), null = open("/dev/null", O_WRONLY);  // for the ranks' "0 passed" lines
     CHECK(saved >= 0 && null >= 0 && dup2(null, 1) == 1, "cannot send the ranks' output to /dev/null");
     close(null);
-    int s = dist_launch(2, argv);  // the first launch makes whatever stays for the process
+    int s = MN_OK;
+    for (int i = 0; i < 8 && !s; i++) s = dist_launch(2, argv);
     size_t before = mallinfo2().uordblks;
-    if (!s) s = dist_launch(2, argv);
+    for (int i = 0; i < 3 && !s; i++) s = dist_launch(2, argv);
     size_t after = mallinfo2().uordblks;
     fflush(stdout);
     dup2(saved, 1);
     close(saved);
     CHECK(!s, "launch: %s", mn_last_error());
-    CHECK(after == before, "the heap grew by %zd bytes over a launch of 2 ranks", (ssize_t)(after - before));
+    CHECK(after == before, "the heap grew by %zd bytes over 3 launches of 2 ranks", (ssize_t)(after - before));
 }

@@ -205,6 +205,17 @@ static int write_run_info(const char *out, const Settings *set, int ranks, uint6
     return run_info_write(out, &ri);
 }
 
+// A resumed run given its data at another place (the same tokens: checked before) records the new
+// one, where eval looks for it.
+static int note_moved_data(const char *out, const RunInfo *ri, const char *data) {
+    char resolved[PATH_MAX];
+    if (!realpath(data, resolved) || !strcmp(resolved, ri->data)) return MN_OK;
+    RunInfo moved = *ri;
+    snprintf(moved.data, sizeof moved.data, "%s", resolved);
+    snprintf(moved.data_given, sizeof moved.data_given, "%s", data);
+    return run_info_write(out, &moved);
+}
+
 // The tokenizer travels with the run, so that generate needs only the run directory.
 static int copy_tokenizer(const char *data, const char *out) {
     const char *files[2] = {"encoder.json", "vocab.bpe"};
@@ -290,6 +301,7 @@ int train_run(const TrainOptions *o, FILE *log) {
     }
     if (resumed && (s = loader_set_position(&train, st.epoch, st.index))) goto done;
     if (lead && (!resumed || !have_ri) && (s = write_run_info(o->out, &set, ranks, train.shard.n_tokens))) goto done;
+    if (lead && resumed && have_ri && (s = note_moved_data(o->out, &ri, set.data))) goto done;
     if (lead && (s = copy_tokenizer(set.data, o->out))) goto done;
 
     in = malloc(sizeof(int32_t) * NR * (size_t)set.accum);
