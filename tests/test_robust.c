@@ -269,6 +269,13 @@ TEST(robust_config_numbers_are_checked_before_conversion) {
     write_bytes(tmp_path(&t, "run/config.json"), "{}", 2);
     CHECK_FAILS(config_load(&c, tmp_path(&t, "run")), MN_ERR_IO, "is a directory, not a config file; the run's config is");
     CHECK_FAILS(config_load(&c, "/dev/null"), MN_ERR_IO, "not a regular file");
+    // A preset's name stays the preset beside a directory of that name.
+    char cwd[4096];
+    if (getcwd(cwd, sizeof cwd) && !chdir(t.dir)) {
+        mkdir("tiny", 0755);
+        CHECK(!config_load(&c, "tiny") && c.dim == 32, "preset tiny beside a directory 'tiny': %s", mn_last_error());
+        CHECK(!chdir(cwd), "cannot return to %s", cwd);
+    }
     tmp_remove(&t);
 }
 

@@ -291,8 +291,12 @@ static int config_file_kind(const char *spec, int *is_file) {
 
 int config_load(ModelConfig *c, const char *spec) {
     if (!spec || !spec[0]) return mn_error(MN_ERR_ARG, "config: empty name (a preset or a JSON file)");
-    int is_file;
-    MN_TRY(config_file_kind(spec, &is_file));
+    int is_file, kind = config_file_kind(spec, &is_file);
+    if (kind) {  // a preset's name is still that preset where a directory of that name is at hand
+        char why[1024];
+        snprintf(why, sizeof why, "%s", mn_last_error());
+        return config_preset(c, spec) ? mn_error(kind, "%s", why) : MN_OK;
+    }
     if (!is_file) return config_preset(c, spec);
     char *text;
     size_t n;

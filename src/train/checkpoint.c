@@ -413,17 +413,18 @@ int checkpoint_save(const char *run, const Model *m, const AdamW *o, const Train
 
 int checkpoint_remove_all(const char *run) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/checkpoints/latest", run);
-    // The pointer first: once it is gone, nothing of the old run is read as the latest checkpoint.
-    if (unlink(path) && errno != ENOENT && errno != ENOTDIR)
-        return mn_error(MN_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
-    remove_step_dirs(run, NULL);
-    snprintf(path, sizeof path, "%s/checkpoints", run);
-    rmdir(path);  // (where only ours were in it)
+    // The run directory's files, then the pointer, then what it pointed to: a kill on the way
+    // leaves the old run's latest checkpoint whole, or none of it that could be resumed.
     for (int i = 0; i < 3; i++) {
         join(path, sizeof path, run, set_files[i]);
         if (unlink(path) && errno != ENOENT && errno != ENOTDIR)
             return mn_error(MN_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
     }
+    snprintf(path, sizeof path, "%s/checkpoints/latest", run);
+    if (unlink(path) && errno != ENOENT && errno != ENOTDIR)
+        return mn_error(MN_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    remove_step_dirs(run, NULL);
+    snprintf(path, sizeof path, "%s/checkpoints", run);
+    rmdir(path);  // (where only ours were in it)
     return MN_OK;
 }
