@@ -105,18 +105,18 @@ static int refuse_change(const char *out, const char *option, const char *given,
                                                                                  : "change what its data position and steps mean");
 }
 
-static int refuse_int_change(const char *out, const char *option, int given, int run_value, const char *more) {
+static int refuse_int_change(const char *out, const char *option, int given, int run_value) {
     char g[32], r[32];
     snprintf(g, sizeof g, "%d", given);
     snprintf(r, sizeof r, "%d", run_value);
-    return refuse_change(out, option, g, r, more);
+    return refuse_change(out, option, g, r, "");
 }
 
 // The settings of a resumed run: each option given must be the run's (from its run.json, ri, where
 // it has one; an older run without one is checked for its config and seq only).
 static int resume_settings(const TrainOptions *o, int ranks, const Model *m, const RunInfo *ri, Settings *set) {
     int run_seq = ri ? ri->seq : m->cfg.seq_len;
-    if (o->seq && o->seq != run_seq) return refuse_int_change(o->out, "--seq", o->seq, run_seq, "");
+    if (o->seq && o->seq != run_seq) return refuse_int_change(o->out, "--seq", o->seq, run_seq);
     set->seq = run_seq;
     const struct {
         const char *option;
@@ -124,17 +124,21 @@ static int resume_settings(const TrainOptions *o, int ranks, const Model *m, con
     } sizes[] = {{"--batch", o->batch, ri ? ri->batch : 0, &set->batch, 16}, {"--accum", o->accum, ri ? ri->accum : 0, &set->accum, 1}};
     for (int i = 0; i < 2; i++) {
         int given = sizes[i].given, run = sizes[i].run, per_rank = i == 0;  // the batch is per rank, the run's of all
-        char more[96] = "";
-        if (per_rank && ranks > 1) snprintf(more, sizeof more, " (given: %d per rank x %d ranks)", given, ranks);
-        if (given && run && (per_rank ? (long long)given * ranks : given) != run)
-            return refuse_int_change(o->out, sizes[i].option, per_rank ? given * ranks : given, run, more);
+        long long total = per_rank ? (long long)given * ranks : given;
+        if (given && run && total != run) {
+            if (!per_rank || ranks == 1) return refuse_int_change(o->out, sizes[i].option, given, run);
+            char g[80], r[32];
+            snprintf(g, sizeof g, "%d (x %d ranks: %lld sequences)", given, ranks, total);
+            snprintf(r, sizeof r, "%d", run);
+            return refuse_change(o->out, sizes[i].option, g, r, "");
+        }
         if (!given && run && per_rank && run % ranks)
             return mn_error(MN_ERR_ARG, "the run's batch of %d sequences does not split over %d ranks: give --batch", run,
                             ranks);
         *sizes[i].dst = given ? given : run ? (per_rank ? run / ranks : run) : sizes[i].fallback;
     }
     if (o->cg_steps > 0 && o->cg_steps != m->cfg.cg_steps)
-        return refuse_int_change(o->out, "--cg-steps", o->cg_steps, m->cfg.cg_steps, "");
+        return refuse_int_change(o->out, "--cg-steps", o->cg_steps, m->cfg.cg_steps);
     set->config = o->config ? o->config : ri ? ri->config : "demo";
     set->data = o->data ? o->data : ri ? ri->data : "data/demo";
     if (o->config) {  // the config it names, made as a fresh run would, against the run's
@@ -248,7 +252,7 @@ int train_run(const TrainOptions *o, FILE *log) {
     DataLoader train = {0}, valid = {0};
     int32_t *in = NULL, *tg = NULL;
     RunInfo ri;
-    Settings set;
+    Settings set = {0};
     int found = 0, have_ri = 0, s = mn_mkdirs(o->out);  // with its parents
     if (!s && o->resume) s = checkpoint_find(o->out, &found);
     if (!s && found && run_info_exists(o->out)) have_ri = !(s = run_info_read(o->out, &ri));
