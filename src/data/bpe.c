@@ -308,14 +308,6 @@ size_t bpe_pretoken_end(const unsigned char *text, size_t len, size_t pos) {
 // ---------------------------------------------------------------------------
 // Loading
 
-// The whole of vocab.bpe (a regular file; GPT-2's is 456 KB), NUL-terminated.
-static int read_file(const char *path, unsigned char **out, size_t *len) {
-    char *text;
-    MN_TRY(file_read_all(path, (size_t)1 << 30, &text, len));
-    *out = (unsigned char *)text;
-    return MN_OK;
-}
-
 // Converts s[0..n), characters of GPT-2's byte alphabet in UTF-8, to the bytes
 // they spell (out may be NULL to count them). Returns the number of bytes, or
 // -1 with *bad set to the first character outside the alphabet.
@@ -433,7 +425,9 @@ static int read_merges(Bpe *bpe, const ByteMap *map, const char *path, const cha
     unsigned char *text = NULL, *tmp = NULL;
     size_t len = 0;
     int *made_at = NULL;  // line of the merge that makes each token; -1 for bytes, 0 if none
-    MN_TRY(read_file(path, &text, &len));
+    char *raw = NULL;  // the whole of vocab.bpe (GPT-2's is 456 KB), NUL-terminated
+    MN_TRY(file_read_all(path, (size_t)1 << 30, &raw, &len));
+    text = (unsigned char *)raw;
     size_t lines = 0;
     for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
     int s = MN_OK;
