@@ -267,7 +267,11 @@ int model_check_batch(const Model *m, int B, int T, const MemNeeds *needs) {
     int host_short = fit_host < fit;
     double need = host_short ? per_host * B : per_pool * B, have = host_short ? host_avail : avail;
     double model_bytes = (double)m->total * (double)(be->elem_size(be, MEM_PARAM) + be->elem_size(be, MEM_F32));
-    double fits = fmin(fmin(fit, fit_host), (double)B);
+    // The batch suggested leaves room for what the estimate leaves out (the backends' own
+    // workspaces: measured 6% beyond it for the 1b config on an H100, at 2048 tokens a sequence).
+    const double margin = 1.15;
+    double fits = fmin(floor(avail / (per_pool * margin)), (double)B);
+    if (device && per_host > 0) fits = fmin(fits, floor(host_avail / (per_host * margin)));
     char advice[160];
     if (fits >= 1)
         snprintf(advice, sizeof advice, "a batch of at most %.0f sequences of %d tokens fits", fits, T);
