@@ -3,7 +3,8 @@
 # Knobs: CUDA=0 turns the CUDA backend off even where nvcc exists; NCCL=0 builds it without
 # NCCL (several GPUs then sum their gradients through the host); NATIVE=0 builds for
 # generic x86-64 instead of this machine's instruction set; BLAS_CFLAGS/BLAS_LIBS point at
-# another CBLAS.
+# another CBLAS; CC=clang builds with clang; SAN=1 builds with the sanitizers (below); `make fuzz`
+# builds and runs the fuzzers (below, fuzz/).
 
 CC      ?= gcc
 NATIVE  ?= 1
@@ -147,10 +148,12 @@ fuzz-build: $(FUZZ_TARGETS:%=$(BUILD)/fuzz-%) $(BUILD)/fuzz_seeds
 .SECONDARY: $(FUZZ_OBJ)
 
 $(BUILD)/fuzz-%: $(BUILD)/fuzz/fuzz_%.o $(BUILD)/fuzz/util.o $(BUILD)/libmesanet.a
-	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+	@echo "link $@"
+	@$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
 
 $(BUILD)/fuzz_seeds: $(BUILD)/fuzz/seeds.o $(BUILD)/libmesanet.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	@echo "link $@"
+	@$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 clean:
 	rm -rf $(BUILD)
