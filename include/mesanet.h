@@ -97,6 +97,49 @@ typedef struct {
 int mn_mesa_forward(const MnMesaDims *dims, const MnSolver *solver, const MnMesaFwd *io);
 int mn_mesa_backward(const MnMesaDims *dims, const MnSolver *solver, const MnMesaBwd *io);
 
+// ---------------------------------------------------------------------------
+// The gated linear-attention family (../shared/spec/mixers.md sections 1-2)
+//
+// Per head and sequence, with one state S (Dv x Dk) and read-out o_t = scale S_t q_t:
+//     MN_LIN_GLA:    S_t = gamma_t S_{t-1} + beta_t v_t k_t^T                 (GLA; Mamba2: beta = 1)
+//     MN_LIN_DELTA:  S_t = gamma_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T
+//                                                      (Gated DeltaNet; DeltaNet: gamma = 1)
+// g_t = log gamma_t <= 0 (g NULL: no decay, gamma = 1); beta NULL: beta = 1. The forms agree:
+// a recurrent one for decoding and short inputs, a chunkwise one (the WY/UT transform for the
+// delta rule) for training and prefill. Layout as the Mesa core's: [B,T,H,D], token-major.
+
+typedef enum { MN_LIN_GLA = 0, MN_LIN_DELTA = 1 } MnLinRule;
+
+typedef struct {
+    MnLinRule rule;
+    float scale;      // read-out scale (1, or Dk^-1/2 for the Gated DeltaNet paper's layer)
+    MnMesaForm form;  // chunkwise or recurrent; AUTO picks the faster
+    int chunk;        // chunk size C of the chunkwise form (0: the backend's best)
+} MnLinOpts;
+
+typedef struct {
+    const float *q, *k;  // [B,T,H,Dk]
+    const float *v;      // [B,T,H,Dv]
+    const float *g;      // [B,T,H] log forget gate <= 0, or NULL (none)
+    const float *beta;   // [B,T,H] input gate / delta-rule step size, or NULL (1)
+    const float *s0;     // [B,H,Dv,Dk] initial state, or NULL for zero
+    float *o;            // [B,T,H,Dv] output
+    float *sT;           // [B,H,Dv,Dk] final state, or NULL (may alias s0)
+} MnLinFwd;
+
+typedef struct {
+    const float *q, *k, *v, *g, *beta, *s0;  // the forward's inputs
+    const float *dout;                        // [B,T,H,Dv] dL/do
+    const float *dsT;                         // [B,H,Dv,Dk] dL/dS_T, or NULL
+    float *dq, *dk, *dv;                      // gradients, same shapes as the inputs (overwritten)
+    float *dg, *dbeta;                        // [B,T,H] (NULL where the forward's g / beta was NULL)
+    float *ds0;                               // [B,H,Dv,Dk], or NULL
+} MnLinBwd;
+
+MnLinOpts mn_lin_opts_default(MnLinRule rule);  // scale 1, AUTO form and chunk
+int mn_lin_forward(const MnMesaDims *dims, const MnLinOpts *opts, const MnLinFwd *io);
+int mn_lin_backward(const MnMesaDims *dims, const MnLinOpts *opts, const MnLinBwd *io);
+
 #ifdef __cplusplus
 }
 #endif

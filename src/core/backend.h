@@ -126,6 +126,12 @@ struct Backend {
     int (*mesa_fwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io);
     int (*mesa_bwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
 
+    // --- the gated linear-attention family: mamba2, gla, deltanet, gdn (include/mesanet.h) -----
+    // Same buffer kinds as the Mesa core's (q, k, v, o: MEM_ACT or wider; g, beta, states: MEM_F32).
+    // NULL where a backend does not have them yet: the model then refuses those mixers there.
+    int (*lin_fwd)(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io);
+    int (*lin_bwd)(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io);
+
     // --- optimiser -----------------------------------------------------------------------
     // AdamW on n parameters with gradients gscale g (gscale: the clipping factor, 1 for none; folded
     // in here rather than a pass of its own over the gradients): m, v (MEM_F32) moments; decoupled
