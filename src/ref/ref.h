@@ -42,4 +42,22 @@ typedef struct {
 int ref_mesa_forward(const MnMesaDims *d, const MnSolver *solver, const MesaFwd64 *io);
 int ref_mesa_backward(const MnMesaDims *d, const MnSolver *solver, const MesaBwd64 *io);
 
+// ---------------------------------------------------------------------------
+// The gated linear-attention family (GLA / Mamba2, DeltaNet / Gated DeltaNet),
+// recurrent form, float64. Same shapes and NULL conventions as MnLinFwd/MnLinBwd.
+
+typedef struct {
+    const double *q, *k, *v, *g, *beta, *s0;
+    double *o, *sT;
+} LinFwd64;
+
+typedef struct {
+    const double *q, *k, *v, *g, *beta, *s0, *dout, *dsT;
+    double *dq, *dk, *dv, *dg, *dbeta, *ds0;
+} LinBwd64;
+
+// The opts' form and chunk are ignored (there is one form); rule and scale are used.
+int ref_lin_forward(const MnMesaDims *d, const MnLinOpts *opts, const LinFwd64 *io);
+int ref_lin_backward(const MnMesaDims *d, const MnLinOpts *opts, const LinBwd64 *io);
+
 #endif

@@ -349,6 +349,17 @@ static int r_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s,
     return ref_mesa_backward(d, NULL, &b);
 }
 
+static int r_lin_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io) {
+    LinFwd64 f = {D64(io->q), D64(io->k), D64(io->v), D64(io->g), D64(io->beta), D64(io->s0), W64(io->o), W64(io->sT)};
+    return ref_lin_forward(d, o, &f);
+}
+
+static int r_lin_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io) {
+    LinBwd64 b = {D64(io->q),  D64(io->k),  D64(io->v),  D64(io->g),  D64(io->beta),  D64(io->s0),  D64(io->dout),
+                  D64(io->dsT), W64(io->dq), W64(io->dk), W64(io->dv), W64(io->dg), W64(io->dbeta), W64(io->ds0)};
+    return ref_lin_backward(d, o, &b);
+}
+
 static int r_adamw(const Backend *be, void *p_, const void *g_, void *m_, void *v_, size_t n, float gs, float lr,
                    float b1, float b2, float eps, float wd, int t) {
     double *p = p_, *m = m_, *v = v_;
@@ -387,6 +398,7 @@ static const Backend ref_backend = {
     .mesa_gates_fwd = r_mesa_gates_fwd, .mesa_gates_bwd = r_mesa_gates_bwd,
     .softplus_fwd = r_softplus_fwd, .softplus_bwd = r_softplus_bwd,
     .mesa_fwd = r_mesa_fwd, .mesa_bwd = r_mesa_bwd,
+    .lin_fwd = r_lin_fwd, .lin_bwd = r_lin_bwd,
     .adamw = r_adamw, .sumsq = r_sumsq,
 };
 

@@ -1,0 +1,195 @@
+// The gated linear-attention family (GLA / Mamba2, DeltaNet / Gated DeltaNet):
+// the float64 reference against hand-computed numbers and finite differences,
+// and the float32 CPU forms (recurrent, chunkwise) against the reference.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "fd.h"
+#include "ref/ref.h"
+#include "test.h"
+
+typedef struct {
+    MnMesaDims d;
+    MnLinOpts o;
+    size_t nq, nv, ng, ns;                // element counts: q/k, v, g/beta, states
+    double *q, *k, *v, *g, *beta, *s0;    // inputs (g, beta, s0 may be NULL)
+    double *dout, *dsT;                   // L = sum(o dout) + sum(sT dsT)
+} LinCase;
+
+typedef struct {
+    double *dq, *dk, *dv, *dg, *dbeta, *ds0;
+} LinGrads;
+
+static void l2_rows(double *x, size_t rows, int d) {
+    for (size_t r = 0; r < rows; r++) {
+        double s = 0;
+        for (int j = 0; j < d; j++) s += x[r * d + j] * x[r * d + j];
+        s = 1 / sqrt(s);
+        for (int j = 0; j < d; j++) x[r * d + j] *= s;
+    }
+}
+
+// q, k L2-normalised (as the layer makes them), v in [-1, 1), g in [-0.5, -0.01)
+// (gamma in (0.6, 0.99)), beta in [blo, bhi), s0 in [-0.5, 0.5).
+static void lin_case_init(LinCase *c, MnMesaDims d, MnLinRule rule, unsigned long long seed, int with_g,
+                          int with_beta, int with_s0, double blo, double bhi) {
+    memset(c, 0, sizeof *c);
+    c->d = d;
+    c->o = mn_lin_opts_default(rule);
+    size_t ntok = (size_t)d.B * d.T * d.H;
+    c->nq = ntok * d.Dk;
+    c->nv = ntok * d.Dv;
+    c->ng = ntok;
+    c->ns = (size_t)d.B * d.H * d.Dv * d.Dk;
+    c->q = rand_doubles(seed, c->nq, -1, 1);
+    c->k = rand_doubles(seed + 1, c->nq, -1, 1);
+    l2_rows(c->q, ntok, d.Dk);
+    l2_rows(c->k, ntok, d.Dk);
+    c->v = rand_doubles(seed + 2, c->nv, -1, 1);
+    if (with_g) c->g = rand_doubles(seed + 3, ntok, -0.5, -0.01);
+    if (with_beta) c->beta = rand_doubles(seed + 4, ntok, blo, bhi);
+    if (with_s0) c->s0 = rand_doubles(seed + 5, c->ns, -0.5, 0.5);
+    c->dout = rand_doubles(seed + 6, c->nv, -1, 1);
+    c->dsT = rand_doubles(seed + 7, c->ns, -1, 1);
+}
+
+static void lin_case_free(LinCase *c) {
+    free(c->q); free(c->k); free(c->v); free(c->g); free(c->beta); free(c->s0); free(c->dout); free(c->dsT);
+}
+
+static void grads_alloc(LinGrads *g, const LinCase *c) {
+    g->dq = xcalloc(c->nq, 8);
+    g->dk = xcalloc(c->nq, 8);
+    g->dv = xcalloc(c->nv, 8);
+    g->dg = c->g ? xcalloc(c->ng, 8) : NULL;
+    g->dbeta = c->beta ? xcalloc(c->ng, 8) : NULL;
+    g->ds0 = xcalloc(c->ns, 8);
+}
+
+static void grads_free(LinGrads *g) { free(g->dq); free(g->dk); free(g->dv); free(g->dg); free(g->dbeta); free(g->ds0); }
+
+static void ref_fwd(const LinCase *c, double *o, double *sT) {
+    LinFwd64 f = {c->q, c->k, c->v, c->g, c->beta, c->s0, o, sT};
+    if (ref_lin_forward(&c->d, &c->o, &f)) die("%s", mn_last_error());
+}
+
+static void ref_bwd(const LinCase *c, LinGrads *g) {
+    LinBwd64 b = {c->q, c->k, c->v, c->g, c->beta, c->s0, c->dout, c->dsT,
+                  g->dq, g->dk, g->dv, g->dg, g->dbeta, g->ds0};
+    if (ref_lin_backward(&c->d, &c->o, &b)) die("%s", mn_last_error());
+}
+
+static double ref_loss(void *ctx) {
+    const LinCase *c = ctx;
+    double *o = xcalloc(c->nv, 8), *sT = xcalloc(c->ns, 8), l = 0;
+    ref_fwd(c, o, sT);
+    for (size_t i = 0; i < c->nv; i++) l += o[i] * c->dout[i];
+    for (size_t i = 0; i < c->ns; i++) l += sT[i] * c->dsT[i];
+    free(o); free(sT);
+    return l;
+}
+
+// ---------------------------------------------------------------------------
+// The reference
+
+TEST(lin_ref_matches_hand_computed) {
+    // One head, T = 2, Dk = 2, Dv = 1, scale 1:
+    //   k1 = (1,0), v1 = 2, q1 = (1,1), beta1 = 1/2, gamma1 = 1/2
+    //   k2 = (1,1), v2 = 4, q2 = (1,-1), beta2 = 1/4, gamma2 = 1/2
+    // GLA:   S1 = [1, 0], o1 = 1;  S2 = 1/2 [1,0] + 1/4 * 4 [1,1] = [1.5, 1], o2 = 0.5
+    // DELTA: S1 = 1/2 (2 - 0) [1,0] = [1, 0], o1 = 1;  P = [0.5, 0], P k2 = 0.5,
+    //        u2 = 1/4 (4 - 0.5) = 0.875, S2 = [1.375, 0.875], o2 = 0.5
+    // Without g and beta (gamma = beta = 1):
+    // GLA:   S1 = [2, 0], o1 = 2;  S2 = [6, 4], o2 = 2
+    // DELTA: S1 = [2, 0], o1 = 2;  u2 = 4 - 2 = 2, S2 = [4, 2], o2 = 2
+    MnMesaDims d = {1, 2, 1, 2, 1};
+    double q[] = {1, 1, 1, -1}, k[] = {1, 0, 1, 1}, v[] = {2, 4}, g[] = {log(0.5), log(0.5)}, beta[] = {0.5, 0.25};
+    struct {
+        MnLinRule rule;
+        int gated;
+        double o[2], s[2];
+    } want[] = {{MN_LIN_GLA, 1, {1, 0.5}, {1.5, 1}},
+                {MN_LIN_DELTA, 1, {1, 0.5}, {1.375, 0.875}},
+                {MN_LIN_GLA, 0, {2, 2}, {6, 4}},
+                {MN_LIN_DELTA, 0, {2, 2}, {4, 2}}};
+    for (int i = 0; i < 4; i++) {
+        MnLinOpts o = mn_lin_opts_default(want[i].rule);
+        double out[2], sT[2];
+        LinFwd64 f = {q, k, v, want[i].gated ? g : NULL, want[i].gated ? beta : NULL, NULL, out, sT};
+        CHECK(!ref_lin_forward(&d, &o, &f), "%s", mn_last_error());
+        CHECK_REL("o (hand-computed)", rel_err64(out, want[i].o, 2), 1e-15);
+        CHECK_REL("sT (hand-computed)", rel_err64(sT, want[i].s, 2), 1e-15);
+    }
+}
+
+TEST(lin_ref_backward_matches_finite_differences) {
+    // Central differences with h = 1e-6 on O(1) values: truncation ~h^2 = 1e-12,
+    // rounding ~1e-16 / 1e-6 = 1e-10 relative; 1e-7 leaves a wide margin while any
+    // wrong term (O(1) relative) fails by orders of magnitude.
+    MnMesaDims d = {1, 5, 3, 3, 2};
+    for (int rule = 0; rule < 2; rule++)
+        for (int gated = 0; gated < 2; gated++) {
+            LinCase c;
+            lin_case_init(&c, d, (MnLinRule)rule, 100 + 10 * rule + gated, gated, gated, 1, 0.2, 1.5);
+            c.o.scale = 0.7f;
+            LinGrads gr;
+            grads_alloc(&gr, &c);
+            ref_bwd(&c, &gr);
+            test_note("rule %d, %s", rule, gated ? "g and beta" : "g and beta NULL");
+            fd_check("q", ref_loss, &c, c.q, gr.dq, c.nq, 1e-7);
+            fd_check("k", ref_loss, &c, c.k, gr.dk, c.nq, 1e-7);
+            fd_check("v", ref_loss, &c, c.v, gr.dv, c.nv, 1e-7);
+            fd_check("s0", ref_loss, &c, c.s0, gr.ds0, c.ns, 1e-7);
+            if (gated) {
+                fd_check("g", ref_loss, &c, c.g, gr.dg, c.ng, 1e-7);
+                fd_check("beta", ref_loss, &c, c.beta, gr.dbeta, c.ng, 1e-7);
+            }
+            grads_free(&gr);
+            lin_case_free(&c);
+        }
+}
+
+// Prefill of T tokens, then decode of one token from the state, equals one forward over T + 1.
+TEST(lin_ref_prefill_then_decode_is_exact) {
+    MnMesaDims d = {2, 9, 1, 4, 3}, d1 = d, d2 = d;
+    d1.T = 8;
+    d2.T = 1;
+    for (int rule = 0; rule < 2; rule++) {
+        LinCase c;
+        lin_case_init(&c, d, (MnLinRule)rule, 300 + rule, 1, 1, 1, 0.1, 0.9);
+        double *o = xcalloc(c.nv, 8), *sT = xcalloc(c.ns, 8), *o1 = xcalloc(c.nv, 8), *s1 = xcalloc(c.ns, 8);
+        ref_fwd(&c, o, sT);
+        // the two halves as separate [B, T', H, D] tensors
+        size_t nt1 = (size_t)d.B * 8, nt2 = (size_t)d.B;
+        double *q1 = xcalloc(nt1 * 4, 8), *k1 = xcalloc(nt1 * 4, 8), *v1 = xcalloc(nt1 * 3, 8), *g1 = xcalloc(nt1, 8),
+               *b1 = xcalloc(nt1, 8), *q2 = xcalloc(nt2 * 4, 8), *k2 = xcalloc(nt2 * 4, 8), *v2 = xcalloc(nt2 * 3, 8),
+               *g2 = xcalloc(nt2, 8), *b2 = xcalloc(nt2, 8), *oa = xcalloc(nt1 * 3, 8), *ob = xcalloc(nt2 * 3, 8);
+        for (int b = 0; b < d.B; b++)
+            for (int t = 0; t < 9; t++) {
+                size_t src = (size_t)b * 9 + t;
+                int first = t < 8;
+                size_t dst = first ? (size_t)b * 8 + t : (size_t)b;
+                memcpy((first ? q1 : q2) + dst * 4, c.q + src * 4, 4 * 8);
+                memcpy((first ? k1 : k2) + dst * 4, c.k + src * 4, 4 * 8);
+                memcpy((first ? v1 : v2) + dst * 3, c.v + src * 3, 3 * 8);
+                (first ? g1 : g2)[dst] = c.g[src];
+                (first ? b1 : b2)[dst] = c.beta[src];
+            }
+        LinFwd64 f1 = {q1, k1, v1, g1, b1, c.s0, oa, s1};
+        CHECK(!ref_lin_forward(&d1, &c.o, &f1), "%s", mn_last_error());
+        LinFwd64 f2 = {q2, k2, v2, g2, b2, s1, ob, s1};  // sT aliasing s0
+        CHECK(!ref_lin_forward(&d2, &c.o, &f2), "%s", mn_last_error());
+        for (int b = 0; b < d.B; b++) {
+            memcpy(o1 + ((size_t)b * 9) * 3, oa + (size_t)b * 8 * 3, 8 * 3 * 8);
+            memcpy(o1 + ((size_t)b * 9 + 8) * 3, ob + (size_t)b * 3, 3 * 8);
+        }
+        CHECK(rel_err64(o1, o, c.nv) == 0, "rule %d: prefill + decode outputs differ: %.3g", rule, rel_err64(o1, o, c.nv));
+        CHECK(rel_err64(s1, sT, c.ns) == 0, "rule %d: prefill + decode states differ: %.3g", rule, rel_err64(s1, sT, c.ns));
+        free(o); free(sT); free(o1); free(s1);
+        free(q1); free(k1); free(v1); free(g1); free(b1); free(q2); free(k2); free(v2); free(g2); free(b2);
+        free(oa); free(ob);
+        lin_case_free(&c);
+    }
+}
