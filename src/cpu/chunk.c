@@ -21,7 +21,7 @@ void chunk_decay_compute(ChunkDecay *cd, const float *g, int stride, int n) {
     cd->n = n;
     float acc = 0;
     for (int t = 0; t < n; t++) {
-        acc += g[(size_t)t * stride];
+        acc += g ? g[(size_t)t * stride] : 0;
         cd->b[t] = acc;
         cd->head[t] = expf(acc);
     }

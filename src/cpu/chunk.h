@@ -31,7 +31,7 @@ typedef struct {
 // Floats needed for a ChunkDecay of up to C tokens, and carving it from mem.
 size_t chunk_decay_floats(int C);
 void chunk_decay_init(ChunkDecay *cd, float *mem, int C);
-// Fills cd for n tokens with log decays g[0], g[stride], ..., g[(n-1)*stride].
+// Fills cd for n tokens with log decays g[0], g[stride], ..., g[(n-1)*stride] (g NULL: no decay).
 void chunk_decay_compute(ChunkDecay *cd, const float *g, int stride, int n);
 
 // out[r] = rowscale[i] X[r] op(S) + sum_s mask(i, s) (X[r] . A[s]) B[s],  i = rows ? rows[r] : r

@@ -363,6 +363,12 @@ static int c_mesa_gates_bwd(const Backend *be, void *da_, void *db_, const void 
     return MN_OK;
 }
 
+static int c_scale_f32(const Backend *be, void *x_, size_t n, float s) {
+    float *x = x_;
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+    return MN_OK;
+}
+
 static int c_softplus_fwd(const Backend *be, void *y_, const void *p_, size_t n, float lo) {
     float *y = y_;
     const float *p = p_;
@@ -383,6 +389,14 @@ static int c_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSolver *s,
 
 static int c_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io) {
     return mn_mesa_backward(d, s, io);
+}
+
+static int c_lin_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io) {
+    return mn_lin_forward(d, o, io);
+}
+
+static int c_lin_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io) {
+    return mn_lin_backward(d, o, io);
 }
 
 static int c_adamw(const Backend *be, void *p_, const void *g_, void *m_, void *v_, size_t n, float gs, float lr,
@@ -432,8 +446,10 @@ static const Backend cpu_backend = {
     .add = c_add, .conv_fwd = c_conv_fwd, .conv_bwd = c_conv_bwd,
     .embed_fwd = c_embed_fwd, .embed_bwd = c_embed_bwd, .xent = c_xent,
     .mesa_gates_fwd = c_mesa_gates_fwd, .mesa_gates_bwd = c_mesa_gates_bwd,
+    .scale_f32 = c_scale_f32,
     .softplus_fwd = c_softplus_fwd, .softplus_bwd = c_softplus_bwd,
     .mesa_fwd = c_mesa_fwd, .mesa_bwd = c_mesa_bwd,
+    .lin_fwd = c_lin_fwd, .lin_bwd = c_lin_bwd,
     .adamw = c_adamw, .sumsq = c_sumsq,
 };
 
