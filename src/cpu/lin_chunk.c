@@ -27,11 +27,14 @@
  *            dA = strictLower(-Tt^T (dU (diag(beta) V)^T + dW (diag(beta gamma) K)^T) Tt^T),
  *            dbeta += rowsum(dA (.) Gamma (.) K K^T),  D = diag(beta) dA (.) Gamma,  dK += D K + D^T K.
  *
- * The decay gradient needs none of the notes' B6 terms: with G_t = g_1 + ... + g_t
- * and S~_t = e^{-G_t} S_t, the recurrence is the same rule with values e^{-G_t} v_t,
- * o_t = e^{G_t} scale S~_t q_t and S_T = e^{G_T} S~_T, so
- *     dL/dG_t = q_t . dq_t - v_t . dv_t  (+ <dS_T, S_T> at t = T),  dg_t = sum_{t' >= t} dL/dG_t'
- * for both rules, from the gradients already computed.
+ * The decay gradient needs none of the notes' B6 / B7 dg terms: inside a chunk, with
+ * its entry state fixed and S~_t = e^{-b_t} S_t, the recurrence is the same rule with
+ * values e^{-b_t} v_t, o_t = e^{b_t} scale S~_t q_t and S_end = e^{b_n} S~_n, so
+ *     dL/db_t = q_t . dq_t - v_t . dv_t  (+ <dS_end, S_end> at t = n),
+ *     dg_t = sum_{t' >= t in the chunk} dL/db_t'
+ * for both rules, from the gradients already computed. (The same identity over the
+ * whole sequence would do, but its running sum over T terms that cancel in part
+ * loses digits: restarting at each chunk, from <dS_end, S_end>, keeps them.)
  */
 #include <string.h>
 
@@ -139,6 +142,14 @@ static void advance(LinChunk *c, float *s) {
     state_advance(s, *c->cd.decay, c->vp, c->kw, c->cd.n, c->Dv, c->Dk);
 }
 
+// The decay gradient's terms cancel partly (a difference of two sums, then a
+// running sum over the sequence): they are formed and summed in double.
+static double dot64(const float *a, const float *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
 size_t lin_chunk_fwd_floats(const MnMesaDims *d, int C) {
     return chunk_floats(C, d->Dk, d->Dv) + (size_t)d->Dv * d->Dk;
 }
@@ -161,7 +172,7 @@ void lin_chunk_forward(const MesaPair *p, const MnLinOpts *o, const MnLinFwd *io
 
 size_t lin_chunk_bwd_floats(const MnMesaDims *d, int C) {
     size_t nchunks = (size_t)(d->T + C - 1) / C, ss = (size_t)d->Dv * d->Dk;
-    return chunk_floats(C, d->Dk, d->Dv) + (nchunks + 1) * ss + ss + (size_t)d->T;
+    return chunk_floats(C, d->Dk, d->Dv) + (nchunks + 1) * ss + ss;
 }
 
 void lin_chunk_backward(const MesaPair *p, const MnLinOpts *o, const MnLinBwd *io, int bh, float *work) {
@@ -170,7 +181,7 @@ void lin_chunk_backward(const MesaPair *p, const MnLinOpts *o, const MnLinBwd *i
     size_t ss = (size_t)dv * dk;
     MnLinRule rule = o->rule;
     float *states = chunk_init(&c, work, C, dk, dv);  // entry state of every chunk, and the final one
-    float *ds = states + (size_t)(nchunks + 1) * ss, *dG = ds + ss;
+    float *ds = states + (size_t)(nchunks + 1) * ss;
 
     lin_load_state(states, io->s0, bh, dk, dv);
     for (int ci = 0; ci < nchunks; ci++) {
@@ -182,11 +193,11 @@ void lin_chunk_backward(const MesaPair *p, const MnLinOpts *o, const MnLinBwd *i
         advance(&c, next);
     }
     lin_load_state(ds, io->dsT, bh, dk, dv);
-    float dG_final = io->dsT ? vdot(ds, states + (size_t)nchunks * ss, (int)ss) : 0;
 
     for (int ci = nchunks - 1; ci >= 0; ci--) {
         int t0 = ci * C, n = mn_min(C, T - t0);
         const float *s = states + (size_t)ci * ss;
+        double dG[n], dG_end = io->g && io->dg ? dot64(ds, s + ss, ss) : 0;  // <dS_end, S_end>
         load_chunk(&c, p, t0, n, o->scale, io->q, io->k, io->v, io->g, io->beta);
         values(&c, rule, s);
         gather(c.dout, io->dout, p, t0, n, dv);
@@ -245,26 +256,21 @@ void lin_chunk_backward(const MesaPair *p, const MnLinOpts *o, const MnLinBwd *i
                 for (int j = 0; j < dv; j++) dvv[j] = c.beta[t] * c.tdu[(size_t)t * dv + j];
             for (int j = 0; j < dk; j++) dq[j] = o->scale * dqs[j];
             memcpy(io->dk + ti * dk, c.dk + (size_t)t * dk, sizeof(float) * dk);
-            dG[t0 + t] = vdot(qs, dqs, dk) - vdot(vt, dvv, dv);
+            dG[t] = dot64(qs, dqs, dk) - dot64(vt, dvv, dv);
             if (io->dbeta) io->dbeta[ti] = io->beta ? dbeta[t] : 0;
+        }
+        if (io->dg) {
+            double acc = dG_end;
+            for (int t = n - 1; t >= 0; t--) {
+                acc += dG[t];
+                io->dg[pair_tok(p, t0 + t)] = io->g ? (float)acc : 0;
+            }
         }
         // dS to the chunk's start: gamma_n dS + dO^T diag(gamma) Qs - dV'^T W
         // (the GLA branch rescaled dV' into dv in place, but its W term is 0)
         scale_rows(c.kw, c.q, c.cd.head, n, dk);
         state_advance(ds, *c.cd.decay, c.dout, c.kw, n, dv, dk);
         if (rule == MN_LIN_DELTA) gemm(1, 0, dv, dk, n, -1, c.dvp, dv, c.w, dk, 1, ds, dk);
-    }
-    if (io->dg) {
-        if (io->g) {
-            dG[T - 1] += dG_final;
-            float acc = 0;
-            for (int t = T - 1; t >= 0; t--) {
-                acc += dG[t];
-                io->dg[pair_tok(p, t)] = acc;
-            }
-        } else {
-            for (int t = 0; t < T; t++) io->dg[pair_tok(p, t)] = 0;
-        }
     }
     if (io->ds0) memcpy(io->ds0 + (size_t)bh * ss, ds, sizeof(float) * ss);
 }
