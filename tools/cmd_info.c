@@ -44,30 +44,72 @@ int cmd_info(int argc, char **argv) {
         fprintf(stderr, "mesanet info: %s\n", mn_last_error());
         return 1;
     }
-    printf("%s: %s architecture, %s mixer, D=%d, %d blocks, %d heads x %d, MLP %d, vocabulary %d%s\n", pos[0], c.arch,
-           c.mixer, c.dim, c.n_layers, c.n_heads, c.head_dim, c.mlp_hidden, c.vocab_size,
-           vocab_from_data ? " (from the data; 4096 shown)" : "");
-    printf("  embedding x sqrt(D): %s, tied head: %s, logit cap: %g, forget-gate bound: %g, output gate: %s\n",
+    int pattern = mixer_pattern_check(c.mixer, c.n_layers);  // (valid: config_load checked it)
+    printf("%s: %s architecture, %s %s, D=%d, %d blocks, %d heads x %d, MLP %d, vocabulary %d%s\n", pos[0], c.arch,
+           pattern > 1 ? "mixer pattern" : "mixer", c.mixer, c.dim, c.n_layers, c.n_heads, c.head_dim, c.mlp_hidden,
+           c.vocab_size, vocab_from_data ? " (from the data; 4096 shown)" : "");
+    printf("  embedding x sqrt(D): %s, tied head: %s, logit cap: %g, forget-gate bound: %g, output gate: %s%s\n",
            c.embed_scale ? "yes" : "no", c.tie_embeddings ? "yes" : "no", (double)c.logit_cap, (double)c.gate_bound,
-           c.output_gate ? "yes" : "no");
+           c.output_gate ? "yes" : "no", c.neg_eigen ? ", beta in (0, 2) (neg_eigen)" : "");
     const char *names[5] = {"embedding", "mixers", "MLPs", "norms", "output head"};
     size_t sums[5] = {0}, total = 0;
+    // per mixer kind: blocks, parameters, in the registry's order
+    enum { KINDS = 16 };
+    size_t kind_params[KINDS] = {0};
+    int kind_blocks[KINDS] = {0};
+    int nkinds = 0;
+    while (mixer_all[nkinds] && nkinds < KINDS) nkinds++;
+    int *block_kind = calloc((size_t)c.n_layers, sizeof(int));
+    if (!block_kind) {
+        fprintf(stderr, "mesanet info: out of memory\n");
+        free(specs);
+        return 1;
+    }
+    for (int l = 0; l < c.n_layers; l++) {
+        const MixerOps *ops = mixer_at(&c, l);
+        for (int k = 0; k < nkinds; k++)
+            if (mixer_all[k] == ops) block_kind[l] = k;
+        kind_blocks[block_kind[l]]++;
+    }
     for (int i = 0; i < np; i++) {
+        const char *comp = component(specs[i].name);
         for (int k = 0; k < 5; k++)
-            if (!strcmp(component(specs[i].name), names[k])) sums[k] += specs[i].numel;
+            if (!strcmp(comp, names[k])) sums[k] += specs[i].numel;
+        int l;
+        if (!strcmp(comp, "mixers") && sscanf(specs[i].name, "model.layers.%d.", &l) == 1 && l >= 0 && l < c.n_layers)
+            kind_params[block_kind[l]] += specs[i].numel;
         total += specs[i].numel;
     }
     printf("\nparameters:\n");
-    for (int k = 0; k < 5; k++)
-        if (sums[k]) printf("  %-12s %14zu  (%5.1f%%)\n", names[k], sums[k], 100.0 * (double)sums[k] / (double)total);
+    for (int k = 0; k < 5; k++) {
+        if (!sums[k]) continue;
+        printf("  %-12s %14zu  (%5.1f%%)\n", names[k], sums[k], 100.0 * (double)sums[k] / (double)total);
+        if (k == 1 && pattern > 1)
+            for (int j = 0; j < nkinds; j++)
+                if (kind_blocks[j])
+                    printf("    %-10s %14zu  (%5.1f%%; %d blocks)\n", mixer_all[j]->name, kind_params[j],
+                           100.0 * (double)kind_params[j] / (double)total, kind_blocks[j]);
+    }
     printf("  %-12s %14zu  (%.1fM; %zu tensors)\n", "total", total, (double)total / 1e6, (size_t)np);
-    printf("  per block: mixer %zu, MLP %zu\n", sums[1] / (size_t)c.n_layers, sums[2] / (size_t)c.n_layers);
-    const MixerOps *ops = mixer_find(c.mixer);
-    size_t state = ops->state_floats(&c) * (size_t)c.n_layers;
-    printf("\ndecoding state per sequence: %zu floats (%.2f MB in float32), whatever the length\n", state,
-           (double)state * 4 / 1e6);
-    printf("  per layer: %zu floats (H and G of %d heads: %d x %d and %d x %d each, plus the convolutions' last inputs)\n",
-           ops->state_floats(&c), c.n_heads, c.head_dim, c.head_dim, c.head_dim, c.head_dim);
+    printf("  per block: MLP %zu, mixer", sums[2] / (size_t)c.n_layers);
+    for (int j = 0, first = 1; j < nkinds; j++)
+        if (kind_blocks[j]) {
+            printf("%s %s %zu", first ? "" : ",", mixer_all[j]->name, kind_params[j] / (size_t)kind_blocks[j]);
+            first = 0;
+        }
+    printf("\n");
+    size_t state = model_state_floats(&c);
+    printf("\ndecoding state per sequence: %zu floats (%zu bytes, %.2f MB in float32), constant: 0 bytes more per token\n",
+           state, state * 4, (double)state * 4 / 1e6);
+    for (int j = 0; j < nkinds; j++) {
+        if (!kind_blocks[j]) continue;
+        const MixerOps *ops = mixer_all[j];
+        size_t f = ops->state_floats(&c);
+        printf("  %-10s %zu floats (%zu bytes) a block, %d blocks: %s\n", ops->name, f, f * 4, kind_blocks[j],
+               ops->state_about);
+        printf("  %-10s %s\n", "", ops->about);
+    }
+    free(block_kind);
     free(specs);
     return 0;
 }

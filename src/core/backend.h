@@ -117,6 +117,9 @@ struct Backend {
     // da, db (=) from dg, dbeta
     int (*mesa_gates_bwd)(const Backend *be, void *da, void *db, const void *dg, const void *dbeta, const void *a,
                           const void *b, size_t n, float hmax);
+    // x *= s elementwise (MEM_F32): the delta rules' beta = 2 sigmoid(.) with negative eigenvalues
+    // (mixers/shell.c), and its gradient.
+    int (*scale_f32)(const Backend *be, void *x, size_t n, float s);
     // lambda = softplus(p) + lo;  dp += dlambda * sigmoid(p)
     int (*softplus_fwd)(const Backend *be, void *y, const void *p, size_t n, float lo);
     int (*softplus_bwd)(const Backend *be, void *dp, const void *dy, const void *p, size_t n);

@@ -1026,6 +1026,16 @@ static int g_gates_bwd(const Backend *be, void *da, void *db, const void *dg, co
     return MN_OK;
 }
 
+__global__ void scale_f32_kernel(float *x, size_t n, float s) {
+    GRID_LOOP(i, n) x[i] *= s;
+}
+
+static int g_scale_f32(const Backend *be, void *x, size_t n, float s) {
+    scale_f32_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((float *)x, n, s);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
 __global__ void softplus_fwd_kernel(float *y, const float *p, size_t n, float lo) {
     GRID_LOOP(i, n) y[i] = (p[i] > 30 ? p[i] : log1pf(expf(p[i]))) + lo;
 }
@@ -1251,6 +1261,7 @@ extern "C" const Backend *backend_cuda(void) {
     b.xent = g_xent;
     b.mesa_gates_fwd = g_gates_fwd;
     b.mesa_gates_bwd = g_gates_bwd;
+    b.scale_f32 = g_scale_f32;
     b.softplus_fwd = g_softplus_fwd;
     b.softplus_bwd = g_softplus_bwd;
     b.mesa_fwd = cuda_mesa_fwd;

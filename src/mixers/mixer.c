@@ -1,20 +1,57 @@
-// The registry of sequence mixers.
+// The registry of sequence mixers, and the per-block patterns of configs.
+#include <stdio.h>
 #include <string.h>
 
 #include "core/common.h"
 #include "mixer.h"
 
-static const MixerOps *const mixers[] = {&mixer_mesa};
+const MixerOps *const mixer_all[] = {&mixer_mesa, &mixer_mamba2, &mixer_gla, &mixer_deltanet, &mixer_gdn, NULL};
 
-const MixerOps *mixer_find(const char *name) {
+static const MixerOps *find(const char *name, size_t len) {
+    for (size_t i = 0; mixer_all[i]; i++)
+        if (strlen(mixer_all[i]->name) == len && !strncmp(mixer_all[i]->name, name, len)) return mixer_all[i];
     char known[256] = "";
-    for (size_t i = 0; i < sizeof mixers / sizeof mixers[0]; i++) {
-        if (!strcmp(mixers[i]->name, name)) return mixers[i];
+    for (size_t i = 0; mixer_all[i]; i++) {
         strcat(known, i ? ", " : "");
-        strcat(known, mixers[i]->name);
+        strcat(known, mixer_all[i]->name);
     }
-    mn_error(MN_ERR_ARG, "unknown mixer '%s' (known: %s)", name, known);
+    mn_error(MN_ERR_ARG, "unknown mixer '%.*s' (known: %s)", (int)(len > 64 ? 64 : len), name, known);
     return NULL;
+}
+
+const MixerOps *mixer_find(const char *name) { return find(name, strlen(name)); }
+
+int mixer_pattern_check(const char *pattern, int n_layers) {
+    int n = 0;
+    for (const char *p = pattern;; n++) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (!len) {
+            mn_error(MN_ERR_ARG, "mixer \"%s\": name %d of the pattern is empty (names are separated by single commas)",
+                     pattern, n + 1);
+            return -1;
+        }
+        if (!find(p, len)) return -1;
+        if (!e) break;
+        p = e + 1;
+    }
+    n++;
+    if (n_layers > 0 && n > n_layers) {
+        mn_error(MN_ERR_ARG, "mixer \"%s\": a pattern of %d mixers for %d blocks (block i gets the (i mod %d)-th; "
+                             "a pattern is at most as long as the model is deep)",
+                 pattern, n, n_layers, n);
+        return -1;
+    }
+    return n;
+}
+
+const MixerOps *mixer_at(const ModelConfig *c, int layer) {
+    int n = mixer_pattern_check(c->mixer, 0);
+    if (n < 0) return NULL;
+    const char *p = c->mixer;
+    for (int i = 0; i < layer % n; i++) p = strchr(p, ',') + 1;
+    const char *e = strchr(p, ',');
+    return find(p, e ? (size_t)(e - p) : strlen(p));
 }
 
 int mixer_scratch_reserve(Mixer *m, size_t n) {

@@ -24,6 +24,9 @@ typedef struct {
 
 typedef struct {
     const char *name;
+    const char *about;        // one line: what the layer computes
+    const char *state_about;  // one line: what its decoding state holds
+    int neg_eigen;            // 1: a delta rule, to which the config's neg_eigen applies (beta in (0, 2))
     // Appends this layer's parameter specs, names prefixed by `prefix` (e.g. "model.layers.3.").
     int (*declare)(const ModelConfig *c, const char *prefix, ParamSpec *out, int *n, int max);
     // Allocates the mixer's private part (m->priv); buffers come lazily with the first forward.
@@ -69,6 +72,18 @@ int mixer_scratch_reserve(Mixer *m, size_t n);
 // The mixer named `name`, or NULL with an error listing the known ones.
 const MixerOps *mixer_find(const char *name);
 
+// A config's `mixer` field is one name or a pattern of names separated by commas, repeated over
+// the blocks: block i gets the (i mod n)-th of n ("gdn,mesa": GDN, Mesa, GDN, Mesa, ...).
+// mixer_pattern_check: the number of names, or -1 with an error (an unknown or empty name, more
+// names than n_layers blocks; n_layers <= 0: not checked).
+int mixer_pattern_check(const char *pattern, int n_layers);
+// The mixer of block `layer`, or NULL with an error (an invalid pattern).
+const MixerOps *mixer_at(const ModelConfig *c, int layer);
+// Every known mixer, in the registry's order (NULL-terminated).
+extern const MixerOps *const mixer_all[];
+
 extern const MixerOps mixer_mesa;
+// The gated linear-attention family in the paper's parameterisation (linear.c).
+extern const MixerOps mixer_mamba2, mixer_gla, mixer_deltanet, mixer_gdn;
 
 #endif

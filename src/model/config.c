@@ -104,7 +104,7 @@ typedef struct {
 
 #define FIELD(k, t, lo, hi, w) {#k, t, offsetof(ModelConfig, k), sizeof(((ModelConfig *)0)->k), lo, hi, w}
 static const Field fields[] = {
-    FIELD(mixer, F_STR, 0, 0, "the sequence mixer"),
+    FIELD(mixer, F_STR, 0, 0, "the sequence mixer, or a pattern of them"),
     FIELD(arch, F_STR, 0, 0, "the architecture"),
     FIELD(vocab_size, F_INT, 0, 1 << 24, "the vocabulary size (0: from the data)"),
     FIELD(dim, F_INT, 1, 65536, "the model width"),
@@ -127,6 +127,7 @@ static const Field fields[] = {
     FIELD(seq_len, F_INT, 2, 1 << 24, "the training context length"),
     FIELD(resid_scale, F_FLOAT, 0, 10, "the residual init exponent"),
     FIELD(cg_steps, F_INT, 0, 10000, "the CG steps in training"),
+    FIELD(neg_eigen, F_BOOL, 0, 1, "the negative-eigenvalue flag"),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 
@@ -346,7 +347,7 @@ int config_save(const ModelConfig *c, const char *path) {
             c->vocab_size > 50256 ? 50256 : c->vocab_size - 1);
     fprintf(f, "  \"mesanet\": {\n");
     for (size_t k = 0; k < NFIELDS; k++) {
-        char value[64];
+        char value[96];  // room for the longest string field and its quotes
         field_text(c, &fields[k], value, sizeof value);  // strings: validated names, nothing to escape
         fprintf(f, "    \"%s\": %s%s\n", fields[k].key, value, k + 1 < NFIELDS ? "," : "");
     }
@@ -360,7 +361,7 @@ int config_diff(const ModelConfig *a, const ModelConfig *b, char *out, size_t n)
         const char *pa = (const char *)a + f->offset, *pb = (const char *)b + f->offset;
         int same = f->type == F_STR ? !strncmp(pa, pb, f->size) : !memcmp(pa, pb, f->size);
         if (same) continue;
-        char va[64], vb[64];
+        char va[96], vb[96];
         field_text(a, f, va, sizeof va);
         field_text(b, f, vb, sizeof vb);
         if (out && n) snprintf(out, n, "%s: %s vs %s", f->key, va, vb);
@@ -387,10 +388,17 @@ int config_validate(const ModelConfig *c, const char *where) {
         if (fields[k].type != F_STR) MN_TRY(check_range(c, &fields[k], where));
     if (!memchr(c->mixer, 0, sizeof c->mixer) || !memchr(c->arch, 0, sizeof c->arch))
         return mn_error(MN_ERR_ARG, "%s: mixer or arch is not a terminated string", where);
-    if (!mixer_find(c->mixer)) {
-        char why[256];
+    if (mixer_pattern_check(c->mixer, c->n_layers) < 0) {
+        char why[512];
         snprintf(why, sizeof why, "%s", mn_last_error());  // (mn_error may not read its own buffer)
         return mn_error(MN_ERR_ARG, "%s: %s", where, why);
+    }
+    if (c->neg_eigen) {
+        int delta = 0;
+        for (int l = 0; l < c->n_layers && !delta; l++) delta = mixer_at(c, l)->neg_eigen;
+        if (!delta)
+            return mn_error(MN_ERR_ARG, "%s: neg_eigen applies to the delta rules (deltanet, gdn), and mixer \"%s\" has none",
+                            where, c->mixer);
     }
     if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla"))
         return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\" or \"fla\"", where, c->arch);

@@ -16,7 +16,8 @@
 #include <stdint.h>
 
 typedef struct {
-    char mixer[16];       // sequence mixer of every block: "mesa"
+    char mixer[64];       // the blocks' sequence mixers: a name ("mesa", "mamba2", "gla", "deltanet", "gdn") or a
+                          // pattern repeated over the blocks ("gdn,mesa": block i gets the (i mod 2)-th)
     char arch[8];         // "paper" or "fla"
     int vocab_size;       // V
     int dim;              // D, the residual stream width
@@ -37,6 +38,8 @@ typedef struct {
     int seq_len;          // training context length (at least 2; the forget-gate bound follows it)
     float resid_scale;    // the variance of W_o and W_down is divided by n_layers^resid_scale
     int cg_steps;         // CG steps in training (30)
+    int neg_eigen;        // 1: beta = 2 sigmoid(.) in (0, 2) in the delta rules (deltanet, gdn): negative
+                          // eigenvalues of the state transition, for state tracking
 } ModelConfig;
 
 // The most blocks a config may have: every tensor of such a model fits the model's table of

@@ -20,8 +20,8 @@ static void *at(const Model *m, void *base, size_t elems, MemKind k) {
 // Declares every tensor of the model in checkpoint order: the embedding, each
 // block (attn_norm, the mixer's tensors, mlp_norm, gate, up, down), the final
 // norm and, unless tied, the head.
-static int declare_all(const ModelConfig *c, const MixerOps *ops, ParamSpec *s, int *n, BlockParams *blocks,
-                       int *embed, int *norm_f, int *head) {
+static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *blocks, int *embed, int *norm_f,
+                       int *head) {
     int64_t D = c->dim, F = c->mlp_hidden, V = c->vocab_size;
     double resid = pow((double)c->n_layers, -c->resid_scale);
     int max = MODEL_MAX_PARAMS;
@@ -35,6 +35,8 @@ static int declare_all(const ModelConfig *c, const MixerOps *ops, ParamSpec *s, 
         snprintf(name, sizeof name, "%sattn_norm.weight", pre);
         b->attn_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
         b->first = *n;
+        const MixerOps *ops = mixer_at(c, l);
+        if (!ops) return MN_ERR_ARG;
         MN_TRY(ops->declare(c, pre, s, n, max));
         b->count = *n - b->first;
         snprintf(name, sizeof name, "%smlp_norm.weight", pre);
@@ -53,22 +55,29 @@ static int declare_all(const ModelConfig *c, const MixerOps *ops, ParamSpec *s, 
     return MN_OK;
 }
 
-// A config a model can be built from, and its mixer.
-static int usable_config(const ModelConfig *c, const MixerOps **ops) {
+// A config a model can be built from (its mixers valid: config_validate checks the pattern).
+static int usable_config(const ModelConfig *c) {
     MN_TRY(config_validate(c, "model config"));
     if (c->vocab_size <= 0) return mn_error(MN_ERR_ARG, "model config: vocab_size is not set (0 means: from the data)");
-    *ops = mixer_find(c->mixer);
-    return *ops ? MN_OK : MN_ERR_ARG;
+    return MN_OK;
+}
+
+size_t model_state_floats(const ModelConfig *c) {
+    size_t n = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const MixerOps *ops = mixer_at(c, l);
+        if (ops) n += ops->state_floats(c);
+    }
+    return n;
 }
 
 int model_specs(const ModelConfig *c, ParamSpec **specs, int *n) {
-    const MixerOps *ops = NULL;
-    MN_TRY(usable_config(c, &ops));
+    MN_TRY(usable_config(c));
     *specs = calloc(MODEL_MAX_PARAMS, sizeof(ParamSpec));
     BlockParams *blocks = calloc((size_t)c->n_layers, sizeof(BlockParams));
     int e, f, h, s = (!*specs || !blocks) ? mn_error(MN_ERR_NOMEM, "out of memory") : MN_OK;
     *n = 0;
-    if (!s) s = declare_all(c, ops, *specs, n, blocks, &e, &f, &h);
+    if (!s) s = declare_all(c, *specs, n, blocks, &e, &f, &h);
     free(blocks);
     if (s) {
         free(*specs);
@@ -92,8 +101,7 @@ static int check_params_fit(const Model *m) {
 }
 
 int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
-    const MixerOps *ops = NULL;
-    MN_TRY(usable_config(cfg, &ops));
+    MN_TRY(usable_config(cfg));
     Model *m = calloc(1, sizeof *m);
     if (!m) return mn_error(MN_ERR_NOMEM, "out of memory");
     m->cfg = *cfg;
@@ -109,14 +117,19 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         st = mn_error(MN_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    for (int l = 0; l < cfg->n_layers; l++) {
+    for (int l = 0; l < cfg->n_layers; l++) {  // block l's own mixer (a pattern repeats over the blocks)
+        const MixerOps *ops = mixer_at(&m->cfg, l);
+        if (!ops) {
+            st = MN_ERR_ARG;
+            goto fail;
+        }
         m->mixers[l].ops = ops;
         m->mixers[l].be = be;
         m->mixers[l].cfg = &m->cfg;
         m->mixers[l].scratch = &m->scratch;
         if ((st = ops->create(&m->mixers[l]))) goto fail;
     }
-    if ((st = declare_all(cfg, ops, m->specs, &m->nparams, m->blocks, &m->embed, &m->norm_f, &m->head))) goto fail;
+    if ((st = declare_all(cfg, m->specs, &m->nparams, m->blocks, &m->embed, &m->norm_f, &m->head))) goto fail;
     // Tensors start 16-byte aligned in their bf16 copies on the GPU: cuBLAS runs its fast kernels
     // only on aligned operands. (Packed, a bias of 6 elements misaligned every tensor after it,
     // and half the model's products ran 4-byte-aligned Ampere kernels.)
@@ -224,10 +237,12 @@ int model_init_params(Model *m, uint64_t seed) {
 }
 
 // Elements per token (and per block where per_layer) of every activation buffer, by kind: the
-// model's (ensure_capacity below) and the Mesa mixer's (mixers/mesa.c: its buffers() per block,
-// and the shared scratch, scratch_elems). An estimate for refusing batches that cannot fit, so
-// it errs on neither side by much: the CPU kernels' per-thread workspaces, which do not grow with
-// the batch, are left out.
+// model's (ensure_capacity below) and the Mesa mixer's (mixers/mesa.c and shell.c: their buffers
+// per block, and the shared scratch). An estimate for refusing batches that cannot fit, so it
+// errs on neither side by much: the CPU kernels' per-thread workspaces, which do not grow with
+// the batch, are left out. The linear-attention mixers (linear.c) keep the shell's buffers
+// without Mesa's CG solutions and counters (Q + 3 H of the per-token elements): counted as Mesa,
+// a block of theirs is overestimated by about a tenth.
 static size_t activation_bytes_per_token(const ModelConfig *c, const Backend *be) {
     size_t L = (size_t)c->n_layers, D = (size_t)c->dim, F = (size_t)c->mlp_hidden, V = (size_t)c->vocab_size;
     size_t H = (size_t)c->n_heads, Q = H * (size_t)c->head_dim;  // Q = Vd

@@ -15,7 +15,8 @@
 #include "model/config.h"
 
 // Room for the tensors of every valid config: the backbone's 3, and per block 4 and the mixer's
-// (at most MODEL_MIXER_MAX_PARAMS; Mesa declares 12, or 13 with the output gate).
+// (at most MODEL_MIXER_MAX_PARAMS; Mesa declares 12, or 13 with the output gate; the
+// linear-attention mixers 9 to 11, or one more with the gate).
 enum { MODEL_MAX_PARAMS = 4096, MODEL_MIXER_MAX_PARAMS = 16 };
 _Static_assert(3 + CONFIG_MAX_LAYERS * (4 + MODEL_MIXER_MAX_PARAMS) <= MODEL_MAX_PARAMS,
                "config validation admits more blocks than the model's tensor table holds");
@@ -77,6 +78,8 @@ typedef struct {
 int model_create(Model **out, const ModelConfig *cfg, const Backend *be);
 // The parameter specs of a config, without allocating the model (free(*specs) after).
 int model_specs(const ModelConfig *c, ParamSpec **specs, int *n);
+// Floats of decoding state per sequence, over every block's mixer (a valid config's).
+size_t model_state_floats(const ModelConfig *c);
 void model_free(Model *m);
 // Random initialisation of the spec (backbone-and-training.md), from a seed.
 int model_init_params(Model *m, uint64_t seed);

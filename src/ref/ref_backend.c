@@ -314,6 +314,12 @@ static int r_mesa_gates_bwd(const Backend *be, void *da_, void *db_, const void 
     return MN_OK;
 }
 
+static int r_scale_f32(const Backend *be, void *x_, size_t n, float s) {
+    double *x = x_;
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+    return MN_OK;
+}
+
 static double softplus(double p) { return p > 30 ? p : log1p(exp(p)); }
 
 static int r_softplus_fwd(const Backend *be, void *y_, const void *p_, size_t n, float lo) {
@@ -396,6 +402,7 @@ static const Backend ref_backend = {
     .add = r_add, .conv_fwd = r_conv_fwd, .conv_bwd = r_conv_bwd,
     .embed_fwd = r_embed_fwd, .embed_bwd = r_embed_bwd, .xent = r_xent,
     .mesa_gates_fwd = r_mesa_gates_fwd, .mesa_gates_bwd = r_mesa_gates_bwd,
+    .scale_f32 = r_scale_f32,
     .softplus_fwd = r_softplus_fwd, .softplus_bwd = r_softplus_bwd,
     .mesa_fwd = r_mesa_fwd, .mesa_bwd = r_mesa_bwd,
     .lin_fwd = r_lin_fwd, .lin_bwd = r_lin_bwd,

@@ -1,0 +1,153 @@
+/*
+ * The gated linear-attention family as mixers, in the MesaNet paper's shared parameterisation
+ * ("paper" mode; ../shared/spec/mixers.md sections 1, 2): the projections, convolutions, gates and
+ * output norm of the Mesa layer (shell.h), and per head one state S (Dv x Dk) read out as
+ * o_t = S_t q_t:
+ *
+ *   mamba2    S_t = gamma_t S_{t-1} + v_t k_t^T                                (no W_b, b_b)
+ *   gla       S_t = gamma_t S_{t-1} + beta_t v_t k_t^T
+ *   deltanet  S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T            (no W_a, b_a)
+ *   gdn       S_t = gamma_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T
+ *
+ * gamma = sigmoid(W_a u + b_a) (no bound), beta = sigmoid(W_b u + b_b), or 2 sigmoid(.) in (0, 2)
+ * for the delta rules with the config's neg_eigen (negative eigenvalues of the transition, for
+ * state tracking). The core is the backend's lin_fwd / lin_bwd (include/mesanet.h, MnLinRule);
+ * a backend without it refuses these mixers when the model is made.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "mixer.h"
+#include "shell.h"
+
+typedef struct {
+    const char *name;
+    MnLinRule rule;
+    int gate, beta;  // W_a (forget gate), W_b (input gate)
+} LinKind;
+
+enum { MAMBA2, GLA, DELTANET, GDN };
+static const LinKind kinds[] = {
+    [MAMBA2] = {"mamba2", MN_LIN_GLA, 1, 0},
+    [GLA] = {"gla", MN_LIN_GLA, 1, 1},
+    [DELTANET] = {"deltanet", MN_LIN_DELTA, 0, 1},
+    [GDN] = {"gdn", MN_LIN_DELTA, 1, 1},
+};
+
+typedef struct {
+    Shell sh;          // projections, convolutions, gates, output norm and projection
+    const LinKind *kind;
+    void *S;           // [B,H,Dv,Dk] f32: the recurrent state for decoding
+} Lin;
+
+static ShellKind shell_kind(const ModelConfig *c, const LinKind *k) {
+    ShellKind s = {.gate = k->gate, .beta = k->beta, .beta_scale = 1, .bound = 0};
+    if (k->rule == MN_LIN_DELTA && c->neg_eigen) s.beta_scale = 2;
+    return s;
+}
+
+static const LinKind *kind_of(const Mixer *m) {
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (!strcmp(kinds[i].name, m->ops->name)) return &kinds[i];
+    return NULL;
+}
+
+static int lin_forward(Mixer *m, void *y, const void *u, int B, int T, int use_state) {
+    const Backend *be = m->be;
+    Lin *s = m->priv;
+    Shell *sh = &s->sh;
+    int N = B * T;
+    if (use_state) MN_TRY(shell_check_state(m, sh, B));
+    if (N > sh->cap) MN_TRY(shell_alloc_buffers(m, sh, N));
+    MN_TRY(shell_in_fwd(m, sh, u, B, T, use_state));
+    MnMesaDims d = shell_dims(sh, m->cfg, B, T);
+    MnLinOpts o = {.rule = s->kind->rule, .scale = 1, .form = m->solver.form, .chunk = m->solver.chunk};
+    MnLinFwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .g = s->kind->gate ? sh->g : NULL,
+                   .beta = s->kind->beta ? sh->beta : NULL, .s0 = use_state ? s->S : NULL, .o = sh->o,
+                   .sT = use_state ? s->S : NULL};
+    double t0, t1;
+    MN_TRY(mixer_clock(m, &t0));
+    MN_TRY(be->lin_fwd(be, &d, &o, &io));
+    MN_TRY(mixer_clock(m, &t1));
+    m->core_seconds += t1 - t0;
+    return shell_out_fwd(m, sh, y);
+}
+
+static int lin_backward(Mixer *m, void *du, const void *dy) {
+    const Backend *be = m->be;
+    Lin *s = m->priv;
+    Shell *sh = &s->sh;
+    if (!sh->cap) return mn_error(MN_ERR_ARG, "%s: backward before any forward", m->ops->name);
+    MN_TRY(shell_out_bwd(m, sh, dy));
+    MnMesaDims d = shell_dims(sh, m->cfg, sh->B, sh->T);
+    MnLinOpts o = {.rule = s->kind->rule, .scale = 1, .form = m->solver.form, .chunk = m->solver.chunk};
+    MnLinBwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .g = s->kind->gate ? sh->g : NULL,
+                   .beta = s->kind->beta ? sh->beta : NULL, .dout = sh->d_o, .dq = sh->d_q, .dk = sh->d_k,
+                   .dv = sh->d_v, .dg = s->kind->gate ? sh->d_g : NULL, .dbeta = s->kind->beta ? sh->d_beta : NULL};
+    double t0, t1;
+    MN_TRY(mixer_clock(m, &t0));
+    MN_TRY(be->lin_bwd(be, &d, &o, &io));
+    MN_TRY(mixer_clock(m, &t1));
+    m->core_seconds += t1 - t0;
+    return shell_in_bwd(m, sh, du);
+}
+
+static size_t s_floats(const ModelConfig *c) { return (size_t)c->n_heads * c->head_dim * c->head_dim; }
+
+static int lin_reset_state(Mixer *m, int B) {
+    Lin *s = m->priv;
+    size_t count = s_floats(m->cfg);
+    return shell_reset_state(m, &s->sh, B, &s->S, &count, 1);
+}
+
+static size_t lin_state_floats(const ModelConfig *c) { return s_floats(c) + shell_state_floats(c); }
+
+static void lin_destroy(Mixer *m) {
+    Lin *s = m->priv;
+    if (!s) return;
+    shell_destroy(m->be, &s->sh);
+    if (s->S) m->be->free(m->be, s->S);
+    free(s);
+    m->priv = NULL;
+}
+
+static int lin_create(Mixer *m) {
+    const LinKind *k = kind_of(m);
+    if (!k) return mn_error(MN_ERR_ARG, "mixer %s: not of the linear-attention family", m->ops->name);
+    const Backend *be = m->be;
+    ShellKind sk = shell_kind(m->cfg, k);
+    if (!be->lin_fwd || !be->lin_bwd || (sk.beta_scale != 1 && !be->scale_f32))
+        return mn_error(MN_ERR_UNSUPPORTED, "mixer %s is not available on the %s backend yet", k->name, be->name);
+    Lin *s = calloc(1, sizeof(Lin));
+    if (!s) return mn_error(MN_ERR_NOMEM, "out of memory");
+    s->kind = k;
+    shell_init(&s->sh, m->cfg, &sk);
+    m->priv = s;
+    return MN_OK;
+}
+
+#define LIN_MIXER(ID, var, delta, about_)                                                                     \
+    static int var##_declare(const ModelConfig *c, const char *prefix, ParamSpec *out, int *n, int max) { \
+        ShellKind k = shell_kind(c, &kinds[ID]);                                                        \
+        return shell_declare(c, &k, prefix, out, n, max);                                               \
+    }                                                                                                   \
+    const MixerOps mixer_##var = {                                                                      \
+        .name = #var,                                                                                   \
+        .about = about_,                                                                                \
+        .state_about = "S (Dv x Dk) per head, and the convolutions' last inputs",                       \
+        .neg_eigen = delta,                                                                             \
+        .declare = var##_declare,                                                                       \
+        .create = lin_create,                                                                           \
+        .forward = lin_forward,                                                                         \
+        .backward = lin_backward,                                                                       \
+        .reset_state = lin_reset_state,                                                                 \
+        .state_floats = lin_state_floats,                                                               \
+        .collect = NULL,                                                                                \
+        .destroy = lin_destroy,                                                                         \
+    };
+
+LIN_MIXER(MAMBA2, mamba2, 0, "Mamba2 (the paper's): S_t = gamma S + v k^T, o = S q")
+LIN_MIXER(GLA, gla, 0, "GLA (scalar gate): S_t = gamma S + beta v k^T, o = S q")
+LIN_MIXER(DELTANET, deltanet, 1, "DeltaNet: S_t = S (I - beta k k^T) + beta v k^T, o = S q")
+LIN_MIXER(GDN, gdn, 1, "Gated DeltaNet: S_t = gamma S (I - beta k k^T) + beta v k^T, o = S q")
