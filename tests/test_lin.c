@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/backend.h"
 #include "core/common.h"
 #include "fd.h"
 #include "ref/ref.h"
@@ -384,4 +385,85 @@ TEST(lin_cpu_hard_inputs) {
             }
             lin_case_free(&c);
         }
+}
+
+// Through the backends' op tables (buffers of each backend's own type, moved with
+// upload / download), with AUTO form and chunk: ref matches ref_lin_* exactly, cpu
+// to the float32 tolerance above.
+TEST(lin_backend_ops) {
+    MnMesaDims d = {2, 70, 3, 8, 6};
+    const Backend *bes[2] = {backend_ref(), backend_cpu()};
+    for (int rule = 0; rule < 2; rule++) {
+        LinCase c;
+        lin_case_init(&c, d, (MnLinRule)rule, 1100 + rule, 1, 1, 1, 0.1, 1.0);
+        double *o = xcalloc(c.nv, 8), *sT = xcalloc(c.ns, 8);
+        ref_fwd(&c, o, sT);
+        LinGrads r;
+        grads_alloc(&r, &c);
+        ref_bwd(&c, &r);
+        for (int bi = 0; bi < 2; bi++) {
+            const Backend *be = bes[bi];
+            if (!be->lin_fwd || !be->lin_bwd) {
+                CHECK(0, "%s: lin ops missing", be->name);
+                continue;
+            }
+            struct {
+                const double *src;
+                size_t n;
+                MemKind kind;
+                void *buf;
+            } t[] = {{c.q, c.nq, MEM_ACT},  {c.k, c.nq, MEM_ACT},    {c.v, c.nv, MEM_ACT},  {c.g, c.ng, MEM_F32},
+                     {c.beta, c.ng, MEM_F32}, {c.s0, c.ns, MEM_F32}, {c.dout, c.nv, MEM_ACT}, {c.dsT, c.ns, MEM_F32},
+                     {NULL, c.nv, MEM_ACT}, {NULL, c.ns, MEM_F32}, {NULL, c.nq, MEM_ACT}, {NULL, c.nq, MEM_ACT},
+                     {NULL, c.nv, MEM_ACT}, {NULL, c.ng, MEM_F32}, {NULL, c.ng, MEM_F32}, {NULL, c.ns, MEM_F32}};
+            enum { Q, K, V, G, BETA, S0, DOUT, DST, O, ST, DQ, DK, DV, DG, DBETA, DS0, NT };
+            for (int i = 0; i < NT; i++) {
+                t[i].buf = be->alloc(be, t[i].n, t[i].kind);
+                if (t[i].src) CHECK(!be->upload(be, t[i].buf, t[i].src, t[i].n, t[i].kind), "%s", mn_last_error());
+            }
+            MnLinOpts opts = c.o;
+            MnLinFwd f = {t[Q].buf, t[K].buf, t[V].buf, t[G].buf, t[BETA].buf, t[S0].buf, t[O].buf, t[ST].buf};
+            CHECK(!be->lin_fwd(be, &d, &opts, &f), "%s forward: %s", be->name, mn_last_error());
+            MnLinBwd b = {t[Q].buf, t[K].buf, t[V].buf, t[G].buf, t[BETA].buf, t[S0].buf, t[DOUT].buf, t[DST].buf,
+                          t[DQ].buf, t[DK].buf, t[DV].buf, t[DG].buf, t[DBETA].buf, t[DS0].buf};
+            CHECK(!be->lin_bwd(be, &d, &opts, &b), "%s backward: %s", be->name, mn_last_error());
+            const double *want[] = {o, sT, r.dq, r.dk, r.dv, r.dg, r.dbeta, r.ds0};
+            const char *names[] = {"o", "sT", "dq", "dk", "dv", "dg", "dbeta", "ds0"};
+            for (int i = 0; i < 8; i++) {
+                size_t n = t[O + i].n;
+                double *got = xcalloc(n, 8);
+                CHECK(!be->download(be, got, t[O + i].buf, n, t[O + i].kind), "%s", mn_last_error());
+                double e = rel_err64(got, want[i], n);
+                if (!(e <= (bi ? 1e-5 : 0)))
+                    test_fail(__FILE__, __LINE__, "%s rule %d: %s rel err %.3g", be->name, rule, names[i], e);
+                free(got);
+            }
+            for (int i = 0; i < NT; i++) be->free(be, t[i].buf);
+        }
+        free(o); free(sT);
+        grads_free(&r);
+        lin_case_free(&c);
+    }
+}
+
+TEST(lin_rejects_bad_arguments) {
+    MnMesaDims d = {1, 4, 1, 2, 2}, bad = d;
+    bad.T = 0;
+    float q[8] = {0}, k[8] = {0}, v[8] = {0}, o[8], g[4] = {0}, dq[8], dk[8], dv[8];
+    MnLinOpts opts = mn_lin_opts_default(MN_LIN_DELTA);
+    MnLinFwd f = {q, k, v, NULL, NULL, NULL, o, NULL};
+    CHECK(mn_lin_forward(&d, &opts, &f) == MN_OK, "%s", mn_last_error());
+    CHECK(mn_lin_forward(&bad, &opts, &f) == MN_ERR_ARG, "T = 0 accepted");
+    CHECK(mn_lin_forward(&d, NULL, &f) == MN_ERR_ARG, "NULL opts accepted");
+    MnLinOpts r = opts;
+    r.rule = (MnLinRule)7;
+    CHECK(mn_lin_forward(&d, &r, &f) == MN_ERR_ARG, "unknown rule accepted");
+    r = opts;
+    r.chunk = -1;
+    CHECK(mn_lin_forward(&d, &r, &f) == MN_ERR_ARG, "chunk -1 accepted");
+    MnLinFwd nf = f;
+    nf.o = NULL;
+    CHECK(mn_lin_forward(&d, &opts, &nf) == MN_ERR_ARG, "NULL o accepted");
+    MnLinBwd b = {q, k, v, g, NULL, NULL, o, NULL, dq, dk, dv, NULL, NULL, NULL};
+    CHECK(mn_lin_backward(&d, &opts, &b) == MN_ERR_ARG, "g without dg accepted");
 }
