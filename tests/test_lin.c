@@ -289,6 +289,7 @@ TEST(lin_cpu_matches_ref_awkward_sizes) {
         {{3, 37, 1, 16, 12}, 16}, // T not a multiple of C, B*H odd, Dk > Dv
         {{1, 130, 1, 12, 20}, 0}, // two full chunks of 64 and a tail of 2, Dk < Dv
         {{1, 21, 1, 6, 6}, 1},    // C = 1
+        {{1, 150, 1, 64, 64}, 0}, // a layer's head size, full chunks of 64
     };
     double w[2] = {0, 0};
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
