@@ -20,16 +20,27 @@
 static inline float gate(const float *g, size_t ti) { return g ? expf(g[ti]) : 1.0f; }
 static inline float beta_of(const float *beta, size_t ti) { return beta ? beta[ti] : 1.0f; }
 
-// S = next state after one token. u: Dv scratch.
+// S = gamma S + c u k^T, row by row, and (out non-NULL) out = S q on the updated
+// rows while they are in cache: one pass over the state.
+static void update_rows(float *restrict s, float gamma, float c, const float *restrict u, const float *restrict k,
+                        const float *restrict q, float *restrict out, int dk, int dv) {
+    for (int i = 0; i < dv; i++) {
+        float *restrict si = s + (size_t)i * dk, cu = c * u[i];
+        for (int j = 0; j < dk; j++) si[j] = gamma * si[j] + cu * k[j];
+        if (out) out[i] = vdot(si, q, dk);
+    }
+}
+
+// S = next state after one token (and out = S q if out is not NULL). u: Dv scratch.
 static void step(MnLinRule rule, float *s, float gamma, float beta, const float *k, const float *v, float *u, int dk,
-                 int dv) {
+                 int dv, const float *q, float *out) {
     if (rule == MN_LIN_GLA) {
-        decay_rank1(s, gamma, beta, v, k, dv, dk);
+        update_rows(s, gamma, beta, v, k, q, out, dk, dv);
         return;
     }
     matvec(u, s, k, dv, dk);
     for (int i = 0; i < dv; i++) u[i] = beta * (v[i] - gamma * u[i]);
-    decay_rank1(s, gamma, 1, u, k, dv, dk);
+    update_rows(s, gamma, 1, u, k, q, out, dk, dv);
 }
 
 size_t lin_rec_fwd_floats(const MnMesaDims *d) { return (size_t)d->Dv * d->Dk + (size_t)d->Dv; }
@@ -40,10 +51,11 @@ void lin_rec_forward(const MesaPair *p, const MnLinOpts *o, const MnLinFwd *io, 
     lin_load_state(s, io->s0, bh, dk, dv);
     for (int t = 0; t < p->T; t++) {
         size_t ti = pair_tok(p, t);
-        step(o->rule, s, gate(io->g, ti), beta_of(io->beta, ti), io->k + ti * dk, io->v + ti * dv, u, dk, dv);
         float *out = io->o + ti * dv;
-        matvec(out, s, io->q + ti * dk, dv, dk);
-        for (int i = 0; i < dv; i++) out[i] *= o->scale;
+        step(o->rule, s, gate(io->g, ti), beta_of(io->beta, ti), io->k + ti * dk, io->v + ti * dv, u, dk, dv,
+             io->q + ti * dk, out);
+        if (o->scale != 1)
+            for (int i = 0; i < dv; i++) out[i] *= o->scale;
     }
     if (io->sT) memcpy(io->sT + (size_t)bh * dv * dk, s, sizeof(float) * dv * dk);
 }
@@ -69,7 +81,8 @@ void lin_rec_backward(const MesaPair *p, const MnLinOpts *o, const MnLinBwd *io,
         memcpy(next, ck + (size_t)si * ss, sizeof(float) * ss);
         for (int t = si * C; t < mn_min(T, (si + 1) * C); t++) {
             size_t ti = pair_tok(p, t);
-            step(rule, next, gate(io->g, ti), beta_of(io->beta, ti), io->k + ti * dk, io->v + ti * dv, u, dk, dv);
+            step(rule, next, gate(io->g, ti), beta_of(io->beta, ti), io->k + ti * dk, io->v + ti * dv, u, dk, dv,
+                 NULL, NULL);
         }
     }
     lin_load_state(ds, io->dsT, bh, dk, dv);
@@ -80,7 +93,8 @@ void lin_rec_backward(const MesaPair *p, const MnLinOpts *o, const MnLinBwd *io,
             size_t ti = pair_tok(p, t0 + t);
             float *nx = seg + (size_t)(t + 1) * ss;
             memcpy(nx, nx - ss, sizeof(float) * ss);
-            step(rule, nx, gate(io->g, ti), beta_of(io->beta, ti), io->k + ti * dk, io->v + ti * dv, u, dk, dv);
+            step(rule, nx, gate(io->g, ti), beta_of(io->beta, ti), io->k + ti * dk, io->v + ti * dv, u, dk, dv, NULL,
+                 NULL);
         }
         for (int t = n - 1; t >= 0; t--) {
             size_t ti = pair_tok(p, t0 + t);
