@@ -144,22 +144,20 @@ TEST(lin_ref_backward_matches_finite_differences) {
     // wrong term (O(1) relative) fails by orders of magnitude.
     MnMesaDims d = {1, 5, 3, 3, 2};
     for (int rule = 0; rule < 2; rule++)
-        for (int gated = 0; gated < 2; gated++) {
+        for (int gated = 0; gated < 4; gated++) {  // bit 0: g given, bit 1: beta given
             LinCase c;
-            lin_case_init(&c, d, (MnLinRule)rule, 100 + 10 * rule + gated, gated, gated, 1, 0.2, 1.5);
+            lin_case_init(&c, d, (MnLinRule)rule, 100 + 10 * rule + gated, gated & 1, gated >> 1, 1, 0.2, 1.5);
             c.o.scale = 0.7f;
             LinGrads gr;
             grads_alloc(&gr, &c);
             ref_bwd(&c, &gr);
-            test_note("rule %d, %s", rule, gated ? "g and beta" : "g and beta NULL");
+            test_note("rule %d, g %s, beta %s", rule, c.g ? "given" : "NULL", c.beta ? "given" : "NULL");
             fd_check("q", ref_loss, &c, c.q, gr.dq, c.nq, 1e-7);
             fd_check("k", ref_loss, &c, c.k, gr.dk, c.nq, 1e-7);
             fd_check("v", ref_loss, &c, c.v, gr.dv, c.nv, 1e-7);
             fd_check("s0", ref_loss, &c, c.s0, gr.ds0, c.ns, 1e-7);
-            if (gated) {
-                fd_check("g", ref_loss, &c, c.g, gr.dg, c.ng, 1e-7);
-                fd_check("beta", ref_loss, &c, c.beta, gr.dbeta, c.ng, 1e-7);
-            }
+            if (c.g) fd_check("g", ref_loss, &c, c.g, gr.dg, c.ng, 1e-7);
+            if (c.beta) fd_check("beta", ref_loss, &c, c.beta, gr.dbeta, c.ng, 1e-7);
             grads_free(&gr);
             lin_case_free(&c);
         }
@@ -294,17 +292,17 @@ TEST(lin_cpu_matches_ref_awkward_sizes) {
     double w[2] = {0, 0};
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
         for (int rule = 0; rule < 2; rule++)
-            for (int gated = 0; gated < 2; gated++)
+            for (int gated = 0; gated < 4; gated++)  // bit 0: g given (and s0), bit 1: beta given
                 for (int fi = 0; fi < 2; fi++) {
                     LinCase c;
-                    lin_case_init(&c, sizes[si].d, (MnLinRule)rule, 500 + si * 8 + rule * 2 + gated, gated, gated,
-                                  gated, 0.1, 1.0);
+                    lin_case_init(&c, sizes[si].d, (MnLinRule)rule, 500 + si * 8 + rule * 4 + gated, gated & 1,
+                                  gated >> 1, gated & 1, 0.1, 1.0);
                     c.o.scale = gated ? 0.5f : 1.0f;
                     MnMesaForm form = fi ? MN_FORM_CHUNK : MN_FORM_RECURRENT;
                     int finite;
                     LinErrs e = cpu_vs_ref(&c, form, sizes[si].chunk, &finite);
                     char what[128];
-                    snprintf(what, sizeof what, "size %zu rule %d %s %s", si, rule, gated ? "gated" : "plain",
+                    snprintf(what, sizeof what, "size %zu rule %d gates %d %s", si, rule, gated,
                              fi ? "chunk" : "recurrent");
                     check_errs(what, &e, finite, 1e-5);
                     w[fi] = fmax(w[fi], worst(&e));
