@@ -4,7 +4,10 @@
  * forward (saving what its backward needs), backward (accumulating its
  * parameter gradients) and, for generation, keeps a fixed-size recurrent state
  * per sequence. Mixers are written against the backend op table, so one file
- * serves every backend. Adding a mixer: one file here plus a line in mixer.c.
+ * serves every backend. Adding a mixer: one file here plus a line in mixer.c
+ * (a recurrent layer of the MesaNet paper's shared parameterisation builds on
+ * shell.h: only its core is its own). A config's blocks may mix mixers
+ * (mixer_at: a pattern such as "gdn,mesa" repeated over the blocks).
  */
 #ifndef MN_MIXER_H
 #define MN_MIXER_H
