@@ -17,6 +17,8 @@
 
 extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io);
 extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
+extern "C" int cuda_lin_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io);
+extern "C" int cuda_lin_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io);
 
 // ---------------------------------------------------------------------------- memory
 
@@ -1266,6 +1268,8 @@ extern "C" const Backend *backend_cuda(void) {
     b.softplus_bwd = g_softplus_bwd;
     b.mesa_fwd = cuda_mesa_fwd;
     b.mesa_bwd = cuda_mesa_bwd;
+    b.lin_fwd = cuda_lin_fwd;  // lin_cuda.cu
+    b.lin_bwd = cuda_lin_bwd;
     b.adamw = g_adamw;
     b.sumsq = g_sumsq;
 #ifdef MN_HAVE_NCCL

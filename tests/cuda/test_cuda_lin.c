@@ -1,0 +1,342 @@
+// The gated linear-attention family on the GPU (src/cuda/lin_cuda.cu: the backend's lin_fwd,
+// lin_bwd) against the float64 reference (src/ref/lin_ref.c), through the op table. The GPU holds
+// q, k, v, o, dout and dq, dk, dv in bf16, g, beta and the states in float32: the inputs are
+// rounded so before the reference sees them, so the two differ only by the GPU's float32
+// arithmetic and the rounding of its bf16 outputs.
+//
+// Tolerances (relative, L2 over the tensor): a bf16 output carries a rounding error of at most
+// 2^-9 = 2e-3 of each element, about 1.1e-3 in the L2 sense; float32 accumulation over T = 300
+// tokens adds ~1e-5. BF16_TOL = 8e-3 leaves 4x over the worst case. float32 outputs (sT, dg,
+// dbeta, ds0) differ by float32 accumulation only (~1e-5 seen on the CPU's float32 forms):
+// F32_TOL = 2e-4. A wrong index or a missing term shows up as O(0.1 .. 1).
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/common.h"
+#include "core/half.h"
+#include "../fd.h"
+#include "ref/ref.h"
+#include "../test.h"
+
+const Backend *backend_cuda(void);
+
+#define BF16_TOL 8e-3
+#define F32_TOL 2e-4
+
+static const Backend *G;
+
+static int setup(void) {
+    G = backend_cuda();
+    if (!G) test_fail(__FILE__, __LINE__, "no CUDA backend: %s", mn_last_error());
+    if (G && (!G->lin_fwd || !G->lin_bwd)) {
+        test_fail(__FILE__, __LINE__, "the CUDA backend has no lin_fwd / lin_bwd");
+        return 0;
+    }
+    return G != NULL;
+}
+
+static void round_to(double *x, size_t n, MemKind k) {
+    if (!x) return;
+    for (size_t i = 0; i < n; i++) x[i] = k == MEM_ACT ? bf16_to_f32(f32_to_bf16((float)x[i])) : (double)(float)x[i];
+}
+
+static void l2_rows(double *x, size_t rows, int d) {
+    for (size_t r = 0; r < rows; r++) {
+        double s = 0;
+        for (int j = 0; j < d; j++) s += x[r * d + j] * x[r * d + j];
+        s = 1 / sqrt(s);
+        for (int j = 0; j < d; j++) x[r * d + j] *= s;
+    }
+}
+
+static void *to_gpu(const double *h, size_t n, MemKind k) {
+    if (!h) return NULL;
+    void *p = G->alloc(G, n, k);
+    if (!p || G->upload(G, p, h, n, k)) die("%s", mn_last_error());
+    return p;
+}
+
+static void *gpu_zeros(size_t n, MemKind k) {
+    void *p = G->alloc(G, n, k);
+    if (!p) die("%s", mn_last_error());
+    return p;
+}
+
+static double *from_gpu(const void *p, size_t n, MemKind k) {
+    double *h = xcalloc(n ? n : 1, sizeof(double));
+    if (G->download(G, h, p, n, k)) die("%s", mn_last_error());
+    return h;
+}
+
+static double cmp(const char *what, const void *gpu, const double *ref, size_t n, MemKind k, double tol) {
+    double *h = from_gpu(gpu, n, k), e = rel_err64(h, ref, n);
+    test_note("%-44s rel err %.2e", what, e);
+    if (!(e <= tol)) test_fail(__FILE__, __LINE__, "%s: rel err %.3g > %.3g", what, e, tol);
+    free(h);
+    return e;
+}
+
+typedef struct {
+    int B, T, H, Dk, Dv;
+    int g, beta, s0, dsT;  // which optional inputs are given
+    double blo, bhi;       // beta's range
+    int unit_scale;        // scale 1, else Dk^-1/2
+} Shape;
+
+// One problem on the host: inputs rounded to what the GPU holds.
+typedef struct {
+    MnMesaDims d;
+    MnLinOpts o;
+    size_t nq, nv, ng, ns;
+    double *q, *k, *v, *g, *beta, *s0, *dout, *dsT;
+} Case;
+
+static void case_init(Case *c, const Shape *s, MnLinRule rule, unsigned long long seed) {
+    memset(c, 0, sizeof *c);
+    MnMesaDims d = {s->B, s->T, s->H, s->Dk, s->Dv};
+    c->d = d;
+    c->o = mn_lin_opts_default(rule);
+    c->o.form = MN_FORM_RECURRENT;
+    c->o.scale = s->unit_scale ? 1.0f : (float)(1.0 / sqrt((double)s->Dk));
+    size_t ntok = (size_t)s->B * s->T * s->H;
+    c->nq = ntok * s->Dk;
+    c->nv = ntok * s->Dv;
+    c->ng = ntok;
+    c->ns = (size_t)s->B * s->H * s->Dv * s->Dk;
+    c->q = rand_doubles(seed, c->nq, -1, 1);
+    c->k = rand_doubles(seed + 1, c->nq, -1, 1);
+    l2_rows(c->q, ntok, s->Dk);
+    l2_rows(c->k, ntok, s->Dk);
+    c->v = rand_doubles(seed + 2, c->nv, -1, 1);
+    if (s->g) c->g = rand_doubles(seed + 3, ntok, -0.5, -0.01);
+    if (s->beta) c->beta = rand_doubles(seed + 4, ntok, s->blo, s->bhi);
+    if (s->s0) c->s0 = rand_doubles(seed + 5, c->ns, -0.5, 0.5);
+    c->dout = rand_doubles(seed + 6, c->nv, -1, 1);
+    if (s->dsT) c->dsT = rand_doubles(seed + 7, c->ns, -1, 1);
+    round_to(c->q, c->nq, MEM_ACT);
+    round_to(c->k, c->nq, MEM_ACT);
+    round_to(c->v, c->nv, MEM_ACT);
+    round_to(c->dout, c->nv, MEM_ACT);
+    round_to(c->g, c->ng, MEM_F32);
+    round_to(c->beta, c->ng, MEM_F32);
+    round_to(c->s0, c->ns, MEM_F32);
+    round_to(c->dsT, c->ns, MEM_F32);
+}
+
+static void case_free(Case *c) {
+    free(c->q); free(c->k); free(c->v); free(c->g); free(c->beta); free(c->s0); free(c->dout); free(c->dsT);
+}
+
+// Forward and backward of one case on both, compared.
+static void run_case(const Shape *s, MnLinRule rule, unsigned long long seed) {
+    Case c;
+    case_init(&c, s, rule, seed);
+    char tag[96];
+    snprintf(tag, sizeof tag, "%s B%d T%d H%d Dk%d Dv%d g%d b%d s0%d dsT%d", rule == MN_LIN_DELTA ? "delta" : "gla", s->B,
+             s->T, s->H, s->Dk, s->Dv, s->g, s->beta, s->s0, s->dsT);
+    // the reference
+    double *o = xcalloc(c.nv, 8), *sT = xcalloc(c.ns, 8);
+    double *dq = xcalloc(c.nq, 8), *dk = xcalloc(c.nq, 8), *dv = xcalloc(c.nv, 8);
+    double *dg = xcalloc(c.ng, 8), *dbeta = xcalloc(c.ng, 8), *ds0 = xcalloc(c.ns, 8);
+    LinFwd64 rf = {c.q, c.k, c.v, c.g, c.beta, c.s0, o, sT};
+    LinBwd64 rb = {c.q, c.k, c.v, c.g, c.beta, c.s0, c.dout, c.dsT, dq, dk, dv, dg, dbeta, ds0};
+    CHECK(!ref_lin_forward(&c.d, &c.o, &rf) && !ref_lin_backward(&c.d, &c.o, &rb), "%s", mn_last_error());
+    // the GPU (dg, dbeta given even where g, beta are not: they must come out 0)
+    void *gq = to_gpu(c.q, c.nq, MEM_ACT), *gk = to_gpu(c.k, c.nq, MEM_ACT), *gv = to_gpu(c.v, c.nv, MEM_ACT);
+    void *gg = to_gpu(c.g, c.ng, MEM_F32), *gb = to_gpu(c.beta, c.ng, MEM_F32), *gs0 = to_gpu(c.s0, c.ns, MEM_F32);
+    void *gdout = to_gpu(c.dout, c.nv, MEM_ACT), *gdsT = to_gpu(c.dsT, c.ns, MEM_F32);
+    void *go = gpu_zeros(c.nv, MEM_ACT), *gsT = gpu_zeros(c.ns, MEM_F32);
+    void *gdq = gpu_zeros(c.nq, MEM_ACT), *gdk = gpu_zeros(c.nq, MEM_ACT), *gdv = gpu_zeros(c.nv, MEM_ACT);
+    void *gdg = gpu_zeros(c.ng, MEM_F32), *gdb = gpu_zeros(c.ng, MEM_F32), *gds0 = gpu_zeros(c.ns, MEM_F32);
+    // garbage in the outputs that are summed into, to catch a missing zeroing
+    double *junk = rand_doubles(seed + 99, c.nq > c.ng ? c.nq : c.ng, -3, 3);
+    CHECK(!G->upload(G, gdg, junk, c.ng, MEM_F32) && !G->upload(G, gdb, junk, c.ng, MEM_F32) &&
+              !G->upload(G, gdq, junk, c.nq, MEM_ACT) && !G->upload(G, gdk, junk, c.nq, MEM_ACT),
+          "%s", mn_last_error());
+    MnLinFwd f = {gq, gk, gv, gg, gb, gs0, go, gsT};
+    MnLinBwd b = {gq, gk, gv, gg, gb, gs0, gdout, gdsT, gdq, gdk, gdv, gdg, gdb, gds0};
+    int rc = G->lin_fwd(G, &c.d, &c.o, &f);
+    if (!rc) rc = G->lin_bwd(G, &c.d, &c.o, &b);
+    if (!rc) rc = G->sync(G);
+    CHECK(!rc, "%s: %s", tag, mn_last_error());
+    if (!rc) {
+        char what[160];
+#define CMP(name, gbuf, ref, n, kind, tol)                        \
+    do {                                                          \
+        snprintf(what, sizeof what, "%s %s", tag, name);          \
+        cmp(what, gbuf, ref, n, kind, tol);                       \
+    } while (0)
+        CMP("o", go, o, c.nv, MEM_ACT, BF16_TOL);
+        CMP("sT", gsT, sT, c.ns, MEM_F32, F32_TOL);
+        CMP("dq", gdq, dq, c.nq, MEM_ACT, BF16_TOL);
+        CMP("dk", gdk, dk, c.nq, MEM_ACT, BF16_TOL);
+        CMP("dv", gdv, dv, c.nv, MEM_ACT, BF16_TOL);
+        CMP("dg", gdg, dg, c.ng, MEM_F32, F32_TOL);
+        CMP("dbeta", gdb, dbeta, c.ng, MEM_F32, F32_TOL);
+        CMP("ds0", gds0, ds0, c.ns, MEM_F32, F32_TOL);
+#undef CMP
+    }
+    void *bufs[] = {gq, gk, gv, gg, gb, gs0, gdout, gdsT, go, gsT, gdq, gdk, gdv, gdg, gdb, gds0};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) G->free(G, bufs[i]);
+    free(o); free(sT); free(dq); free(dk); free(dv); free(dg); free(dbeta); free(ds0); free(junk);
+    case_free(&c);
+}
+
+// Shapes: T = 1 (decoding), 37, 300 (17 stretches of 18 tokens, the last of 12); B*H odd; Dk != Dv;
+// Dk < 32, = 33 (a lane's second column mostly empty), 64, 128, 256; Dv over one block's rows (the
+// backward's row slices then sum dq, dk in float32 temporaries) and under; every optional input
+// given or not; beta in (1, 2) (negative eigenvalues of the delta rule's transition).
+TEST(cuda_lin_matches_reference) {
+    if (!setup()) return;
+    static const Shape shapes[] = {
+        {1, 37, 3, 24, 40, 1, 1, 1, 1, 0.1, 1.0, 0},   // B*H = 3, Dk < 32, Dv 40: 3 forward / 2 backward slices
+        {2, 300, 2, 128, 64, 1, 0, 1, 1, 0.1, 1.0, 0}, // Dk 128, long T, no beta
+        {3, 1, 1, 64, 64, 1, 1, 1, 1, 0.1, 1.0, 1},    // decoding step with the state in and out
+        {3, 1, 1, 64, 64, 0, 0, 0, 0, 0.1, 1.0, 1},    // T = 1 without anything optional
+        {1, 70, 1, 256, 20, 0, 1, 0, 1, 1.0, 2.0, 0},  // Dk 256, one backward slice, beta in (1, 2)
+        {1, 33, 5, 33, 7, 1, 1, 0, 0, 0.1, 1.0, 1},    // Dk 33, Dv 7, B*H = 5
+        {2, 45, 3, 128, 128, 1, 1, 1, 1, 0.1, 1.0, 0}, // square heads of 128: 4 backward slices
+        {1, 20, 1, 100, 256, 0, 0, 1, 1, 0.1, 1.0, 1}, // Dv 256, no gates: gamma = beta = 1
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int rule = 0; rule < 2; rule++) run_case(&shapes[i], (MnLinRule)rule, 4000 + 16 * i + rule);
+}
+
+// [B,T,H,D] rows of tokens t0 .. t0 + n - 1 of every sequence, as a [B,n,H,D] tensor.
+static double *tokens_of(const double *x, int B, int T, int H, int D, int t0, int n) {
+    if (!x) return NULL;
+    double *y = xcalloc((size_t)B * n * H * D, 8);
+    for (int b = 0; b < B; b++)
+        memcpy(y + (size_t)b * n * H * D, x + ((size_t)b * T + t0) * H * D, sizeof(double) * (size_t)n * H * D);
+    return y;
+}
+
+// One forward of T0 + n tokens against a prefill of T0 (state out) then n decoding steps of one
+// token (the state in and out in place, as the mixers decode). The GPU does the same float32
+// arithmetic per token either way: the outputs should agree to the last bit (checked to 1e-6).
+// The steps again from a CUDA graph recording of one step: the replay matches the eager step.
+TEST(cuda_lin_prefill_decode_matches_forward) {
+    if (!setup()) return;
+    for (int rule = 0; rule < 2; rule++) {
+        Shape s = {2, 24, 3, 64, 48, 1, 1, 1, 0, 0.1, 1.0, 0};
+        int T0 = 19, n = s.T - T0;
+        Case c;
+        case_init(&c, &s, (MnLinRule)rule, 5100 + rule);
+        int B = s.B, H = s.H, Dk = s.Dk, Dv = s.Dv;
+        // the whole forward
+        void *gq = to_gpu(c.q, c.nq, MEM_ACT), *gk = to_gpu(c.k, c.nq, MEM_ACT), *gv = to_gpu(c.v, c.nv, MEM_ACT);
+        void *gg = to_gpu(c.g, c.ng, MEM_F32), *gb = to_gpu(c.beta, c.ng, MEM_F32), *gs0 = to_gpu(c.s0, c.ns, MEM_F32);
+        void *go = gpu_zeros(c.nv, MEM_ACT), *gsT = gpu_zeros(c.ns, MEM_F32);
+        MnLinFwd f = {gq, gk, gv, gg, gb, gs0, go, gsT};
+        CHECK(!G->lin_fwd(G, &c.d, &c.o, &f), "%s", mn_last_error());
+        double *o_all = from_gpu(go, c.nv, MEM_ACT), *sT_all = from_gpu(gsT, c.ns, MEM_F32);
+        // the reference, for the record
+        double *o_ref = xcalloc(c.nv, 8), *sT_ref = xcalloc(c.ns, 8);
+        LinFwd64 rf = {c.q, c.k, c.v, c.g, c.beta, c.s0, o_ref, sT_ref};
+        CHECK(!ref_lin_forward(&c.d, &c.o, &rf), "%s", mn_last_error());
+        CHECK(rel_err64(o_all, o_ref, c.nv) <= BF16_TOL, "rule %d: one forward vs reference: %.3g", rule,
+              rel_err64(o_all, o_ref, c.nv));
+        // prefill of T0 tokens from s0 into a state buffer
+        MnMesaDims dp = {B, T0, H, Dk, Dv}, d1 = {B, 1, H, Dk, Dv};
+        double *pq = tokens_of(c.q, B, s.T, H, Dk, 0, T0), *pk = tokens_of(c.k, B, s.T, H, Dk, 0, T0);
+        double *pv = tokens_of(c.v, B, s.T, H, Dv, 0, T0), *pg = tokens_of(c.g, B, s.T, H, 1, 0, T0);
+        double *pb = tokens_of(c.beta, B, s.T, H, 1, 0, T0);
+        void *hq = to_gpu(pq, (size_t)B * T0 * H * Dk, MEM_ACT), *hk = to_gpu(pk, (size_t)B * T0 * H * Dk, MEM_ACT);
+        void *hv = to_gpu(pv, (size_t)B * T0 * H * Dv, MEM_ACT), *hg = to_gpu(pg, (size_t)B * T0 * H, MEM_F32);
+        void *hb = to_gpu(pb, (size_t)B * T0 * H, MEM_F32), *ho = gpu_zeros((size_t)B * T0 * H * Dv, MEM_ACT);
+        void *S = gpu_zeros(c.ns, MEM_F32);
+        MnLinFwd fp = {hq, hk, hv, hg, hb, gs0, ho, S};
+        CHECK(!G->lin_fwd(G, &dp, &c.o, &fp), "%s", mn_last_error());
+        double *o_pre = from_gpu(ho, (size_t)B * T0 * H * Dv, MEM_ACT), *o_pre_all = tokens_of(o_all, B, s.T, H, Dv, 0, T0);
+        double e = rel_err64(o_pre, o_pre_all, (size_t)B * T0 * H * Dv);
+        test_note("rule %d: prefill of %d vs one forward: rel err %.2e", rule, T0, e);
+        CHECK(e <= 1e-6, "rule %d: prefill vs one forward: %.3g", rule, e);
+        // decoding steps, state in place; a copy of the state after the prefill for the replay
+        void *S2 = gpu_zeros(c.ns, MEM_F32);
+        G->copy(G, S2, S, c.ns, MEM_F32);
+        void *dq1 = gpu_zeros((size_t)B * H * Dk, MEM_ACT), *dk1 = gpu_zeros((size_t)B * H * Dk, MEM_ACT);
+        void *dv1 = gpu_zeros((size_t)B * H * Dv, MEM_ACT), *dg1 = gpu_zeros((size_t)B * H, MEM_F32);
+        void *db1 = gpu_zeros((size_t)B * H, MEM_F32), *do1 = gpu_zeros((size_t)B * H * Dv, MEM_ACT);
+        double *o_steps = xcalloc((size_t)B * n * H * Dv, 8);
+        for (int t = 0; t < n; t++) {
+            double *xq = tokens_of(c.q, B, s.T, H, Dk, T0 + t, 1), *xk = tokens_of(c.k, B, s.T, H, Dk, T0 + t, 1);
+            double *xv = tokens_of(c.v, B, s.T, H, Dv, T0 + t, 1), *xg = tokens_of(c.g, B, s.T, H, 1, T0 + t, 1);
+            double *xb = tokens_of(c.beta, B, s.T, H, 1, T0 + t, 1);
+            CHECK(!G->upload(G, dq1, xq, (size_t)B * H * Dk, MEM_ACT) && !G->upload(G, dk1, xk, (size_t)B * H * Dk, MEM_ACT) &&
+                      !G->upload(G, dv1, xv, (size_t)B * H * Dv, MEM_ACT) && !G->upload(G, dg1, xg, (size_t)B * H, MEM_F32) &&
+                      !G->upload(G, db1, xb, (size_t)B * H, MEM_F32),
+                  "%s", mn_last_error());
+            MnLinFwd f1 = {dq1, dk1, dv1, dg1, db1, S, do1, S};
+            CHECK(!G->lin_fwd(G, &d1, &c.o, &f1), "%s", mn_last_error());
+            double *o1 = from_gpu(do1, (size_t)B * H * Dv, MEM_ACT);
+            for (int b = 0; b < B; b++)
+                memcpy(o_steps + ((size_t)b * n + t) * H * Dv, o1 + (size_t)b * H * Dv, sizeof(double) * H * Dv);
+            free(o1); free(xq); free(xk); free(xv); free(xg); free(xb);
+        }
+        double *o_dec_all = tokens_of(o_all, B, s.T, H, Dv, T0, n), *S_dec = from_gpu(S, c.ns, MEM_F32);
+        e = rel_err64(o_steps, o_dec_all, (size_t)B * n * H * Dv);
+        double es = rel_err64(S_dec, sT_all, c.ns);
+        test_note("rule %d: %d decoding steps vs one forward: o rel err %.2e, final state %.2e", rule, n, e, es);
+        CHECK(e <= 1e-6 && es <= 1e-6, "rule %d: decoding vs one forward: o %.3g, state %.3g", rule, e, es);
+        // the first decoding step recorded and replayed, from the copy of the prefill's state
+        if (G->graph_begin) {
+            double *xq = tokens_of(c.q, B, s.T, H, Dk, T0, 1), *xk = tokens_of(c.k, B, s.T, H, Dk, T0, 1);
+            double *xv = tokens_of(c.v, B, s.T, H, Dv, T0, 1), *xg = tokens_of(c.g, B, s.T, H, 1, T0, 1);
+            double *xb = tokens_of(c.beta, B, s.T, H, 1, T0, 1);
+            CHECK(!G->upload(G, dq1, xq, (size_t)B * H * Dk, MEM_ACT) && !G->upload(G, dk1, xk, (size_t)B * H * Dk, MEM_ACT) &&
+                      !G->upload(G, dv1, xv, (size_t)B * H * Dv, MEM_ACT) && !G->upload(G, dg1, xg, (size_t)B * H, MEM_F32) &&
+                      !G->upload(G, db1, xb, (size_t)B * H, MEM_F32) && !G->sync(G),
+                  "%s", mn_last_error());
+            MnLinFwd f1 = {dq1, dk1, dv1, dg1, db1, S2, do1, S2};
+            void *graph = NULL;
+            CHECK(!G->graph_begin(G), "%s", mn_last_error());
+            int rf1 = G->lin_fwd(G, &d1, &c.o, &f1);
+            int re = G->graph_end(G, &graph);  // (ends the capture whatever happened inside it)
+            CHECK(!rf1 && !re && graph, "recording a decoding step: %s", mn_last_error());
+            CHECK(graph && !G->graph_run(G, graph) && !G->sync(G), "%s", mn_last_error());
+            double *o1 = from_gpu(do1, (size_t)B * H * Dv, MEM_ACT), *want = tokens_of(o_all, B, s.T, H, Dv, T0, 1);
+            e = rel_err64(o1, want, (size_t)B * H * Dv);
+            test_note("rule %d: a recorded decoding step vs one forward: rel err %.2e", rule, e);
+            CHECK(e <= 1e-6, "rule %d: recorded decoding step: %.3g", rule, e);
+            if (graph) G->graph_free(G, graph);
+            free(o1); free(want); free(xq); free(xk); free(xv); free(xg); free(xb);
+        }
+        void *bufs[] = {gq, gk, gv, gg, gb, gs0, go, gsT, hq, hk, hv, hg, hb, ho, S, S2, dq1, dk1, dv1, dg1, db1, do1};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) G->free(G, bufs[i]);
+        free(o_all); free(sT_all); free(o_ref); free(sT_ref); free(pq); free(pk); free(pv); free(pg); free(pb);
+        free(o_pre); free(o_pre_all); free(o_steps); free(o_dec_all); free(S_dec);
+        case_free(&c);
+    }
+}
+
+// Head sizes over 256 are refused with MN_ERR_UNSUPPORTED and a message; argument errors as on the CPU.
+TEST(cuda_lin_refuses) {
+    if (!setup()) return;
+    MnMesaDims d = {1, 2, 1, 8, 8};
+    size_t n = 2 * 8;
+    void *q = gpu_zeros(4 * n * 40, MEM_ACT), *o = gpu_zeros(4 * n * 40, MEM_ACT);
+    MnLinOpts opts = mn_lin_opts_default(MN_LIN_DELTA);
+    MnLinFwd f = {q, q, q, NULL, NULL, NULL, o, NULL};
+    MnMesaDims big = {1, 2, 1, 320, 8}, bigv = {1, 2, 1, 8, 320};
+    CHECK(G->lin_fwd(G, &big, &opts, &f) == MN_ERR_UNSUPPORTED, "Dk = 320 refused");
+    CHECK(strstr(mn_last_error(), "256") != NULL, "the message names the limit: %s", mn_last_error());
+    CHECK(G->lin_fwd(G, &bigv, &opts, &f) == MN_ERR_UNSUPPORTED, "Dv = 320 refused");
+    MnLinBwd b = {q, q, q, NULL, NULL, NULL, o, NULL, o, o, o, NULL, NULL, NULL};
+    CHECK(G->lin_bwd(G, &big, &opts, &b) == MN_ERR_UNSUPPORTED, "Dk = 320 refused (backward)");
+    f.o = NULL;
+    CHECK(G->lin_fwd(G, &d, &opts, &f) == MN_ERR_ARG, "o NULL refused");
+    f.o = o;
+    MnLinBwd bg = b;
+    bg.g = (const float *)q;  // g given without dg
+    CHECK(G->lin_bwd(G, &d, &opts, &bg) == MN_ERR_ARG, "dg NULL with g refused");
+    MnLinOpts bad = opts;
+    bad.rule = (MnLinRule)7;
+    CHECK(G->lin_fwd(G, &d, &bad, &f) == MN_ERR_ARG, "unknown rule refused");
+    CHECK(!G->lin_fwd(G, &d, &opts, &f) && !G->sync(G), "a valid call after the refusals: %s", mn_last_error());
+    G->free(G, q);
+    G->free(G, o);
+}
