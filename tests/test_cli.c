@@ -395,6 +395,40 @@ TEST(cli_generate_reads_the_prompt_from_a_file) {
     tmp_remove(&td);
 }
 
+// A model of a mixer pattern (no Mesa layer in its first block) trains, evaluates and generates
+// through the tool, and reports no CG statistics where no layer solves with CG.
+TEST(cli_pattern_model_trains_evaluates_generates) {
+    TmpDir td;
+    tmp_make(&td);
+    if (make_tiny_run(&td)) {
+        tmp_remove(&td);
+        return;
+    }
+    char args[2048];
+    const char *cfgs[2] = {"{\"preset\": \"tiny\", \"mixer\": \"gdn,mesa\"}", "{\"preset\": \"tiny\", \"mixer\": \"gla\"}"};
+    for (int i = 0; i < 2; i++) {
+        write_bytes(tmp_path(&td, "cfg.json"), cfgs[i], strlen(cfgs[i]));
+        snprintf(args, sizeof args,
+                 "train --config %s/cfg.json --data %s/data --out %s/pat%d --steps 2 --warmup 0 --batch 2 --seq 16 "
+                 "--eval-every 2 --eval-batches 1 --save-every 0",
+                 td.dir, td.dir, td.dir, i);
+        ToolRun r = run(&td, args);
+        CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
+        CHECK(!strstr(r.out, "CG steps") == (i == 1), "CG statistics of %s:\n%s", cfgs[i], r.out);
+        run_free(&r);
+        snprintf(args, sizeof args, "eval --model %s/pat%d --batch 2 --batches 1", td.dir, i);
+        r = run(&td, args);
+        CHECK(r.rc == 0 && strstr(r.out, "perplexity"), "mesanet %s: exit status %d\n%s%s", args, r.rc, r.out, r.err);
+        run_free(&r);
+        snprintf(args, sizeof args, "generate --model %s/pat%d --prompt the --tokens 4", td.dir, i);
+        r = run(&td, args);
+        CHECK(r.rc == 0 && strstr(r.err, "generated") && !strstr(r.err, "CG steps") == (i == 1),
+              "mesanet %s: exit status %d\n%s%s", args, r.rc, r.out, r.err);
+        run_free(&r);
+    }
+    tmp_remove(&td);
+}
+
 TEST(cli_logits_checks_token_ids) {
     TmpDir td;
     tmp_make(&td);

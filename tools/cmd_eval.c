@@ -290,8 +290,9 @@ int cmd_eval(int argc, char **argv) {
     double nll = mean_nll(&r);
     printf("%s on %s: %d sequences of %d tokens, %.0f scored\n", run, e.shard, r.batches * batch * g.size, T, r.count);
     if (g.size > 1) printf("  split over %d ranks, %d sequences of every batch each\n", g.size, batch);
-    printf("  loss %.4f nats/token, perplexity %.3f, mean CG steps %.2f (max %d%s)\n", nll, exp(nll), r.cg_steps,
-           use_steps, tol > 0 ? ", tolerance" : "");
+    printf("  loss %.4f nats/token, perplexity %.3f", nll, exp(nll));
+    if (model_uses_cg(&m->cfg)) printf(", mean CG steps %.2f (max %d%s)", r.cg_steps, use_steps, tol > 0 ? ", tolerance" : "");
+    printf("\n");
 
     // NLL by position, and against the second model
     double *pos = xcalloc((size_t)T, 8), *sofar = xcalloc((size_t)T, 8), *x = xcalloc((size_t)T, 8);

@@ -115,13 +115,16 @@ int cmd_generate(int argc, char **argv) {
     if (model_take_cg_steps(m, &gen_steps)) cmd_fail("generate", "%s", mn_last_error());  // the mean over the generated tokens
     printf("\n");
     if (!quiet) {
-        const MixerOps *ops = mixer_find(m->cfg.mixer);
-        fprintf(stderr,
-                "[prompt: %zu tokens in %.2f s, CG steps %.1f | generated %d tokens, %.1f tokens/s, mean CG steps per "
-                "token and head %.1f (max %d%s) | state %.2f MB, constant]\n",
-                plen, t_prefill, prefill_steps, made, made / (dt > 0 ? dt : 1), gen_steps,
-                m->solver.max_steps, cg_tol > 0 ? ", tolerance" : "",
-                (double)ops->state_floats(&m->cfg) * m->cfg.n_layers * 4 / 1e6);
+        double state_mb = (double)model_state_floats(&m->cfg) * 4 / 1e6;
+        if (model_uses_cg(&m->cfg))
+            fprintf(stderr,
+                    "[prompt: %zu tokens in %.2f s, CG steps %.1f | generated %d tokens, %.1f tokens/s, mean CG steps "
+                    "per token and head %.1f (max %d%s) | state %.2f MB, constant]\n",
+                    plen, t_prefill, prefill_steps, made, made / (dt > 0 ? dt : 1), gen_steps, m->solver.max_steps,
+                    cg_tol > 0 ? ", tolerance" : "", state_mb);
+        else
+            fprintf(stderr, "[prompt: %zu tokens in %.2f s | generated %d tokens, %.1f tokens/s | state %.2f MB, constant]\n",
+                    plen, t_prefill, made, made / (dt > 0 ? dt : 1), state_mb);
     }
     free(ids);
     free(seq);

@@ -71,6 +71,12 @@ size_t model_state_floats(const ModelConfig *c) {
     return n;
 }
 
+int model_uses_cg(const ModelConfig *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (mixer_at(c, l) == &mixer_mesa) return 1;
+    return 0;
+}
+
 int model_specs(const ModelConfig *c, ParamSpec **specs, int *n) {
     MN_TRY(usable_config(c));
     *specs = calloc(MODEL_MAX_PARAMS, sizeof(ParamSpec));

@@ -80,6 +80,8 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be);
 int model_specs(const ModelConfig *c, ParamSpec **specs, int *n);
 // Floats of decoding state per sequence, over every block's mixer (a valid config's).
 size_t model_state_floats(const ModelConfig *c);
+// Whether any block solves with CG (a Mesa layer): CG statistics are reported only then.
+int model_uses_cg(const ModelConfig *c);
 void model_free(Model *m);
 // Random initialisation of the spec (backbone-and-training.md), from a seed.
 int model_init_params(Model *m, uint64_t seed);

@@ -370,8 +370,9 @@ int train_run(const TrainOptions *o, FILE *log) {
         if (o->eval_every > 0 && (st.step % o->eval_every == 0 || last)) {
             double cg;
             if ((s = validate(m, g, &valid, o->eval_batches, &row.val_loss, &cg))) break;
-            fprintf(log, "step %6d | validation loss %.4f | perplexity %.2f | CG steps %.1f\n", st.step, row.val_loss,
-                    exp(row.val_loss), cg);
+            fprintf(log, "step %6d | validation loss %.4f | perplexity %.2f", st.step, row.val_loss, exp(row.val_loss));
+            if (model_uses_cg(&m->cfg)) fprintf(log, " | CG steps %.1f", cg);
+            fprintf(log, "\n");
         }
         if ((s = loss_log_add(&hist, row))) break;
         if (st.step % o->log_every == 0 || st.step == 1 || last) {
