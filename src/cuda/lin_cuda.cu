@@ -8,7 +8,10 @@
  *     o_t = scale S_t q_t
  *
  * Buffers: q, k, v, o, dout, dq, dk, dv bf16 (MEM_ACT); g, beta, s0, sT, dsT,
- * dg, dbeta, ds0 float32 (MEM_F32). Every sum runs in float32.
+ * dg, dbeta, ds0 float32 (MEM_F32). Every sum runs in float32. Head sizes up
+ * to 256 (larger: MN_ERR_UNSUPPORTED). The options' form and chunk are
+ * checked and otherwise ignored: every call runs this recurrent form (the
+ * chunkwise one on the tensor cores is still to come).
  *
  * Every row i of S evolves on its own in both rules ((S k)_i = S_i . k), and
  * so does every row of the adjoint dS; what couples the rows are the sums over

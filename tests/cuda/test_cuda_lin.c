@@ -17,6 +17,7 @@
 #include "core/common.h"
 #include "core/half.h"
 #include "../fd.h"
+#include "model/model.h"
 #include "ref/ref.h"
 #include "../test.h"
 
@@ -339,4 +340,139 @@ TEST(cuda_lin_refuses) {
     CHECK(!G->lin_fwd(G, &d, &opts, &f) && !G->sync(G), "a valid call after the refusals: %s", mn_last_error());
     G->free(G, q);
     G->free(G, o);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through the mixers (src/mixers/linear.c: projections, convolutions, gates and norms around the
+// core) and the model. These run other ops too: where only these fail, the core's own tests above
+// tell whether lin_fwd / lin_bwd are at fault.
+
+static ModelConfig lin_config(const char *mixer, int neg_eigen) {
+    ModelConfig c;
+    config_preset(&c, "tiny");
+    c.vocab_size = 97;
+    c.dim = 64;
+    c.n_heads = 2;
+    c.head_dim = 32;
+    c.mlp_hidden = 96;
+    c.output_gate = 1;
+    snprintf(c.mixer, sizeof c.mixer, "%s", mixer);
+    c.neg_eigen = neg_eigen;
+    return c;
+}
+
+// One mixer alone, same parameters, input and output gradient on the GPU (bf16 activations) and
+// the CPU (float32): tolerances as the Mesa mixer's in test_cuda.c (bf16 through ~10 ops).
+TEST(cuda_lin_mixers_match_cpu) {
+    if (!setup()) return;
+    const struct {
+        const char *name;
+        int neg_eigen;
+    } kinds[] = {{"mamba2", 0}, {"gla", 0}, {"deltanet", 0}, {"gdn", 0}, {"gdn", 1}};
+    for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
+        ModelConfig cfg = lin_config(kinds[ki].name, kinds[ki].neg_eigen);
+        cfg.n_layers = 1;
+        Model *mc = NULL, *mg = NULL;
+        if (model_create(&mc, &cfg, backend_cpu()) || model_create(&mg, &cfg, G)) {
+            test_fail(__FILE__, __LINE__, "%s: %s", kinds[ki].name, mn_last_error());
+            if (mc) model_free(mc);
+            continue;
+        }
+        model_init_params(mc, 4);
+        model_init_params(mg, 4);
+        int B = 3, T = 70, D = cfg.dim;
+        size_t N = (size_t)B * T;
+        double *u = rand_doubles(190 + ki, N * D, -2, 2), *dy = rand_doubles(290 + ki, N * D, -1, 1);
+        round_to(u, N * D, MEM_ACT);
+        round_to(dy, N * D, MEM_ACT);
+        float *uc = xcalloc(N * D, 4), *dyc = xcalloc(N * D, 4), *yc = xcalloc(N * D, 4), *duc = xcalloc(N * D, 4);
+        for (size_t i = 0; i < N * D; i++) {
+            uc[i] = (float)u[i];
+            dyc[i] = (float)dy[i];
+        }
+        void *ug = to_gpu(u, N * D, MEM_ACT), *dyg = to_gpu(dy, N * D, MEM_ACT), *yg = gpu_zeros(N * D, MEM_ACT);
+        void *dug = gpu_zeros(N * D, MEM_ACT);
+        Mixer *xc = &mc->mixers[0], *xg = &mg->mixers[0];
+        xc->solver = mc->solver;
+        xg->solver = mg->solver;
+        model_zero_grad(mc);
+        model_zero_grad(mg);
+        CHECK(!xc->ops->forward(xc, yc, uc, B, T, 0) && !xc->ops->backward(xc, duc, dyc), "%s", mn_last_error());
+        CHECK(!xg->ops->forward(xg, yg, ug, B, T, 0) && !xg->ops->backward(xg, dug, dyg), "%s", mn_last_error());
+        double *ycd = xcalloc(N * D, 8), *ducd = xcalloc(N * D, 8);
+        for (size_t i = 0; i < N * D; i++) {
+            ycd[i] = yc[i];
+            ducd[i] = duc[i];
+        }
+        char what[64];
+        snprintf(what, sizeof what, "%s%s y", kinds[ki].name, kinds[ki].neg_eigen ? " (neg_eigen)" : "");
+        cmp(what, yg, ycd, N * D, MEM_ACT, 3e-2);
+        snprintf(what, sizeof what, "%s%s du", kinds[ki].name, kinds[ki].neg_eigen ? " (neg_eigen)" : "");
+        cmp(what, dug, ducd, N * D, MEM_ACT, 3e-2);
+        double *gc = xcalloc(mc->total, 8), *gg = xcalloc(mg->total, 8);
+        mc->be->download(mc->be, gc, mc->grads, mc->total, MEM_F32);
+        mg->be->download(mg->be, gg, mg->grads, mg->total, MEM_F32);
+        for (int i = mc->blocks[0].first; i < mc->blocks[0].first + mc->blocks[0].count; i++) {
+            const ParamSpec *p = &mc->specs[i];
+            double ei = rel_err64(gg + p->offset, gc + p->offset, p->numel);
+            test_note("  %-36s rel err %.2e", p->name, ei);
+            if (!(ei <= 0.1)) test_fail(__FILE__, __LINE__, "%s: %s: rel err %.3g", kinds[ki].name, p->name, ei);
+        }
+        free(u); free(dy); free(uc); free(dyc); free(yc); free(duc); free(ycd); free(ducd); free(gc); free(gg);
+        G->free(G, ug); G->free(G, dyg); G->free(G, yg); G->free(G, dug);
+        model_free(mc);
+        model_free(mg);
+    }
+}
+
+// A model of linear-attention blocks decoding on the GPU (a prefill of 70 tokens, then one at a
+// time, recorded into CUDA graphs) against one forward, and the recorded steps against eager ones
+// bit for bit.
+TEST(cuda_lin_model_decode_matches_forward) {
+    if (!setup()) return;
+    ModelConfig cfg = lin_config("gdn,gla", 0);
+    cfg.n_layers = 2;
+    Model *m;
+    if (model_create(&m, &cfg, G)) {
+        test_fail(__FILE__, __LINE__, "%s", mn_last_error());
+        return;
+    }
+    model_init_params(m, 2);
+    int B = 2, T = 80, V = cfg.vocab_size;
+    int32_t tok[160];
+    for (int i = 0; i < B * T; i++) tok[i] = (i * 37 + 11) % V;
+    CHECK(!model_forward(m, tok, NULL, B, T, 0, NULL), "%s", mn_last_error());
+    float *full = xcalloc((size_t)B * T * V, 4), *step = xcalloc((size_t)B * V, 4);
+    float *first = xcalloc((size_t)B * V * (T - 70), 4);
+    G->download_f32(G, full, m->logits, (size_t)B * T * V, MEM_ACT);
+    for (size_t i = 0; i < (size_t)B * T * V; i++) full[i] = cfg.logit_cap * tanhf(full[i] / cfg.logit_cap);
+    for (int pass = 0; pass < 2; pass++) {  // eager, then recorded
+        m->use_graphs = pass;
+        CHECK(!model_reset_state(m, B), "%s", mn_last_error());
+        int32_t buf[160];
+        double worst = 0;
+        size_t diff = 0;
+        for (int t0 = 0; t0 < T;) {
+            int n = t0 == 0 ? 70 : 1;
+            for (int b = 0; b < B; b++) memcpy(buf + b * n, tok + b * T + t0, sizeof(int32_t) * n);
+            CHECK(!model_decode(m, buf, B, n, step), "%s", mn_last_error());
+            t0 += n;
+            for (int b = 0; b < B; b++)
+                worst = fmax(worst, rel_err_ff(step + (size_t)b * V, full + ((size_t)b * T + t0 - 1) * V, V));
+            if (t0 > 70) {
+                float *keep = first + (size_t)(t0 - 71) * B * V;
+                if (pass == 0) memcpy(keep, step, sizeof(float) * B * V);
+                else
+                    for (int i = 0; i < B * V; i++) diff += keep[i] != step[i];
+            }
+        }
+        test_note("%s decoding vs one forward: worst rel err %.2e", pass ? "recorded" : "eager", worst);
+        CHECK(worst <= 2e-2, "%s decoded logits differ by %.3g", pass ? "recorded" : "eager", worst);  // two bf16 paths
+        if (pass) {
+            test_note("recorded vs eager decoding steps: %zu of %d logits differ", diff, (T - 70) * B * V);
+            CHECK(diff == 0, "recorded decoding steps differ from eager ones in %zu logits", diff);
+        }
+    }
+    free(full); free(step); free(first);
+    model_free(m);
 }
