@@ -251,13 +251,16 @@ __device__ __forceinline__ void bwd_body(const BwdArgs a, float *sh, const int N
     for (int e = threadIdx.x; e < 2 * WIN * Dk + 2 * WIN; e += blockDim.x) sh[e] = 0.0f;
     float *w = a.ws + ((size_t)blockIdx.x * gridDim.y + blockIdx.y) * bwd_ws_per_block(a.nseg, a.C, blockDim.x, NC);
     float s[RW][NCMAX], p[RW], u[RW];
-    Tok x;
+    Tok x, xn;  // (xn: the next token's inputs, loaded while this one is computed)
     // the forward again, keeping the state entering every stretch
     load_rows(s, a.s0, bh, lane, row0, Dk, Dv, NC);
+    load_tok(&xn, a.q, a.k, a.v, NULL, a.g, a.beta, tok_of(bh, 0, T, H), lane, row0, Dk, Dv, NC);
     for (int t = 0; t < T; t++) {
         if (t % a.C == 0) ws_put(w, t / a.C, s, NC);
         if (t == T - 1) break;  // (the final state is not needed)
-        load_tok(&x, a.q, a.k, a.v, NULL, a.g, a.beta, tok_of(bh, t, T, H), lane, row0, Dk, Dv, NC);
+        x = xn;
+        if (t + 1 < T - 1)
+            load_tok(&xn, a.q, a.k, a.v, NULL, a.g, a.beta, tok_of(bh, t + 1, T, H), lane, row0, Dk, Dv, NC);
         step_rows(s, &x, a.delta, p, u, NC);
     }
     float ds[RW][NCMAX];
@@ -267,17 +270,30 @@ __device__ __forceinline__ void bwd_body(const BwdArgs a, float *sh, const int N
         int t0 = seg * a.C, n = min(a.C, T - t0);
         // the stretch's states S_{t0-1} .. S_{t0+n-2} into slots nseg .. nseg + n - 1
         ws_get(s, w, seg, NC);
+        load_tok(&xn, a.q, a.k, a.v, NULL, a.g, a.beta, tok_of(bh, t0, T, H), lane, row0, Dk, Dv, NC);
         for (int i = 0; i < n; i++) {
             ws_put(w, a.nseg + i, s, NC);
             if (i == n - 1) break;
-            load_tok(&x, a.q, a.k, a.v, NULL, a.g, a.beta, tok_of(bh, t0 + i, T, H), lane, row0, Dk, Dv, NC);
+            x = xn;
+            if (i + 1 < n - 1)
+                load_tok(&xn, a.q, a.k, a.v, NULL, a.g, a.beta, tok_of(bh, t0 + i + 1, T, H), lane, row0, Dk, Dv, NC);
             step_rows(s, &x, a.delta, p, u, NC);
         }
+        // in reverse: token i's inputs and S_{t-1} (spn) loaded during token i + 1
+        float sp[RW][NCMAX], spn[RW][NCMAX];
+        load_tok(&xn, a.q, a.k, a.v, a.dout, a.g, a.beta, tok_of(bh, t0 + n - 1, T, H), lane, row0, Dk, Dv, NC);
+        ws_get(spn, w, a.nseg + n - 1, NC);
         for (int i = n - 1; i >= 0; i--) {
             size_t ti = tok_of(bh, t0 + i, T, H);
-            load_tok(&x, a.q, a.k, a.v, a.dout, a.g, a.beta, ti, lane, row0, Dk, Dv, NC);
-            float sp[RW][NCMAX];
-            ws_get(sp, w, a.nseg + i, NC);
+            x = xn;
+#pragma unroll
+            for (int r = 0; r < RW; r++)
+#pragma unroll
+                for (int c = 0; c < NC; c++) sp[r][c] = spn[r][c];
+            if (i > 0) {
+                load_tok(&xn, a.q, a.k, a.v, a.dout, a.g, a.beta, tok_of(bh, t0 + i - 1, T, H), lane, row0, Dk, Dv, NC);
+                ws_get(spn, w, a.nseg + i - 1, NC);
+            }
 #pragma unroll
             for (int r = 0; r < RW; r++)
 #pragma unroll

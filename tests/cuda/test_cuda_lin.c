@@ -7,8 +7,9 @@
 // Tolerances (relative, L2 over the tensor): a bf16 output carries a rounding error of at most
 // 2^-9 = 2e-3 of each element, about 1.1e-3 in the L2 sense; float32 accumulation over T = 300
 // tokens adds ~1e-5. BF16_TOL = 8e-3 leaves 4x over the worst case. float32 outputs (sT, dg,
-// dbeta, ds0) differ by float32 accumulation only (~1e-5 seen on the CPU's float32 forms):
-// F32_TOL = 2e-4. A wrong index or a missing term shows up as O(0.1 .. 1).
+// dbeta, ds0) differ by float32 accumulation only (the CPU's float32 forms: ~1e-5 against the same
+// reference); dg and dbeta are sums over Dv x Dk products of states and adjoints, which cancel:
+// F32_TOL = 5e-4. A wrong index or a missing term shows up as O(0.1 .. 1).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,7 @@
 const Backend *backend_cuda(void);
 
 #define BF16_TOL 8e-3
-#define F32_TOL 2e-4
+#define F32_TOL 5e-4
 
 static const Backend *G;
 
