@@ -513,8 +513,8 @@ TEST(mixers_bad_configs_are_refused) {
         int layers, neg;
         const char *msg;
     } bad[] = {
-        {"gdm", 2, 0, "unknown mixer 'gdm' (known: mesa, mamba2, gla, deltanet, gdn)"},
-        {"gdn,mesa2", 2, 0, "unknown mixer 'mesa2' (known: mesa, mamba2, gla, deltanet, gdn)"},
+        {"gdm", 2, 0, "unknown mixer 'gdm' (known: mesa, mamba2, gla, deltanet, gdn"},
+        {"gdn,mesa2", 2, 0, "unknown mixer 'mesa2' (known: mesa, mamba2, gla, deltanet, gdn"},
         {"gdn,,mesa", 4, 0, "name 2 of the pattern is empty"},
         {"gdn,", 4, 0, "name 2 of the pattern is empty"},
         {"", 4, 0, "name 1 of the pattern is empty"},

@@ -123,6 +123,13 @@ struct Backend {
     // lambda = softplus(p) + lo;  dp += dlambda * sigmoid(p)
     int (*softplus_fwd)(const Backend *be, void *y, const void *p, size_t n, float lo);
     int (*softplus_bwd)(const Backend *be, void *dp, const void *dy, const void *p, size_t n);
+    // The Gated DeltaNet paper's (Mamba2's) forget gate, per token n and head h of a [N,H] (MEM_ACT):
+    // g[n,h] = -exp(A_log[h]) softplus(a[n,h] + dt_bias[h]) (g MEM_F32; A_log, dt_bias MEM_PARAM [H]).
+    int (*gdn_gate_fwd)(const Backend *be, void *g, const void *a, const void *A_log, const void *dt_bias, int N, int H);
+    // da (=, MEM_ACT) = dg (-exp(A_log)) sigmoid(a + dt_bias);  dA_log += sum_n dg g;  ddt_bias += sum_n da
+    // (dA_log, ddt_bias: MEM_F32 [H]; g recomputed from a).
+    int (*gdn_gate_bwd)(const Backend *be, void *da, void *dA_log, void *ddt_bias, const void *dg, const void *a,
+                        const void *A_log, const void *dt_bias, int N, int H);
     // The core of spec sections 1-4 with the layout of MnMesaFwd/MnMesaBwd, whose pointers are
     // this backend's buffers (q, k, v, x, o: MEM_ACT or wider; g, beta, lambda, states: MEM_F32;
     // steps: MEM_I32, so that counting them never waits for the device).

@@ -383,6 +383,37 @@ static int c_softplus_bwd(const Backend *be, void *dp_, const void *dy_, const v
     return MN_OK;
 }
 
+static inline float softplusf_(float z) { return z > 30 ? z : log1pf(expf(z)); }
+
+static int c_gdn_gate_fwd(const Backend *be, void *g_, const void *a_, const void *A_log_, const void *dt_bias_, int N,
+                          int H) {
+    float *g = g_;
+    const float *a = a_, *A_log = A_log_, *dt = dt_bias_;
+    for (size_t n = 0; n < (size_t)N; n++)
+        for (int h = 0; h < H; h++) g[n * H + h] = -expf(A_log[h]) * softplusf_(a[n * H + h] + dt[h]);
+    return MN_OK;
+}
+
+// The sums over tokens in double: a head's N terms (N up to batch x length) would lose digits in float.
+static int c_gdn_gate_bwd(const Backend *be, void *da_, void *dA_log_, void *ddt_bias_, const void *dg_, const void *a_,
+                          const void *A_log_, const void *dt_bias_, int N, int H) {
+    float *da = da_, *dA = dA_log_, *ddt = ddt_bias_;
+    const float *dg = dg_, *a = a_, *A_log = A_log_, *dt = dt_bias_;
+    for (int h = 0; h < H; h++) {
+        double sa = 0, sd = 0;
+        float e = expf(A_log[h]);
+        for (size_t n = 0; n < (size_t)N; n++) {
+            float z = a[n * H + h] + dt[h], d = dg[n * H + h];
+            da[n * H + h] = -d * e * sigmoidf(z);
+            sa += (double)d * (-e * softplusf_(z));
+            sd += da[n * H + h];
+        }
+        dA[h] += (float)sa;
+        ddt[h] += (float)sd;
+    }
+    return MN_OK;
+}
+
 static int c_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io) {
     return mn_mesa_forward(d, s, io);
 }
@@ -448,6 +479,7 @@ static const Backend cpu_backend = {
     .mesa_gates_fwd = c_mesa_gates_fwd, .mesa_gates_bwd = c_mesa_gates_bwd,
     .scale_f32 = c_scale_f32,
     .softplus_fwd = c_softplus_fwd, .softplus_bwd = c_softplus_bwd,
+    .gdn_gate_fwd = c_gdn_gate_fwd, .gdn_gate_bwd = c_gdn_gate_bwd,
     .mesa_fwd = c_mesa_fwd, .mesa_bwd = c_mesa_bwd,
     .lin_fwd = c_lin_fwd, .lin_bwd = c_lin_bwd,
     .adamw = c_adamw, .sumsq = c_sumsq,

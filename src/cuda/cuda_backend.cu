@@ -1059,6 +1059,56 @@ static int g_softplus_bwd(const Backend *be, void *dp, const void *dy, const voi
     return MN_OK;
 }
 
+// ------------------------------------------------------------------------ the Gated DeltaNet paper's gate
+
+__device__ __forceinline__ float softplus_(float z) { return z > 30 ? z : log1pf(expf(z)); }
+
+__global__ void gdn_gate_fwd_kernel(float *g, const bf16 *a, const float *A_log, const float *dt, size_t n, int H) {
+    GRID_LOOP(i, n) {
+        int h = (int)(i % (size_t)H);
+        g[i] = -expf(A_log[h]) * softplus_(ld(a, i) + dt[h]);
+    }
+}
+
+// One block per head: the token terms, then the head's sums (in a fixed order: deterministic).
+__global__ void gdn_gate_bwd_kernel(bf16 *da, float *dA, float *ddt, const float *dg, const bf16 *a, const float *A_log,
+                                    const float *dt, int N, int H) {
+    __shared__ float red[32];
+    int h = blockIdx.x;
+    float e = expf(A_log[h]), sa = 0, sd = 0;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) {
+        size_t i = (size_t)n * H + h;
+        float z = ld(a, i) + dt[h], d = dg[i], dz = -d * e / (1.0f + expf(-z));
+        st(da, i, dz);
+        sa += d * (-e * softplus_(z));
+        sd += dz;
+    }
+    sa = block_sum(sa, red);
+    sd = block_sum(sd, red);
+    if (threadIdx.x == 0) {
+        dA[h] += sa;
+        ddt[h] += sd;
+    }
+}
+
+static int g_gdn_gate_fwd(const Backend *be, void *g, const void *a, const void *A_log, const void *dt_bias, int N,
+                          int H) {
+    size_t n = (size_t)N * H;
+    gdn_gate_fwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((float *)g, (const bf16 *)a,
+                                                                            (const float *)A_log, (const float *)dt_bias, n, H);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+static int g_gdn_gate_bwd(const Backend *be, void *da, void *dA_log, void *ddt_bias, const void *dg, const void *a,
+                          const void *A_log, const void *dt_bias, int N, int H) {
+    gdn_gate_bwd_kernel<<<(unsigned)H, 256, 0, cuda_ctx(be)->stream>>>((bf16 *)da, (float *)dA_log, (float *)ddt_bias,
+                                                                       (const float *)dg, (const bf16 *)a,
+                                                                       (const float *)A_log, (const float *)dt_bias, N, H);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
 // ------------------------------------------------------------------------ optimiser
 
 __global__ void adamw_kernel(float *p, bf16 *shadow, const float *g, float *m, float *v, size_t n, float gs, float lr,
@@ -1266,6 +1316,8 @@ extern "C" const Backend *backend_cuda(void) {
     b.scale_f32 = g_scale_f32;
     b.softplus_fwd = g_softplus_fwd;
     b.softplus_bwd = g_softplus_bwd;
+    b.gdn_gate_fwd = g_gdn_gate_fwd;
+    b.gdn_gate_bwd = g_gdn_gate_bwd;
     b.mesa_fwd = cuda_mesa_fwd;
     b.mesa_bwd = cuda_mesa_bwd;
     b.lin_fwd = cuda_lin_fwd;  // lin_cuda.cu

@@ -88,5 +88,7 @@ extern const MixerOps *const mixer_all[];
 extern const MixerOps mixer_mesa;
 // The gated linear-attention family in the paper's parameterisation (linear.c).
 extern const MixerOps mixer_mamba2, mixer_gla, mixer_deltanet, mixer_gdn;
+// The Gated DeltaNet paper's and DeltaNet's own layers as fla has them (gdn_paper.c).
+extern const MixerOps mixer_gdn_paper, mixer_deltanet_paper;
 
 #endif

@@ -111,6 +111,7 @@ static const Field fields[] = {
     FIELD(n_layers, F_INT, 1, CONFIG_MAX_LAYERS, "the number of blocks"),
     FIELD(n_heads, F_INT, 1, 1024, "the number of heads"),
     FIELD(head_dim, F_INT, 1, 1024, "the head width"),
+    FIELD(head_v_dim, F_INT, 0, 4096, "the value head width (0: head_dim)"),
     FIELD(mlp_hidden, F_INT, 1, 1 << 20, "the MLP width"),
     FIELD(conv_size, F_INT, 1, 8, "the short convolution's width"),
     FIELD(norm_eps, F_FLOAT, 0, 1, "the RMSNorm epsilon"),
@@ -234,10 +235,18 @@ static int hf_flag(const Json *j, const char *key, int fallback, const char *whe
 // A config.json written by fla's MesaNetConfig (Hugging Face), without our own
 // "mesanet" block: fla's architecture with its sizes. Each number is range-checked as it is read;
 // config_validate then checks the whole.
+static int config_from_hf_delta(ModelConfig *c, const Json *j, const char *where, int gated);
+
 static int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
     const Json *type = json_get(j, "model_type");
+    if (type && type->type == JSON_STRING && !strcmp(type->string, "gated_deltanet"))
+        return config_from_hf_delta(c, j, where, 1);
+    if (type && type->type == JSON_STRING && !strcmp(type->string, "delta_net"))
+        return config_from_hf_delta(c, j, where, 0);
     if (!type || type->type != JSON_STRING || strcmp(type->string, "mesa_net"))
-        return mn_error(MN_ERR_FORMAT, "%s: neither a mesanet config nor a Hugging Face config with model_type \"mesa_net\"",
+        return mn_error(MN_ERR_FORMAT,
+                        "%s: neither a mesanet config nor a Hugging Face config with model_type \"mesa_net\", "
+                        "\"gated_deltanet\" or \"delta_net\"",
                         where);
     config_default(c);
     enum { BIG = 1 << 30 };  // beyond every valid size (config_validate names the real bound)
@@ -263,6 +272,107 @@ static int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
     MN_TRY(hf_float(j, "lambda_lower_bound", 0.25f, where, &c->lambda_min));
     MN_TRY(hf_int(j, "max_cg_step_training", 30, -BIG, BIG, where, &c->cg_steps));
     MN_TRY(hf_int(j, "max_position_embeddings", 2048, -BIG, BIG, where, &c->seq_len));
+    const Json *act = json_get(j, "hidden_act");
+    if (act && (act->type != JSON_STRING || (strcmp(act->string, "swish") && strcmp(act->string, "silu"))))
+        return mn_error(MN_ERR_FORMAT, "%s: hidden_act must be \"swish\" (SwiGLU), got another", where);
+    return config_validate(c, where);
+}
+
+// A number of a Hugging Face config as a double (fallback when absent or null).
+static int hf_double(const Json *j, const char *key, double fallback, const char *where, double *out) {
+    const Json *v = json_get(j, key);
+    *out = fallback;
+    if (!v || v->type == JSON_NULL) return MN_OK;
+    if (v->type != JSON_NUMBER || !isfinite(v->number) || v->number <= 0 || v->number > 1024)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be a positive number of at most 1024", where, v->line, key);
+    *out = v->number;
+    return MN_OK;
+}
+
+// A string member that must be absent, null or `want` (what fla's layer computes otherwise, mesanet
+// does not).
+static int hf_only(const Json *j, const char *key, const char *want, const char *where) {
+    const Json *v = json_get(j, key);
+    if (!v || v->type == JSON_NULL || (v->type == JSON_STRING && !strcmp(v->string, want))) return MN_OK;
+    return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be \"%s\" (the only kind mesanet has)", where, v->line, key, want);
+}
+
+// A member that must be absent or null (a feature of fla's models that mesanet does not have).
+static int hf_none(const Json *j, const char *key, const char *what, const char *where) {
+    const Json *v = json_get(j, key);
+    if (!v || v->type == JSON_NULL) return MN_OK;
+    return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" is set: %s, which mesanet does not have", where, v->line, key, what);
+}
+
+// Python's int(a * b) for positive a, b (truncation), or -1 beyond the int range.
+static int py_int_mul(double a, double b) {
+    double x = a * b;
+    return x >= 0 && x < 2147483647.0 ? (int)x : -1;
+}
+
+// A config.json of fla's GatedDeltaNetForCausalLM (model_type "gated_deltanet", gated) or
+// DeltaNetForCausalLM ("delta_net"), without our "mesanet" block: the `fla` architecture with the
+// mixer gdn-paper or deltanet-paper, and fla's defaults for absent keys (configuration_*.py).
+static int config_from_hf_delta(ModelConfig *c, const Json *j, const char *where, int gated) {
+    config_default(c);
+    enum { BIG = 1 << 30 };
+    strcpy(c->mixer, gated ? "gdn-paper" : "deltanet-paper");
+    MN_TRY(hf_int(j, "hidden_size", 2048, 1, 65536, where, &c->dim));
+    MN_TRY(hf_int(j, "num_hidden_layers", gated ? 21 : 24, -BIG, BIG, where, &c->n_layers));
+    MN_TRY(hf_int(j, "vocab_size", 32000, -BIG, BIG, where, &c->vocab_size));
+    MN_TRY(hf_int(j, "num_heads", gated ? 6 : 16, 1, 65536, where, &c->n_heads));
+    double expand_v;
+    MN_TRY(hf_double(j, "expand_v", gated ? 2.0 : 1.0, where, &expand_v));
+    if (gated) {
+        MN_TRY(hf_int(j, "head_dim", 256, 1, 65536, where, &c->head_dim));
+        int hv = py_int_mul(c->head_dim, expand_v);  // fla: head_v_dim = int(head_dim * expand_v), checked isclose
+        if (hv < 1 || fabs(c->head_dim * expand_v - hv) > 1e-5 * fabs(c->head_dim * expand_v))
+            return mn_error(MN_ERR_FORMAT, "%s: expand_v = %g times head_dim = %d is not a whole value head width", where,
+                            expand_v, c->head_dim);
+        c->head_v_dim = hv;
+        int nv = c->n_heads;
+        MN_TRY(hf_int(j, "num_v_heads", c->n_heads, 1, 65536, where, &nv));
+        if (nv != c->n_heads)
+            return mn_error(MN_ERR_FORMAT, "%s: num_v_heads = %d differs from num_heads = %d (grouped value heads), "
+                                           "which mesanet does not have", where, nv, c->n_heads);
+    } else {
+        double expand_k;
+        MN_TRY(hf_double(j, "expand_k", 1.0, where, &expand_k));
+        // fla: key_dim = int(hidden * expand_k), value_dim = int(hidden * expand_v), divided by num_heads
+        int kd = py_int_mul(c->dim, expand_k), vd = py_int_mul(c->dim, expand_v);
+        if (kd < 1 || vd < 1 || kd % c->n_heads || vd % c->n_heads)
+            return mn_error(MN_ERR_FORMAT, "%s: key_dim %d and value_dim %d (hidden_size %d times expand_k, expand_v) must "
+                                           "be positive multiples of num_heads = %d", where, kd, vd, c->dim, c->n_heads);
+        c->head_dim = kd / c->n_heads;
+        c->head_v_dim = vd / c->n_heads;
+        int flag;
+        MN_TRY(hf_flag(j, "use_beta", 1, where, &flag));
+        if (!flag) return mn_error(MN_ERR_FORMAT, "%s: use_beta = false (beta = 1), which mesanet does not have", where);
+        MN_TRY(hf_only(j, "qk_norm", "l2", where));
+        MN_TRY(hf_only(j, "qk_activation", "silu", where));
+    }
+    if (c->head_v_dim == c->head_dim) c->head_v_dim = 0;
+    config_fla(c);
+    const Json *inter = json_get(j, "intermediate_size");
+    if (inter && inter->type != JSON_NULL) {
+        MN_TRY(hf_int(j, "intermediate_size", 0, -BIG, BIG, where, &c->mlp_hidden));
+    } else {
+        int ratio;
+        MN_TRY(hf_int(j, "hidden_ratio", 4, 1, 64, where, &ratio));
+        int h = c->dim * ratio * 2 / 3;
+        c->mlp_hidden = 256 * ((h + 255) / 256);
+    }
+    MN_TRY(hf_float(j, "norm_eps", 1e-6f, where, &c->norm_eps));
+    MN_TRY(hf_flag(j, "tie_word_embeddings", 0, where, &c->tie_embeddings));
+    MN_TRY(hf_flag(j, "use_gate", gated, where, &c->output_gate));
+    MN_TRY(hf_flag(j, "allow_neg_eigval", 0, where, &c->neg_eigen));
+    MN_TRY(hf_int(j, "conv_size", 4, -BIG, BIG, where, &c->conv_size));
+    MN_TRY(hf_int(j, "max_position_embeddings", 2048, -BIG, BIG, where, &c->seq_len));
+    int conv;
+    MN_TRY(hf_flag(j, "use_short_conv", 1, where, &conv));
+    if (!conv) return mn_error(MN_ERR_FORMAT, "%s: use_short_conv = false, which mesanet does not have", where);
+    MN_TRY(hf_none(j, "attn", "attention in some layers (a hybrid)", where));
+    MN_TRY(hf_none(j, "attnres_block_size", "attention residuals", where));
     const Json *act = json_get(j, "hidden_act");
     if (act && (act->type != JSON_STRING || (strcmp(act->string, "swish") && strcmp(act->string, "silu"))))
         return mn_error(MN_ERR_FORMAT, "%s: hidden_act must be \"swish\" (SwiGLU), got another", where);
@@ -327,11 +437,48 @@ static void field_text(const ModelConfig *c, const Field *f, char *buf, size_t n
 // config.json as Hugging Face and fla read it (model_type "mesa_net"), with
 // our complete config in a "mesanet" block that takes precedence on loading.
 // Only a valid config is written, so that every saved config loads again.
+// The ratio r = num / den written so that Python's int(base * r) gives back `want` (fla computes its
+// widths so): the nearest double, nudged up where the product falls just short.
+static double py_ratio(int num, int den, int base, int want) {
+    double r = (double)num / den;
+    for (int i = 0; i < 4 && py_int_mul(base, r) < want; i++) r = nextafter(r, INFINITY);
+    return r;
+}
+
+// The head of a config.json as fla's GatedDeltaNetConfig / DeltaNetConfig write it (the fla
+// architecture with a model of gdn-paper or deltanet-paper blocks only).
+static void save_hf_delta(FILE *f, const ModelConfig *c, int gated) {
+    int dv = c->head_v_dim ? c->head_v_dim : c->head_dim, q = c->n_heads * c->head_dim, v = c->n_heads * dv;
+    fprintf(f, "{\n  \"model_type\": \"%s\",\n  \"architectures\": [\"%s\"],\n", gated ? "gated_deltanet" : "delta_net",
+            gated ? "GatedDeltaNetForCausalLM" : "DeltaNetForCausalLM");
+    fprintf(f, "  \"attn_mode\": \"chunk\",\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n", c->dim, c->n_layers);
+    if (gated)
+        fprintf(f, "  \"num_heads\": %d,\n  \"num_v_heads\": null,\n  \"head_dim\": %d,\n  \"expand_v\": %.17g,\n",
+                c->n_heads, c->head_dim, py_ratio(dv, c->head_dim, c->head_dim, dv));
+    else
+        fprintf(f, "  \"num_heads\": %d,\n  \"expand_k\": %.17g,\n  \"expand_v\": %.17g,\n  \"use_beta\": true,\n"
+                   "  \"use_output_norm\": true,\n  \"qk_norm\": \"l2\",\n  \"qk_activation\": \"silu\",\n",
+                c->n_heads, py_ratio(q, c->dim, c->dim, q), py_ratio(v, c->dim, c->dim, v));
+    fprintf(f, "  \"use_gate\": %s,\n  \"use_short_conv\": true,\n  \"conv_size\": %d,\n  \"allow_neg_eigval\": %s,\n",
+            c->output_gate ? "true" : "false", c->conv_size, c->neg_eigen ? "true" : "false");
+    fprintf(f, "  \"vocab_size\": %d,\n  \"intermediate_size\": %d,\n  \"hidden_ratio\": 4,\n  \"hidden_act\": \"swish\",\n",
+            c->vocab_size, c->mlp_hidden);
+    fprintf(f, "  \"norm_eps\": %.9g,\n  \"tie_word_embeddings\": %s,\n  \"max_position_embeddings\": %d,\n",
+            (double)c->norm_eps, c->tie_embeddings ? "true" : "false", c->seq_len);
+    fprintf(f, "  \"attn\": null,\n  \"initializer_range\": 0.02,\n  \"use_cache\": true,\n");
+    fprintf(f, "  \"fuse_norm\": true,\n  \"fuse_swiglu\": true,\n  \"fuse_cross_entropy\": true,\n");
+}
+
 int config_save(const ModelConfig *c, const char *path) {
     MN_TRY(config_validate(c, path));
     AtomicFile af;
     MN_TRY(af_open(&af, path));
     FILE *f = af.f;
+    int fla = !strcmp(c->arch, "fla"), gdn = !strcmp(c->mixer, "gdn-paper"), delta = !strcmp(c->mixer, "deltanet-paper");
+    if (fla && (gdn || delta)) {
+        save_hf_delta(f, c, gdn);
+        goto ids;
+    }
     fprintf(f, "{\n  \"model_type\": \"mesa_net\",\n  \"architectures\": [\"MesaNetForCausalLM\"],\n");
     fprintf(f, "  \"attn_mode\": \"chunk\",\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n", c->dim, c->n_layers);
     fprintf(f, "  \"num_heads\": %d,\n  \"head_dim\": %d,\n  \"vocab_size\": %d,\n", c->n_heads, c->head_dim, c->vocab_size);
@@ -343,6 +490,7 @@ int config_save(const ModelConfig *c, const char *path) {
     fprintf(f, "  \"max_cg_step_training\": %d,\n  \"max_cg_step_decoding\": %d,\n  \"max_position_embeddings\": %d,\n",
             c->cg_steps, c->cg_steps, c->seq_len);
     fprintf(f, "  \"fuse_norm\": true,\n  \"fuse_swiglu\": true,\n  \"fuse_cross_entropy\": true,\n");
+ids:
     fprintf(f, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", c->vocab_size > 50256 ? 50256 : c->vocab_size - 1,
             c->vocab_size > 50256 ? 50256 : c->vocab_size - 1);
     fprintf(f, "  \"mesanet\": {\n");
@@ -400,6 +548,14 @@ int config_validate(const ModelConfig *c, const char *where) {
             return mn_error(MN_ERR_ARG, "%s: neg_eigen applies to the delta rules (deltanet, gdn), and mixer \"%s\" has none",
                             where, c->mixer);
     }
+    if (c->head_v_dim && c->head_v_dim != c->head_dim)
+        for (int l = 0; l < c->n_layers; l++) {
+            const MixerOps *ops = mixer_at(c, l);
+            if (ops != &mixer_gdn_paper && ops != &mixer_deltanet_paper)
+                return mn_error(MN_ERR_ARG, "%s: head_v_dim = %d differs from head_dim = %d, which only the gdn-paper and "
+                                            "deltanet-paper mixers have (block %d: %s)",
+                                where, c->head_v_dim, c->head_dim, l, ops->name);
+        }
     if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla"))
         return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\" or \"fla\"", where, c->arch);
     if (!(c->norm_eps > 0)) return mn_error(MN_ERR_ARG, "%s: norm_eps must be > 0", where);

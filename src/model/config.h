@@ -24,6 +24,8 @@ typedef struct {
     int n_layers;         // blocks
     int n_heads;          // H
     int head_dim;         // Dk = Dv per head
+    int head_v_dim;       // Dv per head where it differs from Dk (fla's expand_v; gdn-paper, deltanet-paper only);
+                          // 0: head_dim
     int mlp_hidden;       // SwiGLU hidden width F
     int conv_size;        // short convolution width on q and k (4)
     float norm_eps;       // RMSNorm epsilon
@@ -69,6 +71,8 @@ typedef enum {
     INIT_NORMAL,       // N(0, init_value^2)
     INIT_CONST,        // init_value everywhere
     INIT_FORGET_BIAS,  // per-head forget-gate biases: gamma = sigmoid(bias) spread over heads from 0.9 to 0.999
+    INIT_A_LOG,        // fla's (Mamba2's) A_log: log U(0, 16), drawn per element
+    INIT_DT_BIAS,      // fla's dt_bias: softplus^-1(dt), dt log-uniform in [1e-3, 1e-1] (floor 1e-4), drawn per element
 } InitKind;
 
 // One parameter tensor: its checkpoint name, shape, initialisation and

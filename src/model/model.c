@@ -233,6 +233,13 @@ int model_init_params(Model *m, uint64_t seed) {
                 case INIT_NORMAL: buf[j] = s->init_value * mn_rng_normal(&r); break;
                 case INIT_CONST: buf[j] = s->init_value; break;
                 case INIT_FORGET_BIAS: buf[j] = forget_bias((int)(off + j), (int)s->numel); break;
+                case INIT_A_LOG: buf[j] = log(16 * (1 - mn_rng_uniform(&r))); break;  // A in (0, 16]
+                case INIT_DT_BIAS: {
+                    double dt = exp(log(1e-3) + mn_rng_uniform(&r) * (log(1e-1) - log(1e-3)));
+                    dt = dt < 1e-4 ? 1e-4 : dt;
+                    buf[j] = dt + log(-expm1(-dt));  // softplus^-1
+                    break;
+                }
                 }
             }
             st = m->be->upload(m->be, at(m, m->p[i], off, MEM_PARAM), buf, n, MEM_PARAM);
@@ -251,7 +258,7 @@ int model_init_params(Model *m, uint64_t seed) {
 // a block of theirs is overestimated by about a tenth.
 static size_t activation_bytes_per_token(const ModelConfig *c, const Backend *be) {
     size_t L = (size_t)c->n_layers, D = (size_t)c->dim, F = (size_t)c->mlp_hidden, V = (size_t)c->vocab_size;
-    size_t H = (size_t)c->n_heads, Q = H * (size_t)c->head_dim;  // Q = Vd
+    size_t H = (size_t)c->n_heads, Q = H * (size_t)(c->head_v_dim > c->head_dim ? c->head_v_dim : c->head_dim);
     size_t act = (L + 1) * D + L * D + 2 * D + 3 * L * F + D + V + 2 * D + 3 * F  // x, mid, n1 n2, MLP, xf, logits, dx dn, d*
                  + L * (7 * Q + 3 * Q + 4 * H)                                    // the mixers' projections and outputs
                  + 7 * Q + 3 * Q;                                                 // their shared scratch

@@ -336,6 +336,33 @@ static int r_softplus_bwd(const Backend *be, void *dp_, const void *dy_, const v
     return MN_OK;
 }
 
+static int r_gdn_gate_fwd(const Backend *be, void *g_, const void *a_, const void *A_log_, const void *dt_bias_, int N,
+                          int H) {
+    double *g = g_;
+    const double *a = a_, *A_log = A_log_, *dt = dt_bias_;
+    for (size_t n = 0; n < (size_t)N; n++)
+        for (int h = 0; h < H; h++) g[n * H + h] = -exp(A_log[h]) * softplus(a[n * H + h] + dt[h]);
+    return MN_OK;
+}
+
+static int r_gdn_gate_bwd(const Backend *be, void *da_, void *dA_log_, void *ddt_bias_, const void *dg_, const void *a_,
+                          const void *A_log_, const void *dt_bias_, int N, int H) {
+    double *da = da_, *dA = dA_log_, *ddt = ddt_bias_;
+    const double *dg = dg_, *a = a_, *A_log = A_log_, *dt = dt_bias_;
+    for (int h = 0; h < H; h++) {
+        double sa = 0, sd = 0, e = exp(A_log[h]);
+        for (size_t n = 0; n < (size_t)N; n++) {
+            double z = a[n * H + h] + dt[h], d = dg[n * H + h];
+            da[n * H + h] = -d * e * sigmoid(z);
+            sa += d * -e * softplus(z);
+            sd += da[n * H + h];
+        }
+        dA[h] += sa;
+        ddt[h] += sd;
+    }
+    return MN_OK;
+}
+
 // The MnMesa* structs carry this backend's double buffers behind float pointers.
 #define D64(p) ((const double *)(const void *)(p))
 #define W64(p) ((double *)(void *)(p))
@@ -404,6 +431,7 @@ static const Backend ref_backend = {
     .mesa_gates_fwd = r_mesa_gates_fwd, .mesa_gates_bwd = r_mesa_gates_bwd,
     .scale_f32 = r_scale_f32,
     .softplus_fwd = r_softplus_fwd, .softplus_bwd = r_softplus_bwd,
+    .gdn_gate_fwd = r_gdn_gate_fwd, .gdn_gate_bwd = r_gdn_gate_bwd,
     .mesa_fwd = r_mesa_fwd, .mesa_bwd = r_mesa_bwd,
     .lin_fwd = r_lin_fwd, .lin_bwd = r_lin_bwd,
     .adamw = r_adamw, .sumsq = r_sumsq,
