@@ -368,14 +368,20 @@ TEST(cuda_lin_mixers_match_cpu) {
     if (!setup()) return;
     const struct {
         const char *name;
-        int neg_eigen;
-    } kinds[] = {{"mamba2", 0}, {"gla", 0}, {"deltanet", 0}, {"gdn", 0}, {"gdn", 1}};
+        int neg_eigen, head_v_dim;
+    } kinds[] = {{"mamba2", 0, 0},    {"gla", 0, 0},       {"deltanet", 0, 0},
+                 {"gdn", 0, 0},       {"gdn", 1, 0},       {"gdn-paper", 0, 64}, {"deltanet-paper", 0, 0}};
     for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
         ModelConfig cfg = lin_config(kinds[ki].name, kinds[ki].neg_eigen);
         cfg.n_layers = 1;
+        cfg.head_v_dim = kinds[ki].head_v_dim;  // (gdn-paper: Dv = 64 != Dk = 32)
         Model *mc = NULL, *mg = NULL;
-        if (model_create(&mc, &cfg, backend_cpu()) || model_create(&mg, &cfg, G)) {
-            test_fail(__FILE__, __LINE__, "%s: %s", kinds[ki].name, mn_last_error());
+        int rc = model_create(&mc, &cfg, backend_cpu());
+        if (!rc) rc = model_create(&mg, &cfg, G);
+        if (rc) {
+            // (a mixer whose other ops the GPU lacks yet is skipped: the core's own tests are above)
+            if (rc == MN_ERR_UNSUPPORTED && mc) test_note("%s: skipped: %s", kinds[ki].name, mn_last_error());
+            else test_fail(__FILE__, __LINE__, "%s: %s", kinds[ki].name, mn_last_error());
             if (mc) model_free(mc);
             continue;
         }
