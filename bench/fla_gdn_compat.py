@@ -20,7 +20,8 @@ allow_neg_eigval, expand_v):
 
 Prints, per config and direction, the max abs difference of the logits, their relative error
 (Frobenius) and the argmax agreement; exits 1 if any direction fails (missing / unexpected tensors,
-rel err > 1e-3 or argmax agreement < 0.99).
+rel err above 1e-4 on the float32 recurrent path (48 tokens) or 5e-3 on fla's chunk kernels (100
+tokens, GDN only: TF32 dots), or argmax agreement < 0.99).
 """
 import argparse
 import json
@@ -41,7 +42,11 @@ from fla.models.delta_net import DeltaNetConfig, DeltaNetForCausalLM  # noqa: E4
 from fla.models.gated_deltanet import GatedDeltaNetConfig, GatedDeltaNetForCausalLM  # noqa: E402
 
 VOCAB = 1000
-T = 100  # > 64: fla's layers run their chunk kernels (64 or fewer tokens: fused_recurrent)
+# fla's layers in eval mode run fused_recurrent (float32 throughout) on 64 tokens or fewer and their
+# chunk kernels (Triton dots in TF32: about 1e-3 relative) on more; DeltaNet's chunk kernel refuses
+# float32, so its models are compared on the short sequence only.
+T_SHORT, T_LONG = 48, 100
+TOL = {T_SHORT: 1e-4, T_LONG: 5e-3}
 
 # (name, model class, config class, config fields)
 CASES = [
@@ -95,12 +100,44 @@ def write_shard(path, tokens, vocab, bos):
         f.write(np.asarray(tokens, dtype=dtype).tobytes())
 
 
-def compare(what, theirs, mine):
+def save_fla(model, path):
+    """save_pretrained (config.json + model.safetensors); where this transformers cannot save fla's
+    model, the same files by hand: the config's save_pretrained and the state_dict in safetensors."""
+    try:
+        model.save_pretrained(path, safe_serialization=True)
+        return
+    except Exception as e:  # transformers 5 expects _tied_weights_keys as a dict; fla's is a list
+        print(f"  (save_pretrained failed: {type(e).__name__}: {e}; saving config.json and model.safetensors by hand)")
+    from safetensors.torch import save_file
+    os.makedirs(path, exist_ok=True)
+    model.config.save_pretrained(path)
+    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()},
+              os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+
+
+def load_fla(model_cls, cfg_cls, path):
+    """from_pretrained with its loading info; where this transformers cannot, the model of the
+    directory's config.json with the weights of model.safetensors loaded non-strictly (missing and
+    unexpected tensors reported the same way)."""
+    try:
+        return model_cls.from_pretrained(path, output_loading_info=True, dtype=torch.float32)
+    except Exception as e:
+        print(f"  (from_pretrained failed: {type(e).__name__}: {e}; loading by hand)")
+    from safetensors.torch import load_file
+    model = model_cls(cfg_cls.from_pretrained(path)).float()
+    state = load_file(os.path.join(path, "model.safetensors"))
+    own = model.state_dict()
+    mismatched = [k for k, v in state.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
+    missing, unexpected = model.load_state_dict({k: v for k, v in state.items() if k not in mismatched}, strict=False)
+    return model, {"missing_keys": list(missing), "unexpected_keys": list(unexpected), "mismatched_keys": mismatched}
+
+
+def compare(what, theirs, mine, tol):
     diff = np.abs(theirs - mine).max()
     rel = np.linalg.norm(theirs - mine) / np.linalg.norm(mine)
     agree = (theirs.argmax(-1) == mine.argmax(-1)).mean()
-    ok = rel <= 1e-3 and agree >= 0.99
-    print(f"  {what}: max abs diff {diff:.3e}, rel err {rel:.2e}, argmax agreement {agree:.3f}"
+    ok = rel <= tol and agree >= 0.99
+    print(f"  {what}, {len(mine)} tokens: max abs diff {diff:.3e}, rel err {rel:.2e}, argmax agreement {agree:.3f}"
           f" (logits max |x| {np.abs(mine).max():.2f}){'' if ok else '  FAILED'}")
     return ok
 
@@ -114,7 +151,7 @@ def main():
     work = os.path.abspath(args.work)
     os.makedirs(work, exist_ok=True)
     rng = np.random.default_rng(0)
-    tokens = [int(t) for t in rng.integers(0, VOCAB, T)]
+    long_tokens = [int(t) for t in rng.integers(0, VOCAB, T_LONG)]
     data = os.path.join(work, "data")
     os.makedirs(data, exist_ok=True)
     stream = rng.integers(0, VOCAB, 20000)
@@ -133,10 +170,14 @@ def main():
         model = model.cuda().eval()
         fla_dir = os.path.join(work, slug, "fla")
         shutil.rmtree(fla_dir, ignore_errors=True)
-        model.save_pretrained(fla_dir, safe_serialization=True)
-        theirs = fla_logits(model, tokens)
-        mine = mesanet_logits(args.mesanet, args.backend, fla_dir, tokens, os.path.join(work, slug, "fla.logits.f32"))
-        all_ok &= compare("(a) fla's checkpoint, mesanet vs fla", theirs, mine)
+        save_fla(model, fla_dir)
+        lengths = [T_SHORT, T_LONG] if model_cls is GatedDeltaNetForCausalLM else [T_SHORT]
+        for n in lengths:
+            tokens = long_tokens[:n]
+            theirs = fla_logits(model, tokens)
+            mine = mesanet_logits(args.mesanet, args.backend, fla_dir, tokens,
+                                  os.path.join(work, slug, f"fla.logits{n}.f32"))
+            all_ok &= compare("(a) fla's checkpoint, mesanet vs fla", theirs, mine, TOL[n])
 
         # (b) mesanet -> fla: one training step from fla's config.json, then fla's from_pretrained
         run = os.path.join(work, slug, "mesanet-run")
@@ -147,15 +188,17 @@ def main():
                        stdout=subprocess.DEVNULL)
         saved = json.load(open(os.path.join(run, "config.json")))
         print(f"  mesanet's config.json: model_type {saved.get('model_type')}, architectures {saved.get('architectures')}")
-        loaded, info = model_cls.from_pretrained(run, output_loading_info=True, torch_dtype=torch.float32)
+        loaded, info = load_fla(model_cls, cfg_cls, run)
         bad = {k: v for k, v in info.items() if v}
         print(f"  (b) fla's from_pretrained of mesanet's run: {sum(1 for _ in loaded.parameters())} tensors, "
               f"loading info {bad if bad else 'clean (no missing / unexpected / mismatched tensors)'}")
         all_ok &= not info.get("missing_keys") and not info.get("unexpected_keys") and not info.get("mismatched_keys")
         loaded = loaded.cuda().eval()
-        theirs = fla_logits(loaded, tokens)
-        mine = mesanet_logits(args.mesanet, args.backend, run, tokens, os.path.join(work, slug, "run.logits.f32"))
-        all_ok &= compare("(b) mesanet's checkpoint, fla vs mesanet", theirs, mine)
+        for n in lengths:
+            tokens = long_tokens[:n]
+            theirs = fla_logits(loaded, tokens)
+            mine = mesanet_logits(args.mesanet, args.backend, run, tokens, os.path.join(work, slug, f"run.logits{n}.f32"))
+            all_ok &= compare("(b) mesanet's checkpoint, fla vs mesanet", theirs, mine, TOL[n])
     print("all match" if all_ok else "SOME FAILED")
     sys.exit(0 if all_ok else 1)
 
