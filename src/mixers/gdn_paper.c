@@ -126,7 +126,8 @@ typedef struct {
     void *o;              // [N,V] the core's output
     void *on, *onrstd;    // [N,V] normalised output, [N*H] f32 its 1/rms
     void *z, *gated;      // [N,V] output-gate projection, gated output
-    // temporaries
+    // temporaries; the [N,Q] and [N,V] ones are views into the model's shared scratch (the
+    // forward's and the backward's overlap: no call needs the other's)
     void *qs, *ks;        // [N,Q] after SiLU
     void *junk, *zero;    // [N*H] f32: the unused log gate of mesa_gates_fwd, zeros for its backward
     void *d_gated, *d_z, *d_on, *d_o, *d_v, *d_vt;  // [N,V]
@@ -145,7 +146,7 @@ typedef struct {
     MemKind kind;
 } Buf;
 
-enum { NBUFS = 38 };
+enum { NBUFS = 27 };
 
 static int buffers(Paper *s, const Dims *z, Buf *out) {
     size_t Q = z->Q, V = z->V, H = z->H;
@@ -155,15 +156,26 @@ static int buffers(Paper *s, const Dims *z, Buf *out) {
         {&s->v, V, MEM_ACT},      {&s->qinv, H, MEM_F32},   {&s->kinv, H, MEM_F32},    {&s->a, H, MEM_ACT},
         {&s->b, H, MEM_ACT},      {&s->g, H, MEM_F32},      {&s->beta, H, MEM_F32},    {&s->o, V, MEM_ACT},
         {&s->on, V, MEM_ACT},     {&s->onrstd, H, MEM_F32}, {&s->z, V, MEM_ACT},       {&s->gated, V, MEM_ACT},
-        {&s->qs, Q, MEM_ACT},     {&s->ks, Q, MEM_ACT},     {&s->junk, H, MEM_F32},    {&s->zero, H, MEM_F32},
-        {&s->d_gated, V, MEM_ACT}, {&s->d_z, V, MEM_ACT},   {&s->d_on, V, MEM_ACT},    {&s->d_o, V, MEM_ACT},
-        {&s->d_v, V, MEM_ACT},    {&s->d_vt, V, MEM_ACT},   {&s->d_q, Q, MEM_ACT},     {&s->d_k, Q, MEM_ACT},
-        {&s->d_t, Q, MEM_ACT},    {&s->d_a, H, MEM_ACT},    {&s->d_b, H, MEM_ACT},     {&s->d_junk, H, MEM_ACT},
-        {&s->d_g, H, MEM_F32},    {&s->d_beta, H, MEM_F32},
+        {&s->junk, H, MEM_F32},   {&s->zero, H, MEM_F32},   {&s->d_a, H, MEM_ACT},     {&s->d_b, H, MEM_ACT},
+        {&s->d_junk, H, MEM_ACT}, {&s->d_g, H, MEM_F32},    {&s->d_beta, H, MEM_F32},
     };
     _Static_assert(sizeof d / sizeof d[0] == NBUFS, "buffer count");
     memcpy(out, d, sizeof d);
     return NBUFS;
+}
+
+// The shared scratch: 6 [N,V] and 3 [N,Q] backward temporaries (the forward's 2 [N,Q] inside them).
+static size_t scratch_elems(const Dims *z) { return (size_t)z->N * (6 * (size_t)z->V + 3 * (size_t)z->Q); }
+
+// Set at every call: another layer may have grown (moved) the scratch since this one's last.
+static void scratch_views(Mixer *m, Paper *s, const Dims *z) {
+    size_t es = m->be->elem_size(m->be, MEM_ACT), v = (size_t)z->N * z->V * es, q = (size_t)z->N * z->Q * es;
+    char *p = m->scratch->p;
+    void **dv[6] = {&s->d_gated, &s->d_z, &s->d_on, &s->d_o, &s->d_v, &s->d_vt}, **dq[3] = {&s->d_q, &s->d_k, &s->d_t};
+    for (int i = 0; i < 6; i++) *dv[i] = p + i * v;
+    for (int i = 0; i < 3; i++) *dq[i] = p + 6 * v + i * q;
+    s->qs = p;
+    s->ks = p + q;
 }
 
 static void free_buffers(const Backend *be, Paper *s) {
@@ -184,6 +196,7 @@ static int alloc_buffers(Mixer *m, Paper *s, int N) {
     buffers(s, &z, d);
     for (int i = 0; i < NBUFS; i++)
         if (!(*d[i].p = m->be->alloc(m->be, d[i].per_token * (size_t)N, d[i].kind))) return MN_ERR_NOMEM;
+    MN_TRY(mixer_scratch_reserve(m, scratch_elems(&z)));
     s->cap = N;
     return MN_OK;
 }
@@ -213,6 +226,7 @@ static int paper_forward(Mixer *m, void *y, const void *u, int B, int T, int use
     const Slots *at = &s->at;
     void **w = m->w;
     size_t nh = (size_t)N * z.H;
+    scratch_views(m, s, &z);
     s->u = u;
     s->B = B;
     s->T = T;
@@ -276,6 +290,7 @@ static int paper_backward(Mixer *m, void *du, const void *dy) {
     void **w = m->w, **dw = m->dw;
     size_t nh = (size_t)N * z.H;
     int gate = c->output_gate, wlen = c->shared_onorm ? z.Dv : z.V;
+    scratch_views(m, s, &z);
     // output projection, gate, norm
     const void *out = gate ? s->gated : s->on;
     MN_TRY(be->linear_bwd(be, s->d_gated, dw[at->o_proj], NULL, dy, out, w[at->o_proj], N, z.V, z.D, 0));
