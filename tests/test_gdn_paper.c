@@ -664,6 +664,44 @@ TEST(gdn_paper_fla_checkpoints_load_and_round_trip) {
     }
 }
 
+// Widths whose ratios are not exact in binary (fla computes int(hidden * expand_k)): the saved
+// config.json, read without our block, gives the same widths.
+TEST(gdn_paper_saved_ratios_give_back_the_widths) {
+    struct {
+        const char *mixer;
+        int dim, heads, dk, dv;
+    } w[] = {{"deltanet-paper", 12, 2, 4, 6}, {"deltanet-paper", 30, 2, 7, 11}, {"gdn-paper", 12, 2, 12, 20},
+             {"gdn-paper", 40, 3, 24, 7}};
+    TmpDir t;
+    tmp_make(&t);
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        Case k = {w[i].mixer, 1, 1, 0, 0};
+        ModelConfig c = config_of(&k, 2);
+        c.dim = w[i].dim;
+        c.n_heads = w[i].heads;
+        c.head_dim = w[i].dk;
+        c.head_v_dim = w[i].dv;
+        c.mlp_hidden = 256;
+        c.vocab_size = 50;
+        const char *path = tmp_path(&t, "config.json");
+        CHECK(!config_save(&c, path), "%s", mn_last_error());
+        size_t len;
+        char *text = (char *)read_bytes(path, &len);
+        char *block = text ? strstr(text, ",\n  \"mesanet\"") : NULL;
+        CHECK(block != NULL, "no mesanet block");
+        if (!block) continue;
+        strcpy(block, "\n}\n");
+        write_bytes(path, text, strlen(text));
+        free(text);
+        ModelConfig h;
+        CHECK(!config_load(&h, path), "%s", mn_last_error());
+        CHECK(h.head_dim == w[i].dk && (h.head_v_dim ? h.head_v_dim : h.head_dim) == w[i].dv && h.n_heads == w[i].heads,
+              "%s D %d: Dk %d, Dv %d read back as %d, %d", w[i].mixer, w[i].dim, w[i].dk, w[i].dv, h.head_dim,
+              h.head_v_dim);
+    }
+    tmp_remove(&t);
+}
+
 // ------------------------------------------------------------------- refusals
 
 TEST(gdn_paper_bad_configs_are_refused) {
