@@ -232,11 +232,12 @@ static int hf_flag(const Json *j, const char *key, int fallback, const char *whe
     return v && v->type != JSON_NULL ? json_flag(v, key, where, out) : MN_OK;
 }
 
-// A config.json written by fla's MesaNetConfig (Hugging Face), without our own
-// "mesanet" block: fla's architecture with its sizes. Each number is range-checked as it is read;
-// config_validate then checks the whole.
 static int config_from_hf_delta(ModelConfig *c, const Json *j, const char *where, int gated);
 
+// A config.json written by fla's MesaNetConfig (Hugging Face), without our own
+// "mesanet" block: fla's architecture with its sizes (fla's GatedDeltaNet and DeltaNet configs:
+// config_from_hf_delta). Each number is range-checked as it is read; config_validate then checks
+// the whole.
 static int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
     const Json *type = json_get(j, "model_type");
     if (type && type->type == JSON_STRING && !strcmp(type->string, "gated_deltanet"))

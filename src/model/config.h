@@ -52,13 +52,14 @@ enum { CONFIG_MAX_LAYERS = 200 };
 void config_default(ModelConfig *c);
 // A named preset ("tiny", "demo", "125m", "400m", "1b", "fla-162m", "fla-412m"), or MN_ERR_ARG listing them.
 int config_preset(ModelConfig *c, const char *name);
-// Reads a JSON config (ours, or a Hugging Face config.json of fla's MesaNet; unknown keys and
+// Reads a JSON config (ours, or a Hugging Face config.json of fla's MesaNet, GatedDeltaNet or DeltaNet; unknown keys and
 // impossible values are refused, naming the file and key, every number range-checked before it
 // is converted), or, if nothing exists at `spec`, a preset name. A directory or another kind of
 // file is refused saying so.
 int config_load(ModelConfig *c, const char *spec);
 // Writes config.json atomically; refuses an invalid config, so that every saved config loads
-// again with the same value in every field.
+// again with the same value in every field. Its Hugging Face part is fla's MesaNet's, or, for the
+// fla architecture with every block gdn-paper (deltanet-paper), fla's GatedDeltaNet's (DeltaNet's).
 int config_save(const ModelConfig *c, const char *path);
 // MN_ERR_ARG with a message naming the field, its value and the valid range unless every field is
 // in range (floats finite) and the sizes are consistent.
