@@ -110,7 +110,7 @@ struct Backend {
     int (*xent)(const Backend *be, void *logits, void *losses, const void *targets, int N, int V, float cap,
                 float grad_scale);
 
-    // --- the Mesa layer ------------------------------------------------------------------
+    // --- gates and parameters of the recurrent mixers (elementwise) -----------------------
     // Gates from the projections a, b [N,H]: beta = sigmoid(b), log gamma = g =
     // min(logsigmoid(a), log(1 - beta / hmax)) (the forget-gate bound; hmax = 0: none). MEM_F32.
     int (*mesa_gates_fwd)(const Backend *be, void *g, void *beta, const void *a, const void *b, size_t n, float hmax);
@@ -130,15 +130,18 @@ struct Backend {
     // (dA_log, ddt_bias: MEM_F32 [H]; g recomputed from a).
     int (*gdn_gate_bwd)(const Backend *be, void *da, void *dA_log, void *ddt_bias, const void *dg, const void *a,
                         const void *A_log, const void *dt_bias, int N, int H);
-    // The core of spec sections 1-4 with the layout of MnMesaFwd/MnMesaBwd, whose pointers are
-    // this backend's buffers (q, k, v, x, o: MEM_ACT or wider; g, beta, lambda, states: MEM_F32;
-    // steps: MEM_I32, so that counting them never waits for the device).
+    // --- sequence-mixer cores: one forward/backward pair a family ---------------------------
+    // What a backend sets here is what it runs; a NULL pair makes the model refuse that family's
+    // mixers on the backend, naming them (mixers/mixer.c). Buffers are this backend's: q, k, v, x,
+    // o MEM_ACT or wider; g, beta, lambda, states MEM_F32; steps MEM_I32, so that counting them
+    // never waits for the device.
+    //
+    //   mesa_fwd / mesa_bwd   mesa                                   (MnMesaFwd / MnMesaBwd: spec
+    //                                                                 sections 1-4, CG solves)
+    //   lin_fwd / lin_bwd     mamba2, gla, deltanet, gdn, gdn-paper,  (MnLinFwd / MnLinBwd: the
+    //                         deltanet-paper                          GLA rule or the delta rule)
     int (*mesa_fwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io);
     int (*mesa_bwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
-
-    // --- the gated linear-attention family: mamba2, gla, deltanet, gdn (include/mesanet.h) -----
-    // Same buffer kinds as the Mesa core's (q, k, v, o: MEM_ACT or wider; g, beta, states: MEM_F32).
-    // NULL where a backend does not have them yet: the model then refuses those mixers there.
     int (*lin_fwd)(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io);
     int (*lin_bwd)(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io);
 

@@ -480,6 +480,7 @@ static const Backend cpu_backend = {
     .scale_f32 = c_scale_f32,
     .softplus_fwd = c_softplus_fwd, .softplus_bwd = c_softplus_bwd,
     .gdn_gate_fwd = c_gdn_gate_fwd, .gdn_gate_bwd = c_gdn_gate_bwd,
+    // sequence-mixer cores: mesa; mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper
     .mesa_fwd = c_mesa_fwd, .mesa_bwd = c_mesa_bwd,
     .lin_fwd = c_lin_fwd, .lin_bwd = c_lin_bwd,
     .adamw = c_adamw, .sumsq = c_sumsq,

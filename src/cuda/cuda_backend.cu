@@ -1318,9 +1318,11 @@ extern "C" const Backend *backend_cuda(void) {
     b.softplus_bwd = g_softplus_bwd;
     b.gdn_gate_fwd = g_gdn_gate_fwd;
     b.gdn_gate_bwd = g_gdn_gate_bwd;
+    // sequence-mixer cores: mesa (mesa_cuda.cu); mamba2, gla, deltanet, gdn, gdn-paper,
+    // deltanet-paper (lin_cuda.cu)
     b.mesa_fwd = cuda_mesa_fwd;
     b.mesa_bwd = cuda_mesa_bwd;
-    b.lin_fwd = cuda_lin_fwd;  // lin_cuda.cu
+    b.lin_fwd = cuda_lin_fwd;
     b.lin_bwd = cuda_lin_bwd;
     b.adamw = g_adamw;
     b.sumsq = g_sumsq;

@@ -432,6 +432,7 @@ static const Backend ref_backend = {
     .scale_f32 = r_scale_f32,
     .softplus_fwd = r_softplus_fwd, .softplus_bwd = r_softplus_bwd,
     .gdn_gate_fwd = r_gdn_gate_fwd, .gdn_gate_bwd = r_gdn_gate_bwd,
+    // sequence-mixer cores: mesa; mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper
     .mesa_fwd = r_mesa_fwd, .mesa_bwd = r_mesa_bwd,
     .lin_fwd = r_lin_fwd, .lin_bwd = r_lin_bwd,
     .adamw = r_adamw, .sumsq = r_sumsq,
