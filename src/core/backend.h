@@ -132,7 +132,7 @@ struct Backend {
                         const void *A_log, const void *dt_bias, int N, int H);
     // --- sequence-mixer cores: one forward/backward pair a family ---------------------------
     // What a backend sets here is what it runs; a NULL pair makes the model refuse that family's
-    // mixers on the backend, naming them (mixers/mixer.c). Buffers are this backend's: q, k, v, x,
+    // mixers on the backend, naming them (their create). Buffers are this backend's: q, k, v, x,
     // o MEM_ACT or wider; g, beta, lambda, states MEM_F32; steps MEM_I32, so that counting them
     // never waits for the device.
     //
