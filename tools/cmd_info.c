@@ -18,13 +18,61 @@ static const char *component(const char *name) {
     return "norms";
 }
 
+// The parameter-matched presets of one size (config.h): one line per mixer, Mesa's first.
+static int matched_table(const char *size) {
+    ModelConfig ref;
+    size_t ref_total;
+    if (config_matched(&ref, size, "mesa") || config_param_count(&ref, &ref_total, NULL, NULL)) {
+        fprintf(stderr, "mesanet info: %s\n", mn_last_error());
+        return 1;
+    }
+    printf("%s, parameter-matched presets: the %s backbone (D=%d, %d blocks, %d heads x %d, vocabulary %d%s) with "
+           "each mixer, MLP width in steps of %d set to match Mesa's count (within %d parameters: half a step)\n",
+           size, size, ref.dim, ref.n_layers, ref.n_heads, ref.head_dim, ref.vocab_size ? ref.vocab_size : 4096,
+           ref.vocab_size ? "" : " shown; the data sets it", CONFIG_MATCH_STEP,
+           3 * ref.dim * ref.n_layers * CONFIG_MATCH_STEP / 2);
+    printf("\n%-16s %-20s %6s %13s %12s %12s %9s %14s\n", "mixer", "preset", "MLP", "parameters", "mixers", "MLPs",
+           "vs Mesa", "state bytes");
+    for (int i = 0; mixer_all[i]; i++) {
+        ModelConfig c;
+        size_t total, mixers, mlps;
+        char name[64];
+        snprintf(name, sizeof name, "%s-%s", size, mixer_all[i]->name);
+        if (config_preset(&c, name) || config_param_count(&c, &total, &mixers, &mlps)) {
+            fprintf(stderr, "mesanet info: %s\n", mn_last_error());
+            return 1;
+        }
+        size_t state = model_state_floats(&c) * 4;  // float32, per sequence, whatever its length
+        printf("%-16s %-20s %6d %13zu %12zu %12zu %+8.3f%% %14zu\n", mixer_all[i]->name, name, c.mlp_hidden, total,
+               mixers, mlps, 100.0 * ((double)total - (double)ref_total) / (double)ref_total, state);
+    }
+    printf("\nparameters: the whole model (embedding, mixers, MLPs, norms%s); mixers, MLPs: over all blocks. state "
+           "bytes: the decoding state of one sequence in float32, the same at every length.\n",
+           ref.tie_embeddings ? "; the head is tied" : ", head");
+    return 0;
+}
+
 int cmd_info(int argc, char **argv) {
     char *pos[1];
     int n = 0;
-    int st = parse_args(argc, argv, "CONFIG (a preset, a JSON file, or a run directory)", NULL, 0, pos, &n, 1);
+    const char *matched = NULL;
+    Option opts[] = {
+        {"matched", OPT_STRING, &matched,
+         "SIZE (demo, 125m or 400m): instead of a config, the table of that size's parameter-matched presets "
+         "SIZE-MIXER, one per mixer: parameters (all, mixers, MLPs), difference from Mesa's count, decoding state"},
+    };
+    int st = parse_args(argc, argv, "CONFIG | --matched SIZE\n\nCONFIG: " CONFIG_NAMES_HELP "; or a run directory", opts,
+                        (int)(sizeof opts / sizeof opts[0]), pos, &n, 1);
     if (st) return st == 2 ? 0 : 1;
+    if (matched) {
+        if (n) {
+            fprintf(stderr, "mesanet info: --matched takes no config (it shows every mixer at size %s)\n", matched);
+            return 1;
+        }
+        return matched_table(matched);
+    }
     if (n != 1) {
-        fprintf(stderr, "mesanet info: give one config, preset or run directory (see --help)\n");
+        fprintf(stderr, "mesanet info: give one config, preset or run directory, or --matched SIZE (see --help)\n");
         return 1;
     }
     char path[4096];

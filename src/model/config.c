@@ -16,6 +16,7 @@
 #include "core/common.h"
 #include "core/json.h"
 #include "mixers/mixer.h"
+#include "model/model.h"
 
 void config_default(ModelConfig *c) {
     memset(c, 0, sizeof *c);
@@ -65,8 +66,57 @@ static const Preset presets[] = {
     {"fla-412m", 50304, 1024, 24, 8, 128, 2048, 1, "fla's MesaNetForCausalLM, hidden 1024, 24 layers (412M)"},
 };
 
+// The sizes that have parameter-matched presets "SIZE-MIXER" (config.h).
+const char *const config_matched_sizes[] = {"demo", "125m", "400m", NULL};
+
+int config_param_count(const ModelConfig *c, size_t *total, size_t *mixers, size_t *mlps) {
+    ModelConfig k = *c;
+    if (k.vocab_size == 0) k.vocab_size = 4096;  // from the data: counted with the demo's BPE
+    ParamSpec *specs;
+    int n;
+    MN_TRY(model_specs(&k, &specs, &n));
+    size_t t = 0, mx = 0, ml = 0;
+    for (int i = 0; i < n; i++) {
+        t += specs[i].numel;
+        if (strstr(specs[i].name, ".attn.")) mx += specs[i].numel;
+        if (strstr(specs[i].name, ".mlp.")) ml += specs[i].numel;
+    }
+    free(specs);
+    if (total) *total = t;
+    if (mixers) *mixers = mx;
+    if (mlps) *mlps = ml;
+    return MN_OK;
+}
+
+int config_matched(ModelConfig *c, const char *size, const char *mixer) {
+    int known = 0;
+    for (int i = 0; config_matched_sizes[i]; i++) known |= !strcmp(config_matched_sizes[i], size);
+    if (!known) return mn_error(MN_ERR_ARG, "no parameter-matched presets at size '%s' (sizes: demo, 125m, 400m)", size);
+    const MixerOps *ops = mixer_find(mixer);  // one name, not a pattern (the error lists the known ones)
+    if (!ops) return MN_ERR_ARG;
+    ModelConfig ref;
+    MN_TRY(config_preset(&ref, size));
+    *c = ref;
+    snprintf(c->mixer, sizeof c->mixer, "%s", ops->name);
+    if (ops == &mixer_gdn_paper) c->output_gate = 1;  // the Gated DeltaNet layer's own output gate (fla's use_gate)
+    if (ops == &mixer_mesa) return MN_OK;             // the reference: the preset itself
+    // The count is affine in mlp_hidden: the nearest multiple of the step to the reference's count.
+    size_t target, p0, p1;
+    MN_TRY(config_param_count(&ref, &target, NULL, NULL));
+    MN_TRY(config_param_count(c, &p0, NULL, NULL));
+    c->mlp_hidden += CONFIG_MATCH_STEP;
+    MN_TRY(config_param_count(c, &p1, NULL, NULL));
+    c->mlp_hidden -= CONFIG_MATCH_STEP;
+    double slope = (double)(p1 - p0), steps = floor(((double)target - (double)p0) / slope + 0.5);
+    if (c->mlp_hidden + steps * CONFIG_MATCH_STEP < CONFIG_MATCH_STEP)
+        return mn_error(MN_ERR_ARG, "%s-%s: the mixer's parameters exceed the reference's by more than its MLPs hold",
+                        size, ops->name);
+    c->mlp_hidden += (int)steps * CONFIG_MATCH_STEP;
+    return MN_OK;
+}
+
 int config_preset(ModelConfig *c, const char *name) {
-    char known[512] = "";
+    char known[256] = "";
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
         const Preset *p = &presets[i];
         if (!strcmp(p->name, name)) {
@@ -85,7 +135,26 @@ int config_preset(ModelConfig *c, const char *name) {
         strcat(known, i ? ", " : "");
         strcat(known, p->name);
     }
-    return mn_error(MN_ERR_ARG, "unknown config '%s': not a file, nor a preset (%s)", name, known);
+    char mixers[192] = "";
+    for (int i = 0; mixer_all[i]; i++) {
+        strcat(mixers, i ? ", " : "");
+        strcat(mixers, mixer_all[i]->name);
+    }
+    for (int i = 0; config_matched_sizes[i]; i++) {
+        size_t n = strlen(config_matched_sizes[i]);
+        if (strncmp(name, config_matched_sizes[i], n) || name[n] != '-') continue;
+        char size[16];
+        snprintf(size, sizeof size, "%s", config_matched_sizes[i]);
+        if (!config_matched(c, size, name + n + 1)) return MN_OK;
+        return mn_error(MN_ERR_ARG,
+                        "unknown config '%.64s': '%.64s' is not a mixer; a parameter-matched preset is SIZE-MIXER with "
+                        "SIZE one of demo, 125m, 400m and MIXER one of %s",
+                        name, name + n + 1, mixers);
+    }
+    return mn_error(MN_ERR_ARG,
+                    "unknown config '%.128s': not a file, nor a preset (%s), nor a parameter-matched preset SIZE-MIXER "
+                    "(SIZE: demo, 125m, 400m; MIXER: %s; e.g. 125m-gdn)",
+                    name, known, mixers);
 }
 
 // Field table: the JSON keys, where they go, and the values a model can be built with (checked
