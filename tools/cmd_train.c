@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "model/config.h"
 #include "tools/commands.h"
 #include "train/trainer.h"
 
@@ -30,7 +31,7 @@ int cmd_train(int argc, char **argv) {
     train_options_default(&o);
     int seed = 1, no_resume = 0, gpus = 1;
     Option opts[] = {
-        {"config", OPT_STRING, &o.config, "model: a preset (tiny, demo, 125m, 400m, 1b, fla-162m, fla-412m) or a JSON file"},
+        {"config", OPT_STRING, &o.config, "model: " CONFIG_NAMES_HELP},
         {"data", OPT_STRING, &o.data, "directory with train.bin and valid.bin (from mesanet tokenize)"},
         {"out", OPT_STRING, &o.out, "run directory: checkpoints, loss.csv, loss.svg"},
         {"backend", OPT_STRING, &o.backend, "cpu, cuda or ref (float64, for checks)"},
