@@ -34,6 +34,30 @@ enum { MN_GROUP_ID_BYTES = 256 };  // room for a group identifier (NCCL's: 128 b
 
 typedef struct Backend Backend;
 
+// Causal softmax attention per head (../shared/spec/mixers.md section 7), optionally within a window
+// and with grouped key/value heads (query head h reads key/value head h / (H / Hkv)):
+//   o[b,t,h] = sum_{s in S(t)} softmax_s(scale q[b,t,h] . k[b,s,h']) v[b,s,h'],
+//   S(t) = {s <= t} (window 0), or {t - window < s <= t}.
+typedef struct {
+    int B, T, H, Hkv, D;  // sequences, tokens, query heads, key/value heads (divides H), head size
+    int window;           // 0: full causal attention; w > 0: the last w tokens, the current one included
+    float scale;          // usually D^-1/2
+} AttnDims;
+
+typedef struct {
+    const void *q;     // [B,T,H,D]   MEM_ACT (after RoPE)
+    const void *k;     // [B,T,Hkv,D] MEM_ACT (after RoPE)
+    const void *v;     // [B,T,Hkv,D] MEM_ACT
+    void *o;           // [B,T,H,D]   MEM_ACT
+    void *lse;         // [B,T,H]     MEM_F32: each row's log-sum-exp of the scaled scores, for the backward
+} AttnFwd;
+
+typedef struct {
+    const void *q, *k, *v, *o, *lse;  // the forward's
+    const void *dout;                 // [B,T,H,D]
+    void *dq, *dk, *dv;               // gradients, shapes of q, k, v (overwritten)
+} AttnBwd;
+
 struct Backend {
     const char *name;
     void *ctx;  // backend-private (cuda: stream, cuBLAS handles)
@@ -140,10 +164,23 @@ struct Backend {
     //                                                                 sections 1-4, CG solves)
     //   lin_fwd / lin_bwd     mamba2, gla, deltanet, gdn, gdn-paper,  (MnLinFwd / MnLinBwd: the
     //                         deltanet-paper                          GLA rule or the delta rule)
+    //   attn_* and rope       mha, swa                               (AttnFwd / AttnBwd)
     int (*mesa_fwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io);
     int (*mesa_bwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
     int (*lin_fwd)(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io);
     int (*lin_bwd)(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io);
+    int (*attn_fwd)(const Backend *be, const AttnDims *d, const AttnFwd *io);
+    int (*attn_bwd)(const Backend *be, const AttnDims *d, const AttnBwd *io);
+    // Decoding with a key/value cache: o[b,h] = softmax_s(scale q[b,h] . k[b,s,h/g]) v[b,s,h/g] over
+    // the cache's first n slots (s < n <= cap; no mask: the cache holds only the visible tokens, and
+    // the softmax does not depend on their order, so a sliding window's ring buffer needs none).
+    // q, o [B,H,D]; kc, vc [B,cap,Hkv,D] (all MEM_ACT).
+    int (*attn_decode)(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc,
+                       const void *vc, void *o);
+    // Rotary position embedding in place on x [N, H, D] (MEM_ACT; pairs (i, i + D/2), fla's and
+    // Hugging Face Llama's "rotate half" layout): rotates by pos[n] theta^(-2i/D); inverse = 1
+    // rotates back (the backward). pos [N] MEM_I32.
+    int (*rope)(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
 
     // --- optimiser -----------------------------------------------------------------------
     // AdamW on n parameters with gradients gscale g (gscale: the clipping factor, 1 for none; folded
