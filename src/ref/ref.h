@@ -7,6 +7,7 @@
 #ifndef MN_REF_H
 #define MN_REF_H
 
+#include "core/backend.h"
 #include "mesanet.h"
 
 // ---------------------------------------------------------------------------
@@ -59,5 +60,17 @@ typedef struct {
 // The opts' form and chunk are ignored (there is one form); rule and scale are used.
 int ref_lin_forward(const MnMesaDims *d, const MnLinOpts *opts, const LinFwd64 *io);
 int ref_lin_backward(const MnMesaDims *d, const MnLinOpts *opts, const LinBwd64 *io);
+
+// ---------------------------------------------------------------------------
+// The attention family (attn_ref.c): the backend slots of core/backend.h
+// themselves, on double buffers (int32 positions). The backward recomputes P
+// from q and k (the forward's lse is not read).
+
+int ref_attn_check(const char *fn, const AttnDims *d);  // MN_ERR_ARG, named, for bad dims
+int ref_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd *io);
+int ref_attn_bwd(const Backend *be, const AttnDims *d, const AttnBwd *io);
+int ref_attn_decode(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc,
+                    const void *vc, void *o);
+int ref_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
 
 #endif

@@ -435,6 +435,7 @@ static const Backend ref_backend = {
     // sequence-mixer cores: mesa; mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper
     .mesa_fwd = r_mesa_fwd, .mesa_bwd = r_mesa_bwd,
     .lin_fwd = r_lin_fwd, .lin_bwd = r_lin_bwd,
+    .attn_fwd = ref_attn_fwd, .attn_bwd = ref_attn_bwd, .attn_decode = ref_attn_decode, .rope = ref_rope,  // mha, swa
     .adamw = r_adamw, .sumsq = r_sumsq,
 };
 
