@@ -42,12 +42,18 @@ static int matched_table(const char *size) {
             fprintf(stderr, "mesanet info: %s\n", mn_last_error());
             return 1;
         }
-        size_t state = model_state_floats(&c) * 4;  // float32, per sequence, whatever its length
-        printf("%-16s %-20s %6d %13zu %12zu %12zu %+8.3f%% %14zu\n", mixer_all[i]->name, name, c.mlp_hidden, total,
-               mixers, mlps, 100.0 * ((double)total - (double)ref_total) / (double)ref_total, state);
+        size_t state = model_state_floats(&c) * 4, per_token = 0;  // float32, per sequence
+        for (int l = 0; l < c.n_layers; l++)
+            if (mixer_at(&c, l)->state_floats_per_token) per_token += mixer_at(&c, l)->state_floats_per_token(&c) * 4;
+        char sb[48];
+        if (per_token) snprintf(sb, sizeof sb, "%zu+%zu/token", state, per_token);
+        else snprintf(sb, sizeof sb, "%zu", state);
+        printf("%-16s %-20s %6d %13zu %12zu %12zu %+8.3f%% %14s\n", mixer_all[i]->name, name, c.mlp_hidden, total,
+               mixers, mlps, 100.0 * ((double)total - (double)ref_total) / (double)ref_total, sb);
     }
     printf("\nparameters: the whole model (embedding, mixers, MLPs, norms%s); mixers, MLPs: over all blocks. state "
-           "bytes: the decoding state of one sequence in float32, the same at every length.\n",
+           "bytes: the decoding state of one sequence in float32, the same at every length but for the attention "
+           "mixers' key/value cache (+bytes/token: mha's grows with the sequence; swa's is its window's).\n",
            ref.tie_embeddings ? "; the head is tied" : ", head");
     return 0;
 }
@@ -146,15 +152,20 @@ int cmd_info(int argc, char **argv) {
             first = 0;
         }
     printf("\n");
-    size_t state = model_state_floats(&c);
-    printf("\ndecoding state per sequence: %zu floats (%zu bytes, %.2f MB in float32), constant: 0 bytes more per token\n",
-           state, state * 4, (double)state * 4 / 1e6);
+    size_t state = model_state_floats(&c), per_token = 0;
+    for (int l = 0; l < c.n_layers; l++) {
+        const MixerOps *ops = mixer_at(&c, l);
+        if (ops && ops->state_floats_per_token) per_token += ops->state_floats_per_token(&c);
+    }
+    printf("\ndecoding state per sequence: %zu floats (%zu bytes, %.2f MB in float32), %s: %zu bytes more per token\n",
+           state, state * 4, (double)state * 4 / 1e6, per_token ? "growing" : "constant", per_token * 4);
     for (int j = 0; j < nkinds; j++) {
         if (!kind_blocks[j]) continue;
         const MixerOps *ops = mixer_all[j];
-        size_t f = ops->state_floats(&c);
-        printf("  %-10s %zu floats (%zu bytes) a block, %d blocks: %s\n", ops->name, f, f * 4, kind_blocks[j],
-               ops->state_about);
+        size_t f = ops->state_floats(&c), pt = ops->state_floats_per_token ? ops->state_floats_per_token(&c) : 0;
+        printf("  %-10s %zu floats (%zu bytes) a block", ops->name, f, f * 4);
+        if (pt) printf(" + %zu floats (%zu bytes) a token", pt, pt * 4);
+        printf(", %d blocks: %s\n", kind_blocks[j], ops->state_about);
         printf("  %-10s %s\n", "", ops->about);
     }
     free(block_kind);

@@ -49,6 +49,9 @@ typedef struct {
     // backend runs) into cg_steps and cg_systems. NULL: the mixer keeps them current itself.
     int (*collect)(Mixer *m);
     void (*destroy)(Mixer *m);
+    // Floats of decoding state per sequence that grow with each token decoded (mha's key/value
+    // cache: 2 n_kv_heads head_dim), beside the fixed state_floats. NULL: none.
+    size_t (*state_floats_per_token)(const ModelConfig *c);
 } MixerOps;
 
 struct Mixer {
@@ -90,5 +93,7 @@ extern const MixerOps mixer_mesa;
 extern const MixerOps mixer_mamba2, mixer_gla, mixer_deltanet, mixer_gdn;
 // The Gated DeltaNet paper's and DeltaNet's own layers as fla has them (gdn_paper.c).
 extern const MixerOps mixer_gdn_paper, mixer_deltanet_paper;
+// Softmax attention with RoPE, full causal and sliding-window (attn.c).
+extern const MixerOps mixer_mha, mixer_swa;
 
 #endif

@@ -34,6 +34,8 @@ void config_default(ModelConfig *c) {
     c->gate_bound = 2048;  // h_max = the training context length
     c->resid_scale = 1;
     c->cg_steps = 30;
+    c->rope_theta = 10000;
+    c->window = 1024;
 }
 
 // fla's MesaNetForCausalLM: no embedding scale, no soft cap, untied head,
@@ -198,6 +200,9 @@ static const Field fields[] = {
     FIELD(resid_scale, F_FLOAT, 0, 10, "the residual init exponent"),
     FIELD(cg_steps, F_INT, 0, 10000, "the CG steps in training"),
     FIELD(neg_eigen, F_BOOL, 0, 1, "the negative-eigenvalue flag"),
+    FIELD(rope_theta, F_FLOAT, 1, 1e9, "the RoPE base"),
+    FIELD(window, F_INT, 0, 1 << 24, "swa's window"),
+    FIELD(n_kv_heads, F_INT, 0, 1024, "the key/value heads (0: n_heads)"),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 
@@ -626,6 +631,15 @@ int config_validate(const ModelConfig *c, const char *where) {
                                             "deltanet-paper mixers have (block %d: %s)",
                                 where, c->head_v_dim, c->head_dim, l, ops->name);
         }
+    if (c->n_kv_heads && c->n_heads % c->n_kv_heads)
+        return mn_error(MN_ERR_ARG, "%s: n_kv_heads = %d does not divide n_heads = %d (each key/value head serves "
+                                    "n_heads / n_kv_heads query heads)",
+                        where, c->n_kv_heads, c->n_heads);
+    for (int l = 0; l < c->n_layers; l++)
+        if (mixer_at(c, l) == &mixer_swa && c->window < 1)
+            return mn_error(MN_ERR_ARG, "%s: window = %d, but mixer swa (block %d) attends to the last window tokens: "
+                                        "expected at least 1",
+                            where, c->window, l);
     if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla"))
         return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\" or \"fla\"", where, c->arch);
     if (!(c->norm_eps > 0)) return mn_error(MN_ERR_ARG, "%s: norm_eps must be > 0", where);

@@ -42,6 +42,9 @@ typedef struct {
     int cg_steps;         // CG steps in training (30)
     int neg_eigen;        // 1: beta = 2 sigmoid(.) in (0, 2) in the delta rules (deltanet, gdn): negative
                           // eigenvalues of the state transition, for state tracking
+    float rope_theta;     // the attention mixers' (mha, swa) RoPE base (10000)
+    int window;           // swa's window: each token attends to the last `window` tokens, itself included (1024)
+    int n_kv_heads;       // the attention mixers' key/value heads (grouped-query attention); 0: n_heads
 } ModelConfig;
 
 // The most blocks a config may have: every tensor of such a model fits the model's table of

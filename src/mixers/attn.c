@@ -1,0 +1,392 @@
+/*
+ * Softmax attention: the Transformer++ baselines (../shared/spec/mixers.md section 7). `mha` is
+ * causal multi-head attention with rotary position embeddings (RoPE) and optionally grouped
+ * key/value heads; `swa` is the same within the last `window` tokens (the current one included):
+ *
+ *   q = RoPE(W_q u), k = RoPE(W_k u), v = W_v u     (H query heads, Hkv key/value heads of D)
+ *   o[t,h] = sum_{s in S(t)} softmax_s(D^-1/2 q[t,h] . k[s,h']) v[s,h'],  h' = h / (H / Hkv)
+ *   y = W_o o
+ *
+ * S(t) = {s <= t} (mha) or {t - window < s <= t} (swa). RoPE is Llama's "rotate half" with the
+ * config's rope_theta; positions are 0..T-1 in training, and continue from the tokens seen so far
+ * when decoding. No biases.
+ *
+ * Tensors (prefix "model.layers.N."), named as Hugging Face Llama's self_attn under this
+ * project's "attn." prefix: attn.q_proj.weight [H*D, dim], attn.k_proj.weight [Hkv*D, dim],
+ * attn.v_proj.weight [Hkv*D, dim], attn.o_proj.weight [dim, H*D].
+ *
+ * Decoding keeps a key/value cache per layer, [B, cap, Hkv, D] each for keys and values:
+ * mha's grows with the sequence (capacity in chunks of ATTN_CACHE_CHUNK tokens, reallocated as
+ * needed): 2 Hkv D numbers per token and layer; swa's is a ring buffer of `window` slots (token
+ * p in slot p mod window), fixed: 2 window Hkv D numbers per layer. The cores are the backend's
+ * attn_fwd / attn_bwd / attn_decode and rope; a backend without them refuses these mixers.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "mixer.h"
+
+enum { ATTN_CACHE_CHUNK = 256 };  // mha's cache grows by this many tokens at a time
+
+enum { W_Q, W_K, W_V, W_O, W_COUNT };
+
+typedef struct {
+    int D, H, Hkv, Dh, Q, KV, window;
+    float scale, theta;
+} Dims;
+
+static Dims dims_of(const Mixer *m) {
+    const ModelConfig *c = m->cfg;
+    Dims z;
+    z.D = c->dim;
+    z.H = c->n_heads;
+    z.Hkv = c->n_kv_heads ? c->n_kv_heads : c->n_heads;
+    z.Dh = c->head_dim;
+    z.Q = z.H * z.Dh;
+    z.KV = z.Hkv * z.Dh;
+    z.window = m->ops == &mixer_swa ? c->window : 0;
+    z.scale = (float)(1 / sqrt((double)z.Dh));
+    z.theta = c->rope_theta;
+    return z;
+}
+
+typedef struct {
+    int cap;            // tokens the buffers hold
+    int B, T;           // the last forward's
+    const void *u;      // its input (the model's buffer)
+    void *q, *k, *v;    // [N,Q], [N,KV], [N,KV] after RoPE (q, k)
+    void *o;            // [N,Q]
+    void *lse;          // [N*H] f32
+    void *pos;          // [N] i32
+    int32_t *hpos;      // [N] host copy
+    // decoding: the key/value cache
+    int state_B;
+    int ccap;           // slots per sequence (swa: window)
+    long seen;          // tokens decoded so far (each sequence: they advance together)
+    void *kc, *vc;      // [B, ccap, Hkv, Dh]
+} Attn;
+
+static void free_buffers(const Backend *be, Attn *s) {
+    void **p[] = {&s->q, &s->k, &s->v, &s->o, &s->lse, &s->pos};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+        if (*p[i]) be->free(be, *p[i]);
+        *p[i] = NULL;
+    }
+    free(s->hpos);
+    s->hpos = NULL;
+    s->cap = 0;
+}
+
+// The shared scratch: d_o, d_q [N,Q] and d_k, d_v [N,KV] of the backward.
+static size_t scratch_elems(const Dims *z, size_t N) { return N * (2 * (size_t)z->Q + 2 * (size_t)z->KV); }
+
+static int alloc_buffers(Mixer *m, Attn *s, int N) {
+    const Backend *be = m->be;
+    free_buffers(be, s);
+    Dims z = dims_of(m);
+    size_t n = (size_t)N;
+    s->q = be->alloc(be, n * z.Q, MEM_ACT);
+    s->k = be->alloc(be, n * z.KV, MEM_ACT);
+    s->v = be->alloc(be, n * z.KV, MEM_ACT);
+    s->o = be->alloc(be, n * z.Q, MEM_ACT);
+    s->lse = be->alloc(be, n * z.H, MEM_F32);
+    s->pos = be->alloc(be, n, MEM_I32);
+    s->hpos = malloc(n * sizeof(int32_t));
+    if (!s->q || !s->k || !s->v || !s->o || !s->lse || !s->pos || !s->hpos) {
+        free_buffers(be, s);
+        return mn_error(MN_ERR_NOMEM, "%s: out of memory for %d tokens' activations", m->ops->name, N);
+    }
+    MN_TRY(mixer_scratch_reserve(m, scratch_elems(&z, n)));
+    s->cap = N;
+    return MN_OK;
+}
+
+static char *at(const Backend *be, const void *p, size_t elems) {
+    return (char *)p + elems * be->elem_size(be, MEM_ACT);
+}
+
+static void free_state(const Backend *be, Attn *s) {
+    if (s->kc) be->free(be, s->kc);
+    if (s->vc) be->free(be, s->vc);
+    s->kc = s->vc = NULL;
+    s->state_B = 0;
+    s->ccap = 0;
+    s->seen = 0;
+}
+
+// Grows mha's cache to hold `need` tokens a sequence, keeping the first `keep`.
+static int cache_grow(Mixer *m, Attn *s, long need, long keep) {
+    const Backend *be = m->be;
+    Dims z = dims_of(m);
+    if (need > 1L << 30) return mn_error(MN_ERR_ARG, "%s: %ld tokens exceed the key/value cache's limit", m->ops->name, need);
+    int ncap = (int)((need + ATTN_CACHE_CHUNK - 1) / ATTN_CACHE_CHUNK * ATTN_CACHE_CHUNK);
+    size_t n = (size_t)s->state_B * ncap * z.KV;
+    void *kc = be->alloc(be, n, MEM_ACT), *vc = be->alloc(be, n, MEM_ACT);
+    if (!kc || !vc) {
+        if (kc) be->free(be, kc);
+        if (vc) be->free(be, vc);
+        return mn_error(MN_ERR_NOMEM, "%s: out of memory for a key/value cache of %d tokens", m->ops->name, ncap);
+    }
+    if (s->kc && keep > 0)
+        for (int b = 0; b < s->state_B; b++) {
+            be->copy(be, at(be, kc, (size_t)b * ncap * z.KV), at(be, s->kc, (size_t)b * s->ccap * z.KV),
+                     (size_t)keep * z.KV, MEM_ACT);
+            be->copy(be, at(be, vc, (size_t)b * ncap * z.KV), at(be, s->vc, (size_t)b * s->ccap * z.KV),
+                     (size_t)keep * z.KV, MEM_ACT);
+        }
+    if (s->kc) be->free(be, s->kc);
+    if (s->vc) be->free(be, s->vc);
+    s->kc = kc;
+    s->vc = vc;
+    s->ccap = ncap;
+    return MN_OK;
+}
+
+// Token (b, t) of the current call's k, v (T tokens a sequence) into its cache slot.
+static void cache_put(const Backend *be, Attn *s, const Dims *z, int b, int t, int T, int slot) {
+    size_t dst = ((size_t)b * s->ccap + slot) * z->KV, src = ((size_t)b * T + t) * z->KV;
+    be->copy(be, at(be, s->kc, dst), at(be, s->k, src), z->KV, MEM_ACT);
+    be->copy(be, at(be, s->vc, dst), at(be, s->v, src), z->KV, MEM_ACT);
+}
+
+static int check_state(const Mixer *m, const Attn *s, int B) {
+    if (s->state_B == B) return MN_OK;
+    if (!s->state_B)
+        return mn_error(MN_ERR_ARG, "%s: decoding %d sequences, but the state was not reset (reset_state first)",
+                        m->ops->name, B);
+    return mn_error(MN_ERR_ARG, "%s: decoding %d sequences, but the state was reset for %d", m->ops->name, B,
+                    s->state_B);
+}
+
+// Attention of the T new tokens of each sequence with the cache (use_state): appends their keys
+// and values, and attends. A first call on an empty cache runs the whole-sequence core.
+static int attend_with_cache(Mixer *m, Attn *s, const Dims *z, int B, int T) {
+    const Backend *be = m->be;
+    long seen = s->seen;
+    if (!z->window && seen + T > s->ccap) MN_TRY(cache_grow(m, s, seen + T, seen));
+    AttnDims ad = {B, T, z->H, z->Hkv, z->Dh, z->window, z->scale};
+    if (seen == 0 && (T > 1 || !be->attn_decode)) {
+        AttnFwd io = {s->q, s->k, s->v, s->o, s->lse};
+        MN_TRY(be->attn_fwd(be, &ad, &io));
+        int first = z->window && T > z->window ? T - z->window : 0;
+        for (int b = 0; b < B; b++)
+            for (int t = first; t < T; t++)
+                cache_put(be, s, z, b, t, T, z->window ? (int)((seen + t) % z->window) : (int)(seen + t));
+    } else if (T == 1) {
+        int slot = z->window ? (int)(seen % z->window) : (int)seen;
+        for (int b = 0; b < B; b++) cache_put(be, s, z, b, 0, 1, slot);
+        long n = seen + 1;
+        if (z->window && n > z->window) n = z->window;
+        ad.T = 1;
+        MN_TRY(be->attn_decode(be, &ad, (int)n, s->ccap, s->q, s->kc, s->vc, s->o));
+    } else {
+        // a prefill after earlier tokens: one token at a time, each sequence on its own
+        AttnDims one = {1, 1, z->H, z->Hkv, z->Dh, z->window, z->scale};
+        for (int t = 0; t < T; t++) {
+            long p = seen + t;
+            int slot = z->window ? (int)(p % z->window) : (int)p;
+            long n = p + 1;
+            if (z->window && n > z->window) n = z->window;
+            for (int b = 0; b < B; b++) {
+                cache_put(be, s, z, b, t, T, slot);
+                size_t qi = ((size_t)b * T + t) * z->Q, ci = (size_t)b * s->ccap * z->KV;
+                MN_TRY(be->attn_decode(be, &one, (int)n, s->ccap, at(be, s->q, qi), at(be, s->kc, ci),
+                                       at(be, s->vc, ci), at(be, s->o, qi)));
+            }
+        }
+    }
+    s->seen = seen + T;
+    return MN_OK;
+}
+
+static int attn_forward(Mixer *m, void *y, const void *u, int B, int T, int use_state) {
+    const Backend *be = m->be;
+    Attn *s = m->priv;
+    int N = B * T;
+    if (use_state) MN_TRY(check_state(m, s, B));
+    if (N > s->cap) MN_TRY(alloc_buffers(m, s, N));
+    Dims z = dims_of(m);
+    void **w = m->w;
+    s->u = u;
+    s->B = B;
+    s->T = T;
+    long base = use_state ? s->seen : 0;
+    if (base + T > INT32_MAX) return mn_error(MN_ERR_ARG, "%s: position %ld is past the int32 range", m->ops->name, base + T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) s->hpos[(size_t)b * T + t] = (int32_t)(base + t);
+    MN_TRY(be->upload_i32(be, s->pos, s->hpos, (size_t)N));
+    MN_TRY(be->linear_fwd(be, s->q, u, w[W_Q], NULL, N, z.D, z.Q));
+    MN_TRY(be->linear_fwd(be, s->k, u, w[W_K], NULL, N, z.D, z.KV));
+    MN_TRY(be->linear_fwd(be, s->v, u, w[W_V], NULL, N, z.D, z.KV));
+    MN_TRY(be->rope(be, s->q, s->pos, N, z.H, z.Dh, z.theta, 0));
+    MN_TRY(be->rope(be, s->k, s->pos, N, z.Hkv, z.Dh, z.theta, 0));
+    double t0, t1;
+    MN_TRY(mixer_clock(m, &t0));
+    if (use_state) {
+        MN_TRY(attend_with_cache(m, s, &z, B, T));
+    } else {
+        AttnDims ad = {B, T, z.H, z.Hkv, z.Dh, z.window, z.scale};
+        AttnFwd io = {s->q, s->k, s->v, s->o, s->lse};
+        MN_TRY(be->attn_fwd(be, &ad, &io));
+    }
+    MN_TRY(mixer_clock(m, &t1));
+    m->core_seconds += t1 - t0;
+    return be->linear_fwd(be, y, s->o, w[W_O], NULL, N, z.Q, z.D);
+}
+
+static int attn_backward(Mixer *m, void *du, const void *dy) {
+    const Backend *be = m->be;
+    Attn *s = m->priv;
+    if (!s->cap) return mn_error(MN_ERR_ARG, "%s: backward before any forward", m->ops->name);
+    int B = s->B, T = s->T, N = B * T;
+    Dims z = dims_of(m);
+    void **w = m->w, **dw = m->dw;
+    size_t n = (size_t)N;
+    char *p = m->scratch->p;
+    void *d_o = p, *d_q = at(be, p, n * z.Q), *d_k = at(be, p, 2 * n * z.Q), *d_v = at(be, p, 2 * n * z.Q + n * z.KV);
+    MN_TRY(be->linear_bwd(be, d_o, dw[W_O], NULL, dy, s->o, w[W_O], N, z.Q, z.D, 0));
+    AttnDims ad = {B, T, z.H, z.Hkv, z.Dh, z.window, z.scale};
+    AttnBwd io = {s->q, s->k, s->v, s->o, s->lse, d_o, d_q, d_k, d_v};
+    double t0, t1;
+    MN_TRY(mixer_clock(m, &t0));
+    MN_TRY(be->attn_bwd(be, &ad, &io));
+    MN_TRY(mixer_clock(m, &t1));
+    m->core_seconds += t1 - t0;
+    // positions: the forward's (0..T-1), still in s->pos
+    MN_TRY(be->rope(be, d_q, s->pos, N, z.H, z.Dh, z.theta, 1));
+    MN_TRY(be->rope(be, d_k, s->pos, N, z.Hkv, z.Dh, z.theta, 1));
+    const void *u = s->u;
+    MN_TRY(be->linear_bwd(be, du, dw[W_Q], NULL, d_q, u, w[W_Q], N, z.D, z.Q, 0));
+    MN_TRY(be->linear_bwd(be, du, dw[W_K], NULL, d_k, u, w[W_K], N, z.D, z.KV, 1));
+    MN_TRY(be->linear_bwd(be, du, dw[W_V], NULL, d_v, u, w[W_V], N, z.D, z.KV, 1));
+    return MN_OK;
+}
+
+static int attn_reset_state(Mixer *m, int B) {
+    const Backend *be = m->be;
+    Attn *s = m->priv;
+    Dims z = dims_of(m);
+    if (B <= 0) return mn_error(MN_ERR_ARG, "%s: reset_state with B = %d", m->ops->name, B);
+    if (s->state_B != B) {
+        free_state(be, s);
+        s->state_B = B;
+        if (z.window) {
+            size_t n = (size_t)B * z.window * z.KV;
+            s->kc = be->alloc(be, n, MEM_ACT);
+            s->vc = be->alloc(be, n, MEM_ACT);
+            if (!s->kc || !s->vc) {
+                free_state(be, s);
+                return mn_error(MN_ERR_NOMEM, "%s: out of memory for a key/value cache of %d tokens", m->ops->name,
+                                z.window);
+            }
+            s->ccap = z.window;
+        }
+    }
+    // the cache's contents need no zeroing: only the slots written since are read
+    s->seen = 0;
+    return MN_OK;
+}
+
+static size_t kv_floats_per_token(const ModelConfig *c) {
+    int hkv = c->n_kv_heads ? c->n_kv_heads : c->n_heads;
+    return 2 * (size_t)hkv * c->head_dim;
+}
+
+static size_t mha_state_floats(const ModelConfig *c) {
+    (void)c;
+    return 0;  // all of it grows with the sequence: mha_state_floats_per_token
+}
+
+static size_t swa_state_floats(const ModelConfig *c) { return (size_t)c->window * kv_floats_per_token(c); }
+
+static size_t zero_per_token(const ModelConfig *c) {
+    (void)c;
+    return 0;
+}
+
+static int attn_declare(const ModelConfig *c, const char *prefix, ParamSpec *out, int *n, int max) {
+    int hkv = c->n_kv_heads ? c->n_kv_heads : c->n_heads;
+    int64_t D = c->dim, Q = (int64_t)c->n_heads * c->head_dim, KV = (int64_t)hkv * c->head_dim;
+    double in_std = 1 / sqrt((double)D), resid = pow((double)c->n_layers, -c->resid_scale);
+    struct {
+        const char *name;
+        int64_t rows, cols;
+        double std;
+    } t[W_COUNT] = {{"attn.q_proj.weight", Q, D, in_std},
+                    {"attn.k_proj.weight", KV, D, in_std},
+                    {"attn.v_proj.weight", KV, D, in_std},
+                    {"attn.o_proj.weight", D, Q, resid / sqrt((double)Q)}};
+    for (int i = 0; i < W_COUNT; i++) {
+        char full[96];
+        int64_t shape[2] = {t[i].rows, t[i].cols};
+        snprintf(full, sizeof full, "%s%s", prefix, t[i].name);
+        if (param_add(out, n, max, full, 2, shape, INIT_NORMAL, t[i].std, 1) < 0)
+            return mn_error(MN_ERR_ARG, "too many parameter tensors");
+    }
+    return MN_OK;
+}
+
+static int attn_create(Mixer *m) {
+    const Backend *be = m->be;
+    if (!be->attn_fwd || !be->attn_bwd || !be->attn_decode || !be->rope)
+        return mn_error(MN_ERR_UNSUPPORTED,
+                        "mixer %s is not available on the %s backend yet (it has no attention kernels: "
+                        "attn_fwd, attn_bwd, attn_decode, rope)",
+                        m->ops->name, be->name);
+    const ModelConfig *c = m->cfg;
+    int hkv = c->n_kv_heads ? c->n_kv_heads : c->n_heads;
+    if (hkv < 1 || c->n_heads % hkv)
+        return mn_error(MN_ERR_ARG, "mixer %s: n_kv_heads = %d does not divide n_heads = %d", m->ops->name,
+                        c->n_kv_heads, c->n_heads);
+    if (m->ops == &mixer_swa && c->window < 1)
+        return mn_error(MN_ERR_ARG, "mixer swa: window = %d, expected at least 1", c->window);
+    Attn *s = calloc(1, sizeof(Attn));
+    if (!s) return mn_error(MN_ERR_NOMEM, "out of memory");
+    m->priv = s;
+    return MN_OK;
+}
+
+static void attn_destroy(Mixer *m) {
+    Attn *s = m->priv;
+    if (!s) return;
+    free_buffers(m->be, s);
+    free_state(m->be, s);
+    free(s);
+    m->priv = NULL;
+}
+
+const MixerOps mixer_mha = {
+    .name = "mha",
+    .about = "causal softmax attention with RoPE: o = softmax(D^-1/2 q k^T, causal) v, "
+             "optionally grouped key/value heads (n_kv_heads)",
+    .state_about = "a key/value cache that grows with the sequence: 2 n_kv_heads head_dim numbers per token",
+    .neg_eigen = 0,
+    .declare = attn_declare,
+    .create = attn_create,
+    .forward = attn_forward,
+    .backward = attn_backward,
+    .reset_state = attn_reset_state,
+    .state_floats = mha_state_floats,
+    .collect = NULL,
+    .destroy = attn_destroy,
+    .state_floats_per_token = kv_floats_per_token,
+};
+
+const MixerOps mixer_swa = {
+    .name = "swa",
+    .about = "sliding-window softmax attention with RoPE over the last `window` tokens (the current one included)",
+    .state_about = "a ring buffer of the last `window` keys and values: 2 window n_kv_heads head_dim numbers",
+    .neg_eigen = 0,
+    .declare = attn_declare,
+    .create = attn_create,
+    .forward = attn_forward,
+    .backward = attn_backward,
+    .reset_state = attn_reset_state,
+    .state_floats = swa_state_floats,
+    .collect = NULL,
+    .destroy = attn_destroy,
+    .state_floats_per_token = zero_per_token,
+};
