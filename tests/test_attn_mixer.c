@@ -218,34 +218,82 @@ TEST(attn_decode_matches_forward) {
 }
 
 // swa's decoding memory: the cache's slots are the window's, whatever the length; mha's grows.
+// Measured with the CPU backend wrapped to count the bytes it holds.
+enum { MAXLIVE = 4096 };
+static struct {
+    void *p;
+    size_t bytes;
+} live[MAXLIVE];
+static size_t live_bytes;
+
+static void *count_alloc(const Backend *be, size_t n, MemKind kind) {
+    void *p = backend_cpu()->alloc(backend_cpu(), n, kind);
+    if (!p) return p;
+    for (int i = 0; i < MAXLIVE; i++)
+        if (!live[i].p) {
+            live[i].p = p;
+            live[i].bytes = n * backend_cpu()->elem_size(backend_cpu(), kind);
+            live_bytes += live[i].bytes;
+            break;
+        }
+    return p;
+}
+
+static void count_free(const Backend *be, void *p) {
+    for (int i = 0; i < MAXLIVE; i++)
+        if (live[i].p == p) {
+            live_bytes -= live[i].bytes;
+            live[i].p = NULL;
+            break;
+        }
+    backend_cpu()->free(backend_cpu(), p);
+}
+
+// Bytes the backend holds after decoding `steps` single tokens (after a prefill of 4).
+static size_t bytes_after(const char *mixer, int steps) {
+    Backend counted = *backend_cpu();
+    counted.alloc = count_alloc;
+    counted.free = count_free;
+    memset(live, 0, sizeof live);
+    live_bytes = 0;
+    ModelConfig c;
+    config_preset(&c, "tiny");
+    c.vocab_size = 16;
+    strcpy(c.mixer, mixer);
+    c.window = 8;
+    Model *m = amake(&c, &counted);
+    model_init_params(m, 1);
+    CHECK(!model_reset_state(m, 2), "%s", mn_last_error());
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    float *logits = xcalloc(2 * 16, 4);
+    CHECK(!model_decode(m, tok, 2, 4, logits), "%s", mn_last_error());
+    for (int t = 0; t < steps; t++) CHECK(!model_decode(m, tok, 2, 1, logits), "%s", mn_last_error());
+    size_t b = live_bytes;
+    free(logits);
+    model_free(m);
+    CHECK(live_bytes == 0, "%s: %zu bytes left after model_free", mixer, live_bytes);
+    return b;
+}
+
 TEST(attn_swa_decode_memory_is_fixed) {
     ModelConfig c;
     config_preset(&c, "tiny");
     c.vocab_size = 16;
     strcpy(c.mixer, "swa");
     c.window = 8;
-    CHECK(model_state_floats(&c) == (size_t)c.n_layers * 2 * c.window * c.n_heads * c.head_dim,
-          "swa state floats %zu", model_state_floats(&c));
+    size_t per_layer = 2 * (size_t)c.window * c.n_heads * c.head_dim;
+    CHECK(model_state_floats(&c) == (size_t)c.n_layers * per_layer, "swa state floats %zu", model_state_floats(&c));
     CHECK(mixer_swa.state_floats_per_token(&c) == 0, "swa grows per token");
-    Model *m = amake(&c, backend_cpu());
-    model_init_params(m, 1);
-    CHECK(!model_reset_state(m, 1), "%s", mn_last_error());
-    size_t before = 0;
-    int32_t tok = 3;
-    float *logits = xcalloc(16, 4);
-    for (int t = 0; t < 300; t++) {
-        CHECK(!model_decode(m, &tok, 1, 1, logits), "%s", mn_last_error());
-        if (t == 10) before = m->be->elem_size ? 1 : 0, before = (size_t)m->cfg.window;
-    }
-    // the cache of the mixer is its private part; the model's fixed state must not have grown
-    CHECK(model_state_floats(&m->cfg) == (size_t)c.n_layers * 2 * c.window * c.n_heads * c.head_dim,
-          "state changed after decoding");
-    (void)before;
-    free(logits);
-    model_free(m);
     strcpy(c.mixer, "mha");
     CHECK(model_state_floats(&c) == 0 && mixer_mha.state_floats_per_token(&c) == 2 * (size_t)c.n_heads * c.head_dim,
           "mha per-token floats");
+    size_t s10 = bytes_after("swa", 10), s1000 = bytes_after("swa", 1000);
+    size_t m10 = bytes_after("mha", 10), m1000 = bytes_after("mha", 1000);
+    test_note("backend bytes after 10 and 1000 decoded tokens: swa %zu, %zu; mha %zu, %zu", s10, s1000, m10, m1000);
+    CHECK(s10 == s1000, "swa's decoding memory grew: %zu -> %zu bytes", s10, s1000);
+    // mha: 2 sequences x 2 layers x 2 (k, v) x H D floats per token, in chunks of 256 tokens
+    size_t expect = (size_t)2 * 2 * 2 * c.n_heads * c.head_dim * 4 * (1024 - 256);
+    CHECK(m1000 - m10 == expect, "mha's cache grew by %zu bytes, expected %zu", m1000 - m10, expect);
 }
 
 // ------------------------------------------------------------------- tiny models learn
