@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_cpu.h"
 #include "blas.h"
 #include "core/backend.h"
 #include "core/common.h"
@@ -483,6 +484,7 @@ static const Backend cpu_backend = {
     // sequence-mixer cores: mesa; mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper
     .mesa_fwd = c_mesa_fwd, .mesa_bwd = c_mesa_bwd,
     .lin_fwd = c_lin_fwd, .lin_bwd = c_lin_bwd,
+    .attn_fwd = cpu_attn_fwd, .attn_bwd = cpu_attn_bwd, .attn_decode = cpu_attn_decode, .rope = cpu_rope,  // mha, swa
     .adamw = c_adamw, .sumsq = c_sumsq,
 };
 
