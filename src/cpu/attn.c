@@ -23,11 +23,41 @@
 #include "blas.h"
 #include "core/common.h"
 #include "ref/ref.h"
+#include "vmath.h"
 
 enum { BQ = 64, BK = 128 };
 
 static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
+
+// Row maximum and sum with 16 partial results, so that they vectorise without -ffast-math.
+static float row_max(const float *r, int n) {
+    float acc[16];
+    for (int j = 0; j < 16; j++) acc[j] = -INFINITY;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] = r[i + j] > acc[j] ? r[i + j] : acc[j];
+    for (; i < n; i++) acc[0] = r[i] > acc[0] ? r[i] : acc[0];
+    for (int j = 1; j < 16; j++) acc[0] = acc[j] > acc[0] ? acc[j] : acc[0];
+    return acc[0];
+}
+
+static float row_sum(const float *r, int n) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += r[i + j];
+    float s = 0;
+    for (; i < n; i++) s += r[i];
+    for (int j = 0; j < 8; j++) acc[j] += acc[j + 8];
+    for (int j = 0; j < 4; j++) acc[j] += acc[j + 4];
+    return s + (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
+// r = exp(r - m) (exp(-inf) = 0 for masked entries; libmvec's vector expf where available).
+static void row_exp(float *restrict r, int n, float m) {
+    for (int j = 0; j < n; j++) r[j] = expf(r[j] - m);
+}
 
 // Keys visible to query t: [lo(t), t].
 static int key_lo(const AttnDims *d, int t) { return d->window > 0 ? imax(0, t - d->window + 1) : 0; }
@@ -84,15 +114,15 @@ int cpu_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd *io) {
                 int nk = imin(BK, khi - s0);
                 scores(d, q, k, b, h, hk, t0, nq, s0, nk, S, BK);
                 for (int i = 0; i < nq; i++) {
-                    float *r = S + (size_t)i * BK, mx = m[i];
-                    for (int j = 0; j < nk; j++) mx = r[j] > mx ? r[j] : mx;
+                    float *r = S + (size_t)i * BK, mx = row_max(r, nk);
+                    mx = mx > m[i] ? mx : m[i];
                     if (mx == -INFINITY) {  // nothing visible yet in this row
-                        for (int j = 0; j < nk; j++) r[j] = 0;
+                        memset(r, 0, sizeof(float) * nk);
                         continue;
                     }
-                    float alpha = expf(m[i] - mx), sum = 0;  // exp(-inf) = 0 on the first tile
-                    for (int j = 0; j < nk; j++) sum += r[j] = expf(r[j] - mx);
-                    l[i] = l[i] * alpha + sum;
+                    float alpha = expf(m[i] - mx);  // exp(-inf) = 0 on the first tile
+                    row_exp(r, nk, mx);
+                    l[i] = l[i] * alpha + row_sum(r, nk);
                     m[i] = mx;
                     if (alpha != 1) {
                         float *a = acc + (size_t)i * D;
@@ -127,11 +157,8 @@ static void probs_and_dS(const AttnDims *d, const AttnBwd *io, const float *delt
     for (int i = 0; i < nq; i++) {
         size_t row = ((size_t)b * T + t0 + i) * H + h;
         float L = lse[row], Dl = delta[row], *r = S + (size_t)i * BK, *dr = dP + (size_t)i * BK;
-        for (int j = 0; j < nk; j++) {
-            float p = r[j] == -INFINITY ? 0 : expf(r[j] - L);
-            r[j] = p;
-            dr[j] = p * (dr[j] - Dl);
-        }
+        row_exp(r, nk, L);  // masked: exp(-inf) = 0
+        for (int j = 0; j < nk; j++) dr[j] = r[j] * (dr[j] - Dl);
     }
 }
 
