@@ -16,7 +16,8 @@
 #include <stdint.h>
 
 typedef struct {
-    char mixer[64];       // the blocks' sequence mixers: a name ("mesa", "mamba2", "gla", "deltanet", "gdn") or a
+    char mixer[64];       // the blocks' sequence mixers: a name ("mesa", "mamba2", "gla", "deltanet", "gdn", "mha",
+                          // "swa", ...) or a
                           // pattern repeated over the blocks ("gdn,mesa": block i gets the (i mod 2)-th)
     char arch[8];         // "paper" or "fla"
     int vocab_size;       // V
@@ -59,7 +60,7 @@ int config_preset(ModelConfig *c, const char *name);
 
 // Parameter-matched presets, for comparisons one to one at equal size as the MesaNet paper's:
 // "SIZE-MIXER" with SIZE one of config_matched_sizes (demo, 125m, 400m) and MIXER one mixer name
-// (mesa, mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper), e.g. "125m-gdn", "demo-gla",
+// (mesa, mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper, mha, swa), e.g. "125m-gdn", "demo-gla",
 // "400m-gdn-paper"; usable wherever a preset is (--config 125m-gdn, {"preset": "125m-gdn"}).
 // It is the SIZE preset's backbone (width, depth, heads, vocabulary, norms) with every block's mixer
 // replaced (gdn-paper with its own output gate, output_gate = 1, as fla's GatedDeltaNet), and one
@@ -78,7 +79,7 @@ int config_param_count(const ModelConfig *c, size_t *total, size_t *mixers, size
 // The accepted config names, for --help texts.
 #define CONFIG_NAMES_HELP                                                                          \
     "a preset (tiny, demo, 125m, 400m, 1b, fla-162m, fla-412m), a parameter-matched preset SIZE-MIXER " \
-    "(SIZE demo, 125m or 400m; MIXER mesa, mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper; "   \
+    "(SIZE demo, 125m or 400m; MIXER mesa, mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper, mha, swa; "   \
     "e.g. 125m-gdn: SIZE's backbone with that mixer, MLP width set to match Mesa's parameter count), "  \
     "or a JSON file"
 // Reads a JSON config (ours, or a Hugging Face config.json of fla's MesaNet, GatedDeltaNet or DeltaNet; unknown keys and
