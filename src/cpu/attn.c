@@ -72,6 +72,7 @@ static void scores(const AttnDims *d, const float *q, const float *k, int b, int
     const float *qt = q + (((size_t)b * d->T + t0) * d->H + h) * D;
     const float *ks = k + (((size_t)b * d->T + s0) * d->Hkv + hk) * D;
     gemm(0, 1, nq, nk, D, d->scale, qt, d->H * D, ks, d->Hkv * D, 0, S, ldS);
+    if (s0 + nk - 1 <= t0 && s0 >= key_lo(d, t0 + nq - 1)) return;  // every pair visible: no mask
     for (int i = 0; i < nq; i++) {
         int t = t0 + i, lo = key_lo(d, t);
         float *r = S + (size_t)i * ldS;
