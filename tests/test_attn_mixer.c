@@ -383,3 +383,53 @@ TEST(attn_refused_on_a_backend_without_attention) {
               mixers[i], s, mn_last_error(), want);
     }
 }
+
+// ------------------------------------------------------------------- fla's TransformerForCausalLM
+
+// fla's config.json of a Transformer (model_type "transformer") loads as the fla architecture with
+// mha (swa where window_size is set); a saved fla mha/swa config is fla's and loads back the same.
+TEST(attn_fla_transformer_config) {
+    const char *path = "/tmp/mesanet_attn_hf.json", *saved = "/tmp/mesanet_attn_saved.json";
+    const char *texts[2] = {
+        "{\"model_type\": \"transformer\", \"hidden_size\": 64, \"num_hidden_layers\": 3, \"num_heads\": 4, "
+        "\"num_kv_heads\": 2, \"window_size\": null, \"rope_theta\": 500000.0, \"vocab_size\": 100, "
+        "\"hidden_ratio\": 4, \"intermediate_size\": null, \"norm_eps\": 1e-05, \"tie_word_embeddings\": false, "
+        "\"max_position_embeddings\": 512, \"qkv_bias\": false, \"qk_norm\": false, \"hidden_act\": \"swish\"}",
+        "{\"model_type\": \"transformer\", \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_heads\": 4, "
+        "\"window_size\": 16, \"vocab_size\": 100, \"intermediate_size\": 128}"};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(path, "w");
+        if (!f) die("cannot write %s", path);
+        fputs(texts[i], f);
+        fclose(f);
+        ModelConfig c, back;
+        CHECK(!config_load(&c, path), "%d: %s", i, mn_last_error());
+        CHECK(!strcmp(c.arch, "fla") && !strcmp(c.mixer, i ? "swa" : "mha") && c.dim == 64 && c.head_dim == 16 &&
+                  c.n_kv_heads == (i ? 0 : 2) && (i ? c.window == 16 : c.rope_theta == 500000.0f) &&
+                  c.mlp_hidden == (i ? 128 : 256) && !c.embed_scale && c.logit_cap == 0,
+              "%d: mixer %s arch %s dim %d head_dim %d kv %d window %d theta %g mlp %d", i, c.mixer, c.arch, c.dim,
+              c.head_dim, c.n_kv_heads, c.window, (double)c.rope_theta, c.mlp_hidden);
+        CHECK(!config_save(&c, saved), "%s", mn_last_error());
+        CHECK(!config_load(&back, saved), "%s", mn_last_error());
+        char diff[256];
+        CHECK(!config_diff(&c, &back, diff, sizeof diff), "%d: saved config differs: %s", i, diff);
+        char *text = NULL;
+        size_t n = 0;
+        FILE *g = fopen(saved, "r");
+        if (g) {
+            text = xcalloc(1 << 16, 1);
+            n = fread(text, 1, (1 << 16) - 1, g);
+            fclose(g);
+        }
+        CHECK(text && n && strstr(text, "\"TransformerForCausalLM\"") && strstr(text, i ? "\"window_size\": 16" : "\"window_size\": null"),
+              "%d: not fla's Transformer config:\n%s", i, text ? text : "");
+        free(text);
+    }
+    FILE *f = fopen(path, "w");
+    fputs("{\"model_type\": \"transformer\", \"hidden_size\": 64, \"num_heads\": 4, \"qkv_bias\": true}", f);
+    fclose(f);
+    ModelConfig c;
+    CHECK(config_load(&c, path) && strstr(mn_last_error(), "qkv_bias"), "qkv_bias accepted: %s", mn_last_error());
+    remove(path);
+    remove(saved);
+}

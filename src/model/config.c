@@ -307,6 +307,7 @@ static int hf_flag(const Json *j, const char *key, int fallback, const char *whe
 }
 
 static int config_from_hf_delta(ModelConfig *c, const Json *j, const char *where, int gated);
+static int config_from_hf_transformer(ModelConfig *c, const Json *j, const char *where);
 
 // A config.json written by fla's MesaNetConfig (Hugging Face), without our own
 // "mesanet" block: fla's architecture with its sizes (fla's GatedDeltaNet and DeltaNet configs:
@@ -318,10 +319,12 @@ static int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
         return config_from_hf_delta(c, j, where, 1);
     if (type && type->type == JSON_STRING && !strcmp(type->string, "delta_net"))
         return config_from_hf_delta(c, j, where, 0);
+    if (type && type->type == JSON_STRING && !strcmp(type->string, "transformer"))
+        return config_from_hf_transformer(c, j, where);
     if (!type || type->type != JSON_STRING || strcmp(type->string, "mesa_net"))
         return mn_error(MN_ERR_FORMAT,
                         "%s: neither a mesanet config nor a Hugging Face config with model_type \"mesa_net\", "
-                        "\"gated_deltanet\" or \"delta_net\"",
+                        "\"gated_deltanet\", \"delta_net\" or \"transformer\"",
                         where);
     config_default(c);
     enum { BIG = 1 << 30 };  // beyond every valid size (config_validate names the real bound)
@@ -454,6 +457,61 @@ static int config_from_hf_delta(ModelConfig *c, const Json *j, const char *where
     return config_validate(c, where);
 }
 
+// A config.json of fla's TransformerForCausalLM (model_type "transformer"; fla/layers/attn.py's
+// Attention: head_dim = hidden_size / num_heads, RoPE, flash attention's window (window_size - 1,
+// 0), i.e. the last window_size tokens), without our "mesanet" block: the `fla` architecture with
+// the mixer mha, or swa where window_size is set. Its tensor names are ours (attn.q_proj, ...).
+static int config_from_hf_transformer(ModelConfig *c, const Json *j, const char *where) {
+    config_default(c);
+    enum { BIG = 1 << 30 };
+    MN_TRY(hf_int(j, "hidden_size", 2048, 1, 65536, where, &c->dim));
+    MN_TRY(hf_int(j, "num_hidden_layers", 24, -BIG, BIG, where, &c->n_layers));
+    MN_TRY(hf_int(j, "vocab_size", 32000, -BIG, BIG, where, &c->vocab_size));
+    MN_TRY(hf_int(j, "num_heads", 32, 1, 65536, where, &c->n_heads));
+    if (c->dim % c->n_heads)
+        return mn_error(MN_ERR_FORMAT, "%s: hidden_size = %d is not a multiple of num_heads = %d (fla's head_dim = "
+                                       "hidden_size // num_heads would drop features)", where, c->dim, c->n_heads);
+    c->head_dim = c->dim / c->n_heads;
+    MN_TRY(hf_int(j, "num_kv_heads", 0, 1, 65536, where, &c->n_kv_heads));
+    if (c->n_kv_heads == c->n_heads) c->n_kv_heads = 0;
+    const Json *w = json_get(j, "window_size");
+    if (w && w->type != JSON_NULL) {
+        MN_TRY(hf_int(j, "window_size", 0, 1, 1 << 24, where, &c->window));
+        strcpy(c->mixer, "swa");
+    } else {
+        strcpy(c->mixer, "mha");
+    }
+    const Json *theta = json_get(j, "rope_theta");
+    if (theta && theta->type == JSON_NULL)
+        return mn_error(MN_ERR_FORMAT, "%s: rope_theta = null (no rotary embedding), which mesanet does not have", where);
+    MN_TRY(hf_float(j, "rope_theta", 10000, where, &c->rope_theta));
+    int flag;
+    MN_TRY(hf_flag(j, "qkv_bias", 0, where, &flag));
+    if (flag) return mn_error(MN_ERR_FORMAT, "%s: qkv_bias = true, which mesanet does not have", where);
+    MN_TRY(hf_flag(j, "qk_norm", 0, where, &flag));
+    if (flag) return mn_error(MN_ERR_FORMAT, "%s: qk_norm = true, which mesanet does not have", where);
+    MN_TRY(hf_flag(j, "elementwise_affine", 1, where, &flag));
+    if (!flag) return mn_error(MN_ERR_FORMAT, "%s: elementwise_affine = false, which mesanet does not have", where);
+    config_fla(c);
+    const Json *inter = json_get(j, "intermediate_size");
+    if (inter && inter->type != JSON_NULL) {
+        MN_TRY(hf_int(j, "intermediate_size", 0, -BIG, BIG, where, &c->mlp_hidden));
+    } else {
+        int ratio;
+        MN_TRY(hf_int(j, "hidden_ratio", 4, 1, 64, where, &ratio));
+        int h = c->dim * ratio * 2 / 3;
+        c->mlp_hidden = 256 * ((h + 255) / 256);
+    }
+    MN_TRY(hf_float(j, "norm_eps", 1e-6f, where, &c->norm_eps));
+    MN_TRY(hf_flag(j, "tie_word_embeddings", 0, where, &c->tie_embeddings));
+    MN_TRY(hf_int(j, "max_position_embeddings", 2048, -BIG, BIG, where, &c->seq_len));
+    MN_TRY(hf_none(j, "attnres_block_size", "attention residuals", where));
+    const Json *act = json_get(j, "hidden_act");
+    if (act && (act->type != JSON_STRING || (strcmp(act->string, "swish") && strcmp(act->string, "silu"))))
+        return mn_error(MN_ERR_FORMAT, "%s: hidden_act must be \"swish\" (SwiGLU), got another", where);
+    return config_validate(c, where);
+}
+
 // Whether `spec` names a config file: 1 for a regular file, 0 for nothing there (then it is a
 // preset name), or an error saying what else it is.
 static int config_file_kind(const char *spec, int *is_file) {
@@ -544,6 +602,23 @@ static void save_hf_delta(FILE *f, const ModelConfig *c, int gated) {
     fprintf(f, "  \"fuse_norm\": true,\n  \"fuse_swiglu\": true,\n  \"fuse_cross_entropy\": true,\n");
 }
 
+// The head of a config.json as fla's TransformerConfig writes it (the fla architecture with every
+// block mha, or every block swa, and head_dim = dim / n_heads as fla's Attention has it).
+static void save_hf_transformer(FILE *f, const ModelConfig *c, int swa) {
+    fprintf(f, "{\n  \"model_type\": \"transformer\",\n  \"architectures\": [\"TransformerForCausalLM\"],\n");
+    fprintf(f, "  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n  \"num_heads\": %d,\n  \"num_kv_heads\": %d,\n",
+            c->dim, c->n_layers, c->n_heads, c->n_kv_heads ? c->n_kv_heads : c->n_heads);
+    if (swa) fprintf(f, "  \"window_size\": %d,\n", c->window);
+    else fprintf(f, "  \"window_size\": null,\n");
+    fprintf(f, "  \"qkv_bias\": false,\n  \"qk_norm\": false,\n  \"rope_theta\": %.9g,\n", (double)c->rope_theta);
+    fprintf(f, "  \"vocab_size\": %d,\n  \"intermediate_size\": %d,\n  \"hidden_ratio\": 4,\n  \"hidden_act\": \"swish\",\n",
+            c->vocab_size, c->mlp_hidden);
+    fprintf(f, "  \"norm_eps\": %.9g,\n  \"tie_word_embeddings\": %s,\n  \"max_position_embeddings\": %d,\n",
+            (double)c->norm_eps, c->tie_embeddings ? "true" : "false", c->seq_len);
+    fprintf(f, "  \"elementwise_affine\": true,\n  \"initializer_range\": 0.02,\n  \"use_cache\": true,\n");
+    fprintf(f, "  \"fuse_norm\": true,\n  \"fuse_swiglu\": true,\n  \"fuse_cross_entropy\": true,\n");
+}
+
 int config_save(const ModelConfig *c, const char *path) {
     MN_TRY(config_validate(c, path));
     AtomicFile af;
@@ -552,6 +627,11 @@ int config_save(const ModelConfig *c, const char *path) {
     int fla = !strcmp(c->arch, "fla"), gdn = !strcmp(c->mixer, "gdn-paper"), delta = !strcmp(c->mixer, "deltanet-paper");
     if (fla && (gdn || delta)) {
         save_hf_delta(f, c, gdn);
+        goto ids;
+    }
+    int mha = !strcmp(c->mixer, "mha"), swa = !strcmp(c->mixer, "swa");
+    if (fla && (mha || swa) && c->n_heads * c->head_dim == c->dim) {
+        save_hf_transformer(f, c, swa);
         goto ids;
     }
     fprintf(f, "{\n  \"model_type\": \"mesa_net\",\n  \"architectures\": [\"MesaNetForCausalLM\"],\n");
