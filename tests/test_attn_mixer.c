@@ -433,3 +433,49 @@ TEST(attn_fla_transformer_config) {
     remove(path);
     remove(saved);
 }
+
+// ------------------------------------------------------------------- Hugging Face's LlamaForCausalLM
+
+TEST(attn_llama_config_and_names) {
+    const char *path = "/tmp/mesanet_attn_llama.json", *saved = "/tmp/mesanet_attn_llama_saved.json";
+    FILE *f = fopen(path, "w");
+    if (!f) die("cannot write %s", path);
+    fputs("{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 48, "
+          "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+          "\"head_dim\": 16, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, \"rope_scaling\": null, "
+          "\"attention_bias\": false, \"mlp_bias\": false, \"vocab_size\": 40, \"tie_word_embeddings\": true, "
+          "\"max_position_embeddings\": 256, \"hidden_act\": \"silu\"}",
+          f);
+    fclose(f);
+    ModelConfig c, back;
+    CHECK(!config_load(&c, path), "%s", mn_last_error());
+    CHECK(!strcmp(c.arch, "llama") && !strcmp(c.mixer, "mha") && c.dim == 48 && c.head_dim == 16 && c.n_heads == 4 &&
+              c.n_kv_heads == 2 && c.mlp_hidden == 96 && c.tie_embeddings && c.rope_theta == 500000.0f &&
+              !c.embed_scale && c.logit_cap == 0 && c.norm_eps == 1e-5f,
+          "llama config: arch %s mixer %s dim %d mlp %d", c.arch, c.mixer, c.dim, c.mlp_hidden);
+    CHECK(!config_save(&c, saved) && !config_load(&back, saved), "%s", mn_last_error());
+    char diff[256];
+    CHECK(!config_diff(&c, &back, diff, sizeof diff), "saved llama config differs: %s", diff);
+    Model *m = amake(&c, backend_cpu());
+    const char *want[] = {"model.embed_tokens.weight", "model.layers.1.input_layernorm.weight",
+                          "model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+                          "model.layers.0.post_attention_layernorm.weight", "model.layers.0.mlp.down_proj.weight",
+                          "model.norm.weight"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        CHECK(model_find_param(m, want[i]) >= 0, "no tensor %s", want[i]);
+    int k = model_find_param(m, "model.layers.1.self_attn.k_proj.weight");
+    CHECK(k >= 0 && m->specs[k].shape[0] == 32 && m->specs[k].shape[1] == 48, "k_proj shape");
+    model_free(m);
+    // other mixers, and the paper's embedding scale, are not Llama's
+    ModelConfig bad = c;
+    strcpy(bad.mixer, "swa");
+    CHECK(config_validate(&bad, "t") == MN_ERR_ARG && strstr(mn_last_error(), "llama"), "llama swa: %s", mn_last_error());
+    f = fopen(path, "w");
+    fputs("{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"rope_scaling\": {\"rope_type\": "
+          "\"llama3\"}}",
+          f);
+    fclose(f);
+    CHECK(config_load(&c, path) && strstr(mn_last_error(), "rope_scaling"), "rope_scaling accepted: %s", mn_last_error());
+    remove(path);
+    remove(saved);
+}

@@ -11,9 +11,10 @@
  * config's rope_theta; positions are 0..T-1 in training, and continue from the tokens seen so far
  * when decoding. No biases.
  *
- * Tensors (prefix "model.layers.N."), named as Hugging Face Llama's self_attn under this
- * project's "attn." prefix: attn.q_proj.weight [H*D, dim], attn.k_proj.weight [Hkv*D, dim],
- * attn.v_proj.weight [Hkv*D, dim], attn.o_proj.weight [dim, H*D].
+ * Tensors (prefix "model.layers.N."), as fla's Attention layer names them (fla's
+ * TransformerForCausalLM and its hybrids): attn.q_proj.weight [H*D, dim], attn.k_proj.weight
+ * [Hkv*D, dim], attn.v_proj.weight [Hkv*D, dim], attn.o_proj.weight [dim, H*D]; under the llama
+ * architecture self_attn.* as Hugging Face's LlamaForCausalLM.
  *
  * Decoding keeps a key/value cache per layer, [B, cap, Hkv, D] each for keys and values:
  * mha's grows with the sequence (capacity in chunks of ATTN_CACHE_CHUNK tokens, reallocated as
@@ -322,7 +323,8 @@ static int attn_declare(const ModelConfig *c, const char *prefix, ParamSpec *out
     for (int i = 0; i < W_COUNT; i++) {
         char full[96];
         int64_t shape[2] = {t[i].rows, t[i].cols};
-        snprintf(full, sizeof full, "%s%s", prefix, t[i].name);
+        // Hugging Face Llama's names under the llama architecture ("self_attn."), fla's otherwise
+        snprintf(full, sizeof full, "%s%s%s", prefix, strcmp(c->arch, "llama") ? "" : "self_", t[i].name);
         if (param_add(out, n, max, full, 2, shape, INIT_NORMAL, t[i].std, 1) < 0)
             return mn_error(MN_ERR_ARG, "too many parameter tensors");
     }

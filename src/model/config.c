@@ -80,7 +80,7 @@ int config_param_count(const ModelConfig *c, size_t *total, size_t *mixers, size
     size_t t = 0, mx = 0, ml = 0;
     for (int i = 0; i < n; i++) {
         t += specs[i].numel;
-        if (strstr(specs[i].name, ".attn.")) mx += specs[i].numel;
+        if (strstr(specs[i].name, ".attn.") || strstr(specs[i].name, ".self_attn.")) mx += specs[i].numel;
         if (strstr(specs[i].name, ".mlp.")) ml += specs[i].numel;
     }
     free(specs);
@@ -308,6 +308,7 @@ static int hf_flag(const Json *j, const char *key, int fallback, const char *whe
 
 static int config_from_hf_delta(ModelConfig *c, const Json *j, const char *where, int gated);
 static int config_from_hf_transformer(ModelConfig *c, const Json *j, const char *where);
+static int config_from_hf_llama(ModelConfig *c, const Json *j, const char *where);
 
 // A config.json written by fla's MesaNetConfig (Hugging Face), without our own
 // "mesanet" block: fla's architecture with its sizes (fla's GatedDeltaNet and DeltaNet configs:
@@ -321,10 +322,12 @@ static int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
         return config_from_hf_delta(c, j, where, 0);
     if (type && type->type == JSON_STRING && !strcmp(type->string, "transformer"))
         return config_from_hf_transformer(c, j, where);
+    if (type && type->type == JSON_STRING && !strcmp(type->string, "llama"))
+        return config_from_hf_llama(c, j, where);
     if (!type || type->type != JSON_STRING || strcmp(type->string, "mesa_net"))
         return mn_error(MN_ERR_FORMAT,
                         "%s: neither a mesanet config nor a Hugging Face config with model_type \"mesa_net\", "
-                        "\"gated_deltanet\", \"delta_net\" or \"transformer\"",
+                        "\"gated_deltanet\", \"delta_net\", \"transformer\" or \"llama\"",
                         where);
     config_default(c);
     enum { BIG = 1 << 30 };  // beyond every valid size (config_validate names the real bound)
@@ -512,6 +515,47 @@ static int config_from_hf_transformer(ModelConfig *c, const Json *j, const char 
     return config_validate(c, where);
 }
 
+// A config.json of Hugging Face's LlamaForCausalLM (model_type "llama"), without our "mesanet"
+// block: the `llama` architecture (tensors named as Llama's: model.embed_tokens,
+// input_layernorm, self_attn.q_proj, post_attention_layernorm, mlp, model.norm, lm_head) with mha
+// in every block; transformers' defaults for absent keys. Biases and RoPE scaling are refused.
+static int config_from_hf_llama(ModelConfig *c, const Json *j, const char *where) {
+    config_default(c);
+    enum { BIG = 1 << 30 };
+    strcpy(c->mixer, "mha");
+    MN_TRY(hf_int(j, "hidden_size", 4096, 1, 65536, where, &c->dim));
+    MN_TRY(hf_int(j, "intermediate_size", 11008, -BIG, BIG, where, &c->mlp_hidden));
+    MN_TRY(hf_int(j, "num_hidden_layers", 32, -BIG, BIG, where, &c->n_layers));
+    MN_TRY(hf_int(j, "num_attention_heads", 32, 1, 65536, where, &c->n_heads));
+    MN_TRY(hf_int(j, "num_key_value_heads", c->n_heads, 1, 65536, where, &c->n_kv_heads));
+    if (c->n_kv_heads == c->n_heads) c->n_kv_heads = 0;
+    if (c->dim % c->n_heads && !json_get(j, "head_dim"))
+        return mn_error(MN_ERR_FORMAT, "%s: hidden_size = %d is not a multiple of num_attention_heads = %d and no head_dim "
+                                       "is given", where, c->dim, c->n_heads);
+    MN_TRY(hf_int(j, "head_dim", c->dim / c->n_heads, 1, 65536, where, &c->head_dim));
+    MN_TRY(hf_int(j, "vocab_size", 32000, -BIG, BIG, where, &c->vocab_size));
+    const Json *theta = json_get(j, "rope_theta");
+    if (theta && theta->type == JSON_NULL)
+        return mn_error(MN_ERR_FORMAT, "%s: rope_theta = null, expected a number", where);
+    MN_TRY(hf_float(j, "rope_theta", 10000, where, &c->rope_theta));
+    MN_TRY(hf_none(j, "rope_scaling", "RoPE scaling", where));
+    int flag;
+    MN_TRY(hf_flag(j, "attention_bias", 0, where, &flag));
+    if (flag) return mn_error(MN_ERR_FORMAT, "%s: attention_bias = true, which mesanet does not have", where);
+    MN_TRY(hf_flag(j, "mlp_bias", 0, where, &flag));
+    if (flag) return mn_error(MN_ERR_FORMAT, "%s: mlp_bias = true, which mesanet does not have", where);
+    config_fla(c);
+    strcpy(c->arch, "llama");
+    MN_TRY(hf_int(j, "intermediate_size", 11008, -BIG, BIG, where, &c->mlp_hidden));  // (config_fla set its own)
+    MN_TRY(hf_float(j, "rms_norm_eps", 1e-6f, where, &c->norm_eps));
+    MN_TRY(hf_flag(j, "tie_word_embeddings", 0, where, &c->tie_embeddings));
+    MN_TRY(hf_int(j, "max_position_embeddings", 2048, -BIG, BIG, where, &c->seq_len));
+    const Json *act = json_get(j, "hidden_act");
+    if (act && (act->type != JSON_STRING || (strcmp(act->string, "swish") && strcmp(act->string, "silu"))))
+        return mn_error(MN_ERR_FORMAT, "%s: hidden_act must be \"silu\" (SwiGLU), got another", where);
+    return config_validate(c, where);
+}
+
 // Whether `spec` names a config file: 1 for a regular file, 0 for nothing there (then it is a
 // preset name), or an error saying what else it is.
 static int config_file_kind(const char *spec, int *is_file) {
@@ -619,6 +663,21 @@ static void save_hf_transformer(FILE *f, const ModelConfig *c, int swa) {
     fprintf(f, "  \"fuse_norm\": true,\n  \"fuse_swiglu\": true,\n  \"fuse_cross_entropy\": true,\n");
 }
 
+// The head of a config.json as transformers' LlamaConfig writes it (the llama architecture).
+static void save_hf_llama(FILE *f, const ModelConfig *c) {
+    fprintf(f, "{\n  \"model_type\": \"llama\",\n  \"architectures\": [\"LlamaForCausalLM\"],\n");
+    fprintf(f, "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n", c->dim,
+            c->mlp_hidden, c->n_layers);
+    fprintf(f, "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n", c->n_heads,
+            c->n_kv_heads ? c->n_kv_heads : c->n_heads, c->head_dim);
+    fprintf(f, "  \"hidden_act\": \"silu\",\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": %.9g,\n  \"rope_scaling\": null,\n",
+            (double)c->norm_eps, (double)c->rope_theta);
+    fprintf(f, "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n  \"attention_dropout\": 0.0,\n");
+    fprintf(f, "  \"vocab_size\": %d,\n  \"tie_word_embeddings\": %s,\n  \"max_position_embeddings\": %d,\n",
+            c->vocab_size, c->tie_embeddings ? "true" : "false", c->seq_len);
+    fprintf(f, "  \"initializer_range\": 0.02,\n  \"use_cache\": true,\n  \"torch_dtype\": \"float32\",\n");
+}
+
 int config_save(const ModelConfig *c, const char *path) {
     MN_TRY(config_validate(c, path));
     AtomicFile af;
@@ -627,6 +686,10 @@ int config_save(const ModelConfig *c, const char *path) {
     int fla = !strcmp(c->arch, "fla"), gdn = !strcmp(c->mixer, "gdn-paper"), delta = !strcmp(c->mixer, "deltanet-paper");
     if (fla && (gdn || delta)) {
         save_hf_delta(f, c, gdn);
+        goto ids;
+    }
+    if (!strcmp(c->arch, "llama")) {
+        save_hf_llama(f, c);
         goto ids;
     }
     int mha = !strcmp(c->mixer, "mha"), swa = !strcmp(c->mixer, "swa");
@@ -720,8 +783,13 @@ int config_validate(const ModelConfig *c, const char *where) {
             return mn_error(MN_ERR_ARG, "%s: window = %d, but mixer swa (block %d) attends to the last window tokens: "
                                         "expected at least 1",
                             where, c->window, l);
-    if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla"))
-        return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\" or \"fla\"", where, c->arch);
+    if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla") && strcmp(c->arch, "llama"))
+        return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\", \"fla\" or \"llama\"", where, c->arch);
+    if (!strcmp(c->arch, "llama") && (strcmp(c->mixer, "mha") || c->embed_scale || c->logit_cap != 0))
+        return mn_error(MN_ERR_ARG, "%s: arch \"llama\" (Hugging Face's LlamaForCausalLM) has mixer \"mha\" in every "
+                                    "block, no embedding scale and no logit cap (embed_scale 0, logit_cap 0); got mixer "
+                                    "\"%s\", embed_scale %d, logit_cap %g",
+                        where, c->mixer, c->embed_scale, (double)c->logit_cap);
     if (!(c->norm_eps > 0)) return mn_error(MN_ERR_ARG, "%s: norm_eps must be > 0", where);
     if (!(c->lambda_min > 0)) return mn_error(MN_ERR_ARG, "%s: lambda_min must be > 0 (it keeps H + Lambda invertible)", where);
     if (!(c->lambda_init > c->lambda_min))

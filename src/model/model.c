@@ -27,19 +27,22 @@ static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *
     int max = MODEL_MAX_PARAMS;
     int64_t vd[2] = {V, D}, d1[1] = {D}, fd[2] = {F, D}, df[2] = {D, F};
     // Embedding N(0, 1/D): with the sqrt(D) scale the residual stream starts at variance 1.
-    *embed = param_add(s, n, max, "model.embeddings.weight", 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 0);
+    // Tensor names: fla's, or Hugging Face Llama's for the llama architecture.
+    int llama = !strcmp(c->arch, "llama");
+    *embed = param_add(s, n, max, llama ? "model.embed_tokens.weight" : "model.embeddings.weight", 2, vd, INIT_NORMAL,
+                       1 / sqrt((double)D), 0);
     for (int l = 0; l < c->n_layers; l++) {
         char pre[64], name[96];
         snprintf(pre, sizeof pre, "model.layers.%d.", l);
         BlockParams *b = &blocks[l];
-        snprintf(name, sizeof name, "%sattn_norm.weight", pre);
+        snprintf(name, sizeof name, "%s%s.weight", pre, llama ? "input_layernorm" : "attn_norm");
         b->attn_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
         b->first = *n;
         const MixerOps *ops = mixer_at(c, l);
         if (!ops) return MN_ERR_ARG;
         MN_TRY(ops->declare(c, pre, s, n, max));
         b->count = *n - b->first;
-        snprintf(name, sizeof name, "%smlp_norm.weight", pre);
+        snprintf(name, sizeof name, "%s%s.weight", pre, llama ? "post_attention_layernorm" : "mlp_norm");
         b->mlp_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
         snprintf(name, sizeof name, "%smlp.gate_proj.weight", pre);
         b->gate = param_add(s, n, max, name, 2, fd, INIT_NORMAL, 1 / sqrt((double)D), 1);
