@@ -115,16 +115,24 @@ int cmd_generate(int argc, char **argv) {
     if (model_take_cg_steps(m, &gen_steps)) cmd_fail("generate", "%s", mn_last_error());  // the mean over the generated tokens
     printf("\n");
     if (!quiet) {
-        double state_mb = (double)model_state_floats(&m->cfg) * 4 / 1e6;
+        // The decoding state: constant for the recurrent mixers; attention's key/value cache grows.
+        char state[96];
+        double fixed_mb = (double)model_state_floats(&m->cfg) * 4 / 1e6;
+        size_t per_token = model_state_floats_per_token(&m->cfg) * 4;
+        if (per_token)
+            snprintf(state, sizeof state, "state %.2f MB + %.1f KB a token (%.2f MB now)", fixed_mb, per_token / 1e3,
+                     fixed_mb + (double)per_token * (double)(plen + (size_t)made) / 1e6);
+        else
+            snprintf(state, sizeof state, "state %.2f MB, constant", fixed_mb);
         if (model_uses_cg(&m->cfg))
             fprintf(stderr,
                     "[prompt: %zu tokens in %.2f s, CG steps %.1f | generated %d tokens, %.1f tokens/s, mean CG steps "
-                    "per token and head %.1f (max %d%s) | state %.2f MB, constant]\n",
+                    "per token and head %.1f (max %d%s) | %s]\n",
                     plen, t_prefill, prefill_steps, made, made / (dt > 0 ? dt : 1), gen_steps, m->solver.max_steps,
-                    cg_tol > 0 ? ", tolerance" : "", state_mb);
+                    cg_tol > 0 ? ", tolerance" : "", state);
         else
-            fprintf(stderr, "[prompt: %zu tokens in %.2f s | generated %d tokens, %.1f tokens/s | state %.2f MB, constant]\n",
-                    plen, t_prefill, made, made / (dt > 0 ? dt : 1), state_mb);
+            fprintf(stderr, "[prompt: %zu tokens in %.2f s | generated %d tokens, %.1f tokens/s | %s]\n", plen, t_prefill,
+                    made, made / (dt > 0 ? dt : 1), state);
     }
     free(ids);
     free(seq);

@@ -74,6 +74,15 @@ size_t model_state_floats(const ModelConfig *c) {
     return n;
 }
 
+size_t model_state_floats_per_token(const ModelConfig *c) {
+    size_t n = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const MixerOps *ops = mixer_at(c, l);
+        if (ops && ops->state_floats_per_token) n += ops->state_floats_per_token(c);
+    }
+    return n;
+}
+
 int model_uses_cg(const ModelConfig *c) {
     for (int l = 0; l < c->n_layers; l++)
         if (mixer_at(c, l) == &mixer_mesa) return 1;

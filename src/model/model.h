@@ -82,6 +82,8 @@ int model_specs(const ModelConfig *c, ParamSpec **specs, int *n);
 size_t model_state_floats(const ModelConfig *c);
 // Whether any block solves with CG (a Mesa layer): CG statistics are reported only then.
 int model_uses_cg(const ModelConfig *c);
+// Floats of decoding state that grow with every token (attention's key/value cache), per sequence.
+size_t model_state_floats_per_token(const ModelConfig *c);
 void model_free(Model *m);
 // Random initialisation of the spec (backbone-and-training.md), from a seed.
 int model_init_params(Model *m, uint64_t seed);
