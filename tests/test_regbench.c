@@ -51,9 +51,7 @@ static uint64_t splits_hash(const RbConfig *c, uint64_t seed, int ntr, int nte) 
     int cap = rb_max_tokens(c), len;
     int32_t *tok = xcalloc((size_t)cap, sizeof *tok);
     for (int i = 0; i < 5; i++) {
-        MnRng r;
-        mn_rng_seed(&r, rb_example_seed(seed, RB_SPLIT_TRAIN, i));
-        if (rb_sample_example(c, &tr[i], &r, tok, cap, &len)) return 0;
+        if (rb_make_example(c, seed, RB_SPLIT_TRAIN, i, &tr[i], tok, cap, &len)) return 0;
         for (int t = 0; t < len; t++) h = mix(h, (uint64_t)tok[t]);
     }
     free(tok);
@@ -80,9 +78,8 @@ TEST(regbench_strings_accepted) {
     int *st = xcalloc((size_t)cap, sizeof *st);
     for (int i = 0; i < N_TRAIN + N_TEST; i++) {
         const RbDfa *d = i < N_TRAIN ? &tr[i] : &te[i - N_TRAIN];
-        MnRng r;
-        mn_rng_seed(&r, rb_example_seed(SEED, i < N_TRAIN ? RB_SPLIT_TRAIN : RB_SPLIT_TEST, i));
-        CHECK(!rb_sample_example(&c, d, &r, tok, cap, &len), "%s", mn_last_error());
+        CHECK(!rb_make_example(&c, SEED, i < N_TRAIN ? RB_SPLIT_TRAIN : RB_SPLIT_TEST, i, d, tok, cap, &len), "%s",
+              mn_last_error());
         CHECK(!rb_track(d, tok, len, st), "%s", mn_last_error());
         int nstr = 1, run = 0;
         for (int t = 0; t < len; t++) {
@@ -275,6 +272,7 @@ TEST(regbench_refusals) {
     CHECK(!rb_dfa_random(&c, &r, &d), "%s", mn_last_error());
     int32_t tok[8], len;
     expect_refusal(rb_sample_example(&c, &d, &r, tok, 8, &len), "buffer");
+    expect_refusal(rb_make_example(&c, 1, 2, 0, &d, tok, 8, &len), "split 2");
     const int32_t badtok[] = {1, 20};
     int st[2];
     expect_refusal(rb_track(&d, badtok, 2, st), "token 20");

@@ -297,6 +297,16 @@ int rb_sample_example(const RbConfig *c, const RbDfa *d, MnRng *rng, int32_t *to
     return MN_OK;
 }
 
+int rb_make_example(const RbConfig *c, uint64_t seed, int split, int64_t index, const RbDfa *d, int32_t *tok,
+                    int cap, int *len) {
+    if (split != RB_SPLIT_TRAIN && split != RB_SPLIT_TEST)
+        return mn_error(MN_ERR_ARG, "regbench: split %d is neither train (%d) nor test (%d)", split, RB_SPLIT_TRAIN,
+                        RB_SPLIT_TEST);
+    MnRng r;
+    mn_rng_seed(&r, rb_example_seed(seed, split, index));
+    return rb_sample_example(c, d, &r, tok, cap, len);
+}
+
 void rb_labels(const int32_t *tok, int len, int32_t *labels) {
     for (int t = 0; t + 1 < len; t++) labels[t] = tok[t + 1] == RB_SEP ? RB_IGNORE : tok[t + 1];
 }

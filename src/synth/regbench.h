@@ -16,7 +16,17 @@
  * tables are equal; sets are deduplicated on that, and train and test sets are disjoint.
  *
  * Everything is deterministic in the seed (MnRng, the same on every platform); it does not
- * reproduce numpy's streams of seq_icl, only its distributions.
+ * reproduce numpy's streams of seq_icl, only its distributions. Where this differs from seq_icl, or
+ * the notes are silent:
+ * - Deduplication is on the canonical minimal form (BFS numbering from the start): equal forms
+ *   exactly when the languages, hence the PFAs, are equal. seq_icl hashes a sorted transition
+ *   table, which can miss isomorphic copies numbered differently; letters of an automaton's
+ *   alphabet that no edge uses do not count (they change neither the language nor the PFA).
+ * - seq_icl draws one deduplicated pool, shuffles and splits it. Here the test set comes from its
+ *   own stream first and the train set from another, skipping any test automaton, so the test set
+ *   is the same for every train size. The draw limit (10 n + 1000) mirrors seq_icl's 10 n.
+ * - Metric probabilities are rows over the whole 20-token vocabulary: mass on '.' or '|' counts
+ *   against the model. TVD is reported in the textbook form (halved); seq_icl's is twice it.
  */
 #ifndef MN_SYNTH_REGBENCH_H
 #define MN_SYNTH_REGBENCH_H
@@ -90,6 +100,10 @@ uint64_t rb_example_seed(uint64_t seed, int split, int64_t index);
 // U{min_len..max_len}, each a uniform random walk from the start. Writes *len tokens to tok
 // (cap >= rb_max_tokens(c), else MN_ERR_ARG).
 int rb_sample_example(const RbConfig *c, const RbDfa *d, MnRng *rng, int32_t *tok, int cap, int *len);
+// rb_sample_example with the generator of rb_example_seed(seed, split, index): the fixed example of
+// that automaton.
+int rb_make_example(const RbConfig *c, uint64_t seed, int split, int64_t index, const RbDfa *d, int32_t *tok,
+                    int cap, int *len);
 // Training labels as seq_icl: inputs = tok[0 .. len-2], labels[t] = tok[t+1], RB_IGNORE where that
 // is '|' (the separator is never trained). Writes len - 1 labels.
 void rb_labels(const int32_t *tok, int len, int32_t *labels);
@@ -115,7 +129,8 @@ int rb_metrics_greedy(RbMetrics *m, const RbDfa *d, const int32_t *tok, int len,
 // whole vocabulary); the true row is uniform over the letters with an edge from the state (0 on
 // pad and '|'). Rows must be finite, >= 0 and sum to 1 within 1e-3 (else MN_ERR_ARG).
 int rb_metrics_tvd(RbMetrics *m, const RbDfa *d, const int32_t *tok, int len, const float *probs);
-// One position's TVD against state s's true distribution.
+// One position's TVD against state s's true distribution (s = -1, a prefix outside the language,
+// has no next letter: the TVD is then half the row's mass, i.e. 1/2).
 double rb_tvd_row(const RbDfa *d, int s, const float *row);
 double rb_metrics_accuracy(const RbMetrics *m);  // n_valid / n_greedy (0 when none)
 // Mean textbook TVD. seq_icl's eval.py reports sum_v |p - q| without the 1/2: twice this.
