@@ -463,3 +463,30 @@ TEST(synth_bad_settings) {
     CHECK(synth_shape(find("mqar"), &find("mqar")->base, 2, &V, &T) == MN_ERR_ARG && strstr(mn_last_error(), "split"),
           "bad split");
 }
+
+// Every setting of every grid, both splits: two examples each, ids in range,
+// at least one target per example.
+TEST(synth_every_setting) {
+    for (int i = 0; i < synth_task_count(); i++) {
+        const SynthTask *t = synth_task(i);
+        for (int g = 0; g < synth_grid_count(t); g++) {
+            SynthSettings s;
+            char label[64];
+            synth_grid(t, g, &s, label, sizeof label);
+            for (int split = 0; split < 2; split++) {
+                Batch b = make(t, &s, split, 77, 1000, 2);
+                for (int e = 0; e < b.n; e++) {
+                    int nt = 0, bad = 0;
+                    for (int p = 0; p < b.T; p++) {
+                        int32_t x = b.in[(size_t)e * b.T + p], y = b.tg[(size_t)e * b.T + p];
+                        bad |= x < 0 || x >= b.V || y < -1 || y >= b.V;
+                        nt += y >= 0;
+                    }
+                    CHECK(!bad && nt > 0, "%s %s split %d: ids out of range or no target (%d)", t->name, label, split,
+                          nt);
+                }
+                drop(&b);
+            }
+        }
+    }
+}
