@@ -25,6 +25,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
 
 typedef enum { OPT_INT, OPT_FLOAT, OPT_STRING, OPT_FLAG } OptType;
 

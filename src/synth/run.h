@@ -1,0 +1,78 @@
+/*
+ * Training and scoring a model on a synthetic task (synth.h), by the task's
+ * protocol (../shared/spec/benchmarks.md, reference/benchmarks-notes.md):
+ * model size, batch, epochs, learning-rate grid, early stop. One run is one
+ * (task, setting, mixer, learning rate, weight decay); `mesanet synth` sweeps
+ * them and keeps the best per setting.
+ *
+ *     SynthProtocol p; synth_protocol(t, quick, &p);
+ *     SynthSettings s; synth_grid(t, 0, &s, label, sizeof label);
+ *     if (quick) synth_quick_settings(t, &s);
+ *     SynthRunResult r;
+ *     synth_run(t, &s, &p, "gdn", p.lrs[0], p.wds[0], seed, backend_by_name("cpu"), stderr, &r);
+ */
+#ifndef MN_SYNTH_RUN_H
+#define MN_SYNTH_RUN_H
+
+#include <stdio.h>
+
+#include "core/backend.h"
+#include "model/config.h"
+#include "synth/synth.h"
+
+enum { SYNTH_MAX_LRS = 8 };
+
+typedef struct {
+    int dim, n_layers, n_heads, head_dim, mlp_hidden;  // the model (width, blocks, heads; SwiGLU width)
+    int batch;            // training sequences per step
+    int epochs;           // passes over the training set at most
+    int max_steps;        // > 0: at most this many steps whatever the epochs
+    float warmup_frac;    // fraction of the steps of linear warm-up (then cosine to lr_final * lr)
+    float lr_final;
+    float stop_acc;       // > 0: stop as soon as the test metric reaches it (checked once per epoch)
+    float clip;           // global gradient-norm clip
+    int nlr;              // the (lr, wd) grid: nlr pairs
+    float lrs[SYNTH_MAX_LRS], wds[SYNTH_MAX_LRS];
+    const char *source;   // where the protocol comes from, for reports
+} SynthProtocol;
+
+// The protocol of a task's family (mqar: Zoology Fig. 2; mad: MAD; parity, niah: ours, as noted);
+// quick: a tiny one (width 32, 40 steps, one learning rate) that runs in seconds on a CPU.
+void synth_protocol(const SynthTask *t, int quick, SynthProtocol *p);
+
+// Shrinks a setting for --quick (short sequences, small vocabulary, 256 training and 64 test
+// examples), keeping each change only where the task accepts it (synth_check).
+void synth_quick_settings(const SynthTask *t, SynthSettings *s);
+
+// The model config for a task setting and a mixer (a name or a pattern: "gdn", "gdn,mha"):
+// the "tiny" preset's backbone sized by the protocol. MN_ERR_ARG naming the mixer when the
+// config does not accept it.
+int synth_model_config(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer,
+                       ModelConfig *c);
+
+// Whether the task can be run as a causal language model here (MAD compression is an
+// autoencoder: not yet); MN_ERR_ARG saying why not.
+int synth_task_supported(const SynthTask *t);
+
+typedef struct {
+    double metric;      // the task's metric on the test split (synth_meter_value)
+    int steps;          // optimizer steps taken
+    int epochs;         // epochs begun
+    double seconds;     // training and scoring time
+    int stopped_early;  // the test metric reached stop_acc
+    double final_loss;  // mean training loss of the last step
+} SynthRunResult;
+
+// Trains a fresh model (seeded by seed) on the setting's training split with AdamW, warm-up and
+// cosine, stopping early by the protocol, and scores the test split (greedy argmax at the scored
+// positions). `log` (may be NULL) gets a line per epoch.
+int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer, float lr,
+              float wd, uint64_t seed, const Backend *be, FILE *log, SynthRunResult *r);
+
+// Published numbers: the MesaNet paper's Table 1 (MAD) per column. For a task and a mixer,
+// *value (percent) and *column when listed, else 0 returned.
+int synth_published(const char *task, const char *mixer, double *value, const char **column);
+// The source of the published numbers, for reports.
+extern const char *const synth_published_source;
+
+#endif

@@ -1,0 +1,401 @@
+/*
+ * mesanet synth: train and score models on the synthetic tasks (src/synth/synth.h) by each
+ * task's protocol (src/synth/run.h): every mixer x grid setting x (lr, wd) of the protocol's grid,
+ * best over the grid per setting; a table beside the published numbers, DIR/results.csv,
+ * DIR/results.json and an SVG per task. Every finished run is recorded at once, so a sweep that
+ * stops resumes where it was (runs already in results.csv are skipped).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/atomic_file.h"
+#include "core/common.h"
+#include "eval/plot.h"
+#include "synth/run.h"
+#include "tools/commands.h"
+
+#define CMD "synth"
+
+typedef struct {
+    char task[32], setting[96], mixer[64], protocol[8];
+    double lr, wd;
+    long long seed;
+    int steps, epochs, early;
+    double seconds, metric;
+} Row;
+
+typedef struct {
+    Row *v;
+    int n, cap;
+} Rows;
+
+static void rows_add(Rows *r, const Row *x) {
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 64;
+        r->v = realloc(r->v, sizeof(Row) * (size_t)r->cap);
+        if (!r->v) cmd_fail(CMD, "out of memory");
+    }
+    r->v[r->n++] = *x;
+}
+
+static int same_run(const Row *a, const Row *b) {
+    return !strcmp(a->task, b->task) && !strcmp(a->setting, b->setting) && !strcmp(a->mixer, b->mixer) &&
+           !strcmp(a->protocol, b->protocol) && a->seed == b->seed && (float)a->lr == (float)b->lr &&
+           (float)a->wd == (float)b->wd;
+}
+
+static const char *const csv_header = "task,setting,mixer,protocol,seed,lr,wd,steps,epochs,stopped_early,train_seconds,metric";
+
+// One CSV field (RFC 4180 quoting) into out; returns the position after it and its separator.
+static const char *csv_field(const char *p, char *out, size_t cap) {
+    size_t n = 0;
+    if (*p == '"') {
+        for (p++; *p; p++) {
+            if (*p == '"' && p[1] == '"') p++;
+            else if (*p == '"') {
+                p++;
+                break;
+            }
+            if (n + 1 < cap) out[n++] = *p;
+        }
+    } else
+        for (; *p && *p != ',' && *p != '\n' && *p != '\r'; p++)
+            if (n + 1 < cap) out[n++] = *p;
+    out[n] = 0;
+    if (*p == ',') p++;
+    return p;
+}
+
+static void csv_put(FILE *f, const char *s) {
+    if (!strpbrk(s, ",\"\n")) {
+        fputs(s, f);
+        return;
+    }
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"') fputc('"', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static void load_rows(const char *path, Rows *rows) {
+    char *text;
+    size_t n;
+    FILE *probe = fopen(path, "r");
+    if (!probe) return;  // a new sweep
+    fclose(probe);
+    if (file_read_all(path, (size_t)1 << 30, &text, &n)) cmd_fail(CMD, "%s", mn_last_error());
+    int line = 0;
+    for (char *p = text; *p; line++) {
+        char *end = strchr(p, '\n');
+        if (end) *end = 0;
+        if (line > 0 && *p) {
+            char f[12][128];
+            const char *q = p;
+            for (int i = 0; i < 12; i++) q = csv_field(q, f[i], sizeof f[i]);
+            Row r = {0};
+            snprintf(r.task, sizeof r.task, "%s", f[0]);
+            snprintf(r.setting, sizeof r.setting, "%s", f[1]);
+            snprintf(r.mixer, sizeof r.mixer, "%s", f[2]);
+            snprintf(r.protocol, sizeof r.protocol, "%s", f[3]);
+            r.seed = atoll(f[4]), r.lr = atof(f[5]), r.wd = atof(f[6]), r.steps = atoi(f[7]), r.epochs = atoi(f[8]);
+            r.early = atoi(f[9]), r.seconds = atof(f[10]), r.metric = atof(f[11]);
+            if (!r.task[0] || !r.mixer[0]) cmd_fail(CMD, "%s: line %d is not a result row", path, line + 1);
+            rows_add(rows, &r);
+        }
+        if (!end) break;
+        p = end + 1;
+    }
+    free(text);
+}
+
+static void save_rows(const char *dir, const Rows *rows) {
+    char path[4096];
+    AtomicFile af;
+    snprintf(path, sizeof path, "%s/results.csv", dir);
+    if (af_open(&af, path)) cmd_fail(CMD, "%s", mn_last_error());
+    fprintf(af.f, "%s\n", csv_header);
+    for (int i = 0; i < rows->n; i++) {
+        const Row *r = &rows->v[i];
+        csv_put(af.f, r->task), fputc(',', af.f), csv_put(af.f, r->setting), fputc(',', af.f);
+        csv_put(af.f, r->mixer), fputc(',', af.f);
+        fprintf(af.f, "%s,%lld,%.9g,%.9g,%d,%d,%d,%.3f,%.17g\n", r->protocol, r->seed, r->lr, r->wd, r->steps,
+                r->epochs, r->early, r->seconds, r->metric);
+    }
+    if (af_commit(&af)) cmd_fail(CMD, "%s", mn_last_error());
+    snprintf(path, sizeof path, "%s/results.json", dir);
+    if (af_open(&af, path)) cmd_fail(CMD, "%s", mn_last_error());
+    fprintf(af.f, "[\n");
+    for (int i = 0; i < rows->n; i++) {
+        const Row *r = &rows->v[i];
+        // Names hold no quotes or backslashes (task names, grid labels, mixer patterns).
+        fprintf(af.f,
+                "  {\"task\": \"%s\", \"setting\": \"%s\", \"mixer\": \"%s\", \"protocol\": \"%s\", \"seed\": %lld, "
+                "\"lr\": %.9g, \"wd\": %.9g, \"steps\": %d, \"epochs\": %d, \"stopped_early\": %s, "
+                "\"train_seconds\": %.3f, \"metric\": %.17g}%s\n",
+                r->task, r->setting, r->mixer, r->protocol, r->seed, r->lr, r->wd, r->steps, r->epochs,
+                r->early ? "true" : "false", r->seconds, isfinite(r->metric) ? r->metric : 0.0,
+                i + 1 < rows->n ? "," : "");
+    }
+    fprintf(af.f, "]\n");
+    if (af_commit(&af)) cmd_fail(CMD, "%s", mn_last_error());
+}
+
+// Splits a comma list in place (at most max items).
+static int split_list(char *s, char **items, int max) {
+    int n = 0;
+    for (char *tok = strtok(s, ","); tok && n < max; tok = strtok(NULL, ",")) items[n++] = tok;
+    return n;
+}
+
+static void fmt_time(char *buf, size_t cap, double s) {
+    if (!isfinite(s) || s < 0) snprintf(buf, cap, "?");
+    else if (s < 60) snprintf(buf, cap, "%.0fs", s);
+    else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+}
+
+// The best metric over the (lr, wd) grid of (task, setting, mixer) among the rows; NAN if none.
+static double best_of(const Rows *rows, const char *task, const char *setting, const char *mixer, const char *proto,
+                      long long seed) {
+    double best = NAN;
+    for (int i = 0; i < rows->n; i++) {
+        const Row *r = &rows->v[i];
+        if (strcmp(r->task, task) || strcmp(r->setting, setting) || strcmp(r->mixer, mixer) ||
+            strcmp(r->protocol, proto) || r->seed != seed)
+            continue;
+        if (isnan(best) || r->metric > best) best = r->metric;
+    }
+    return best;
+}
+
+enum { MAX_TASKS = 16, MAX_MIXERS = 16, MAX_SETTINGS = 32 };
+
+int cmd_synth(int argc, char **argv) {
+    const char *mixers_arg = NULL, *settings = "baseline", *backend = "cpu", *out = "runs/synth";
+    int quick = 0, seed = 0, stop_after = 0, dim = 0, epochs = 0, max_steps = 0, batch = 0;
+    Option opts[] = {
+        {"mixers", OPT_STRING, &mixers_arg, "comma list of mixers or patterns (mesa, gdn, mha, gla, mamba2, deltanet, "
+                                            "gdn-paper, swa, ...; a pattern of blocks as gdn+mha is written gdn+mha)"},
+        {"settings", OPT_STRING, &settings, "baseline (each task's baseline setting) or full (its whole grid)"},
+        {"quick", OPT_FLAG, &quick, "tiny settings and model, one learning rate, 40 steps: seconds on a CPU"},
+        {"backend", OPT_STRING, &backend, "cpu or cuda"},
+        {"out", OPT_STRING, &out, "directory of results.csv, results.json and the plots"},
+        {"seed", OPT_INT, &seed, "seed of the data and the models", 0, 1000000000},
+        {"stop-after", OPT_INT, &stop_after, "stop after this many new runs (0: all; the rest on the next call)", 0,
+         1000000000},
+        {"dim", OPT_INT, &dim, "model width (0: the protocol's)", 0, 65536},
+        {"epochs", OPT_INT, &epochs, "epochs at most (0: the protocol's)", 0, 1000000},
+        {"max-steps", OPT_INT, &max_steps, "steps at most per run (0: the protocol's)", 0, 1000000000},
+        {"batch", OPT_INT, &batch, "training sequences per step (0: the protocol's)", 0, 65536},
+    };
+    char *pos[1];
+    int npos = 0;
+    int st = parse_args(argc, argv, "TASK[,TASK...] --mixers M1,M2,... [options]", opts, sizeof opts / sizeof opts[0],
+                        pos, &npos, 1);
+    if (st) return st == 2 ? 0 : 1;
+    if (npos < 1) {
+        fprintf(stderr, "mesanet synth: a task is required; the tasks:\n");
+        for (int i = 0; i < synth_task_count(); i++)
+            fprintf(stderr, "  %-20s %s\n", synth_task(i)->name, synth_task(i)->summary);
+        fprintf(stderr, "  %-20s the five MAD tasks the causal model runs (all but mad-compression)\n", "mad");
+        return 1;
+    }
+    if (!mixers_arg || !*mixers_arg) cmd_fail(CMD, "--mixers is required (e.g. --mixers mesa,gdn,mha)");
+    if (strcmp(settings, "baseline") && strcmp(settings, "full"))
+        cmd_fail(CMD, "--settings must be baseline or full, got '%s'", settings);
+    const Backend *be = backend_by_name(backend);
+    if (!be) cmd_fail(CMD, "--backend: %s", mn_last_error());
+
+    // Tasks.
+    const SynthTask *tasks[MAX_TASKS];
+    int ntasks = 0;
+    char task_list[512], *titems[MAX_TASKS];
+    snprintf(task_list, sizeof task_list, "%s", pos[0]);
+    int nt = split_list(task_list, titems, MAX_TASKS);
+    for (int i = 0; i < nt; i++) {
+        if (!strcmp(titems[i], "mad") || !strcmp(titems[i], "all")) {
+            for (int k = 0; k < synth_task_count() && ntasks < MAX_TASKS; k++) {
+                const SynthTask *t = synth_task(k);
+                if ((!strcmp(titems[i], "all") || !strcmp(t->family, "mad")) && !synth_task_supported(t))
+                    tasks[ntasks++] = t;
+            }
+            continue;
+        }
+        const SynthTask *t = synth_find(titems[i]);
+        if (!t) cmd_fail(CMD, "unknown task '%s': %s (or mad, all)", titems[i], mn_last_error());
+        if (synth_task_supported(t)) cmd_fail(CMD, "%s", mn_last_error());
+        if (ntasks < MAX_TASKS) tasks[ntasks++] = t;
+    }
+    if (ntasks == 0) cmd_fail(CMD, "no task in '%s'", pos[0]);
+
+    // Mixers: a pattern of blocks is written with '+' (the list's own separator is ',').
+    char mixer_list[1024], *mitems[MAX_MIXERS];
+    snprintf(mixer_list, sizeof mixer_list, "%s", mixers_arg);
+    int nmix = split_list(mixer_list, mitems, MAX_MIXERS);
+    if (nmix == 0) cmd_fail(CMD, "--mixers names no mixer");
+    char mixers[MAX_MIXERS][64];
+    for (int i = 0; i < nmix; i++) {
+        snprintf(mixers[i], sizeof mixers[i], "%s", mitems[i]);
+        for (char *c = mixers[i]; *c; c++)
+            if (*c == '+') *c = ',';
+    }
+
+    // Protocols, and every mixer checked against every task before anything runs.
+    SynthProtocol prot[MAX_TASKS];
+    int total = 0, ngrid[MAX_TASKS];
+    for (int i = 0; i < ntasks; i++) {
+        synth_protocol(tasks[i], quick, &prot[i]);
+        if (dim) prot[i].dim = dim, prot[i].n_heads = dim >= 64 ? dim / 32 : 2, prot[i].head_dim = dim / prot[i].n_heads;
+        if (epochs) prot[i].epochs = epochs;
+        if (max_steps) prot[i].max_steps = max_steps;
+        if (batch) prot[i].batch = batch;
+        ngrid[i] = strcmp(settings, "full") ? 1 : synth_grid_count(tasks[i]);
+        if (ngrid[i] > MAX_SETTINGS) ngrid[i] = MAX_SETTINGS;
+        SynthSettings s;
+        synth_grid(tasks[i], 0, &s, NULL, 0);
+        if (quick) synth_quick_settings(tasks[i], &s);
+        for (int k = 0; k < nmix; k++) {
+            ModelConfig c;
+            if (synth_model_config(tasks[i], &s, &prot[i], mixers[k], &c))
+                cmd_fail(CMD, "unknown or unusable mixer '%s' (--mixers): %s", mixers[k], mn_last_error());
+        }
+        total += ngrid[i] * nmix * prot[i].nlr;
+    }
+    if (mn_mkdirs(out)) cmd_fail(CMD, "--out %s: %s", out, mn_last_error());
+    char csv_path[4096];
+    snprintf(csv_path, sizeof csv_path, "%s/results.csv", out);
+    Rows rows = {0};
+    load_rows(csv_path, &rows);
+    const char *proto = quick ? "quick" : "full";
+    if (dim || epochs || max_steps || batch) proto = quick ? "quick*" : "custom";
+    printf("synth: %d task(s) x %d mixer(s), %s settings, %d runs; %s backend; results in %s\n", ntasks, nmix, settings,
+           total, be->name, out);
+    for (int i = 0; i < ntasks; i++)
+        printf("synth: %s: %s; width %d, %d blocks, batch %d\n", tasks[i]->name, prot[i].source, prot[i].dim,
+               prot[i].n_layers, prot[i].batch);
+    fflush(stdout);
+
+    int done = 0, ran = 0, skipped = 0;
+    double spent = 0;
+    for (int i = 0; i < ntasks && (!stop_after || ran < stop_after); i++) {
+        const SynthTask *t = tasks[i];
+        for (int g = 0; g < ngrid[i] && (!stop_after || ran < stop_after); g++) {
+            SynthSettings s;
+            char label[96];
+            if (synth_grid(t, g, &s, label, sizeof label)) cmd_fail(CMD, "%s", mn_last_error());
+            if (quick) synth_quick_settings(t, &s);
+            for (int k = 0; k < nmix && (!stop_after || ran < stop_after); k++)
+                for (int l = 0; l < prot[i].nlr && (!stop_after || ran < stop_after); l++) {
+                    Row r = {0};
+                    snprintf(r.task, sizeof r.task, "%s", t->name);
+                    snprintf(r.setting, sizeof r.setting, "%s", label);
+                    snprintf(r.mixer, sizeof r.mixer, "%s", mixers[k]);
+                    snprintf(r.protocol, sizeof r.protocol, "%s", proto);
+                    r.seed = seed, r.lr = prot[i].lrs[l], r.wd = prot[i].wds[l];
+                    done++;
+                    int have = 0;
+                    for (int j = 0; j < rows.n && !have; j++) have = same_run(&rows.v[j], &r);
+                    if (have) {
+                        skipped++;
+                        printf("[%d/%d] %s %s %s lr %g wd %g: already in results.csv, skipped\n", done, total,
+                               r.task, r.setting, r.mixer, r.lr, r.wd);
+                        fflush(stdout);
+                        continue;
+                    }
+                    printf("[%d/%d] %s %s %s lr %g wd %g: training ...\n", done, total, r.task, r.setting, r.mixer,
+                           r.lr, r.wd);
+                    fflush(stdout);
+                    SynthRunResult res;
+                    if (synth_run(t, &s, &prot[i], mixers[k], (float)r.lr, (float)r.wd, (uint64_t)seed, be,
+                                  quick ? NULL : stdout, &res))
+                        cmd_fail(CMD, "%s %s %s: %s", r.task, r.setting, r.mixer, mn_last_error());
+                    r.steps = res.steps, r.epochs = res.epochs, r.early = res.stopped_early;
+                    r.seconds = res.seconds, r.metric = res.metric;
+                    rows_add(&rows, &r);
+                    save_rows(out, &rows);
+                    ran++;
+                    spent += res.seconds;
+                    char took[32], eta[32];
+                    fmt_time(took, sizeof took, res.seconds);
+                    fmt_time(eta, sizeof eta, spent / ran * (total - done));
+                    printf("[%d/%d] %s %s %s lr %g wd %g: metric %.4f, %d steps%s, %s | ETA %s\n", done, total,
+                           r.task, r.setting, r.mixer, r.lr, r.wd, r.metric, r.steps,
+                           r.early ? " (stopped early)" : "", took, eta);
+                    fflush(stdout);
+                }
+        }
+    }
+    if (stop_after && ran >= stop_after && done < total) {
+        printf("synth: stopped after %d new run(s) (--stop-after); %d of %d not run yet: run again to go on\n", ran,
+               total - done, total);
+        free(rows.v);
+        return 0;
+    }
+    if (skipped) printf("synth: %d run(s) were already recorded and skipped, %d run now\n", skipped, ran);
+
+    // Tables: per task, rows mixers, columns the settings (best over the lr grid) and their mean.
+    double task_mean[MAX_TASKS][MAX_MIXERS];
+    for (int i = 0; i < ntasks; i++) {
+        const SynthTask *t = tasks[i];
+        char labels[MAX_SETTINGS][96];
+        const char *cats[MAX_SETTINGS];
+        for (int g = 0; g < ngrid[i]; g++) {
+            SynthSettings s;
+            synth_grid(t, g, &s, labels[g], sizeof labels[g]);
+            cats[g] = labels[g];
+        }
+        int has_pub = 0;
+        double pv;
+        for (int k = 0; k < nmix; k++) has_pub |= synth_published(t->name, mixers[k], &pv, NULL);
+        printf("\n%s (metric x 100, best over %d lr setting(s))\n%-16s", t->name, prot[i].nlr, "mixer");
+        for (int g = 0; g < ngrid[i]; g++) printf(" %14.14s", labels[g]);
+        printf(" %8s%s\n", "mean", has_pub ? "  published" : "");
+        double ys[MAX_MIXERS][MAX_SETTINGS], xs[MAX_SETTINGS];
+        PlotSeries series[MAX_MIXERS];
+        for (int k = 0; k < nmix; k++) {
+            printf("%-16s", mixers[k]);
+            double sum = 0;
+            int n = 0;
+            for (int g = 0; g < ngrid[i]; g++) {
+                double b = best_of(&rows, t->name, labels[g], mixers[k], proto, seed);
+                ys[k][g] = b, xs[g] = g;
+                if (isnan(b)) printf(" %14s", "-");
+                else printf(" %14.1f", 100 * b), sum += b, n++;
+            }
+            task_mean[i][k] = n ? sum / n : NAN;
+            printf(" %8.1f", 100 * task_mean[i][k]);
+            const char *col;
+            if (synth_published(t->name, mixers[k], &pv, &col)) printf("  %.1f (%s)", pv, col);
+            printf("\n");
+            series[k] = (PlotSeries){.name = mixers[k], .x = xs, .y = ys[k], .n = ngrid[i], .markers = 1};
+        }
+        if (has_pub) printf("published: %s\n", synth_published_source);
+        char svg[4096], title[128];
+        snprintf(svg, sizeof svg, "%s/%s.svg", out, t->name);
+        snprintf(title, sizeof title, "%s: test metric by setting (best over the lr grid)", t->name);
+        PlotOpts po = {.title = title, .xlabel = "setting", .ylabel = "metric", .xcats = cats, .ncats = ngrid[i]};
+        if (plot_svg(svg, &po, series, nmix)) fprintf(stderr, "mesanet synth: %s: %s\n", svg, mn_last_error());
+        else printf("plot: %s\n", svg);
+    }
+    if (ntasks > 1) {
+        printf("\nmeans over each task's settings (x 100)\n%-16s", "mixer");
+        for (int i = 0; i < ntasks; i++) printf(" %12.12s", tasks[i]->name + (strncmp(tasks[i]->name, "mad-", 4) ? 0 : 4));
+        printf(" %8s\n", "avg");
+        for (int k = 0; k < nmix; k++) {
+            printf("%-16s", mixers[k]);
+            double sum = 0;
+            for (int i = 0; i < ntasks; i++) printf(" %12.1f", 100 * task_mean[i][k]), sum += task_mean[i][k];
+            printf(" %8.1f", 100 * sum / ntasks);
+            double pv;
+            if (synth_published("mad", mixers[k], &pv, NULL)) printf("  (published MAD avg %.1f)", pv);
+            printf("\n");
+        }
+    }
+    printf("\nresults: %s/results.csv, %s/results.json\n", out, out);
+    free(rows.v);
+    return 0;
+}
