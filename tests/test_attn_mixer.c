@@ -9,6 +9,7 @@
 #include "core/backend.h"
 #include "core/common.h"
 #include "fd.h"
+#include "mixer_case.h"
 #include "model/model.h"
 #include "test.h"
 #include "train/optim.h"
@@ -39,32 +40,6 @@ static ModelConfig acfg(const ACase *k, int layers) {
     return c;
 }
 
-static Model *amake(const ModelConfig *c, const Backend *be) {
-    Model *m = NULL;
-    if (model_create(&m, c, be)) die("%s: %s", c->mixer, mn_last_error());
-    return m;
-}
-
-static void arandomise(Model *m, uint64_t seed) {
-    MnRng r;
-    mn_rng_seed(&r, seed);
-    double *v = xcalloc(m->total, sizeof(double));
-    for (int i = 0; i < m->nparams; i++) {
-        const ParamSpec *s = &m->specs[i];
-        for (size_t j = 0; j < s->numel; j++) v[s->offset + j] = (s->init == INIT_NORMAL ? 0 : 1) + 0.5 * mn_rng_normal(&r);
-    }
-    if (m->be->upload(m->be, m->params, v, m->total, MEM_PARAM)) die("%s", mn_last_error());
-    free(v);
-}
-
-static void acopy_params(Model *to, const Model *from) {
-    double *v = xcalloc(from->total, sizeof(double));
-    if (from->be->download(from->be, v, from->params, from->total, MEM_PARAM) ||
-        to->be->upload(to->be, to->params, v, to->total, MEM_PARAM))
-        die("%s", mn_last_error());
-    free(v);
-}
-
 static const char *aname(const ACase *k, char *buf, size_t n) {
     snprintf(buf, n, "%s kv=%d w=%d", k->mixer, k->kv, k->window);
     return buf;
@@ -72,38 +47,14 @@ static const char *aname(const ACase *k, char *buf, size_t n) {
 
 // ------------------------------------------------------------------- the layer (float64)
 
-typedef struct {
-    Mixer *mx;
-    int B, T, D;
-    double *u, *wy, *y;
-} ACtx;
-
-static double aloss(void *p) {
-    ACtx *c = p;
-    if (c->mx->ops->forward(c->mx, c->y, c->u, c->B, c->T, 0)) die("%s", mn_last_error());
-    double s = 0;
-    for (size_t i = 0; i < (size_t)c->B * c->T * c->D; i++) s += c->y[i] * c->wy[i];
-    return s;
-}
-
 TEST(attn_layer_gradients_match_finite_differences) {
     for (int i = 0; i < NA; i++) {
         char name[64];
         aname(&acases[i], name, sizeof name);
         ModelConfig cfg = acfg(&acases[i], 1);
-        Model *m = amake(&cfg, backend_ref());
-        arandomise(m, 7 + i);
-        int B = 2, T = 7, D = cfg.dim;
-        size_t N = (size_t)B * T;
-        ACtx c = {&m->mixers[0], B, T, D, rand_doubles(1, N * D, -1, 1), rand_doubles(2, N * D, -1, 1), xcalloc(N * D, 8)};
-        aloss(&c);
-        double *du = xcalloc(N * D, 8);
-        model_zero_grad(m);
-        CHECK(!c.mx->ops->backward(c.mx, du, c.wy), "%s: %s", name, mn_last_error());
-        fd_check("attn du", aloss, &c, c.u, du, N * D, 1e-6);
-        for (int t = m->blocks[0].first; t < m->blocks[0].first + m->blocks[0].count; t++)
-            fd_check(m->specs[t].name, aloss, &c, m->p[t], m->g[t], m->specs[t].numel, 1e-6);
-        free(c.u); free(c.wy); free(c.y); free(du);
+        Model *m = mc_make(&cfg, backend_ref());
+        mc_randomise(m, 7 + i, NULL);
+        mc_check_layer_gradients(m, name, "attn du");
         model_free(m);
     }
 }
@@ -119,46 +70,10 @@ TEST(attn_layer_cpu_matches_reference) {
         cfg.head_dim = 8;
         cfg.n_heads = 4;
         if (cfg.n_kv_heads) cfg.n_kv_heads = 2;
-        Model *r = amake(&cfg, backend_ref()), *c = amake(&cfg, backend_cpu());
-        arandomise(r, 3 + i);
-        acopy_params(c, r);
-        int B = 2, T = 19, D = cfg.dim;
-        size_t N = (size_t)B * T;
-        double *u = rand_doubles(5, N * D, -1, 1), *dy = rand_doubles(6, N * D, -1, 1);
-        double *yr = xcalloc(N * D, 8), *dur = xcalloc(N * D, 8);
-        float *uf = floats_of(u, N * D), *dyf = floats_of(dy, N * D), *yc = xcalloc(N * D, 4), *duc = xcalloc(N * D, 4);
-        const Backend *cb = backend_cpu();
-        void *ub = cb->alloc(cb, N * D, MEM_ACT), *yb = cb->alloc(cb, N * D, MEM_ACT), *dyb = cb->alloc(cb, N * D, MEM_ACT),
-             *dub = cb->alloc(cb, N * D, MEM_ACT);
-        cb->upload_f32(cb, ub, uf, N * D, MEM_ACT);
-        cb->upload_f32(cb, dyb, dyf, N * D, MEM_ACT);
-        model_zero_grad(r);
-        model_zero_grad(c);
-        CHECK(!r->mixers[0].ops->forward(&r->mixers[0], yr, u, B, T, 0) &&
-                  !r->mixers[0].ops->backward(&r->mixers[0], dur, dy),
-              "%s ref: %s", name, mn_last_error());
-        CHECK(!c->mixers[0].ops->forward(&c->mixers[0], yb, ub, B, T, 0) &&
-                  !c->mixers[0].ops->backward(&c->mixers[0], dub, dyb),
-              "%s cpu: %s", name, mn_last_error());
-        cb->download_f32(cb, yc, yb, N * D, MEM_ACT);
-        cb->download_f32(cb, duc, dub, N * D, MEM_ACT);
-        char what[96];
-        snprintf(what, sizeof what, "%s y", name);
-        CHECK_REL(what, rel_err32(yc, yr, N * D), 1e-5);
-        snprintf(what, sizeof what, "%s du", name);
-        CHECK_REL(what, rel_err32(duc, dur, N * D), 1e-5);
-        for (int t = r->blocks[0].first; t < r->blocks[0].first + r->blocks[0].count; t++) {
-            size_t n = r->specs[t].numel;
-            float *g = xcalloc(n, 4);
-            double *gr = xcalloc(n, 8);
-            cb->download_f32(cb, g, c->g[t], n, MEM_F32);
-            r->be->download(r->be, gr, r->g[t], n, MEM_F32);
-            snprintf(what, sizeof what, "%s %s", name, r->specs[t].name);
-            CHECK_REL(what, rel_err32(g, gr, n), 1e-5);
-            free(g); free(gr);
-        }
-        cb->free(cb, ub); cb->free(cb, yb); cb->free(cb, dyb); cb->free(cb, dub);
-        free(u); free(dy); free(yr); free(dur); free(uf); free(dyf); free(yc); free(duc);
+        Model *r = mc_make(&cfg, backend_ref()), *c = mc_make(&cfg, backend_cpu());
+        mc_randomise(r, 3 + i, NULL);
+        mc_copy_params(c, r);
+        mc_check_layer_cpu_vs_ref(r, c, 2, 19, 5, 6, name, 16);
         model_free(r);
         model_free(c);
     }
@@ -175,32 +90,16 @@ static void adecode_check(const char *mixer, int kv, int window, const Backend *
     if (kv) cfg.n_kv_heads = 2;
     cfg.vocab_size = 50;
     cfg.mlp_hidden = 48;
-    Model *m = amake(&cfg, be);
+    Model *m = mc_make(&cfg, be);
     model_init_params(m, 1);
-    arandomise(m, 12);
-    int B = 2, T = 30, V = cfg.vocab_size, T1 = 11;
-    int32_t tok[60], buf[60];
-    MnRng r;
-    mn_rng_seed(&r, 3);
-    for (int i = 0; i < 60; i++) tok[i] = (int32_t)(mn_rng_u64(&r) % (uint64_t)V);
-    CHECK(!model_forward(m, tok, NULL, B, T, 0, NULL), "%s", mn_last_error());
-    float *full = xcalloc((size_t)B * T * V, 4), *step = xcalloc((size_t)B * T * V, 4);
-    be->download_f32(be, full, m->logits, (size_t)B * T * V, MEM_ACT);
-    CHECK(!model_reset_state(m, B), "%s", mn_last_error());
-    double worst = 0;
-    // a prefill of T1, single tokens, a prefill of 5 after earlier tokens, single tokens again
-    for (int t0 = 0; t0 < T;) {
-        int n = t0 == 0 ? T1 : t0 == 15 ? 5 : 1;
-        for (int b = 0; b < B; b++) memcpy(buf + b * n, tok + b * T + t0, sizeof(int32_t) * n);
-        CHECK(!model_decode(m, buf, B, n, step), "%s: %s", mixer, mn_last_error());
-        t0 += n;
-        for (int b = 0; b < B; b++)
-            worst = fmax(worst, rel_err_ff(step + (size_t)b * V, full + ((size_t)b * T + t0 - 1) * V, V));
-    }
+    mc_randomise(m, 12, NULL);
+    int32_t tok[60];
+    mc_tokens(tok, NULL, 60, cfg.vocab_size, 3);
+    // a prefill of 11, single tokens, a prefill of 5 after earlier tokens, single tokens again
+    double worst = mc_decode_vs_forward(m, tok, 2, 30, 11, 15, 5, 0, mixer, NULL);
     test_note("%s kv=%d window=%d on %s: decoded logits vs full forward, worst rel err %.2e", mixer, kv, window, be->name,
               worst);
     CHECK(worst <= tol, "%s window %d on %s: decoded logits differ by %.3g", mixer, window, be->name, worst);
-    free(full); free(step);
     model_free(m);
 }
 
@@ -261,7 +160,7 @@ static size_t bytes_after(const char *mixer, int steps) {
     c.vocab_size = 16;
     strcpy(c.mixer, mixer);
     c.window = 8;
-    Model *m = amake(&c, &counted);
+    Model *m = mc_make(&c, &counted);
     model_init_params(m, 1);
     CHECK(!model_reset_state(m, 2), "%s", mn_last_error());
     int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -306,28 +205,9 @@ TEST(attn_tiny_models_train) {
         c.vocab_size = 64;
         snprintf(c.mixer, sizeof c.mixer, "%s", mixers[i]);
         c.window = 8;
-        Model *m = amake(&c, backend_cpu());
+        Model *m = mc_make(&c, backend_cpu());
         model_init_params(m, 3);
-        AdamW o = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0, .clip = 1};
-        adamw_init(&o, m);
-        MnRng r;
-        mn_rng_seed(&r, 9);
-        int32_t tok[64], tgt[64];
-        for (int j = 0; j < 64; j++) tok[j] = (int32_t)(mn_rng_u64(&r) % 64);
-        for (int j = 0; j < 64; j++) tgt[j] = j % 32 == 31 ? (int32_t)(mn_rng_u64(&r) % 64) : tok[j + 1];
-        double first = 0, last = 0;
-        for (int step = 0; step < 20; step++) {
-            double loss;
-            model_zero_grad(m);
-            CHECK(!model_forward(m, tok, tgt, 2, 32, 1.0f / 64, &loss) && !model_backward(m), "%s: %s", mixers[i],
-                  mn_last_error());
-            adamw_step(&o, m, 1e-2f, NULL);
-            if (step == 0) first = loss / 64;
-            last = loss / 64;
-        }
-        test_note("%-10s loss %.3f -> %.3f in 20 steps", mixers[i], first, last);
-        CHECK(isfinite(last) && last < first - 1.0, "%s: the loss did not fall: %.3f -> %.3f", mixers[i], first, last);
-        adamw_free(&o, m);
+        mc_check_tiny_trains(m, mixers[i], 10);
         model_free(m);
     }
     // the JSON form of the task's Transformer
@@ -456,7 +336,7 @@ TEST(attn_llama_config_and_names) {
     CHECK(!config_save(&c, saved) && !config_load(&back, saved), "%s", mn_last_error());
     char diff[256];
     CHECK(!config_diff(&c, &back, diff, sizeof diff), "saved llama config differs: %s", diff);
-    Model *m = amake(&c, backend_cpu());
+    Model *m = mc_make(&c, backend_cpu());
     const char *want[] = {"model.embed_tokens.weight", "model.layers.1.input_layernorm.weight",
                           "model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
                           "model.layers.0.post_attention_layernorm.weight", "model.layers.0.mlp.down_proj.weight",

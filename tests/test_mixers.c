@@ -9,6 +9,7 @@
 #include "core/backend.h"
 #include "core/common.h"
 #include "fd.h"
+#include "mixer_case.h"
 #include "model/model.h"
 #include "test.h"
 #include "tmpdir.h"
@@ -54,64 +55,7 @@ static ModelConfig config_of(const Case *k, int layers) {
     return c;
 }
 
-// Random parameters of a larger scale than the initialisation, so that every path (gates, norms)
-// carries real gradient.
-static void randomise(Model *m, uint64_t seed) {
-    MnRng r;
-    mn_rng_seed(&r, seed);
-    double *v = xcalloc(m->total, sizeof(double));
-    for (int i = 0; i < m->nparams; i++) {
-        const ParamSpec *s = &m->specs[i];
-        for (size_t j = 0; j < s->numel; j++) {
-            double base = s->init == INIT_NORMAL ? 0 : 1;
-            if (strstr(s->name, "bias") || strstr(s->name, "lambda")) base = 0.5;
-            v[s->offset + j] = base + 0.5 * mn_rng_normal(&r);
-        }
-    }
-    if (m->be->upload(m->be, m->params, v, m->total, MEM_PARAM)) die("%s", mn_last_error());
-    free(v);
-}
-
-// The parameters of `from` into `to` (same specs), through the host.
-static void copy_params(Model *to, const Model *from) {
-    double *v = xcalloc(from->total, sizeof(double));
-    if (from->be->download(from->be, v, from->params, from->total, MEM_PARAM) ||
-        to->be->upload(to->be, to->params, v, to->total, MEM_PARAM))
-        die("%s", mn_last_error());
-    free(v);
-}
-
-static void tokens(int32_t *tok, int32_t *tgt, size_t n, int V, uint64_t seed) {
-    MnRng r;
-    mn_rng_seed(&r, seed);
-    for (size_t i = 0; i < n; i++) {
-        tok[i] = (int32_t)(mn_rng_u64(&r) % (uint64_t)V);
-        if (tgt) tgt[i] = i % 5 == 3 ? -1 : (int32_t)(mn_rng_u64(&r) % (uint64_t)V);
-    }
-}
-
-static Model *make(const ModelConfig *c, const Backend *be) {
-    Model *m = NULL;
-    if (model_create(&m, c, be)) die("%s: %s", c->mixer, mn_last_error());
-    return m;
-}
-
 // ------------------------------------------------------------------- the layer alone (float64)
-
-typedef struct {
-    Model *m;  // a 1-layer model provides the mixer's parameters
-    Mixer *mx;
-    int B, T;
-    double *u, *wy, *y;
-} MixCtx;
-
-static double mix_loss(void *p) {
-    MixCtx *c = p;
-    if (c->mx->ops->forward(c->mx, c->y, c->u, c->B, c->T, 0)) die("%s", mn_last_error());
-    double s = 0;
-    for (size_t i = 0; i < (size_t)c->B * c->T * c->m->cfg.dim; i++) s += c->y[i] * c->wy[i];
-    return s;
-}
 
 TEST(mixers_layer_gradients_match_finite_differences) {
     for (int i = 0; i < NCASES; i++) {
@@ -119,39 +63,14 @@ TEST(mixers_layer_gradients_match_finite_differences) {
         char name[96];
         case_name(&cases[i], name, sizeof name);
         ModelConfig cfg = config_of(&cases[i], 1);
-        Model *m = make(&cfg, backend_ref());
-        randomise(m, 7 + i);
-        int B = 2, T = 7, D = cfg.dim;
-        size_t N = (size_t)B * T;
-        MixCtx c = {m, &m->mixers[0], B, T, rand_doubles(1, N * D, -1, 1), rand_doubles(2, N * D, -1, 1),
-                    xcalloc(N * D, 8)};
-        mix_loss(&c);
-        double *du = xcalloc(N * D, 8);
-        model_zero_grad(m);
-        CHECK(!c.mx->ops->backward(c.mx, du, c.wy), "%s: %s", name, mn_last_error());
-        test_note("%s: %d tensors", name, m->blocks[0].count);
-        fd_check("mixer du", mix_loss, &c, c.u, du, N * D, 1e-6);
-        for (int t = m->blocks[0].first; t < m->blocks[0].first + m->blocks[0].count; t++)
-            fd_check(m->specs[t].name + 15, mix_loss, &c, m->p[t], m->g[t], m->specs[t].numel, 1e-6);
-        free(c.u); free(c.wy); free(c.y); free(du);
+        Model *m = mc_make(&cfg, backend_ref());
+        mc_randomise(m, 7 + i, mc_base_bias_lambda);
+        mc_check_layer_gradients(m, name, "mixer du");
         model_free(m);
     }
 }
 
 // ------------------------------------------------------------------- the whole model (float64)
-
-typedef struct {
-    Model *m;
-    int B, T;
-    int32_t *tok, *tgt;
-} ModelCtx;
-
-static double model_loss(void *p) {
-    ModelCtx *c = p;
-    double loss;
-    if (model_forward(c->m, c->tok, c->tgt, c->B, c->T, 0, &loss)) die("%s", mn_last_error());
-    return loss;
-}
 
 // Every case (and the patterns) in a model of 3 blocks: whole-model gradients against finite
 // differences, tensor by tensor.
@@ -160,28 +79,14 @@ TEST(mixers_model_gradients_match_finite_differences) {
         char name[96];
         case_name(&cases[i], name, sizeof name);
         ModelConfig cfg = config_of(&cases[i], 3);
-        Model *m = make(&cfg, backend_ref());
-        randomise(m, 3 + i);
-        int B = 2, T = 6;
-        int32_t tok[12], tgt[12];
-        tokens(tok, tgt, 12, cfg.vocab_size, 5);
-        ModelCtx c = {m, B, T, tok, tgt};
-        model_zero_grad(m);
-        double loss;
-        CHECK(!model_forward(m, tok, tgt, B, T, 1.0f, &loss) && !model_backward(m), "%s: %s", name, mn_last_error());
-        double *num = xcalloc(m->total, 8);
-        fd_gradient(model_loss, &c, m->params, m->total, 1e-6, num);
-        double e = rel_err64(m->grads, num, m->total), worst = 0;
-        const char *worst_name = "";
-        for (int t = 0; t < m->nparams; t++) {
-            double et = rel_err64((double *)m->g[t], num + m->specs[t].offset, m->specs[t].numel);
-            if (!(et <= 1e-5)) test_fail(__FILE__, __LINE__, "%s: %s: rel err %.3g", name, m->specs[t].name, et);
-            if (et > worst) worst = et, worst_name = m->specs[t].name;
-        }
+        Model *m = mc_make(&cfg, backend_ref());
+        mc_randomise(m, 3 + i, mc_base_bias_lambda);
+        double worst;
+        const char *worst_name;
+        double e = mc_model_gradients(m, name, &worst, &worst_name);
         test_note("%-34s %4zu parameters: gradient rel err %.2e (worst tensor %.2e, %s)", name, m->count, e, worst,
                   worst_name);
         CHECK_REL(name, e, 1e-6);
-        free(num);
         model_free(m);
     }
 }
@@ -202,43 +107,10 @@ TEST(mixers_layer_cpu_matches_reference) {
         cfg.dim = 24;
         cfg.n_heads = 3;
         cfg.head_dim = 8;
-        Model *r = make(&cfg, backend_ref()), *c = make(&cfg, backend_cpu());
-        randomise(r, 21 + i);
-        copy_params(c, r);
-        int B = 3, T = 21, D = cfg.dim;
-        size_t N = (size_t)B * T, nd = N * D;
-        double *u = rand_doubles(4, nd, -1, 1), *wy = rand_doubles(5, nd, -1, 1);
-        double *yr = xcalloc(nd, 8), *yc = xcalloc(nd, 8), *dur = xcalloc(nd, 8), *duc = xcalloc(nd, 8);
-        const Backend *bes[2] = {r->be, c->be};
-        Model *ms[2] = {r, c};
-        double *ys[2] = {yr, yc}, *dus[2] = {dur, duc};
-        for (int b = 0; b < 2; b++) {
-            const Backend *be = bes[b];
-            void *ub = be->alloc(be, nd, MEM_ACT), *yb = be->alloc(be, nd, MEM_ACT), *dyb = be->alloc(be, nd, MEM_ACT),
-                 *dub = be->alloc(be, nd, MEM_ACT);
-            be->upload(be, ub, u, nd, MEM_ACT);
-            be->upload(be, dyb, wy, nd, MEM_ACT);
-            Mixer *mx = &ms[b]->mixers[0];
-            model_zero_grad(ms[b]);
-            CHECK(!mx->ops->forward(mx, yb, ub, B, T, 0) && !mx->ops->backward(mx, dub, dyb), "%s: %s", name,
-                  mn_last_error());
-            be->download(be, ys[b], yb, nd, MEM_ACT);
-            be->download(be, dus[b], dub, nd, MEM_ACT);
-            be->free(be, ub); be->free(be, yb); be->free(be, dyb); be->free(be, dub);
-        }
-        double ey = rel_err64(yc, yr, nd), edu = rel_err64(duc, dur, nd), eg = 0;
-        double *gr = xcalloc(r->total, 8), *gc = xcalloc(c->total, 8);
-        r->be->download(r->be, gr, r->grads, r->total, MEM_F32);
-        c->be->download(c->be, gc, c->grads, c->total, MEM_F32);
-        for (int t = r->blocks[0].first; t < r->blocks[0].first + r->blocks[0].count; t++) {
-            double et = rel_err64(gc + r->specs[t].offset, gr + r->specs[t].offset, r->specs[t].numel);
-            if (!(et <= 1e-5)) test_fail(__FILE__, __LINE__, "%s: %s: cpu vs ref rel err %.3g", name, r->specs[t].name, et);
-            eg = fmax(eg, et);
-        }
-        test_note("%-28s cpu vs ref: y %.2e, du %.2e, parameter gradients (worst) %.2e", name, ey, edu, eg);
-        CHECK_REL("y", ey, 1e-5);
-        CHECK_REL("du", edu, 1e-5);
-        free(u); free(wy); free(yr); free(yc); free(dur); free(duc); free(gr); free(gc);
+        Model *r = mc_make(&cfg, backend_ref()), *c = mc_make(&cfg, backend_cpu());
+        mc_randomise(r, 21 + i, mc_base_bias_lambda);
+        mc_copy_params(c, r);
+        mc_check_layer_cpu_vs_ref(r, c, 3, 21, 4, 5, name, 28);
         model_free(r);
         model_free(c);
     }
@@ -255,13 +127,13 @@ TEST(mixers_model_cpu_matches_reference) {
         cfg.head_dim = 8;
         cfg.mlp_hidden = 40;
         cfg.vocab_size = 37;
-        Model *r = make(&cfg, backend_ref()), *c = make(&cfg, backend_cpu());
+        Model *r = mc_make(&cfg, backend_ref()), *c = mc_make(&cfg, backend_cpu());
         model_init_params(r, 9 + i);
-        copy_params(c, r);
+        mc_copy_params(c, r);
         c->solver.max_steps = 60;  // converged (Mesa's blocks): the reference solves exactly
         int B = 3, T = 21;
         int32_t tok[63], tgt[63];
-        tokens(tok, tgt, 63, cfg.vocab_size, 11);
+        mc_tokens(tok, tgt, 63, cfg.vocab_size, 11);
         double lr, lc;
         model_zero_grad(r);
         model_zero_grad(c);
@@ -293,29 +165,15 @@ static void decode_check(const Case *k, const Backend *be, double tol) {
     cfg.vocab_size = 50;
     cfg.mlp_hidden = 48;
     cfg.logit_cap = 0;
-    Model *m = make(&cfg, be);
+    Model *m = mc_make(&cfg, be);
     model_init_params(m, 1);
-    randomise(m, 12);
+    mc_randomise(m, 12, mc_base_bias_lambda);
     m->solver.max_steps = 60;
-    int B = 2, T = 30, V = cfg.vocab_size, T1 = 17;
-    int32_t tok[60], buf[60];
-    tokens(tok, NULL, 60, V, 3);
-    CHECK(!model_forward(m, tok, NULL, B, T, 0, NULL), "%s", mn_last_error());
-    float *full = xcalloc((size_t)B * T * V, 4), *step = xcalloc((size_t)B * V, 4);
-    be->download_f32(be, full, m->logits, (size_t)B * T * V, MEM_ACT);
-    CHECK(!model_reset_state(m, B), "%s", mn_last_error());
-    double worst = 0;
-    for (int t0 = 0; t0 < T;) {
-        int n = t0 == 0 ? T1 : 1;
-        for (int b = 0; b < B; b++) memcpy(buf + b * n, tok + b * T + t0, sizeof(int32_t) * n);
-        CHECK(!model_decode(m, buf, B, n, step), "%s: %s", name, mn_last_error());
-        t0 += n;
-        for (int b = 0; b < B; b++)
-            worst = fmax(worst, rel_err_ff(step + (size_t)b * V, full + ((size_t)b * T + t0 - 1) * V, V));
-    }
+    int32_t tok[60];
+    mc_tokens(tok, NULL, 60, cfg.vocab_size, 3);
+    double worst = mc_decode_vs_forward(m, tok, 2, 30, 17, 0, 0, 0, name, NULL);
     test_note("%-34s %s: decoded logits vs full forward, worst rel err %.2e", name, be->name, worst);
     CHECK(worst <= tol, "%s on %s: decoded logits differ by %.3g", name, be->name, worst);
-    free(full); free(step);
     model_free(m);
 }
 
@@ -382,8 +240,8 @@ TEST(mixers_gates_reduce_to_each_other) {
         case_name(&pairs[i].big, nb, sizeof nb);
         case_name(&pairs[i].small, ns, sizeof ns);
         ModelConfig cb = config_of(&pairs[i].big, 1), cs = config_of(&pairs[i].small, 1);
-        Model *mb = make(&cb, backend_ref()), *ms = make(&cs, backend_ref());
-        randomise(mb, 40 + i);
+        Model *mb = mc_make(&cb, backend_ref()), *ms = mc_make(&cs, backend_ref());
+        mc_randomise(mb, 40 + i, mc_base_bias_lambda);
         set_param(mb, pairs[i].pin_w, 0);
         set_param(mb, pairs[i].pin_b, pairs[i].value);
         copy_by_name(ms, mb);
@@ -397,7 +255,7 @@ TEST(mixers_gates_reduce_to_each_other) {
         test_note("%s pinned == %s: rel err %.2e", nb, ns, e);
         CHECK(e <= 1e-12, "%s with %s pinned differs from %s by %.3g", nb, pairs[i].pin_b, ns, e);
         // and they are not the same without the pin (the check can fail)
-        randomise(mb, 50 + i);
+        mc_randomise(mb, 50 + i, mc_base_bias_lambda);
         copy_by_name(ms, mb);
         free(yb);
         free(ys);
@@ -426,28 +284,9 @@ TEST(mixers_tiny_models_train) {
         c.output_gate = cases[i].gate;
         c.neg_eigen = cases[i].neg_eigen;
         if (strchr(c.mixer, ',') && strchr(c.mixer, ',') != strrchr(c.mixer, ',')) c.n_layers = 3;
-        Model *m = make(&c, backend_cpu());
+        Model *m = mc_make(&c, backend_cpu());
         model_init_params(m, 3);
-        AdamW o = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0, .clip = 1};
-        adamw_init(&o, m);
-        MnRng r;
-        mn_rng_seed(&r, 9);
-        int32_t tok[64], tgt[64];
-        for (int j = 0; j < 64; j++) tok[j] = (int32_t)(mn_rng_u64(&r) % 64);
-        for (int j = 0; j < 64; j++) tgt[j] = j % 32 == 31 ? (int32_t)(mn_rng_u64(&r) % 64) : tok[j + 1];
-        double first = 0, last = 0;
-        for (int step = 0; step < 20; step++) {
-            double loss;
-            model_zero_grad(m);
-            CHECK(!model_forward(m, tok, tgt, 2, 32, 1.0f / 64, &loss) && !model_backward(m), "%s: %s", name,
-                  mn_last_error());
-            adamw_step(&o, m, 1e-2f, NULL);
-            if (step == 0) first = loss / 64;
-            last = loss / 64;
-        }
-        test_note("%-34s loss %.3f -> %.3f in 20 steps", name, first, last);
-        CHECK(isfinite(last) && last < first - 1.0, "%s: the loss did not fall: %.3f -> %.3f", name, first, last);
-        adamw_free(&o, m);
+        mc_check_tiny_trains(m, name, 34);
         model_free(m);
     }
 }
@@ -544,7 +383,7 @@ TEST(mixers_bad_configs_are_refused) {
     ModelConfig d = c;
     strcpy(d.mixer, "mamba2,gla,deltanet");
     d.n_layers = 5;
-    Model *m = make(&d, backend_cpu());
+    Model *m = mc_make(&d, backend_cpu());
     const char *want[5] = {"mamba2", "gla", "deltanet", "mamba2", "gla"};
     for (int l = 0; l < 5; l++)
         CHECK(!strcmp(m->mixers[l].ops->name, want[l]), "block %d: %s, expected %s", l, m->mixers[l].ops->name, want[l]);

@@ -33,22 +33,10 @@
               mn_last_error(), (fragment));                                                          \
     } while (0)
 
+// The toy run, saving every 4 steps.
 static TrainOptions toy_options(const char *data, const char *out) {
-    TrainOptions o;
-    train_options_default(&o);
-    o.config = "tiny";
-    o.data = data;
-    o.out = out;
-    o.batch = 4;
-    o.seq = 32;
-    o.steps = 12;
-    o.warmup = 3;
-    o.lr = 1e-2f;
-    o.eval_every = 4;
-    o.eval_batches = 2;
+    TrainOptions o = toy_train_options(data, out);
     o.save_every = 4;
-    o.log_every = 100;
-    o.cg_steps = 20;
     return o;
 }
 

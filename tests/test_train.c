@@ -7,6 +7,7 @@
 #include "core/common.h"
 #include "data/shard.h"
 #include "eval/sample.h"
+#include "mixer_case.h"
 #include "model/model.h"
 #include "test.h"
 #include "tmpdir.h"
@@ -22,25 +23,6 @@ static ModelConfig small_config(void) {
     return c;
 }
 
-static TrainOptions toy_options(const char *data, const char *out) {
-    TrainOptions o;
-    train_options_default(&o);
-    o.config = "tiny";
-    o.data = data;
-    o.out = out;
-    o.batch = 4;
-    o.seq = 32;
-    o.steps = 12;
-    o.warmup = 3;
-    o.lr = 1e-2f;
-    o.eval_every = 4;
-    o.eval_batches = 2;
-    o.save_every = 0;
-    o.log_every = 100;
-    o.cg_steps = 20;
-    return o;
-}
-
 TEST(train_resume_reproduces_losses) {
     TmpDir t;
     tmp_make(&t);
@@ -50,7 +32,7 @@ TEST(train_resume_reproduces_losses) {
     snprintf(b, sizeof b, "%s/b", t.dir);
     write_toy_shards(data);
     FILE *devnull = fopen("/dev/null", "w");
-    TrainOptions oa = toy_options(data, a), ob = toy_options(data, b);
+    TrainOptions oa = toy_train_options(data, a), ob = toy_train_options(data, b);
     CHECK(!train_run(&oa, devnull), "uninterrupted run: %s", mn_last_error());
     ob.stop_at = 5;  // interrupted after step 5 ...
     CHECK(!train_run(&ob, devnull), "first half: %s", mn_last_error());
@@ -117,25 +99,10 @@ TEST(train_overfits_a_tiny_batch) {
     Model *m;
     CHECK(!model_create(&m, &c, backend_cpu()), "%s", mn_last_error());
     model_init_params(m, 3);
-    AdamW o = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0, .clip = 1};
-    adamw_init(&o, m);
-    MnRng r;
-    mn_rng_seed(&r, 9);
-    int32_t tok[64], tgt[64];
-    for (int i = 0; i < 64; i++) tok[i] = (int32_t)(mn_rng_u64(&r) % 64);
-    for (int i = 0; i < 64; i++) tgt[i] = i % 32 == 31 ? (int32_t)(mn_rng_u64(&r) % 64) : tok[i + 1];
-    double first = 0, last = 0;
-    for (int step = 0; step < 200; step++) {
-        double loss;
-        model_zero_grad(m);
-        CHECK(!model_forward(m, tok, tgt, 2, 32, 1.0f / 64, &loss) && !model_backward(m), "%s", mn_last_error());
-        adamw_step(&o, m, 1e-2f, NULL);
-        if (step == 0) first = loss / 64;
-        last = loss / 64;
-    }
+    double first, last;
+    mc_train_tiny(m, "overfit", 200, &first, &last);
     test_note("loss %.3f -> %.4f after 200 steps on one batch", first, last);
     CHECK(last < 0.05, "did not memorise the batch: loss %.4f", last);
-    adamw_free(&o, m);
     model_free(m);
 }
 
@@ -185,7 +152,7 @@ TEST(train_refuses_bad_inputs) {
               mn_last_error(), bad[i][1]);
     }
     // training on a missing data directory names the file
-    TrainOptions o = toy_options("/nonexistent/data", tmp_path(&t, "run"));
+    TrainOptions o = toy_train_options("/nonexistent/data", tmp_path(&t, "run"));
     FILE *devnull = fopen("/dev/null", "w");
     CHECK(train_run(&o, devnull) != MN_OK && strstr(mn_last_error(), "/nonexistent/data/train.bin"),
           "missing data: '%s'", mn_last_error());

@@ -36,6 +36,25 @@ void write_toy_shards(const char *data_dir) {
     free(tok);
 }
 
+TrainOptions toy_train_options(const char *data, const char *out) {
+    TrainOptions o;
+    train_options_default(&o);
+    o.config = "tiny";
+    o.data = data;
+    o.out = out;
+    o.batch = 4;
+    o.seq = 32;
+    o.steps = 12;
+    o.warmup = 3;
+    o.lr = 1e-2f;
+    o.eval_every = 4;
+    o.eval_batches = 2;
+    o.save_every = 0;
+    o.log_every = 100;
+    o.cg_steps = 20;
+    return o;
+}
+
 // `mesanet train` itself (data parallelism runs the tool again as its ranks), from the build
 // directory of this test binary; its output goes to `log`. Returns the exit status.
 int run_tool(const char *args, const char *log) {
