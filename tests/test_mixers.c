@@ -303,20 +303,9 @@ TEST(mixers_train_run_with_a_pattern) {
     write_toy_shards(data);
     const char *json = "{\"preset\": \"tiny\", \"mixer\": \"gdn,mesa\", \"neg_eigen\": true}";
     write_bytes(cfgpath, json, strlen(json));
-    TrainOptions o;
-    train_options_default(&o);
+    TrainOptions o = toy_train_options(data, out);
     o.config = cfgpath;
-    o.data = data;
-    o.out = out;
-    o.batch = 4;
-    o.seq = 32;
-    o.steps = 12;
-    o.warmup = 3;
-    o.lr = 1e-2f;
-    o.eval_every = 0;
-    o.save_every = 0;
-    o.log_every = 100;
-    o.cg_steps = 20;
+    o.eval_every = 0;  // (no validation)
     FILE *devnull = fopen("/dev/null", "w");
     CHECK(!train_run(&o, devnull), "%s", mn_last_error());
     fclose(devnull);
