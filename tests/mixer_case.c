@@ -161,6 +161,25 @@ double mc_model_gradients(Model *m, const char *name, double *worst, const char 
     return e;
 }
 
+void mc_check_model_cpu_vs_ref(Model *r, Model *c, const char *name, int width) {
+    int B = 3, T = 21;
+    int32_t tok[63], tgt[63];
+    mc_tokens(tok, tgt, 63, r->cfg.vocab_size, 11);
+    double lr, lc;
+    model_zero_grad(r);
+    model_zero_grad(c);
+    CHECK(!model_forward(r, tok, tgt, B, T, 1.0f / 63, &lr) && !model_backward(r), "%s: %s", name, mn_last_error());
+    CHECK(!model_forward(c, tok, tgt, B, T, 1.0f / 63, &lc) && !model_backward(c), "%s: %s", name, mn_last_error());
+    double *gr = xcalloc(r->total, 8), *gc = xcalloc(c->total, 8);
+    r->be->download(r->be, gr, r->grads, r->total, MEM_F32);
+    c->be->download(c->be, gc, c->grads, c->total, MEM_F32);
+    double e = rel_err64(gc, gr, r->total);
+    test_note("%-*s loss ref %.10f cpu %.10f; gradients rel err %.2e", width, name, lr / 63, lc / 63, e);
+    CHECK(fabs(lr - lc) <= 1e-5 * fabs(lr), "%s: loss %g vs %g", name, lc, lr);
+    CHECK_REL(name, e, 1e-4);
+    free(gr); free(gc);
+}
+
 // ------------------------------------------------------------------- decoding
 
 double mc_decode_vs_forward(Model *m, const int32_t *tok, int B, int T, int T1, int mid_at, int mid_n, float cap,

@@ -42,6 +42,11 @@ void mc_check_layer_cpu_vs_ref(Model *r, Model *c, int B, int T, uint64_t su, ui
 // and (where not NULL) the worst tensor's and its name.
 double mc_model_gradients(Model *m, const char *name, double *worst, const char **worst_name);
 
+// The whole model r (reference backend) and c (the CPU's, the same parameters) on B = 3, T = 21
+// tokens (seed 11, some targets -1): the loss of c to 1e-5 of r's and its gradients to 1e-4
+// (float32 through the blocks), noted with the name padded to width.
+void mc_check_model_cpu_vs_ref(Model *r, Model *c, const char *name, int width);
+
 // tok[0..B*T) run through one forward, then decoded as a prefill of T1, single tokens, and (where
 // mid_n) a prefill of mid_n at position mid_at: the worst rel err of the decoded logits against
 // the forward's at every decoded position. With cap > 0 the forward's logits are capped first

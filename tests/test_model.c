@@ -77,27 +77,9 @@ TEST(model_cpu_matches_reference) {
     Model *r = NULL, *c = NULL;
     CHECK(!model_create(&r, &cfg, backend_ref()) && !model_create(&c, &cfg, backend_cpu()), "%s", mn_last_error());
     model_init_params(r, 9);
-    double *v = xcalloc(r->total, 8);
-    r->be->download(r->be, v, r->params, r->total, MEM_PARAM);
-    c->be->upload(c->be, c->params, v, c->total, MEM_PARAM);
+    mc_copy_params(c, r);
     c->solver.max_steps = 60;  // converged: the reference solves exactly
-    int B = 3, T = 21;
-    int32_t tok[63], tgt[63];
-    mc_tokens(tok, tgt, 63, cfg.vocab_size, 11);
-    double lr, lc;
-    model_zero_grad(r);
-    model_zero_grad(c);
-    CHECK(!model_forward(r, tok, tgt, B, T, 1.0f / 63, &lr) && !model_backward(r), "%s", mn_last_error());
-    CHECK(!model_forward(c, tok, tgt, B, T, 1.0f / 63, &lc) && !model_backward(c), "%s", mn_last_error());
-    test_note("loss: ref %.10f cpu %.10f", lr / 63, lc / 63);
-    CHECK(fabs(lr - lc) <= 1e-5 * fabs(lr), "loss %g vs %g", lc, lr);
-    double *gr = xcalloc(r->total, 8), *gc = xcalloc(c->total, 8);
-    r->be->download(r->be, gr, r->grads, r->total, MEM_F32);
-    c->be->download(c->be, gc, c->grads, c->total, MEM_F32);
-    double e = rel_err64(gc, gr, r->total);
-    test_note("gradients: cpu vs ref rel err %.2e", e);
-    CHECK_REL("gradients", e, 1e-4);  // float32 through 2 blocks and two CG solves
-    free(v); free(gr); free(gc);
+    mc_check_model_cpu_vs_ref(r, c, "gradients", 0);  // float32 through 2 blocks and two CG solves
     model_free(r);
     model_free(c);
 }
