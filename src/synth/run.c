@@ -64,12 +64,14 @@ static void try_set(const SynthTask *t, SynthSettings *s, const char *field, dou
 
 void synth_quick_settings(const SynthTask *t, SynthSettings *s) {
     s->n_train = 256, s->n_test = 64;
-    if (s->vocab > 64) try_set(t, s, "vocab", 64);
     if (s->num_pairs > 4) try_set(t, s, "num_pairs", 4);
+    if (s->num_copy > 4) try_set(t, s, "num_copy", 4);
     if (s->seq_len > 32) try_set(t, s, "seq_len", 32);
     if (s->seq_len > 64) try_set(t, s, "seq_len", 64);
+    if (s->seq_len > 128) try_set(t, s, "seq_len", 128);
     if (s->test_len > 64) try_set(t, s, "test_len", 64);
-    if (s->num_copy > 4) try_set(t, s, "num_copy", 4);
+    if (s->vocab > 64) try_set(t, s, "vocab", 64);
+    if (s->vocab > 256) try_set(t, s, "vocab", 256);
 }
 
 int synth_task_supported(const SynthTask *t) {

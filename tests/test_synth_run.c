@@ -1,0 +1,203 @@
+// mesanet synth and src/synth/run.h: a --quick sweep end to end, resuming, refusals, option
+// ranges; the library's run on a tiny setting and its published numbers.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/common.h"
+#include "synth/run.h"
+#include "test.h"
+#include "tmpdir.h"
+
+typedef struct {
+    int rc;
+    char *out, *err;
+} SynthTool;
+
+// The mesanet binary beside this test binary (the Makefile builds both into one directory).
+static const char *synth_tool_path(void) {
+    static char exe[1024];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 16);
+    if (n <= 0) return NULL;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return NULL;
+    strcpy(slash + 1, "mesanet");
+    return access(exe, X_OK) ? NULL : exe;
+}
+
+static char *synth_slurp(const char *path) {
+    size_t n;
+    char *text = (char *)read_bytes(path, &n);
+    if (!text) return strdup("");
+    text[n] = 0;
+    return text;
+}
+
+static SynthTool synth_tool(TmpDir *td, const char *args) {
+    SynthTool r = {-1, NULL, NULL};
+    const char *exe = synth_tool_path();
+    char out[128], err[128], cmd[4096];
+    snprintf(out, sizeof out, "%s/stdout.txt", td->dir);
+    snprintf(err, sizeof err, "%s/stderr.txt", td->dir);
+    if (!exe) {
+        CHECK(0, "the mesanet binary is not built beside this test binary");
+    } else {
+        snprintf(cmd, sizeof cmd, "%s %s </dev/null >%s 2>%s", exe, args, out, err);
+        int st = system(cmd);
+        r.rc = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    }
+    r.out = synth_slurp(out);
+    r.err = synth_slurp(err);
+    return r;
+}
+
+static void synth_tool_free(SynthTool *r) { free(r->out), free(r->err); }
+
+static int count_lines(const char *text) {
+    int n = 0;
+    for (const char *p = text; *p; p++) n += *p == '\n';
+    return n;
+}
+
+TEST(synth_run_cli_quick_mqar_writes_results) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[512];
+    snprintf(args, sizeof args, "synth mqar --mixers gdn,mha --quick --out %s/sweep", td.dir);
+    SynthTool r = synth_tool(&td, args);
+    CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
+    CHECK(strstr(r.out, "[2/2] mqar baseline mha") && strstr(r.out, "ETA"), "no progress lines:\n%s", r.out);
+    CHECK(strstr(r.out, "gdn") && strstr(r.out, "mean"), "no table:\n%s", r.out);
+    char *csv = synth_slurp(tmp_path(&td, "sweep/results.csv"));
+    CHECK(count_lines(csv) == 3, "results.csv: %d lines, expected a header and 2 rows:\n%s", count_lines(csv), csv);
+    CHECK(!strncmp(csv, "task,setting,mixer,", 19), "results.csv header: %.60s", csv);
+    CHECK(strstr(csv, "mqar,baseline,gdn,quick,") && strstr(csv, "mqar,baseline,mha,quick,"), "rows:\n%s", csv);
+    char *json = synth_slurp(tmp_path(&td, "sweep/results.json"));
+    CHECK(strstr(json, "\"mixer\": \"mha\"") && strstr(json, "\"metric\": "), "results.json:\n%s", json);
+    char *svg = synth_slurp(tmp_path(&td, "sweep/mqar.svg"));
+    CHECK(strstr(svg, "<svg"), "mqar.svg is not an SVG");
+    free(csv), free(json), free(svg);
+    synth_tool_free(&r);
+    tmp_remove(&td);
+}
+
+TEST(synth_run_cli_resumes_without_redoing_runs) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[512];
+    snprintf(args, sizeof args, "synth mad-recall --mixers gdn,gla --quick --out %s/sweep --stop-after 1", td.dir);
+    SynthTool r = synth_tool(&td, args);
+    CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
+    CHECK(strstr(r.out, "stopped after 1 new run"), "no word of stopping:\n%s", r.out);
+    char *first = synth_slurp(tmp_path(&td, "sweep/results.csv"));
+    CHECK(count_lines(first) == 2, "after --stop-after 1: %d lines\n%s", count_lines(first), first);
+    synth_tool_free(&r);
+    snprintf(args, sizeof args, "synth mad-recall --mixers gdn,gla --quick --out %s/sweep", td.dir);
+    r = synth_tool(&td, args);
+    CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
+    CHECK(strstr(r.out, "[1/2] mad-recall baseline gdn lr 0.003 wd 0: already in results.csv, skipped"),
+          "the recorded run is not skipped:\n%s", r.out);
+    CHECK(strstr(r.out, "[2/2] mad-recall baseline gla") && strstr(r.out, "1 run(s) were already recorded"),
+          "the second run did not run:\n%s", r.out);
+    char *second = synth_slurp(tmp_path(&td, "sweep/results.csv"));
+    CHECK(count_lines(second) == 3, "after the resume: %d lines\n%s", count_lines(second), second);
+    CHECK(!strncmp(first, second, strlen(first)), "the recorded row changed:\n%s\nthen\n%s", first, second);
+    free(first), free(second);
+    synth_tool_free(&r);
+    // A third call runs nothing.
+    r = synth_tool(&td, args);
+    CHECK(r.rc == 0 && !strstr(r.out, "training ..."), "a finished sweep ran again:\n%s", r.out);
+    synth_tool_free(&r);
+    tmp_remove(&td);
+}
+
+TEST(synth_run_cli_refusals) {
+    TmpDir td;
+    tmp_make(&td);
+    const struct {
+        const char *args, *want1, *want2;
+    } cases[] = {
+        {"synth nosuch --mixers gdn --quick", "unknown task 'nosuch'", "mqar"},
+        {"synth mqar --mixers gdn,bogus --quick", "unknown or unusable mixer 'bogus'", NULL},
+        {"synth mad-compression --mixers gdn --quick", "autoencoder", NULL},
+        {"synth mqar --quick", "--mixers is required", NULL},
+        {"synth mqar --mixers gdn --settings some", "--settings must be baseline or full", NULL},
+        {"synth mqar --mixers gdn --backend nope", "--backend", NULL},
+        {"synth --mixers gdn", "a task is required", "mad-recall"},
+        {"synth mqar --mixers gdn --seed -1", "--seed", "[0, 1000000000]"},
+        {"synth mqar --mixers gdn --stop-after -2", "--stop-after", "[0, 1000000000]"},
+        {"synth mqar --mixers gdn --dim 70000", "--dim", "[0, 65536]"},
+        {"synth mqar --mixers gdn --epochs 1.5", "--epochs", "[0, 1000000]"},
+        {"synth mqar --mixers gdn --max-steps nan", "--max-steps", "[0, 1000000000]"},
+        {"synth mqar --mixers gdn --batch -1", "--batch", "[0, 65536]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "%s --out %s/x", cases[i].args, td.dir);
+        SynthTool r = synth_tool(&td, args);
+        CHECK(r.rc != 0 && r.rc != -1, "mesanet %s: exit status %d, expected a refusal", args, r.rc);
+        CHECK(strstr(r.err, cases[i].want1), "mesanet %s: stderr lacks '%s':\n%s", args, cases[i].want1, r.err);
+        if (cases[i].want2)
+            CHECK(strstr(r.err, cases[i].want2), "mesanet %s: stderr lacks '%s':\n%s", args, cases[i].want2, r.err);
+        CHECK(!strstr(r.out, "training"), "mesanet %s: trained before refusing", args);
+        synth_tool_free(&r);
+    }
+    tmp_remove(&td);
+}
+
+// Every numeric option of synth --help shows its range.
+TEST(synth_run_cli_every_numeric_option_has_a_range) {
+    TmpDir td;
+    tmp_make(&td);
+    SynthTool r = synth_tool(&td, "synth --help");
+    CHECK(r.rc == 0 && !strncmp(r.out, "usage: mesanet synth ", 21), "synth --help: %d\n%s", r.rc, r.out);
+    int numeric = 0;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
+        char *d = strstr(line, "(default ");
+        if (!d || !(d[9] == '-' || (d[9] >= '0' && d[9] <= '9'))) continue;
+        numeric++;
+        CHECK(strstr(line, ", range ["), "a numeric option without a range: %s", line);
+    }
+    CHECK(numeric >= 6, "synth --help: %d numeric options, expected 6", numeric);
+    synth_tool_free(&r);
+    tmp_remove(&td);
+}
+
+TEST(synth_run_library_trains_and_scores) {
+    const SynthTask *t = synth_find("mad-memorization");
+    CHECK(t != NULL, "no mad-memorization");
+    if (!t) return;
+    SynthProtocol p;
+    synth_protocol(t, 1, &p);
+    CHECK(p.nlr == 1 && p.max_steps > 0 && p.dim == 32, "quick protocol: %d lrs, %d steps, width %d", p.nlr,
+          p.max_steps, p.dim);
+    SynthSettings s;
+    CHECK(!synth_grid(t, 0, &s, NULL, 0), "%s", mn_last_error());
+    synth_quick_settings(t, &s);
+    CHECK(!synth_check(t, &s) && s.n_train == 256, "quick settings: %s", mn_last_error());
+    p.max_steps = 20;
+    SynthRunResult r;
+    int st = synth_run(t, &s, &p, "gdn", p.lrs[0], p.wds[0], 3, backend_by_name("cpu"), NULL, &r);
+    CHECK(!st, "synth_run: %s", mn_last_error());
+    CHECK(r.steps == 20 && r.metric >= 0 && r.metric <= 1 && isfinite(r.final_loss), "steps %d metric %g loss %g",
+          r.steps, r.metric, r.final_loss);
+    SynthRunResult again;
+    st = synth_run(t, &s, &p, "gdn", p.lrs[0], p.wds[0], 3, backend_by_name("cpu"), NULL, &again);
+    CHECK(!st && again.metric == r.metric && again.final_loss == r.final_loss, "not deterministic: %g %g", r.metric,
+          again.metric);
+    ModelConfig c;
+    CHECK(synth_model_config(t, &s, &p, "nonsense", &c) != 0, "an unknown mixer accepted");
+    CHECK(synth_model_config(t, &s, &p, "gdn,mha", &c) == 0 && c.dim == 32 && c.n_layers == 2, "pattern: %s",
+          mn_last_error());
+    CHECK(synth_task_supported(synth_find("mad-compression")) != 0, "compression claimed supported");
+    double v;
+    const char *col;
+    CHECK(synth_published("mad-fuzzy-recall", "mesa", &v, &col) && v == 58.5 && !strcmp(col, "fuzzy recall"),
+          "published MesaNet fuzzy recall");
+    CHECK(synth_published("mad-recall", "mha", &v, NULL) && v == 100, "published Transformer recall");
+    CHECK(!synth_published("mqar", "mesa", &v, NULL), "mqar has no published table here");
+}
