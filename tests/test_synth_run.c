@@ -201,3 +201,20 @@ TEST(synth_run_library_trains_and_scores) {
     CHECK(synth_published("mad-recall", "mha", &v, NULL) && v == 100, "published Transformer recall");
     CHECK(!synth_published("mqar", "mesa", &v, NULL), "mqar has no published table here");
 }
+
+TEST(synth_run_library_regbench) {
+    const SynthTask *t = synth_find_any("regbench");
+    CHECK(t == &synth_task_regbench && synth_grid_count(t) == 6, "regbench: not found or grid of %d",
+          t ? synth_grid_count(t) : 0);
+    if (!t) return;
+    SynthProtocol p;
+    synth_protocol(t, 1, &p);
+    SynthSettings s;
+    CHECK(!synth_grid(t, 0, &s, NULL, 0) && s.n_train == 1000 && s.n_test == 500, "regbench baseline");
+    synth_quick_settings(t, &s);
+    s.n_train = 64, s.n_test = 16, p.max_steps = 8;
+    SynthRunResult r;
+    int st = synth_run(t, &s, &p, "gdn", p.lrs[0], p.wds[0], 1, backend_by_name("cpu"), NULL, &r);
+    CHECK(!st, "synth_run regbench: %s", mn_last_error());
+    CHECK(r.steps == 8 && r.metric >= 0 && r.metric <= 1, "regbench: steps %d, validity %g", r.steps, r.metric);
+}

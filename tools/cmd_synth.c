@@ -201,7 +201,9 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "mesanet synth: a task is required; the tasks:\n");
         for (int i = 0; i < synth_task_count(); i++)
             fprintf(stderr, "  %-20s %s\n", synth_task(i)->name, synth_task(i)->summary);
+        fprintf(stderr, "  %-20s %s\n", synth_task_regbench.name, synth_task_regbench.summary);
         fprintf(stderr, "  %-20s the five MAD tasks the causal model runs (all but mad-compression)\n", "mad");
+        fprintf(stderr, "  %-20s every task the causal model runs\n", "all");
         return 1;
     }
     if (!mixers_arg || !*mixers_arg) cmd_fail(CMD, "--mixers is required (e.g. --mixers mesa,gdn,mha)");
@@ -223,10 +225,11 @@ int cmd_synth(int argc, char **argv) {
                 if ((!strcmp(titems[i], "all") || !strcmp(t->family, "mad")) && !synth_task_supported(t))
                     tasks[ntasks++] = t;
             }
+            if (!strcmp(titems[i], "all") && ntasks < MAX_TASKS) tasks[ntasks++] = &synth_task_regbench;
             continue;
         }
-        const SynthTask *t = synth_find(titems[i]);
-        if (!t) cmd_fail(CMD, "unknown task '%s': %s (or mad, all)", titems[i], mn_last_error());
+        const SynthTask *t = synth_find_any(titems[i]);
+        if (!t) cmd_fail(CMD, "unknown task '%s': %s (or regbench, mad, all)", titems[i], mn_last_error());
         if (synth_task_supported(t)) cmd_fail(CMD, "%s", mn_last_error());
         if (ntasks < MAX_TASKS) tasks[ntasks++] = t;
     }

@@ -69,6 +69,13 @@ typedef struct {
 int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer, float lr,
               float wd, uint64_t seed, const Backend *be, FILE *log, SynthRunResult *r);
 
+// RegBench (src/synth/regbench.h) as a task of the table's form: "regbench", seq_len the longest
+// string, n_train / n_test the automata (grid: n_train 1K .. 40K), scored by greedy validity
+// accuracy (rb_metrics_greedy). synth_run alone makes its examples (synth_make cannot).
+extern const SynthTask synth_task_regbench;
+// synth_find, and "regbench".
+const SynthTask *synth_find_any(const char *name);
+
 // Published numbers: the MesaNet paper's Table 1 (MAD) per column. For a task and a mixer,
 // *value (percent) and *column when listed, else 0 returned.
 int synth_published(const char *task, const char *mixer, double *value, const char **column);
