@@ -122,7 +122,7 @@ static void save_rows(const char *dir, const Rows *rows) {
         const Row *r = &rows->v[i];
         csv_put(af.f, r->task), fputc(',', af.f), csv_put(af.f, r->setting), fputc(',', af.f);
         csv_put(af.f, r->mixer), fputc(',', af.f);
-        fprintf(af.f, "%s,%lld,%.9g,%.9g,%d,%d,%d,%.3f,%.17g\n", r->protocol, r->seed, r->lr, r->wd, r->steps,
+        fprintf(af.f, "%s,%lld,%.6g,%.6g,%d,%d,%d,%.3f,%.17g\n", r->protocol, r->seed, r->lr, r->wd, r->steps,
                 r->epochs, r->early, r->seconds, r->metric);
     }
     if (af_commit(&af)) cmd_fail(CMD, "%s", mn_last_error());
@@ -134,11 +134,13 @@ static void save_rows(const char *dir, const Rows *rows) {
         // Names hold no quotes or backslashes (task names, grid labels, mixer patterns).
         fprintf(af.f,
                 "  {\"task\": \"%s\", \"setting\": \"%s\", \"mixer\": \"%s\", \"protocol\": \"%s\", \"seed\": %lld, "
-                "\"lr\": %.9g, \"wd\": %.9g, \"steps\": %d, \"epochs\": %d, \"stopped_early\": %s, "
-                "\"train_seconds\": %.3f, \"metric\": %.17g}%s\n",
+                "\"lr\": %.6g, \"wd\": %.6g, \"steps\": %d, \"epochs\": %d, \"stopped_early\": %s, "
+                "\"train_seconds\": %.3f, \"metric\": ",
                 r->task, r->setting, r->mixer, r->protocol, r->seed, r->lr, r->wd, r->steps, r->epochs,
-                r->early ? "true" : "false", r->seconds, isfinite(r->metric) ? r->metric : 0.0,
-                i + 1 < rows->n ? "," : "");
+                r->early ? "true" : "false", r->seconds);
+        if (isfinite(r->metric)) fprintf(af.f, "%.17g", r->metric);
+        else fprintf(af.f, "null");
+        fprintf(af.f, "}%s\n", i + 1 < rows->n ? "," : "");
     }
     fprintf(af.f, "]\n");
     if (af_commit(&af)) cmd_fail(CMD, "%s", mn_last_error());

@@ -291,7 +291,7 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
     mn_rng_seed(&rng, synth_mix(seed + 77));
     for (int64_t i = 0; i < ntrain; i++) order[i] = i;
     int64_t step = 0, pos = ntrain;  // pos: the next example of the epoch's order
-    double metric = NAN;
+    double metric = NAN, t_log = t0;
     while (!st && step < total) {
         if (pos + B > ntrain) {  // a new epoch: a fresh order
             for (int64_t i = ntrain - 1; i > 0; i--) {
@@ -322,10 +322,16 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
             break;
         }
         int epoch_end = pos + B > ntrain || step == total;
+        if (log && epoch_end && !(p->stop_acc > 0) && mn_now() - t_log >= 10) {
+            fprintf(log, "    epoch %d: step %lld of %lld, loss %.4f\n", r->epochs, (long long)step, (long long)total,
+                    r->final_loss);
+            fflush(log);
+            t_log = mn_now();
+        }
         if (p->stop_acc > 0 && epoch_end && step < total) {
             if ((st = score(t, s, m, &ex, &metric))) break;
-            if (log) fprintf(log, "    epoch %d: step %lld, loss %.4f, test %.4f\n", r->epochs, (long long)step,
-                             r->final_loss, metric);
+            if (log) fprintf(log, "    epoch %d: step %lld of %lld, loss %.4f, test %.4f\n", r->epochs, (long long)step,
+                             (long long)total, r->final_loss, metric), fflush(log);
             if (metric >= p->stop_acc) {
                 r->stopped_early = 1;
                 break;
