@@ -394,11 +394,48 @@ int cmd_synth(int argc, char **argv) {
             printf("%-16s", mixers[k]);
             double sum = 0;
             for (int i = 0; i < ntasks; i++) printf(" %12.1f", 100 * task_mean[i][k]), sum += task_mean[i][k];
-            printf(" %8.1f", 100 * sum / ntasks);
-            double pv;
-            if (synth_published("mad", mixers[k], &pv, NULL)) printf("  (published MAD avg %.1f)", pv);
-            printf("\n");
+            printf(" %8.1f\n", 100 * sum / ntasks);
         }
+    }
+    // MAD as the MesaNet paper's Table 1 reports it: in-context and noisy recall merged in one
+    // column; compression (not run here) left out, so the average is over the four other columns,
+    // the published one too.
+    static const char *const paper_cols[4][2] = {{"mad-recall", "mad-noisy-recall"},
+                                                  {"mad-fuzzy-recall", NULL},
+                                                  {"mad-memorization", NULL},
+                                                  {"mad-selective-copy", NULL}};
+    int col_task[4][2], have_cols = 1;
+    for (int c = 0; c < 4; c++)
+        for (int h = 0; h < 2; h++) {
+            col_task[c][h] = -1;
+            for (int i = 0; i < ntasks && paper_cols[c][h]; i++)
+                if (!strcmp(tasks[i]->name, paper_cols[c][h])) col_task[c][h] = i;
+            if (paper_cols[c][h] && col_task[c][h] < 0) have_cols = 0;
+        }
+    if (have_cols) {
+        printf("\nMAD as the MesaNet paper's Table 1 (x 100; compression not run: averages over the other four "
+               "columns; published in brackets)\n%-16s %18s %14s %10s %15s %16s\n", "mixer", "IC & noisy recall",
+               "fuzzy recall", "memorize", "selective copy", "avg of four");
+        for (int k = 0; k < nmix; k++) {
+            printf("%-16s", mixers[k]);
+            double sum = 0, psum = 0;
+            int npub = 0;
+            const int width[4] = {18, 14, 10, 15};
+            for (int c = 0; c < 4; c++) {
+                double v = col_task[c][1] >= 0 ? 0.5 * (task_mean[col_task[c][0]][k] + task_mean[col_task[c][1]][k])
+                                               : task_mean[col_task[c][0]][k];
+                double pv;
+                char cell[48];
+                if (synth_published(paper_cols[c][0], mixers[k], &pv, NULL))
+                    snprintf(cell, sizeof cell, "%.1f (%.1f)", 100 * v, pv), psum += pv, npub++;
+                else snprintf(cell, sizeof cell, "%.1f", 100 * v);
+                printf(" %*s", width[c], cell);
+                sum += v;
+            }
+            if (npub == 4) printf(" %9.1f (%.1f)\n", 100 * sum / 4, psum / 4);
+            else printf(" %16.1f\n", 100 * sum / 4);
+        }
+        printf("published: %s\n", synth_published_source);
     }
     printf("\nresults: %s/results.csv, %s/results.json\n", out, out);
     free(rows.v);
