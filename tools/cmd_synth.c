@@ -19,7 +19,7 @@
 #define CMD "synth"
 
 typedef struct {
-    char task[32], setting[96], mixer[64], protocol[8];
+    char task[32], setting[96], mixer[64], protocol[64];
     double lr, wd;
     long long seed;
     int steps, epochs, early;
@@ -275,13 +275,24 @@ int cmd_synth(int argc, char **argv) {
     snprintf(csv_path, sizeof csv_path, "%s/results.csv", out);
     Rows rows = {0};
     load_rows(csv_path, &rows);
-    const char *proto = quick ? "quick" : "full";
-    if (dim || epochs || max_steps || batch) proto = quick ? "quick*" : "custom";
+    // The protocol's name, with what the options changed: runs are the same only under the same one.
+    char proto[64];
+    snprintf(proto, sizeof proto, "%s", quick ? "quick" : "full");
+    const struct {
+        const char *key;
+        int v;
+    } over[4] = {{"dim", dim}, {"epochs", epochs}, {"steps", max_steps}, {"batch", batch}};
+    for (int i = 0; i < 4; i++)
+        if (over[i].v) {
+            size_t n = strlen(proto);
+            snprintf(proto + n, sizeof proto - n, "+%s%d", over[i].key, over[i].v);
+        }
     printf("synth: %d task(s) x %d mixer(s), %s settings, %d runs; %s backend; results in %s\n", ntasks, nmix, settings,
            total, be->name, out);
     for (int i = 0; i < ntasks; i++)
         printf("synth: %s: %s; width %d, %d blocks, batch %d\n", tasks[i]->name, prot[i].source, prot[i].dim,
                prot[i].n_layers, prot[i].batch);
+    if (quick) printf("synth: --quick shrinks every setting (labels name the grid's settings, not the sizes run)\n");
     fflush(stdout);
 
     int done = 0, ran = 0, skipped = 0;

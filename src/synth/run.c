@@ -284,6 +284,10 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
     int have_ex = 0;
     if (!st) st = examples_open(&ex, t, s, seed), have_ex = 1;
     if (!st) st = model_create(&m, &cfg, be);
+    if (!st) {  // a batch that cannot fit is refused before its buffers are allocated
+        MemNeeds needs = {"synth", 2 * sizeof(int32_t) * (size_t)T, 0, 1};
+        st = model_check_batch(m, B, T, &needs);
+    }
     if (!st) st = model_init_params(m, synth_mix(seed ^ 0x5157ull));
     if (!st) st = adamw_init(&opt, m), have_opt = !st;
     LrSchedule sched = {lr, (int)(p->warmup_frac * (float)total), (int)total, p->lr_final};
