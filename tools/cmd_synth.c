@@ -180,8 +180,8 @@ int cmd_synth(int argc, char **argv) {
     const char *mixers_arg = NULL, *settings = "baseline", *backend = "cpu", *out = "runs/synth";
     int quick = 0, seed = 0, stop_after = 0, dim = 0, epochs = 0, max_steps = 0, batch = 0;
     Option opts[] = {
-        {"mixers", OPT_STRING, &mixers_arg, "comma list of mixers or patterns (mesa, gdn, mha, gla, mamba2, deltanet, "
-                                            "gdn-paper, swa, ...; a pattern of blocks as gdn+mha is written gdn+mha)"},
+        {"mixers", OPT_STRING, &mixers_arg, "comma list of mixers (mesa, gdn, mha, gla, mamba2, deltanet, gdn-paper, "
+                                            "swa, ...) or patterns of blocks written with + (gdn+mha: gdn, then mha)"},
         {"settings", OPT_STRING, &settings, "baseline (each task's baseline setting) or full (its whole grid)"},
         {"quick", OPT_FLAG, &quick, "tiny settings and model, one learning rate, 40 steps: seconds on a CPU"},
         {"backend", OPT_STRING, &backend, "cpu or cuda"},
