@@ -310,8 +310,9 @@ int cmd_eval(int argc, char **argv) {
     eval_free(&r);
 
     if (nm) {  // length extrapolation
+        int cg = model_uses_cg(&m->cfg);  // a CG column only where a layer solves with CG
         printf("\nlength extrapolation (trained at %d):\n  %8s %10s %12s %10s\n", m->cfg.seq_len, "length", "loss",
-               "perplexity", "CG steps");
+               "perplexity", cg ? "CG steps" : "");
         for (int i = 0; i < nm; i++) {
             int L = m->cfg.seq_len * mult[i];  // checked above: at most MAX_LENGTH
             EvalResult rl;
@@ -320,11 +321,16 @@ int cmd_eval(int argc, char **argv) {
             char what[64];
             snprintf(what, sizeof what, "length %d", L);
             if (evaluate(m, &el, L, use_steps, tol, what, &rl)) cmd_fail("eval", "length %d: %s", L, mn_last_error());
-            printf("  %8d %10.4f %12.3f %10.2f\n", L, mean_nll(&rl), exp(mean_nll(&rl)), rl.cg_steps);
+            if (cg) printf("  %8d %10.4f %12.3f %10.2f\n", L, mean_nll(&rl), exp(mean_nll(&rl)), rl.cg_steps);
+            else printf("  %8d %10.4f %12.3f\n", L, mean_nll(&rl), exp(mean_nll(&rl)));
             eval_free(&rl);
         }
     }
 
+    if (sweep && !model_uses_cg(&m->cfg)) {
+        printf("\n--cg-sweep: no layer of this model solves with CG; nothing to sweep\n");
+        sweep = 0;
+    }
     if (sweep) {  // dynamic test-time compute
         double snll[NSWEEP], sppl[NSWEEP], ssteps[NSWEEP];
         printf("\nCG steps and accuracy:\n  %-14s %10s %12s %12s\n", "setting", "loss", "perplexity", "mean steps");
