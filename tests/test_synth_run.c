@@ -217,4 +217,37 @@ TEST(synth_run_library_regbench) {
     int st = synth_run(t, &s, &p, "gdn", p.lrs[0], p.wds[0], 1, backend_by_name("cpu"), NULL, &r);
     CHECK(!st, "synth_run regbench: %s", mn_last_error());
     CHECK(r.steps == 8 && r.metric >= 0 && r.metric <= 1, "regbench: steps %d, validity %g", r.steps, r.metric);
+    CHECK(r.tvd >= 0 && r.tvd <= 1, "regbench: tvd %g not in [0, 1]", r.tvd);
+}
+
+// A quick RegBench sweep records its TVD beside the greedy accuracy: the csv's last field, the
+// json's "tvd", the progress line and the table's column; other tasks leave it empty.
+TEST(synth_run_cli_regbench_writes_tvd) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[512];
+    snprintf(args, sizeof args, "synth regbench,mqar --mixers gdn --quick --max-steps 8 --out %s/sweep", td.dir);
+    SynthTool r = synth_tool(&td, args);
+    CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
+    CHECK(strstr(r.out, ", tvd 0.") || strstr(r.out, ", tvd 1.0"), "no tvd in the progress lines:\n%s", r.out);
+    CHECK(strstr(r.out, "      tvd"), "no tvd column in the table:\n%s", r.out);
+    char *csv = synth_slurp(tmp_path(&td, "sweep/results.csv"));
+    CHECK(strstr(csv, ",metric,tvd\n"), "results.csv header:\n%s", csv);
+    const char *rb = strstr(csv, "\nregbench,"), *mq = strstr(csv, "\nmqar,");
+    CHECK(rb && mq, "rows:\n%s", csv);
+    if (rb && mq) {
+        const char *end = strchr(rb + 1, '\n'), *comma = end;
+        while (comma > rb && *comma != ',') comma--;
+        double tvd = atof(comma + 1);
+        CHECK(end && comma + 1 < end && tvd >= 0 && tvd <= 1, "regbench tvd field '%.*s'", (int)(end - comma - 1),
+              comma + 1);
+        end = strchr(mq + 1, '\n');
+        CHECK(end && end[-1] == ',', "mqar's tvd field is not empty:\n%s", csv);
+    }
+    char *json = synth_slurp(tmp_path(&td, "sweep/results.json"));
+    CHECK(strstr(json, "\"tvd\": 0.") || strstr(json, "\"tvd\": 1"), "results.json:\n%s", json);
+    CHECK(strstr(json, "\"tvd\": null"), "mqar's tvd is not null:\n%s", json);
+    free(csv), free(json);
+    synth_tool_free(&r);
+    tmp_remove(&td);
 }

@@ -24,6 +24,7 @@ typedef struct {
     long long seed;
     int steps, epochs, early;
     double seconds, metric;
+    double tvd;  // RegBench's TVD; NAN for the other tasks (an empty field)
 } Row;
 
 typedef struct {
@@ -46,7 +47,7 @@ static int same_run(const Row *a, const Row *b) {
            (float)a->wd == (float)b->wd;
 }
 
-static const char *const csv_header = "task,setting,mixer,protocol,seed,lr,wd,steps,epochs,stopped_early,train_seconds,metric";
+static const char *const csv_header = "task,setting,mixer,protocol,seed,lr,wd,steps,epochs,stopped_early,train_seconds,metric,tvd";
 
 // One CSV field (RFC 4180 quoting) into out; returns the position after it and its separator.
 static const char *csv_field(const char *p, char *out, size_t cap) {
@@ -93,9 +94,9 @@ static void load_rows(const char *path, Rows *rows) {
         char *end = strchr(p, '\n');
         if (end) *end = 0;
         if (line > 0 && *p) {
-            char f[12][128];
+            char f[13][128];
             const char *q = p;
-            for (int i = 0; i < 12; i++) q = csv_field(q, f[i], sizeof f[i]);
+            for (int i = 0; i < 13; i++) q = csv_field(q, f[i], sizeof f[i]);  // tvd: empty in older files
             Row r = {0};
             snprintf(r.task, sizeof r.task, "%s", f[0]);
             snprintf(r.setting, sizeof r.setting, "%s", f[1]);
@@ -103,6 +104,7 @@ static void load_rows(const char *path, Rows *rows) {
             snprintf(r.protocol, sizeof r.protocol, "%s", f[3]);
             r.seed = atoll(f[4]), r.lr = atof(f[5]), r.wd = atof(f[6]), r.steps = atoi(f[7]), r.epochs = atoi(f[8]);
             r.early = atoi(f[9]), r.seconds = atof(f[10]), r.metric = atof(f[11]);
+            r.tvd = f[12][0] ? atof(f[12]) : NAN;
             if (!r.task[0] || !r.mixer[0]) cmd_fail(CMD, "%s: line %d is not a result row", path, line + 1);
             rows_add(rows, &r);
         }
@@ -122,8 +124,10 @@ static void save_rows(const char *dir, const Rows *rows) {
         const Row *r = &rows->v[i];
         csv_put(af.f, r->task), fputc(',', af.f), csv_put(af.f, r->setting), fputc(',', af.f);
         csv_put(af.f, r->mixer), fputc(',', af.f);
-        fprintf(af.f, "%s,%lld,%.6g,%.6g,%d,%d,%d,%.3f,%.17g\n", r->protocol, r->seed, r->lr, r->wd, r->steps,
+        fprintf(af.f, "%s,%lld,%.6g,%.6g,%d,%d,%d,%.3f,%.17g,", r->protocol, r->seed, r->lr, r->wd, r->steps,
                 r->epochs, r->early, r->seconds, r->metric);
+        if (isfinite(r->tvd)) fprintf(af.f, "%.17g", r->tvd);
+        fputc('\n', af.f);
     }
     if (af_commit(&af)) cmd_fail(CMD, "%s", mn_last_error());
     snprintf(path, sizeof path, "%s/results.json", dir);
@@ -139,6 +143,9 @@ static void save_rows(const char *dir, const Rows *rows) {
                 r->task, r->setting, r->mixer, r->protocol, r->seed, r->lr, r->wd, r->steps, r->epochs,
                 r->early ? "true" : "false", r->seconds);
         if (isfinite(r->metric)) fprintf(af.f, "%.17g", r->metric);
+        else fprintf(af.f, "null");
+        fprintf(af.f, ", \"tvd\": ");
+        if (isfinite(r->tvd)) fprintf(af.f, "%.17g", r->tvd);
         else fprintf(af.f, "null");
         fprintf(af.f, "}%s\n", i + 1 < rows->n ? "," : "");
     }
@@ -161,15 +168,20 @@ static void fmt_time(char *buf, size_t cap, double s) {
 }
 
 // The best metric over the (lr, wd) grid of (task, setting, mixer) among the rows; NAN if none.
+// *tvd (may be NULL): the TVD of that best run (NAN if none).
 static double best_of(const Rows *rows, const char *task, const char *setting, const char *mixer, const char *proto,
-                      long long seed) {
+                      long long seed, double *tvd) {
     double best = NAN;
+    if (tvd) *tvd = NAN;
     for (int i = 0; i < rows->n; i++) {
         const Row *r = &rows->v[i];
         if (strcmp(r->task, task) || strcmp(r->setting, setting) || strcmp(r->mixer, mixer) ||
             strcmp(r->protocol, proto) || r->seed != seed)
             continue;
-        if (isnan(best) || r->metric > best) best = r->metric;
+        if (isnan(best) || r->metric > best) {
+            best = r->metric;
+            if (tvd) *tvd = r->tvd;
+        }
     }
     return best;
 }
@@ -307,6 +319,7 @@ int cmd_synth(int argc, char **argv) {
             for (int k = 0; k < nmix && (!stop_after || ran < stop_after); k++)
                 for (int l = 0; l < prot[i].nlr && (!stop_after || ran < stop_after); l++) {
                     Row r = {0};
+                    r.tvd = NAN;
                     snprintf(r.task, sizeof r.task, "%s", t->name);
                     snprintf(r.setting, sizeof r.setting, "%s", label);
                     snprintf(r.mixer, sizeof r.mixer, "%s", mixers[k]);
@@ -330,7 +343,7 @@ int cmd_synth(int argc, char **argv) {
                                   quick ? NULL : stdout, &res))
                         cmd_fail(CMD, "%s %s %s: %s", r.task, r.setting, r.mixer, mn_last_error());
                     r.steps = res.steps, r.epochs = res.epochs, r.early = res.stopped_early;
-                    r.seconds = res.seconds, r.metric = res.metric;
+                    r.seconds = res.seconds, r.metric = res.metric, r.tvd = res.tvd;
                     rows_add(&rows, &r);
                     save_rows(out, &rows);
                     ran++;
@@ -338,8 +351,10 @@ int cmd_synth(int argc, char **argv) {
                     char took[32], eta[32];
                     fmt_time(took, sizeof took, res.seconds);
                     fmt_time(eta, sizeof eta, spent / ran * (total - done));
-                    printf("[%d/%d] %s %s %s lr %g wd %g: metric %.4f, %d steps%s, %s | ETA %s\n", done, total,
-                           r.task, r.setting, r.mixer, r.lr, r.wd, r.metric, r.steps,
+                    char tvd_text[32] = "";
+                    if (isfinite(r.tvd)) snprintf(tvd_text, sizeof tvd_text, ", tvd %.4f", r.tvd);
+                    printf("[%d/%d] %s %s %s lr %g wd %g: metric %.4f%s, %d steps%s, %s | ETA %s\n", done, total,
+                           r.task, r.setting, r.mixer, r.lr, r.wd, r.metric, tvd_text, r.steps,
                            r.early ? " (stopped early)" : "", took, eta);
                     fflush(stdout);
                 }
@@ -367,23 +382,29 @@ int cmd_synth(int argc, char **argv) {
         int has_pub = 0;
         double pv;
         for (int k = 0; k < nmix; k++) has_pub |= synth_published(t->name, mixers[k], &pv, NULL);
-        printf("\n%s (metric x 100, best over %d lr setting(s))\n%-16s", t->name, prot[i].nlr, "mixer");
+        int rb = t == &synth_task_regbench;
+        printf("\n%s (metric x 100, best over %d lr setting(s)%s)\n%-16s", t->name, prot[i].nlr,
+               rb ? "; tvd: mean TVD of those best runs, 0..1, lower is better" : "", "mixer");
         for (int g = 0; g < ngrid[i]; g++) printf(" %14.14s", labels[g]);
-        printf(" %8s%s\n", "mean", has_pub ? "  published" : "");
+        printf(" %8s%s%s\n", "mean", rb ? "      tvd" : "", has_pub ? "  published" : "");
         double ys[MAX_MIXERS][MAX_SETTINGS], xs[MAX_SETTINGS];
         PlotSeries series[MAX_MIXERS];
         for (int k = 0; k < nmix; k++) {
             printf("%-16s", mixers[k]);
-            double sum = 0;
-            int n = 0;
+            double sum = 0, tsum = 0;
+            int n = 0, tn = 0;
             for (int g = 0; g < ngrid[i]; g++) {
-                double b = best_of(&rows, t->name, labels[g], mixers[k], proto, seed);
+                double tv;
+                double b = best_of(&rows, t->name, labels[g], mixers[k], proto, seed, &tv);
+                if (isfinite(tv)) tsum += tv, tn++;
                 ys[k][g] = b, xs[g] = g;
                 if (isnan(b)) printf(" %14s", "-");
                 else printf(" %14.1f", 100 * b), sum += b, n++;
             }
             task_mean[i][k] = n ? sum / n : NAN;
             printf(" %8.1f", 100 * task_mean[i][k]);
+            if (rb && tn) printf(" %8.4f", tsum / tn);
+            else if (rb) printf(" %8s", "-");
             const char *col;
             if (synth_published(t->name, mixers[k], &pv, &col)) printf("  %.1f (%s)", pv, col);
             printf("\n");

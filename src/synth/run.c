@@ -222,7 +222,21 @@ static int predict(Model *m, int n, float *logits, int32_t *pred) {
     return MN_OK;
 }
 
-static int score(const SynthTask *t, const SynthSettings *s, Model *m, Examples *ex, double *out) {
+// Softmax of n rows of V logits into probs.
+static void softmax_rows(const float *logits, int n, int V, float *probs) {
+    for (int i = 0; i < n; i++) {
+        const float *l = logits + (size_t)i * V;
+        float *p = probs + (size_t)i * V, mx = l[0];
+        for (int v = 1; v < V; v++)
+            if (l[v] > mx) mx = l[v];
+        double sum = 0;
+        for (int v = 0; v < V; v++) sum += p[v] = expf(l[v] - mx);
+        for (int v = 0; v < V; v++) p[v] = (float)(p[v] / sum);
+    }
+}
+
+// The test metric into *out; RegBench: the mean TVD into *tvd (NAN for the other tasks).
+static int score(const SynthTask *t, const SynthSettings *s, Model *m, Examples *ex, double *out, double *tvd) {
     int V, T;
     MN_TRY(synth_shape(t, s, SYNTH_TEST, &V, &T));
     int64_t n = synth_split_size(s, SYNTH_TEST);
@@ -238,6 +252,9 @@ static int score(const SynthTask *t, const SynthSettings *s, Model *m, Examples 
     int rb = t == &synth_task_regbench;
     int *lens = malloc(sizeof(int) * (size_t)B);
     if (!lens && !st) st = mn_error(MN_ERR_NOMEM, "synth: out of memory scoring");
+    float *probs = rb ? malloc(sizeof(float) * per) : NULL;
+    if (rb && !probs && !st) st = mn_error(MN_ERR_NOMEM, "synth: out of memory scoring");
+    if (rb && V != RB_VOCAB && !st) st = mn_error(MN_ERR_ARG, "regbench: vocabulary %d, expected %d", V, RB_VOCAB);
     SynthMeter meter = {0};
     RbMetrics rbm = {0};
     for (int64_t first = 0; !st && first < n; first += B) {
@@ -250,16 +267,22 @@ static int score(const SynthTask *t, const SynthSettings *s, Model *m, Examples 
         for (int i = 0; i < b && !st && rb; i++) {
             st = examples_get(ex, SYNTH_TEST, first + i, T, in, tg, &lens[i]);  // ex->tok: the example
             if (!st) st = rb_metrics_greedy(&rbm, &ex->dfa[SYNTH_TEST][first + i], ex->tok, lens[i], pred + (size_t)i * T);
+            if (!st && lens[i] > 1) {
+                softmax_rows(logits + (size_t)i * per, lens[i] - 1, V, probs);
+                st = rb_metrics_tvd(&rbm, &ex->dfa[SYNTH_TEST][first + i], ex->tok, lens[i], probs);
+            }
         }
     }
-    free(in), free(tg), free(pred), free(logits), free(lens);
+    free(in), free(tg), free(pred), free(logits), free(lens), free(probs);
     *out = rb ? rb_metrics_accuracy(&rbm) : synth_meter_value(&meter);
+    if (tvd) *tvd = rb && rbm.n_tvd > 0 ? rb_metrics_tvd_mean(&rbm) : NAN;
     return st;
 }
 
 int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer, float lr,
               float wd, uint64_t seed, const Backend *be, FILE *log, SynthRunResult *r) {
     memset(r, 0, sizeof *r);
+    r->tvd = NAN;
     MN_TRY(synth_task_supported(t));
     ModelConfig cfg;
     MN_TRY(synth_model_config(t, s, p, mixer, &cfg));
@@ -333,7 +356,7 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
             t_log = mn_now();
         }
         if (p->stop_acc > 0 && epoch_end && step < total) {
-            if ((st = score(t, s, m, &ex, &metric))) break;
+            if ((st = score(t, s, m, &ex, &metric, &r->tvd))) break;
             if (log) fprintf(log, "    epoch %d: step %lld of %lld, loss %.4f, test %.4f\n", r->epochs, (long long)step,
                              (long long)total, r->final_loss, metric), fflush(log);
             if (metric >= p->stop_acc) {
@@ -343,7 +366,7 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
             metric = NAN;
         }
     }
-    if (!st && isnan(metric)) st = score(t, s, m, &ex, &metric);
+    if (!st && isnan(metric)) st = score(t, s, m, &ex, &metric, &r->tvd);
     r->metric = metric;
     r->steps = (int)step;
     r->seconds = mn_now() - t0;

@@ -61,11 +61,14 @@ typedef struct {
     double seconds;     // training and scoring time
     int stopped_early;  // the test metric reached stop_acc
     double final_loss;  // mean training loss of the last step
+    double tvd;         // RegBench: mean total variation distance (textbook, halved) between the softmax of
+                        // the logits and the automaton's next-symbol distribution (rb_metrics_tvd) over the
+                        // scored test positions; NAN for the other tasks
 } SynthRunResult;
 
 // Trains a fresh model (seeded by seed) on the setting's training split with AdamW, warm-up and
 // cosine, stopping early by the protocol, and scores the test split (greedy argmax at the scored
-// positions). `log` (may be NULL) gets a line per epoch.
+// positions; RegBench also the TVD of the softmax, r->tvd). `log` (may be NULL) gets a line per epoch.
 int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer, float lr,
               float wd, uint64_t seed, const Backend *be, FILE *log, SynthRunResult *r);
 
