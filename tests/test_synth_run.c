@@ -72,6 +72,7 @@ TEST(synth_run_cli_quick_mqar_writes_results) {
     CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
     CHECK(strstr(r.out, "[2/2] mqar baseline mha") && strstr(r.out, "ETA"), "no progress lines:\n%s", r.out);
     CHECK(strstr(r.out, "gdn") && strstr(r.out, "mean"), "no table:\n%s", r.out);
+    CHECK(strstr(r.out, "published: Zoology"), "no published source for mqar's attention:\n%s", r.out);
     char *csv = synth_slurp(tmp_path(&td, "sweep/results.csv"));
     CHECK(count_lines(csv) == 3, "results.csv: %d lines, expected a header and 2 rows:\n%s", count_lines(csv), csv);
     CHECK(!strncmp(csv, "task,setting,mixer,", 19), "results.csv header: %.60s", csv);
@@ -199,7 +200,11 @@ TEST(synth_run_library_trains_and_scores) {
     CHECK(synth_published("mad-fuzzy-recall", "mesa", &v, &col) && v == 58.5 && !strcmp(col, "fuzzy recall"),
           "published MesaNet fuzzy recall");
     CHECK(synth_published("mad-recall", "mha", &v, NULL) && v == 100, "published Transformer recall");
-    CHECK(!synth_published("mqar", "mesa", &v, NULL), "mqar has no published table here");
+    CHECK(!synth_published("mqar", "mesa", &v, NULL), "mqar: no published number for mesa");
+    CHECK(synth_published("mqar", "mha", &v, &col) && v == 100 && strstr(col, "Zoology"), "mqar: attention");
+    CHECK(synth_published_source_of("mqar") && strstr(synth_published_source_of("mqar"), "Zoology"), "mqar source");
+    CHECK(!synth_published("regbench", "mha", &v, NULL) && !synth_published_source_of("regbench"),
+          "regbench: the notes give no published values");
 }
 
 TEST(synth_run_library_regbench) {

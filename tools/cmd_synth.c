@@ -410,7 +410,8 @@ int cmd_synth(int argc, char **argv) {
             printf("\n");
             series[k] = (PlotSeries){.name = mixers[k], .x = xs, .y = ys[k], .n = ngrid[i], .markers = 1};
         }
-        if (has_pub) printf("published: %s\n", synth_published_source);
+        if (has_pub && synth_published_source_of(t->name))
+            printf("published: %s\n", synth_published_source_of(t->name));
         char svg[4096], title[128];
         snprintf(svg, sizeof svg, "%s/%s.svg", out, t->name);
         snprintf(title, sizeof title, "%s: test metric by setting (best over the lr grid)", t->name);

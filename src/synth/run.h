@@ -79,10 +79,15 @@ extern const SynthTask synth_task_regbench;
 // synth_find, and "regbench".
 const SynthTask *synth_find_any(const char *name);
 
-// Published numbers: the MesaNet paper's Table 1 (MAD) per column. For a task and a mixer,
-// *value (percent) and *column when listed, else 0 returned.
+// Published numbers: the MesaNet paper's Table 1 (MAD) per column; MQAR: attention only, read
+// from Zoology's Fig. 2 (about 1.0 at every width and length; the other models of that figure are
+// not mixers here, and the notes' other MQAR numbers are plot readings under another protocol).
+// RegBench: none (its papers publish plots, not values: shared/spec/reference/benchmarks-notes.md
+// 2.5). For a task and a mixer, *value (percent) and *column when listed, else 0 returned.
 int synth_published(const char *task, const char *mixer, double *value, const char **column);
-// The source of the published numbers, for reports.
+// The source of the published numbers (MAD's), for reports.
 extern const char *const synth_published_source;
+// The source of a task's published numbers (NULL where synth_published lists none for it).
+const char *synth_published_source_of(const char *task);
 
 #endif
