@@ -256,3 +256,55 @@ TEST(synth_run_cli_regbench_writes_tvd) {
     synth_tool_free(&r);
     tmp_remove(&td);
 }
+
+// The rows of a results.csv without train_seconds (field 11), sorted: runs to compare.
+static int synth_rows_key(const char *csv, char keys[][512], int max) {
+    int n = 0;
+    const char *p = strchr(csv, '\n');  // past the header
+    while (p && p[1] && n < max) {
+        p++;
+        const char *end = strchr(p, '\n');
+        if (!end) end = p + strlen(p);
+        char *k = keys[n];
+        int field = 0, len = 0;
+        for (const char *q = p; q < end && len < 510; q++) {
+            if (*q == ',') field++;
+            if (field != 10 || *q == ',') k[len++] = *q;
+        }
+        k[len] = 0;
+        n++;
+        p = *end ? end : NULL;
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (strcmp(keys[i], keys[j]) > 0) {
+                char t[512];
+                strcpy(t, keys[i]), strcpy(keys[i], keys[j]), strcpy(keys[j], t);
+            }
+    return n;
+}
+
+// --jobs 2 runs the sweep's runs as two processes at once and records the same rows as --jobs 1.
+TEST(synth_run_cli_jobs_same_rows) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[512];
+    snprintf(args, sizeof args, "synth mqar,regbench --mixers gdn --quick --max-steps 8 --out %s/one", td.dir);
+    SynthTool r1 = synth_tool(&td, args);
+    CHECK(r1.rc == 0, "mesanet %s: exit status %d\n%s", args, r1.rc, r1.err);
+    snprintf(args, sizeof args, "synth mqar,regbench --mixers gdn --quick --max-steps 8 --jobs 2 --out %s/two",
+             td.dir);
+    SynthTool r2 = synth_tool(&td, args);
+    CHECK(r2.rc == 0, "mesanet %s: exit status %d\n%s", args, r2.rc, r2.err);
+    CHECK(strstr(r2.out, "up to 2 runs at once") && strstr(r2.out, "(2 at once)"), "no jobs in the progress:\n%s",
+          r2.out);
+    char *c1 = synth_slurp(tmp_path(&td, "one/results.csv")), *c2 = synth_slurp(tmp_path(&td, "two/results.csv"));
+    static char k1[4][512], k2[4][512];
+    int n1 = synth_rows_key(c1, k1, 4), n2 = synth_rows_key(c2, k2, 4);
+    CHECK(n1 == 2 && n2 == 2, "rows: %d and %d\n%s\n%s", n1, n2, c1, c2);
+    for (int i = 0; i < n1 && i < n2; i++) CHECK(!strcmp(k1[i], k2[i]), "--jobs 1: %s\n--jobs 2: %s", k1[i], k2[i]);
+    CHECK(!strstr(c2, ".job-"), "results.csv names a job directory");
+    free(c1), free(c2);
+    synth_tool_free(&r1), synth_tool_free(&r2);
+    tmp_remove(&td);
+}

@@ -3,12 +3,16 @@
  * task's protocol (src/synth/run.h): every mixer x grid setting x (lr, wd) of the protocol's grid,
  * best over the grid per setting; a table beside the published numbers, DIR/results.csv,
  * DIR/results.json and an SVG per task. Every finished run is recorded at once, so a sweep that
- * stops resumes where it was (runs already in results.csv are skipped).
+ * stops resumes where it was (runs already in results.csv are skipped). --jobs N runs up to N runs at
+ * once, each a child process of the tool (its share of the cores); the parent alone writes results.csv.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/atomic_file.h"
 #include "core/common.h"
@@ -186,11 +190,77 @@ static double best_of(const Rows *rows, const char *task, const char *setting, c
     return best;
 }
 
-enum { MAX_TASKS = 16, MAX_MIXERS = 16, MAX_SETTINGS = 32 };
+enum { MAX_TASKS = 16, MAX_MIXERS = 16, MAX_SETTINGS = 32, MAX_JOBS = 64 };
+
+// --jobs: one run in a child process, the tool itself with the same options restricted to that run
+// (--run-index) and writing to its own directory; the parent alone writes DIR/results.csv.
+typedef struct {
+    pid_t pid;
+    int index;  // the run's number in the sweep (1-based)
+    char dir[4096];
+} Job;
+
+static void job_start(Job *j, int argc, char **argv, const char *out, int index, int threads) {
+    char idx[32];
+    snprintf(idx, sizeof idx, "%d", index);
+    snprintf(j->dir, sizeof j->dir, "%s/.job-%d", out, index);
+    if (mn_mkdirs(j->dir)) cmd_fail(CMD, "%s: %s", j->dir, mn_last_error());
+    char **cargv = calloc((size_t)argc + 8, sizeof(char *));
+    if (!cargv) cmd_fail(CMD, "out of memory");
+    int n = 0;
+    cargv[n++] = "mesanet";
+    for (int i = 0; i < argc; i++) cargv[n++] = argv[i];
+    cargv[n++] = "--run-index", cargv[n++] = idx, cargv[n++] = "--out", cargv[n++] = j->dir;
+    cargv[n++] = "--jobs", cargv[n++] = "1", cargv[n] = NULL;
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) cmd_fail(CMD, "fork: cannot start a job");
+    if (pid == 0) {
+        char th[32];
+        snprintf(th, sizeof th, "%d", threads);
+        setenv("OMP_NUM_THREADS", th, 1);
+        if (!freopen("/dev/null", "w", stdout)) _exit(127);
+        execv("/proc/self/exe", cargv);
+        _exit(127);
+    }
+    free(cargv);
+    j->pid = pid, j->index = index;
+}
+
+// Waits for one of the n jobs to end; its row into *r (MN_OK), or an error naming why not. The
+// job is removed from the list (the last one takes its place).
+static int job_wait(Job *jobs, int *n, Row *r, int *index) {
+    int status;
+    pid_t pid;
+    do pid = waitpid(-1, &status, 0);
+    while (pid < 0 && errno == EINTR);
+    if (pid < 0) return mn_error(MN_ERR_IO, "waitpid failed");
+    int k = 0;
+    while (k < *n && jobs[k].pid != pid) k++;
+    if (k == *n) return job_wait(jobs, n, r, index);  // not ours
+    Job j = jobs[k];
+    jobs[k] = jobs[--*n];
+    *index = j.index;
+    if (!WIFEXITED(status) || WEXITSTATUS(status))
+        return mn_error(MN_ERR_ARG, "run %d (a --jobs process) failed (status %d)", j.index,
+                        WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    char path[4200];
+    Rows one = {0};
+    snprintf(path, sizeof path, "%s/results.csv", j.dir);
+    load_rows(path, &one);
+    int st = one.n == 1 ? MN_OK : mn_error(MN_ERR_IO, "run %d: %s holds %d rows, not 1", j.index, path, one.n);
+    if (!st) *r = one.v[0];
+    free(one.v);
+    remove(path);
+    snprintf(path, sizeof path, "%s/results.json", j.dir);
+    remove(path);
+    rmdir(j.dir);
+    return st;
+}
 
 int cmd_synth(int argc, char **argv) {
     const char *mixers_arg = NULL, *settings = "baseline", *backend = "cpu", *out = "runs/synth";
-    int quick = 0, seed = 0, stop_after = 0, dim = 0, epochs = 0, max_steps = 0, batch = 0;
+    int quick = 0, seed = 0, stop_after = 0, dim = 0, epochs = 0, max_steps = 0, batch = 0, jobs = 1, run_index = 0;
     Option opts[] = {
         {"mixers", OPT_STRING, &mixers_arg, "comma list of mixers (mesa, gdn, mha, gla, mamba2, deltanet, gdn-paper, "
                                             "swa, ...) or patterns of blocks written with + (gdn+mha: gdn, then mha)"},
@@ -205,6 +275,10 @@ int cmd_synth(int argc, char **argv) {
         {"epochs", OPT_INT, &epochs, "epochs at most (0: the protocol's)", 0, 1000000},
         {"max-steps", OPT_INT, &max_steps, "steps at most per run (0: the protocol's)", 0, 1000000000},
         {"batch", OPT_INT, &batch, "training sequences per step (0: the protocol's)", 0, 65536},
+        {"jobs", OPT_INT, &jobs, "runs at once, each a process with its share of the cores (OMP_NUM_THREADS)", 1,
+         MAX_JOBS},
+        {"run-index", OPT_INT, &run_index, "internal (--jobs): run only the sweep's run of this number", 0,
+         1000000000},
     };
     char *pos[1];
     int npos = 0;
@@ -299,16 +373,20 @@ int cmd_synth(int argc, char **argv) {
             size_t n = strlen(proto);
             snprintf(proto + n, sizeof proto - n, "+%s%d", over[i].key, over[i].v);
         }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = ncpu > jobs ? (int)(ncpu / jobs) : 1;
     printf("synth: %d task(s) x %d mixer(s), %s settings, %d runs; %s backend; results in %s\n", ntasks, nmix, settings,
            total, be->name, out);
+    if (jobs > 1) printf("synth: up to %d runs at once, %d thread(s) each\n", jobs, threads);
     for (int i = 0; i < ntasks; i++)
         printf("synth: %s: %s; width %d, %d blocks, batch %d\n", tasks[i]->name, prot[i].source, prot[i].dim,
                prot[i].n_layers, prot[i].batch);
     if (quick) printf("synth: --quick shrinks every setting (labels name the grid's settings, not the sizes run)\n");
     fflush(stdout);
 
-    int done = 0, ran = 0, skipped = 0;
+    int done = 0, ran = 0, skipped = 0, finished = 0, njob = 0;
     double spent = 0;
+    Job job[MAX_JOBS];
     for (int i = 0; i < ntasks && (!stop_after || ran < stop_after); i++) {
         const SynthTask *t = tasks[i];
         for (int g = 0; g < ngrid[i] && (!stop_after || ran < stop_after); g++) {
@@ -332,6 +410,31 @@ int cmd_synth(int argc, char **argv) {
                         skipped++;
                         printf("[%d/%d] %s %s %s lr %g wd %g: already in results.csv, skipped\n", done, total,
                                r.task, r.setting, r.mixer, r.lr, r.wd);
+                        fflush(stdout);
+                        continue;
+                    }
+                    if (run_index && done != run_index) continue;
+                    if (jobs > 1) {
+                        while (njob >= jobs) {  // a slot: wait for a run to end, record it
+                            Row got;
+                            int gi;
+                            if (job_wait(job, &njob, &got, &gi)) cmd_fail(CMD, "%s", mn_last_error());
+                            rows_add(&rows, &got);
+                            save_rows(out, &rows);
+                            finished++, spent += got.seconds;
+                            char took[32], eta[32], tvd_text[32] = "";
+                            fmt_time(took, sizeof took, got.seconds);
+                            fmt_time(eta, sizeof eta, spent / finished * (total - done + njob + 1) / jobs);
+                            if (isfinite(got.tvd)) snprintf(tvd_text, sizeof tvd_text, ", tvd %.4f", got.tvd);
+                            printf("[%d/%d] %s %s %s lr %g wd %g: metric %.4f%s, %d steps%s, %s | ETA %s\n", gi, total,
+                                   got.task, got.setting, got.mixer, got.lr, got.wd, got.metric, tvd_text, got.steps,
+                                   got.early ? " (stopped early)" : "", took, eta);
+                            fflush(stdout);
+                        }
+                        job_start(&job[njob++], argc, argv, out, done, threads);
+                        ran++;
+                        printf("[%d/%d] %s %s %s lr %g wd %g: training (%d at once) ...\n", done, total, r.task,
+                               r.setting, r.mixer, r.lr, r.wd, njob);
                         fflush(stdout);
                         continue;
                     }
@@ -359,6 +462,24 @@ int cmd_synth(int argc, char **argv) {
                     fflush(stdout);
                 }
         }
+    }
+    while (njob > 0) {  // the last runs of --jobs
+        Row got;
+        int gi;
+        if (job_wait(job, &njob, &got, &gi)) cmd_fail(CMD, "%s", mn_last_error());
+        rows_add(&rows, &got);
+        save_rows(out, &rows);
+        finished++, spent += got.seconds;
+        char took[32], tvd_text[32] = "";
+        fmt_time(took, sizeof took, got.seconds);
+        if (isfinite(got.tvd)) snprintf(tvd_text, sizeof tvd_text, ", tvd %.4f", got.tvd);
+        printf("[%d/%d] %s %s %s lr %g wd %g: metric %.4f%s, %d steps%s, %s\n", gi, total, got.task, got.setting,
+               got.mixer, got.lr, got.wd, got.metric, tvd_text, got.steps, got.early ? " (stopped early)" : "", took);
+        fflush(stdout);
+    }
+    if (run_index) {  // a --jobs child: its row is in its own results.csv
+        free(rows.v);
+        return 0;
     }
     if (stop_after && ran >= stop_after && done < total) {
         printf("synth: stopped after %d new run(s) (--stop-after); %d of %d not run yet: run again to go on\n", ran,
