@@ -13,6 +13,7 @@
 #include "core/common.h"
 #include "test.h"
 #include "tmpdir.h"
+#include "tool_run.h"
 
 // The parser lives with the tool, not in the library: its source is compiled into this test.
 #include "../tools/args.c"
@@ -20,67 +21,18 @@
 char **mesanet_argv;  // args.c's ranks_begin refers to the tool's arguments; unused here
 
 // ---------------------------------------------------------------------------
-// The tool as a subprocess
-
-typedef struct {
-    int rc;          // exit status (-1: did not run or did not exit)
-    char *out, *err; // stdout and stderr, NUL-terminated (never NULL)
-} ToolRun;
-
-// The mesanet binary beside this test binary (the Makefile builds both into one directory).
-static const char *tool_path(void) {
-    static char exe[1024];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 16);
-    if (n <= 0) return NULL;
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (!slash) return NULL;
-    strcpy(slash + 1, "mesanet");
-    return access(exe, X_OK) ? NULL : exe;
-}
-
-static char *slurp(const char *path) {
-    size_t n;
-    char *text = (char *)read_bytes(path, &n);
-    if (!text) return strdup("");
-    text[n] = 0;
-    return text;
-}
-
-// Runs `mesanet <args>` (args go through the shell) with stdin from /dev/null.
-static ToolRun run(TmpDir *td, const char *args) {
-    ToolRun r = {-1, NULL, NULL};
-    const char *exe = tool_path();
-    char out[128], err[128], cmd[8192];
-    snprintf(out, sizeof out, "%s/stdout.txt", td->dir);
-    snprintf(err, sizeof err, "%s/stderr.txt", td->dir);
-    if (!exe) {
-        CHECK(0, "the mesanet binary is not built beside this test binary");
-    } else {
-        snprintf(cmd, sizeof cmd, "%s %s </dev/null >%s 2>%s", exe, args, out, err);
-        int st = system(cmd);
-        r.rc = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    }
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-}
-
-static void run_free(ToolRun *r) {
-    free(r->out);
-    free(r->err);
-}
+// The tool as a subprocess (tool_run.h)
 
 // Runs args and checks a non-zero exit with every `want` (up to 3, NULL-ended) in stderr.
 static void expect_refusal(TmpDir *td, const char *args, const char *want1, const char *want2, const char *want3) {
-    ToolRun r = run(td, args);
+    ToolRun r = tool_run(td, args);
     const char *want[3] = {want1, want2, want3};
     CHECK(r.rc != 0 && r.rc != -1, "mesanet %s: exit status %d, expected a refusal", args, r.rc);
     for (int i = 0; i < 3; i++)
         if (want[i]) CHECK(strstr(r.err, want[i]), "mesanet %s: stderr lacks '%s':\n%s", args, want[i], r.err);
     CHECK(!strstr(r.err, "gate_bound") && !strstr(r.err, "lambda"), "mesanet %s: names an internal field:\n%s", args,
           r.err);
-    run_free(&r);
+    tool_run_free(&r);
 }
 
 // ---------------------------------------------------------------------------
@@ -180,7 +132,7 @@ TEST(cli_every_command_declares_ranges) {
     for (size_t i = 0; i < sizeof all_commands / sizeof all_commands[0]; i++) {
         char args[128], usage[128];
         snprintf(args, sizeof args, "%s --help", all_commands[i]);
-        ToolRun r = run(&td, args);
+        ToolRun r = tool_run(&td, args);
         snprintf(usage, sizeof usage, "usage: mesanet %s ", all_commands[i]);
         CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
         CHECK(!strncmp(r.out, usage, strlen(usage)), "mesanet %s: usage line '%.60s', expected '%s...'", args, r.out,
@@ -189,7 +141,7 @@ TEST(cli_every_command_declares_ranges) {
         int numeric = 0;
         for (const char *p = r.out; (p = strstr(p, ", range [")); p++) numeric++;
         CHECK(numeric > 0 || !strcmp(all_commands[i], "info"), "mesanet %s: no ranges shown:\n%s", args, r.out);
-        run_free(&r);
+        tool_run_free(&r);
     }
     tmp_remove(&td);
 }
@@ -274,19 +226,19 @@ static int make_tiny_run(TmpDir *td) {
     write_corpus(tmp_path(td, "corpus.txt"));
     snprintf(args, sizeof args, "tokenize --out %s/data --vocab 300 --valid 0.2 --doc-sep --- %s/corpus.txt", td->dir,
              td->dir);
-    ToolRun r = run(td, args);
+    ToolRun r = tool_run(td, args);
     CHECK(r.rc == 0, "tokenize: %s", r.err);
     int rc = r.rc;
-    run_free(&r);
+    tool_run_free(&r);
     if (rc) return rc;
     snprintf(args, sizeof args,
              "train --config tiny --data %s/data --out %s/run --steps 1 --warmup 0 --batch 2 --seq 16 --eval-every 0 "
              "--save-every 0",
              td->dir, td->dir);
-    r = run(td, args);
+    r = tool_run(td, args);
     CHECK(r.rc == 0, "train: %s", r.err);
     rc = r.rc;
-    run_free(&r);
+    tool_run_free(&r);
     return rc;
 }
 
@@ -323,24 +275,24 @@ TEST(cli_eval_validates_lengths_and_reports) {
 
     // A good evaluation: lengths, the sweep, progress on stderr, the plots.
     snprintf(args, sizeof args, "%s --lengths 1,2 --cg-sweep --out %s/deep/er/eval", base, td.dir);
-    ToolRun r = run(&td, args);
+    ToolRun r = tool_run(&td, args);
     CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
     CHECK(strstr(r.out, "length extrapolation") && strstr(r.out, "\n        32 ") && strstr(r.out, "tol 1e-5"),
           "report:\n%s", r.out);
     CHECK(strstr(r.err, "eval loss: 2 batches in") && strstr(r.err, "tokens/s") && strstr(r.err, "eval length 32:") &&
               strstr(r.err, "eval tol 1e-5:"),
           "progress on stderr:\n%s", r.err);
-    run_free(&r);
-    char *svg = slurp(tmp_path(&td, "deep/er/eval/nll_by_position.svg"));
+    tool_run_free(&r);
+    char *svg = read_text(tmp_path(&td, "deep/er/eval/nll_by_position.svg"));
     CHECK(strstr(svg, ">per position<") && strstr(svg, ">running mean<"), "NLL plot lacks the running mean");
     free(svg);
-    svg = slurp(tmp_path(&td, "deep/er/eval/cg_sweep.svg"));
+    svg = read_text(tmp_path(&td, "deep/er/eval/cg_sweep.svg"));
     CHECK(count(svg, "class=\"panel\"") == 2, "CG sweep: %d panels, expected 2", count(svg, "class=\"panel\""));
     CHECK(count(svg, "class=\"xtick\"") == 18 && strstr(svg, ">30</text>") && strstr(svg, ">1e\xe2\x88\x92" "5</text>"),
           "CG sweep: the settings are not the labelled x axis of both panels");
     CHECK(count(svg, "class=\"series\"") == 4, "CG sweep: %d lines, expected 2 a panel", count(svg, "class=\"series\""));
     free(svg);
-    char *csv = slurp(tmp_path(&td, "deep/er/eval/cg_sweep.csv"));
+    char *csv = read_text(tmp_path(&td, "deep/er/eval/cg_sweep.csv"));
     CHECK(!strncmp(csv, "max_steps,tol,nll,perplexity,mean_cg_steps\n", 43) && count(csv, "\n") == 10,
           "cg_sweep.csv:\n%s", csv);
     free(csv);
@@ -358,16 +310,16 @@ TEST(cli_eval_defaults_to_the_runs_data) {
     }
     char args[1024], want[512];
     snprintf(args, sizeof args, "eval --model %s/run --batch 2 --batches 1 --out %s/e", td.dir, td.dir);
-    ToolRun r = run(&td, args);
+    ToolRun r = tool_run(&td, args);
     snprintf(want, sizeof want, " on %s/data/valid.bin:", td.dir);
     CHECK(r.rc == 0 && strstr(r.out, want), "eval without --data: exit status %d, expected '%s' in:\n%s%s", r.rc, want,
           r.out, r.err);
-    run_free(&r);
+    tool_run_free(&r);
     CHECK(!remove(tmp_path(&td, "run/run.json")), "the trainer wrote no run.json");
-    r = run(&td, args);
+    r = tool_run(&td, args);
     CHECK(strstr(r.err, "does not record its data directory") && strstr(r.err, "data/demo"),
           "no note of the fallback:\n%s", r.err);
-    run_free(&r);
+    tool_run_free(&r);
     tmp_remove(&td);
 }
 
@@ -382,10 +334,10 @@ TEST(cli_generate_reads_the_prompt_from_a_file) {
     const char *prompt = "the model state\nand its memory";
     write_bytes(tmp_path(&td, "prompt.txt"), prompt, strlen(prompt));
     snprintf(args, sizeof args, "generate --model %s/run --prompt-file %s/prompt.txt --tokens 3 --quiet", td.dir, td.dir);
-    ToolRun r = run(&td, args);
+    ToolRun r = tool_run(&td, args);
     CHECK(r.rc == 0 && !strncmp(r.out, prompt, strlen(prompt)), "exit status %d; the text does not start with the file's:\n%s%s",
           r.rc, r.out, r.err);
-    run_free(&r);
+    tool_run_free(&r);
     snprintf(args, sizeof args, "generate --model %s/run --prompt-file %s/no-such-file", td.dir, td.dir);
     expect_refusal(&td, args, "--prompt-file", "no-such-file", "No such file");
     snprintf(args, sizeof args, "generate --model %s/run --prompt-file %s", td.dir, td.dir);
@@ -412,19 +364,19 @@ TEST(cli_pattern_model_trains_evaluates_generates) {
                  "train --config %s/cfg.json --data %s/data --out %s/pat%d --steps 2 --warmup 0 --batch 2 --seq 16 "
                  "--eval-every 2 --eval-batches 1 --save-every 0",
                  td.dir, td.dir, td.dir, i);
-        ToolRun r = run(&td, args);
+        ToolRun r = tool_run(&td, args);
         CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
         CHECK(!strstr(r.out, "CG steps") == (i == 1), "CG statistics of %s:\n%s", cfgs[i], r.out);
-        run_free(&r);
+        tool_run_free(&r);
         snprintf(args, sizeof args, "eval --model %s/pat%d --batch 2 --batches 1", td.dir, i);
-        r = run(&td, args);
+        r = tool_run(&td, args);
         CHECK(r.rc == 0 && strstr(r.out, "perplexity"), "mesanet %s: exit status %d\n%s%s", args, r.rc, r.out, r.err);
-        run_free(&r);
+        tool_run_free(&r);
         snprintf(args, sizeof args, "generate --model %s/pat%d --prompt the --tokens 4", td.dir, i);
-        r = run(&td, args);
+        r = tool_run(&td, args);
         CHECK(r.rc == 0 && strstr(r.err, "generated") && !strstr(r.err, "CG steps") == (i == 1),
               "mesanet %s: exit status %d\n%s%s", args, r.rc, r.out, r.err);
-        run_free(&r);
+        tool_run_free(&r);
     }
     tmp_remove(&td);
 }
@@ -443,10 +395,10 @@ TEST(cli_logits_checks_token_ids) {
         expect_refusal(&td, args, "mesanet logits: --tokens", "[0, 299]", NULL);
     }
     snprintf(args, sizeof args, "logits --model %s/run --tokens 1,2,299 --out %s/l.bin", td.dir, td.dir);
-    ToolRun r = run(&td, args);
+    ToolRun r = tool_run(&td, args);
     size_t n = 0;
     free(read_bytes(tmp_path(&td, "l.bin"), &n));
     CHECK(r.rc == 0 && n == 3 * 300 * sizeof(float), "exit status %d, %zu bytes of logits:\n%s", r.rc, n, r.err);
-    run_free(&r);
+    tool_run_free(&r);
     tmp_remove(&td);
 }

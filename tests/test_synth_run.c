@@ -11,51 +11,7 @@
 #include "synth/run.h"
 #include "test.h"
 #include "tmpdir.h"
-
-typedef struct {
-    int rc;
-    char *out, *err;
-} SynthTool;
-
-// The mesanet binary beside this test binary (the Makefile builds both into one directory).
-static const char *synth_tool_path(void) {
-    static char exe[1024];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 16);
-    if (n <= 0) return NULL;
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (!slash) return NULL;
-    strcpy(slash + 1, "mesanet");
-    return access(exe, X_OK) ? NULL : exe;
-}
-
-static char *synth_slurp(const char *path) {
-    size_t n;
-    char *text = (char *)read_bytes(path, &n);
-    if (!text) return strdup("");
-    text[n] = 0;
-    return text;
-}
-
-static SynthTool synth_tool(TmpDir *td, const char *args) {
-    SynthTool r = {-1, NULL, NULL};
-    const char *exe = synth_tool_path();
-    char out[128], err[128], cmd[4096];
-    snprintf(out, sizeof out, "%s/stdout.txt", td->dir);
-    snprintf(err, sizeof err, "%s/stderr.txt", td->dir);
-    if (!exe) {
-        CHECK(0, "the mesanet binary is not built beside this test binary");
-    } else {
-        snprintf(cmd, sizeof cmd, "%s %s </dev/null >%s 2>%s", exe, args, out, err);
-        int st = system(cmd);
-        r.rc = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    }
-    r.out = synth_slurp(out);
-    r.err = synth_slurp(err);
-    return r;
-}
-
-static void synth_tool_free(SynthTool *r) { free(r->out), free(r->err); }
+#include "tool_run.h"
 
 static int count_lines(const char *text) {
     int n = 0;
@@ -68,21 +24,21 @@ TEST(synth_run_cli_quick_mqar_writes_results) {
     tmp_make(&td);
     char args[512];
     snprintf(args, sizeof args, "synth mqar --mixers gdn,mha --quick --out %s/sweep", td.dir);
-    SynthTool r = synth_tool(&td, args);
+    ToolRun r = tool_run(&td, args);
     CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
     CHECK(strstr(r.out, "[2/2] mqar baseline mha") && strstr(r.out, "ETA"), "no progress lines:\n%s", r.out);
     CHECK(strstr(r.out, "gdn") && strstr(r.out, "mean"), "no table:\n%s", r.out);
     CHECK(strstr(r.out, "published: Zoology"), "no published source for mqar's attention:\n%s", r.out);
-    char *csv = synth_slurp(tmp_path(&td, "sweep/results.csv"));
+    char *csv = read_text(tmp_path(&td, "sweep/results.csv"));
     CHECK(count_lines(csv) == 3, "results.csv: %d lines, expected a header and 2 rows:\n%s", count_lines(csv), csv);
     CHECK(!strncmp(csv, "task,setting,mixer,", 19), "results.csv header: %.60s", csv);
     CHECK(strstr(csv, "mqar,baseline,gdn,quick,") && strstr(csv, "mqar,baseline,mha,quick,"), "rows:\n%s", csv);
-    char *json = synth_slurp(tmp_path(&td, "sweep/results.json"));
+    char *json = read_text(tmp_path(&td, "sweep/results.json"));
     CHECK(strstr(json, "\"mixer\": \"mha\"") && strstr(json, "\"metric\": "), "results.json:\n%s", json);
-    char *svg = synth_slurp(tmp_path(&td, "sweep/mqar.svg"));
+    char *svg = read_text(tmp_path(&td, "sweep/mqar.svg"));
     CHECK(strstr(svg, "<svg"), "mqar.svg is not an SVG");
     free(csv), free(json), free(svg);
-    synth_tool_free(&r);
+    tool_run_free(&r);
     tmp_remove(&td);
 }
 
@@ -91,28 +47,28 @@ TEST(synth_run_cli_resumes_without_redoing_runs) {
     tmp_make(&td);
     char args[512];
     snprintf(args, sizeof args, "synth mad-recall --mixers gdn,gla --quick --out %s/sweep --stop-after 1", td.dir);
-    SynthTool r = synth_tool(&td, args);
+    ToolRun r = tool_run(&td, args);
     CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
     CHECK(strstr(r.out, "stopped after 1 new run"), "no word of stopping:\n%s", r.out);
-    char *first = synth_slurp(tmp_path(&td, "sweep/results.csv"));
+    char *first = read_text(tmp_path(&td, "sweep/results.csv"));
     CHECK(count_lines(first) == 2, "after --stop-after 1: %d lines\n%s", count_lines(first), first);
-    synth_tool_free(&r);
+    tool_run_free(&r);
     snprintf(args, sizeof args, "synth mad-recall --mixers gdn,gla --quick --out %s/sweep", td.dir);
-    r = synth_tool(&td, args);
+    r = tool_run(&td, args);
     CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
     CHECK(strstr(r.out, "[1/2] mad-recall baseline gdn lr 0.003 wd 0: already in results.csv, skipped"),
           "the recorded run is not skipped:\n%s", r.out);
     CHECK(strstr(r.out, "[2/2] mad-recall baseline gla") && strstr(r.out, "1 run(s) were already recorded"),
           "the second run did not run:\n%s", r.out);
-    char *second = synth_slurp(tmp_path(&td, "sweep/results.csv"));
+    char *second = read_text(tmp_path(&td, "sweep/results.csv"));
     CHECK(count_lines(second) == 3, "after the resume: %d lines\n%s", count_lines(second), second);
     CHECK(!strncmp(first, second, strlen(first)), "the recorded row changed:\n%s\nthen\n%s", first, second);
     free(first), free(second);
-    synth_tool_free(&r);
+    tool_run_free(&r);
     // A third call runs nothing.
-    r = synth_tool(&td, args);
+    r = tool_run(&td, args);
     CHECK(r.rc == 0 && !strstr(r.out, "training ..."), "a finished sweep ran again:\n%s", r.out);
-    synth_tool_free(&r);
+    tool_run_free(&r);
     tmp_remove(&td);
 }
 
@@ -139,13 +95,13 @@ TEST(synth_run_cli_refusals) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[512];
         snprintf(args, sizeof args, "%s --out %s/x", cases[i].args, td.dir);
-        SynthTool r = synth_tool(&td, args);
+        ToolRun r = tool_run(&td, args);
         CHECK(r.rc != 0 && r.rc != -1, "mesanet %s: exit status %d, expected a refusal", args, r.rc);
         CHECK(strstr(r.err, cases[i].want1), "mesanet %s: stderr lacks '%s':\n%s", args, cases[i].want1, r.err);
         if (cases[i].want2)
             CHECK(strstr(r.err, cases[i].want2), "mesanet %s: stderr lacks '%s':\n%s", args, cases[i].want2, r.err);
         CHECK(!strstr(r.out, "training"), "mesanet %s: trained before refusing", args);
-        synth_tool_free(&r);
+        tool_run_free(&r);
     }
     tmp_remove(&td);
 }
@@ -154,7 +110,7 @@ TEST(synth_run_cli_refusals) {
 TEST(synth_run_cli_every_numeric_option_has_a_range) {
     TmpDir td;
     tmp_make(&td);
-    SynthTool r = synth_tool(&td, "synth --help");
+    ToolRun r = tool_run(&td, "synth --help");
     CHECK(r.rc == 0 && !strncmp(r.out, "usage: mesanet synth ", 21), "synth --help: %d\n%s", r.rc, r.out);
     int numeric = 0;
     for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
@@ -164,7 +120,7 @@ TEST(synth_run_cli_every_numeric_option_has_a_range) {
         CHECK(strstr(line, ", range ["), "a numeric option without a range: %s", line);
     }
     CHECK(numeric >= 6, "synth --help: %d numeric options, expected 6", numeric);
-    synth_tool_free(&r);
+    tool_run_free(&r);
     tmp_remove(&td);
 }
 
@@ -232,11 +188,11 @@ TEST(synth_run_cli_regbench_writes_tvd) {
     tmp_make(&td);
     char args[512];
     snprintf(args, sizeof args, "synth regbench,mqar --mixers gdn --quick --max-steps 8 --out %s/sweep", td.dir);
-    SynthTool r = synth_tool(&td, args);
+    ToolRun r = tool_run(&td, args);
     CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
     CHECK(strstr(r.out, ", tvd 0.") || strstr(r.out, ", tvd 1.0"), "no tvd in the progress lines:\n%s", r.out);
     CHECK(strstr(r.out, "      tvd"), "no tvd column in the table:\n%s", r.out);
-    char *csv = synth_slurp(tmp_path(&td, "sweep/results.csv"));
+    char *csv = read_text(tmp_path(&td, "sweep/results.csv"));
     CHECK(strstr(csv, ",metric,tvd\n"), "results.csv header:\n%s", csv);
     const char *rb = strstr(csv, "\nregbench,"), *mq = strstr(csv, "\nmqar,");
     CHECK(rb && mq, "rows:\n%s", csv);
@@ -249,11 +205,11 @@ TEST(synth_run_cli_regbench_writes_tvd) {
         end = strchr(mq + 1, '\n');
         CHECK(end && end[-1] == ',', "mqar's tvd field is not empty:\n%s", csv);
     }
-    char *json = synth_slurp(tmp_path(&td, "sweep/results.json"));
+    char *json = read_text(tmp_path(&td, "sweep/results.json"));
     CHECK(strstr(json, "\"tvd\": 0.") || strstr(json, "\"tvd\": 1"), "results.json:\n%s", json);
     CHECK(strstr(json, "\"tvd\": null"), "mqar's tvd is not null:\n%s", json);
     free(csv), free(json);
-    synth_tool_free(&r);
+    tool_run_free(&r);
     tmp_remove(&td);
 }
 
@@ -290,21 +246,21 @@ TEST(synth_run_cli_jobs_same_rows) {
     tmp_make(&td);
     char args[512];
     snprintf(args, sizeof args, "synth mqar,regbench --mixers gdn --quick --max-steps 8 --out %s/one", td.dir);
-    SynthTool r1 = synth_tool(&td, args);
+    ToolRun r1 = tool_run(&td, args);
     CHECK(r1.rc == 0, "mesanet %s: exit status %d\n%s", args, r1.rc, r1.err);
     snprintf(args, sizeof args, "synth mqar,regbench --mixers gdn --quick --max-steps 8 --jobs 2 --out %s/two",
              td.dir);
-    SynthTool r2 = synth_tool(&td, args);
+    ToolRun r2 = tool_run(&td, args);
     CHECK(r2.rc == 0, "mesanet %s: exit status %d\n%s", args, r2.rc, r2.err);
     CHECK(strstr(r2.out, "up to 2 runs at once") && strstr(r2.out, "(2 at once)"), "no jobs in the progress:\n%s",
           r2.out);
-    char *c1 = synth_slurp(tmp_path(&td, "one/results.csv")), *c2 = synth_slurp(tmp_path(&td, "two/results.csv"));
+    char *c1 = read_text(tmp_path(&td, "one/results.csv")), *c2 = read_text(tmp_path(&td, "two/results.csv"));
     static char k1[4][512], k2[4][512];
     int n1 = synth_rows_key(c1, k1, 4), n2 = synth_rows_key(c2, k2, 4);
     CHECK(n1 == 2 && n2 == 2, "rows: %d and %d\n%s\n%s", n1, n2, c1, c2);
     for (int i = 0; i < n1 && i < n2; i++) CHECK(!strcmp(k1[i], k2[i]), "--jobs 1: %s\n--jobs 2: %s", k1[i], k2[i]);
     CHECK(!strstr(c2, ".job-"), "results.csv names a job directory");
     free(c1), free(c2);
-    synth_tool_free(&r1), synth_tool_free(&r2);
+    tool_run_free(&r1), tool_run_free(&r2);
     tmp_remove(&td);
 }
