@@ -49,6 +49,27 @@ double bench_median(double *t, int n) {
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
+double bench_median_time(const Backend *be, int reps, int (*fn)(void *), void *ctx) {
+    double t[64];
+    if (reps > 64) reps = 64;
+    if (fn(ctx) || be->sync(be)) die("%s", mn_last_error());
+    for (int r = 0; r < reps; r++) {
+        double t0 = mn_now();
+        if (fn(ctx) || be->sync(be)) die("%s", mn_last_error());
+        t[r] = mn_now() - t0;
+    }
+    return bench_median(t, reps);
+}
+
+double bench_stream_time(const Backend *be, int n, int (*fn)(void *), void *ctx) {
+    if (fn(ctx) || be->sync(be)) die("%s", mn_last_error());
+    double t0 = mn_now();
+    for (int r = 0; r < n; r++)
+        if (fn(ctx)) die("%s", mn_last_error());
+    if (be->sync(be)) die("%s", mn_last_error());
+    return (mn_now() - t0) / n;
+}
+
 double bench_sgemm_gflops(int n, int reps) {
     float *a = xcalloc((size_t)n * n, 4), *b = xcalloc((size_t)n * n, 4), *c = xcalloc((size_t)n * n, 4);
     MnRng r;

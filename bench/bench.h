@@ -32,6 +32,11 @@ Model *bench_model(const char *config, const char *backend, int vocab, int cg_st
 // Parses "a,b,c" positive integers into out (at most max); -1 on bad input.
 int bench_parse_ints(const char *s, int *out, int max);
 double bench_median(double *t, int n);
+// Seconds per call of fn(ctx) on backend be, after one warm-up call: the median of reps calls each
+// waited for (at most 64), and the mean over n calls launched back to back with one wait at the end
+// (what a stream of steps costs, launch overheads included, host waits not). Errors are fatal.
+double bench_median_time(const Backend *be, int reps, int (*fn)(void *), void *ctx);
+double bench_stream_time(const Backend *be, int n, int (*fn)(void *), void *ctx);
 // Best-of-reps rate of an n x n x n sgemm with the current threads.
 double bench_sgemm_gflops(int n, int reps);
 // Best-of-10 rate of an n x n x n bf16 product through a backend's linear op (TFLOP/s).

@@ -288,28 +288,6 @@ static void exact_free(Exact *e) {
     free(e->o); free(e->dq); free(e->dk); free(e->dv);
 }
 
-static double median_time(const Backend *be, int reps, int (*fn)(void *), void *ctx) {
-    double t[64];
-    if (reps > 64) reps = 64;
-    if (fn(ctx) || be->sync(be)) die("%s", mn_last_error());
-    for (int r = 0; r < reps; r++) {
-        double t0 = mn_now();
-        if (fn(ctx) || be->sync(be)) die("%s", mn_last_error());
-        t[r] = mn_now() - t0;
-    }
-    return bench_median(t, reps);
-}
-
-// Seconds per call over n back-to-back calls and one synchronization (as bench mesa-gpu's).
-static double stream_time(const Backend *be, int n, int (*fn)(void *), void *ctx) {
-    if (fn(ctx) || be->sync(be)) die("%s", mn_last_error());
-    double t0 = mn_now();
-    for (int r = 0; r < n; r++)
-        if (fn(ctx)) die("%s", mn_last_error());
-    if (be->sync(be)) die("%s", mn_last_error());
-    return (mn_now() - t0) / n;
-}
-
 typedef struct {
     const Backend *be;
     MnMesaDims d;
@@ -369,8 +347,8 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
                            dq, dk, dv, var->gated ? dg : NULL, var->beta ? db : NULL, NULL};
             r.f = f;
             r.b = bw;
-            double tf = median_time(be, reps, run_fwd, &r), tb = median_time(be, reps, run_fwd_bwd, &r);
-            double tbs = stream_time(be, reps, run_fwd_bwd, &r), mem = mem_gb(be);
+            double tf = bench_median_time(be, reps, run_fwd, &r), tb = bench_median_time(be, reps, run_fwd_bwd, &r);
+            double tbs = bench_stream_time(be, reps, run_fwd_bwd, &r), mem = mem_gb(be);
             // o, dq, dk, dv of the last f+b (the same inputs every call) against float64
             Exact e = exact_first(&h, var, H2, NULL, NULL, 1);
             double eo = rel_error_first(be, o, h.nv, e.o, sh.T, sh.H, H2, sh.D);
@@ -422,7 +400,7 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
             exact_free(&e0);
             exact_free(&e1);
             free(sT);
-            double t = stream_time(be, 10 * reps, run_fwd, &r);
+            double t = bench_stream_time(be, 10 * reps, run_fwd, &r);
             printf("%6d %-9s | %10.4f %12.0f | %9.2e\n", B, var->name, 1e3 * t, B / t, err);
             fflush(stdout);
         }

@@ -129,30 +129,6 @@ double bench_gemm_tflops(const Backend *be, int n) {
     return 2.0 * n * n * (double)n / best / 1e12;
 }
 
-static double median_time(const Backend *be, int reps, int (*fn)(void *), void *ctx) {
-    double t[64];
-    if (reps > 64) reps = 64;
-    fn(ctx);
-    be->sync(be);
-    for (int r = 0; r < reps; r++) {
-        double t0 = mn_now();
-        if (fn(ctx) || be->sync(be)) die("%s", mn_last_error());
-        t[r] = mn_now() - t0;
-    }
-    return bench_median(t, reps);
-}
-
-// Seconds per call over n back-to-back calls and one synchronization: what a
-// stream of decode steps costs, launch overheads included, host waits not.
-static double stream_time(const Backend *be, int n, int (*fn)(void *), void *ctx) {
-    if (fn(ctx) || be->sync(be)) die("%s", mn_last_error());
-    double t0 = mn_now();
-    for (int r = 0; r < n; r++)
-        if (fn(ctx)) die("%s", mn_last_error());
-    if (be->sync(be)) die("%s", mn_last_error());
-    return (mn_now() - t0) / n;
-}
-
 typedef struct {
     const Backend *be;
     MnMesaDims d;
@@ -227,8 +203,8 @@ int bench_mesa_gpu(int argc, char **argv) {
             MnMesaBwd bw = {q, k, v, g, b, lam, NULL, NULL, x, o, dout, NULL, NULL, dq, dk, dv, dg, db, dl, NULL, NULL, steps_b};
             r.f = f;
             r.b = bw;
-            double tf = median_time(be, reps, run_fwd, &r), tb = median_time(be, reps, run_fwd_bwd, &r);
-            double tbs = stream_time(be, reps, run_fwd_bwd, &r);
+            double tf = bench_median_time(be, reps, run_fwd, &r), tb = bench_median_time(be, reps, run_fwd_bwd, &r);
+            double tbs = bench_stream_time(be, reps, run_fwd_bwd, &r);
             double sf = 0, sb = 0;
             if (be->download_i32(be, hs_f, steps_f, h.ng) || be->download_i32(be, hs_b, steps_b, h.ng))
                 die("%s", mn_last_error());
@@ -288,7 +264,7 @@ int bench_mesa_gpu(int argc, char **argv) {
             double err = decode_accuracy(be, &pre, &one, o1);
             if (be->download_i32(be, hst1, st1, one.ng)) die("%s", mn_last_error());
             r.f.steps = NULL;  // timed as a stream of steps, as fla's do_bench times its decode step
-            double t = stream_time(be, 10 * reps, run_fwd, &r), sm = 0;
+            double t = bench_stream_time(be, 10 * reps, run_fwd, &r), sm = 0;
             for (size_t i = 0; i < one.ng; i++) sm += hst1[i] / (double)one.ng;
             char cg[32];
             if (mode) snprintf(cg, sizeof cg, "tol %.0e", (double)tol);
