@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/atomic_file.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "fd.h"
@@ -348,8 +349,36 @@ TEST(attn_llama_config_and_names) {
     model_free(m);
     // other mixers, and the paper's embedding scale, are not Llama's
     ModelConfig bad = c;
-    strcpy(bad.mixer, "swa");
-    CHECK(config_validate(&bad, "t") == MN_ERR_ARG && strstr(mn_last_error(), "llama"), "llama swa: %s", mn_last_error());
+    strcpy(bad.mixer, "gdn");
+    CHECK(config_validate(&bad, "t") == MN_ERR_ARG && strstr(mn_last_error(), "llama"), "llama gdn: %s", mn_last_error());
+    bad = c;
+    bad.embed_scale = 1;
+    CHECK(config_validate(&bad, "t") == MN_ERR_ARG && strstr(mn_last_error(), "embed_scale"), "llama embed_scale");
+    // Mistral: Llama's tensors, attention within sliding_window tokens (swa); null: full attention
+    f = fopen(path, "w");
+    fputs("{\"model_type\": \"mistral\", \"hidden_size\": 48, \"intermediate_size\": 96, \"num_hidden_layers\": 2, "
+          "\"num_attention_heads\": 4, \"num_key_value_heads\": 1, \"head_dim\": 12, \"sliding_window\": 7, "
+          "\"vocab_size\": 40}",
+          f);
+    fclose(f);
+    CHECK(!config_load(&c, path), "%s", mn_last_error());
+    CHECK(!strcmp(c.arch, "llama") && !strcmp(c.mixer, "swa") && c.window == 7 && c.n_kv_heads == 1 && c.head_dim == 12,
+          "mistral config: arch %s mixer %s window %d", c.arch, c.mixer, c.window);
+    CHECK(!config_save(&c, saved) && !config_load(&back, saved), "%s", mn_last_error());
+    CHECK(!config_diff(&c, &back, diff, sizeof diff), "saved mistral config differs: %s", diff);
+    char *text = NULL;
+    size_t text_n = 0;
+    if (file_read_all(saved, 1 << 20, &text, &text_n)) text = NULL;
+    CHECK(text && strstr(text, "\"MistralForCausalLM\"") && strstr(text, "\"sliding_window\": 7"), "saved: %s",
+          text ? text : mn_last_error());
+    free(text);
+    m = mc_make(&c, backend_cpu());
+    CHECK(model_find_param(m, "model.layers.1.self_attn.v_proj.weight") >= 0, "mistral tensor names");
+    model_free(m);
+    f = fopen(path, "w");
+    fputs("{\"model_type\": \"mistral\", \"hidden_size\": 48, \"num_attention_heads\": 4, \"sliding_window\": null}", f);
+    fclose(f);
+    CHECK(!config_load(&c, path) && !strcmp(c.mixer, "mha"), "mistral without a window: %s", mn_last_error());
     f = fopen(path, "w");
     fputs("{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"rope_scaling\": {\"rope_type\": "
           "\"llama3\"}}",

@@ -322,12 +322,12 @@ static int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
         return config_from_hf_delta(c, j, where, 0);
     if (type && type->type == JSON_STRING && !strcmp(type->string, "transformer"))
         return config_from_hf_transformer(c, j, where);
-    if (type && type->type == JSON_STRING && !strcmp(type->string, "llama"))
+    if (type && type->type == JSON_STRING && (!strcmp(type->string, "llama") || !strcmp(type->string, "mistral")))
         return config_from_hf_llama(c, j, where);
     if (!type || type->type != JSON_STRING || strcmp(type->string, "mesa_net"))
         return mn_error(MN_ERR_FORMAT,
                         "%s: neither a mesanet config nor a Hugging Face config with model_type \"mesa_net\", "
-                        "\"gated_deltanet\", \"delta_net\", \"transformer\" or \"llama\"",
+                        "\"gated_deltanet\", \"delta_net\", \"transformer\", \"llama\" or \"mistral\"",
                         where);
     config_default(c);
     enum { BIG = 1 << 30 };  // beyond every valid size (config_validate names the real bound)
@@ -515,10 +515,12 @@ static int config_from_hf_transformer(ModelConfig *c, const Json *j, const char 
     return config_validate(c, where);
 }
 
-// A config.json of Hugging Face's LlamaForCausalLM (model_type "llama"), without our "mesanet"
-// block: the `llama` architecture (tensors named as Llama's: model.embed_tokens,
-// input_layernorm, self_attn.q_proj, post_attention_layernorm, mlp, model.norm, lm_head) with mha
-// in every block; transformers' defaults for absent keys. Biases and RoPE scaling are refused.
+// A config.json of Hugging Face's LlamaForCausalLM (model_type "llama") or MistralForCausalLM
+// ("mistral"), without our "mesanet" block: the `llama` architecture (tensors named as Llama's, which
+// Mistral shares: model.embed_tokens, input_layernorm, self_attn.q_proj, post_attention_layernorm,
+// mlp, model.norm, lm_head) with mha in every block, or swa where Mistral's sliding_window is set
+// (transformers' window holds the last sliding_window tokens, the current one included: our
+// `window`); transformers' defaults for absent keys. Biases and RoPE scaling are refused.
 static int config_from_hf_llama(ModelConfig *c, const Json *j, const char *where) {
     config_default(c);
     enum { BIG = 1 << 30 };
@@ -550,6 +552,14 @@ static int config_from_hf_llama(ModelConfig *c, const Json *j, const char *where
     MN_TRY(hf_float(j, "rms_norm_eps", 1e-6f, where, &c->norm_eps));
     MN_TRY(hf_flag(j, "tie_word_embeddings", 0, where, &c->tie_embeddings));
     MN_TRY(hf_int(j, "max_position_embeddings", 2048, -BIG, BIG, where, &c->seq_len));
+    const Json *type = json_get(j, "model_type");
+    if (!strcmp(type->string, "mistral")) {  // MistralConfig's default sliding_window is 4096
+        const Json *w = json_get(j, "sliding_window");
+        if (!w || w->type != JSON_NULL) {
+            MN_TRY(hf_int(j, "sliding_window", 4096, 1, BIG, where, &c->window));
+            strcpy(c->mixer, "swa");
+        }
+    }
     const Json *act = json_get(j, "hidden_act");
     if (act && (act->type != JSON_STRING || (strcmp(act->string, "swish") && strcmp(act->string, "silu"))))
         return mn_error(MN_ERR_FORMAT, "%s: hidden_act must be \"silu\" (SwiGLU), got another", where);
@@ -663,9 +673,14 @@ static void save_hf_transformer(FILE *f, const ModelConfig *c, int swa) {
     fprintf(f, "  \"fuse_norm\": true,\n  \"fuse_swiglu\": true,\n  \"fuse_cross_entropy\": true,\n");
 }
 
-// The head of a config.json as transformers' LlamaConfig writes it (the llama architecture).
+// The head of a config.json as transformers' LlamaConfig writes it (the llama architecture), or
+// MistralConfig's where the blocks attend to a sliding window.
 static void save_hf_llama(FILE *f, const ModelConfig *c) {
-    fprintf(f, "{\n  \"model_type\": \"llama\",\n  \"architectures\": [\"LlamaForCausalLM\"],\n");
+    if (!strcmp(c->mixer, "swa"))
+        fprintf(f, "{\n  \"model_type\": \"mistral\",\n  \"architectures\": [\"MistralForCausalLM\"],\n"
+                   "  \"sliding_window\": %d,\n", c->window);
+    else
+        fprintf(f, "{\n  \"model_type\": \"llama\",\n  \"architectures\": [\"LlamaForCausalLM\"],\n");
     fprintf(f, "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n", c->dim,
             c->mlp_hidden, c->n_layers);
     fprintf(f, "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n", c->n_heads,
@@ -785,9 +800,11 @@ int config_validate(const ModelConfig *c, const char *where) {
                             where, c->window, l);
     if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla") && strcmp(c->arch, "llama"))
         return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\", \"fla\" or \"llama\"", where, c->arch);
-    if (!strcmp(c->arch, "llama") && (strcmp(c->mixer, "mha") || c->embed_scale || c->logit_cap != 0))
-        return mn_error(MN_ERR_ARG, "%s: arch \"llama\" (Hugging Face's LlamaForCausalLM) has mixer \"mha\" in every "
-                                    "block, no embedding scale and no logit cap (embed_scale 0, logit_cap 0); got mixer "
+    if (!strcmp(c->arch, "llama") &&
+        ((strcmp(c->mixer, "mha") && strcmp(c->mixer, "swa")) || c->embed_scale || c->logit_cap != 0))
+        return mn_error(MN_ERR_ARG, "%s: arch \"llama\" (Hugging Face's LlamaForCausalLM, or MistralForCausalLM) has mixer "
+                                    "\"mha\" (Llama) or \"swa\" (Mistral) in every block, no embedding scale and no "
+                                    "logit cap (embed_scale 0, logit_cap 0); got mixer "
                                     "\"%s\", embed_scale %d, logit_cap %g",
                         where, c->mixer, c->embed_scale, (double)c->logit_cap);
     if (!(c->norm_eps > 0)) return mn_error(MN_ERR_ARG, "%s: norm_eps must be > 0", where);
