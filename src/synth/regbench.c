@@ -123,7 +123,7 @@ int rb_dfa_minimize(RbDfa *d) {
                 if (!memcmp(sig[i], sig[j], sizeof sig[i])) { ncl[i] = ncl[j]; break; }
             if (ncl[i] < 0) ncl[i] = nn++;
         }
-        memcpy(cls, ncl, sizeof cls);
+        memcpy(cls, ncl, (size_t)nr * sizeof ncl[0]);  // (entries past nr: unused)
         if (nn == ncls) break;  // refinement only splits: equal counts mean a fixed point
         ncls = nn;
     }
