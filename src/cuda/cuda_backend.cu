@@ -19,6 +19,11 @@ extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSol
 extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
 extern "C" int cuda_lin_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io);
 extern "C" int cuda_lin_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io);
+extern "C" int cuda_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd *io);
+extern "C" int cuda_attn_bwd(const Backend *be, const AttnDims *d, const AttnBwd *io);
+extern "C" int cuda_attn_decode(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc,
+                                const void *vc, void *o);
+extern "C" int cuda_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
 
 // ---------------------------------------------------------------------------- memory
 
@@ -1324,6 +1329,10 @@ extern "C" const Backend *backend_cuda(void) {
     b.mesa_bwd = cuda_mesa_bwd;
     b.lin_fwd = cuda_lin_fwd;
     b.lin_bwd = cuda_lin_bwd;
+    b.attn_fwd = cuda_attn_fwd;
+    b.attn_bwd = cuda_attn_bwd;
+    b.attn_decode = cuda_attn_decode;
+    b.rope = cuda_rope;
     b.adamw = g_adamw;
     b.sumsq = g_sumsq;
 #ifdef MN_HAVE_NCCL

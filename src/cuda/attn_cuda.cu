@@ -1,0 +1,659 @@
+/*
+ * Causal softmax attention (full, or within a sliding window; grouped key/value heads) and RoPE on
+ * the GPU, for the mha / swa mixers: the backend slots attn_fwd, attn_bwd, attn_decode and rope of
+ * core/backend.h, as src/cpu/attn.c and the float64 reference src/ref/attn_ref.c.
+ * q, k, v, o, dout, dq, dk, dv bf16 (MEM_ACT); lse, and every sum, float32.
+ *
+ * Head sizes: D a multiple of 8 up to 128. Every kernel is built twice, for a padded head size
+ * DP = 64 and DP = 128 (a body function inlined with a constant DP, so that its register arrays
+ * and loops are sized at compile time); D < DP is zero-filled on the loads (cp.async's zero fill),
+ * which leaves the scores and the padded columns of every product zero. Other D: MN_ERR_UNSUPPORTED.
+ *
+ * Forward (FlashAttention-2): grid (ceil(T / 128), H, B), the longest query tiles first; 8 warps,
+ * each 16 query rows of the 128; key/value tiles of 64 rows. Shared memory: the Q tile and two
+ * buffers each of K and V (cp.async double buffering: the next tile loads while this one is
+ * computed), rows padded by 8 elements (16 bytes) so that the 8 rows one ldmatrix reads fall on
+ * different banks: (128 + 4 x 64) (DP + 8) x 2 bytes = 104 KiB at DP = 128. S = Q K^T and O += P V
+ * on the tensor cores (mma.sync m16n8k16 bf16 -> fp32, operands by ldmatrix; P goes from the S
+ * accumulators to A fragments in registers). Online softmax in fp32 in log2 units: scores times
+ * scale log2(e), exp2f. Masks only on the tiles that need them (the diagonal, and a window's
+ * lower edge); key tiles wholly outside every row's window are not visited. lse is natural-log,
+ * as the CPU's: max + log(sum) of the scaled scores.
+ *
+ * Backward (FlashAttention-2, P = exp(S - lse) rebuilt): Delta = rowsum(dO o O) first
+ * (attn_delta_kernel), then
+ *   dK, dV: grid (ceil(T / 64), Hkv, B), 4 warps of 16 keys; the block loops over the query tiles
+ *           that see its keys and over the H / Hkv query heads of its group, so that the group's
+ *           sum needs no atomics. Q, dO (and their lse, Delta) double-buffered in shared memory.
+ *   dQ:     grid (ceil(T / 64), H, B), 4 warps of 16 queries, looping over key tiles as the
+ *           forward does. A separate kernel rather than fp32 atomics from the dK/dV kernel: it
+ *           costs two more products (S and dP again, 7 instead of 5) but is deterministic (the
+ *           same gradients run after run, which training comparisons across backends rely on),
+ *           needs no T x H x D float32 scratch and no conversion pass.
+ *
+ * Decode (flash-decoding): the n cache slots are split into chunks so that B = 1 fills the GPU:
+ * grid (nsplit, H, B), 4 warps taking keys in turn; each block leaves its chunk's (max, sum,
+ * unnormalised output) in scratch, and a combine kernel rescales and sums them. No host sync and
+ * no allocation beyond the grow-only scratch. (The model does not record attention's decode step
+ * into a CUDA graph: n, the cache slot and the positions are host values a recording would freeze.)
+ *
+ * RoPE: a thread per (token, frequency), the angle in double as src/cpu/attn.c computes it (so that
+ * CPU and GPU agree to the last bit of the angle), applied to every head of the token.
+ */
+#include <math.h>
+
+#include "cuda_common.cuh"
+#include "mma.cuh"
+
+extern "C" {
+#include "ref/ref.h"
+}
+
+#define ATTN_BK 64    // keys per tile (forward, dQ)
+#define ATTN_BQ 128   // query rows per forward block: 8 warps x 16
+#define ATTN_BQB 64   // query rows per tile in the backward: 4 warps x 16
+#define ATTN_BKB 64   // keys per dK/dV block: 4 warps x 16
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+#define DEC_WARPS 4
+
+static __device__ __forceinline__ int amin(int a, int b) { return a < b ? a : b; }
+static __device__ __forceinline__ int amax(int a, int b) { return a > b ? a : b; }
+
+extern __shared__ __align__(16) bf16 attn_smem[];
+
+typedef struct {
+    const bf16 *q;  // [B,T,H,D]
+    const bf16 *k;  // [B,T,Hkv,D]
+    const bf16 *v;  // [B,T,Hkv,D]
+    bf16 *o;        // [B,T,H,D]
+    float *lse;     // [B,T,H] or NULL
+    int T, H, Hkv, D, window;
+    float sl2;      // scale log2(e)
+} FwdArgs;
+
+typedef struct {
+    const bf16 *q, *k, *v, *dout;  // as FwdArgs; dout [B,T,H,D]
+    const float *lse;              // [B,T,H] natural log
+    const float *delta;            // [B,T,H] rowsum(dout o o)
+    bf16 *dq, *dk, *dv;            // shapes of q, k, v
+    int T, H, Hkv, D, window;
+    float scale, sl2;
+} BwdArgs;
+
+typedef struct {
+    const bf16 *o, *dout;  // [B,T,H,D]
+    float *delta;          // [B,T,H]
+    int rows, D;           // B T H
+} DeltaArgs;
+
+typedef struct {
+    const bf16 *q;      // [B,H,D]
+    const bf16 *kc;     // [B,cap,Hkv,D]
+    const bf16 *vc;     // [B,cap,Hkv,D]
+    bf16 *o;            // [B,H,D]
+    float *part;        // [B,H,nsplit,D+2]: max (log2 units), sum, unnormalised output per chunk
+    int H, Hkv, D, n, cap, chunk, nsplit;
+    float sl2;
+} DecArgs;
+
+typedef struct {
+    bf16 *x;           // [N,H,D]
+    const int32_t *pos; // [N]
+    int N, H, D, inverse;
+    double ltheta;     // log(theta)
+} RopeArgs;
+
+// Rows [r0, r0 + nrows) of a [*, stride] bf16 array (row r at src + r stride) into shared memory
+// rows of LDS elements, DP columns: rows past T and columns past D zero-filled.
+static __device__ __forceinline__ void load_rows(bf16 *dst, const bf16 *src, size_t stride, int r0, int nrows, int T,
+                                                 int D, const int DP, const int LDS) {
+    const int per = DP / 8;  // 16-byte chunks per row
+    for (int c = threadIdx.x; c < nrows * per; c += blockDim.x) {
+        int r = c / per, j = (c % per) * 8, ok = r0 + r < T && j < D;
+        cp_async16(dst + r * LDS + j, ok ? src + (size_t)(r0 + r) * stride + j : src, ok ? 16 : 0);
+    }
+}
+
+// Two bf16 at p (4-byte aligned: D even).
+static __device__ __forceinline__ void st_pair(bf16 *p, float lo, float hi) { *(uint32_t *)p = pack_bf16(lo, hi); }
+
+// ------------------------------------------------------------------------------------- forward
+
+static __device__ __forceinline__ void fwd_body(const FwdArgs a, const int DP) {
+    const int LDS = DP + 8;
+    bf16 *sq = attn_smem, *sk = sq + ATTN_BQ * LDS, *sv = sk + 2 * ATTN_BK * LDS;
+    const int T = a.T, H = a.H, D = a.D, W = a.window;
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (H / a.Hkv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const size_t qs = (size_t)H * D, ks = (size_t)a.Hkv * D;
+    const bf16 *qb = a.q + ((size_t)b * T * H + h) * D;
+    const bf16 *kb = a.k + ((size_t)b * T * a.Hkv + hk) * D, *vb = a.v + ((size_t)b * T * a.Hkv + hk) * D;
+    const int t0 = qt * ATTN_BQ, tend = t0 + ATTN_BQ - 1, last = amin(T, t0 + ATTN_BQ) - 1;
+    const int kt0 = (W ? amax(0, t0 - W + 1) : 0) / ATTN_BK, kt1 = last / ATTN_BK;
+    load_rows(sq, qb, qs, t0, ATTN_BQ, T, D, DP, LDS);
+    load_rows(sk, kb, ks, kt0 * ATTN_BK, ATTN_BK, T, D, DP, LDS);
+    load_rows(sv, vb, ks, kt0 * ATTN_BK, ATTN_BK, T, D, DP, LDS);
+    cp_async_commit();
+
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};  // rows r, r + 8 (log2 units)
+    float acc[128 / 8][4];
+    uint32_t qf[128 / 16][4];
+#pragma unroll
+    for (int j = 0; j < DP / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
+    const int row = t0 + warp * 16 + (lane >> 2);  // this lane's rows: row, row + 8
+    for (int kt = kt0; kt <= kt1; kt++) {
+        const int buf = (kt - kt0) & 1;
+        if (kt < kt1) {
+            load_rows(sk + (buf ^ 1) * ATTN_BK * LDS, kb, ks, (kt + 1) * ATTN_BK, ATTN_BK, T, D, DP, LDS);
+            load_rows(sv + (buf ^ 1) * ATTN_BK * LDS, vb, ks, (kt + 1) * ATTN_BK, ATTN_BK, T, D, DP, LDS);
+            cp_async_commit();
+            cp_async_wait1();
+        } else {
+            cp_async_wait0();
+        }
+        __syncthreads();
+        if (kt == kt0) {  // the warp's Q rows as A fragments, once
+#pragma unroll
+            for (int s = 0; s < DP / 16; s++)
+                ldsm_x4(qf[s], sq + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + s * 16 + (lane >> 4) * 8);
+        }
+        const bf16 *K = sk + buf * ATTN_BK * LDS, *V = sv + buf * ATTN_BK * LDS;
+        float sc[ATTN_BK / 8][4];
+#pragma unroll
+        for (int j = 0; j < ATTN_BK / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0;
+#pragma unroll
+        for (int s = 0; s < DP / 16; s++)
+#pragma unroll
+            for (int np = 0; np < ATTN_BK / 16; np++) {
+                uint32_t bb[4];
+                ldsm_x4(bb, K + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + s * 16 + ((lane >> 3) & 1) * 8);
+                mma_bf16(sc[2 * np], qf[s], bb[0], bb[1]);
+                mma_bf16(sc[2 * np + 1], qf[s], bb[2], bb[3]);
+            }
+        const int s0 = kt * ATTN_BK;
+        // a mask where some key of the tile is past some row (the diagonal), or before some row's window
+        const int masked = s0 + ATTN_BK - 1 > t0 || (W && s0 <= tend - W);
+#pragma unroll
+        for (int j = 0; j < ATTN_BK / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = sc[j][e] * a.sl2;
+                if (masked) {
+                    int key = s0 + j * 8 + 2 * (lane & 3) + (e & 1), t = row + (e >> 1) * 8;
+                    if (key > t || (W && key <= t - W)) x = -INFINITY;
+                }
+                sc[j][e] = x;
+            }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float mx = m[i];
+#pragma unroll
+            for (int j = 0; j < ATTN_BK / 8; j++) mx = fmaxf(mx, fmaxf(sc[j][2 * i], sc[j][2 * i + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays at 0
+            const float alpha = exp2f(m[i] - base);
+            float rs = 0;
+#pragma unroll
+            for (int j = 0; j < ATTN_BK / 8; j++) {
+                sc[j][2 * i] = exp2f(sc[j][2 * i] - base);
+                sc[j][2 * i + 1] = exp2f(sc[j][2 * i + 1] - base);
+                rs += sc[j][2 * i] + sc[j][2 * i + 1];
+            }
+            l[i] = l[i] * alpha + rs;  // this lane's share of the row sum; the quad's summed at the end
+            m[i] = mx;
+#pragma unroll
+            for (int j = 0; j < DP / 8; j++) acc[j][2 * i] *= alpha, acc[j][2 * i + 1] *= alpha;
+        }
+#pragma unroll
+        for (int kk = 0; kk < ATTN_BK / 16; kk++) {
+            uint32_t pa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                              pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < DP / 16; dp++) {
+                uint32_t bb[4];
+                ldsm_x4_t(bb, V + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dp * 16 + (lane >> 4) * 8);
+                mma_bf16(acc[2 * dp], pa, bb[0], bb[1]);
+                mma_bf16(acc[2 * dp + 1], pa, bb[2], bb[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with this buffer before the next load refills it
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float li = l[i];
+        li += __shfl_xor_sync(0xffffffffu, li, 1);
+        li += __shfl_xor_sync(0xffffffffu, li, 2);
+        const int t = row + i * 8;
+        if (t >= T) continue;
+        const float inv = 1.0f / li;
+        bf16 *orow = a.o + ((size_t)b * T + t) * qs + (size_t)h * D;
+#pragma unroll
+        for (int j = 0; j < DP / 8; j++) {
+            int c = j * 8 + 2 * (lane & 3);
+            if (c < D) st_pair(orow + c, acc[j][2 * i] * inv, acc[j][2 * i + 1] * inv);
+        }
+        if (a.lse && (lane & 3) == 0) a.lse[((size_t)b * T + t) * H + h] = (m[i] + log2f(li)) * LN2;
+    }
+}
+
+static __global__ void __launch_bounds__(256) attn_fwd_kernel_64(const FwdArgs a) { fwd_body(a, 64); }
+static __global__ void __launch_bounds__(256) attn_fwd_kernel_128(const FwdArgs a) { fwd_body(a, 128); }
+
+// ------------------------------------------------------------------------------------ backward
+
+// delta[row] = sum_d dout[row, d] o[row, d]: a warp per row.
+static __global__ void attn_delta_kernel(const DeltaArgs a) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= a.rows) return;
+    float s = 0;
+    for (int j = lane; j < a.D; j += 32) s += ld(a.o, (size_t)row * a.D + j) * ld(a.dout, (size_t)row * a.D + j);
+    s = warp_sum(s);
+    if (lane == 0) a.delta[row] = s;
+}
+
+// dK, dV of the 64 keys [s0, s0 + 64) of kv head hk: over the query tiles that see them and the
+// group's query heads. Warp w owns keys s0 + 16 w ..; S^T, dP^T (keys x queries) in registers.
+static __device__ __forceinline__ void dkdv_body(const BwdArgs a, const int DP) {
+    const int LDS = DP + 8;
+    bf16 *sk = attn_smem, *sv = sk + ATTN_BKB * LDS, *sq = sv + ATTN_BKB * LDS, *sdo = sq + 2 * ATTN_BQB * LDS;
+    float *sl = (float *)(sdo + 2 * ATTN_BQB * LDS), *sdl = sl + 2 * ATTN_BQB;  // [2][64] each
+    const int T = a.T, H = a.H, D = a.D, W = a.window, g = H / a.Hkv;
+    const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const size_t qs = (size_t)H * D, ks = (size_t)a.Hkv * D;
+    const int s0 = kt * ATTN_BKB;
+    const bf16 *kb = a.k + ((size_t)b * T * a.Hkv + hk) * D, *vb = a.v + ((size_t)b * T * a.Hkv + hk) * D;
+    // queries that see some key of the tile: [s0, s0 + 63 + W) within T
+    const int thi = W ? amin(T, s0 + ATTN_BKB - 1 + W) : T;
+    const int qa = s0 / ATTN_BQB, nq = (thi - 1) / ATTN_BQB - qa + 1, nj = nq * g;
+    load_rows(sk, kb, ks, s0, ATTN_BKB, T, D, DP, LDS);
+    load_rows(sv, vb, ks, s0, ATTN_BKB, T, D, DP, LDS);
+
+    float dk[128 / 8][4], dv[128 / 8][4];
+#pragma unroll
+    for (int j = 0; j < DP / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[j][e] = dv[j][e] = 0;
+    const int key = s0 + warp * 16 + (lane >> 2);  // this lane's keys: key, key + 8
+    for (int jj = 0; jj <= nj; jj++) {
+        // item jj: query tile qa + jj / g, head hk g + jj % g; loaded one item ahead
+        if (jj < nj) {
+            const int buf = jj & 1, t0 = (qa + jj / g) * ATTN_BQB, h = hk * g + jj % g;
+            const bf16 *qb = a.q + ((size_t)b * T * H + h) * D, *dob = a.dout + ((size_t)b * T * H + h) * D;
+            load_rows(sq + buf * ATTN_BQB * LDS, qb, qs, t0, ATTN_BQB, T, D, DP, LDS);
+            load_rows(sdo + buf * ATTN_BQB * LDS, dob, qs, t0, ATTN_BQB, T, D, DP, LDS);
+            for (int i = threadIdx.x; i < ATTN_BQB; i += blockDim.x) {
+                int t = t0 + i;
+                size_t r = ((size_t)b * T + t) * H + h;
+                // rows past T: lse = +inf makes their P exactly 0
+                sl[buf * ATTN_BQB + i] = t < T ? a.lse[r] * LOG2E : INFINITY;
+                sdl[buf * ATTN_BQB + i] = t < T ? a.delta[r] : 0.0f;
+            }
+            cp_async_commit();
+        }
+        if (jj == 0) continue;
+        const int j = jj - 1, buf = j & 1, t0 = (qa + j / g) * ATTN_BQB;
+        if (jj < nj) cp_async_wait1();
+        else cp_async_wait0();
+        __syncthreads();
+        const bf16 *Q = sq + buf * ATTN_BQB * LDS, *DO = sdo + buf * ATTN_BQB * LDS;
+        const float *L = sl + buf * ATTN_BQB, *DL = sdl + buf * ATTN_BQB;
+        float st[ATTN_BQB / 8][4], dp[ATTN_BQB / 8][4];
+#pragma unroll
+        for (int n = 0; n < ATTN_BQB / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st[n][e] = dp[n][e] = 0;
+#pragma unroll
+        for (int s = 0; s < DP / 16; s++) {
+            uint32_t ka[4], va[4];
+            const int aoff = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + s * 16 + (lane >> 4) * 8;
+            ldsm_x4(ka, sk + aoff);
+            ldsm_x4(va, sv + aoff);
+#pragma unroll
+            for (int np = 0; np < ATTN_BQB / 16; np++) {
+                uint32_t bb[4];
+                const int boff = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + s * 16 + ((lane >> 3) & 1) * 8;
+                ldsm_x4(bb, Q + boff);  // S^T = K Q^T
+                mma_bf16(st[2 * np], ka, bb[0], bb[1]);
+                mma_bf16(st[2 * np + 1], ka, bb[2], bb[3]);
+                ldsm_x4(bb, DO + boff);  // dP^T = V dO^T
+                mma_bf16(dp[2 * np], va, bb[0], bb[1]);
+                mma_bf16(dp[2 * np + 1], va, bb[2], bb[3]);
+            }
+        }
+        // some query of the tile before some key (the diagonal), or past some key's window
+        const int masked = t0 < s0 + ATTN_BKB - 1 || (W && t0 + ATTN_BQB - 1 - s0 >= W);
+#pragma unroll
+        for (int n = 0; n < ATTN_BQB / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qi = n * 8 + 2 * (lane & 3) + (e & 1), t = t0 + qi, s = key + (e >> 1) * 8;
+                float p = exp2f(st[n][e] * a.sl2 - L[qi]);
+                if (masked && (t < s || (W && t - s >= W))) p = 0;
+                st[n][e] = p;
+                dp[n][e] = p * (dp[n][e] - DL[qi]);  // dS^T
+            }
+#pragma unroll
+        for (int kk = 0; kk < ATTN_BQB / 16; kk++) {
+            uint32_t pa[4] = {pack_bf16(st[2 * kk][0], st[2 * kk][1]), pack_bf16(st[2 * kk][2], st[2 * kk][3]),
+                              pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                              pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+            uint32_t da[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
+                              pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                              pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+            for (int d = 0; d < DP / 16; d++) {
+                uint32_t bb[4];
+                const int boff = (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + d * 16 + (lane >> 4) * 8;
+                ldsm_x4_t(bb, DO + boff);  // dV += P^T dO
+                mma_bf16(dv[2 * d], pa, bb[0], bb[1]);
+                mma_bf16(dv[2 * d + 1], pa, bb[2], bb[3]);
+                ldsm_x4_t(bb, Q + boff);  // dK += dS^T Q
+                mma_bf16(dk[2 * d], da, bb[0], bb[1]);
+                mma_bf16(dk[2 * d + 1], da, bb[2], bb[3]);
+            }
+        }
+        __syncthreads();  // done with this buffer before the load two items on refills it
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int s = key + i * 8;
+        if (s >= T) continue;
+        bf16 *dkr = a.dk + ((size_t)b * T + s) * ks + (size_t)hk * D, *dvr = a.dv + ((size_t)b * T + s) * ks + (size_t)hk * D;
+#pragma unroll
+        for (int j = 0; j < DP / 8; j++) {
+            int c = j * 8 + 2 * (lane & 3);
+            if (c < D) {
+                st_pair(dkr + c, dk[j][2 * i] * a.scale, dk[j][2 * i + 1] * a.scale);
+                st_pair(dvr + c, dv[j][2 * i], dv[j][2 * i + 1]);
+            }
+        }
+    }
+}
+
+static __global__ void __launch_bounds__(128) attn_dkdv_kernel_64(const BwdArgs a) { dkdv_body(a, 64); }
+static __global__ void __launch_bounds__(128) attn_dkdv_kernel_128(const BwdArgs a) { dkdv_body(a, 128); }
+
+// dQ of the 64 query rows of a tile of head h, looping over the key tiles they see.
+static __device__ __forceinline__ void dq_body(const BwdArgs a, const int DP) {
+    const int LDS = DP + 8;
+    bf16 *sq = attn_smem, *sdo = sq + ATTN_BQB * LDS, *sk = sdo + ATTN_BQB * LDS, *sv = sk + 2 * ATTN_BK * LDS;
+    const int T = a.T, H = a.H, D = a.D, W = a.window;
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (H / a.Hkv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const size_t qs = (size_t)H * D, ks = (size_t)a.Hkv * D;
+    const bf16 *qb = a.q + ((size_t)b * T * H + h) * D, *dob = a.dout + ((size_t)b * T * H + h) * D;
+    const bf16 *kb = a.k + ((size_t)b * T * a.Hkv + hk) * D, *vb = a.v + ((size_t)b * T * a.Hkv + hk) * D;
+    const int t0 = qt * ATTN_BQB, tend = t0 + ATTN_BQB - 1, last = amin(T, t0 + ATTN_BQB) - 1;
+    const int kt0 = (W ? amax(0, t0 - W + 1) : 0) / ATTN_BK, kt1 = last / ATTN_BK;
+    load_rows(sq, qb, qs, t0, ATTN_BQB, T, D, DP, LDS);
+    load_rows(sdo, dob, qs, t0, ATTN_BQB, T, D, DP, LDS);
+    load_rows(sk, kb, ks, kt0 * ATTN_BK, ATTN_BK, T, D, DP, LDS);
+    load_rows(sv, vb, ks, kt0 * ATTN_BK, ATTN_BK, T, D, DP, LDS);
+    cp_async_commit();
+    const int row = t0 + warp * 16 + (lane >> 2);
+    float L[2], DL[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int t = row + 8 * i;
+        const size_t r = ((size_t)b * T + t) * H + h;
+        L[i] = t < T ? a.lse[r] * LOG2E : INFINITY;
+        DL[i] = t < T ? a.delta[r] : 0.0f;
+    }
+    float dq[128 / 8][4];
+#pragma unroll
+    for (int j = 0; j < DP / 8; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0;
+    const int aoff0 = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
+    for (int kt = kt0; kt <= kt1; kt++) {
+        const int buf = (kt - kt0) & 1;
+        if (kt < kt1) {
+            load_rows(sk + (buf ^ 1) * ATTN_BK * LDS, kb, ks, (kt + 1) * ATTN_BK, ATTN_BK, T, D, DP, LDS);
+            load_rows(sv + (buf ^ 1) * ATTN_BK * LDS, vb, ks, (kt + 1) * ATTN_BK, ATTN_BK, T, D, DP, LDS);
+            cp_async_commit();
+            cp_async_wait1();
+        } else {
+            cp_async_wait0();
+        }
+        __syncthreads();
+        const bf16 *K = sk + buf * ATTN_BK * LDS, *V = sv + buf * ATTN_BK * LDS;
+        float sc[ATTN_BK / 8][4], dp[ATTN_BK / 8][4];
+#pragma unroll
+        for (int n = 0; n < ATTN_BK / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sc[n][e] = dp[n][e] = 0;
+#pragma unroll
+        for (int s = 0; s < DP / 16; s++) {
+            uint32_t qa[4], da[4];
+            ldsm_x4(qa, sq + aoff0 + s * 16);
+            ldsm_x4(da, sdo + aoff0 + s * 16);
+#pragma unroll
+            for (int np = 0; np < ATTN_BK / 16; np++) {
+                uint32_t bb[4];
+                const int boff = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + s * 16 + ((lane >> 3) & 1) * 8;
+                ldsm_x4(bb, K + boff);  // S = Q K^T
+                mma_bf16(sc[2 * np], qa, bb[0], bb[1]);
+                mma_bf16(sc[2 * np + 1], qa, bb[2], bb[3]);
+                ldsm_x4(bb, V + boff);  // dP = dO V^T
+                mma_bf16(dp[2 * np], da, bb[0], bb[1]);
+                mma_bf16(dp[2 * np + 1], da, bb[2], bb[3]);
+            }
+        }
+        const int s0 = kt * ATTN_BK;
+        const int masked = s0 + ATTN_BK - 1 > t0 || (W && s0 <= tend - W);
+#pragma unroll
+        for (int n = 0; n < ATTN_BK / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = e >> 1, s = s0 + n * 8 + 2 * (lane & 3) + (e & 1), t = row + 8 * i;
+                float p = exp2f(sc[n][e] * a.sl2 - L[i]);
+                if (masked && (s > t || (W && s <= t - W))) p = 0;
+                sc[n][e] = p * (dp[n][e] - DL[i]);  // dS
+            }
+#pragma unroll
+        for (int kk = 0; kk < ATTN_BK / 16; kk++) {
+            uint32_t sa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                              pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+            for (int d = 0; d < DP / 16; d++) {
+                uint32_t bb[4];
+                ldsm_x4_t(bb, K + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + d * 16 + (lane >> 4) * 8);
+                mma_bf16(dq[2 * d], sa, bb[0], bb[1]);  // dQ += dS K
+                mma_bf16(dq[2 * d + 1], sa, bb[2], bb[3]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int t = row + i * 8;
+        if (t >= T) continue;
+        bf16 *r = a.dq + ((size_t)b * T + t) * qs + (size_t)h * D;
+#pragma unroll
+        for (int j = 0; j < DP / 8; j++) {
+            int c = j * 8 + 2 * (lane & 3);
+            if (c < D) st_pair(r + c, dq[j][2 * i] * a.scale, dq[j][2 * i + 1] * a.scale);
+        }
+    }
+}
+
+static __global__ void __launch_bounds__(128) attn_dq_kernel_64(const BwdArgs a) { dq_body(a, 64); }
+static __global__ void __launch_bounds__(128) attn_dq_kernel_128(const BwdArgs a) { dq_body(a, 128); }
+
+// -------------------------------------------------------------------------------------- decode
+
+// One chunk of cache slots for query head h of sequence b: 4 warps take its keys in turn, lane l
+// holding elements l, l + 32, .. (D <= 128: 4 a lane) of q, the keys and the output; the warps'
+// partial results are merged through shared memory into the chunk's (max, sum, output).
+static __global__ void __launch_bounds__(DEC_WARPS * 32) attn_dec_split_kernel(const DecArgs a) {
+    __shared__ float wm[DEC_WARPS], wl[DEC_WARPS], wacc[DEC_WARPS][128];
+    const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (a.H / a.Hkv), D = a.D;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float q[4], acc[4] = {0, 0, 0, 0}, m = -INFINITY, l = 0;
+    const bf16 *qh = a.q + ((size_t)b * a.H + h) * D;
+#pragma unroll
+    for (int i = 0; i < 4; i++) q[i] = lane + 32 * i < D ? ld(qh, lane + 32 * i) * a.sl2 : 0.0f;
+    const int sb = split * a.chunk, se = amin(a.n, sb + a.chunk);
+    const size_t ks = (size_t)a.Hkv * D;
+    const bf16 *kb = a.kc + ((size_t)b * a.cap * a.Hkv + hk) * D, *vb = a.vc + ((size_t)b * a.cap * a.Hkv + hk) * D;
+    for (int s = sb + warp; s < se; s += DEC_WARPS) {
+        float x = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (lane + 32 * i < D) x += q[i] * ld(kb, (size_t)s * ks + lane + 32 * i);
+        x = warp_sum(x);
+        const float mn = fmaxf(m, x), alpha = exp2f(m - mn), p = exp2f(x - mn);
+        l = l * alpha + p;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[i] = acc[i] * alpha + (lane + 32 * i < D ? p * ld(vb, (size_t)s * ks + lane + 32 * i) : 0.0f);
+        m = mn;
+    }
+    if (lane == 0) wm[warp] = m, wl[warp] = l;
+#pragma unroll
+    for (int i = 0; i < 4; i++) wacc[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, wm[w]);
+    float *part = a.part + (((size_t)b * a.H + h) * a.nsplit + split) * (D + 2);
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+        float s = 0;
+        for (int w = 0; w < DEC_WARPS; w++) s += wm[w] == -INFINITY ? 0.0f : wacc[w][j] * exp2f(wm[w] - M);
+        part[2 + j] = s;
+    }
+    if (threadIdx.x == 0) {
+        float L = 0;
+        for (int w = 0; w < DEC_WARPS; w++) L += wm[w] == -INFINITY ? 0.0f : wl[w] * exp2f(wm[w] - M);
+        part[0] = M;
+        part[1] = L;
+    }
+}
+
+// o[b, h] from the chunks' partial results: grid (H, B), a thread per output element.
+static __global__ void attn_dec_combine_kernel(const DecArgs a) {
+    const int h = blockIdx.x, b = blockIdx.y, D = a.D;
+    const float *part = a.part + ((size_t)b * a.H + h) * a.nsplit * (D + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < a.nsplit; s++) M = fmaxf(M, part[(size_t)s * (D + 2)]);
+    float L = 0;
+    for (int s = 0; s < a.nsplit; s++) L += part[(size_t)s * (D + 2) + 1] * exp2f(part[(size_t)s * (D + 2)] - M);
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+        float o = 0;
+        for (int s = 0; s < a.nsplit; s++) o += part[(size_t)s * (D + 2) + 2 + j] * exp2f(part[(size_t)s * (D + 2)] - M);
+        st(a.o, ((size_t)b * a.H + h) * D + j, o / L);
+    }
+}
+
+// ---------------------------------------------------------------------------------------- rope
+
+static __global__ void attn_rope_kernel(const RopeArgs a) {
+    const int half = a.D / 2;
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long)a.N * half) return;
+    const int n = (int)(idx / half), i = (int)(idx % half);
+    // as src/cpu/attn.c: the angle in double (positions in the 1e5s would lose it in float)
+    const double ang = a.pos[n] * exp(-2.0 * i / a.D * a.ltheta);
+    const float c = (float)cos(ang), s = (float)(a.inverse ? -sin(ang) : sin(ang));
+    for (int h = 0; h < a.H; h++) {
+        const size_t r = ((size_t)n * a.H + h) * a.D;
+        const float x1 = ld(a.x, r + i), x2 = ld(a.x, r + i + half);
+        st(a.x, r + i, x1 * c - x2 * s);
+        st(a.x, r + i + half, x2 * c + x1 * s);
+    }
+}
+
+// ---- host side (cut by scripts/attn_cuda_emulate.sh, which mirrors it in tests/cuda_emu/attn_emu.cpp)
+
+static int head_size_ok(const char *fn, int D) {
+    if (D % 8 || D > 128)
+        return mn_error(MN_ERR_UNSUPPORTED, "%s: head size D = %d is not supported by the cuda backend (multiples of 8 up to 128)",
+                        fn, D);
+    return MN_OK;
+}
+
+static size_t fwd_smem(int DP) { return (size_t)(ATTN_BQ + 4 * ATTN_BK) * (DP + 8) * sizeof(bf16); }
+static size_t dkdv_smem(int DP) { return (size_t)(2 * ATTN_BKB + 4 * ATTN_BQB) * (DP + 8) * sizeof(bf16) + 4 * ATTN_BQB * sizeof(float); }
+static size_t dq_smem(int DP) { return (size_t)(2 * ATTN_BQB + 4 * ATTN_BK) * (DP + 8) * sizeof(bf16); }
+
+extern "C" int cuda_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd *io) {
+    MN_TRY(ref_attn_check("attn_fwd", d));
+    if (!io || !io->q || !io->k || !io->v || !io->o) return mn_error(MN_ERR_ARG, "attn_fwd: q, k, v and o are required");
+    MN_TRY(head_size_ok("attn_fwd", d->D));
+    CudaCtx *c = cuda_ctx(be);
+    FwdArgs a = {(const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, (bf16 *)io->o, (float *)io->lse,
+                 d->T, d->H, d->Hkv, d->D, d->window, d->scale * LOG2E};
+    const int DP = d->D <= 64 ? 64 : 128;
+    const size_t smem = fwd_smem(DP);
+    void (*k)(const FwdArgs) = DP == 64 ? attn_fwd_kernel_64 : attn_fwd_kernel_128;
+    CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    k<<<dim3((d->T + ATTN_BQ - 1) / ATTN_BQ, d->H, d->B), 256, smem, c->stream>>>(a);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+extern "C" int cuda_attn_bwd(const Backend *be, const AttnDims *d, const AttnBwd *io) {
+    MN_TRY(ref_attn_check("attn_bwd", d));
+    if (!io || !io->q || !io->k || !io->v || !io->o || !io->lse || !io->dout || !io->dq || !io->dk || !io->dv)
+        return mn_error(MN_ERR_ARG, "attn_bwd: q, k, v, o, lse, dout, dq, dk and dv are required");
+    MN_TRY(head_size_ok("attn_bwd", d->D));
+    CudaCtx *c = cuda_ctx(be);
+    const size_t rows = (size_t)d->B * d->T * d->H;
+    float *delta = (float *)cuda_scratch(be, rows * sizeof(float));
+    if (!delta) return MN_ERR_NOMEM;
+    DeltaArgs da = {(const bf16 *)io->o, (const bf16 *)io->dout, delta, (int)rows, d->D};
+    attn_delta_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, c->stream>>>(da);
+    LAUNCH_CHECK();
+    BwdArgs a = {(const bf16 *)io->q, (const bf16 *)io->k,  (const bf16 *)io->v, (const bf16 *)io->dout,
+                 (const float *)io->lse, delta, (bf16 *)io->dq, (bf16 *)io->dk, (bf16 *)io->dv,
+                 d->T, d->H, d->Hkv, d->D, d->window, d->scale, d->scale * LOG2E};
+    const int DP = d->D <= 64 ? 64 : 128;
+    void (*kk)(const BwdArgs) = DP == 64 ? attn_dkdv_kernel_64 : attn_dkdv_kernel_128;
+    void (*kq)(const BwdArgs) = DP == 64 ? attn_dq_kernel_64 : attn_dq_kernel_128;
+    CU_TRY(cudaFuncSetAttribute(kk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem(DP)));
+    CU_TRY(cudaFuncSetAttribute(kq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem(DP)));
+    kk<<<dim3((d->T + ATTN_BKB - 1) / ATTN_BKB, d->Hkv, d->B), 128, dkdv_smem(DP), c->stream>>>(a);
+    LAUNCH_CHECK();
+    kq<<<dim3((d->T + ATTN_BQB - 1) / ATTN_BQB, d->H, d->B), 128, dq_smem(DP), c->stream>>>(a);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+extern "C" int cuda_attn_decode(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc,
+                                const void *vc, void *o) {
+    if (!d || d->B <= 0 || d->H <= 0 || d->Hkv <= 0 || d->D <= 0 || d->H % d->Hkv)
+        return mn_error(MN_ERR_ARG, "attn_decode: bad dims");
+    if (n <= 0 || n > cap) return mn_error(MN_ERR_ARG, "attn_decode: n = %d, must be in 1..cap = %d", n, cap);
+    if (!q || !kc || !vc || !o) return mn_error(MN_ERR_ARG, "attn_decode: q, kc, vc and o are required");
+    MN_TRY(head_size_ok("attn_decode", d->D));
+    CudaCtx *c = cuda_ctx(be);
+    // chunks of at least 64 slots, enough of them for ~4 blocks per multiprocessor
+    const long pairs = (long)d->B * d->H, want = (4L * c->sm_count + pairs - 1) / pairs;
+    int chunk = (int)((n + want - 1) / want);
+    if (chunk < 64) chunk = 64;
+    const int nsplit = (n + chunk - 1) / chunk;
+    float *part = (float *)cuda_scratch(be, (size_t)pairs * nsplit * (d->D + 2) * sizeof(float));
+    if (!part) return MN_ERR_NOMEM;
+    DecArgs a = {(const bf16 *)q, (const bf16 *)kc, (const bf16 *)vc, (bf16 *)o, part,
+                 d->H, d->Hkv, d->D, n, cap, chunk, nsplit, d->scale * LOG2E};
+    attn_dec_split_kernel<<<dim3(nsplit, d->H, d->B), DEC_WARPS * 32, 0, c->stream>>>(a);
+    LAUNCH_CHECK();
+    attn_dec_combine_kernel<<<dim3(d->H, d->B), 128, 0, c->stream>>>(a);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+extern "C" int cuda_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse) {
+    if (N <= 0 || H <= 0 || D <= 0 || D % 2)
+        return mn_error(MN_ERR_ARG, "rope: N, H > 0 and an even D > 0 are required (got %d, %d, %d)", N, H, D);
+    if (!(theta > 0)) return mn_error(MN_ERR_ARG, "rope: theta must be > 0");
+    if (!x || !pos) return mn_error(MN_ERR_ARG, "rope: x and pos are required");
+    RopeArgs a = {(bf16 *)x, (const int32_t *)pos, N, H, D, inverse, log((double)theta)};
+    const size_t n = (size_t)N * (D / 2);
+    attn_rope_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_ctx(be)->stream>>>(a);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
