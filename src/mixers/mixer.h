@@ -30,6 +30,8 @@ typedef struct {
     const char *about;        // one line: what the layer computes
     const char *state_about;  // one line: what its decoding state holds
     int neg_eigen;            // 1: a delta rule, to which the config's neg_eigen applies (beta in (0, 2))
+    int no_graph;             // 1: its decoding step passes host values (positions, cache slot and length)
+                              // to the backend, which a recorded step (graph_begin) would freeze
     // Appends this layer's parameter specs, names prefixed by `prefix` (e.g. "model.layers.3.").
     int (*declare)(const ModelConfig *c, const char *prefix, ParamSpec *out, int *n, int max);
     // Allocates the mixer's private part (m->priv); buffers come lazily with the first forward.

@@ -142,6 +142,7 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
             goto fail;
         }
         m->mixers[l].ops = ops;
+        if (ops->no_graph) m->use_graphs = 0;  // attention: n, the slot and positions change per step
         m->mixers[l].be = be;
         m->mixers[l].cfg = &m->cfg;
         m->mixers[l].scratch = &m->scratch;
