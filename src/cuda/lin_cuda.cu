@@ -9,9 +9,11 @@
  *
  * Buffers: q, k, v, o, dout, dq, dk, dv bf16 (MEM_ACT); g, beta, s0, sT, dsT,
  * dg, dbeta, ds0 float32 (MEM_F32). Every sum runs in float32. Head sizes up
- * to 256 (larger: MN_ERR_UNSUPPORTED). The options' form and chunk are
- * checked and otherwise ignored: every call runs this recurrent form (the
- * chunkwise one on the tensor cores is still to come).
+ * to 256 (larger: MN_ERR_UNSUPPORTED). Form: MN_FORM_RECURRENT runs these
+ * kernels; MN_FORM_CHUNK the chunkwise form on the tensor cores
+ * (lin_chunk_cuda.cu, chunks of at most 64); MN_FORM_AUTO the chunkwise one
+ * from T >= 64 tokens (see use_chunk), these kernels below that and for
+ * decoding (T = 1, recordable into a CUDA graph).
  *
  * Every row i of S evolves on its own in both rules ((S k)_i = S_i . k), and
  * so does every row of the adjoint dS; what couples the rows are the sums over
@@ -407,6 +409,19 @@ static __global__ void to_bf16_kernel(bf16 *y, const float *x, size_t n) {
 
 // ------------------------------------------------------------------------------ host side
 
+extern "C" int cuda_lin_chunk_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io);
+extern "C" int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io);
+
+// AUTO: the chunkwise form from one whole chunk on. Its cost is about fixed, ~15-40 launches plus
+// 2-5 per chunk, whatever the chunk's fill; the recurrent form's is T dependent steps, each a few
+// microseconds of latency whatever the batch. At T = 64 both are ~0.1-0.3 ms, past it the chunks win
+// (on the tensor cores, T / 64 sequential steps instead of T); below it the recurrent kernels are as
+// fast and exact in float32 (no TF32 products), and they alone serve decoding (T = 1, graphs).
+static int use_chunk(const MnMesaDims *d, const MnLinOpts *o) {
+    if (o->form == MN_FORM_CHUNK) return 1;
+    return o->form == MN_FORM_AUTO && d->T >= 64 && o->chunk <= 64;
+}
+
 // Columns per lane for a head of Dk: 1, 2, 4 or 8.
 static int cols_per_lane(int Dk) { return Dk <= 32 ? 1 : Dk <= 64 ? 2 : Dk <= 128 ? 4 : 8; }
 
@@ -429,6 +444,7 @@ extern "C" int cuda_lin_fwd(const Backend *be, const MnMesaDims *d, const MnLinO
     const char *fn = "cuda lin forward";
     MN_TRY(check_common(fn, d, o, io));
     if (!io->q || !io->k || !io->v || !io->o) return mn_error(MN_ERR_ARG, "%s: q, k, v and o are required", fn);
+    if (use_chunk(d, o)) return cuda_lin_chunk_fwd(be, d, o, io);
     CudaCtx *c = cuda_ctx(be);
     FwdArgs a = {(const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g, io->beta, io->s0,
                  (bf16 *)io->o, io->sT, d->T, d->H, d->Dk, d->Dv, o->rule == MN_LIN_DELTA, o->scale};
@@ -457,6 +473,7 @@ extern "C" int cuda_lin_bwd(const Backend *be, const MnMesaDims *d, const MnLinO
     if (!io->dout || !io->dq || !io->dk || !io->dv) return mn_error(MN_ERR_ARG, "%s: dout, dq, dk and dv are required", fn);
     if (io->g && !io->dg) return mn_error(MN_ERR_ARG, "%s: dg is NULL while g is given", fn);
     if (io->beta && !io->dbeta) return mn_error(MN_ERR_ARG, "%s: dbeta is NULL while beta is given", fn);
+    if (use_chunk(d, o)) return cuda_lin_chunk_bwd(be, d, o, io);
     CudaCtx *c = cuda_ctx(be);
     int nc = cols_per_lane(d->Dk), nw = mn_min(BWD_WARPS, (d->Dv + RW - 1) / RW), threads = nw * 32;
     int nslices = (d->Dv + nw * RW - 1) / (nw * RW), C = stretch_for(d->T), nseg = (d->T + C - 1) / C;

@@ -1,0 +1,135 @@
+// src/cuda/lin_chunk_cuda.cu, kernels and host side, on the CPU (lin_chunk_emu.h) against the float64
+// reference (src/ref/lin_ref.c), through its entry points cuda_lin_chunk_fwd / cuda_lin_chunk_bwd.
+// Inputs rounded to what the GPU holds (bf16 q, k, v, dout; float32 gates and states). Prints the
+// relative L2 errors; with TF32 operands (as on the GPU) and again with float32 ones (argument
+// "f32"), which separates TF32's share of the error from bf16's.
+#include "lin_chunk_emu_kernels.h"
+extern "C" {
+#include "ref/ref.h"
+}
+#include <stdio.h>
+
+static int fails;
+static double worst[8];
+static const char *names[8] = {"o", "sT", "dq", "dk", "dv", "dg", "dbeta", "ds0"};
+
+static double rnd(unsigned long long *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(*s >> 11) / 9007199254740992.0 * 2 - 1;
+}
+static double rel(const double *a, const double *b, size_t n) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) { e += (a[i] - b[i]) * (a[i] - b[i]); r += b[i] * b[i]; }
+    return r > 0 ? sqrt(e / r) : sqrt(e);
+}
+static double relb(const bf16 *x, const double *ref, size_t n) {
+    double *a = (double *)malloc(8 * n);
+    for (size_t i = 0; i < n; i++) a[i] = bf16_to_f32(x[i].b);
+    double e = rel(a, ref, n);
+    free(a);
+    return e;
+}
+static double relf(const float *x, const double *ref, size_t n) {
+    double *a = (double *)malloc(8 * n);
+    for (size_t i = 0; i < n; i++) a[i] = x[i];
+    double e = rel(a, ref, n);
+    free(a);
+    return e;
+}
+static bf16 *to_bf(double *x, size_t n) {
+    bf16 *y = (bf16 *)malloc(2 * n + 2);
+    for (size_t i = 0; i < n; i++) { y[i].b = f32_to_bf16((float)x[i]); x[i] = bf16_to_f32(y[i].b); }
+    return y;
+}
+static float *to_f(double *x, size_t n) {
+    if (!x) return NULL;
+    float *y = (float *)malloc(4 * n);
+    for (size_t i = 0; i < n; i++) { y[i] = (float)x[i]; x[i] = y[i]; }
+    return y;
+}
+static void check(const char *tag, int i, double e, double tol) {
+    if (e > worst[i]) worst[i] = e;
+    int bad = !(e <= tol);
+    fails += bad;
+    printf("%-58s %-6s rel err %.2e%s\n", tag, names[i], e, bad ? "  FAIL" : "");
+}
+
+static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, int ws0, int wdsT, double blo, double bhi,
+                unsigned long long seed) {
+    size_t ntok = (size_t)B * T * H, nq = ntok * Dk, nv = ntok * Dv, ns = (size_t)B * H * Dv * Dk;
+    double *q = (double *)calloc(nq, 8), *k = (double *)calloc(nq, 8), *v = (double *)calloc(nv, 8), *dout = (double *)calloc(nv, 8);
+    double *g = wg ? (double *)calloc(ntok, 8) : NULL, *beta = wb ? (double *)calloc(ntok, 8) : NULL;
+    double *s0 = ws0 ? (double *)calloc(ns, 8) : NULL, *dsT = wdsT ? (double *)calloc(ns, 8) : NULL;
+    for (size_t i = 0; i < nq; i++) { q[i] = rnd(&seed); k[i] = rnd(&seed); }
+    for (size_t t = 0; t < ntok; t++) {
+        double a = 0, b = 0;
+        for (int j = 0; j < Dk; j++) { a += q[t * Dk + j] * q[t * Dk + j]; b += k[t * Dk + j] * k[t * Dk + j]; }
+        for (int j = 0; j < Dk; j++) { q[t * Dk + j] /= sqrt(a); k[t * Dk + j] /= sqrt(b); }
+    }
+    for (size_t i = 0; i < nv; i++) { v[i] = rnd(&seed); dout[i] = rnd(&seed); }
+    for (size_t i = 0; i < ntok; i++) {
+        if (g) g[i] = -0.255 + 0.245 * rnd(&seed);
+        if (beta) beta[i] = blo + (bhi - blo) * (0.5 + 0.5 * rnd(&seed));
+    }
+    for (size_t i = 0; i < ns; i++) { if (s0) s0[i] = 0.5 * rnd(&seed); if (dsT) dsT[i] = rnd(&seed); }
+    bf16 *bq = to_bf(q, nq), *bk = to_bf(k, nq), *bv = to_bf(v, nv), *bdo = to_bf(dout, nv);
+    float *fg = to_f(g, ntok), *fb = to_f(beta, ntok), *fs0 = to_f(s0, ns), *fdsT = to_f(dsT, ns);
+    MnMesaDims d = {B, T, H, Dk, Dv};
+    MnLinOpts o = {(MnLinRule)rule, (float)(1 / sqrt((double)Dk)), MN_FORM_CHUNK, 0};
+    double *o_ = (double *)calloc(nv, 8), *sT = (double *)calloc(ns, 8), *dq = (double *)calloc(nq, 8), *dk = (double *)calloc(nq, 8), *dv = (double *)calloc(nv, 8);
+    double *dg = (double *)calloc(ntok, 8), *db = (double *)calloc(ntok, 8), *ds0 = (double *)calloc(ns, 8);
+    LinFwd64 rf = {q, k, v, g, beta, s0, o_, sT};
+    LinBwd64 rb = {q, k, v, g, beta, s0, dout, dsT, dq, dk, dv, dg, db, ds0};
+    if (ref_lin_forward(&d, &o, &rf) || ref_lin_backward(&d, &o, &rb)) { printf("ref failed\n"); exit(1); }
+    bf16 *go = (bf16 *)calloc(nv, 2), *gdq = (bf16 *)calloc(nq, 2), *gdk = (bf16 *)calloc(nq, 2), *gdv = (bf16 *)calloc(nv, 2);
+    for (size_t i = 0; i < nq; i++) gdq[i].b = gdk[i].b = 0x7fc0;  // NaN: every element must be written
+    for (size_t i = 0; i < nv; i++) go[i].b = gdv[i].b = 0x7fc0;
+    float *gsT = (float *)calloc(ns, 4), *gdg = (float *)calloc(ntok, 4), *gdb = (float *)calloc(ntok, 4), *gds0 = (float *)calloc(ns, 4);
+    for (size_t i = 0; i < ntok; i++) gdg[i] = gdb[i] = NAN;
+    for (size_t i = 0; i < ns; i++) gsT[i] = gds0[i] = NAN;
+    MnLinFwd f = {(const float *)bq, (const float *)bk, (const float *)bv, fg, fb, fs0, (float *)go, gsT};
+    MnLinBwd bw = {(const float *)bq, (const float *)bk, (const float *)bv, fg, fb, fs0, (const float *)bdo, fdsT,
+                   (float *)gdq, (float *)gdk, (float *)gdv, gdg, gdb, gds0};
+    if (cuda_lin_chunk_fwd(NULL, &d, &o, &f) || cuda_lin_chunk_bwd(NULL, &d, &o, &bw)) {
+        printf("chunk failed: %s\n", mn_last_error());
+        exit(1);
+    }
+    char tag[128];
+    snprintf(tag, sizeof tag, "%s B%d T%d H%d Dk%d Dv%d g%d b%d s0%d dsT%d beta(%.1f,%.1f)", rule ? "delta" : "gla", B, T, H,
+             Dk, Dv, wg, wb, ws0, wdsT, blo, bhi);
+    double tb = 2e-2, tf = 2e-2;
+    check(tag, 0, relb(go, o_, nv), tb);
+    check(tag, 1, relf(gsT, sT, ns), tf);
+    check(tag, 2, relb(gdq, dq, nq), tb);
+    check(tag, 3, relb(gdk, dk, nq), tb);
+    check(tag, 4, relb(gdv, dv, nv), tb);
+    // (dg, dbeta where g, beta are NULL: 0 written; the reference's are 0 too)
+    check(tag, 5, relf(gdg, dg, ntok), tf);
+    check(tag, 6, relf(gdb, db, ntok), tf);
+    check(tag, 7, relf(gds0, ds0, ns), tf);
+    free(q); free(k); free(v); free(dout); free(g); free(beta); free(s0); free(dsT); free(bq); free(bk); free(bv); free(bdo);
+    free(fg); free(fb); free(fs0); free(fdsT); free(o_); free(sT); free(dq); free(dk); free(dv); free(dg); free(db); free(ds0);
+    free(go); free(gdq); free(gdk); free(gdv); free(gsT); free(gdg); free(gdb); free(gds0);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "f32")) emu_tf32 = 0;
+    printf("products' operands: %s\n", emu_tf32 ? "TF32" : "float32");
+    // B, T, H, Dk, Dv, g, beta, s0, dsT, beta range
+    struct { int B, T, H, Dk, Dv, g, b, s0, dsT; double blo, bhi; } shapes[] = {
+        {1, 37, 3, 24, 40, 1, 1, 1, 1, 0.1, 1.0},   // T < C, Dk != Dv
+        {2, 150, 1, 32, 48, 1, 0, 1, 1, 0.1, 1.0},  // 3 chunks, the last short; no beta
+        {1, 300, 1, 128, 96, 1, 1, 1, 1, 0.1, 1.0}, // T = 300, Dk 128, Dv 96
+        {1, 128, 2, 33, 7, 0, 1, 0, 0, 1.0, 2.0},   // no g; beta in (1, 2); odd sizes
+        {1, 64, 1, 16, 16, 0, 0, 0, 1, 0.1, 1.0},   // one full chunk, nothing optional but dsT
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int rule = 0; rule < 2; rule++) {
+            const auto &s = shapes[i];
+            run(s.B, s.T, s.H, s.Dk, s.Dv, rule, s.g, s.b, s.s0, s.dsT, s.blo, s.bhi, 1000 + i * 7 + rule);
+        }
+    printf("worst:");
+    for (int i = 0; i < 8; i++) printf(" %s %.2e", names[i], worst[i]);
+    printf("\n%d fails\n", fails);
+    return fails != 0;
+}
