@@ -15,6 +15,7 @@ int cmd_bench(int argc, char **argv) {
     static const Command benches[] = {
         {"mesa", bench_mesa, "the Mesa layer core: both forms, fixed steps and tolerance, forward and backward"},
         {"lin", bench_lin, "the gated linear-attention cores (gdn, deltanet, gla, mamba2) on the CPU or the GPU"},
+        {"attn", bench_attn, "the softmax-attention core (mha, swa): fwd, fwd+bwd, decode steps, on the CPU or the GPU"},
         {"mesa-gpu", bench_mesa_gpu, "the Mesa core on the GPU at the anchors' shapes (see bench/fla_bench.py)"},
         {"train", bench_train, "training throughput, memory and time in the Mesa layer of a model config"},
         {"decode", bench_decode, "generation throughput of a model config: eager and recorded (CUDA graph) steps"},

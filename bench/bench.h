@@ -9,6 +9,7 @@ int bench_mesa(int argc, char **argv);
 int bench_train(int argc, char **argv);
 int bench_mesa_gpu(int argc, char **argv);
 int bench_lin(int argc, char **argv);
+int bench_attn(int argc, char **argv);
 int bench_decode(int argc, char **argv);
 
 // Layer-like random inputs of the Mesa core (spec section 7), in float64 on

@@ -193,12 +193,12 @@ static __device__ __forceinline__ void fwd_body(const FwdArgs a, const int DP) {
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays at 0
-            const float alpha = exp2f(m[i] - base);
+            const float alpha = ex2(m[i] - base);
             float rs = 0;
 #pragma unroll
             for (int j = 0; j < ATTN_BK / 8; j++) {
-                sc[j][2 * i] = exp2f(sc[j][2 * i] - base);
-                sc[j][2 * i + 1] = exp2f(sc[j][2 * i + 1] - base);
+                sc[j][2 * i] = ex2(sc[j][2 * i] - base);
+                sc[j][2 * i + 1] = ex2(sc[j][2 * i + 1] - base);
                 rs += sc[j][2 * i] + sc[j][2 * i + 1];
             }
             l[i] = l[i] * alpha + rs;  // this lane's share of the row sum; the quad's summed at the end
@@ -332,7 +332,7 @@ static __device__ __forceinline__ void dkdv_body(const BwdArgs a, const int DP) 
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int qi = n * 8 + 2 * (lane & 3) + (e & 1), t = t0 + qi, s = key + (e >> 1) * 8;
-                float p = exp2f(st[n][e] * a.sl2 - L[qi]);
+                float p = ex2(st[n][e] * a.sl2 - L[qi]);
                 if (masked && (t < s || (W && t - s >= W))) p = 0;
                 st[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - DL[qi]);  // dS^T
@@ -449,7 +449,7 @@ static __device__ __forceinline__ void dq_body(const BwdArgs a, const int DP) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = e >> 1, s = s0 + n * 8 + 2 * (lane & 3) + (e & 1), t = row + 8 * i;
-                float p = exp2f(sc[n][e] * a.sl2 - L[i]);
+                float p = ex2(sc[n][e] * a.sl2 - L[i]);
                 if (masked && (s > t || (W && s <= t - W))) p = 0;
                 sc[n][e] = p * (dp[n][e] - DL[i]);  // dS
             }

@@ -47,6 +47,14 @@ static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *(uint32_t *)&h;
 }
 
+// 2^x on the special-function unit (ex2.approx.ftz: ~2 ulp; -inf gives 0), without exp2f's
+// handling of denormal results, which the softmax's weights do not need.
+static __device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // 16 bytes from global to shared memory in the background: `bytes` (16 or 0) are read, the rest
 // zero-filled (the tails of a tile: rows past T, columns past D).
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {

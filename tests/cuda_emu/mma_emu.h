@@ -65,6 +65,8 @@ static inline void mma_bf16(float c[4], const uint32_t a[4], const uint32_t b0, 
     for (int e = 0; e < 4; e++) c[e] = out[e];
 }
 
+static inline float ex2(float x) { return exp2f(x); }
+
 static inline void cp_async16(void *dst, const void *src, int bytes) {
     emu_align(dst, 16, "cp.async dst");
     emu_align(src, 16, "cp.async src");
