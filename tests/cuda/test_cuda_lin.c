@@ -72,14 +72,6 @@ static double *from_gpu(const void *p, size_t n, MemKind k) {
     return h;
 }
 
-static double cmp(const char *what, const void *gpu, const double *ref, size_t n, MemKind k, double tol) {
-    double *h = from_gpu(gpu, n, k), e = rel_err64(h, ref, n);
-    test_note("%-44s rel err %.2e", what, e);
-    if (!(e <= tol)) test_fail(__FILE__, __LINE__, "%s: rel err %.3g > %.3g", what, e, tol);
-    free(h);
-    return e;
-}
-
 typedef struct {
     int B, T, H, Dk, Dv;
     int g, beta, s0, dsT;  // which optional inputs are given
@@ -131,60 +123,102 @@ static void case_free(Case *c) {
     free(c->q); free(c->k); free(c->v); free(c->g); free(c->beta); free(c->s0); free(c->dout); free(c->dsT);
 }
 
-// Forward and backward of one case on both, compared.
-static void run_case(const Shape *s, MnLinRule rule, unsigned long long seed) {
-    Case c;
-    case_init(&c, s, rule, seed);
-    char tag[96];
-    snprintf(tag, sizeof tag, "%s B%d T%d H%d Dk%d Dv%d g%d b%d s0%d dsT%d", rule == MN_LIN_DELTA ? "delta" : "gla", s->B,
-             s->T, s->H, s->Dk, s->Dv, s->g, s->beta, s->s0, s->dsT);
-    // the reference
-    double *o = xcalloc(c.nv, 8), *sT = xcalloc(c.ns, 8);
-    double *dq = xcalloc(c.nq, 8), *dk = xcalloc(c.nq, 8), *dv = xcalloc(c.nv, 8);
-    double *dg = xcalloc(c.ng, 8), *dbeta = xcalloc(c.ng, 8), *ds0 = xcalloc(c.ns, 8);
-    LinFwd64 rf = {c.q, c.k, c.v, c.g, c.beta, c.s0, o, sT};
-    LinBwd64 rb = {c.q, c.k, c.v, c.g, c.beta, c.s0, c.dout, c.dsT, dq, dk, dv, dg, dbeta, ds0};
-    CHECK(!ref_lin_forward(&c.d, &c.o, &rf) && !ref_lin_backward(&c.d, &c.o, &rb), "%s", mn_last_error());
-    // the GPU (dg, dbeta given even where g, beta are not: they must come out 0)
-    void *gq = to_gpu(c.q, c.nq, MEM_ACT), *gk = to_gpu(c.k, c.nq, MEM_ACT), *gv = to_gpu(c.v, c.nv, MEM_ACT);
-    void *gg = to_gpu(c.g, c.ng, MEM_F32), *gb = to_gpu(c.beta, c.ng, MEM_F32), *gs0 = to_gpu(c.s0, c.ns, MEM_F32);
-    void *gdout = to_gpu(c.dout, c.nv, MEM_ACT), *gdsT = to_gpu(c.dsT, c.ns, MEM_F32);
-    void *go = gpu_zeros(c.nv, MEM_ACT), *gsT = gpu_zeros(c.ns, MEM_F32);
-    void *gdq = gpu_zeros(c.nq, MEM_ACT), *gdk = gpu_zeros(c.nq, MEM_ACT), *gdv = gpu_zeros(c.nv, MEM_ACT);
-    void *gdg = gpu_zeros(c.ng, MEM_F32), *gdb = gpu_zeros(c.ng, MEM_F32), *gds0 = gpu_zeros(c.ns, MEM_F32);
-    // garbage in the outputs that are summed into, to catch a missing zeroing
-    double *junk = rand_doubles(seed + 99, c.nq > c.ng ? c.nq : c.ng, -3, 3);
-    CHECK(!G->upload(G, gdg, junk, c.ng, MEM_F32) && !G->upload(G, gdb, junk, c.ng, MEM_F32) &&
-              !G->upload(G, gdq, junk, c.nq, MEM_ACT) && !G->upload(G, gdk, junk, c.nq, MEM_ACT),
-          "%s", mn_last_error());
+// The eight outputs of a forward and backward, on the host.
+typedef struct {
+    double *o, *sT, *dq, *dk, *dv, *dg, *dbeta, *ds0;
+} Outs;
+
+static void outs_free(Outs *r) {
+    free(r->o); free(r->sT); free(r->dq); free(r->dk); free(r->dv); free(r->dg); free(r->dbeta); free(r->ds0);
+    memset(r, 0, sizeof *r);
+}
+
+static int ref_outs(const Case *c, Outs *r) {
+    r->o = xcalloc(c->nv, 8); r->sT = xcalloc(c->ns, 8);
+    r->dq = xcalloc(c->nq, 8); r->dk = xcalloc(c->nq, 8); r->dv = xcalloc(c->nv, 8);
+    r->dg = xcalloc(c->ng, 8); r->dbeta = xcalloc(c->ng, 8); r->ds0 = xcalloc(c->ns, 8);
+    LinFwd64 rf = {c->q, c->k, c->v, c->g, c->beta, c->s0, r->o, r->sT};
+    LinBwd64 rb = {c->q, c->k, c->v, c->g, c->beta, c->s0, c->dout, c->dsT, r->dq, r->dk, r->dv, r->dg, r->dbeta, r->ds0};
+    return ref_lin_forward(&c->d, &c->o, &rf) || ref_lin_backward(&c->d, &c->o, &rb);
+}
+
+// Forward and backward of a case on the GPU with options o (dg, dbeta given even where g, beta are
+// not: they must come out 0; the outputs that are summed into hold garbage first, to catch a missing
+// zeroing).
+static int gpu_outs(const Case *c, const MnLinOpts *o, Outs *r, unsigned long long seed) {
+    memset(r, 0, sizeof *r);
+    void *gq = to_gpu(c->q, c->nq, MEM_ACT), *gk = to_gpu(c->k, c->nq, MEM_ACT), *gv = to_gpu(c->v, c->nv, MEM_ACT);
+    void *gg = to_gpu(c->g, c->ng, MEM_F32), *gb = to_gpu(c->beta, c->ng, MEM_F32), *gs0 = to_gpu(c->s0, c->ns, MEM_F32);
+    void *gdout = to_gpu(c->dout, c->nv, MEM_ACT), *gdsT = to_gpu(c->dsT, c->ns, MEM_F32);
+    void *go = gpu_zeros(c->nv, MEM_ACT), *gsT = gpu_zeros(c->ns, MEM_F32);
+    void *gdq = gpu_zeros(c->nq, MEM_ACT), *gdk = gpu_zeros(c->nq, MEM_ACT), *gdv = gpu_zeros(c->nv, MEM_ACT);
+    void *gdg = gpu_zeros(c->ng, MEM_F32), *gdb = gpu_zeros(c->ng, MEM_F32), *gds0 = gpu_zeros(c->ns, MEM_F32);
+    double *junk = rand_doubles(seed + 99, c->nq > c->ng ? c->nq : c->ng, -3, 3);
+    int rc = G->upload(G, gdg, junk, c->ng, MEM_F32) || G->upload(G, gdb, junk, c->ng, MEM_F32) ||
+             G->upload(G, gdq, junk, c->nq, MEM_ACT) || G->upload(G, gdk, junk, c->nq, MEM_ACT);
     MnLinFwd f = {gq, gk, gv, gg, gb, gs0, go, gsT};
     MnLinBwd b = {gq, gk, gv, gg, gb, gs0, gdout, gdsT, gdq, gdk, gdv, gdg, gdb, gds0};
-    int rc = G->lin_fwd(G, &c.d, &c.o, &f);
-    if (!rc) rc = G->lin_bwd(G, &c.d, &c.o, &b);
+    if (!rc) rc = G->lin_fwd(G, &c->d, o, &f);
+    if (!rc) rc = G->lin_bwd(G, &c->d, o, &b);
     if (!rc) rc = G->sync(G);
-    CHECK(!rc, "%s: %s", tag, mn_last_error());
     if (!rc) {
-        char what[160];
-#define CMP(name, gbuf, ref, n, kind, tol)                        \
-    do {                                                          \
-        snprintf(what, sizeof what, "%s %s", tag, name);          \
-        cmp(what, gbuf, ref, n, kind, tol);                       \
-    } while (0)
-        CMP("o", go, o, c.nv, MEM_ACT, BF16_TOL);
-        CMP("sT", gsT, sT, c.ns, MEM_F32, F32_TOL);
-        CMP("dq", gdq, dq, c.nq, MEM_ACT, BF16_TOL);
-        CMP("dk", gdk, dk, c.nq, MEM_ACT, BF16_TOL);
-        CMP("dv", gdv, dv, c.nv, MEM_ACT, BF16_TOL);
-        CMP("dg", gdg, dg, c.ng, MEM_F32, F32_TOL);
-        CMP("dbeta", gdb, dbeta, c.ng, MEM_F32, F32_TOL);
-        CMP("ds0", gds0, ds0, c.ns, MEM_F32, F32_TOL);
-#undef CMP
+        r->o = from_gpu(go, c->nv, MEM_ACT); r->sT = from_gpu(gsT, c->ns, MEM_F32);
+        r->dq = from_gpu(gdq, c->nq, MEM_ACT); r->dk = from_gpu(gdk, c->nq, MEM_ACT); r->dv = from_gpu(gdv, c->nv, MEM_ACT);
+        r->dg = from_gpu(gdg, c->ng, MEM_F32); r->dbeta = from_gpu(gdb, c->ng, MEM_F32); r->ds0 = from_gpu(gds0, c->ns, MEM_F32);
     }
     void *bufs[] = {gq, gk, gv, gg, gb, gs0, gdout, gdsT, go, gsT, gdq, gdk, gdv, gdg, gdb, gds0};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) G->free(G, bufs[i]);
-    free(o); free(sT); free(dq); free(dk); free(dv); free(dg); free(dbeta); free(ds0); free(junk);
+    free(junk);
+    return rc;
+}
+
+// got against want, output by output: tb on the bf16 ones (o, dq, dk, dv), tf on the float32 ones.
+static void cmp_outs(const char *tag, const Case *c, const Outs *got, const Outs *want, double tb, double tf) {
+    const struct {
+        const char *name;
+        const double *a, *b;
+        size_t n;
+        double tol;
+    } x[] = {{"o", got->o, want->o, c->nv, tb},           {"sT", got->sT, want->sT, c->ns, tf},
+             {"dq", got->dq, want->dq, c->nq, tb},        {"dk", got->dk, want->dk, c->nq, tb},
+             {"dv", got->dv, want->dv, c->nv, tb},        {"dg", got->dg, want->dg, c->ng, tf},
+             {"dbeta", got->dbeta, want->dbeta, c->ng, tf}, {"ds0", got->ds0, want->ds0, c->ns, tf}};
+    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) {
+        double e = rel_err64(x[i].a, x[i].b, x[i].n);
+        test_note("%-52s %-5s rel err %.2e", tag, x[i].name, e);
+        if (!(e <= x[i].tol)) test_fail(__FILE__, __LINE__, "%s %s: rel err %.3g > %.3g", tag, x[i].name, e, x[i].tol);
+    }
+}
+
+static void case_tag(char *tag, size_t n, const Shape *s, MnLinRule rule, const MnLinOpts *o) {
+    snprintf(tag, n, "%s %s B%d T%d H%d Dk%d Dv%d g%d b%d s0%d dsT%d", rule == MN_LIN_DELTA ? "delta" : "gla",
+             o->form == MN_FORM_CHUNK ? "chunk" : o->form == MN_FORM_RECURRENT ? "rec" : "auto", s->B, s->T, s->H, s->Dk,
+             s->Dv, s->g, s->beta, s->s0, s->dsT);
+}
+
+// Forward and backward of one case on both, compared, in the given form (chunk size: 0 the default).
+static void run_case_form(const Shape *s, MnLinRule rule, unsigned long long seed, MnMesaForm form, int chunk, double tb,
+                          double tf) {
+    Case c;
+    case_init(&c, s, rule, seed);
+    c.o.form = form;
+    c.o.chunk = chunk;
+    char tag[112];
+    case_tag(tag, sizeof tag, s, rule, &c.o);
+    if (chunk) snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " C%d", chunk);
+    Outs want, got;
+    CHECK(!ref_outs(&c, &want), "%s", mn_last_error());
+    int rc = gpu_outs(&c, &c.o, &got, seed);
+    CHECK(!rc, "%s: %s", tag, mn_last_error());
+    if (!rc) cmp_outs(tag, &c, &got, &want, tb, tf);
+    outs_free(&want);
+    outs_free(&got);
     case_free(&c);
+}
+
+static void run_case(const Shape *s, MnLinRule rule, unsigned long long seed) {
+    run_case_form(s, rule, seed, MN_FORM_RECURRENT, 0, BF16_TOL, F32_TOL);
 }
 
 // Shapes: T = 1 (decoding), 37, 300 (17 stretches of 18 tokens, the last of 12); B*H odd; Dk != Dv;
@@ -205,6 +239,83 @@ TEST(cuda_lin_matches_reference) {
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int rule = 0; rule < 2; rule++) run_case(&shapes[i], (MnLinRule)rule, 4000 + 16 * i + rule);
+}
+
+// The chunkwise form (src/cuda/lin_chunk_cuda.cu) against the reference. Its products round their
+// operands to TF32 (10-bit mantissa: 2^-11 relative each) and sum in float32; the state is handed
+// from chunk to chunk through such products, T / 64 of them in a row. Measured on the CPU with an
+// emulation of the whole file whose products round their operands to TF32 as cuBLAS's FAST_TF32
+// does (scripts/lin_chunk_cuda_emulate.sh, shapes like these): bf16 outputs 1.6e-3 .. 2.0e-3 (their
+// own rounding, 1.1e-3 in L2, plus TF32's share); float32 outputs sT 2e-4 .. 1e-3, ds0 2e-4 ..
+// 1.9e-3, dbeta 1.4e-4 .. 1e-3, dg up to 3.2e-3 (the delta rule's, whose terms cancel); with float32
+// operands instead the float32 outputs come to ~1e-6, so TF32 is all of their error.
+// CHUNK_BF16_TOL = BF16_TOL (8e-3: 4x over the worst measured); CHUNK_F32_TOL = 1.5e-2: ~5x over the
+// worst, room for a cuBLAS kernel that truncates to TF32 (twice the error of rounding) and for other
+// orders of summation. A wrong index or a missing term shows up as O(0.1 .. 1).
+#define CHUNK_BF16_TOL 8e-3
+#define CHUNK_F32_TOL 1.5e-2
+
+// Shapes: T < C (37), T = C (64), T not a multiple of C (150, 200, 300: the last chunk short);
+// Dk != Dv, Dk 128 with Dv 96, square heads of 128, odd sizes (33, 7), Dk 256; GLA with and without
+// g and beta (Mamba2: no beta), the delta rule with and without g; s0, dsT given or not; beta in
+// (1, 2); chunks of 32.
+TEST(cuda_lin_chunk_matches_reference) {
+    if (!setup()) return;
+    static const struct {
+        Shape s;
+        int chunk;
+    } cases[] = {
+        {{1, 37, 3, 24, 40, 1, 1, 1, 1, 0.1, 1.0, 0}, 0},    // one short chunk, B*H = 3
+        {{2, 150, 2, 32, 48, 1, 0, 1, 1, 0.1, 1.0, 0}, 0},   // 3 chunks, the last of 22; no beta
+        {{1, 300, 2, 128, 96, 1, 1, 1, 1, 0.1, 1.0, 0}, 0},  // T = 300, Dk 128, Dv 96
+        {{2, 128, 2, 33, 7, 0, 1, 0, 0, 1.0, 2.0, 1}, 0},    // no g, beta in (1, 2), odd sizes
+        {{1, 64, 3, 64, 64, 0, 0, 0, 1, 0.1, 1.0, 1}, 0},    // one full chunk, no gates
+        {{2, 200, 1, 128, 128, 1, 1, 0, 1, 0.1, 1.0, 0}, 0}, // square heads of 128, no s0
+        {{1, 70, 1, 256, 20, 1, 1, 1, 0, 0.1, 1.0, 0}, 0},   // Dk 256
+        {{1, 100, 2, 64, 32, 1, 1, 1, 1, 0.1, 1.0, 0}, 32},  // chunks of 32
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int rule = 0; rule < 2; rule++)
+            run_case_form(&cases[i].s, (MnLinRule)rule, 6000 + 16 * i + rule, MN_FORM_CHUNK, cases[i].chunk,
+                          CHUNK_BF16_TOL, CHUNK_F32_TOL);
+}
+
+// The two forms on the same inputs, chunk against recurrent (the chunk form's tolerances: the
+// recurrent one is within float32 of the reference). And the dispatch: AUTO takes the chunkwise form
+// from T = 64 on and the recurrent one below, so its outputs are those of MN_FORM_CHUNK or
+// MN_FORM_RECURRENT, up to the order of the recurrent backward's atomic sums (1e-4).
+TEST(cuda_lin_chunk_matches_recurrent) {
+    if (!setup()) return;
+    static const Shape shapes[] = {
+        {2, 300, 2, 128, 128, 1, 1, 1, 1, 0.1, 1.0, 0}, // 5 chunks
+        {1, 63, 2, 64, 32, 1, 1, 1, 1, 0.1, 1.0, 1},    // AUTO: recurrent
+        {1, 64, 2, 48, 80, 1, 0, 0, 1, 0.1, 1.0, 0},    // AUTO: chunk
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int rule = 0; rule < 2; rule++) {
+            Case c;
+            case_init(&c, &shapes[i], (MnLinRule)rule, 7000 + 16 * i + rule);
+            MnLinOpts oc = c.o, orec = c.o, oa = c.o;
+            oc.form = MN_FORM_CHUNK;
+            orec.form = MN_FORM_RECURRENT;
+            oa.form = MN_FORM_AUTO;
+            Outs ch, rec, au;
+            int rc = gpu_outs(&c, &oc, &ch, 7000 + i);
+            if (!rc) rc = gpu_outs(&c, &orec, &rec, 7000 + i);
+            if (!rc) rc = gpu_outs(&c, &oa, &au, 7000 + i);
+            CHECK(!rc, "%s", mn_last_error());
+            if (!rc) {
+                char tag[112];
+                case_tag(tag, sizeof tag, &shapes[i], (MnLinRule)rule, &oc);
+                strcat(tag, " vs rec");
+                cmp_outs(tag, &c, &ch, &rec, CHUNK_BF16_TOL, CHUNK_F32_TOL);
+                case_tag(tag, sizeof tag, &shapes[i], (MnLinRule)rule, &oa);
+                strcat(tag, shapes[i].T >= 64 ? " vs chunk" : " vs rec");
+                cmp_outs(tag, &c, &au, shapes[i].T >= 64 ? &ch : &rec, 1e-4, 1e-4);
+                outs_free(&ch); outs_free(&rec); outs_free(&au);
+            }
+            case_free(&c);
+        }
 }
 
 // [B,T,H,D] rows of tokens t0 .. t0 + n - 1 of every sequence, as a [B,n,H,D] tensor.
@@ -329,6 +440,12 @@ TEST(cuda_lin_refuses) {
     CHECK(G->lin_fwd(G, &bigv, &opts, &f) == MN_ERR_UNSUPPORTED, "Dv = 320 refused");
     MnLinBwd b = {q, q, q, NULL, NULL, NULL, o, NULL, o, o, o, NULL, NULL, NULL};
     CHECK(G->lin_bwd(G, &big, &opts, &b) == MN_ERR_UNSUPPORTED, "Dk = 320 refused (backward)");
+    MnLinOpts wide = opts;  // the chunkwise form takes chunks of at most 64
+    wide.form = MN_FORM_CHUNK;
+    wide.chunk = 128;
+    CHECK(G->lin_fwd(G, &d, &wide, &f) == MN_ERR_UNSUPPORTED, "chunk 128 refused by the chunkwise form");
+    CHECK(strstr(mn_last_error(), "64") != NULL, "the message names the limit: %s", mn_last_error());
+    CHECK(G->lin_bwd(G, &d, &wide, &b) == MN_ERR_UNSUPPORTED, "chunk 128 refused (backward)");
     f.o = NULL;
     CHECK(G->lin_fwd(G, &d, &opts, &f) == MN_ERR_ARG, "o NULL refused");
     f.o = o;
@@ -339,6 +456,8 @@ TEST(cuda_lin_refuses) {
     bad.rule = (MnLinRule)7;
     CHECK(G->lin_fwd(G, &d, &bad, &f) == MN_ERR_ARG, "unknown rule refused");
     CHECK(!G->lin_fwd(G, &d, &opts, &f) && !G->sync(G), "a valid call after the refusals: %s", mn_last_error());
+    wide.chunk = 0;
+    CHECK(!G->lin_fwd(G, &d, &wide, &f) && !G->sync(G), "a chunkwise call of 2 tokens: %s", mn_last_error());
     G->free(G, q);
     G->free(G, o);
 }

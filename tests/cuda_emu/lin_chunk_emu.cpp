@@ -55,7 +55,7 @@ static void check(const char *tag, int i, double e, double tol) {
 }
 
 static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, int ws0, int wdsT, double blo, double bhi,
-                unsigned long long seed) {
+                int chunk, unsigned long long seed) {
     size_t ntok = (size_t)B * T * H, nq = ntok * Dk, nv = ntok * Dv, ns = (size_t)B * H * Dv * Dk;
     double *q = (double *)calloc(nq, 8), *k = (double *)calloc(nq, 8), *v = (double *)calloc(nv, 8), *dout = (double *)calloc(nv, 8);
     double *g = wg ? (double *)calloc(ntok, 8) : NULL, *beta = wb ? (double *)calloc(ntok, 8) : NULL;
@@ -75,7 +75,7 @@ static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, i
     bf16 *bq = to_bf(q, nq), *bk = to_bf(k, nq), *bv = to_bf(v, nv), *bdo = to_bf(dout, nv);
     float *fg = to_f(g, ntok), *fb = to_f(beta, ntok), *fs0 = to_f(s0, ns), *fdsT = to_f(dsT, ns);
     MnMesaDims d = {B, T, H, Dk, Dv};
-    MnLinOpts o = {(MnLinRule)rule, (float)(1 / sqrt((double)Dk)), MN_FORM_CHUNK, 0};
+    MnLinOpts o = {(MnLinRule)rule, (float)(1 / sqrt((double)Dk)), MN_FORM_CHUNK, chunk};
     double *o_ = (double *)calloc(nv, 8), *sT = (double *)calloc(ns, 8), *dq = (double *)calloc(nq, 8), *dk = (double *)calloc(nq, 8), *dv = (double *)calloc(nv, 8);
     double *dg = (double *)calloc(ntok, 8), *db = (double *)calloc(ntok, 8), *ds0 = (double *)calloc(ns, 8);
     LinFwd64 rf = {q, k, v, g, beta, s0, o_, sT};
@@ -95,8 +95,8 @@ static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, i
         exit(1);
     }
     char tag[128];
-    snprintf(tag, sizeof tag, "%s B%d T%d H%d Dk%d Dv%d g%d b%d s0%d dsT%d beta(%.1f,%.1f)", rule ? "delta" : "gla", B, T, H,
-             Dk, Dv, wg, wb, ws0, wdsT, blo, bhi);
+    snprintf(tag, sizeof tag, "%s B%d T%d H%d Dk%d Dv%d g%d b%d s0%d dsT%d beta(%.1f,%.1f) C%d", rule ? "delta" : "gla", B,
+             T, H, Dk, Dv, wg, wb, ws0, wdsT, blo, bhi, chunk ? chunk : 64);
     double tb = 2e-2, tf = 2e-2;
     check(tag, 0, relb(go, o_, nv), tb);
     check(tag, 1, relf(gsT, sT, ns), tf);
@@ -115,18 +115,20 @@ static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, i
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "f32")) emu_tf32 = 0;
     printf("products' operands: %s\n", emu_tf32 ? "TF32" : "float32");
-    // B, T, H, Dk, Dv, g, beta, s0, dsT, beta range
-    struct { int B, T, H, Dk, Dv, g, b, s0, dsT; double blo, bhi; } shapes[] = {
-        {1, 37, 3, 24, 40, 1, 1, 1, 1, 0.1, 1.0},   // T < C, Dk != Dv
-        {2, 150, 1, 32, 48, 1, 0, 1, 1, 0.1, 1.0},  // 3 chunks, the last short; no beta
-        {1, 300, 1, 128, 96, 1, 1, 1, 1, 0.1, 1.0}, // T = 300, Dk 128, Dv 96
-        {1, 128, 2, 33, 7, 0, 1, 0, 0, 1.0, 2.0},   // no g; beta in (1, 2); odd sizes
-        {1, 64, 1, 16, 16, 0, 0, 0, 1, 0.1, 1.0},   // one full chunk, nothing optional but dsT
+    // B, T, H, Dk, Dv, g, beta, s0, dsT, beta range, chunk (0: the default, 64)
+    struct { int B, T, H, Dk, Dv, g, b, s0, dsT; double blo, bhi; int chunk; } shapes[] = {
+        {1, 37, 3, 24, 40, 1, 1, 1, 1, 0.1, 1.0, 0},   // T < C, Dk != Dv
+        {2, 150, 1, 32, 48, 1, 0, 1, 1, 0.1, 1.0, 0},  // 3 chunks, the last short; no beta
+        {1, 300, 1, 128, 96, 1, 1, 1, 1, 0.1, 1.0, 0}, // T = 300, Dk 128, Dv 96
+        {1, 128, 2, 33, 7, 0, 1, 0, 0, 1.0, 2.0, 0},   // no g; beta in (1, 2); odd sizes
+        {1, 64, 1, 16, 16, 0, 0, 0, 1, 0.1, 1.0, 0},   // one full chunk, nothing optional but dsT
+        {1, 70, 1, 256, 20, 1, 1, 1, 0, 0.1, 1.0, 0},  // Dk 256
+        {1, 100, 2, 64, 32, 1, 1, 1, 1, 0.1, 1.0, 32}, // chunks of 32
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int rule = 0; rule < 2; rule++) {
             const auto &s = shapes[i];
-            run(s.B, s.T, s.H, s.Dk, s.Dv, rule, s.g, s.b, s.s0, s.dsT, s.blo, s.bhi, 1000 + i * 7 + rule);
+            run(s.B, s.T, s.H, s.Dk, s.Dv, rule, s.g, s.b, s.s0, s.dsT, s.blo, s.bhi, s.chunk, 1000 + i * 7 + rule);
         }
     printf("worst:");
     for (int i = 0; i < 8; i++) printf(" %s %.2e", names[i], worst[i]);
