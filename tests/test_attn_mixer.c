@@ -379,6 +379,19 @@ TEST(attn_llama_config_and_names) {
     fputs("{\"model_type\": \"mistral\", \"hidden_size\": 48, \"num_attention_heads\": 4, \"sliding_window\": null}", f);
     fclose(f);
     CHECK(!config_load(&c, path) && !strcmp(c.mixer, "mha"), "mistral without a window: %s", mn_last_error());
+    // transformers 5's RoPE block
+    f = fopen(path, "w");
+    fputs("{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"rope_parameters\": "
+          "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}}",
+          f);
+    fclose(f);
+    CHECK(!config_load(&c, path) && c.rope_theta == 500000.0f, "rope_parameters: %s", mn_last_error());
+    f = fopen(path, "w");
+    fputs("{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"rope_parameters\": "
+          "{\"rope_type\": \"yarn\", \"rope_theta\": 500000.0, \"factor\": 4.0}}",
+          f);
+    fclose(f);
+    CHECK(config_load(&c, path) && strstr(mn_last_error(), "rope_type"), "yarn accepted: %s", mn_last_error());
     f = fopen(path, "w");
     fputs("{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"rope_scaling\": {\"rope_type\": "
           "\"llama3\"}}",

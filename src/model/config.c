@@ -541,6 +541,18 @@ static int config_from_hf_llama(ModelConfig *c, const Json *j, const char *where
         return mn_error(MN_ERR_FORMAT, "%s: rope_theta = null, expected a number", where);
     MN_TRY(hf_float(j, "rope_theta", 10000, where, &c->rope_theta));
     MN_TRY(hf_none(j, "rope_scaling", "RoPE scaling", where));
+    // transformers 5 writes RoPE as "rope_parameters": {"rope_type": "default", "rope_theta": ...}
+    const Json *rope = json_get(j, "rope_parameters");
+    if (rope && rope->type != JSON_NULL) {
+        if (rope->type != JSON_OBJECT)
+            return mn_error(MN_ERR_FORMAT, "%s:%d: \"rope_parameters\" must be an object", where, rope->line);
+        const Json *rt = json_get(rope, "rope_type");
+        if (rt && (rt->type != JSON_STRING || strcmp(rt->string, "default")))
+            return mn_error(MN_ERR_FORMAT, "%s:%d: rope_parameters.rope_type is not \"default\": RoPE scaling, which "
+                                           "mesanet does not have",
+                            where, rt->line);
+        MN_TRY(hf_float(rope, "rope_theta", c->rope_theta, where, &c->rope_theta));
+    }
     int flag;
     MN_TRY(hf_flag(j, "attention_bias", 0, where, &flag));
     if (flag) return mn_error(MN_ERR_FORMAT, "%s: attention_bias = true, which mesanet does not have", where);
