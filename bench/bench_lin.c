@@ -21,7 +21,9 @@
  * (bench/bench_mesa_gpu.c): host time from launch to completion after a sync,
  * median of --reps; "f+b strm" and the decode step: calls launched back to
  * back, one sync at the end. bench/fla_lin_bench.py measures fla's Triton
- * kernels on the same shapes and prints the same table.
+ * kernels on the same shapes and prints the same table. --form picks the
+ * form of the timed calls: auto (what the mixers run: the chunkwise form
+ * from T = 64 on, src/cuda/lin_cuda.cu), chunk or recurrent.
  *
  * Inputs as the layer's (bench_mesa_inputs): unit-norm q and k rows, v and
  * dout ~ N(0, 1), g = log sigmoid(N(gmean, 1)), beta = sigmoid(N(0, 1)); scale 1.
@@ -310,7 +312,7 @@ static int run_fwd_bwd(void *p) {
 static double mem_gb(const Backend *be) { return be->device_mem_used ? be->device_mem_used(be) / 1e9 : NAN; }
 
 static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Variant **vars, int nv, int reps,
-                          float gmean) {
+                          float gmean, MnMesaForm form) {
     Shape shapes[8];
     int ns = parse_shapes(shapes_s, shapes, 8);
     if (ns <= 0) die("--shapes: expected BxTxHxD[,BxTxHxD...]");
@@ -320,8 +322,9 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
     if (!be) die("%s", mn_last_error());
     if (!be->lin_fwd || !be->lin_bwd) die("the cuda backend has no gated linear-attention cores");
     double ceiling = bench_gemm_tflops(be, 8192);
-    printf("gated linear-attention cores on the GPU (cuda backend), bf16 q k v; bf16 matrix product 8192^3 in the same "
-           "run: %.0f TFLOP/s\n", ceiling);
+    printf("gated linear-attention cores on the GPU (cuda backend), bf16 q k v, form %s; bf16 matrix product 8192^3 in "
+           "the same run: %.0f TFLOP/s\n", form == MN_FORM_CHUNK ? "chunk" : form == MN_FORM_RECURRENT ? "recurrent" : "auto",
+           ceiling);
     printf("TFLOP/s: minimal flops of the chunkwise form (C = 64; bench/bench_lin.c) / fwd time; rel err: o, dq, dk, dv "
            "against float64 on b = 0, h < 2, all tokens;\nf+b strm: calls back to back, one sync at the end (as "
            "triton.testing.do_bench); mem: device memory in use after the f+b\n");
@@ -342,6 +345,7 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
         for (int vi = 0; vi < nv; vi++) {
             const Variant *var = vars[vi];
             Run r = {be, d, mn_lin_opts_default(var->rule)};
+            r.o.form = form;
             MnLinFwd f = {q, k, v, var->gated ? g : NULL, var->beta ? b : NULL, NULL, o, NULL};
             MnLinBwd bw = {q, k, v, var->gated ? g : NULL, var->beta ? b : NULL, NULL, dout, NULL,
                            dq, dk, dv, var->gated ? dg : NULL, var->beta ? db : NULL, NULL};
@@ -417,6 +421,7 @@ int bench_lin(int argc, char **argv) {
     float gmean = 3.0f;
     const char *backend = "cpu", *dims = "64,128", *chunks = "64", *forms = "chunk,recurrent";
     const char *variants = "gdn,deltanet,gla,mamba2", *shapes = "8x2048x16x128,16x2048x8x64", *decode = "1,16,128";
+    const char *form = "auto";
     Option opts[] = {
         {"backend", OPT_STRING, &backend, "cpu, or cuda (the GPU: --shapes, --decode)"},
         {"variants", OPT_STRING, &variants, "comma-separated of gdn (delta rule, g and beta), deltanet (delta rule, "
@@ -426,7 +431,8 @@ int bench_lin(int argc, char **argv) {
         {"H", OPT_INT, &H, "heads (cpu)", 1, 1024},
         {"D", OPT_STRING, &dims, "head sizes to run (Dk = Dv), comma-separated (cpu)"},
         {"chunks", OPT_STRING, &chunks, "chunk sizes of the chunkwise form, comma-separated (cpu)"},
-        {"forms", OPT_STRING, &forms, "forms to run: chunk, recurrent or both (cpu; the cuda kernels are recurrent)"},
+        {"forms", OPT_STRING, &forms, "forms to run: chunk, recurrent or both (cpu)"},
+        {"form", OPT_STRING, &form, "form of the timed calls: auto (chunk from T = 64 on), chunk or recurrent (cuda)"},
         {"shapes", OPT_STRING, &shapes, "BxTxHxD shapes, comma-separated (cuda)"},
         {"decode", OPT_STRING, &decode, "batch sizes of the decode step (H=16, D=128), or \"\" (cuda)"},
         {"reps", OPT_INT, &reps, "timed repetitions, median reported (0: 3 on cpu, 10 on cuda; cuda: at most 64)", 0, 10000},
@@ -443,7 +449,15 @@ int bench_lin(int argc, char **argv) {
     }
     if (!reps) reps = strcmp(backend, "cuda") ? 3 : 10;
     if (!strcmp(backend, "cpu")) return bench_lin_cpu(B, T, H, dims, chunks, forms, vars, nv, reps, gmean);
-    if (!strcmp(backend, "cuda")) return bench_lin_cuda(shapes, decode, vars, nv, reps, gmean);
+    if (!strcmp(backend, "cuda")) {
+        MnMesaForm f = !strcmp(form, "auto") ? MN_FORM_AUTO : !strcmp(form, "chunk") ? MN_FORM_CHUNK
+                     : !strcmp(form, "recurrent") ? MN_FORM_RECURRENT : (MnMesaForm)-1;
+        if ((int)f < 0) {
+            fprintf(stderr, "mesanet bench lin: --form: expected auto, chunk or recurrent, got '%s'\n", form);
+            return 1;
+        }
+        return bench_lin_cuda(shapes, decode, vars, nv, reps, gmean, f);
+    }
     fprintf(stderr, "mesanet bench lin: --backend: expected cpu or cuda, got '%s'\n", backend);
     return 1;
 }
