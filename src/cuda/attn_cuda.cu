@@ -129,7 +129,7 @@ static __device__ __forceinline__ void fwd_body(const FwdArgs a, const int DP) {
     const size_t qs = (size_t)H * D, ks = (size_t)a.Hkv * D;
     const bf16 *qb = a.q + ((size_t)b * T * H + h) * D;
     const bf16 *kb = a.k + ((size_t)b * T * a.Hkv + hk) * D, *vb = a.v + ((size_t)b * T * a.Hkv + hk) * D;
-    const int t0 = qt * ATTN_BQ, tend = t0 + ATTN_BQ - 1, last = amin(T, t0 + ATTN_BQ) - 1;
+    const int t0 = qt * ATTN_BQ, last = amin(T, t0 + ATTN_BQ) - 1;
     const int kt0 = (W ? amax(0, t0 - W + 1) : 0) / ATTN_BK, kt1 = last / ATTN_BK;
     load_rows(sq, qb, qs, t0, ATTN_BQ, T, D, DP, LDS);
     load_rows(sk, kb, ks, kt0 * ATTN_BK, ATTN_BK, T, D, DP, LDS);
@@ -159,64 +159,69 @@ static __device__ __forceinline__ void fwd_body(const FwdArgs a, const int DP) {
                 ldsm_x4(qf[s], sq + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + s * 16 + (lane >> 4) * 8);
         }
         const bf16 *K = sk + buf * ATTN_BK * LDS, *V = sv + buf * ATTN_BK * LDS;
-        float sc[ATTN_BK / 8][4];
+        const int s0 = kt * ATTN_BK, wlo = t0 + warp * 16;
+        // a warp whose 16 rows see no key of the tile (the upper half of a diagonal tile, a window's
+        // lower edge) skips it; the masks below still apply within the tiles it computes
+        if (s0 <= wlo + 15 && !(W && s0 + ATTN_BK - 1 <= wlo - W)) {
+            float sc[ATTN_BK / 8][4];
 #pragma unroll
-        for (int j = 0; j < ATTN_BK / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0;
+            for (int j = 0; j < ATTN_BK / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0;
 #pragma unroll
-        for (int s = 0; s < DP / 16; s++)
+            for (int s = 0; s < DP / 16; s++)
 #pragma unroll
-            for (int np = 0; np < ATTN_BK / 16; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, K + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + s * 16 + ((lane >> 3) & 1) * 8);
-                mma_bf16(sc[2 * np], qf[s], bb[0], bb[1]);
-                mma_bf16(sc[2 * np + 1], qf[s], bb[2], bb[3]);
-            }
-        const int s0 = kt * ATTN_BK;
-        // a mask where some key of the tile is past some row (the diagonal), or before some row's window
-        const int masked = s0 + ATTN_BK - 1 > t0 || (W && s0 <= tend - W);
-#pragma unroll
-        for (int j = 0; j < ATTN_BK / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float x = sc[j][e] * a.sl2;
-                if (masked) {
-                    int key = s0 + j * 8 + 2 * (lane & 3) + (e & 1), t = row + (e >> 1) * 8;
-                    if (key > t || (W && key <= t - W)) x = -INFINITY;
+                for (int np = 0; np < ATTN_BK / 16; np++) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, K + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + s * 16 + ((lane >> 3) & 1) * 8);
+                    mma_bf16(sc[2 * np], qf[s], bb[0], bb[1]);
+                    mma_bf16(sc[2 * np + 1], qf[s], bb[2], bb[3]);
                 }
-                sc[j][e] = x;
+            // a mask where some key of the tile is past some row of the warp (the diagonal), or before
+            // some row's window
+            const int masked = s0 + ATTN_BK - 1 > wlo || (W && s0 <= wlo + 15 - W);
+#pragma unroll
+            for (int j = 0; j < ATTN_BK / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float x = sc[j][e] * a.sl2;
+                    if (masked) {
+                        int key = s0 + j * 8 + 2 * (lane & 3) + (e & 1), t = row + (e >> 1) * 8;
+                        if (key > t || (W && key <= t - W)) x = -INFINITY;
+                    }
+                    sc[j][e] = x;
+                }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float mx = m[i];
+#pragma unroll
+                for (int j = 0; j < ATTN_BK / 8; j++) mx = fmaxf(mx, fmaxf(sc[j][2 * i], sc[j][2 * i + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays at 0
+                const float alpha = ex2(m[i] - base);
+                float rs = 0;
+#pragma unroll
+                for (int j = 0; j < ATTN_BK / 8; j++) {
+                    sc[j][2 * i] = ex2(sc[j][2 * i] - base);
+                    sc[j][2 * i + 1] = ex2(sc[j][2 * i + 1] - base);
+                    rs += sc[j][2 * i] + sc[j][2 * i + 1];
+                }
+                l[i] = l[i] * alpha + rs;  // this lane's share of the row sum; the quad's summed at the end
+                m[i] = mx;
+#pragma unroll
+                for (int j = 0; j < DP / 8; j++) acc[j][2 * i] *= alpha, acc[j][2 * i + 1] *= alpha;
             }
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float mx = m[i];
+            for (int kk = 0; kk < ATTN_BK / 16; kk++) {
+                uint32_t pa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                                  pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                  pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #pragma unroll
-            for (int j = 0; j < ATTN_BK / 8; j++) mx = fmaxf(mx, fmaxf(sc[j][2 * i], sc[j][2 * i + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays at 0
-            const float alpha = ex2(m[i] - base);
-            float rs = 0;
-#pragma unroll
-            for (int j = 0; j < ATTN_BK / 8; j++) {
-                sc[j][2 * i] = ex2(sc[j][2 * i] - base);
-                sc[j][2 * i + 1] = ex2(sc[j][2 * i + 1] - base);
-                rs += sc[j][2 * i] + sc[j][2 * i + 1];
-            }
-            l[i] = l[i] * alpha + rs;  // this lane's share of the row sum; the quad's summed at the end
-            m[i] = mx;
-#pragma unroll
-            for (int j = 0; j < DP / 8; j++) acc[j][2 * i] *= alpha, acc[j][2 * i + 1] *= alpha;
-        }
-#pragma unroll
-        for (int kk = 0; kk < ATTN_BK / 16; kk++) {
-            uint32_t pa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
-                              pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < DP / 16; dp++) {
-                uint32_t bb[4];
-                ldsm_x4_t(bb, V + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dp * 16 + (lane >> 4) * 8);
-                mma_bf16(acc[2 * dp], pa, bb[0], bb[1]);
-                mma_bf16(acc[2 * dp + 1], pa, bb[2], bb[3]);
+                for (int dp = 0; dp < DP / 16; dp++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, V + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dp * 16 + (lane >> 4) * 8);
+                    mma_bf16(acc[2 * dp], pa, bb[0], bb[1]);
+                    mma_bf16(acc[2 * dp + 1], pa, bb[2], bb[3]);
+                }
             }
         }
         __syncthreads();  // every warp is done with this buffer before the next load refills it
@@ -302,59 +307,64 @@ static __device__ __forceinline__ void dkdv_body(const BwdArgs a, const int DP) 
         __syncthreads();
         const bf16 *Q = sq + buf * ATTN_BQB * LDS, *DO = sdo + buf * ATTN_BQB * LDS;
         const float *L = sl + buf * ATTN_BQB, *DL = sdl + buf * ATTN_BQB;
-        float st[ATTN_BQB / 8][4], dp[ATTN_BQB / 8][4];
+        const int k0 = s0 + warp * 16;
+        // a warp whose 16 keys no query of the tile sees (the diagonal: all queries before them; a
+        // window: all past them) skips it
+        if (t0 + ATTN_BQB - 1 >= k0 && !(W && t0 - (k0 + 15) >= W)) {
+            float st[ATTN_BQB / 8][4], dp[ATTN_BQB / 8][4];
 #pragma unroll
-        for (int n = 0; n < ATTN_BQB / 8; n++)
+            for (int n = 0; n < ATTN_BQB / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) st[n][e] = dp[n][e] = 0;
+                for (int e = 0; e < 4; e++) st[n][e] = dp[n][e] = 0;
 #pragma unroll
-        for (int s = 0; s < DP / 16; s++) {
-            uint32_t ka[4], va[4];
-            const int aoff = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + s * 16 + (lane >> 4) * 8;
-            ldsm_x4(ka, sk + aoff);
-            ldsm_x4(va, sv + aoff);
+            for (int s = 0; s < DP / 16; s++) {
+                uint32_t ka[4], va[4];
+                const int aoff = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + s * 16 + (lane >> 4) * 8;
+                ldsm_x4(ka, sk + aoff);
+                ldsm_x4(va, sv + aoff);
 #pragma unroll
-            for (int np = 0; np < ATTN_BQB / 16; np++) {
-                uint32_t bb[4];
-                const int boff = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + s * 16 + ((lane >> 3) & 1) * 8;
-                ldsm_x4(bb, Q + boff);  // S^T = K Q^T
-                mma_bf16(st[2 * np], ka, bb[0], bb[1]);
-                mma_bf16(st[2 * np + 1], ka, bb[2], bb[3]);
-                ldsm_x4(bb, DO + boff);  // dP^T = V dO^T
-                mma_bf16(dp[2 * np], va, bb[0], bb[1]);
-                mma_bf16(dp[2 * np + 1], va, bb[2], bb[3]);
+                for (int np = 0; np < ATTN_BQB / 16; np++) {
+                    uint32_t bb[4];
+                    const int boff = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + s * 16 + ((lane >> 3) & 1) * 8;
+                    ldsm_x4(bb, Q + boff);  // S^T = K Q^T
+                    mma_bf16(st[2 * np], ka, bb[0], bb[1]);
+                    mma_bf16(st[2 * np + 1], ka, bb[2], bb[3]);
+                    ldsm_x4(bb, DO + boff);  // dP^T = V dO^T
+                    mma_bf16(dp[2 * np], va, bb[0], bb[1]);
+                    mma_bf16(dp[2 * np + 1], va, bb[2], bb[3]);
+                }
             }
-        }
-        // some query of the tile before some key (the diagonal), or past some key's window
-        const int masked = t0 < s0 + ATTN_BKB - 1 || (W && t0 + ATTN_BQB - 1 - s0 >= W);
+            // some query of the tile before some key (the diagonal), or past some key's window
+            const int masked = t0 < k0 + 15 || (W && t0 + ATTN_BQB - 1 - k0 >= W);
 #pragma unroll
-        for (int n = 0; n < ATTN_BQB / 8; n++)
+            for (int n = 0; n < ATTN_BQB / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qi = n * 8 + 2 * (lane & 3) + (e & 1), t = t0 + qi, s = key + (e >> 1) * 8;
-                float p = ex2(st[n][e] * a.sl2 - L[qi]);
-                if (masked && (t < s || (W && t - s >= W))) p = 0;
-                st[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - DL[qi]);  // dS^T
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int qi = n * 8 + 2 * (lane & 3) + (e & 1), t = t0 + qi, s = key + (e >> 1) * 8;
+                    float p = ex2(st[n][e] * a.sl2 - L[qi]);
+                    if (masked && (t < s || (W && t - s >= W))) p = 0;
+                    st[n][e] = p;
+                    dp[n][e] = p * (dp[n][e] - DL[qi]);  // dS^T
+                }
 #pragma unroll
-        for (int kk = 0; kk < ATTN_BQB / 16; kk++) {
-            uint32_t pa[4] = {pack_bf16(st[2 * kk][0], st[2 * kk][1]), pack_bf16(st[2 * kk][2], st[2 * kk][3]),
-                              pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                              pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-            uint32_t da[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
-                              pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                              pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+            for (int kk = 0; kk < ATTN_BQB / 16; kk++) {
+                uint32_t pa[4] = {pack_bf16(st[2 * kk][0], st[2 * kk][1]), pack_bf16(st[2 * kk][2], st[2 * kk][3]),
+                                  pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                                  pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+                uint32_t da[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
+                                  pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                                  pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
 #pragma unroll
-            for (int d = 0; d < DP / 16; d++) {
-                uint32_t bb[4];
-                const int boff = (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + d * 16 + (lane >> 4) * 8;
-                ldsm_x4_t(bb, DO + boff);  // dV += P^T dO
-                mma_bf16(dv[2 * d], pa, bb[0], bb[1]);
-                mma_bf16(dv[2 * d + 1], pa, bb[2], bb[3]);
-                ldsm_x4_t(bb, Q + boff);  // dK += dS^T Q
-                mma_bf16(dk[2 * d], da, bb[0], bb[1]);
-                mma_bf16(dk[2 * d + 1], da, bb[2], bb[3]);
+                for (int d = 0; d < DP / 16; d++) {
+                    uint32_t bb[4];
+                    const int boff = (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + d * 16 + (lane >> 4) * 8;
+                    ldsm_x4_t(bb, DO + boff);  // dV += P^T dO
+                    mma_bf16(dv[2 * d], pa, bb[0], bb[1]);
+                    mma_bf16(dv[2 * d + 1], pa, bb[2], bb[3]);
+                    ldsm_x4_t(bb, Q + boff);  // dK += dS^T Q
+                    mma_bf16(dk[2 * d], da, bb[0], bb[1]);
+                    mma_bf16(dk[2 * d + 1], da, bb[2], bb[3]);
+                }
             }
         }
         __syncthreads();  // done with this buffer before the load two items on refills it
@@ -388,7 +398,7 @@ static __device__ __forceinline__ void dq_body(const BwdArgs a, const int DP) {
     const size_t qs = (size_t)H * D, ks = (size_t)a.Hkv * D;
     const bf16 *qb = a.q + ((size_t)b * T * H + h) * D, *dob = a.dout + ((size_t)b * T * H + h) * D;
     const bf16 *kb = a.k + ((size_t)b * T * a.Hkv + hk) * D, *vb = a.v + ((size_t)b * T * a.Hkv + hk) * D;
-    const int t0 = qt * ATTN_BQB, tend = t0 + ATTN_BQB - 1, last = amin(T, t0 + ATTN_BQB) - 1;
+    const int t0 = qt * ATTN_BQB, last = amin(T, t0 + ATTN_BQB) - 1;
     const int kt0 = (W ? amax(0, t0 - W + 1) : 0) / ATTN_BK, kt1 = last / ATTN_BK;
     load_rows(sq, qb, qs, t0, ATTN_BQB, T, D, DP, LDS);
     load_rows(sdo, dob, qs, t0, ATTN_BQB, T, D, DP, LDS);
@@ -420,50 +430,52 @@ static __device__ __forceinline__ void dq_body(const BwdArgs a, const int DP) {
         }
         __syncthreads();
         const bf16 *K = sk + buf * ATTN_BK * LDS, *V = sv + buf * ATTN_BK * LDS;
-        float sc[ATTN_BK / 8][4], dp[ATTN_BK / 8][4];
+        const int s0 = kt * ATTN_BK, wlo = t0 + warp * 16;
+        if (s0 <= wlo + 15 && !(W && s0 + ATTN_BK - 1 <= wlo - W)) {  // the warp sees a key of the tile
+            float sc[ATTN_BK / 8][4], dp[ATTN_BK / 8][4];
 #pragma unroll
-        for (int n = 0; n < ATTN_BK / 8; n++)
+            for (int n = 0; n < ATTN_BK / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) sc[n][e] = dp[n][e] = 0;
+                for (int e = 0; e < 4; e++) sc[n][e] = dp[n][e] = 0;
 #pragma unroll
-        for (int s = 0; s < DP / 16; s++) {
-            uint32_t qa[4], da[4];
-            ldsm_x4(qa, sq + aoff0 + s * 16);
-            ldsm_x4(da, sdo + aoff0 + s * 16);
+            for (int s = 0; s < DP / 16; s++) {
+                uint32_t qa[4], da[4];
+                ldsm_x4(qa, sq + aoff0 + s * 16);
+                ldsm_x4(da, sdo + aoff0 + s * 16);
 #pragma unroll
-            for (int np = 0; np < ATTN_BK / 16; np++) {
-                uint32_t bb[4];
-                const int boff = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + s * 16 + ((lane >> 3) & 1) * 8;
-                ldsm_x4(bb, K + boff);  // S = Q K^T
-                mma_bf16(sc[2 * np], qa, bb[0], bb[1]);
-                mma_bf16(sc[2 * np + 1], qa, bb[2], bb[3]);
-                ldsm_x4(bb, V + boff);  // dP = dO V^T
-                mma_bf16(dp[2 * np], da, bb[0], bb[1]);
-                mma_bf16(dp[2 * np + 1], da, bb[2], bb[3]);
+                for (int np = 0; np < ATTN_BK / 16; np++) {
+                    uint32_t bb[4];
+                    const int boff = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + s * 16 + ((lane >> 3) & 1) * 8;
+                    ldsm_x4(bb, K + boff);  // S = Q K^T
+                    mma_bf16(sc[2 * np], qa, bb[0], bb[1]);
+                    mma_bf16(sc[2 * np + 1], qa, bb[2], bb[3]);
+                    ldsm_x4(bb, V + boff);  // dP = dO V^T
+                    mma_bf16(dp[2 * np], da, bb[0], bb[1]);
+                    mma_bf16(dp[2 * np + 1], da, bb[2], bb[3]);
+                }
             }
-        }
-        const int s0 = kt * ATTN_BK;
-        const int masked = s0 + ATTN_BK - 1 > t0 || (W && s0 <= tend - W);
+            const int masked = s0 + ATTN_BK - 1 > wlo || (W && s0 <= wlo + 15 - W);
 #pragma unroll
-        for (int n = 0; n < ATTN_BK / 8; n++)
+            for (int n = 0; n < ATTN_BK / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int i = e >> 1, s = s0 + n * 8 + 2 * (lane & 3) + (e & 1), t = row + 8 * i;
-                float p = ex2(sc[n][e] * a.sl2 - L[i]);
-                if (masked && (s > t || (W && s <= t - W))) p = 0;
-                sc[n][e] = p * (dp[n][e] - DL[i]);  // dS
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int i = e >> 1, s = s0 + n * 8 + 2 * (lane & 3) + (e & 1), t = row + 8 * i;
+                    float p = ex2(sc[n][e] * a.sl2 - L[i]);
+                    if (masked && (s > t || (W && s <= t - W))) p = 0;
+                    sc[n][e] = p * (dp[n][e] - DL[i]);  // dS
+                }
 #pragma unroll
-        for (int kk = 0; kk < ATTN_BK / 16; kk++) {
-            uint32_t sa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
-                              pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+            for (int kk = 0; kk < ATTN_BK / 16; kk++) {
+                uint32_t sa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                                  pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                  pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #pragma unroll
-            for (int d = 0; d < DP / 16; d++) {
-                uint32_t bb[4];
-                ldsm_x4_t(bb, K + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + d * 16 + (lane >> 4) * 8);
-                mma_bf16(dq[2 * d], sa, bb[0], bb[1]);  // dQ += dS K
-                mma_bf16(dq[2 * d + 1], sa, bb[2], bb[3]);
+                for (int d = 0; d < DP / 16; d++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, K + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + d * 16 + (lane >> 4) * 8);
+                    mma_bf16(dq[2 * d], sa, bb[0], bb[1]);  // dQ += dS K
+                    mma_bf16(dq[2 * d + 1], sa, bb[2], bb[3]);
+                }
             }
         }
         __syncthreads();

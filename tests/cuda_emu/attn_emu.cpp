@@ -155,6 +155,8 @@ int main(int argc, char **argv) {
         {1, 150, 2, 1, 128, 50, 1}, // window < T, D = 128
         {1, 20, 2, 2, 96, 64, 1},   // window > T, D = 96 padded to 128
         {1, 200, 1, 1, 64, 0, 8},   // large logits
+        {1, 300, 2, 1, 64, 20, 4},  // a window narrower than a tile: key tiles skipped, warps skipping tiles
+        {2, 257, 4, 1, 40, 64, 1},  // the window a key tile, GQA 4:1, B = 2
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         double *s = shapes[i];
