@@ -26,11 +26,27 @@
  * the adjoints dS_c) of every chunk are kept, so that the products that read them
  * (O = diag(gamma) Qs S^T + ..., dQs, dK, dW) run batched over all chunks afterwards.
  *
- * Launches, with N chunks per sequence: forward 9 (GLA) or 13 (delta) + 2 N (GLA) or
- * 3 N (delta); backward about 26 (GLA) or 41 (delta) + 4 N (GLA) or 5 N (delta).
- * Memory (scratch): about 12 (forward) to 30 (backward) float32 copies of a [B,T,H,D]
- * tensor, plus two states per chunk. No CUDA-graph recording: decoding (T = 1) runs
- * the recurrent kernels of lin_cuda.cu.
+ * Launches (kernels, products and copies), with N chunks per sequence: forward
+ * 11 + 2 N (GLA) or 15 + 3 N (delta); backward 18 + 5 N (GLA) or 32 + 7 N
+ * (delta), the forward's state pass included (the backward recomputes it). Memory
+ * (one scratch): float32 chunk-major copies of the [B,T,H,D] tensors, 6 of them
+ * in the forward (9 for the delta rule) and 12 (18) in the backward, plus
+ * the C x C blocks and one state (two in the backward) per chunk: ~3 GB at
+ * (B,T,H,D) = (8,2048,16,128). No CUDA-graph recording: decoding (T = 1) runs the
+ * recurrent kernels of lin_cuda.cu.
+ *
+ * Where the time goes, by count (not yet measured on a GPU): at that shape the
+ * delta rule's forward+backward is ~150 GFLOP of TF32 products (~0.4 ms at the
+ * tensor cores' rate), while the float32 chunk-major buffers move ~10 GB through
+ * memory (~3 ms at 3 TB/s: every product reads and writes whole [nch][C][D]
+ * float32 buffers), and each of the 2-7 launches per chunk of the sequential pass
+ * (N = 32: ~100 in the forward, ~320 in the delta rule's forward+backward) costs
+ * its launch latency. The next steps: a state-pass kernel per (pair, slice of Dv
+ * rows) that keeps its slice on chip and walks the chunks with tensor-core (mma)
+ * products, as fla's chunk_fwd_h / chunk_bwd_dh do (one launch instead of 2-7 N);
+ * bf16 operands (q, k, v, dout as they come) and fused row scalings in place of
+ * the float32 gathered copies; the backward's per-chunk products fused into a few
+ * kernels that keep a chunk's C x C blocks in shared memory.
  *
  * Precision: float32 storage and sums; the products round their operands to TF32
  * (10-bit mantissa, 2^-11 relative), which the tests' tolerances account for.
