@@ -255,7 +255,7 @@ TEST(cuda_lin_matches_reference) {
 #define CHUNK_BF16_TOL 8e-3
 #define CHUNK_F32_TOL 1.5e-2
 
-// Shapes: T < C (37), T = C (64), T not a multiple of C (150, 200, 300: the last chunk short);
+// Shapes: T < C (37, 1), T = C (64), T not a multiple of C (65, 150, 200, 300: the last chunk short);
 // Dk != Dv, Dk 128 with Dv 96, square heads of 128, odd sizes (33, 7), Dk 256; GLA with and without
 // g and beta (Mamba2: no beta), the delta rule with and without g; s0, dsT given or not; beta in
 // (1, 2); chunks of 32.
@@ -273,6 +273,8 @@ TEST(cuda_lin_chunk_matches_reference) {
         {{2, 200, 1, 128, 128, 1, 1, 0, 1, 0.1, 1.0, 0}, 0}, // square heads of 128, no s0
         {{1, 70, 1, 256, 20, 1, 1, 1, 0, 0.1, 1.0, 0}, 0},   // Dk 256
         {{1, 100, 2, 64, 32, 1, 1, 1, 1, 0.1, 1.0, 0}, 32},  // chunks of 32
+        {{1, 65, 2, 32, 32, 1, 1, 1, 1, 0.1, 1.0, 0}, 0},    // a last chunk of one token
+        {{2, 1, 2, 16, 8, 1, 1, 1, 1, 0.1, 1.0, 0}, 0},      // T = 1 in the chunkwise form
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int rule = 0; rule < 2; rule++)

@@ -124,6 +124,9 @@ int main(int argc, char **argv) {
         {1, 64, 1, 16, 16, 0, 0, 0, 1, 0.1, 1.0, 0},   // one full chunk, nothing optional but dsT
         {1, 70, 1, 256, 20, 1, 1, 1, 0, 0.1, 1.0, 0},  // Dk 256
         {1, 100, 2, 64, 32, 1, 1, 1, 1, 0.1, 1.0, 32}, // chunks of 32
+        {2, 1, 2, 16, 8, 1, 1, 1, 1, 0.1, 1.0, 0},     // T = 1: one chunk of one token
+        {1, 65, 1, 32, 32, 1, 1, 1, 1, 0.1, 1.0, 0},   // a last chunk of one token
+        {1, 40, 1, 16, 24, 1, 1, 1, 1, 0.1, 1.0, 7},   // chunks of 7 (unaligned rows)
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int rule = 0; rule < 2; rule++) {
