@@ -22,14 +22,16 @@
  *
  * Backward (FlashAttention-2, P = exp(S - lse) rebuilt): Delta = rowsum(dO o O) first
  * (attn_delta_kernel), then
- *   dK, dV: grid (ceil(T / 64), Hkv, B), 4 warps of 16 keys; the block loops over the query tiles
- *           that see its keys and over the H / Hkv query heads of its group, so that the group's
- *           sum needs no atomics. Q, dO (and their lse, Delta) double-buffered in shared memory.
- *   dQ:     grid (ceil(T / 64), H, B), 4 warps of 16 queries, looping over key tiles as the
- *           forward does. A separate kernel rather than fp32 atomics from the dK/dV kernel: it
- *           costs two more products (S and dP again, 7 instead of 5) but is deterministic (the
- *           same gradients run after run, which training comparisons across backends rely on),
- *           needs no T x H x D float32 scratch and no conversion pass.
+ *   one kernel, grid (ceil(T / 64), Hkv, B), 4 warps of 16 keys: the block loops over the query
+ *   tiles of 64 that see its keys and over the H / Hkv query heads of its group (so that dK, dV
+ *   sum the group in registers, without atomics), with Q, dO (and their lse, Delta)
+ *   double-buffered in shared memory; per item S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
+ *   dK += dS^T Q, and dQ += dS K through a dS^T tile in shared memory, added to a float32 dQ in
+ *   scratch with atomics (then attn_dq_convert_kernel: scale, bf16). Five products per item; a
+ *   separate dQ kernel looping over key tiles would be deterministic but recompute S and dP
+ *   (seven products, ~1.4x the backward's tensor work), which is why the atomics: the key blocks
+ *   of a query are summed in a run-dependent order, so dq varies in its last bits from run to run
+ *   (as FlashAttention-2's and torch SDPA's do). Scratch: T B H (D + 1) floats.
  *
  * Decode (flash-decoding): the n cache slots are split into chunks so that B = 1 fills the GPU:
  * grid (nsplit, H, B), 4 warps taking keys in turn; each block leaves its chunk's (max, sum,
@@ -77,9 +79,19 @@ typedef struct {
     const float *lse;              // [B,T,H] natural log
     const float *delta;            // [B,T,H] rowsum(dout o o)
     bf16 *dq, *dk, *dv;            // shapes of q, k, v
+    float *dqacc;                  // [B,T,H,D] float32, zeroed: dQ / scale, summed over the key blocks
     int T, H, Hkv, D, window;
     float scale, sl2;
 } BwdArgs;
+
+typedef struct {
+    const float *dqacc;  // [n]
+    bf16 *dq;            // [n] = dqacc scale
+    size_t n;
+    float scale;
+} DqArgs;
+
+#define DS_LD (ATTN_BQB + 8)  // row stride of the dS^T tile in shared memory (conflict-free ldmatrix)
 
 typedef struct {
     const bf16 *o, *dout;  // [B,T,H,D]
@@ -266,6 +278,7 @@ static __device__ __forceinline__ void dkdv_body(const BwdArgs a, const int DP) 
     const int LDS = DP + 8;
     bf16 *sk = attn_smem, *sv = sk + ATTN_BKB * LDS, *sq = sv + ATTN_BKB * LDS, *sdo = sq + 2 * ATTN_BQB * LDS;
     float *sl = (float *)(sdo + 2 * ATTN_BQB * LDS), *sdl = sl + 2 * ATTN_BQB;  // [2][64] each
+    bf16 *sds = (bf16 *)(sdl + 2 * ATTN_BQB);  // [64 keys][DS_LD]: the item's dS^T, for dQ
     const int T = a.T, H = a.H, D = a.D, W = a.window, g = H / a.Hkv;
     const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -301,7 +314,7 @@ static __device__ __forceinline__ void dkdv_body(const BwdArgs a, const int DP) 
             cp_async_commit();
         }
         if (jj == 0) continue;
-        const int j = jj - 1, buf = j & 1, t0 = (qa + j / g) * ATTN_BQB;
+        const int j = jj - 1, buf = j & 1, t0 = (qa + j / g) * ATTN_BQB, h = hk * g + j % g;
         if (jj < nj) cp_async_wait1();
         else cp_async_wait0();
         __syncthreads();
@@ -366,8 +379,50 @@ static __device__ __forceinline__ void dkdv_body(const BwdArgs a, const int DP) 
                     mma_bf16(dk[2 * d + 1], da, bb[2], bb[3]);
                 }
             }
+#pragma unroll
+            for (int n = 0; n < ATTN_BQB / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    st_pair(sds + (warp * 16 + (lane >> 2) + 8 * i) * DS_LD + n * 8 + 2 * (lane & 3), dp[n][2 * i],
+                            dp[n][2 * i + 1]);
+        } else {
+#pragma unroll
+            for (int n = 0; n < ATTN_BQB / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    st_pair(sds + (warp * 16 + (lane >> 2) + 8 * i) * DS_LD + n * 8 + 2 * (lane & 3), 0.0f, 0.0f);
         }
-        __syncthreads();  // done with this buffer before the load two items on refills it
+        __syncthreads();  // the whole dS^T tile written
+        // dQ (/ scale) of the tile's queries += dS K over the block's 64 keys: warp w takes queries
+        // t0 + 16 w .. + 15 (if any of them is real and sees a key of the block), D in slices of
+        // 16 columns, added to dqacc with float32 atomics (the key blocks of a query run in parallel)
+        const int q0 = t0 + warp * 16;
+        if (q0 < T && q0 + 15 >= s0 && !(W && q0 - (s0 + ATTN_BKB - 1) >= W)) {
+            uint32_t sa[ATTN_BKB / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < ATTN_BKB / 16; kk++)
+                ldsm_x4_t(sa[kk], sds + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * DS_LD + warp * 16 + ((lane >> 3) & 1) * 8);
+            float *dqr = a.dqacc + (((size_t)b * T + q0 + (lane >> 2)) * H + h) * D;
+#pragma unroll
+            for (int dc = 0; dc < DP / 16; dc++) {
+                float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+                for (int kk = 0; kk < ATTN_BKB / 16; kk++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, sk + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dc * 16 + (lane >> 4) * 8);
+                    mma_bf16(acc[0], sa[kk], bb[0], bb[1]);
+                    mma_bf16(acc[1], sa[kk], bb[2], bb[3]);
+                }
+#pragma unroll
+                for (int n = 0; n < 2; n++) {
+                    const int c = dc * 16 + n * 8 + 2 * (lane & 3);
+                    if (c >= D) continue;
+                    if (q0 + (lane >> 2) < T) red_add2(dqr + c, acc[n][0], acc[n][1]);
+                    if (q0 + (lane >> 2) + 8 < T) red_add2(dqr + (size_t)8 * H * D + c, acc[n][2], acc[n][3]);
+                }
+            }
+        }
+        __syncthreads();  // done with this buffer (and dS^T) before the load two items on refills it
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -388,113 +443,14 @@ static __device__ __forceinline__ void dkdv_body(const BwdArgs a, const int DP) 
 static __global__ void __launch_bounds__(128) attn_dkdv_kernel_64(const BwdArgs a) { dkdv_body(a, 64); }
 static __global__ void __launch_bounds__(128) attn_dkdv_kernel_128(const BwdArgs a) { dkdv_body(a, 128); }
 
-// dQ of the 64 query rows of a tile of head h, looping over the key tiles they see.
-static __device__ __forceinline__ void dq_body(const BwdArgs a, const int DP) {
-    const int LDS = DP + 8;
-    bf16 *sq = attn_smem, *sdo = sq + ATTN_BQB * LDS, *sk = sdo + ATTN_BQB * LDS, *sv = sk + 2 * ATTN_BK * LDS;
-    const int T = a.T, H = a.H, D = a.D, W = a.window;
-    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (H / a.Hkv);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const size_t qs = (size_t)H * D, ks = (size_t)a.Hkv * D;
-    const bf16 *qb = a.q + ((size_t)b * T * H + h) * D, *dob = a.dout + ((size_t)b * T * H + h) * D;
-    const bf16 *kb = a.k + ((size_t)b * T * a.Hkv + hk) * D, *vb = a.v + ((size_t)b * T * a.Hkv + hk) * D;
-    const int t0 = qt * ATTN_BQB, last = amin(T, t0 + ATTN_BQB) - 1;
-    const int kt0 = (W ? amax(0, t0 - W + 1) : 0) / ATTN_BK, kt1 = last / ATTN_BK;
-    load_rows(sq, qb, qs, t0, ATTN_BQB, T, D, DP, LDS);
-    load_rows(sdo, dob, qs, t0, ATTN_BQB, T, D, DP, LDS);
-    load_rows(sk, kb, ks, kt0 * ATTN_BK, ATTN_BK, T, D, DP, LDS);
-    load_rows(sv, vb, ks, kt0 * ATTN_BK, ATTN_BK, T, D, DP, LDS);
-    cp_async_commit();
-    const int row = t0 + warp * 16 + (lane >> 2);
-    float L[2], DL[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int t = row + 8 * i;
-        const size_t r = ((size_t)b * T + t) * H + h;
-        L[i] = t < T ? a.lse[r] * LOG2E : INFINITY;
-        DL[i] = t < T ? a.delta[r] : 0.0f;
-    }
-    float dq[128 / 8][4];
-#pragma unroll
-    for (int j = 0; j < DP / 8; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0;
-    const int aoff0 = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
-    for (int kt = kt0; kt <= kt1; kt++) {
-        const int buf = (kt - kt0) & 1;
-        if (kt < kt1) {
-            load_rows(sk + (buf ^ 1) * ATTN_BK * LDS, kb, ks, (kt + 1) * ATTN_BK, ATTN_BK, T, D, DP, LDS);
-            load_rows(sv + (buf ^ 1) * ATTN_BK * LDS, vb, ks, (kt + 1) * ATTN_BK, ATTN_BK, T, D, DP, LDS);
-            cp_async_commit();
-            cp_async_wait1();
-        } else {
-            cp_async_wait0();
-        }
-        __syncthreads();
-        const bf16 *K = sk + buf * ATTN_BK * LDS, *V = sv + buf * ATTN_BK * LDS;
-        const int s0 = kt * ATTN_BK, wlo = t0 + warp * 16;
-        if (s0 <= wlo + 15 && !(W && s0 + ATTN_BK - 1 <= wlo - W)) {  // the warp sees a key of the tile
-            float sc[ATTN_BK / 8][4], dp[ATTN_BK / 8][4];
-#pragma unroll
-            for (int n = 0; n < ATTN_BK / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) sc[n][e] = dp[n][e] = 0;
-#pragma unroll
-            for (int s = 0; s < DP / 16; s++) {
-                uint32_t qa[4], da[4];
-                ldsm_x4(qa, sq + aoff0 + s * 16);
-                ldsm_x4(da, sdo + aoff0 + s * 16);
-#pragma unroll
-                for (int np = 0; np < ATTN_BK / 16; np++) {
-                    uint32_t bb[4];
-                    const int boff = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + s * 16 + ((lane >> 3) & 1) * 8;
-                    ldsm_x4(bb, K + boff);  // S = Q K^T
-                    mma_bf16(sc[2 * np], qa, bb[0], bb[1]);
-                    mma_bf16(sc[2 * np + 1], qa, bb[2], bb[3]);
-                    ldsm_x4(bb, V + boff);  // dP = dO V^T
-                    mma_bf16(dp[2 * np], da, bb[0], bb[1]);
-                    mma_bf16(dp[2 * np + 1], da, bb[2], bb[3]);
-                }
-            }
-            const int masked = s0 + ATTN_BK - 1 > wlo || (W && s0 <= wlo + 15 - W);
-#pragma unroll
-            for (int n = 0; n < ATTN_BK / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int i = e >> 1, s = s0 + n * 8 + 2 * (lane & 3) + (e & 1), t = row + 8 * i;
-                    float p = ex2(sc[n][e] * a.sl2 - L[i]);
-                    if (masked && (s > t || (W && s <= t - W))) p = 0;
-                    sc[n][e] = p * (dp[n][e] - DL[i]);  // dS
-                }
-#pragma unroll
-            for (int kk = 0; kk < ATTN_BK / 16; kk++) {
-                uint32_t sa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
-                                  pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                  pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-                for (int d = 0; d < DP / 16; d++) {
-                    uint32_t bb[4];
-                    ldsm_x4_t(bb, K + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + d * 16 + (lane >> 4) * 8);
-                    mma_bf16(dq[2 * d], sa, bb[0], bb[1]);  // dQ += dS K
-                    mma_bf16(dq[2 * d + 1], sa, bb[2], bb[3]);
-                }
-            }
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int t = row + i * 8;
-        if (t >= T) continue;
-        bf16 *r = a.dq + ((size_t)b * T + t) * qs + (size_t)h * D;
-#pragma unroll
-        for (int j = 0; j < DP / 8; j++) {
-            int c = j * 8 + 2 * (lane & 3);
-            if (c < D) st_pair(r + c, dq[j][2 * i] * a.scale, dq[j][2 * i + 1] * a.scale);
-        }
+// dq = bf16(dqacc scale), four elements a thread.
+static __global__ void attn_dq_convert_kernel(const DqArgs a) {
+    for (size_t i = 4 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x); i < a.n; i += 4 * (size_t)gridDim.x * blockDim.x) {
+        const float4 x = *(const float4 *)(a.dqacc + i);
+        st_pair(a.dq + i, x.x * a.scale, x.y * a.scale);
+        st_pair(a.dq + i + 2, x.z * a.scale, x.w * a.scale);
     }
 }
-
-static __global__ void __launch_bounds__(128) attn_dq_kernel_64(const BwdArgs a) { dq_body(a, 64); }
-static __global__ void __launch_bounds__(128) attn_dq_kernel_128(const BwdArgs a) { dq_body(a, 128); }
 
 // -------------------------------------------------------------------------------------- decode
 
@@ -588,8 +544,12 @@ static int head_size_ok(const char *fn, int D) {
 }
 
 static size_t fwd_smem(int DP) { return (size_t)(ATTN_BQ + 4 * ATTN_BK) * (DP + 8) * sizeof(bf16); }
-static size_t dkdv_smem(int DP) { return (size_t)(2 * ATTN_BKB + 4 * ATTN_BQB) * (DP + 8) * sizeof(bf16) + 4 * ATTN_BQB * sizeof(float); }
-static size_t dq_smem(int DP) { return (size_t)(2 * ATTN_BQB + 4 * ATTN_BK) * (DP + 8) * sizeof(bf16); }
+// K, V; Q, dO double-buffered; lse, Delta double-buffered; the dS^T tile: 112 KiB at DP = 128, so
+// that two blocks fit a Hopper multiprocessor (228 KiB, 1 KiB of it reserved per block)
+static size_t dkdv_smem(int DP) {
+    return (size_t)(2 * ATTN_BKB + 4 * ATTN_BQB) * (DP + 8) * sizeof(bf16) + 4 * ATTN_BQB * sizeof(float) +
+           (size_t)ATTN_BKB * DS_LD * sizeof(bf16);
+}
 
 extern "C" int cuda_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd *io) {
     MN_TRY(ref_attn_check("attn_fwd", d));
@@ -613,23 +573,25 @@ extern "C" int cuda_attn_bwd(const Backend *be, const AttnDims *d, const AttnBwd
         return mn_error(MN_ERR_ARG, "attn_bwd: q, k, v, o, lse, dout, dq, dk and dv are required");
     MN_TRY(head_size_ok("attn_bwd", d->D));
     CudaCtx *c = cuda_ctx(be);
-    const size_t rows = (size_t)d->B * d->T * d->H;
-    float *delta = (float *)cuda_scratch(be, rows * sizeof(float));
-    if (!delta) return MN_ERR_NOMEM;
+    const size_t rows = (size_t)d->B * d->T * d->H, nq = rows * d->D;
+    const size_t off = (rows * sizeof(float) + 255) / 256 * 256;  // dqacc 256-byte aligned after delta
+    char *ws = (char *)cuda_scratch(be, off + nq * sizeof(float));
+    if (!ws) return MN_ERR_NOMEM;
+    float *delta = (float *)ws, *dqacc = (float *)(ws + off);
+    CU_TRY(cudaMemsetAsync(dqacc, 0, nq * sizeof(float), c->stream));
     DeltaArgs da = {(const bf16 *)io->o, (const bf16 *)io->dout, delta, (int)rows, d->D};
     attn_delta_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, c->stream>>>(da);
     LAUNCH_CHECK();
     BwdArgs a = {(const bf16 *)io->q, (const bf16 *)io->k,  (const bf16 *)io->v, (const bf16 *)io->dout,
-                 (const float *)io->lse, delta, (bf16 *)io->dq, (bf16 *)io->dk, (bf16 *)io->dv,
+                 (const float *)io->lse, delta, (bf16 *)io->dq, (bf16 *)io->dk, (bf16 *)io->dv, dqacc,
                  d->T, d->H, d->Hkv, d->D, d->window, d->scale, d->scale * LOG2E};
     const int DP = d->D <= 64 ? 64 : 128;
     void (*kk)(const BwdArgs) = DP == 64 ? attn_dkdv_kernel_64 : attn_dkdv_kernel_128;
-    void (*kq)(const BwdArgs) = DP == 64 ? attn_dq_kernel_64 : attn_dq_kernel_128;
     CU_TRY(cudaFuncSetAttribute(kk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem(DP)));
-    CU_TRY(cudaFuncSetAttribute(kq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem(DP)));
     kk<<<dim3((d->T + ATTN_BKB - 1) / ATTN_BKB, d->Hkv, d->B), 128, dkdv_smem(DP), c->stream>>>(a);
     LAUNCH_CHECK();
-    kq<<<dim3((d->T + ATTN_BQB - 1) / ATTN_BQB, d->H, d->B), 128, dq_smem(DP), c->stream>>>(a);
+    DqArgs qa = {dqacc, (bf16 *)io->dq, nq, d->scale};
+    attn_dq_convert_kernel<<<grid_for(nq / 4, 256), 256, 0, c->stream>>>(qa);
     LAUNCH_CHECK();
     return MN_OK;
 }

@@ -55,6 +55,17 @@ static __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+// p[0] += a, p[1] += b in global memory, atomically (p 8-byte aligned): one vector reduction on
+// Hopper, two scalar ones before.
+static __device__ __forceinline__ void red_add2(float *p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd((float2 *)p, make_float2(a, b));
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}
+
 // 16 bytes from global to shared memory in the background: `bytes` (16 or 0) are read, the rest
 // zero-filled (the tails of a tile: rows past T, columns past D).
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {

@@ -93,20 +93,21 @@ static void run_attn(int B, int T, int H, int Hkv, int D, int W, double mult, un
     for (size_t i = 0; i < nq; i++) o2[i] = bf16_to_f32(go[i].b);
     AttnBwd rb = {q, k, v, o2, NULL, dout, dq, dk, dv};
     if (ref_attn_bwd(NULL, &d, &rb)) { printf("ref bwd failed\n"); exit(1); }
-    float *delta = (float *)calloc(rows, 4);
+    float *delta = (float *)calloc(rows, 4), *dqacc = (float *)aligned_alloc(16, (nq * 4 + 15) / 16 * 16);
+    memset(dqacc, 0, nq * 4);
     DeltaArgs da = {go, bdo, delta, (int)rows, D};
     launch(attn_delta_kernel, dim3((unsigned)((rows + 7) / 8)), 256, 0, da);
     bf16 *gdq = nan_bf(nq), *gdk = nan_bf(nk), *gdv = nan_bf(nk);
-    BwdArgs ba = {bq, bk, bv, bdo, glse, delta, gdq, gdk, gdv, T, H, Hkv, D, W, d.scale, d.scale * LOG2E};
+    BwdArgs ba = {bq, bk, bv, bdo, glse, delta, gdq, gdk, gdv, dqacc, T, H, Hkv, D, W, d.scale, d.scale * LOG2E};
     launch(DP == 64 ? attn_dkdv_kernel_64 : attn_dkdv_kernel_128, dim3((T + ATTN_BKB - 1) / ATTN_BKB, Hkv, B), 128,
-           (size_t)(2 * ATTN_BKB + 4 * ATTN_BQB) * (DP + 8) * 2 + 4 * ATTN_BQB * 4, ba);
-    launch(DP == 64 ? attn_dq_kernel_64 : attn_dq_kernel_128, dim3((T + ATTN_BQB - 1) / ATTN_BQB, H, B), 128,
-           (size_t)(2 * ATTN_BQB + 4 * ATTN_BK) * (DP + 8) * 2, ba);
+           (size_t)(2 * ATTN_BKB + 4 * ATTN_BQB) * (DP + 8) * 2 + 4 * ATTN_BQB * 4 + (size_t)ATTN_BKB * DS_LD * 2, ba);
+    DqArgs qa = {dqacc, gdq, nq, d.scale};
+    launch(attn_dq_convert_kernel, dim3(3), 256, 0, qa);  // few blocks: the grid-stride loop exercised
     check(tag, "dq", relb(gdq, dq, nq), 1.5e-2);
     check(tag, "dk", relb(gdk, dk, nk), 1.5e-2);
     check(tag, "dv", relb(gdv, dv, nk), 1.5e-2);
     free(q); free(k); free(v); free(dout); free(o); free(o2); free(lse); free(dq); free(dk); free(dv);
-    free(bq); free(bk); free(bv); free(bdo); free(go); free(glse); free(delta); free(gdq); free(gdk); free(gdv);
+    free(bq); free(bk); free(bv); free(bdo); free(go); free(glse); free(delta); free(gdq); free(gdk); free(gdv); free(dqacc);
 }
 
 static void run_decode(int B, int H, int Hkv, int D, int n, int cap, int sms, unsigned long long seed) {

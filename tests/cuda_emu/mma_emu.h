@@ -9,6 +9,7 @@
 #include <stdio.h>
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static
+struct float4 { float x, y, z, w; };
 
 extern uint32_t emu_mx[32][32][6];    // [warp][lane]: a[0..3], b0, b1 of an mma
 extern const void *emu_px[32][32];    // [warp][lane]: the row address given to an ldmatrix
@@ -66,6 +67,11 @@ static inline void mma_bf16(float c[4], const uint32_t a[4], const uint32_t b0, 
 }
 
 static inline float ex2(float x) { return exp2f(x); }
+static inline void red_add2(float *p, float a, float b) {
+    emu_align(p, 8, "red_add2");
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+}
 
 static inline void cp_async16(void *dst, const void *src, int bytes) {
     emu_align(dst, 16, "cp.async dst");
