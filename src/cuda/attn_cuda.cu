@@ -543,6 +543,16 @@ static int head_size_ok(const char *fn, int D) {
     return MN_OK;
 }
 
+// q, k, v, dout are copied in 16-byte pieces (cp.async): their rows (D a multiple of 8) are then
+// aligned when the buffers are.
+static int aligned16(const char *fn, const void *const *p, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)p[i] % 16)
+            return mn_error(MN_ERR_UNSUPPORTED, "%s: %s is not 16-byte aligned (the cuda kernels copy 16-byte pieces)", fn,
+                            names[i]);
+    return MN_OK;
+}
+
 static size_t fwd_smem(int DP) { return (size_t)(ATTN_BQ + 4 * ATTN_BK) * (DP + 8) * sizeof(bf16); }
 // K, V; Q, dO double-buffered; lse, Delta double-buffered; the dS^T tile: 112 KiB at DP = 128, so
 // that two blocks fit a Hopper multiprocessor (228 KiB, 1 KiB of it reserved per block)
@@ -555,6 +565,9 @@ extern "C" int cuda_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd
     MN_TRY(ref_attn_check("attn_fwd", d));
     if (!io || !io->q || !io->k || !io->v || !io->o) return mn_error(MN_ERR_ARG, "attn_fwd: q, k, v and o are required");
     MN_TRY(head_size_ok("attn_fwd", d->D));
+    const void *al[] = {io->q, io->k, io->v};
+    const char *aln[] = {"q", "k", "v"};
+    MN_TRY(aligned16("attn_fwd", al, aln, 3));
     CudaCtx *c = cuda_ctx(be);
     FwdArgs a = {(const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, (bf16 *)io->o, (float *)io->lse,
                  d->T, d->H, d->Hkv, d->D, d->window, d->scale * LOG2E};
@@ -572,6 +585,9 @@ extern "C" int cuda_attn_bwd(const Backend *be, const AttnDims *d, const AttnBwd
     if (!io || !io->q || !io->k || !io->v || !io->o || !io->lse || !io->dout || !io->dq || !io->dk || !io->dv)
         return mn_error(MN_ERR_ARG, "attn_bwd: q, k, v, o, lse, dout, dq, dk and dv are required");
     MN_TRY(head_size_ok("attn_bwd", d->D));
+    const void *al[] = {io->q, io->k, io->v, io->dout};
+    const char *aln[] = {"q", "k", "v", "dout"};
+    MN_TRY(aligned16("attn_bwd", al, aln, 4));
     CudaCtx *c = cuda_ctx(be);
     const size_t rows = (size_t)d->B * d->T * d->H, nq = rows * d->D;
     const size_t off = (rows * sizeof(float) + 255) / 256 * 256;  // dqacc 256-byte aligned after delta
