@@ -14,24 +14,29 @@
  * at once: small kernels (gates and decays, gathers with row scalings, the decay
  * masks, the UT transform's forward substitution Tt = (I + A)^{-1} one block per
  * chunk, the backward's per-token sums) and cuBLAS strided-batched products over the
- * nch chunks. Only the state's hand-off from chunk to chunk is sequential: a loop
- * over the N chunks of products batched over the P pairs, each step a decay kernel
- * and one or two products:
+ * nch chunks. Only the state's hand-off from chunk to chunk is sequential:
  *
  *     forward   V'_c = U_c - W_c S_c^T (delta);  S_{c+1} = gamma_n S_c + V'_c^T diag(lambda) K_c
  *     backward  dV'_c += diag(lambda) K_c dS_c^T;
  *               dS_{c-1} = gamma_n dS_c + dO_c^T diag(gamma) Qs_c - dV'_c^T W_c (delta)
  *
- * (dS_c: the adjoint of the state at the end of chunk c.) The entry states S_c (and
- * the adjoints dS_c) of every chunk are kept, so that the products that read them
- * (O = diag(gamma) Qs S^T + ..., dQs, dK, dW) run batched over all chunks afterwards.
+ * (dS_c: the adjoint of the state at the end of chunk c.) The GLA rule's V' does not
+ * depend on the state (nor its dS on dV'): the increments V'^T diag(lambda) K (and
+ * dO^T diag(gamma) Qs) of all chunks are one batched product, and the hand-off a
+ * scan, one thread per state element walking the chunks (lc_scan_kernel). The delta
+ * rule's is a loop over the N chunks of products batched over the P pairs, each
+ * step a decay kernel and two products (three in the backward). The entry states
+ * S_c (and the adjoints dS_c) of every chunk are kept, so that the products that
+ * read them (O = diag(gamma) Qs S^T + ..., dQs, dK, dW) run batched over all chunks
+ * afterwards.
  *
  * Launches (kernels, products and copies), with N chunks per sequence: forward
- * 11 + 2 N (GLA) or 15 + 3 N (delta); backward 18 + 5 N (GLA) or 32 + 7 N
- * (delta), the forward's state pass included (the backward recomputes it). Memory
- * (one scratch): float32 chunk-major copies of the [B,T,H,D] tensors, 6 of them
- * in the forward (9 for the delta rule) and 12 (18) in the backward, plus
- * the C x C blocks and one state (two in the backward) per chunk: ~3 GB at
+ * 12 (GLA) or 15 + 3 N (delta); backward 21 (GLA) or 32 + 7 N (delta), the
+ * forward's state pass included (the backward recomputes it). Memory (one
+ * scratch): float32 chunk-major copies of the [B,T,H,D] tensors, 6 of them in the
+ * forward (9 for the delta rule) and 12 (18) in the backward, plus the C x C
+ * blocks and one state per chunk (two in the backward; GLA: one more, the
+ * increments): ~3 GB at
  * (B,T,H,D) = (8,2048,16,128). No CUDA-graph recording: decoding (T = 1) runs the
  * recurrent kernels of lin_cuda.cu.
  *
@@ -39,14 +44,15 @@
  * delta rule's forward+backward is ~150 GFLOP of TF32 products (~0.4 ms at the
  * tensor cores' rate), while the float32 chunk-major buffers move ~10 GB through
  * memory (~3 ms at 3 TB/s: every product reads and writes whole [nch][C][D]
- * float32 buffers), and each of the 2-7 launches per chunk of the sequential pass
- * (N = 32: ~100 in the forward, ~320 in the delta rule's forward+backward) costs
- * its launch latency. The next steps: a state-pass kernel per (pair, slice of Dv
- * rows) that keeps its slice on chip and walks the chunks with tensor-core (mma)
- * products, as fla's chunk_fwd_h / chunk_bwd_dh do (one launch instead of 2-7 N);
- * bf16 operands (q, k, v, dout as they come) and fused row scalings in place of
- * the float32 gathered copies; the backward's per-chunk products fused into a few
- * kernels that keep a chunk's C x C blocks in shared memory.
+ * float32 buffers), and each of the delta rule's 3-7 launches per chunk of the
+ * sequential pass (N = 32: ~100 in the forward, ~320 in the forward+backward) costs
+ * its launch latency. The next steps: a delta-rule state-pass kernel per (pair,
+ * slice of Dv rows) that keeps its slice on chip and walks the chunks with
+ * tensor-core (mma) products, as fla's chunk_fwd_h / chunk_bwd_dh do (one launch
+ * instead of 3-7 N); bf16 operands (q, k, v, dout as they come) and fused row
+ * scalings in place of the float32 gathered copies; the backward's per-chunk
+ * products fused into a few kernels that keep a chunk's C x C blocks in shared
+ * memory.
  *
  * Precision: float32 storage and sums; the products round their operands to TF32
  * (10-bit mantissa, 2^-11 relative), which the tests' tolerances account for.
@@ -92,6 +98,7 @@ typedef struct {
     float *dqs, *dk, *dw, *tdw;                   // backward, k: dQs, dK, dW, Tt^T dW
     float *dout, *dog, *dvp, *vl, *tdu;           // backward, v: dO, gamma dO, dV', lambda V', Tt^T dU
     float *dst;                                   // [nch][Dv][Dk] adjoint of each chunk's end state
+    float *inc;                                   // [nch][Dv][Dk] GLA: each chunk's state increment
     float *dbt;                                   // [nch][C] delta rule's dbeta
 } LcWork;
 
@@ -171,6 +178,24 @@ static __global__ void lc_decay_state_kernel(float *y, size_t ystride, const flo
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         size_t p = e / ss, i = e - p * ss;
         y[p * ystride + i] = dec[p * dstride] * x[p * xstride + i];
+    }
+}
+
+// The GLA rule's hand-off as a scan over the chunks, each thread one element i of one pair's state:
+// X_c = the running value on entering chunk c (into out[ch]), X <- dec_ch X + inc[ch], from init
+// (or 0) to fin (if given). Forward: c = 0 .. N-1 (states); reverse: c = N-1 .. 0 (adjoints).
+static __global__ void lc_scan_kernel(const LcDims d, float *out, const float *inc, const float *dec,
+                                      const float *init, float *fin, int reverse) {
+    size_t n = (size_t)d.P * d.ss;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t p = e / d.ss, i = e - p * d.ss;
+        float x = init ? init[e] : 0.0f;
+        for (int k = 0; k < d.N; k++) {
+            size_t ch = p * d.N + (reverse ? d.N - 1 - k : k), o = ch * d.ss + i;
+            out[o] = x;
+            x = fmaf(dec[ch], x, inc[o]);
+        }
+        if (fin) fin[e] = x;
     }
 }
 
@@ -337,7 +362,8 @@ static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, LcWo
     size_t nk = 4 + (delta ? 2 : 0) + (bwd ? 2 + (delta ? 2 : 0) : 0);
     size_t nv = (bwd ? 1 : 0) + 1 + (delta ? 1 : 0) + (bwd ? 4 + (delta ? 1 : 0) : 1);
     size_t nsq = (delta ? 2 : 0) + 1 + (bwd ? 1 : 0);
-    size_t total = 6 * rg + d->nch + nk * rk + nv * rv + nsq * cc + states + fins + (bwd ? states + rg : 0);
+    size_t total = 6 * rg + d->nch + nk * rk + nv * rv + nsq * cc + states + fins + (bwd ? states + rg : 0) +
+                   (delta ? 0 : states);
     float *m = (float *)cuda_scratch(be, sizeof(float) * total);
     if (!m) return MN_ERR_NOMEM;
     memset(w, 0, sizeof *w);
@@ -363,6 +389,7 @@ static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, LcWo
     TAKE(w->sq1, cc);
     if (bwd) TAKE(w->sq2, cc);
     TAKE(w->st, states); TAKE(w->sfin, fins);
+    if (!delta) TAKE(w->inc, states);
     if (bwd) { TAKE(w->dst, states); TAKE(w->dbt, rg); }
 #undef TAKE
     return MN_OK;
@@ -392,10 +419,18 @@ static int lc_prepare(CudaCtx *c, const LcDims *d, int delta, float scale, const
 }
 
 // The states entering every chunk (w->st) and the final ones (w->sfin), from s0 (or zero);
-// for the delta rule V' = U - W S^T of every chunk on the way (in place in w->vp).
+// for the delta rule V' = U - W S^T of every chunk on the way (in place in w->vp). The GLA rule's
+// V' does not depend on the state: every chunk's increment V'^T diag(lambda) K is one product over
+// all chunks, and the hand-off a scan (two launches); the delta rule's goes chunk by chunk.
 static int lc_states(CudaCtx *c, const LcDims *d, int delta, const float *s0, LcWork *w) {
     int C = d->C, Dk = d->Dk, Dv = d->Dv, N = d->N, P = d->P;
     size_t ck = (size_t)C * Dk, cv = (size_t)C * Dv, ss = d->ss, sb = sizeof(float) * ss;
+    if (!delta) {
+        MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w->vp, Dv, cv, w->kl, Dk, ck, 0, w->inc, Dk, ss, d->nch));
+        lc_scan_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(*d, w->st, w->inc, w->gt.dec, s0, w->sfin, 0);
+        LAUNCH_CHECK();
+        return MN_OK;
+    }
     if (s0)
         CU_TRY(cudaMemcpy2DAsync(w->st, N * sb, s0, sb, sb, P, cudaMemcpyDeviceToDevice, c->stream));
     else
@@ -403,9 +438,8 @@ static int lc_states(CudaCtx *c, const LcDims *d, int delta, const float *s0, Lc
     for (int ci = 0; ci < N; ci++) {
         float *cur = w->st + ci * ss, *next = ci + 1 < N ? cur + ss : w->sfin;
         size_t ns = ci + 1 < N ? N * ss : ss;
-        if (delta)
-            MN_TRY(bgemm(c, 0, 1, C, Dv, Dk, -1, w->w + ci * ck, Dk, N * ck, cur, Dk, N * ss, 1, w->vp + ci * cv, Dv,
-                         N * cv, P));
+        MN_TRY(bgemm(c, 0, 1, C, Dv, Dk, -1, w->w + ci * ck, Dk, N * ck, cur, Dk, N * ss, 1, w->vp + ci * cv, Dv,
+                     N * cv, P));  // V' = U - W S^T
         lc_decay_state_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(next, ns, cur, N * ss, w->gt.dec + ci, N, P, ss);
         LAUNCH_CHECK();
         MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w->vp + ci * cv, Dv, N * cv, w->kl + ci * ck, Dk, N * ck, 1, next, Dk, ns,
@@ -455,25 +489,34 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
     lc_mask_kernel<<<grid_for(d.nch * cc, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.sq1, w.gt.b);
     LAUNCH_CHECK();
     MN_TRY(bgemm(c, 1, 0, C, Dv, C, 1, w.sq1, C, cc, w.dout, Dv, cv, 0, w.dvp, Dv, cv, d.nch));
-    // the adjoints dS_c of the chunks' end states, last chunk first
-    float *last = w.dst + (size_t)(N - 1) * ss;
-    if (io->dsT)
-        CU_TRY(cudaMemcpy2DAsync(last, N * sb, io->dsT, sb, sb, P, cudaMemcpyDeviceToDevice, c->stream));
-    else
-        CU_TRY(cudaMemset2DAsync(last, N * sb, 0, sb, P, c->stream));
-    for (int ci = N - 1; ci >= 0; ci--) {
-        float *cur = w.dst + ci * ss, *prev = ci > 0 ? cur - ss : io->ds0;
-        size_t ps = ci > 0 ? N * ss : ss;
-        MN_TRY(bgemm(c, 0, 1, C, Dv, Dk, 1, w.kl + ci * ck, Dk, N * ck, cur, Dk, N * ss, 1, w.dvp + ci * cv, Dv, N * cv,
-                     P));  // dV' += diag(lambda) K dS^T
-        if (!prev) break;  // (no ds0 wanted)
-        lc_decay_state_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(prev, ps, cur, N * ss, w.gt.dec + ci, N, P, ss);
+    // the adjoints dS_c of the chunks' end states, last chunk first:
+    //     dS_{c-1} = gamma_n dS_c + dO_c^T diag(gamma) Qs_c - dV'_c^T W_c (delta),  dV'_c += diag(lambda) K_c dS_c^T
+    // GLA (no W term): the increments dO^T diag(gamma) Qs of all chunks in one product, a scan, then
+    // dV' of all chunks in one product; the delta rule chunk by chunk (dV'_c enters dS_{c-1}).
+    if (!delta) {
+        MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w.dout, Dv, cv, w.qg, Dk, ck, 0, w.inc, Dk, ss, d.nch));
+        lc_scan_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.dst, w.inc, w.gt.dec, io->dsT, io->ds0, 1);
         LAUNCH_CHECK();
-        MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w.dout + ci * cv, Dv, N * cv, w.qg + ci * ck, Dk, N * ck, 1, prev, Dk, ps,
-                     P));  // + dO^T diag(gamma) Qs
-        if (delta)
+        MN_TRY(bgemm(c, 0, 1, C, Dv, Dk, 1, w.kl, Dk, ck, w.dst, Dk, ss, 1, w.dvp, Dv, cv, d.nch));
+    } else {
+        float *last = w.dst + (size_t)(N - 1) * ss;
+        if (io->dsT)
+            CU_TRY(cudaMemcpy2DAsync(last, N * sb, io->dsT, sb, sb, P, cudaMemcpyDeviceToDevice, c->stream));
+        else
+            CU_TRY(cudaMemset2DAsync(last, N * sb, 0, sb, P, c->stream));
+        for (int ci = N - 1; ci >= 0; ci--) {
+            float *cur = w.dst + ci * ss, *prev = ci > 0 ? cur - ss : io->ds0;
+            size_t ps = ci > 0 ? N * ss : ss;
+            MN_TRY(bgemm(c, 0, 1, C, Dv, Dk, 1, w.kl + ci * ck, Dk, N * ck, cur, Dk, N * ss, 1, w.dvp + ci * cv, Dv,
+                         N * cv, P));  // dV' += diag(lambda) K dS^T
+            if (!prev) break;  // (no ds0 wanted)
+            lc_decay_state_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(prev, ps, cur, N * ss, w.gt.dec + ci, N, P, ss);
+            LAUNCH_CHECK();
+            MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w.dout + ci * cv, Dv, N * cv, w.qg + ci * ck, Dk, N * ck, 1, prev, Dk,
+                         ps, P));  // + dO^T diag(gamma) Qs
             MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, -1, w.dvp + ci * cv, Dv, N * cv, w.w + ci * ck, Dk, N * ck, 1, prev, Dk,
                          ps, P));  // - dV'^T W
+        }
     }
     // P1 = (dO V'^T) (.) Gamma;  dQs = diag(gamma) dO S + P1 K;  dK = diag(lambda) V' dS + P1^T Qs
     MN_TRY(bgemm(c, 0, 1, C, C, Dv, 1, w.dout, Dv, cv, w.vp, Dv, cv, 0, w.sq1, C, cc, d.nch));
