@@ -301,7 +301,7 @@ TEST(cuda_lin_chunk_matches_recurrent) {
             oc.form = MN_FORM_CHUNK;
             orec.form = MN_FORM_RECURRENT;
             oa.form = MN_FORM_AUTO;
-            Outs ch, rec, au;
+            Outs ch = {0}, rec = {0}, au = {0};
             int rc = gpu_outs(&c, &oc, &ch, 7000 + i);
             if (!rc) rc = gpu_outs(&c, &orec, &rec, 7000 + i);
             if (!rc) rc = gpu_outs(&c, &oa, &au, 7000 + i);
@@ -314,8 +314,8 @@ TEST(cuda_lin_chunk_matches_recurrent) {
                 case_tag(tag, sizeof tag, &shapes[i], (MnLinRule)rule, &oa);
                 strcat(tag, shapes[i].T >= 64 ? " vs chunk" : " vs rec");
                 cmp_outs(tag, &c, &au, shapes[i].T >= 64 ? &ch : &rec, 1e-4, 1e-4);
-                outs_free(&ch); outs_free(&rec); outs_free(&au);
             }
+            outs_free(&ch); outs_free(&rec); outs_free(&au);
             case_free(&c);
         }
 }
