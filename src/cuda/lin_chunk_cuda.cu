@@ -68,6 +68,7 @@ extern "C" int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *d, const 
 #define LC_CMAX 64      // the chunk size at most, and the default: Tt's block sits in shared memory
 #define LC_THREADS 256  // elementwise kernels
 #define LC_OUT_THREADS 128
+#define LC_ALIGN 32     // floats: every buffer starts on 128 bytes (the tensor-core products' fast paths)
 
 // A call's shape in chunks.
 typedef struct {
@@ -355,7 +356,8 @@ static int lc_dims(LcDims *ld_, const MnMesaDims *d, const MnLinOpts *o, const c
     return MN_OK;
 }
 
-// Carves the buffers from one scratch allocation (bwd: the backward's too).
+// Carves the buffers from one scratch allocation (bwd: the backward's too). (Products also read at
+// chunk offsets c C D floats, 16-byte aligned where C D is a multiple of 4: C = 64 always.)
 static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, LcWork *w) {
     size_t rk = d->nch * d->C * d->Dk, rv = d->nch * d->C * d->Dv, cc = d->nch * d->C * d->C, rg = d->nch * d->C;
     size_t states = d->nch * d->ss, fins = (size_t)d->P * d->ss;
@@ -363,11 +365,11 @@ static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, LcWo
     size_t nv = (bwd ? 1 : 0) + 1 + (delta ? 1 : 0) + (bwd ? 4 + (delta ? 1 : 0) : 1);
     size_t nsq = (delta ? 2 : 0) + 1 + (bwd ? 1 : 0);
     size_t total = 6 * rg + d->nch + nk * rk + nv * rv + nsq * cc + states + fins + (bwd ? states + rg : 0) +
-                   (delta ? 0 : states);
+                   (delta ? 0 : states) + 40 * LC_ALIGN;  // (at most 40 buffers, each rounded up)
     float *m = (float *)cuda_scratch(be, sizeof(float) * total);
     if (!m) return MN_ERR_NOMEM;
     memset(w, 0, sizeof *w);
-#define TAKE(ptr, n) (ptr = m, m += (n))
+#define TAKE(ptr, n) (ptr = m, m += ((n) + LC_ALIGN - 1) / LC_ALIGN * LC_ALIGN)
     TAKE(w->gt.b, rg); TAKE(w->gt.gam, rg); TAKE(w->gt.lam, rg); TAKE(w->gt.beta, rg); TAKE(w->gt.bg, rg);
     TAKE(w->gt.dec, d->nch);
     TAKE(w->qs, rk); TAKE(w->qg, rk); TAKE(w->k, rk); TAKE(w->kl, rk);
