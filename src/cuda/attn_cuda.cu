@@ -9,16 +9,20 @@
  * and loops are sized at compile time); D < DP is zero-filled on the loads (cp.async's zero fill),
  * which leaves the scores and the padded columns of every product zero. Other D: MN_ERR_UNSUPPORTED.
  *
- * Forward (FlashAttention-2): grid (ceil(T / 128), H, B), the longest query tiles first; 8 warps,
- * each 16 query rows of the 128; key/value tiles of 64 rows. Shared memory: the Q tile and two
- * buffers each of K and V (cp.async double buffering: the next tile loads while this one is
- * computed), rows padded by 8 elements (16 bytes) so that the 8 rows one ldmatrix reads fall on
- * different banks: (128 + 4 x 64) (DP + 8) x 2 bytes = 104 KiB at DP = 128. S = Q K^T and O += P V
- * on the tensor cores (mma.sync m16n8k16 bf16 -> fp32, operands by ldmatrix; P goes from the S
- * accumulators to A fragments in registers). Online softmax in fp32 in log2 units: scores times
- * scale log2(e), exp2f. Masks only on the tiles that need them (the diagonal, and a window's
- * lower edge); key tiles wholly outside every row's window are not visited. lse is natural-log,
- * as the CPU's: max + log(sum) of the scaled scores.
+ * Forward (FlashAttention-2): grid (ceil(T / 128), H, B), the longest query tiles first; 4 warps,
+ * each 32 query rows (two m16 tiles, so that every K and V fragment read from shared memory feeds
+ * two products: shared-memory reads, not the tensor cores, would bound one tile a warp); key/value
+ * tiles of 64 rows. Shared memory: the Q tile and two buffers each of K and V (cp.async double
+ * buffering: the next tile loads while this one is computed), rows padded by 8 elements (16 bytes)
+ * so that the 8 rows one ldmatrix reads fall on different banks: (128 + 4 x 64) (DP + 8) x 2 bytes
+ * = 104 KiB at DP = 128, two blocks a Hopper multiprocessor (255 registers a thread, no spills).
+ * S = Q K^T and O += P V on the tensor cores (mma.sync m16n8k16 bf16 -> fp32, operands by
+ * ldmatrix; Q's fragments re-read each tile, the registers going to the accumulators; P goes from
+ * the S accumulators to A fragments in registers). Online softmax in fp32 in log2 units: scores
+ * times scale log2(e), ex2.approx. Masks only on the tiles that need them (the diagonal, a
+ * window's lower edge); key tiles outside every row's window are not visited, and a warp skips
+ * the tiles its own rows do not see. lse is natural-log, as the CPU's: max + log(sum) of the
+ * scaled scores.
  *
  * Backward (FlashAttention-2, P = exp(S - lse) rebuilt): Delta = rowsum(dO o O) first
  * (attn_delta_kernel), then
@@ -52,7 +56,9 @@ extern "C" {
 }
 
 #define ATTN_BK 64    // keys per tile (forward, dQ)
-#define ATTN_BQ 128   // query rows per forward block: 8 warps x 16
+#define ATTN_BQ 128   // query rows per forward block: FWD_WARPS x FWD_MT x 16
+#define FWD_WARPS 4   // warps of a forward block
+#define FWD_MT 2      // m16 tiles per forward warp: 32 query rows
 #define ATTN_BQB 64   // query rows per tile in the backward: 4 warps x 16
 #define ATTN_BKB 64   // keys per dK/dV block: 4 warps x 16
 #define LOG2E 1.4426950408889634f
@@ -148,12 +154,17 @@ static __device__ __forceinline__ void fwd_body(const FwdArgs a, const int DP) {
     load_rows(sv, vb, ks, kt0 * ATTN_BK, ATTN_BK, T, D, DP, LDS);
     cp_async_commit();
 
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};  // rows r, r + 8 (log2 units)
-    float acc[128 / 8][4];
-    uint32_t qf[128 / 16][4];
+    // this lane's rows: row + 16 mt + 8 i (m16 tile mt of the warp's two, fragment half i)
+    float m[FWD_MT][2], l[FWD_MT][2];  // running max (log2 units), this lane's share of the row sum
+    float acc[FWD_MT][128 / 8][4];
 #pragma unroll
-    for (int j = 0; j < DP / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
-    const int row = t0 + warp * 16 + (lane >> 2);  // this lane's rows: row, row + 8
+    for (int mt = 0; mt < FWD_MT; mt++) {
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0;
+#pragma unroll
+        for (int j = 0; j < DP / 8; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0;
+    }
+    const int wlo = t0 + warp * 16 * FWD_MT, row = wlo + (lane >> 2);
     for (int kt = kt0; kt <= kt1; kt++) {
         const int buf = (kt - kt0) & 1;
         if (kt < kt1) {
@@ -165,99 +176,121 @@ static __device__ __forceinline__ void fwd_body(const FwdArgs a, const int DP) {
             cp_async_wait0();
         }
         __syncthreads();
-        if (kt == kt0) {  // the warp's Q rows as A fragments, once
-#pragma unroll
-            for (int s = 0; s < DP / 16; s++)
-                ldsm_x4(qf[s], sq + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + s * 16 + (lane >> 4) * 8);
-        }
         const bf16 *K = sk + buf * ATTN_BK * LDS, *V = sv + buf * ATTN_BK * LDS;
-        const int s0 = kt * ATTN_BK, wlo = t0 + warp * 16;
-        // a warp whose 16 rows see no key of the tile (the upper half of a diagonal tile, a window's
+        const int s0 = kt * ATTN_BK, whi = wlo + 16 * FWD_MT - 1;
+        // a warp whose rows see no key of the tile (the upper part of a diagonal tile, a window's
         // lower edge) skips it; the masks below still apply within the tiles it computes
-        if (s0 <= wlo + 15 && !(W && s0 + ATTN_BK - 1 <= wlo - W)) {
-            float sc[ATTN_BK / 8][4];
+        if (s0 <= whi && !(W && s0 + ATTN_BK - 1 <= wlo - W)) {
+            float sc[FWD_MT][ATTN_BK / 8][4];
 #pragma unroll
-            for (int j = 0; j < ATTN_BK / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0;
+            for (int mt = 0; mt < FWD_MT; mt++)
 #pragma unroll
-            for (int s = 0; s < DP / 16; s++)
+                for (int j = 0; j < ATTN_BK / 8; j++) sc[mt][j][0] = sc[mt][j][1] = sc[mt][j][2] = sc[mt][j][3] = 0;
+            // S = Q K^T: Q's fragments from shared memory at each step (registers go to the two
+            // tiles' accumulators); each K fragment feeds both m16 tiles
+#pragma unroll
+            for (int s = 0; s < DP / 16; s++) {
+                uint32_t qf[FWD_MT][4];
+#pragma unroll
+                for (int mt = 0; mt < FWD_MT; mt++)
+                    ldsm_x4(qf[mt], sq + (wlo - t0 + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + s * 16 + (lane >> 4) * 8);
 #pragma unroll
                 for (int np = 0; np < ATTN_BK / 16; np++) {
                     uint32_t bb[4];
                     ldsm_x4(bb, K + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + s * 16 + ((lane >> 3) & 1) * 8);
-                    mma_bf16(sc[2 * np], qf[s], bb[0], bb[1]);
-                    mma_bf16(sc[2 * np + 1], qf[s], bb[2], bb[3]);
-                }
-            // a mask where some key of the tile is past some row of the warp (the diagonal), or before
-            // some row's window
-            const int masked = s0 + ATTN_BK - 1 > wlo || (W && s0 <= wlo + 15 - W);
 #pragma unroll
-            for (int j = 0; j < ATTN_BK / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float x = sc[j][e] * a.sl2;
-                    if (masked) {
-                        int key = s0 + j * 8 + 2 * (lane & 3) + (e & 1), t = row + (e >> 1) * 8;
-                        if (key > t || (W && key <= t - W)) x = -INFINITY;
+                    for (int mt = 0; mt < FWD_MT; mt++) {
+                        mma_bf16(sc[mt][2 * np], qf[mt], bb[0], bb[1]);
+                        mma_bf16(sc[mt][2 * np + 1], qf[mt], bb[2], bb[3]);
                     }
-                    sc[j][e] = x;
                 }
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float mx = m[i];
-#pragma unroll
-                for (int j = 0; j < ATTN_BK / 8; j++) mx = fmaxf(mx, fmaxf(sc[j][2 * i], sc[j][2 * i + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays at 0
-                const float alpha = ex2(m[i] - base);
-                float rs = 0;
-#pragma unroll
-                for (int j = 0; j < ATTN_BK / 8; j++) {
-                    sc[j][2 * i] = ex2(sc[j][2 * i] - base);
-                    sc[j][2 * i + 1] = ex2(sc[j][2 * i + 1] - base);
-                    rs += sc[j][2 * i] + sc[j][2 * i + 1];
-                }
-                l[i] = l[i] * alpha + rs;  // this lane's share of the row sum; the quad's summed at the end
-                m[i] = mx;
-#pragma unroll
-                for (int j = 0; j < DP / 8; j++) acc[j][2 * i] *= alpha, acc[j][2 * i + 1] *= alpha;
             }
+            // a mask where some key of the tile is past some row of the warp (the diagonal), or
+            // before some row's window
+            const int masked = s0 + ATTN_BK - 1 > wlo || (W && s0 <= whi - W);
+#pragma unroll
+            for (int mt = 0; mt < FWD_MT; mt++)
+#pragma unroll
+                for (int j = 0; j < ATTN_BK / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float x = sc[mt][j][e] * a.sl2;
+                        if (masked) {
+                            int key = s0 + j * 8 + 2 * (lane & 3) + (e & 1), t = row + mt * 16 + (e >> 1) * 8;
+                            if (key > t || (W && key <= t - W)) x = -INFINITY;
+                        }
+                        sc[mt][j][e] = x;
+                    }
+#pragma unroll
+            for (int mt = 0; mt < FWD_MT; mt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float mx = m[mt][i];
+#pragma unroll
+                    for (int j = 0; j < ATTN_BK / 8; j++) mx = fmaxf(mx, fmaxf(sc[mt][j][2 * i], sc[mt][j][2 * i + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays at 0
+                    const float alpha = ex2(m[mt][i] - base);
+                    float rs = 0;
+#pragma unroll
+                    for (int j = 0; j < ATTN_BK / 8; j++) {
+                        sc[mt][j][2 * i] = ex2(sc[mt][j][2 * i] - base);
+                        sc[mt][j][2 * i + 1] = ex2(sc[mt][j][2 * i + 1] - base);
+                        rs += sc[mt][j][2 * i] + sc[mt][j][2 * i + 1];
+                    }
+                    l[mt][i] = l[mt][i] * alpha + rs;  // the quad's shares are summed at the end
+                    m[mt][i] = mx;
+#pragma unroll
+                    for (int j = 0; j < DP / 8; j++) acc[mt][j][2 * i] *= alpha, acc[mt][j][2 * i + 1] *= alpha;
+                }
+            // O += P V: P from the S accumulators as A fragments; each V fragment feeds both tiles
 #pragma unroll
             for (int kk = 0; kk < ATTN_BK / 16; kk++) {
-                uint32_t pa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
-                                  pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                  pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+                uint32_t pa[FWD_MT][4];
+#pragma unroll
+                for (int mt = 0; mt < FWD_MT; mt++) {
+                    pa[mt][0] = pack_bf16(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+                    pa[mt][1] = pack_bf16(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+                    pa[mt][2] = pack_bf16(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+                    pa[mt][3] = pack_bf16(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+                }
 #pragma unroll
                 for (int dp = 0; dp < DP / 16; dp++) {
                     uint32_t bb[4];
                     ldsm_x4_t(bb, V + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dp * 16 + (lane >> 4) * 8);
-                    mma_bf16(acc[2 * dp], pa, bb[0], bb[1]);
-                    mma_bf16(acc[2 * dp + 1], pa, bb[2], bb[3]);
+#pragma unroll
+                    for (int mt = 0; mt < FWD_MT; mt++) {
+                        mma_bf16(acc[mt][2 * dp], pa[mt], bb[0], bb[1]);
+                        mma_bf16(acc[mt][2 * dp + 1], pa[mt], bb[2], bb[3]);
+                    }
                 }
             }
         }
         __syncthreads();  // every warp is done with this buffer before the next load refills it
     }
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        float li = l[i];
-        li += __shfl_xor_sync(0xffffffffu, li, 1);
-        li += __shfl_xor_sync(0xffffffffu, li, 2);
-        const int t = row + i * 8;
-        if (t >= T) continue;
-        const float inv = 1.0f / li;
-        bf16 *orow = a.o + ((size_t)b * T + t) * qs + (size_t)h * D;
+    for (int mt = 0; mt < FWD_MT; mt++)
 #pragma unroll
-        for (int j = 0; j < DP / 8; j++) {
-            int c = j * 8 + 2 * (lane & 3);
-            if (c < D) st_pair(orow + c, acc[j][2 * i] * inv, acc[j][2 * i + 1] * inv);
+        for (int i = 0; i < 2; i++) {
+            float li = l[mt][i];
+            li += __shfl_xor_sync(0xffffffffu, li, 1);
+            li += __shfl_xor_sync(0xffffffffu, li, 2);
+            const int t = row + mt * 16 + i * 8;
+            if (t >= T) continue;
+            const float inv = 1.0f / li;
+            bf16 *orow = a.o + ((size_t)b * T + t) * qs + (size_t)h * D;
+#pragma unroll
+            for (int j = 0; j < DP / 8; j++) {
+                int c = j * 8 + 2 * (lane & 3);
+                if (c < D) st_pair(orow + c, acc[mt][j][2 * i] * inv, acc[mt][j][2 * i + 1] * inv);
+            }
+            if (a.lse && (lane & 3) == 0) a.lse[((size_t)b * T + t) * H + h] = (m[mt][i] + log2f(li)) * LN2;
         }
-        if (a.lse && (lane & 3) == 0) a.lse[((size_t)b * T + t) * H + h] = (m[i] + log2f(li)) * LN2;
-    }
 }
 
-static __global__ void __launch_bounds__(256) attn_fwd_kernel_64(const FwdArgs a) { fwd_body(a, 64); }
-static __global__ void __launch_bounds__(256) attn_fwd_kernel_128(const FwdArgs a) { fwd_body(a, 128); }
+static __global__ void __launch_bounds__(FWD_WARPS * 32, 2) attn_fwd_kernel_64(const FwdArgs a) { fwd_body(a, 64); }
+static __global__ void __launch_bounds__(FWD_WARPS * 32, 2) attn_fwd_kernel_128(const FwdArgs a) { fwd_body(a, 128); }
 
 // ------------------------------------------------------------------------------------ backward
 
@@ -575,7 +608,7 @@ extern "C" int cuda_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd
     const size_t smem = fwd_smem(DP);
     void (*k)(const FwdArgs) = DP == 64 ? attn_fwd_kernel_64 : attn_fwd_kernel_128;
     CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    k<<<dim3((d->T + ATTN_BQ - 1) / ATTN_BQ, d->H, d->B), 256, smem, c->stream>>>(a);
+    k<<<dim3((d->T + ATTN_BQ - 1) / ATTN_BQ, d->H, d->B), FWD_WARPS * 32, smem, c->stream>>>(a);
     LAUNCH_CHECK();
     return MN_OK;
 }

@@ -83,7 +83,7 @@ static void run_attn(int B, int T, int H, int Hkv, int D, int W, double mult, un
     for (size_t i = 0; i < rows; i++) glse[i] = NAN;
     int DP = dpad(D);
     FwdArgs fa = {bq, bk, bv, go, glse, T, H, Hkv, D, W, d.scale * LOG2E};
-    launch(DP == 64 ? attn_fwd_kernel_64 : attn_fwd_kernel_128, dim3((T + ATTN_BQ - 1) / ATTN_BQ, H, B), 256,
+    launch(DP == 64 ? attn_fwd_kernel_64 : attn_fwd_kernel_128, dim3((T + ATTN_BQ - 1) / ATTN_BQ, H, B), FWD_WARPS * 32,
            (size_t)(ATTN_BQ + 4 * ATTN_BK) * (DP + 8) * 2, fa);
     char tag[128];
     snprintf(tag, sizeof tag, "B%d T%d H%d Hkv%d D%d W%d x%g", B, T, H, Hkv, D, W, mult);
