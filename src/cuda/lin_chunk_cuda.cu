@@ -25,18 +25,19 @@
  * dO^T diag(gamma) Qs) of all chunks are one batched product, and the hand-off a
  * scan, one thread per state element walking the chunks (lc_scan_kernel). The delta
  * rule's is a loop over the N chunks of products batched over the P pairs, each
- * step a decay kernel and two products (three in the backward). The entry states
+ * step a decay kernel and two products (in the backward too, the dO^T diag(gamma) Qs
+ * terms being batched before). The entry states
  * S_c (and the adjoints dS_c) of every chunk are kept, so that the products that
  * read them (O = diag(gamma) Qs S^T + ..., dQs, dK, dW) run batched over all chunks
  * afterwards.
  *
  * Launches (kernels, products and copies), with N chunks per sequence: forward
- * 12 (GLA) or 15 + 3 N (delta); backward 21 (GLA) or 32 + 7 N (delta), the
+ * 12 (GLA) or 15 + 3 N (delta); backward 21 (GLA) or 33 + 6 N (delta), the
  * forward's state pass included (the backward recomputes it). Memory (one
  * scratch): float32 chunk-major copies of the [B,T,H,D] tensors, 6 of them in the
  * forward (9 for the delta rule) and 12 (18) in the backward, plus the C x C
- * blocks and one state per chunk (two in the backward; GLA: one more, the
- * increments): ~3 GB at
+ * blocks and one state per chunk (three in the backward; GLA's forward: two):
+ * ~3.5 GB at
  * (B,T,H,D) = (8,2048,16,128). No CUDA-graph recording: decoding (T = 1) runs the
  * recurrent kernels of lin_cuda.cu.
  *
@@ -44,12 +45,12 @@
  * delta rule's forward+backward is ~150 GFLOP of TF32 products (~0.4 ms at the
  * tensor cores' rate), while the float32 chunk-major buffers move ~10 GB through
  * memory (~3 ms at 3 TB/s: every product reads and writes whole [nch][C][D]
- * float32 buffers), and each of the delta rule's 3-7 launches per chunk of the
- * sequential pass (N = 32: ~100 in the forward, ~320 in the forward+backward) costs
+ * float32 buffers), and each of the delta rule's 3-6 launches per chunk of the
+ * sequential pass (N = 32: ~100 in the forward, ~290 in the forward+backward) costs
  * its launch latency. The next steps: a delta-rule state-pass kernel per (pair,
  * slice of Dv rows) that keeps its slice on chip and walks the chunks with
  * tensor-core (mma) products, as fla's chunk_fwd_h / chunk_bwd_dh do (one launch
- * instead of 3-7 N); bf16 operands (q, k, v, dout as they come) and fused row
+ * instead of 3-6 N); bf16 operands (q, k, v, dout as they come) and fused row
  * scalings in place of the float32 gathered copies; the backward's per-chunk
  * products fused into a few kernels that keep a chunk's C x C blocks in shared
  * memory.
@@ -99,7 +100,7 @@ typedef struct {
     float *dqs, *dk, *dw, *tdw;                   // backward, k: dQs, dK, dW, Tt^T dW
     float *dout, *dog, *dvp, *vl, *tdu;           // backward, v: dO, gamma dO, dV', lambda V', Tt^T dU
     float *dst;                                   // [nch][Dv][Dk] adjoint of each chunk's end state
-    float *inc;                                   // [nch][Dv][Dk] GLA: each chunk's state increment
+    float *inc;  // [nch][Dv][Dk] each chunk's increment of the state (GLA) or of its adjoint (backward)
     float *dbt;                                   // [nch][C] delta rule's dbeta
 } LcWork;
 
@@ -171,14 +172,15 @@ static __global__ void lc_rowscale_kernel(float *y, const float *x, const float 
         y[e] = rs[e / D] * x[e];
 }
 
-// The decay step of the state hand-off: y[p] = dec[p * dstride] x[p] for the P pairs' states
-// (strides in floats between pairs).
+// The decay step of the state hand-off: y[p] = dec[p * dstride] x[p] (+ add[p], if given) for the P
+// pairs' states (strides in floats between pairs; add's is xstride).
 static __global__ void lc_decay_state_kernel(float *y, size_t ystride, const float *x, size_t xstride,
-                                             const float *dec, size_t dstride, int P, size_t ss) {
+                                             const float *dec, size_t dstride, const float *add, int P, size_t ss) {
     size_t n = (size_t)P * ss;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         size_t p = e / ss, i = e - p * ss;
-        y[p * ystride + i] = dec[p * dstride] * x[p * xstride + i];
+        float a = dec[p * dstride] * x[p * xstride + i];
+        y[p * ystride + i] = add ? a + add[p * xstride + i] : a;
     }
 }
 
@@ -365,7 +367,7 @@ static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, LcWo
     size_t nv = (bwd ? 1 : 0) + 1 + (delta ? 1 : 0) + (bwd ? 4 + (delta ? 1 : 0) : 1);
     size_t nsq = (delta ? 2 : 0) + 1 + (bwd ? 1 : 0);
     size_t total = 6 * rg + d->nch + nk * rk + nv * rv + nsq * cc + states + fins + (bwd ? states + rg : 0) +
-                   (delta ? 0 : states) + 40 * LC_ALIGN;  // (at most 40 buffers, each rounded up)
+                   (!delta || bwd ? states : 0) + 40 * LC_ALIGN;  // (at most 40 buffers, each rounded up)
     float *m = (float *)cuda_scratch(be, sizeof(float) * total);
     if (!m) return MN_ERR_NOMEM;
     memset(w, 0, sizeof *w);
@@ -391,7 +393,7 @@ static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, LcWo
     TAKE(w->sq1, cc);
     if (bwd) TAKE(w->sq2, cc);
     TAKE(w->st, states); TAKE(w->sfin, fins);
-    if (!delta) TAKE(w->inc, states);
+    if (!delta || bwd) TAKE(w->inc, states);
     if (bwd) { TAKE(w->dst, states); TAKE(w->dbt, rg); }
 #undef TAKE
     return MN_OK;
@@ -442,7 +444,7 @@ static int lc_states(CudaCtx *c, const LcDims *d, int delta, const float *s0, Lc
         size_t ns = ci + 1 < N ? N * ss : ss;
         MN_TRY(bgemm(c, 0, 1, C, Dv, Dk, -1, w->w + ci * ck, Dk, N * ck, cur, Dk, N * ss, 1, w->vp + ci * cv, Dv,
                      N * cv, P));  // V' = U - W S^T
-        lc_decay_state_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(next, ns, cur, N * ss, w->gt.dec + ci, N, P, ss);
+        lc_decay_state_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(next, ns, cur, N * ss, w->gt.dec + ci, N, NULL, P, ss);
         LAUNCH_CHECK();
         MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w->vp + ci * cv, Dv, N * cv, w->kl + ci * ck, Dk, N * ck, 1, next, Dk, ns,
                      P));
@@ -493,10 +495,10 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
     MN_TRY(bgemm(c, 1, 0, C, Dv, C, 1, w.sq1, C, cc, w.dout, Dv, cv, 0, w.dvp, Dv, cv, d.nch));
     // the adjoints dS_c of the chunks' end states, last chunk first:
     //     dS_{c-1} = gamma_n dS_c + dO_c^T diag(gamma) Qs_c - dV'_c^T W_c (delta),  dV'_c += diag(lambda) K_c dS_c^T
-    // GLA (no W term): the increments dO^T diag(gamma) Qs of all chunks in one product, a scan, then
-    // dV' of all chunks in one product; the delta rule chunk by chunk (dV'_c enters dS_{c-1}).
+    // The increments dO^T diag(gamma) Qs of all chunks in one product; then GLA (no W term): a scan,
+    // and dV' of all chunks in one product; the delta rule chunk by chunk (dV'_c enters dS_{c-1}).
+    MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w.dout, Dv, cv, w.qg, Dk, ck, 0, w.inc, Dk, ss, d.nch));
     if (!delta) {
-        MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w.dout, Dv, cv, w.qg, Dk, ck, 0, w.inc, Dk, ss, d.nch));
         lc_scan_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.dst, w.inc, w.gt.dec, io->dsT, io->ds0, 1);
         LAUNCH_CHECK();
         MN_TRY(bgemm(c, 0, 1, C, Dv, Dk, 1, w.kl, Dk, ck, w.dst, Dk, ss, 1, w.dvp, Dv, cv, d.nch));
@@ -512,10 +514,8 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
             MN_TRY(bgemm(c, 0, 1, C, Dv, Dk, 1, w.kl + ci * ck, Dk, N * ck, cur, Dk, N * ss, 1, w.dvp + ci * cv, Dv,
                          N * cv, P));  // dV' += diag(lambda) K dS^T
             if (!prev) break;  // (no ds0 wanted)
-            lc_decay_state_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(prev, ps, cur, N * ss, w.gt.dec + ci, N, P, ss);
+            lc_decay_state_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(prev, ps, cur, N * ss, w.gt.dec + ci, N, w.inc + ci * ss, P, ss);  // gamma_n dS + dO^T diag(gamma) Qs
             LAUNCH_CHECK();
-            MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w.dout + ci * cv, Dv, N * cv, w.qg + ci * ck, Dk, N * ck, 1, prev, Dk,
-                         ps, P));  // + dO^T diag(gamma) Qs
             MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, -1, w.dvp + ci * cv, Dv, N * cv, w.w + ci * ck, Dk, N * ck, 1, prev, Dk,
                          ps, P));  // - dV'^T W
         }
