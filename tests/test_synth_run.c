@@ -150,6 +150,21 @@ TEST(synth_run_library_trains_and_scores) {
     CHECK(synth_model_config(t, &s, &p, "nonsense", &c) != 0, "an unknown mixer accepted");
     CHECK(synth_model_config(t, &s, &p, "gdn,mha", &c) == 0 && c.dim == 32 && c.n_layers == 2, "pattern: %s",
           mn_last_error());
+    // NAME:neg: negative eigenvalues, on the delta rules only; parity takes every mixer
+    CHECK(synth_model_config(t, &s, &p, "gdn:neg", &c) == 0 && c.neg_eigen && !strcmp(c.mixer, "gdn"), "gdn:neg: %s",
+          mn_last_error());
+    CHECK(synth_model_config(t, &s, &p, "gdn", &c) == 0 && !c.neg_eigen, "gdn has negative eigenvalues");
+    CHECK(synth_model_config(t, &s, &p, "mha:neg", &c) != 0 && strstr(mn_last_error(), "neg_eigen"), "mha:neg: %s",
+          mn_last_error());
+    const SynthTask *par = synth_find("parity");
+    SynthSettings ps;
+    SynthProtocol pp;
+    synth_protocol(par, 1, &pp);
+    CHECK(par && !synth_grid(par, 0, &ps, NULL, 0), "parity grid: %s", mn_last_error());
+    synth_quick_settings(par, &ps);
+    CHECK(synth_model_config(par, &ps, &pp, "mha", &c) == 0 && !c.neg_eigen, "parity with mha: %s", mn_last_error());
+    CHECK(synth_model_config(par, &ps, &pp, "deltanet:neg", &c) == 0 && c.neg_eigen, "parity deltanet:neg: %s",
+          mn_last_error());
     CHECK(synth_task_supported(synth_find("mad-compression")) != 0, "compression claimed supported");
     double v;
     const char *col;

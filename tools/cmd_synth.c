@@ -263,7 +263,8 @@ int cmd_synth(int argc, char **argv) {
     int quick = 0, seed = 0, stop_after = 0, dim = 0, epochs = 0, max_steps = 0, batch = 0, jobs = 1, run_index = 0;
     Option opts[] = {
         {"mixers", OPT_STRING, &mixers_arg, "comma list of mixers (mesa, gdn, mha, gla, mamba2, deltanet, gdn-paper, "
-                                            "swa, ...) or patterns of blocks written with + (gdn+mha: gdn, then mha)"},
+                                            "swa, ...) or patterns of blocks written with + (gdn+mha: gdn, then mha); NAME:neg "
+                                            "adds the delta rules' negative eigenvalues (beta in (0, 2); e.g. gdn:neg)"},
         {"settings", OPT_STRING, &settings, "baseline (each task's baseline setting) or full (its whole grid)"},
         {"quick", OPT_FLAG, &quick, "tiny settings and model, one learning rate, 40 steps: seconds on a CPU"},
         {"backend", OPT_STRING, &backend, "cpu or cuda"},

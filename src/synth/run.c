@@ -193,8 +193,13 @@ int synth_model_config(const SynthTask *t, const SynthSettings *s, const SynthPr
     MN_TRY(synth_shape(t, s, SYNTH_TRAIN, &V, &Ttr));
     MN_TRY(synth_shape(t, s, SYNTH_TEST, &V, &Tte));
     MN_TRY(config_preset(c, "tiny"));
-    if (strlen(mixer) >= sizeof c->mixer) return mn_error(MN_ERR_ARG, "mixer '%.40s...' is too long", mixer);
-    snprintf(c->mixer, sizeof c->mixer, "%s", mixer);
+    // "NAME:neg": the mixer (or pattern) with the delta rules' negative eigenvalues (beta in (0, 2))
+    size_t n = strlen(mixer);
+    int neg = n > 4 && !strcmp(mixer + n - 4, ":neg");
+    if (neg) n -= 4;
+    if (n >= sizeof c->mixer) return mn_error(MN_ERR_ARG, "mixer '%.40s...' is too long", mixer);
+    snprintf(c->mixer, sizeof c->mixer, "%.*s", (int)n, mixer);
+    c->neg_eigen = neg;
     c->vocab_size = V;
     c->dim = p->dim, c->n_layers = p->n_layers, c->n_heads = p->n_heads, c->head_dim = p->head_dim;
     c->mlp_hidden = p->mlp_hidden;
@@ -202,7 +207,6 @@ int synth_model_config(const SynthTask *t, const SynthSettings *s, const SynthPr
     if (c->seq_len < 2) c->seq_len = 2;
     c->gate_bound = (float)c->seq_len;
     if (c->window > c->seq_len) c->window = c->seq_len;
-    if (!strcmp(t->family, "parity")) c->neg_eigen = 1;  // state tracking needs negative eigenvalues
     char where[128];
     snprintf(where, sizeof where, "mixer '%s'", mixer);
     return config_validate(c, where);
