@@ -53,6 +53,16 @@ TEST(synth_run_cli_resumes_without_redoing_runs) {
     char *first = read_text(tmp_path(&td, "sweep/results.csv"));
     CHECK(count_lines(first) == 2, "after --stop-after 1: %d lines\n%s", count_lines(first), first);
     tool_run_free(&r);
+    // --report: the table of what is recorded, nothing trained, results.csv unchanged
+    snprintf(args, sizeof args, "synth mad-recall --mixers gdn,gla --quick --out %s/sweep --report", td.dir);
+    r = tool_run(&td, args);
+    CHECK(r.rc == 0 && !strstr(r.out, "training") && strstr(r.out, "1 of 2 run(s) recorded, 1 not run yet") &&
+              strstr(r.out, "mad-recall (metric"),
+          "mesanet %s:\n%s", args, r.out);
+    char *reported = read_text(tmp_path(&td, "sweep/results.csv"));
+    CHECK(reported && !strcmp(first, reported), "--report changed results.csv");
+    free(reported);
+    tool_run_free(&r);
     snprintf(args, sizeof args, "synth mad-recall --mixers gdn,gla --quick --out %s/sweep", td.dir);
     r = tool_run(&td, args);
     CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);

@@ -260,13 +260,14 @@ static int job_wait(Job *jobs, int *n, Row *r, int *index) {
 
 int cmd_synth(int argc, char **argv) {
     const char *mixers_arg = NULL, *settings = "baseline", *backend = "cpu", *out = "runs/synth";
-    int quick = 0, seed = 0, stop_after = 0, dim = 0, epochs = 0, max_steps = 0, batch = 0, jobs = 1, run_index = 0;
+    int quick = 0, report = 0, seed = 0, stop_after = 0, dim = 0, epochs = 0, max_steps = 0, batch = 0, jobs = 1, run_index = 0;
     Option opts[] = {
         {"mixers", OPT_STRING, &mixers_arg, "comma list of mixers (mesa, gdn, mha, gla, mamba2, deltanet, gdn-paper, "
                                             "swa, ...) or patterns of blocks written with + (gdn+mha: gdn, then mha); NAME:neg "
                                             "adds the delta rules' negative eigenvalues (beta in (0, 2); e.g. gdn:neg)"},
         {"settings", OPT_STRING, &settings, "baseline (each task's baseline setting) or full (its whole grid)"},
         {"quick", OPT_FLAG, &quick, "tiny settings and model, one learning rate, 40 steps: seconds on a CPU"},
+        {"report", OPT_FLAG, &report, "train nothing: the tables and plots of the runs results.csv holds so far"},
         {"backend", OPT_STRING, &backend, "cpu or cuda"},
         {"out", OPT_STRING, &out, "directory of results.csv, results.json and the plots"},
         {"seed", OPT_INT, &seed, "seed of the data and the models", 0, 1000000000},
@@ -385,7 +386,7 @@ int cmd_synth(int argc, char **argv) {
     if (quick) printf("synth: --quick shrinks every setting (labels name the grid's settings, not the sizes run)\n");
     fflush(stdout);
 
-    int done = 0, ran = 0, skipped = 0, finished = 0, njob = 0;
+    int done = 0, ran = 0, skipped = 0, finished = 0, njob = 0, missing = 0;
     double spent = 0;
     Job job[MAX_JOBS];
     for (int i = 0; i < ntasks && (!stop_after || ran < stop_after); i++) {
@@ -409,12 +410,17 @@ int cmd_synth(int argc, char **argv) {
                     for (int j = 0; j < rows.n && !have; j++) have = same_run(&rows.v[j], &r);
                     if (have) {
                         skipped++;
-                        printf("[%d/%d] %s %s %s lr %g wd %g: already in results.csv, skipped\n", done, total,
+                        if (!report)
+                            printf("[%d/%d] %s %s %s lr %g wd %g: already in results.csv, skipped\n", done, total,
                                r.task, r.setting, r.mixer, r.lr, r.wd);
                         fflush(stdout);
                         continue;
                     }
                     if (run_index && done != run_index) continue;
+                    if (report) {  // not run yet: its cells stay empty
+                        missing++;
+                        continue;
+                    }
                     if (jobs > 1) {
                         while (njob >= jobs) {  // a slot: wait for a run to end, record it
                             Row got;
@@ -488,7 +494,10 @@ int cmd_synth(int argc, char **argv) {
         free(rows.v);
         return 0;
     }
-    if (skipped) printf("synth: %d run(s) were already recorded and skipped, %d run now\n", skipped, ran);
+    if (report)
+        printf("synth: --report: %d of %d run(s) recorded, %d not run yet (their cells: -)\n", skipped, total, missing);
+    else if (skipped)
+        printf("synth: %d run(s) were already recorded and skipped, %d run now\n", skipped, ran);
 
     // Tables: per task, rows mixers, columns the settings (best over the lr grid) and their mean.
     double task_mean[MAX_TASKS][MAX_MIXERS];
