@@ -1,7 +1,8 @@
 # mesanet: `make` builds the library, the tool and the tests; `make test` runs the tests.
 #
 # Knobs: CUDA=0 turns the CUDA backend off even where nvcc exists; NCCL=0 builds it without
-# NCCL (several GPUs then sum their gradients through the host); NATIVE=0 builds for
+# NCCL (several GPUs then sum their gradients through the host); CUDNN=0 without cuDNN (attention
+# then runs our own kernels only); NATIVE=0 builds for
 # generic x86-64 instead of this machine's instruction set; BLAS_CFLAGS/BLAS_LIBS point at
 # another CBLAS; CC=clang builds with clang; SAN=1 builds with the sanitizers (below); `make fuzz`
 # builds and runs the fuzzers (below, fuzz/).
@@ -90,6 +91,14 @@ ifeq ($(CUDA),1)
     ifeq ($(NCCL),1)
       CU_DEFS += -DMN_HAVE_NCCL
       LDLIBS  += -lnccl
+    endif
+    # cuDNN's fused flash attention for attn_fwd / attn_bwd (src/cuda/attn_cudnn.cu); CUDNN=0, or no
+    # cudnn.h beside the CUDA headers, leaves our own attention kernels only. libcudnn is cuDNN 9's
+    # shim: it loads libcudnn_graph and the engine libraries (libcudnn_engines_*) at run time.
+    CUDNN     ?= $(if $(wildcard $(CUDA_HOME)/include/cudnn.h /usr/include/cudnn.h),1,0)
+    ifeq ($(CUDNN),1)
+      CU_DEFS += -DMN_HAVE_CUDNN
+      LDLIBS  += -lcudnn
     endif
   endif
 endif

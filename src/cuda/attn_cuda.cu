@@ -569,6 +569,8 @@ static __global__ void attn_rope_kernel(const RopeArgs a) {
 
 // ---- host side (cut by scripts/attn_cuda_emulate.sh, which mirrors it in tests/cuda_emu/attn_emu.cpp)
 
+#include "attn_cudnn.h"
+
 static int head_size_ok(const char *fn, int D) {
     if (D % 8 || D > 128)
         return mn_error(MN_ERR_UNSUPPORTED, "%s: head size D = %d is not supported by the cuda backend (multiples of 8 up to 128)",
@@ -601,6 +603,10 @@ extern "C" int cuda_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd
     const void *al[] = {io->q, io->k, io->v};
     const char *aln[] = {"q", "k", "v"};
     MN_TRY(aligned16("attn_fwd", al, aln, 3));
+    {  // cuDNN's fused attention first (attn_cudnn.cu); ours where it declines
+        int r = cuda_attn_fwd_cudnn(be, d, io);
+        if (r != ATTN_CUDNN_DECLINED) return r;
+    }
     CudaCtx *c = cuda_ctx(be);
     FwdArgs a = {(const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, (bf16 *)io->o, (float *)io->lse,
                  d->T, d->H, d->Hkv, d->D, d->window, d->scale * LOG2E};
@@ -621,6 +627,10 @@ extern "C" int cuda_attn_bwd(const Backend *be, const AttnDims *d, const AttnBwd
     const void *al[] = {io->q, io->k, io->v, io->dout};
     const char *aln[] = {"q", "k", "v", "dout"};
     MN_TRY(aligned16("attn_bwd", al, aln, 4));
+    {
+        int r = cuda_attn_bwd_cudnn(be, d, io);
+        if (r != ATTN_CUDNN_DECLINED) return r;
+    }
     CudaCtx *c = cuda_ctx(be);
     const size_t rows = (size_t)d->B * d->T * d->H, nq = rows * d->D;
     const size_t off = (rows * sizeof(float) + 255) / 256 * 256;  // dqacc 256-byte aligned after delta

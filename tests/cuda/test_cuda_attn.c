@@ -24,6 +24,7 @@
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/half.h"
+#include "cuda/attn_cudnn.h"
 #include "../fd.h"
 #include "model/model.h"
 #include "ref/ref.h"
@@ -97,7 +98,21 @@ typedef struct {
     double mult;  // the scale is mult D^-1/2: 8 for large logits
 } Shape;
 
-static void run_case(const Shape *s, unsigned long long seed) {
+// MESANET_ATTN for the next attn_fwd / attn_bwd (attn_cudnn.cu reads it on every call); NULL unsets it
+static void set_path(const char *sel) {
+    if (sel)
+        setenv("MESANET_ATTN", sel, 1);
+    else
+        unsetenv("MESANET_ATTN");
+}
+
+// A refusal by cuDNN under MESANET_ATTN=cudnn (the message attn_cudnn.cu writes)
+static int cudnn_refused(int rc) { return rc == MN_ERR_UNSUPPORTED && strstr(mn_last_error(), "cuDNN refused"); }
+
+// fwd_sel, bwd_sel: MESANET_ATTN for the forward and the backward ("own", "cudnn"; NULL: as it is),
+// and the path each must take then. A shape cuDNN refuses under "cudnn" is noted and counted in
+// *refused (when refused is not NULL) instead of failing.
+static void run_case_on(const Shape *s, unsigned long long seed, const char *fwd_sel, const char *bwd_sel, int *refused) {
     AttnDims d = {s->B, s->T, s->H, s->Hkv, s->D, s->window, (float)(s->mult / sqrt((double)s->D))};
     size_t nq = (size_t)s->B * s->T * s->H * s->D, nk = (size_t)s->B * s->T * s->Hkv * s->D;
     size_t rows = (size_t)s->B * s->T * s->H;
@@ -112,9 +127,17 @@ static void run_case(const Shape *s, unsigned long long seed) {
     void *gdout = to_gpu(dout, nq, MEM_ACT), *go = gpu_junk(nq, MEM_ACT), *glse = gpu_junk(rows, MEM_F32);
     void *gdq = gpu_junk(nq, MEM_ACT), *gdk = gpu_junk(nk, MEM_ACT), *gdv = gpu_junk(nk, MEM_ACT);
     AttnFwd f = {gq, gk, gv, go, glse};
+    if (fwd_sel) set_path(fwd_sel);
     int rc = G->attn_fwd(G, &d, &f);
+    const char *fwd_path = cuda_attn_path();
     if (!rc) rc = G->sync(G);
-    CHECK(!rc, "%s: %s", tag, mn_last_error());
+    if (refused && cudnn_refused(rc)) {
+        test_note("%-40s fwd refused: %s", tag, mn_last_error());
+        ++*refused;
+    } else {
+        CHECK(!rc, "%s: %s", tag, mn_last_error());
+        if (!rc && fwd_sel) CHECK(!strcmp(fwd_path, fwd_sel), "%s: the forward ran %s, not %s", tag, fwd_path, fwd_sel);
+    }
     if (!rc) {
         double *ho = from_gpu(go, nq, MEM_ACT), *hl = from_gpu(glse, rows, MEM_F32);
         cmp(tag, "o", ho, o, nq, ATTN_TOL);
@@ -126,9 +149,18 @@ static void run_case(const Shape *s, unsigned long long seed) {
         AttnBwd rb = {q, k, v, ho, NULL, dout, dq, dk, dv};
         CHECK(!ref_attn_bwd(NULL, &d, &rb), "%s", mn_last_error());
         AttnBwd b = {gq, gk, gv, go, glse, gdout, gdq, gdk, gdv};
+        if (bwd_sel) set_path(bwd_sel);
         rc = G->attn_bwd(G, &d, &b);
+        const char *bwd_path = cuda_attn_path();
         if (!rc) rc = G->sync(G);
-        CHECK(!rc, "%s: %s", tag, mn_last_error());
+        if (refused && cudnn_refused(rc)) {
+            test_note("%-40s bwd refused: %s", tag, mn_last_error());
+            ++*refused;
+        } else {
+            CHECK(!rc, "%s: %s", tag, mn_last_error());
+            if (!rc && bwd_sel) CHECK(!strcmp(bwd_path, bwd_sel), "%s: the backward ran %s, not %s", tag, bwd_path, bwd_sel);
+        }
+        if (!rc) test_note("%-40s paths: fwd %s, bwd %s", tag, fwd_path, bwd_path);
         if (!rc) {
             double *hq = from_gpu(gdq, nq, MEM_ACT), *hk = from_gpu(gdk, nk, MEM_ACT), *hv = from_gpu(gdv, nk, MEM_ACT);
             cmp(tag, "dq", hq, dq, nq, GRAD_TOL);
@@ -143,24 +175,74 @@ static void run_case(const Shape *s, unsigned long long seed) {
     free(q); free(k); free(v); free(dout); free(o); free(lse); free(dq); free(dk); free(dv);
 }
 
+static void run_case(const Shape *s, unsigned long long seed) { run_case_on(s, seed, NULL, NULL, NULL); }
+
 // T against the tiles (128 query rows forward, 64 keys; 64 and 64 backward): under one, past one,
 // T = 1; windows 1, < T, > T; grouped heads; D = 64, 128 and padded ones (40, 96, 8); long T with
 // large logits (scale x 8).
+static const Shape attn_shapes[] = {
+    {1, 37, 2, 1, 64, 0, 1},     // T < a tile, GQA 2:1
+    {2, 130, 2, 2, 40, 0, 1},    // T just past a 128-row tile, D 40 padded to 64
+    {3, 1, 2, 2, 64, 0, 1},      // T = 1
+    {1, 100, 4, 2, 64, 1, 1},    // window 1, GQA
+    {1, 300, 4, 1, 128, 50, 1},  // window < T, D 128, GQA 4:1
+    {1, 20, 2, 2, 96, 64, 1},    // window > T, D 96 padded to 128
+    {2, 1000, 2, 2, 128, 0, 8},  // long T, large logits
+    {1, 1000, 4, 2, 64, 300, 8}, // long T in a window, large logits
+    {1, 200, 3, 3, 8, 0, 1},     // the smallest head
+    {2, 257, 8, 2, 128, 128, 1}, // the window a tile exactly
+};
+#define N_ATTN_SHAPES (sizeof attn_shapes / sizeof attn_shapes[0])
+
+// The default selection: cuDNN where it is built in and takes the shape, our kernels otherwise.
 TEST(cuda_attn_matches_reference) {
     if (!setup()) return;
-    static const Shape shapes[] = {
-        {1, 37, 2, 1, 64, 0, 1},     // T < a tile, GQA 2:1
-        {2, 130, 2, 2, 40, 0, 1},    // T just past a 128-row tile, D 40 padded to 64
-        {3, 1, 2, 2, 64, 0, 1},      // T = 1
-        {1, 100, 4, 2, 64, 1, 1},    // window 1, GQA
-        {1, 300, 4, 1, 128, 50, 1},  // window < T, D 128, GQA 4:1
-        {1, 20, 2, 2, 96, 64, 1},    // window > T, D 96 padded to 128
-        {2, 1000, 2, 2, 128, 0, 8},  // long T, large logits
-        {1, 1000, 4, 2, 64, 300, 8}, // long T in a window, large logits
-        {1, 200, 3, 3, 8, 0, 1},     // the smallest head
-        {2, 257, 8, 2, 128, 128, 1}, // the window a tile exactly
-    };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) run_case(&shapes[i], 5000 + 16 * i);
+    const char *saved = getenv("MESANET_ATTN");
+    char keep[64];
+    snprintf(keep, sizeof keep, "%s", saved ? saved : "");
+    set_path(NULL);
+    for (size_t i = 0; i < N_ATTN_SHAPES; i++) run_case(&attn_shapes[i], 5000 + 16 * i);
+    set_path(saved ? keep : NULL);
+}
+
+// Each path on its own against the reference: MESANET_ATTN=own (our kernels), MESANET_ATTN=cudnn
+// (cuDNN's fused attention, forward and backward; skipped in builds without cuDNN), and the two
+// mixed (cuDNN's forward, our backward from its lse, and the other way round: the lse conventions
+// agree). cuDNN may refuse some shapes (noted); it must take the common ones: D 64 or 128 with
+// T >= 64.
+TEST(cuda_attn_paths_match_reference) {
+    if (!setup()) return;
+    const char *saved = getenv("MESANET_ATTN");
+    char keep[64];
+    snprintf(keep, sizeof keep, "%s", saved ? saved : "");
+    for (size_t i = 0; i < N_ATTN_SHAPES; i++) run_case_on(&attn_shapes[i], 5000 + 16 * i, "own", "own", NULL);
+    int ver = cuda_attn_cudnn_version();
+    if (!ver) {
+        test_note("no cuDNN in this build: the cudnn path is skipped");
+    } else {
+        test_note("cuDNN %d.%d.%d", ver / 10000, ver / 100 % 100, ver % 100);
+        for (int mix = 0; mix < 3; mix++) {
+            static const char *sel[3][2] = {{"cudnn", "cudnn"}, {"cudnn", "own"}, {"own", "cudnn"}};
+            for (size_t i = 0; i < N_ATTN_SHAPES; i++) {
+                const Shape *s = &attn_shapes[i];
+                int refused = 0;
+                run_case_on(s, 5000 + 16 * i, sel[mix][0], sel[mix][1], &refused);
+                CHECK(!refused || !(s->D % 64 == 0 && s->T >= 64), "cuDNN refused B%d T%d H%d Hkv%d D%d w%d", s->B,
+                      s->T, s->H, s->Hkv, s->D, s->window);
+            }
+        }
+    }
+    // an unknown selection is an error
+    set_path("fast");
+    AttnDims d = {1, 4, 1, 1, 64, 0, 0.125f};
+    void *x = G->alloc(G, 4 * 64, MEM_ACT), *l = G->alloc(G, 4, MEM_F32);
+    AttnFwd f = {x, x, x, x, l};
+    int rc = G->attn_fwd(G, &d, &f);
+    CHECK(rc == MN_ERR_ARG && strstr(mn_last_error(), "MESANET_ATTN"), "MESANET_ATTN=fast: rc %d: %s", rc,
+          mn_last_error());
+    G->free(G, x);
+    G->free(G, l);
+    set_path(saved ? keep : NULL);
 }
 
 typedef struct {
