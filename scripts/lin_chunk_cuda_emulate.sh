@@ -12,9 +12,10 @@ make -s CUDA=0 BUILD="$B" "$B/libmesanet.a"
 out="$B/cuda_emu"
 mkdir -p "$out"
 sed -e 's|#include "cuda_common.cuh"|#include "lin_chunk_emu.h"|' \
+    -e '/#include "mma.cuh"/d' \
     -e 's/\([A-Za-z_0-9]*\)<<<\(.*\)>>>(\(.*\));/emu_launch(\1, \2, \3);/' \
     src/cuda/lin_chunk_cuda.cu > "$out/lin_chunk_emu_kernels.h"
 libs=$(make -s CUDA=0 BUILD="$B" --eval 'lin-emu-ldlibs: ; @echo $(LDLIBS)' lin-emu-ldlibs)
-${CXX:-g++} -std=c++17 -O2 -Wall -Wno-unused-parameter -Wno-unused-function -I"$out" -Itests/cuda_emu -Iinclude -Isrc \
+${CXX:-g++} -std=c++17 -O2 -fno-strict-aliasing -Wall -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -I"$out" -Itests/cuda_emu -Iinclude -Isrc \
     -o "$out/lin_chunk_emu" tests/cuda_emu/lin_chunk_emu.cpp "$B/libmesanet.a" $libs -fopenmp -lpthread
 "./$out/lin_chunk_emu" ${2:-}

@@ -59,9 +59,11 @@
  * (10-bit mantissa, 2^-11 relative), which the tests' tolerances account for.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_common.cuh"
+#include "mma.cuh"
 
 extern "C" int cuda_lin_chunk_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io);
 extern "C" int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io);
@@ -323,6 +325,365 @@ static __global__ void __launch_bounds__(LC_OUT_THREADS) lc_bwd_out_kernel(const
     }
 }
 
+// ------------------------------------------------------------------------- fused kernels
+// (The fused path: chunks of LF_C = 64, Dk and Dv multiples of 16 up to 128; header comment.)
+
+#define LF_C 64      // the chunk size of the fused path
+#define LF_KMAX 128  // Dk, Dv at most
+#define LF_LDK 136   // row stride (elements) of the [64][Dk] tiles: 16 bytes of padding (ldmatrix banks)
+#define LF_R 32      // state rows (of Dv) a walk block holds
+#define LF_LDR 40    // row stride of the walk's [64][32] Y tile
+#define LF_RO 64     // output columns (of Dv) an output block computes
+#define LF_LDO 72    // row stride of the output kernel's [64][64] V' tile and of the prep's Tt
+#define LF_THREADS 128
+
+// Where a chunk's [C][D] operand is read: bf16 [B,T,H,D] as the call gives it (tok) or a float32
+// chunk-major [nch][C][D] buffer; times a row scale [nch][C] (NULL: none). Zero past T and past D.
+typedef struct {
+    const void *p;
+    const float *rs;
+    int tok, D;
+} LfSrc;
+
+static __device__ __forceinline__ float lf_at(const LcDims d, const LfSrc s, size_t ch, int t, int col) {
+    if (col >= s.D) return 0.0f;
+    float x;
+    if (s.tok) {
+        int tt = (int)(ch % d.N) * d.C + t;
+        if (tt >= d.T) return 0.0f;
+        x = ld((const bf16 *)s.p, lc_tok(d, (int)(ch / d.N), tt) * s.D + col);
+    } else {
+        x = ((const float *)s.p)[(ch * d.C + t) * s.D + col];
+    }
+    return s.rs ? x * s.rs[ch * d.C + t] : x;
+}
+
+// The chunk's rows 0..63, columns c0 .. c0 + ncols - 1 of s into a bf16 tile (row stride lds).
+static __device__ __forceinline__ void lf_load(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *dst,
+                                               int lds) {
+    for (int e = threadIdx.x; e < LF_C * ncols; e += blockDim.x) {
+        int t = e / ncols, j = e - t * ncols;
+        st(dst, (size_t)t * lds + j, lf_at(d, s, ch, t, c0 + j));
+    }
+}
+
+static __device__ __forceinline__ void lf_st2(bf16 *p, float lo, float hi) { *(uint32_t *)p = pack_bf16(lo, hi); }
+
+// The state walk of one (pair, slice of LF_R rows of Dv), chunk after chunk (reverse: last first),
+// with the slice X [LF_R][Dk] of the running state in registers (fp32, mma accumulator layout):
+//     Y = Y0 + sa A X^T                      (Y: [C][LF_R]; no A: Y = Y0)
+//     X <- dec X (+ inc) + sb Y^T B
+// forward (delta):  A = W, Y0 = U, B = diag(lambda) K, sa = -1, sb = 1  (Y = V', X = S)
+// forward (GLA):    no A, Y0 = diag(beta) V, B = diag(lambda) K, sb = 1
+// backward (delta): A = diag(lambda) K, Y0 = the intra-chunk dV', B = W, sa = 1, sb = -1,
+//                   inc = dO^T diag(gamma) Qs  (Y = dV', X = dS, reverse)
+// X on entering each chunk goes to xs (float32 [nch][Dv][Dk]), Y to y (float32 [nch][C][Dv], in
+// place over Y0 allowed: each element is read and written by the same thread), the last X to xfin.
+typedef struct {
+    LfSrc a, y0, b;
+    float sa, sb;
+    const float *dec, *inc, *init;
+    float *xs, *y, *xfin;
+    int reverse;
+} LfWalk;
+
+static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims d, const LfWalk k) {
+    __shared__ __align__(16) bf16 As[LF_C * LF_LDK], Bs[LF_C * LF_LDK], Xs[LF_R * LF_LDK], Ys[LF_C * LF_LDR];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, NT = Dk / 8;
+    const int p = blockIdx.y, r0 = blockIdx.x * LF_R, lr = lane >> 2, lc = 2 * (lane & 3);
+    float x[2][4][4];  // [m tile: rows r0 + 16 mt][slot s: columns 8 (w + 4 s)][fragment]
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = r0 + 16 * mt + lr + 8 * (e >> 1), col = 8 * (w + 4 * s) + lc + (e & 1);
+                x[mt][s][e] = k.init && r < Dv && w + 4 * s < NT ? k.init[((size_t)p * Dv + r) * Dk + col] : 0.0f;
+            }
+    for (int it = 0; it < d.N; it++) {
+        const size_t ch = (size_t)p * d.N + (k.reverse ? d.N - 1 - it : it);
+        if (k.a.p) lf_load(d, k.a, ch, 0, Dk, As, LF_LDK);
+        lf_load(d, k.b, ch, 0, Dk, Bs, LF_LDK);
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                int nt = w + 4 * s;
+                if (nt >= NT) continue;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int rl = 16 * mt + lr + 8 * h, col = 8 * nt + lc;
+                    lf_st2(Xs + rl * LF_LDK + col, x[mt][s][2 * h], x[mt][s][2 * h + 1]);
+                    if (k.xs && r0 + rl < Dv) {
+                        float *o = k.xs + (ch * Dv + r0 + rl) * Dk + col;
+                        o[0] = x[mt][s][2 * h];
+                        o[1] = x[mt][s][2 * h + 1];
+                    }
+                }
+            }
+        __syncthreads();
+        // Y rows 16 w .. 16 w + 15, all LF_R columns
+        float y[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) y[n][e] = 0.0f;
+        if (k.a.p) {
+            for (int ks = 0; ks < Dk / 16; ks++) {
+                uint32_t af[4], bb[4];
+                ldsm_x4(af, As + (16 * w + (lane & 15)) * LF_LDK + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    ldsm_x4(bb, Xs + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + ks * 16 + ((lane >> 3) & 1) * 8);
+                    mma_bf16(y[2 * np], af, bb[0], bb[1]);
+                    mma_bf16(y[2 * np + 1], af, bb[2], bb[3]);
+                }
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int t = 16 * w + lr + 8 * h, j = 8 * n + lc;
+                float v0 = lf_at(d, k.y0, ch, t, r0 + j) + k.sa * y[n][2 * h];
+                float v1 = lf_at(d, k.y0, ch, t, r0 + j + 1) + k.sa * y[n][2 * h + 1];
+                if (k.y) {
+                    float *o = k.y + (ch * LF_C + t) * Dv + r0 + j;
+                    if (r0 + j < Dv) o[0] = v0;
+                    if (r0 + j + 1 < Dv) o[1] = v1;
+                }
+                lf_st2(Ys + t * LF_LDR + j, k.sb * v0, k.sb * v1);
+            }
+        __syncthreads();
+        const float dec = k.dec[ch];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = r0 + 16 * mt + lr + 8 * (e >> 1), col = 8 * (w + 4 * s) + lc + (e & 1);
+                    float a = dec * x[mt][s][e];
+                    if (k.inc && r < Dv && w + 4 * s < NT) a += k.inc[(ch * Dv + r) * Dk + col];
+                    x[mt][s][e] = a;
+                }
+        for (int kt = 0; kt < LF_C / 16; kt++) {
+            uint32_t af[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                ldsm_x4_t(af[mt], Ys + (kt * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDR + mt * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int sp = 0; sp < 2; sp++) {  // slots 2 sp, 2 sp + 1 (a slot past Dk reads a valid tile, unused)
+                int n0 = w + 8 * sp, n1 = n0 + 4 < NT ? n0 + 4 : n0;
+                if (n0 >= NT) continue;
+                int nt = (lane >> 4) ? n1 : n0;
+                uint32_t bb[4];
+                ldsm_x4_t(bb, Bs + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDK + nt * 8);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_bf16(x[mt][2 * sp], af[mt], bb[0], bb[1]);
+                    if (n0 + 4 < NT) mma_bf16(x[mt][2 * sp + 1], af[mt], bb[2], bb[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (k.xfin)
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = r0 + 16 * mt + lr + 8 * (e >> 1), col = 8 * (w + 4 * s) + lc + (e & 1);
+                    if (r < Dv && w + 4 * s < NT) k.xfin[((size_t)p * Dv + r) * Dk + col] = x[mt][s][e];
+                }
+}
+
+// The delta rule's UT transform of one chunk (one block, 4 warps of 16 rows), for the fused
+// forward: A = strictLower(diag(beta) (Gamma (.) K K^T)) (K K^T on the tensor cores), Tt = (I + A)^{-1}
+// by forward substitution in fp32 (thread j < C owns column j: Tt_ij = -sum_{j <= m < i} A_im Tt_mj
+// only reads its own column, so no barrier between rows), then W = Tt diag(beta gamma) K and
+// U = Tt diag(beta) V on the tensor cores (Tt rounded to bf16), float32 chunk major [nch][C][D].
+// tn holds -A transposed in its upper triangle (tn[m][i] = -A_im, m < i) and Tt in its lower one.
+static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims d, const LcGates gt, const bf16 *kin,
+                                                                   const bf16 *vin, float *wout, float *uout) {
+    __shared__ __align__(16) bf16 Ks[LF_C * LF_LDK], Tb[LF_C * LF_LDO];
+    __shared__ float tn[LF_C][LF_C + 1];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);
+    const size_t ch = blockIdx.x;
+    const float *b = gt.b + ch * LF_C, *beta = gt.beta + ch * LF_C;
+    LfSrc ks = {kin, NULL, 1, Dk};
+    lf_load(d, ks, ch, 0, Dk, Ks, LF_LDK);
+    __syncthreads();
+    {
+        float kk[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) kk[n][e] = 0.0f;
+        for (int s = 0; s < Dk / 16; s++) {
+            uint32_t af[4], bb[4];
+            ldsm_x4(af, Ks + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                if (np > w) continue;  // columns past the warp's rows: above the diagonal
+                ldsm_x4(bb, Ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
+                mma_bf16(kk[2 * np], af, bb[0], bb[1]);
+                mma_bf16(kk[2 * np + 1], af, bb[2], bb[3]);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = 16 * w + lr + 8 * (e >> 1), j = 8 * n + lc + (e & 1);
+                if (j < i) tn[j][i] = -beta[i] * expf(b[i] - b[j]) * kk[n][e];
+            }
+    }
+    __syncthreads();
+    const int j = threadIdx.x;
+    if (j < LF_C)
+        for (int i = j + 1; i < LF_C; i++) {
+            float a = tn[j][i];
+            for (int m = j + 1; m < i; m++) a = fmaf(tn[m][i], tn[m][j], a);
+            tn[i][j] = a;
+        }
+    __syncthreads();
+    for (int e = threadIdx.x; e < LF_C * LF_C; e += blockDim.x) {
+        int i = e / LF_C, m = e - i * LF_C;
+        st(Tb, (size_t)i * LF_LDO + m, m < i ? tn[i][m] : m == i ? 1.0f : 0.0f);
+    }
+    for (int pass = 0; pass < 2; pass++) {  // W, then U
+        const int D = pass ? Dv : Dk;
+        LfSrc src = {pass ? (const void *)vin : (const void *)kin, pass ? gt.beta : gt.bg, 1, D};
+        lf_load(d, src, ch, 0, D, Ks, LF_LDK);
+        __syncthreads();
+        float acc[16][4];
+#pragma unroll
+        for (int n = 0; n < 16; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+        for (int kt = 0; kt <= w; kt++) {  // Tt is lower triangular
+            uint32_t af[4];
+            ldsm_x4(af, Tb + (16 * w + (lane & 15)) * LF_LDO + kt * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int dp = 0; dp < 8; dp++) {
+                if (dp * 16 >= D) continue;
+                uint32_t bb[4];
+                ldsm_x4_t(bb, Ks + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDK + dp * 16 + (lane >> 4) * 8);
+                mma_bf16(acc[2 * dp], af, bb[0], bb[1]);
+                mma_bf16(acc[2 * dp + 1], af, bb[2], bb[3]);
+            }
+        }
+        float *out = pass ? uout : wout;
+#pragma unroll
+        for (int n = 0; n < 16; n++) {
+            if (n * 8 >= D) continue;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int t = 16 * w + lr + 8 * h;
+                float *o = out + (ch * LF_C + t) * D + 8 * n + lc;
+                o[0] = acc[n][2 * h];
+                o[1] = acc[n][2 * h + 1];
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// The output of one (chunk, slice of LF_RO columns of Dv), both rules, 4 warps of 16 rows:
+//     O = diag(gamma) Qs S^T + ((Qs K^T) (.) Gamma) V'
+// q, k bf16 as given; S the chunk's entry state (float32 [nch][Dv][Dk]); V' from vp (LfSrc: the
+// delta rule's float32 V', or GLA's diag(beta) V read from v). Qs K^T masked and scaled in fp32 in
+// registers, then bf16 A fragments of the second product (FlashAttention's P V).
+static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims d, const LcGates gt, const bf16 *qin,
+                                                                  const bf16 *kin, const float *states, const LfSrc vp,
+                                                                  float scale, bf16 *out) {
+    __shared__ __align__(16) bf16 Qs[LF_C * LF_LDK], KS[LF_C * LF_LDK], Vs[LF_C * LF_LDO];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);
+    const size_t ch = blockIdx.x;
+    const int c0 = blockIdx.y * LF_RO, p = (int)(ch / d.N), t0 = (int)(ch % d.N) * LF_C;
+    const float *b = gt.b + ch * LF_C;
+    LfSrc qsrc = {qin, NULL, 1, Dk}, ksrc = {kin, NULL, 1, Dk};
+    lf_load(d, qsrc, ch, 0, Dk, Qs, LF_LDK);
+    lf_load(d, ksrc, ch, 0, Dk, KS, LF_LDK);
+    __syncthreads();
+    float att[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) att[n][e] = 0.0f;
+    for (int s = 0; s < Dk / 16; s++) {
+        uint32_t af[4], bb[4];
+        ldsm_x4(af, Qs + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            if (np > w) continue;  // keys after the warp's last row
+            ldsm_x4(bb, KS + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
+            mma_bf16(att[2 * np], af, bb[0], bb[1]);
+            mma_bf16(att[2 * np + 1], af, bb[2], bb[3]);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = 16 * w + lr + 8 * (e >> 1), j = 8 * n + lc + (e & 1);
+            att[n][e] = j <= i ? scale * expf(b[i] - b[j]) * att[n][e] : 0.0f;
+        }
+    __syncthreads();  // K read: its tile takes S
+    for (int e = threadIdx.x; e < LF_RO * Dk; e += blockDim.x) {
+        int r = e / Dk, col = e - r * Dk;
+        st(KS, (size_t)r * LF_LDK + col, c0 + r < Dv ? states[(ch * Dv + c0 + r) * Dk + col] : 0.0f);
+    }
+    lf_load(d, vp, ch, c0, LF_RO, Vs, LF_LDO);
+    __syncthreads();
+    float o[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
+    for (int s = 0; s < Dk / 16; s++) {
+        uint32_t af[4], bb[4];
+        ldsm_x4(af, Qs + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            if (c0 + np * 16 >= Dv) continue;
+            ldsm_x4(bb, KS + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
+            mma_bf16(o[2 * np], af, bb[0], bb[1]);
+            mma_bf16(o[2 * np + 1], af, bb[2], bb[3]);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[n][e] *= scale * gt.gam[ch * LF_C + 16 * w + lr + 8 * (e >> 1)];
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        if (kk > w) continue;
+        uint32_t pa[4] = {pack_bf16(att[2 * kk][0], att[2 * kk][1]), pack_bf16(att[2 * kk][2], att[2 * kk][3]),
+                          pack_bf16(att[2 * kk + 1][0], att[2 * kk + 1][1]),
+                          pack_bf16(att[2 * kk + 1][2], att[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < 4; dp++) {
+            if (c0 + dp * 16 >= Dv) continue;
+            uint32_t bb[4];
+            ldsm_x4_t(bb, Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDO + dp * 16 + (lane >> 4) * 8);
+            mma_bf16(o[2 * dp], pa, bb[0], bb[1]);
+            mma_bf16(o[2 * dp + 1], pa, bb[2], bb[3]);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
+            if (t0 + i < d.T && col < Dv) st(out, lc_tok(d, p, t0 + i) * Dv + col, o[n][e]);
+        }
+}
+
 // ------------------------------------------------------------------------------ host side
 
 // Row-major strided-batched product on the tensor cores (TF32):
@@ -399,6 +760,11 @@ static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, LcWo
     return MN_OK;
 }
 
+static LfSrc lf_src(const void *p, const float *rs, int tok, int D) {
+    LfSrc s = {p, rs, tok, D};
+    return s;
+}
+
 // Gates, the gathered inputs and (delta rule) K K^T, Tt, U (into V'), W: all chunks at once.
 static int lc_prepare(CudaCtx *c, const LcDims *d, int delta, float scale, const bf16 *q, const bf16 *k,
                       const bf16 *v, const float *g, const float *beta, LcWork *w) {
@@ -426,9 +792,26 @@ static int lc_prepare(CudaCtx *c, const LcDims *d, int delta, float scale, const
 // for the delta rule V' = U - W S^T of every chunk on the way (in place in w->vp). The GLA rule's
 // V' does not depend on the state: every chunk's increment V'^T diag(lambda) K is one product over
 // all chunks, and the hand-off a scan (two launches); the delta rule's goes chunk by chunk.
-static int lc_states(CudaCtx *c, const LcDims *d, int delta, const float *s0, LcWork *w) {
+static int lc_states(CudaCtx *c, const LcDims *d, int delta, int fused, const float *s0, LcWork *w) {
     int C = d->C, Dk = d->Dk, Dv = d->Dv, N = d->N, P = d->P;
     size_t ck = (size_t)C * Dk, cv = (size_t)C * Dv, ss = d->ss, sb = sizeof(float) * ss;
+    if (delta && fused) {  // one launch: lf_walk_kernel over the chunk-major float32 buffers
+        LfWalk wk;
+        memset(&wk, 0, sizeof wk);
+        wk.a = lf_src(w->w, NULL, 0, Dk);
+        wk.y0 = lf_src(w->vp, NULL, 0, Dv);
+        wk.b = lf_src(w->kl, NULL, 0, Dk);
+        wk.sa = -1.0f;
+        wk.sb = 1.0f;
+        wk.dec = w->gt.dec;
+        wk.init = s0;
+        wk.xs = w->st;
+        wk.y = w->vp;
+        wk.xfin = w->sfin;
+        lf_walk_kernel<<<dim3((unsigned)((Dv + LF_R - 1) / LF_R), (unsigned)P), LF_THREADS, 0, c->stream>>>(*d, wk);
+        LAUNCH_CHECK();
+        return MN_OK;
+    }
     if (!delta) {
         MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w->vp, Dv, cv, w->kl, Dk, ck, 0, w->inc, Dk, ss, d->nch));
         lc_scan_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(*d, w->st, w->inc, w->gt.dec, s0, w->sfin, 0);
@@ -452,17 +835,73 @@ static int lc_states(CudaCtx *c, const LcDims *d, int delta, const float *s0, Lc
     return MN_OK;
 }
 
+// The fused path takes the call (chunks of 64, Dk and Dv multiples of 16 up to 128) unless
+// MESANET_LIN=cublas (read at every call) asks for the cuBLAS chunk path.
+static int lf_use(const LcDims *d) {
+    const char *e = getenv("MESANET_LIN");
+    if (e && !strcmp(e, "cublas")) return 0;
+    return d->C == LF_C && d->Dk % 16 == 0 && d->Dk <= LF_KMAX && d->Dv % 16 == 0 && d->Dv <= LF_KMAX;
+}
+
+// The fused forward: gates (lc_gates_kernel), the delta rule's UT transform (lf_prep_kernel), the
+// state walk (lf_walk_kernel) and the output (lf_out_kernel): 3 launches (GLA) or 4 (delta).
+static int lf_forward(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float scale, const MnLinFwd *io) {
+    int Dk = d->Dk, Dv = d->Dv;
+    size_t rg = d->nch * LF_C, rk = rg * Dk, rv = rg * Dv, states = d->nch * d->ss;
+    size_t total = 6 * rg + d->nch + (delta ? rk + rv : 0) + states + 10 * LC_ALIGN;
+    float *m = (float *)cuda_scratch(be, sizeof(float) * total);
+    if (!m) return MN_ERR_NOMEM;
+    LcGates gt;
+    float *wb = NULL, *ub = NULL, *st_;
+#define TAKE(ptr, n) (ptr = m, m += ((n) + LC_ALIGN - 1) / LC_ALIGN * LC_ALIGN)
+    TAKE(gt.b, rg); TAKE(gt.gam, rg); TAKE(gt.lam, rg); TAKE(gt.beta, rg); TAKE(gt.bg, rg);
+    TAKE(gt.dec, d->nch);
+    if (delta) { TAKE(wb, rk); TAKE(ub, rv); }
+    TAKE(st_, states);
+#undef TAKE
+    const bf16 *q = (const bf16 *)io->q, *k = (const bf16 *)io->k, *v = (const bf16 *)io->v;
+    lc_gates_kernel<<<grid_for(d->nch, 128), 128, 0, c->stream>>>(*d, io->g, io->beta, gt);
+    LAUNCH_CHECK();
+    if (delta) {
+        lf_prep_kernel<<<(unsigned)d->nch, LF_THREADS, 0, c->stream>>>(*d, gt, k, v, wb, ub);
+        LAUNCH_CHECK();
+    }
+    LfWalk wk;
+    memset(&wk, 0, sizeof wk);
+    if (delta) {
+        wk.a = lf_src(wb, NULL, 0, Dk);
+        wk.y0 = lf_src(ub, NULL, 0, Dv);
+        wk.sa = -1.0f;
+        wk.y = ub;  // V' in place of U
+    } else {
+        wk.y0 = lf_src(v, gt.beta, 1, Dv);
+    }
+    wk.b = lf_src(k, gt.lam, 1, Dk);
+    wk.sb = 1.0f;
+    wk.dec = gt.dec;
+    wk.init = io->s0;
+    wk.xs = st_;
+    wk.xfin = io->sT;
+    lf_walk_kernel<<<dim3((unsigned)((Dv + LF_R - 1) / LF_R), (unsigned)d->P), LF_THREADS, 0, c->stream>>>(*d, wk);
+    LAUNCH_CHECK();
+    LfSrc vp = delta ? lf_src(ub, NULL, 0, Dv) : lf_src(v, gt.beta, 1, Dv);
+    lf_out_kernel<<<dim3((unsigned)d->nch, (unsigned)((Dv + LF_RO - 1) / LF_RO)), LF_THREADS, 0, c->stream>>>(*d, gt, q, k, st_, vp, scale, (bf16 *)io->o);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
 int cuda_lin_chunk_fwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts *o, const MnLinFwd *io) {
     CudaCtx *c = cuda_ctx(be);
     LcDims d;
     MN_TRY(lc_dims(&d, dm, o, "cuda lin forward (chunk)"));
     int delta = o->rule == MN_LIN_DELTA, C = d.C, Dk = d.Dk, Dv = d.Dv;
     size_t ck = (size_t)C * Dk, cv = (size_t)C * Dv, cc = (size_t)C * C;
+    if (lf_use(&d)) return lf_forward(be, c, &d, delta, o->scale, io);
     LcWork w;
     MN_TRY(lc_alloc(be, &d, delta, 0, &w));
     MN_TRY(lc_prepare(c, &d, delta, o->scale, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
                       io->beta, &w));
-    MN_TRY(lc_states(c, &d, delta, io->s0, &w));
+    MN_TRY(lc_states(c, &d, delta, 0, io->s0, &w));
     // O = diag(gamma) Qs S^T + ((Qs K^T) (.) Gamma) V'
     MN_TRY(bgemm(c, 0, 1, C, Dv, Dk, 1, w.qg, Dk, ck, w.st, Dk, d.ss, 0, w.o, Dv, cv, d.nch));
     MN_TRY(bgemm(c, 0, 1, C, C, Dk, 1, w.qs, Dk, ck, w.k, Dk, ck, 0, w.sq1, C, cc, d.nch));
@@ -485,7 +924,8 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
     MN_TRY(lc_alloc(be, &d, delta, 1, &w));
     MN_TRY(lc_prepare(c, &d, delta, o->scale, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
                       io->beta, &w));
-    MN_TRY(lc_states(c, &d, delta, io->s0, &w));
+    const int fused = lf_use(&d);  // the delta rule's two state walks as lf_walk_kernel
+    MN_TRY(lc_states(c, &d, delta, fused, io->s0, &w));
     lc_gather_kernel<<<grid_for(d.nch * cv, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, (const bf16 *)io->dout, Dv, 1.0f, w.dout, w.gt.gam, w.dog, NULL, NULL);
     LAUNCH_CHECK();
     // dV' = ((K Qs^T) (.) Gamma^T) dO for all chunks; the state term is added in the pass below
@@ -502,6 +942,23 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
         lc_scan_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.dst, w.inc, w.gt.dec, io->dsT, io->ds0, 1);
         LAUNCH_CHECK();
         MN_TRY(bgemm(c, 0, 1, C, Dv, Dk, 1, w.kl, Dk, ck, w.dst, Dk, ss, 1, w.dvp, Dv, cv, d.nch));
+    } else if (fused) {
+        LfWalk wk;
+        memset(&wk, 0, sizeof wk);
+        wk.a = lf_src(w.kl, NULL, 0, Dk);
+        wk.y0 = lf_src(w.dvp, NULL, 0, Dv);
+        wk.b = lf_src(w.w, NULL, 0, Dk);
+        wk.sa = 1.0f;
+        wk.sb = -1.0f;
+        wk.dec = w.gt.dec;
+        wk.inc = w.inc;
+        wk.init = io->dsT;
+        wk.xs = w.dst;
+        wk.y = w.dvp;
+        wk.xfin = io->ds0;
+        wk.reverse = 1;
+        lf_walk_kernel<<<dim3((unsigned)((Dv + LF_R - 1) / LF_R), (unsigned)P), LF_THREADS, 0, c->stream>>>(d, wk);
+        LAUNCH_CHECK();
     } else {
         float *last = w.dst + (size_t)(N - 1) * ss;
         if (io->dsT)

@@ -90,13 +90,22 @@ static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, i
     MnLinFwd f = {(const float *)bq, (const float *)bk, (const float *)bv, fg, fb, fs0, (float *)go, gsT};
     MnLinBwd bw = {(const float *)bq, (const float *)bk, (const float *)bv, fg, fb, fs0, (const float *)bdo, fdsT,
                    (float *)gdq, (float *)gdk, (float *)gdv, gdg, gdb, ws0 || wdsT ? gds0 : NULL};  // (ds0 not asked)
+    // the fused kernels (where they take the shape), then cuBLAS's (MESANET_LIN=cublas)
+    int fusable = (chunk == 0 || chunk == 64) && Dk % 16 == 0 && Dk <= 128 && Dv % 16 == 0 && Dv <= 128;
+    for (int path = fusable ? 0 : 1; path < 2; path++) {
+    if (path) setenv("MESANET_LIN", "cublas", 1); else unsetenv("MESANET_LIN");
+    for (size_t i = 0; i < nq; i++) gdq[i].b = gdk[i].b = 0x7fc0;
+    for (size_t i = 0; i < nv; i++) go[i].b = gdv[i].b = 0x7fc0;
+    for (size_t i = 0; i < ntok; i++) gdg[i] = gdb[i] = NAN;
+    for (size_t i = 0; i < ns; i++) gsT[i] = gds0[i] = NAN;
     if (cuda_lin_chunk_fwd(NULL, &d, &o, &f) || cuda_lin_chunk_bwd(NULL, &d, &o, &bw)) {
         printf("chunk failed: %s\n", mn_last_error());
         exit(1);
     }
-    char tag[128];
-    snprintf(tag, sizeof tag, "%s B%d T%d H%d Dk%d Dv%d g%d b%d s0%d dsT%d beta(%.1f,%.1f) C%d", rule ? "delta" : "gla", B,
-             T, H, Dk, Dv, wg, wb, ws0, wdsT, blo, bhi, chunk ? chunk : 64);
+    char tag[160];
+    int fz = !path;
+    snprintf(tag, sizeof tag, "%s %s B%d T%d H%d Dk%d Dv%d g%d b%d s0%d dsT%d beta(%.1f,%.1f) C%d", fz ? "fused " : "cublas",
+             rule ? "delta" : "gla", B, T, H, Dk, Dv, wg, wb, ws0, wdsT, blo, bhi, chunk ? chunk : 64);
     double tb = 2e-2, tf = 2e-2;
     check(tag, 0, relb(go, o_, nv), tb);
     check(tag, 1, relf(gsT, sT, ns), tf);
@@ -107,6 +116,8 @@ static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, i
     check(tag, 5, relf(gdg, dg, ntok), tf);
     check(tag, 6, relf(gdb, db, ntok), tf);
     if (ws0 || wdsT) check(tag, 7, relf(gds0, ds0, ns), tf);
+    }
+    unsetenv("MESANET_LIN");
     free(q); free(k); free(v); free(dout); free(g); free(beta); free(s0); free(dsT); free(bq); free(bk); free(bv); free(bdo);
     free(fg); free(fb); free(fs0); free(fdsT); free(o_); free(sT); free(dq); free(dk); free(dv); free(dg); free(db); free(ds0);
     free(go); free(gdq); free(gdk); free(gdv); free(gsT); free(gdg); free(gdb); free(gds0);
@@ -127,6 +138,12 @@ int main(int argc, char **argv) {
         {2, 1, 2, 16, 8, 1, 1, 1, 1, 0.1, 1.0, 0},     // T = 1: one chunk of one token
         {1, 65, 1, 32, 32, 1, 1, 1, 1, 0.1, 1.0, 0},   // a last chunk of one token
         {1, 40, 1, 16, 24, 1, 1, 1, 1, 0.1, 1.0, 7},   // chunks of 7 (unaligned rows)
+        // the fused path's shapes (Dk, Dv multiples of 16 up to 128, chunks of 64)
+        {2, 1, 2, 32, 16, 1, 1, 1, 1, 0.1, 1.0, 0},    // T = 1
+        {1, 37, 2, 64, 64, 1, 1, 1, 1, 1.0, 2.0, 0},   // T < C, beta in (1, 2)
+        {1, 300, 1, 128, 128, 1, 1, 1, 1, 0.1, 1.0, 0},// 5 chunks, square heads of 128
+        {1, 150, 2, 48, 112, 0, 1, 0, 1, 1.0, 2.0, 0}, // no g, beta in (1, 2), Dv 112 (a partial slice)
+        {1, 65, 1, 112, 16, 1, 0, 1, 0, 0.1, 1.0, 0},  // no beta, Dk 112, Dv 16
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int rule = 0; rule < 2; rule++) {

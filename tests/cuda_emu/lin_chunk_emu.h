@@ -35,6 +35,22 @@ static inline int min(int a, int b) { return a < b ? a : b; }
 static inline float ld(const bf16 *p, size_t i) { return bf16_to_f32(p[i].b); }
 static inline void st(bf16 *p, size_t i, float v) { p[i].b = f32_to_bf16(v); }
 
+// mma_emu.h (ldmatrix, mma.sync, cp.async with the PTX fragment layouts) for the fused kernels: its
+// warp-collective operations meet at per-warp barriers (emu_warp_bar, 32 threads or the block's
+// last partial warp), set up by emu_launch.
+static pthread_barrier_t emu_warp_bar[32];
+static pthread_mutex_t emu_atomic = PTHREAD_MUTEX_INITIALIZER;
+static inline float atomicAdd(float *p, float v) {
+    pthread_mutex_lock(&emu_atomic);
+    float old = *p;
+    *p = old + v;
+    pthread_mutex_unlock(&emu_atomic);
+    return old;
+}
+#include "mma_emu.h"
+uint32_t emu_mx[32][32][6];
+const void *emu_px[32][32];
+
 typedef int cudaStream_t;
 typedef int cudaError_t;
 typedef int cublasHandle_t;
@@ -133,6 +149,8 @@ static void emu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t, cudaStrea
     blockDim = block;
     unsigned nt = block.x * block.y * block.z;
     pthread_barrier_init(&emu_bar, NULL, nt);
+    unsigned nw = (nt + 31) / 32;
+    for (unsigned w = 0; w < nw; w++) pthread_barrier_init(&emu_warp_bar[w], NULL, nt - 32 * w < 32 ? nt - 32 * w : 32);
     for (unsigned bz = 0; bz < grid.z; bz++)
         for (unsigned by = 0; by < grid.y; by++)
             for (unsigned bx = 0; bx < grid.x; bx++) {
@@ -146,4 +164,5 @@ static void emu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t, cudaStrea
                 for (auto &x : th) x.join();
             }
     pthread_barrier_destroy(&emu_bar);
+    for (unsigned w = 0; w < nw; w++) pthread_barrier_destroy(&emu_warp_bar[w]);
 }
