@@ -92,13 +92,22 @@ ifeq ($(CUDA),1)
       CU_DEFS += -DMN_HAVE_NCCL
       LDLIBS  += -lnccl
     endif
-    # cuDNN's fused flash attention for attn_fwd / attn_bwd (src/cuda/attn_cudnn.cu); CUDNN=0, or no
-    # cudnn.h beside the CUDA headers, leaves our own attention kernels only. libcudnn is cuDNN 9's
-    # shim: it loads libcudnn_graph and the engine libraries (libcudnn_engines_*) at run time.
-    CUDNN     ?= $(if $(wildcard $(CUDA_HOME)/include/cudnn.h /usr/include/cudnn.h),1,0)
+    # cuDNN 9's fused flash attention for attn_fwd / attn_bwd (src/cuda/attn_cudnn.cu): found where
+    # include/cudnn.h is, beside the CUDA headers or under /usr, or at CUDNN_HOME=DIR (include/ and
+    # lib/ or lib64/ with libcudnn.so.9: a pip wheel's nvidia/cudnn, say). CUDNN=0, or none found,
+    # leaves our own attention kernels only. libcudnn.so.9 is cuDNN's shim: it loads libcudnn_graph
+    # and the engine libraries (libcudnn_engines_*, libcudnn_heuristic) at run time, from its own
+    # directory's rpath or LD_LIBRARY_PATH.
+    CUDNN_HOME ?= $(firstword $(foreach d,$(CUDA_HOME) /usr,$(if $(wildcard $(d)/include/cudnn.h),$(d))))
+    CUDNN      ?= $(if $(CUDNN_HOME),1,0)
     ifeq ($(CUDNN),1)
-      CU_DEFS += -DMN_HAVE_CUDNN
-      LDLIBS  += -lcudnn
+      CUDNN_LIBDIR := $(patsubst %/,%,$(dir $(firstword $(wildcard $(CUDNN_HOME)/lib64/libcudnn.so.9* \
+                      $(CUDNN_HOME)/lib/libcudnn.so.9* $(CUDNN_HOME)/lib/x86_64-linux-gnu/libcudnn.so.9*))))
+      CU_DEFS += -DMN_HAVE_CUDNN $(if $(filter /usr $(CUDA_HOME),$(CUDNN_HOME)),,-I$(CUDNN_HOME)/include)
+      ifneq ($(CUDNN_LIBDIR),)
+        LDLIBS += -L$(CUDNN_LIBDIR) -Wl,-rpath,$(CUDNN_LIBDIR)
+      endif
+      LDLIBS  += -l:libcudnn.so.9
     endif
   endif
 endif
