@@ -22,7 +22,8 @@
  *     (a by-value scalar), the causal mask (GEN_INDEX row and column, row >= col, BINARY_SELECT
  *     with -inf), for a window w < T a second one (col + w > row), then softmax as the frontend
  *     builds it: M = max (reduction), E = exp(S - M), L = sum E (reduction), Stats = M + log L,
- *     P = E / L; O = P V (matmul). Stats is the output only when lse is asked for (training).
+ *     P = E / L (a bf16 virtual tensor: the engine wants bmm2's A in the I/O type; as float32 the
+ *     heuristics find no engine); O = P V (matmul). Stats is an output only when lse is asked for.
  *   backward: softmax_sum = rowsum(dO o O) (pointwise, reduction, x 1), S = scale Q K^T - Stats,
  *     the same masks, P = exp(S); dV = P^T dO (P reshaped to its transpose, bf16); dP = dO V^T;
  *     dS = (dP - softmax_sum) P scale; dK = dS^T Q; dQ = dS K (into a float32 dQ_accum, then
@@ -332,7 +333,8 @@ static void build_fwd(Gb *g, const AttnKey *k, int stats_bhs) {
         gb_pw(g, CUDNN_POINTWISE_LOG, CUDNN_DATA_FLOAT, -1, sum, NULL, NULL, lg);
         gb_pw(g, CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, -1, mx, lg, NULL, stats);
     }
-    cudnnBackendDescriptor_t p = gb_virt(g, CUDNN_DATA_FLOAT, sdim, sstr);
+    // P in bf16, the I/O type: the engine takes bmm2's A operand in it (CompositeSDPANode sets it so)
+    cudnnBackendDescriptor_t p = gb_virt(g, CUDNN_DATA_BFLOAT16, sdim, sstr);
     gb_pw(g, CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, -1, e, sum, NULL, p);
     gb_matmul(g, p, v, o);
 }
