@@ -23,7 +23,8 @@
  *     with -inf), for a window w < T a second one (col + w > row), then softmax as the frontend
  *     builds it: M = max (reduction), E = exp(S - M), L = sum E (reduction), Stats = M + log L,
  *     P = E / L (a bf16 virtual tensor: the engine wants bmm2's A in the I/O type; as float32 the
- *     heuristics find no engine); O = P V (matmul). Stats is an output only when lse is asked for.
+ *     heuristics find no engine); O = P V (matmul). Stats is always an output (into the scratch
+ *     when the caller passes no lse), so that one graph, the one tested, serves both.
  *   backward: softmax_sum = rowsum(dO o O) (pointwise, reduction, x 1), S = scale Q K^T - Stats,
  *     the same masks, P = exp(S); dV = P^T dO (P reshaped to its transpose, bf16); dP = dO V^T;
  *     dS = (dP - softmax_sum) P scale; dK = dS^T Q; dQ = dS K (into a float32 dQ_accum, then
@@ -35,7 +36,7 @@
  * the engine refuse those strides, the graph is built again with Stats [B,H,T] contiguous in the
  * scratch and a transposition kernel (stats_bhs).
  *
- * Plans: one per (device, direction, B, T, H, Hkv, D, window < T ? window : 0, with lse), built on
+ * Plans: one per (device, direction, B, T, H, Hkv, D, window < T ? window : 0), built on
  * first use (heuristics mode A, then FALLBACK; the first engine config whose plan finalizes) and
  * kept in a fixed table for the life of the process (plans are never destroyed: a queued kernel may
  * belong to one); a shape cuDNN refuses is remembered too, so that it is tried once. The scale is a
@@ -45,6 +46,15 @@
  * an engine that does not support the device, a cuDNN older than 9.0) leaves no mn_error message
  * and clears any CUDA error cuDNN's probing left; a CUDA error pending before the attempt, or a
  * failing execution, is returned as an error.
+ *
+ * Measured (one H100, cuDNN 9.19.0 from the torch wheel; bench attn, medians of 10; the same run):
+ *   (B,T,H,D) = (8,2048,16,128) causal:       fwd 0.269 ms (ours 0.651), fwd+bwd 1.151 ms (ours 2.863)
+ *   (8,2048,16,128), Hkv 4, window 512:       fwd 0.174 ms (ours 0.351), fwd+bwd 0.845 ms (ours 1.892)
+ *   (4,4096,16,64), Hkv 2, causal:            fwd 0.370 ms (ours 0.781), fwd+bwd 1.366 ms (ours 3.983)
+ * so cuDNN is the default where it is present. Building a plan costs ~0.5 s per shape and direction
+ * on first use (the engine compiles at run time). Accuracy against the float64 reference
+ * (tests/cuda/test_cuda_attn.c, every path and the two mixes): o <= 2.2e-3, lse <= 2.3e-6
+ * absolute, dq, dk, dv <= 3.0e-3 relative, as ours.
  */
 #include <math.h>
 #include <stdio.h>
@@ -641,7 +651,7 @@ extern "C" int cuda_attn_fwd_cudnn(const Backend *be, const AttnDims *d, const A
     if (sel == SEL_BAD) return bad_select("attn_fwd");
     if (sel == SEL_OWN) return decline("attn_fwd", sel, "");
     AttnKey k;
-    make_key(&k, d, 0, io->lse != NULL);
+    make_key(&k, d, 0, 1);  // Stats always (into the scratch when lse is NULL): the graph the tests run
     pthread_mutex_lock(&attn_lock);
     cudnnHandle_t h = NULL;
     const char *why;
@@ -652,7 +662,7 @@ extern "C" int cuda_attn_fwd_cudnn(const Backend *be, const AttnDims *d, const A
         rc = err ? err : decline("attn_fwd", sel, why);
     } else {
         CudaCtx *c = cuda_ctx(be);
-        const size_t nst = p->stats_bhs && io->lse ? up256((size_t)d->B * d->H * d->T * sizeof(float)) : 0;
+        const size_t nst = p->stats_bhs || !io->lse ? up256((size_t)d->B * d->H * d->T * sizeof(float)) : 0;
         char *ws = (char *)cuda_scratch(be, nst + (size_t)p->ws + 256);
         if (!ws) {
             rc = MN_ERR_NOMEM;
@@ -661,14 +671,11 @@ extern "C" int cuda_attn_fwd_cudnn(const Backend *be, const AttnDims *d, const A
             void *stats = nst ? (void *)ws : io->lse;
             int64_t uids[8] = {UID_Q, UID_K, UID_V, UID_O, UID_SCALE, UID_NINF, UID_WINDOW, UID_STATS};
             void *ptrs[8] = {(void *)io->q, (void *)io->k, (void *)io->v, io->o, &scale, &ninf, &win, stats};
-            int n = 6;
-            if (k.window) n = 7;
-            if (io->lse) {
-                uids[n] = UID_STATS;
-                ptrs[n++] = stats;
-            }
+            int n = k.window ? 7 : 6;
+            uids[n] = UID_STATS;
+            ptrs[n++] = stats;
             rc = execute(h, p, n, uids, ptrs, p->ws ? ws + nst : NULL, "attn_fwd");
-            if (!rc && nst) {
+            if (!rc && nst && io->lse) {
                 stats_transpose_kernel<<<grid_for((size_t)d->B * d->H * d->T, 256), 256, 0, c->stream>>>(
                     (float *)io->lse, (const float *)ws, d->B, d->H, d->T, 1);
                 cudaError_t e = cudaGetLastError();
