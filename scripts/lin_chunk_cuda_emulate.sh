@@ -13,6 +13,7 @@ out="$B/cuda_emu"
 mkdir -p "$out"
 sed -e 's|#include "cuda_common.cuh"|#include "lin_chunk_emu.h"|' \
     -e '/#include "mma.cuh"/d' \
+    -e 's/extern __shared__ \(.*\) lf_dsmem\[\];/static \1 lf_dsmem[1 << 18];/' \
     -e 's/\([A-Za-z_0-9]*\)<<<\(.*\)>>>(\(.*\));/emu_launch(\1, \2, \3);/' \
     src/cuda/lin_chunk_cuda.cu > "$out/lin_chunk_emu_kernels.h"
 libs=$(make -s CUDA=0 BUILD="$B" --eval 'lin-emu-ldlibs: ; @echo $(LDLIBS)' lin-emu-ldlibs)

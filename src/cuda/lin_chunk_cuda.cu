@@ -367,7 +367,39 @@ static __device__ __forceinline__ void lf_load(const LcDims d, const LfSrc s, si
     }
 }
 
-static __device__ __forceinline__ void lf_st2(bf16 *p, float lo, float hi) { *(uint32_t *)p = pack_bf16(lo, hi); }
+
+// x as a bf16 pair hi + lo (hi = bf16(x), lo = bf16(x - hi): 16 bits of mantissa between them).
+static __device__ __forceinline__ float lf_hi(float x) {
+    bf16 h;
+    st(&h, 0, x);
+    return ld(&h, 0);
+}
+
+// The same load as lf_load, each element split into a hi and a lo tile.
+static __device__ __forceinline__ void lf_load2(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *hi,
+                                                bf16 *lo, int lds) {
+    for (int e = threadIdx.x; e < LF_C * ncols; e += blockDim.x) {
+        int t = e / ncols, j = e - t * ncols;
+        float x = lf_at(d, s, ch, t, c0 + j), h = lf_hi(x);
+        st(hi, (size_t)t * lds + j, h);
+        st(lo, (size_t)t * lds + j, x - h);
+    }
+}
+
+static __device__ __forceinline__ void lf_st2s(bf16 *hi, bf16 *lo, float a, float b) {
+    float ha = lf_hi(a), hb = lf_hi(b);
+    *(uint32_t *)hi = pack_bf16(ha, hb);
+    *(uint32_t *)lo = pack_bf16(a - ha, b - hb);
+}
+
+// c += a b in three products of split operands (a_hi b_hi + a_hi b_lo + a_lo b_hi): float32-like
+// accuracy (~2^-16 relative per product) where bf16 alone (2^-9) would compound from chunk to chunk.
+static __device__ __forceinline__ void mma3(float c[4], const uint32_t ah[4], const uint32_t al[4], uint32_t bh0,
+                                            uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    mma_bf16(c, al, bh0, bh1);
+    mma_bf16(c, ah, bl0, bl1);
+    mma_bf16(c, ah, bh0, bh1);
+}
 
 // The state walk of one (pair, slice of LF_R rows of Dv), chunk after chunk (reverse: last first),
 // with the slice X [LF_R][Dk] of the running state in registers (fp32, mma accumulator layout):
@@ -379,6 +411,7 @@ static __device__ __forceinline__ void lf_st2(bf16 *p, float lo, float hi) { *(u
 //                   inc = dO^T diag(gamma) Qs  (Y = dV', X = dS, reverse)
 // X on entering each chunk goes to xs (float32 [nch][Dv][Dk]), Y to y (float32 [nch][C][Dv], in
 // place over Y0 allowed: each element is read and written by the same thread), the last X to xfin.
+// Every operand is split (lf_load2, mma3). Dynamic shared memory: LF_WALK_SMEM bytes.
 typedef struct {
     LfSrc a, y0, b;
     float sa, sb;
@@ -387,8 +420,15 @@ typedef struct {
     int reverse;
 } LfWalk;
 
+#define LF_TK (LF_C * LF_LDK)  // elements of a [64][Dk] tile
+#define LF_TX (LF_R * LF_LDK)
+#define LF_TY (LF_C * LF_LDR)
+#define LF_WALK_SMEM ((4 * LF_TK + 2 * LF_TX + 2 * LF_TY) * 2)
+
 static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims d, const LfWalk k) {
-    __shared__ __align__(16) bf16 As[LF_C * LF_LDK], Bs[LF_C * LF_LDK], Xs[LF_R * LF_LDK], Ys[LF_C * LF_LDR];
+    extern __shared__ __align__(16) unsigned char lf_dsmem[];
+    bf16 *Ah = (bf16 *)lf_dsmem, *Al = Ah + LF_TK, *Bh = Al + LF_TK, *Bl = Bh + LF_TK, *Xh = Bl + LF_TK,
+         *Xl = Xh + LF_TX, *Yh = Xl + LF_TX, *Yl = Yh + LF_TY;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, NT = Dk / 8;
     const int p = blockIdx.y, r0 = blockIdx.x * LF_R, lr = lane >> 2, lc = 2 * (lane & 3);
     float x[2][4][4];  // [m tile: rows r0 + 16 mt][slot s: columns 8 (w + 4 s)][fragment]
@@ -403,8 +443,8 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
             }
     for (int it = 0; it < d.N; it++) {
         const size_t ch = (size_t)p * d.N + (k.reverse ? d.N - 1 - it : it);
-        if (k.a.p) lf_load(d, k.a, ch, 0, Dk, As, LF_LDK);
-        lf_load(d, k.b, ch, 0, Dk, Bs, LF_LDK);
+        if (k.a.p) lf_load2(d, k.a, ch, 0, Dk, Ah, Al, LF_LDK);
+        lf_load2(d, k.b, ch, 0, Dk, Bh, Bl, LF_LDK);
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -414,7 +454,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     int rl = 16 * mt + lr + 8 * h, col = 8 * nt + lc;
-                    lf_st2(Xs + rl * LF_LDK + col, x[mt][s][2 * h], x[mt][s][2 * h + 1]);
+                    lf_st2s(Xh + rl * LF_LDK + col, Xl + rl * LF_LDK + col, x[mt][s][2 * h], x[mt][s][2 * h + 1]);
                     if (k.xs && r0 + rl < Dv) {
                         float *o = k.xs + (ch * Dv + r0 + rl) * Dk + col;
                         o[0] = x[mt][s][2 * h];
@@ -431,13 +471,17 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
             for (int e = 0; e < 4; e++) y[n][e] = 0.0f;
         if (k.a.p) {
             for (int ks = 0; ks < Dk / 16; ks++) {
-                uint32_t af[4], bb[4];
-                ldsm_x4(af, As + (16 * w + (lane & 15)) * LF_LDK + ks * 16 + (lane >> 4) * 8);
+                uint32_t ah[4], al[4], bh[4], bl[4];
+                const int ao = (16 * w + (lane & 15)) * LF_LDK + ks * 16 + (lane >> 4) * 8;
+                ldsm_x4(ah, Ah + ao);
+                ldsm_x4(al, Al + ao);
 #pragma unroll
                 for (int np = 0; np < 2; np++) {
-                    ldsm_x4(bb, Xs + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + ks * 16 + ((lane >> 3) & 1) * 8);
-                    mma_bf16(y[2 * np], af, bb[0], bb[1]);
-                    mma_bf16(y[2 * np + 1], af, bb[2], bb[3]);
+                    const int bo = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + ks * 16 + ((lane >> 3) & 1) * 8;
+                    ldsm_x4(bh, Xh + bo);
+                    ldsm_x4(bl, Xl + bo);
+                    mma3(y[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
+                    mma3(y[2 * np + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
                 }
             }
         }
@@ -453,7 +497,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
                     if (r0 + j < Dv) o[0] = v0;
                     if (r0 + j + 1 < Dv) o[1] = v1;
                 }
-                lf_st2(Ys + t * LF_LDR + j, k.sb * v0, k.sb * v1);
+                lf_st2s(Yh + t * LF_LDR + j, Yl + t * LF_LDR + j, k.sb * v0, k.sb * v1);
             }
         __syncthreads();
         const float dec = k.dec[ch];
@@ -469,21 +513,25 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
                     x[mt][s][e] = a;
                 }
         for (int kt = 0; kt < LF_C / 16; kt++) {
-            uint32_t af[2][4];
+            uint32_t ah[2][4], al[2][4];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-                ldsm_x4_t(af[mt], Ys + (kt * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDR + mt * 16 + ((lane >> 3) & 1) * 8);
+            for (int mt = 0; mt < 2; mt++) {
+                const int ao = (kt * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDR + mt * 16 + ((lane >> 3) & 1) * 8;
+                ldsm_x4_t(ah[mt], Yh + ao);
+                ldsm_x4_t(al[mt], Yl + ao);
+            }
 #pragma unroll
             for (int sp = 0; sp < 2; sp++) {  // slots 2 sp, 2 sp + 1 (a slot past Dk reads a valid tile, unused)
                 int n0 = w + 8 * sp, n1 = n0 + 4 < NT ? n0 + 4 : n0;
                 if (n0 >= NT) continue;
-                int nt = (lane >> 4) ? n1 : n0;
-                uint32_t bb[4];
-                ldsm_x4_t(bb, Bs + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDK + nt * 8);
+                const int bo = (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDK + ((lane >> 4) ? n1 : n0) * 8;
+                uint32_t bh[4], bl[4];
+                ldsm_x4_t(bh, Bh + bo);
+                ldsm_x4_t(bl, Bl + bo);
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
-                    mma_bf16(x[mt][2 * sp], af[mt], bb[0], bb[1]);
-                    if (n0 + 4 < NT) mma_bf16(x[mt][2 * sp + 1], af[mt], bb[2], bb[3]);
+                    mma3(x[mt][2 * sp], ah[mt], al[mt], bh[0], bh[1], bl[0], bl[1]);
+                    if (n0 + 4 < NT) mma3(x[mt][2 * sp + 1], ah[mt], al[mt], bh[2], bh[3], bl[2], bl[3]);
                 }
             }
         }
@@ -501,16 +549,30 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
                 }
 }
 
+// One launch of lf_walk_kernel (its shared memory above the 48 KiB default allowed at every call, as
+// attn_cuda.cu does: the attribute is the current device's).
+static int lf_walk(CudaCtx *c, const LcDims *d, const LfWalk *wk) {
+    CU_TRY(cudaFuncSetAttribute(lf_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_WALK_SMEM));
+    lf_walk_kernel<<<dim3((unsigned)((d->Dv + LF_R - 1) / LF_R), (unsigned)d->P), LF_THREADS, LF_WALK_SMEM, c->stream>>>(*d, *wk);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
 // The delta rule's UT transform of one chunk (one block, 4 warps of 16 rows), for the fused
 // forward: A = strictLower(diag(beta) (Gamma (.) K K^T)) (K K^T on the tensor cores), Tt = (I + A)^{-1}
 // by forward substitution in fp32 (thread j < C owns column j: Tt_ij = -sum_{j <= m < i} A_im Tt_mj
 // only reads its own column, so no barrier between rows), then W = Tt diag(beta gamma) K and
-// U = Tt diag(beta) V on the tensor cores (Tt rounded to bf16), float32 chunk major [nch][C][D].
+// U = Tt diag(beta) V on the tensor cores: the row scales folded into Tt's columns (fp32), which is
+// split hi + lo (two products against the exact bf16 K or V), float32 chunk major [nch][C][D].
 // tn holds -A transposed in its upper triangle (tn[m][i] = -A_im, m < i) and Tt in its lower one.
+// Dynamic shared memory: LF_PREP_SMEM bytes.
+#define LF_TT (LF_C * LF_LDO)
+#define LF_PREP_SMEM ((LF_TK + 2 * LF_TT) * 2 + LF_C * (LF_C + 1) * 4)
 static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims d, const LcGates gt, const bf16 *kin,
                                                                    const bf16 *vin, float *wout, float *uout) {
-    __shared__ __align__(16) bf16 Ks[LF_C * LF_LDK], Tb[LF_C * LF_LDO];
-    __shared__ float tn[LF_C][LF_C + 1];
+    extern __shared__ __align__(16) unsigned char lf_dsmem[];
+    bf16 *Ks = (bf16 *)lf_dsmem, *Th = Ks + LF_TK, *Tl = Th + LF_TT;
+    float(*tn)[LF_C + 1] = (float(*)[LF_C + 1])(Tl + LF_TT);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);
     const size_t ch = blockIdx.x;
     const float *b = gt.b + ch * LF_C, *beta = gt.beta + ch * LF_C;
@@ -551,13 +613,16 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
             tn[i][j] = a;
         }
     __syncthreads();
-    for (int e = threadIdx.x; e < LF_C * LF_C; e += blockDim.x) {
-        int i = e / LF_C, m = e - i * LF_C;
-        st(Tb, (size_t)i * LF_LDO + m, m < i ? tn[i][m] : m == i ? 1.0f : 0.0f);
-    }
     for (int pass = 0; pass < 2; pass++) {  // W, then U
         const int D = pass ? Dv : Dk;
-        LfSrc src = {pass ? (const void *)vin : (const void *)kin, pass ? gt.beta : gt.bg, 1, D};
+        const float *sc = (pass ? gt.beta : gt.bg) + ch * LF_C;
+        for (int e = threadIdx.x; e < LF_C * LF_C; e += blockDim.x) {
+            int i = e / LF_C, m = e - i * LF_C;
+            float x = m < i ? tn[i][m] * sc[m] : m == i ? sc[i] : 0.0f, h = lf_hi(x);
+            st(Th, (size_t)i * LF_LDO + m, h);
+            st(Tl, (size_t)i * LF_LDO + m, x - h);
+        }
+        LfSrc src = {pass ? (const void *)vin : (const void *)kin, NULL, 1, D};
         lf_load(d, src, ch, 0, D, Ks, LF_LDK);
         __syncthreads();
         float acc[16][4];
@@ -566,15 +631,18 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
         for (int kt = 0; kt <= w; kt++) {  // Tt is lower triangular
-            uint32_t af[4];
-            ldsm_x4(af, Tb + (16 * w + (lane & 15)) * LF_LDO + kt * 16 + (lane >> 4) * 8);
+            uint32_t ah[4], al[4];
+            ldsm_x4(ah, Th + (16 * w + (lane & 15)) * LF_LDO + kt * 16 + (lane >> 4) * 8);
+            ldsm_x4(al, Tl + (16 * w + (lane & 15)) * LF_LDO + kt * 16 + (lane >> 4) * 8);
 #pragma unroll
             for (int dp = 0; dp < 8; dp++) {
                 if (dp * 16 >= D) continue;
                 uint32_t bb[4];
                 ldsm_x4_t(bb, Ks + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDK + dp * 16 + (lane >> 4) * 8);
-                mma_bf16(acc[2 * dp], af, bb[0], bb[1]);
-                mma_bf16(acc[2 * dp + 1], af, bb[2], bb[3]);
+                mma_bf16(acc[2 * dp], al, bb[0], bb[1]);
+                mma_bf16(acc[2 * dp + 1], al, bb[2], bb[3]);
+                mma_bf16(acc[2 * dp], ah, bb[0], bb[1]);
+                mma_bf16(acc[2 * dp + 1], ah, bb[2], bb[3]);
             }
         }
         float *out = pass ? uout : wout;
@@ -595,13 +663,19 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
 
 // The output of one (chunk, slice of LF_RO columns of Dv), both rules, 4 warps of 16 rows:
 //     O = diag(gamma) Qs S^T + ((Qs K^T) (.) Gamma) V'
-// q, k bf16 as given; S the chunk's entry state (float32 [nch][Dv][Dk]); V' from vp (LfSrc: the
-// delta rule's float32 V', or GLA's diag(beta) V read from v). Qs K^T masked and scaled in fp32 in
-// registers, then bf16 A fragments of the second product (FlashAttention's P V).
+// q, k bf16 as given (exact operands); S the chunk's entry state (float32 [nch][Dv][Dk]); V' from vp
+// (LfSrc: the delta rule's float32 V', or GLA's diag(beta) V read from v). Qs K^T masked and scaled
+// in fp32 in registers, then split into bf16 A fragments hi + lo for the second product
+// (FlashAttention's P V); S and V' split too (two products for Q S^T, three for P V'), so that O
+// carries about its own bf16 rounding only. Dynamic shared memory: LF_OUT_SMEM bytes.
+#define LF_TO (LF_C * LF_LDO)
+#define LF_OUT_SMEM ((3 * LF_TK + 2 * LF_TO) * 2)
+
 static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims d, const LcGates gt, const bf16 *qin,
                                                                   const bf16 *kin, const float *states, const LfSrc vp,
                                                                   float scale, bf16 *out) {
-    __shared__ __align__(16) bf16 Qs[LF_C * LF_LDK], KS[LF_C * LF_LDK], Vs[LF_C * LF_LDO];
+    extern __shared__ __align__(16) unsigned char lf_dsmem[];
+    bf16 *Qs = (bf16 *)lf_dsmem, *KS = Qs + LF_TK, *Sl = KS + LF_TK, *Vh = Sl + LF_TK, *Vl = Vh + LF_TO;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);
     const size_t ch = blockIdx.x;
     const int c0 = blockIdx.y * LF_RO, p = (int)(ch / d.N), t0 = (int)(ch % d.N) * LF_C;
@@ -609,6 +683,12 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
     LfSrc qsrc = {qin, NULL, 1, Dk}, ksrc = {kin, NULL, 1, Dk};
     lf_load(d, qsrc, ch, 0, Dk, Qs, LF_LDK);
     lf_load(d, ksrc, ch, 0, Dk, KS, LF_LDK);
+    for (int e = threadIdx.x; e < LF_RO * Dk; e += blockDim.x) {  // S's lo half now, its hi half after K
+        int r = e / Dk, col = e - r * Dk;
+        float x = c0 + r < Dv ? states[(ch * Dv + c0 + r) * Dk + col] : 0.0f;
+        st(Sl, (size_t)r * LF_LDK + col, x - lf_hi(x));
+    }
+    lf_load2(d, vp, ch, c0, LF_RO, Vh, Vl, LF_LDO);
     __syncthreads();
     float att[8][4];
 #pragma unroll
@@ -633,12 +713,11 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
             int i = 16 * w + lr + 8 * (e >> 1), j = 8 * n + lc + (e & 1);
             att[n][e] = j <= i ? scale * expf(b[i] - b[j]) * att[n][e] : 0.0f;
         }
-    __syncthreads();  // K read: its tile takes S
+    __syncthreads();  // K read: its tile takes S's hi half
     for (int e = threadIdx.x; e < LF_RO * Dk; e += blockDim.x) {
         int r = e / Dk, col = e - r * Dk;
         st(KS, (size_t)r * LF_LDK + col, c0 + r < Dv ? states[(ch * Dv + c0 + r) * Dk + col] : 0.0f);
     }
-    lf_load(d, vp, ch, c0, LF_RO, Vs, LF_LDO);
     __syncthreads();
     float o[8][4];
 #pragma unroll
@@ -646,14 +725,18 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
 #pragma unroll
         for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
     for (int s = 0; s < Dk / 16; s++) {
-        uint32_t af[4], bb[4];
+        uint32_t af[4], bh[4], bl[4];
         ldsm_x4(af, Qs + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int np = 0; np < 4; np++) {
             if (c0 + np * 16 >= Dv) continue;
-            ldsm_x4(bb, KS + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
-            mma_bf16(o[2 * np], af, bb[0], bb[1]);
-            mma_bf16(o[2 * np + 1], af, bb[2], bb[3]);
+            const int bo = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8;
+            ldsm_x4(bh, KS + bo);
+            ldsm_x4(bl, Sl + bo);
+            mma_bf16(o[2 * np], af, bl[0], bl[1]);
+            mma_bf16(o[2 * np + 1], af, bl[2], bl[3]);
+            mma_bf16(o[2 * np], af, bh[0], bh[1]);
+            mma_bf16(o[2 * np + 1], af, bh[2], bh[3]);
         }
     }
 #pragma unroll
@@ -663,16 +746,24 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         if (kk > w) continue;
-        uint32_t pa[4] = {pack_bf16(att[2 * kk][0], att[2 * kk][1]), pack_bf16(att[2 * kk][2], att[2 * kk][3]),
-                          pack_bf16(att[2 * kk + 1][0], att[2 * kk + 1][1]),
-                          pack_bf16(att[2 * kk + 1][2], att[2 * kk + 1][3])};
+        float hv[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) hv[e] = lf_hi(att[2 * kk + (e >> 2)][e & 3]);
+        uint32_t ph[4] = {pack_bf16(hv[0], hv[1]), pack_bf16(hv[2], hv[3]), pack_bf16(hv[4], hv[5]),
+                          pack_bf16(hv[6], hv[7])};
+        uint32_t pl[4] = {pack_bf16(att[2 * kk][0] - hv[0], att[2 * kk][1] - hv[1]),
+                          pack_bf16(att[2 * kk][2] - hv[2], att[2 * kk][3] - hv[3]),
+                          pack_bf16(att[2 * kk + 1][0] - hv[4], att[2 * kk + 1][1] - hv[5]),
+                          pack_bf16(att[2 * kk + 1][2] - hv[6], att[2 * kk + 1][3] - hv[7])};
 #pragma unroll
         for (int dp = 0; dp < 4; dp++) {
             if (c0 + dp * 16 >= Dv) continue;
-            uint32_t bb[4];
-            ldsm_x4_t(bb, Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDO + dp * 16 + (lane >> 4) * 8);
-            mma_bf16(o[2 * dp], pa, bb[0], bb[1]);
-            mma_bf16(o[2 * dp + 1], pa, bb[2], bb[3]);
+            const int bo = (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDO + dp * 16 + (lane >> 4) * 8;
+            uint32_t bh[4], bl[4];
+            ldsm_x4_t(bh, Vh + bo);
+            ldsm_x4_t(bl, Vl + bo);
+            mma3(o[2 * dp], ph, pl, bh[0], bh[1], bl[0], bl[1]);
+            mma3(o[2 * dp + 1], ph, pl, bh[2], bh[3], bl[2], bl[3]);
         }
     }
 #pragma unroll
@@ -808,9 +899,7 @@ static int lc_states(CudaCtx *c, const LcDims *d, int delta, int fused, const fl
         wk.xs = w->st;
         wk.y = w->vp;
         wk.xfin = w->sfin;
-        lf_walk_kernel<<<dim3((unsigned)((Dv + LF_R - 1) / LF_R), (unsigned)P), LF_THREADS, 0, c->stream>>>(*d, wk);
-        LAUNCH_CHECK();
-        return MN_OK;
+        return lf_walk(c, d, &wk);
     }
     if (!delta) {
         MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w->vp, Dv, cv, w->kl, Dk, ck, 0, w->inc, Dk, ss, d->nch));
@@ -863,7 +952,8 @@ static int lf_forward(const Backend *be, CudaCtx *c, const LcDims *d, int delta,
     lc_gates_kernel<<<grid_for(d->nch, 128), 128, 0, c->stream>>>(*d, io->g, io->beta, gt);
     LAUNCH_CHECK();
     if (delta) {
-        lf_prep_kernel<<<(unsigned)d->nch, LF_THREADS, 0, c->stream>>>(*d, gt, k, v, wb, ub);
+        CU_TRY(cudaFuncSetAttribute(lf_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_PREP_SMEM));
+        lf_prep_kernel<<<(unsigned)d->nch, LF_THREADS, LF_PREP_SMEM, c->stream>>>(*d, gt, k, v, wb, ub);
         LAUNCH_CHECK();
     }
     LfWalk wk;
@@ -882,10 +972,10 @@ static int lf_forward(const Backend *be, CudaCtx *c, const LcDims *d, int delta,
     wk.init = io->s0;
     wk.xs = st_;
     wk.xfin = io->sT;
-    lf_walk_kernel<<<dim3((unsigned)((Dv + LF_R - 1) / LF_R), (unsigned)d->P), LF_THREADS, 0, c->stream>>>(*d, wk);
-    LAUNCH_CHECK();
+    MN_TRY(lf_walk(c, d, &wk));
     LfSrc vp = delta ? lf_src(ub, NULL, 0, Dv) : lf_src(v, gt.beta, 1, Dv);
-    lf_out_kernel<<<dim3((unsigned)d->nch, (unsigned)((Dv + LF_RO - 1) / LF_RO)), LF_THREADS, 0, c->stream>>>(*d, gt, q, k, st_, vp, scale, (bf16 *)io->o);
+    CU_TRY(cudaFuncSetAttribute(lf_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_OUT_SMEM));
+    lf_out_kernel<<<dim3((unsigned)d->nch, (unsigned)((Dv + LF_RO - 1) / LF_RO)), LF_THREADS, LF_OUT_SMEM, c->stream>>>(*d, gt, q, k, st_, vp, scale, (bf16 *)io->o);
     LAUNCH_CHECK();
     return MN_OK;
 }
@@ -957,8 +1047,7 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
         wk.y = w.dvp;
         wk.xfin = io->ds0;
         wk.reverse = 1;
-        lf_walk_kernel<<<dim3((unsigned)((Dv + LF_R - 1) / LF_R), (unsigned)P), LF_THREADS, 0, c->stream>>>(d, wk);
-        LAUNCH_CHECK();
+        MN_TRY(lf_walk(c, &d, &wk));
     } else {
         float *last = w.dst + (size_t)(N - 1) * ss;
         if (io->dsT)

@@ -241,24 +241,36 @@ TEST(cuda_lin_matches_reference) {
         for (int rule = 0; rule < 2; rule++) run_case(&shapes[i], (MnLinRule)rule, 4000 + 16 * i + rule);
 }
 
-// The chunkwise form (src/cuda/lin_chunk_cuda.cu) against the reference. Its products round their
-// operands to TF32 (10-bit mantissa: 2^-11 relative each) and sum in float32; the state is handed
-// from chunk to chunk through such products, T / 64 of them in a row. Measured on the CPU with an
-// emulation of the whole file whose products round their operands to TF32 as cuBLAS's FAST_TF32
-// does (scripts/lin_chunk_cuda_emulate.sh, shapes like these): bf16 outputs 1.6e-3 .. 2.0e-3 (their
-// own rounding, 1.1e-3 in L2, plus TF32's share); float32 outputs sT 2e-4 .. 1e-3, ds0 2e-4 ..
-// 1.9e-3, dbeta 1.4e-4 .. 1e-3, dg up to 3.2e-3 (the delta rule's, whose terms cancel); with float32
-// operands instead the float32 outputs come to ~1e-6, so TF32 is all of their error.
-// CHUNK_BF16_TOL = BF16_TOL (8e-3: 4x over the worst measured); CHUNK_F32_TOL = 1.5e-2: ~5x over the
-// worst, room for a cuBLAS kernel that truncates to TF32 (twice the error of rounding) and for other
-// orders of summation. A wrong index or a missing term shows up as O(0.1 .. 1).
+// The chunkwise form (src/cuda/lin_chunk_cuda.cu) against the reference, on both of its paths.
+// The cuBLAS path (MESANET_LIN=cublas): its products round their operands to TF32 (10-bit mantissa:
+// 2^-11 relative each) and sum in float32; the state is handed from chunk to chunk through such
+// products, T / 64 of them in a row. Measured on the CPU with an emulation of the whole file whose
+// products round their operands to TF32 as cuBLAS's FAST_TF32 does (scripts/lin_chunk_cuda_emulate.sh,
+// shapes like these): bf16 outputs 1.6e-3 .. 2.0e-3 (their own rounding, 1.1e-3 in L2, plus TF32's
+// share); float32 outputs sT 2e-4 .. 1e-3, ds0 2e-4 .. 1.9e-3, dbeta 1.4e-4 .. 1e-3, dg up to 3.2e-3
+// (the delta rule's, whose terms cancel); with float32 operands instead the float32 outputs come to
+// ~1e-6, so TF32 is all of their error.
+// The fused path (chunks of 64, Dk and Dv multiples of 16 up to 128): bf16 tensor-core products
+// (mma.sync, fp32 sums) whose rounded operands (the states, V', W, U, Tt, the masked scores) are
+// split into bf16 hi + lo pairs (two or three products: ~2^-16 relative), the inputs q, k, v being
+// exact in bf16; its backward is the cuBLAS path's with the delta rule's two state walks fused.
+// Measured in the same emulation (mma.sync emulated with the PTX fragment layouts): bf16 outputs
+// 1.5e-3 .. 1.8e-3 (their own rounding); sT ~1e-8 .. 1e-5; ds0, dbeta as the cuBLAS path (the
+// backward's TF32 products); dg up to 5.8e-3 (the delta rule's: its state walks are near float32
+// while the rest of the backward is TF32, so the terms' errors cancel less than on the cuBLAS path).
+// CHUNK_BF16_TOL = BF16_TOL (8e-3: 4x over the worst measured on either path); CHUNK_F32_TOL =
+// 1.5e-2: 2.6x over the fused path's worst dg and ~5x over everything else, room for a cuBLAS kernel
+// that truncates to TF32 (twice the error of rounding) and for other orders of summation. A wrong
+// index, a wrong lane mapping or a missing term shows up as O(0.1 .. 1).
 #define CHUNK_BF16_TOL 8e-3
 #define CHUNK_F32_TOL 1.5e-2
 
 // Shapes: T < C (37, 1), T = C (64), T not a multiple of C (65, 150, 200, 300: the last chunk short);
 // Dk != Dv, Dk 128 with Dv 96, square heads of 128, odd sizes (33, 7), Dk 256; GLA with and without
 // g and beta (Mamba2: no beta), the delta rule with and without g; s0, dsT given or not; beta in
-// (1, 2); chunks of 32.
+// (1, 2); chunks of 32. Each case on the fused path (where it takes the shape: chunks of 64, Dk and
+// Dv multiples of 16 up to 128; the others go to the cuBLAS path there too) and on the cuBLAS path
+// (MESANET_LIN=cublas, set around the calls: the library reads it at every call).
 TEST(cuda_lin_chunk_matches_reference) {
     if (!setup()) return;
     static const struct {
@@ -275,11 +287,28 @@ TEST(cuda_lin_chunk_matches_reference) {
         {{1, 100, 2, 64, 32, 1, 1, 1, 1, 0.1, 1.0, 0}, 32},  // chunks of 32
         {{1, 65, 2, 32, 32, 1, 1, 1, 1, 0.1, 1.0, 0}, 0},    // a last chunk of one token
         {{2, 1, 2, 16, 8, 1, 1, 1, 1, 0.1, 1.0, 0}, 0},      // T = 1 in the chunkwise form
+        // shapes of the fused path
+        {{2, 1, 2, 32, 16, 1, 1, 1, 1, 0.1, 1.0, 0}, 0},     // T = 1
+        {{1, 37, 2, 64, 64, 1, 1, 1, 1, 1.0, 2.0, 0}, 0},    // T < C, beta in (1, 2)
+        {{1, 150, 2, 48, 112, 0, 1, 0, 1, 1.0, 2.0, 0}, 0},  // no g, beta in (1, 2); Dv 112: a partial slice
+        {{1, 65, 1, 112, 16, 1, 0, 1, 0, 0.1, 1.0, 0}, 0},   // no beta; Dk 112, Dv 16
+        {{1, 64, 2, 16, 16, 0, 0, 0, 1, 0.1, 1.0, 0}, 0},    // Dk 16: 64 keys in 16 dimensions (Tt ill-conditioned)
+        {{3, 200, 3, 128, 128, 1, 1, 1, 1, 0.1, 1.0, 0}, 0}, // B*H = 9, square heads of 128
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        for (int rule = 0; rule < 2; rule++)
-            run_case_form(&cases[i].s, (MnLinRule)rule, 6000 + 16 * i + rule, MN_FORM_CHUNK, cases[i].chunk,
-                          CHUNK_BF16_TOL, CHUNK_F32_TOL);
+    const char *env = getenv("MESANET_LIN");
+    char *saved = env ? strdup(env) : NULL;
+    for (int path = 0; path < 2; path++) {
+        if (path) setenv("MESANET_LIN", "cublas", 1);
+        else unsetenv("MESANET_LIN");
+        test_note("chunkwise form, %s path", path ? "cuBLAS" : "fused");
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            for (int rule = 0; rule < 2; rule++)
+                run_case_form(&cases[i].s, (MnLinRule)rule, 6000 + 16 * i + rule, MN_FORM_CHUNK, cases[i].chunk,
+                              CHUNK_BF16_TOL, CHUNK_F32_TOL);
+    }
+    if (saved) setenv("MESANET_LIN", saved, 1);
+    else unsetenv("MESANET_LIN");
+    free(saved);
 }
 
 // The two forms on the same inputs, chunk against recurrent (the chunk form's tolerances: the

@@ -145,8 +145,10 @@ int main(int argc, char **argv) {
         {1, 150, 2, 48, 112, 0, 1, 0, 1, 1.0, 2.0, 0}, // no g, beta in (1, 2), Dv 112 (a partial slice)
         {1, 65, 1, 112, 16, 1, 0, 1, 0, 0.1, 1.0, 0},  // no beta, Dk 112, Dv 16
     };
+    const char *only = getenv("EMU_ONLY");  // one shape (its index), to look closer
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int rule = 0; rule < 2; rule++) {
+            if (only && (size_t)atoi(only) != i) continue;
             const auto &s = shapes[i];
             run(s.B, s.T, s.H, s.Dk, s.Dv, rule, s.g, s.b, s.s0, s.dsT, s.blo, s.bhi, s.chunk, 1000 + i * 7 + rule);
         }

@@ -58,6 +58,8 @@ typedef int cublasStatus_t;
 enum { cudaSuccess = 0, cudaMemcpyDeviceToDevice = 3 };
 enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUDA_R_32F = 0, CUBLAS_COMPUTE_32F_FAST_TF32 = 0,
        CUBLAS_GEMM_DEFAULT = 0 };
+enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+template <typename F> static inline int cudaFuncSetAttribute(F, int, int) { return 0; }
 static inline const char *cudaGetErrorName(int) { return "emu"; }
 static inline const char *cudaGetErrorString(int) { return "emu"; }
 static inline int cudaGetLastError(void) { return 0; }
