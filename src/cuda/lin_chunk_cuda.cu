@@ -1,14 +1,72 @@
 /*
  * The gated linear-attention family on the GPU, chunkwise form: the algorithm of
- * src/cpu/lin_chunk.c (read its header for the formulas, forward and backward), with
- * the products on the tensor cores (cuBLAS, TF32 on float32 operands).
+ * src/cpu/lin_chunk.c (read its header for the formulas, forward and backward). Two paths:
+ * the fused tensor-core kernels (mma.sync on bf16, fp32 sums; the default where they take
+ * the shape) and the cuBLAS path (strided-batched TF32 products over float32 chunk-major
+ * copies; every shape, and every call while MESANET_LIN=cublas, read at each call, so that a
+ * fault in the fused kernels can be worked around).
  *
  * A sequence of T tokens is cut into N = ceil(T / C) chunks of C tokens (C = 64 by
  * default, at most 64); a short last chunk is padded with zero q, k, v and g = 0,
  * beta = 0, which leaves every formula exact (the padded rows add nothing and the
- * decay across the chunk is that of its real tokens). Everything is laid out chunk
- * major in float32: row buffers [nch][C][D], square ones [nch][C][C], gates [nch][C],
- * chunk ch = p N + c of (sequence, head) pair p = b H + h.
+ * decay across the chunk is that of its real tokens). Chunk ch = p N + c of (sequence, head)
+ * pair p = b H + h. Gates per chunk (lc_gates_kernel, both paths): b (cumulative log decay),
+ * gamma = e^b, lambda = e^{b_n - b}, beta, beta gamma, [nch][C] float32, and e^{b_n} [nch].
+ *
+ * ---- The fused path: chunks of 64, Dk and Dv multiples of 16 up to 128 (lf_use); other
+ * shapes take the cuBLAS path silently.
+ *
+ * Forward, 4 launches (delta) or 3 (GLA), reading q, k, v bf16 [B,T,H,D] and g, beta float32
+ * [B,T,H] as the call gives them (no gathered copies):
+ *   lc_gates_kernel   the gates.
+ *   lf_prep_kernel    (delta) one block of 4 warps per chunk: K K^T on the tensor cores (warp w:
+ *                     rows 16 w .. +15, the tiles on or below the diagonal), A = strictLower(
+ *                     diag(beta) (Gamma (.) K K^T)) into shared memory, Tt = (I + A)^{-1} by forward
+ *                     substitution in fp32 (thread j owns column j, which only reads its own column:
+ *                     no barrier between rows), then W = (Tt diag(beta gamma)) K and U = (Tt diag(beta)) V
+ *                     on the tensor cores (Tt's lower-triangular tiles only) with the scaled Tt split
+ *                     into bf16 hi + lo (K, V are exact in bf16), out as float32 [nch][C][D].
+ *                     Shared memory 52 KiB (dynamic), 124 registers.
+ *   lf_walk_kernel    the state pass, one block of 4 warps per (pair, slice of 32 rows of Dv),
+ *                     grid (Dv / 32, P), walking the N chunks with its slice X [32][Dk] of the state
+ *                     in registers (fp32, mma accumulator layout: warp w holds the 8-column tiles
+ *                     w, w + 4, ...): per chunk Y = Y0 + sa A X^T (V' = U - W S^T), then
+ *                     X <- e^{b_n} X + sb Y^T B (S <- gamma_n S + V'^T diag(lambda) K); GLA: no
+ *                     first product, Y = diag(beta) V. The entry state of every chunk goes out as
+ *                     float32 [nch][Dv][Dk], V' over U in place, the last state to sT. Every operand
+ *                     is staged in shared memory as bf16 hi + lo (X, Y from the registers, A, B
+ *                     from global memory) and each product is three mma (hi hi + hi lo + lo hi):
+ *                     ~2^-16 relative, so that the state does not compound bf16's 2^-9 from chunk
+ *                     to chunk. Shared memory 95 KiB (dynamic: two blocks a Hopper multiprocessor),
+ *                     156 registers.
+ *   lf_out_kernel     one block of 4 warps (16 rows each) per (chunk, slice of 64 columns of Dv),
+ *                     grid (nch, Dv / 64): O = diag(gamma) Qs S^T + ((Qs K^T) (.) Gamma) V'. Qs K^T
+ *                     from the exact bf16 q, k (the tiles on or below the diagonal), masked and
+ *                     scaled in fp32 in registers and turned into A fragments hi + lo without
+ *                     shared memory (FlashAttention's P V); S and V' split hi + lo in shared
+ *                     memory (two products for Qs S^T, three for P V'); O to bf16 [B,T,H,Dv].
+ *                     Shared memory 69 KiB (dynamic), 93 registers.
+ * Scratch (float32): the gates, W and U (delta: nch C (Dk + Dv)) and one state per chunk
+ * (nch Dv Dk): ~0.55 GB at (B,T,H,D) = (8,2048,16,128), against ~3.5 GB on the cuBLAS path.
+ *
+ * Backward: the cuBLAS path's (below), except that the delta rule's two sequential hand-offs are
+ * one lf_walk_kernel each over its float32 chunk-major buffers: the forward's states again
+ * (A = W, Y0 = U, B = diag(lambda) K) and the adjoints, last chunk first (X = dS, A = diag(lambda) K,
+ * Y0 = the intra-chunk dV', B = W, sa = 1, sb = -1, plus the increments dO^T diag(gamma) Qs of all
+ * chunks computed before): ~33 launches instead of 33 + 9 N. (Not yet fused: the backward's
+ * per-chunk products, dQ, dK, dV', dW and the UT transform's adjoint, and its float32 gathers.)
+ *
+ * Precision of the fused path: the inputs q, k, v are exact bf16 operands; every rounded operand
+ * (states, V', W, U, Tt, the masked scores) is split hi + lo, so the outputs carry about their own
+ * bf16 rounding (o: 1.6e-3 .. 1.8e-3 relative in L2 in the emulation, as the cuBLAS path's) and sT
+ * is near float32 (1e-8 .. 1e-5). The backward's float32 outputs are the cuBLAS path's, except that
+ * the delta rule's dg (whose terms cancel) comes to ~6e-3 where the cuBLAS path's TF32 errors
+ * cancel to ~3e-3 (tests/cuda/test_cuda_lin.c states the tolerances).
+ *
+ * ---- The cuBLAS path (every shape; chunks of at most 64).
+ *
+ * Everything is laid out chunk major in float32: row buffers [nch][C][D],
+ * square ones [nch][C][C], gates [nch][C].
  *
  * What does not depend on the running state is computed for all chunks of all pairs
  * at once: small kernels (gates and decays, gathers with row scalings, the decay
@@ -41,19 +99,12 @@
  * (B,T,H,D) = (8,2048,16,128). No CUDA-graph recording: decoding (T = 1) runs the
  * recurrent kernels of lin_cuda.cu.
  *
- * Where the time goes, by count (not yet measured on a GPU): at that shape the
- * delta rule's forward+backward is ~150 GFLOP of TF32 products (~0.4 ms at the
- * tensor cores' rate), while the float32 chunk-major buffers move ~10 GB through
- * memory (~3 ms at 3 TB/s: every product reads and writes whole [nch][C][D]
- * float32 buffers), and each of the delta rule's 3-6 launches per chunk of the
- * sequential pass (N = 32: ~100 in the forward, ~290 in the forward+backward) costs
- * its launch latency. The next steps: a delta-rule state-pass kernel per (pair,
- * slice of Dv rows) that keeps its slice on chip and walks the chunks with
- * tensor-core (mma) products, as fla's chunk_fwd_h / chunk_bwd_dh do (one launch
- * instead of 3-6 N); bf16 operands (q, k, v, dout as they come) and fused row
- * scalings in place of the float32 gathered copies; the backward's per-chunk
- * products fused into a few kernels that keep a chunk's C x C blocks in shared
- * memory.
+ * Where the time goes, by count (measured on an H100 before the fused path: gdn forward+backward
+ * 13.4 ms, gla 7.7 ms at that shape): the delta rule's forward+backward is ~150 GFLOP of TF32
+ * products (~0.4 ms at the tensor cores' rate), while the float32 chunk-major buffers move ~10 GB
+ * through memory (~3 ms at 3 TB/s: every product reads and writes whole [nch][C][D] float32
+ * buffers), and each of the delta rule's 3-6 launches per chunk of the sequential pass (N = 32:
+ * ~100 in the forward, ~290 in the forward+backward) costs its launch latency.
  *
  * Precision: float32 storage and sums; the products round their operands to TF32
  * (10-bit mantissa, 2^-11 relative), which the tests' tolerances account for.
