@@ -409,15 +409,60 @@ static __device__ __forceinline__ float lf_at(const LcDims d, const LfSrc s, siz
     return s.rs ? x * s.rs[ch * d.C + t] : x;
 }
 
-// The chunk's rows 0..63, columns c0 .. c0 + ncols - 1 of s into a bf16 tile (row stride lds).
-static __device__ __forceinline__ void lf_load(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *dst,
-                                               int lds) {
-    for (int e = threadIdx.x; e < LF_C * ncols; e += blockDim.x) {
-        int t = e / ncols, j = e - t * ncols;
-        st(dst, (size_t)t * lds + j, lf_at(d, s, ch, t, c0 + j));
+// A bf16 (the high half of a 32-bit word; the low half zero) as a float.
+static __device__ __forceinline__ float lf_bf(uint32_t w) {
+    float f;
+    memcpy(&f, &w, 4);
+    return f;
+}
+
+// Four consecutive elements (col a multiple of 4; D is one of 16) of row t of s, as lf_at: one
+// 8-byte (bf16) or 16-byte (float32) load where the address allows (the float32 buffers are
+// scratch, 128-byte aligned, rows of a multiple of 16 floats; a bf16 input may start anywhere).
+static __device__ __forceinline__ void lf_at4(const LcDims d, const LfSrc s, size_t ch, int t, int col, float v[4]) {
+    v[0] = v[1] = v[2] = v[3] = 0.0f;
+    if (col >= s.D) return;
+    if (s.tok) {
+        int tt = (int)(ch % d.N) * d.C + t;
+        if (tt >= d.T) return;
+        const bf16 *x = (const bf16 *)s.p + lc_tok(d, (int)(ch / d.N), tt) * s.D + col;
+        if ((uintptr_t)x % 8 == 0) {
+            const uint32_t *u = (const uint32_t *)x;
+            uint32_t u0 = u[0], u1 = u[1];
+            v[0] = lf_bf(u0 << 16);
+            v[1] = lf_bf(u0 & 0xffff0000u);
+            v[2] = lf_bf(u1 << 16);
+            v[3] = lf_bf(u1 & 0xffff0000u);
+        } else {
+            for (int i = 0; i < 4; i++) v[i] = ld(x, i);
+        }
+    } else {
+        float4 f = *(const float4 *)((const float *)s.p + (ch * d.C + t) * s.D + col);
+        v[0] = f.x;
+        v[1] = f.y;
+        v[2] = f.z;
+        v[3] = f.w;
+    }
+    if (s.rs) {
+        float r = s.rs[ch * d.C + t];
+        for (int i = 0; i < 4; i++) v[i] *= r;
     }
 }
 
+// The chunk's rows 0..63, columns c0 .. c0 + ncols - 1 of s into a bf16 tile (row stride lds; c0,
+// ncols, lds multiples of 4), four elements a thread at a time.
+static __device__ __forceinline__ void lf_load(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *dst,
+                                               int lds) {
+    const int n4 = ncols / 4;
+    for (int e = threadIdx.x; e < LF_C * n4; e += blockDim.x) {
+        int t = e / n4, j = 4 * (e - t * n4);
+        float v[4];
+        lf_at4(d, s, ch, t, c0 + j, v);
+        uint32_t *o = (uint32_t *)(dst + (size_t)t * lds + j);
+        o[0] = pack_bf16(v[0], v[1]);
+        o[1] = pack_bf16(v[2], v[3]);
+    }
+}
 
 // x as a bf16 pair hi + lo (hi = bf16(x), lo = bf16(x - hi): 16 bits of mantissa between them).
 static __device__ __forceinline__ float lf_hi(float x) {
@@ -429,11 +474,17 @@ static __device__ __forceinline__ float lf_hi(float x) {
 // The same load as lf_load, each element split into a hi and a lo tile.
 static __device__ __forceinline__ void lf_load2(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *hi,
                                                 bf16 *lo, int lds) {
-    for (int e = threadIdx.x; e < LF_C * ncols; e += blockDim.x) {
-        int t = e / ncols, j = e - t * ncols;
-        float x = lf_at(d, s, ch, t, c0 + j), h = lf_hi(x);
-        st(hi, (size_t)t * lds + j, h);
-        st(lo, (size_t)t * lds + j, x - h);
+    const int n4 = ncols / 4;
+    for (int e = threadIdx.x; e < LF_C * n4; e += blockDim.x) {
+        int t = e / n4, j = 4 * (e - t * n4);
+        float v[4], h[4];
+        lf_at4(d, s, ch, t, c0 + j, v);
+        for (int i = 0; i < 4; i++) h[i] = lf_hi(v[i]);
+        uint32_t *oh = (uint32_t *)(hi + (size_t)t * lds + j), *ol = (uint32_t *)(lo + (size_t)t * lds + j);
+        oh[0] = pack_bf16(h[0], h[1]);
+        oh[1] = pack_bf16(h[2], h[3]);
+        ol[0] = pack_bf16(v[0] - h[0], v[1] - h[1]);
+        ol[1] = pack_bf16(v[2] - h[2], v[3] - h[3]);
     }
 }
 
@@ -712,6 +763,24 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
     }
 }
 
+// Rows c0 .. c0 + 63 of the chunk's state (float32 [Dv][Dk]; zero past Dv) into a bf16 tile of row
+// stride LF_LDK: their hi halves, or (lo) what the hi halves leave.
+static __device__ __forceinline__ void lf_load_state(const LcDims d, const float *states, size_t ch, int c0, bf16 *dst,
+                                                     int lo) {
+    const int n4 = d.Dk / 4;
+    for (int e = threadIdx.x; e < LF_RO * n4; e += blockDim.x) {
+        int r = e / n4, col = 4 * (e - r * n4);
+        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c0 + r < d.Dv) f = *(const float4 *)(states + (ch * d.Dv + c0 + r) * d.Dk + col);
+        float v[4] = {f.x, f.y, f.z, f.w};
+        if (lo)
+            for (int i = 0; i < 4; i++) v[i] -= lf_hi(v[i]);
+        uint32_t *o = (uint32_t *)(dst + (size_t)r * LF_LDK + col);
+        o[0] = pack_bf16(v[0], v[1]);
+        o[1] = pack_bf16(v[2], v[3]);
+    }
+}
+
 // The output of one (chunk, slice of LF_RO columns of Dv), both rules, 4 warps of 16 rows:
 //     O = diag(gamma) Qs S^T + ((Qs K^T) (.) Gamma) V'
 // q, k bf16 as given (exact operands); S the chunk's entry state (float32 [nch][Dv][Dk]); V' from vp
@@ -734,11 +803,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
     LfSrc qsrc = {qin, NULL, 1, Dk}, ksrc = {kin, NULL, 1, Dk};
     lf_load(d, qsrc, ch, 0, Dk, Qs, LF_LDK);
     lf_load(d, ksrc, ch, 0, Dk, KS, LF_LDK);
-    for (int e = threadIdx.x; e < LF_RO * Dk; e += blockDim.x) {  // S's lo half now, its hi half after K
-        int r = e / Dk, col = e - r * Dk;
-        float x = c0 + r < Dv ? states[(ch * Dv + c0 + r) * Dk + col] : 0.0f;
-        st(Sl, (size_t)r * LF_LDK + col, x - lf_hi(x));
-    }
+    lf_load_state(d, states, ch, c0, Sl, 1);  // S's lo half now, its hi half after K
     lf_load2(d, vp, ch, c0, LF_RO, Vh, Vl, LF_LDO);
     __syncthreads();
     float att[8][4];
@@ -765,10 +830,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
             att[n][e] = j <= i ? scale * expf(b[i] - b[j]) * att[n][e] : 0.0f;
         }
     __syncthreads();  // K read: its tile takes S's hi half
-    for (int e = threadIdx.x; e < LF_RO * Dk; e += blockDim.x) {
-        int r = e / Dk, col = e - r * Dk;
-        st(KS, (size_t)r * LF_LDK + col, c0 + r < Dv ? states[(ch * Dv + c0 + r) * Dk + col] : 0.0f);
-    }
+    lf_load_state(d, states, ch, c0, KS, 0);
     __syncthreads();
     float o[8][4];
 #pragma unroll

@@ -48,6 +48,7 @@ static inline float atomicAdd(float *p, float v) {
     return old;
 }
 #include "mma_emu.h"
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 uint32_t emu_mx[32][32][6];
 const void *emu_px[32][32];
 
