@@ -209,6 +209,7 @@ const MixerOps mixer_mesa = {
     .name = "mesa",
     .about = "MesaNet: H_t = gamma H + beta k k^T, G_t = gamma G + beta v k^T, o = G (H + Lambda)^-1 q (CG)",
     .state_about = "H (Dk x Dk) and G (Dv x Dk) per head, and the convolutions' last inputs",
+    .uses_cg = 1,
     .declare = mesa_declare,
     .create = mesa_create,
     .forward = mesa_forward,

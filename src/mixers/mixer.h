@@ -32,6 +32,7 @@ typedef struct {
     int neg_eigen;            // 1: a delta rule, to which the config's neg_eigen applies (beta in (0, 2))
     int no_graph;             // 1: its decoding step passes host values (positions, cache slot and length)
                               // to the backend, which a recorded step (graph_begin) would freeze
+    int uses_cg;              // 1: solves with CG (the solver's options and step counts concern it)
     // Appends this layer's parameter specs, names prefixed by `prefix` (e.g. "model.layers.3.").
     int (*declare)(const ModelConfig *c, const char *prefix, ParamSpec *out, int *n, int max);
     // Allocates the mixer's private part (m->priv); buffers come lazily with the first forward.

@@ -85,7 +85,7 @@ size_t model_state_floats_per_token(const ModelConfig *c) {
 
 int model_uses_cg(const ModelConfig *c) {
     for (int l = 0; l < c->n_layers; l++)
-        if (mixer_at(c, l) == &mixer_mesa) return 1;
+        if (mixer_at(c, l) && mixer_at(c, l)->uses_cg) return 1;
     return 0;
 }
 
