@@ -164,6 +164,13 @@ static int split_list(char *s, char **items, int max) {
     return n;
 }
 
+// A metric x 100 with one decimal, or "-" where no run is recorded yet (NaN). buf: 32 bytes.
+static const char *pct(char *buf, double v) {
+    if (isnan(v)) snprintf(buf, 32, "-");
+    else snprintf(buf, 32, "%.1f", 100 * v);
+    return buf;
+}
+
 static void fmt_time(char *buf, size_t cap, double s) {
     if (!isfinite(s) || s < 0) snprintf(buf, cap, "?");
     else if (s < 60) snprintf(buf, cap, "%.0fs", s);
@@ -520,6 +527,7 @@ int cmd_synth(int argc, char **argv) {
         printf(" %8s%s%s\n", "mean", rb ? "      tvd" : "", has_pub ? "  published" : "");
         double ys[MAX_MIXERS][MAX_SETTINGS], xs[MAX_SETTINGS];
         PlotSeries series[MAX_MIXERS];
+        int any_point = 0;
         for (int k = 0; k < nmix; k++) {
             printf("%-16s", mixers[k]);
             double sum = 0, tsum = 0;
@@ -533,7 +541,9 @@ int cmd_synth(int argc, char **argv) {
                 else printf(" %14.1f", 100 * b), sum += b, n++;
             }
             task_mean[i][k] = n ? sum / n : NAN;
-            printf(" %8.1f", 100 * task_mean[i][k]);
+            any_point |= n > 0;
+            if (n) printf(" %8.1f", 100 * task_mean[i][k]);
+            else printf(" %8s", "-");
             if (rb && tn) printf(" %8.4f", tsum / tn);
             else if (rb) printf(" %8s", "-");
             const char *col;
@@ -547,6 +557,7 @@ int cmd_synth(int argc, char **argv) {
         snprintf(svg, sizeof svg, "%s/%s.svg", out, t->name);
         snprintf(title, sizeof title, "%s: test metric by setting (best over the lr grid)", t->name);
         PlotOpts po = {.title = title, .xlabel = "setting", .ylabel = "metric", .xcats = cats, .ncats = ngrid[i]};
+        if (!any_point) continue;  // --report before any run of the task: no plot
         if (plot_svg(svg, &po, series, nmix)) fprintf(stderr, "mesanet synth: %s: %s\n", svg, mn_last_error());
         else printf("plot: %s\n", svg);
     }
@@ -557,8 +568,9 @@ int cmd_synth(int argc, char **argv) {
         for (int k = 0; k < nmix; k++) {
             printf("%-16s", mixers[k]);
             double sum = 0;
-            for (int i = 0; i < ntasks; i++) printf(" %12.1f", 100 * task_mean[i][k]), sum += task_mean[i][k];
-            printf(" %8.1f\n", 100 * sum / ntasks);
+            char cell[32];
+            for (int i = 0; i < ntasks; i++) printf(" %12s", pct(cell, task_mean[i][k])), sum += task_mean[i][k];
+            printf(" %8s\n", pct(cell, sum / ntasks));
         }
     }
     // MAD as the MesaNet paper's Table 1 reports it: in-context and noisy recall merged in one
@@ -589,15 +601,16 @@ int cmd_synth(int argc, char **argv) {
                 double v = col_task[c][1] >= 0 ? 0.5 * (task_mean[col_task[c][0]][k] + task_mean[col_task[c][1]][k])
                                                : task_mean[col_task[c][0]][k];
                 double pv;
-                char cell[48];
+                char cell[48], val[32];
                 if (synth_published(paper_cols[c][0], mixers[k], &pv, NULL))
-                    snprintf(cell, sizeof cell, "%.1f (%.1f)", 100 * v, pv), psum += pv, npub++;
-                else snprintf(cell, sizeof cell, "%.1f", 100 * v);
+                    snprintf(cell, sizeof cell, "%s (%.1f)", pct(val, v), pv), psum += pv, npub++;
+                else snprintf(cell, sizeof cell, "%s", pct(val, v));
                 printf(" %*s", width[c], cell);
                 sum += v;
             }
-            if (npub == 4) printf(" %9.1f (%.1f)\n", 100 * sum / 4, psum / 4);
-            else printf(" %16.1f\n", 100 * sum / 4);
+            char val[32];
+            if (npub == 4) printf(" %9s (%.1f)\n", pct(val, sum / 4), psum / 4);
+            else printf(" %16s\n", pct(val, sum / 4));
         }
         printf("published: %s\n", synth_published_source);
     }
