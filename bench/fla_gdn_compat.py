@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 
@@ -40,6 +39,7 @@ import torch  # noqa: E402
 
 from fla.models.delta_net import DeltaNetConfig, DeltaNetForCausalLM  # noqa: E402
 from fla.models.gated_deltanet import GatedDeltaNetConfig, GatedDeltaNetForCausalLM  # noqa: E402
+from peers import compare, mesanet_logits, write_shard  # noqa: E402
 
 VOCAB = 1000
 # fla's layers in eval mode run fused_recurrent (float32 throughout) on 64 tokens or fewer and their
@@ -84,22 +84,6 @@ def perturb(model, seed):
                 p.copy_(torch.randn(p.shape, generator=g) / np.sqrt(fan_in))
 
 
-def mesanet_logits(exe, backend, model_dir, tokens, out):
-    subprocess.run([exe, "logits", "--model", model_dir, "--tokens", ",".join(map(str, tokens)), "--out", out,
-                    "--backend", backend], check=True)
-    return np.fromfile(out, dtype=np.float32).reshape(len(tokens), -1)
-
-
-def write_shard(path, tokens, vocab, bos):
-    """A mesanet token shard (docs/data.md section 2)."""
-    head = struct.pack("<IIIIQI", 0x4D4E5348, 1, vocab, 2 if vocab <= 65536 else 4, len(tokens), bos)
-    head += b"\0" * (64 - len(head))
-    dtype = "<u2" if vocab <= 65536 else "<u4"
-    with open(path, "wb") as f:
-        f.write(head)
-        f.write(np.asarray(tokens, dtype=dtype).tobytes())
-
-
 def save_fla(model, path):
     """save_pretrained (config.json + model.safetensors); where this transformers cannot save fla's
     model, the same files by hand: the config's save_pretrained and the state_dict in safetensors."""
@@ -130,16 +114,6 @@ def load_fla(model_cls, cfg_cls, path):
     mismatched = [k for k, v in state.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
     missing, unexpected = model.load_state_dict({k: v for k, v in state.items() if k not in mismatched}, strict=False)
     return model, {"missing_keys": list(missing), "unexpected_keys": list(unexpected), "mismatched_keys": mismatched}
-
-
-def compare(what, theirs, mine, tol):
-    diff = np.abs(theirs - mine).max()
-    rel = np.linalg.norm(theirs - mine) / np.linalg.norm(mine)
-    agree = (theirs.argmax(-1) == mine.argmax(-1)).mean()
-    ok = rel <= tol and agree >= 0.99
-    print(f"  {what}, {len(mine)} tokens: max abs diff {diff:.3e}, rel err {rel:.2e}, argmax agreement {agree:.3f}"
-          f" (logits max |x| {np.abs(mine).max():.2f}){'' if ok else '  FAILED'}")
-    return ok
 
 
 def main():

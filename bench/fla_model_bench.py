@@ -30,7 +30,6 @@ embedding) x tokens/s over the bf16 matrix-product rate measured in the same run
 """
 import os
 import sys
-import time
 
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".fla"))
@@ -40,6 +39,7 @@ import triton  # noqa: E402
 
 from fla.models.gated_deltanet import GatedDeltaNetConfig, GatedDeltaNetForCausalLM  # noqa: E402
 from fla.models.mesa_net import MesaNetConfig, MesaNetForCausalLM  # noqa: E402
+from peers import decode_step_ms, train_step_times  # noqa: E402
 
 PRESETS = {  # our presets (src/model/config.c) in fla's terms
     "fla-162m": dict(hidden_size=768, num_hidden_layers=12, num_heads=6),
@@ -85,33 +85,15 @@ def bench(name, batch=8, seq=2048, steps=5, ceiling=None):
     if name.startswith("gdn-"):
         bypass_hopper_guard()
     model = model_class(name)(config(name)).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     n_params = sum(p.numel() for p in model.parameters())
     dense = n_params - model.get_input_embeddings().weight.numel()
-    tok = torch.randint(0, 50304, (batch, seq), device="cuda")
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for s in range(steps + 2):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=tok, labels=tok).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        if s >= 2:
-            times.append(time.perf_counter() - t0)
-    dt = sum(times) / len(times)
+    dt, peak, in_use = train_step_times(model, batch, seq, steps)
     tps = batch * seq / dt
-    peak = torch.cuda.max_memory_allocated() / 1e9
-    free, total = torch.cuda.mem_get_info()
     mfu = 6 * dense * tps / (ceiling * 1e12)
     print(f"fla {name} ({n_params} parameters), batch {batch} x {seq}: {tps:.0f} tokens/s, {1e3 * dt:.1f} ms/step, "
-          f"peak memory {peak:.2f} GB, device memory in use {(total - free) / 1e9:.2f} GB, MFU {100 * mfu:.1f}%",
+          f"peak memory {peak:.2f} GB, device memory in use {in_use:.2f} GB, MFU {100 * mfu:.1f}%",
           flush=True)
-    del model, opt
+    del model
 
 
 def bench_decode(name, batches=(1, 16, 128), prompt=16, tokens=64, reps=3):
@@ -122,32 +104,11 @@ def bench_decode(name, batches=(1, 16, 128), prompt=16, tokens=64, reps=3):
           f"(median of {reps}), logits to the host every step", flush=True)
     for B in batches:
         try:
-            ms = decode_steps(model, B, prompt, tokens, reps)
+            ms = decode_step_ms(model, B, prompt, tokens, reps)
             print(f"  B={B:4d}: {ms:.3f} ms/step, {1e3 * B / ms:.0f} tokens/s", flush=True)
         except Exception as e:  # fla's layer squeezes the batch dimension when decoding: one sequence only
             print(f"  B={B:4d}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
     del model
-
-
-def decode_steps(model, B, prompt, tokens, reps):
-    times = []
-    with torch.no_grad():
-        for rep in range(reps + 1):  # the first run warms up
-            tok = torch.randint(0, 50304, (B, prompt), device="cuda")
-            out = model(input_ids=tok, use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
-            nxt = tok[:, -1:]
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for s in range(tokens):
-                nxt = (nxt + 7 * s + 1) % 50304
-                out = model(input_ids=nxt, past_key_values=cache, use_cache=True, logits_to_keep=1)
-                cache = out.past_key_values
-                out.logits[:, -1].cpu()
-            if rep:
-                times.append((time.perf_counter() - t0) / tokens)
-    times.sort()
-    return 1e3 * times[len(times) // 2]
 
 
 def main():

@@ -25,10 +25,11 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from peers import decode_step_ms, train_step_times
 
 SIZES = {
     "160m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=6, head_dim=128, intermediate_size=2048),
@@ -59,28 +60,11 @@ def model(size, dtype):
 
 def bench_train(size, batch, seq, steps):
     m = model(size, torch.float32)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     n_params = sum(p.numel() for p in m.parameters())
-    tok = torch.randint(0, 50304, (batch, seq), device="cuda")
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for s in range(steps + 2):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = m(input_ids=tok, labels=tok).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        if s >= 2:
-            times.append(time.perf_counter() - t0)
-    dt = sum(times) / len(times)
-    free, total = torch.cuda.mem_get_info()
+    dt, peak, in_use = train_step_times(m, batch, seq, steps)
     print(f"HF Llama {size} ({n_params} parameters), batch {batch} x {seq}: {batch * seq / dt:.0f} tokens/s, "
-          f"{1e3 * dt:.1f} ms/step, peak memory {torch.cuda.max_memory_allocated() / 1e9:.2f} GB, "
-          f"device memory in use {(total - free) / 1e9:.2f} GB", flush=True)
+          f"{1e3 * dt:.1f} ms/step, peak memory {peak:.2f} GB, device memory in use {in_use:.2f} GB", flush=True)
+    del m
 
 
 def bench_decode(size, batches, prompt, tokens=64, reps=3):
@@ -88,25 +72,8 @@ def bench_decode(size, batches, prompt, tokens=64, reps=3):
     print(f"HF Llama {size} decoding: {prompt}-token prompt, then {tokens} steps per run (median of {reps}), "
           f"logits to the host every step", flush=True)
     for B in batches:
-        times = []
         try:
-            with torch.no_grad():
-                for rep in range(reps + 1):  # the first run warms up
-                    tok = torch.randint(0, 50304, (B, prompt), device="cuda")
-                    out = m(input_ids=tok, use_cache=True, logits_to_keep=1)
-                    cache, nxt = out.past_key_values, tok[:, -1:]
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    for s in range(tokens):
-                        nxt = (nxt + 7 * s + 1) % 50304
-                        out = m(input_ids=nxt, past_key_values=cache, use_cache=True, logits_to_keep=1)
-                        cache = out.past_key_values
-                        out.logits[:, -1].cpu()
-                    if rep:
-                        times.append((time.perf_counter() - t0) / tokens)
-                    del out, cache
-            times.sort()
-            ms = 1e3 * times[len(times) // 2]
+            ms = decode_step_ms(m, B, prompt, tokens, reps)
             print(f"  B={B:4d}: {ms:.3f} ms/step, {1e3 * B / ms:.0f} tokens/s", flush=True)
         except Exception as e:  # out of memory at a large batch: say so and go on
             print(f"  B={B:4d}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)

@@ -26,13 +26,14 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 
 import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+from peers import compare, mesanet_logits, write_shard
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 VOCAB, T = 1000, 100
@@ -64,30 +65,6 @@ def perturb(model, seed):
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) / np.sqrt(p.shape[-1] if p.dim() > 1 else 1))
-
-
-def mesanet_logits(exe, backend, model_dir, tokens, out):
-    subprocess.run([exe, "logits", "--model", model_dir, "--tokens", ",".join(map(str, tokens)), "--out", out,
-                    "--backend", backend], check=True)
-    return np.fromfile(out, dtype=np.float32).reshape(len(tokens), -1)
-
-
-def write_shard(path, tokens, vocab, bos):
-    """A mesanet token shard (docs/data.md section 2)."""
-    head = struct.pack("<IIIIQI", 0x4D4E5348, 1, vocab, 2, len(tokens), bos)
-    with open(path, "wb") as f:
-        f.write(head + b"\0" * (64 - len(head)))
-        f.write(np.asarray(tokens, dtype="<u2").tobytes())
-
-
-def compare(what, theirs, mine, tol, min_agree):
-    diff = np.abs(theirs - mine).max()
-    rel = np.linalg.norm(theirs - mine) / np.linalg.norm(mine)
-    agree = (theirs.argmax(-1) == mine.argmax(-1)).mean()
-    ok = rel <= tol and agree >= min_agree
-    print(f"  {what}, {len(mine)} tokens: max abs diff {diff:.3e}, rel err {rel:.2e}, argmax agreement {agree:.3f}"
-          f" (logits max |x| {np.abs(mine).max():.2f}){'' if ok else '  FAILED'}", flush=True)
-    return ok
 
 
 def main():
