@@ -38,14 +38,15 @@
  *                     from global memory) and each product is three mma (hi hi + hi lo + lo hi):
  *                     ~2^-16 relative, so that the state does not compound bf16's 2^-9 from chunk
  *                     to chunk. Shared memory 95 KiB (dynamic: two blocks a Hopper multiprocessor),
- *                     156 registers.
+ *                     158 registers.
  *   lf_out_kernel     one block of 4 warps (16 rows each) per (chunk, slice of 64 columns of Dv),
- *                     grid (nch, Dv / 64): O = diag(gamma) Qs S^T + ((Qs K^T) (.) Gamma) V'. Qs K^T
+ *                     grid (nch, Dv / 64): O = diag(gamma) Qs S^T + ((Qs K^T) (.) Gamma) V', Qs S^T first
+ *                     (S read once; its hi tile then takes K). Qs K^T
  *                     from the exact bf16 q, k (the tiles on or below the diagonal), masked and
  *                     scaled in fp32 in registers and turned into A fragments hi + lo without
  *                     shared memory (FlashAttention's P V); S and V' split hi + lo in shared
  *                     memory (two products for Qs S^T, three for P V'); O to bf16 [B,T,H,Dv].
- *                     Shared memory 69 KiB (dynamic), 93 registers.
+ *                     Shared memory 69 KiB (dynamic), 96 registers.
  * Scratch (float32): the gates, W and U (delta: nch C (Dk + Dv)) and one state per chunk
  * (nch Dv Dk): ~0.55 GB at (B,T,H,D) = (8,2048,16,128), against ~3.5 GB on the cuBLAS path.
  *
@@ -763,21 +764,22 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
     }
 }
 
-// Rows c0 .. c0 + 63 of the chunk's state (float32 [Dv][Dk]; zero past Dv) into a bf16 tile of row
-// stride LF_LDK: their hi halves, or (lo) what the hi halves leave.
-static __device__ __forceinline__ void lf_load_state(const LcDims d, const float *states, size_t ch, int c0, bf16 *dst,
-                                                     int lo) {
+// Rows c0 .. c0 + 63 of the chunk's state (float32 [Dv][Dk]; zero past Dv) into two bf16 tiles of
+// row stride LF_LDK, hi + lo.
+static __device__ __forceinline__ void lf_load_state(const LcDims d, const float *states, size_t ch, int c0, bf16 *hi,
+                                                     bf16 *lo) {
     const int n4 = d.Dk / 4;
     for (int e = threadIdx.x; e < LF_RO * n4; e += blockDim.x) {
         int r = e / n4, col = 4 * (e - r * n4);
         float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (c0 + r < d.Dv) f = *(const float4 *)(states + (ch * d.Dv + c0 + r) * d.Dk + col);
-        float v[4] = {f.x, f.y, f.z, f.w};
-        if (lo)
-            for (int i = 0; i < 4; i++) v[i] -= lf_hi(v[i]);
-        uint32_t *o = (uint32_t *)(dst + (size_t)r * LF_LDK + col);
-        o[0] = pack_bf16(v[0], v[1]);
-        o[1] = pack_bf16(v[2], v[3]);
+        float v[4] = {f.x, f.y, f.z, f.w}, h[4];
+        for (int i = 0; i < 4; i++) h[i] = lf_hi(v[i]);
+        uint32_t *oh = (uint32_t *)(hi + (size_t)r * LF_LDK + col), *ol = (uint32_t *)(lo + (size_t)r * LF_LDK + col);
+        oh[0] = pack_bf16(h[0], h[1]);
+        oh[1] = pack_bf16(h[2], h[3]);
+        ol[0] = pack_bf16(v[0] - h[0], v[1] - h[1]);
+        ol[1] = pack_bf16(v[2] - h[2], v[3] - h[3]);
     }
 }
 
@@ -802,35 +804,8 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
     const float *b = gt.b + ch * LF_C;
     LfSrc qsrc = {qin, NULL, 1, Dk}, ksrc = {kin, NULL, 1, Dk};
     lf_load(d, qsrc, ch, 0, Dk, Qs, LF_LDK);
-    lf_load(d, ksrc, ch, 0, Dk, KS, LF_LDK);
-    lf_load_state(d, states, ch, c0, Sl, 1);  // S's lo half now, its hi half after K
+    lf_load_state(d, states, ch, c0, KS, Sl);  // S now (hi + lo), K in S's hi tile after it
     lf_load2(d, vp, ch, c0, LF_RO, Vh, Vl, LF_LDO);
-    __syncthreads();
-    float att[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) att[n][e] = 0.0f;
-    for (int s = 0; s < Dk / 16; s++) {
-        uint32_t af[4], bb[4];
-        ldsm_x4(af, Qs + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int np = 0; np < 4; np++) {
-            if (np > w) continue;  // keys after the warp's last row
-            ldsm_x4(bb, KS + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
-            mma_bf16(att[2 * np], af, bb[0], bb[1]);
-            mma_bf16(att[2 * np + 1], af, bb[2], bb[3]);
-        }
-    }
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int i = 16 * w + lr + 8 * (e >> 1), j = 8 * n + lc + (e & 1);
-            att[n][e] = j <= i ? scale * expf(b[i] - b[j]) * att[n][e] : 0.0f;
-        }
-    __syncthreads();  // K read: its tile takes S's hi half
-    lf_load_state(d, states, ch, c0, KS, 0);
     __syncthreads();
     float o[8][4];
 #pragma unroll
@@ -856,6 +831,32 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
     for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[n][e] *= scale * gt.gam[ch * LF_C + 16 * w + lr + 8 * (e >> 1)];
+    __syncthreads();  // S's hi tile read: it takes K
+    lf_load(d, ksrc, ch, 0, Dk, KS, LF_LDK);
+    __syncthreads();
+    float att[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) att[n][e] = 0.0f;
+    for (int s = 0; s < Dk / 16; s++) {
+        uint32_t af[4], bb[4];
+        ldsm_x4(af, Qs + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            if (np > w) continue;  // keys after the warp's last row
+            ldsm_x4(bb, KS + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
+            mma_bf16(att[2 * np], af, bb[0], bb[1]);
+            mma_bf16(att[2 * np + 1], af, bb[2], bb[3]);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = 16 * w + lr + 8 * (e >> 1), j = 8 * n + lc + (e & 1);
+            att[n][e] = j <= i ? scale * expf(b[i] - b[j]) * att[n][e] : 0.0f;
+        }
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         if (kk > w) continue;
