@@ -299,7 +299,7 @@ int cmd_synth(int argc, char **argv) {
         for (int i = 0; i < synth_task_count(); i++)
             fprintf(stderr, "  %-20s %s\n", synth_task(i)->name, synth_task(i)->summary);
         fprintf(stderr, "  %-20s %s\n", synth_task_regbench.name, synth_task_regbench.summary);
-        fprintf(stderr, "  %-20s the five MAD tasks the causal model runs (all but mad-compression)\n", "mad");
+        fprintf(stderr, "  %-20s the six MAD tasks (mad-compression with the autoencoder head)\n", "mad");
         fprintf(stderr, "  %-20s every task the causal model runs\n", "all");
         return 1;
     }
@@ -574,30 +574,36 @@ int cmd_synth(int argc, char **argv) {
         }
     }
     // MAD as the MesaNet paper's Table 1 reports it: in-context and noisy recall merged in one
-    // column; compression (not run here) left out, so the average is over the four other columns,
-    // the published one too.
-    static const char *const paper_cols[4][2] = {{"mad-recall", "mad-noisy-recall"},
+    // column, then fuzzy recall, memorize, selective copy and compress. Without a compression run
+    // that column is left out and the average is over the four others, the published one too.
+    static const char *const paper_cols[5][2] = {{"mad-recall", "mad-noisy-recall"},
                                                   {"mad-fuzzy-recall", NULL},
                                                   {"mad-memorization", NULL},
-                                                  {"mad-selective-copy", NULL}};
-    int col_task[4][2], have_cols = 1;
-    for (int c = 0; c < 4; c++)
+                                                  {"mad-selective-copy", NULL},
+                                                  {"mad-compression", NULL}};
+    int col_task[5][2], have_cols = 1, ncols = 5;
+    for (int c = 0; c < 5; c++)
         for (int h = 0; h < 2; h++) {
             col_task[c][h] = -1;
             for (int i = 0; i < ntasks && paper_cols[c][h]; i++)
                 if (!strcmp(tasks[i]->name, paper_cols[c][h])) col_task[c][h] = i;
-            if (paper_cols[c][h] && col_task[c][h] < 0) have_cols = 0;
+            if (paper_cols[c][h] && col_task[c][h] < 0) {
+                if (c == 4) ncols = 4;
+                else have_cols = 0;
+            }
         }
     if (have_cols) {
-        printf("\nMAD as the MesaNet paper's Table 1 (x 100; compression not run: averages over the other four "
-               "columns; published in brackets)\n%-16s %18s %14s %10s %15s %16s\n", "mixer", "IC & noisy recall",
-               "fuzzy recall", "memorize", "selective copy", "avg of four");
+        printf("\nMAD as the MesaNet paper's Table 1 (x 100; %s; published in brackets)\n%-16s %18s %14s %10s %15s",
+               ncols == 5 ? "averages over the five columns" : "compression not run: averages over the other four columns",
+               "mixer", "IC & noisy recall", "fuzzy recall", "memorize", "selective copy");
+        if (ncols == 5) printf(" %12s %16s\n", "compress", "avg of five");
+        else printf(" %16s\n", "avg of four");
         for (int k = 0; k < nmix; k++) {
             printf("%-16s", mixers[k]);
             double sum = 0, psum = 0;
             int npub = 0;
-            const int width[4] = {18, 14, 10, 15};
-            for (int c = 0; c < 4; c++) {
+            const int width[5] = {18, 14, 10, 15, 12};
+            for (int c = 0; c < ncols; c++) {
                 double v = col_task[c][1] >= 0 ? 0.5 * (task_mean[col_task[c][0]][k] + task_mean[col_task[c][1]][k])
                                                : task_mean[col_task[c][0]][k];
                 double pv;
@@ -609,8 +615,8 @@ int cmd_synth(int argc, char **argv) {
                 sum += v;
             }
             char val[32];
-            if (npub == 4) printf(" %9s (%.1f)\n", pct(val, sum / 4), psum / 4);
-            else printf(" %16s\n", pct(val, sum / 4));
+            if (npub == ncols) printf(" %9s (%.1f)\n", pct(val, sum / ncols), psum / ncols);
+            else printf(" %16s\n", pct(val, sum / ncols));
         }
         printf("published: %s\n", synth_published_source);
     }

@@ -18,6 +18,7 @@
 #ifndef MN_BACKEND_H
 #define MN_BACKEND_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -108,6 +109,15 @@ struct Backend {
     // y = silu(x) = x sigmoid(x), elementwise over n.
     int (*silu_fwd)(const Backend *be, void *y, const void *x, size_t n);
     int (*silu_bwd)(const Backend *be, void *dx, const void *dy, const void *x, size_t n);
+    // y = gelu(x) = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2 (exact, torch's nn.GELU()), elementwise over n;
+    // dx = dy gelu'(x) (dx may alias dy). The autoencoder head's decoder (model/autoencoder.c).
+    int (*gelu_fwd)(const Backend *be, void *y, const void *x, size_t n);
+    int (*gelu_bwd)(const Backend *be, void *dx, const void *dy, const void *x, size_t n);
+    // The autoencoder head's pooling (MEM_ACT, [B,T,D]): z[b,t,:] = x[b,T-1,:] + pe[t,:], every position
+    // gets the last position's vector plus MAD's fixed sin-cos embedding of t (mn_posemb below);
+    // its backward dx[b,T-1,:] = sum_t dz[b,t,:], dx = 0 at t < T-1 (overwritten).
+    int (*pool_last_fwd)(const Backend *be, void *z, const void *x, int B, int T, int D);
+    int (*pool_last_bwd)(const Backend *be, void *dx, const void *dz, int B, int T, int D);
     // h = silu(g) (.) u (SwiGLU; also the output gate).
     int (*swiglu_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
     int (*swiglu_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
@@ -215,6 +225,17 @@ struct Backend {
     int (*graph_run)(const Backend *be, void *graph);
     void (*graph_free)(const Backend *be, void *graph);
 };
+
+// MAD's fixed sin-cos position embedding (posemb_sincos_1d, D >= 4): with h = D/2 and
+// f_i = exp(-i log(10000) / (h - 1)), pe[t, i] = sin(t f_i) and pe[t, h + i] = cos(t f_i) for i < h,
+// and 0 in the last column of an odd D.
+static inline double mn_posemb(int t, int i, int D) {
+    int h = D / 2;
+    if (i >= 2 * h) return 0;
+    int j = i < h ? i : i - h;
+    double a = (double)t * exp(-(double)j * log(10000.0) / (double)(h - 1));
+    return i < h ? sin(a) : cos(a);
+}
 
 const Backend *backend_ref(void);  // float64 reference: plain loops, the ground truth
 const Backend *backend_cpu(void);  // float32 CPU: BLAS + OpenMP

@@ -180,6 +180,53 @@ static int c_silu_bwd(const Backend *be, void *dx_, const void *dy_, const void 
     return MN_OK;
 }
 
+// Exact GELU in float (erff), as torch's nn.GELU(); gelu'(x) = Phi(x) + x phi(x).
+static int c_gelu_fwd(const Backend *be, void *y_, const void *x_, size_t n) {
+    float *y = y_;
+    const float *x = x_;
+#pragma omp parallel for if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1 + erff(x[i] * 0.70710678118654752f));
+    return MN_OK;
+}
+
+static int c_gelu_bwd(const Backend *be, void *dx_, const void *dy_, const void *x_, size_t n) {
+    float *dx = dx_;
+    const float *dy = dy_, *x = x_;
+#pragma omp parallel for if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i], cdf = 0.5f * (1 + erff(v * 0.70710678118654752f));
+        float pdf = expf(-0.5f * v * v) * 0.39894228040143268f;
+        dx[i] = dy[i] * (cdf + v * pdf);
+    }
+    return MN_OK;
+}
+
+static int c_pool_last_fwd(const Backend *be, void *z_, const void *x_, int B, int T, int D) {
+    float *z = z_;
+    const float *x = x_;
+#pragma omp parallel for collapse(2) if ((size_t)B * T * D > PAR_MIN)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < D; i++)
+                z[((size_t)b * T + t) * D + i] = x[((size_t)b * T + T - 1) * D + i] + (float)mn_posemb(t, i, D);
+    return MN_OK;
+}
+
+static int c_pool_last_bwd(const Backend *be, void *dx_, const void *dz_, int B, int T, int D) {
+    float *dx = dx_;
+    const float *dz = dz_;
+#pragma omp parallel for if ((size_t)B * T * D > PAR_MIN)
+    for (int b = 0; b < B; b++) {
+        memset(dx + (size_t)b * T * D, 0, sizeof(float) * (size_t)(T - 1) * D);
+        for (int i = 0; i < D; i++) {
+            double s = 0;  // (a sum over up to T positions)
+            for (int t = 0; t < T; t++) s += dz[((size_t)b * T + t) * D + i];
+            dx[((size_t)b * T + T - 1) * D + i] = (float)s;
+        }
+    }
+    return MN_OK;
+}
+
 static int c_swiglu_fwd(const Backend *be, void *h_, const void *g_, const void *u_, size_t n) {
     float *h = h_;
     const float *g = g_, *u = u_;
@@ -474,7 +521,8 @@ static const Backend cpu_backend = {
     .rmsnorm_fwd = c_rmsnorm_fwd, .rmsnorm_bwd = c_rmsnorm_bwd,
     .l2norm_fwd = c_l2norm_fwd, .l2norm_bwd = c_l2norm_bwd,
     .silu_fwd = c_silu_fwd, .silu_bwd = c_silu_bwd, .swiglu_fwd = c_swiglu_fwd, .swiglu_bwd = c_swiglu_bwd,
-    .softcap = c_softcap,
+    .softcap = c_softcap, .gelu_fwd = c_gelu_fwd, .gelu_bwd = c_gelu_bwd,
+    .pool_last_fwd = c_pool_last_fwd, .pool_last_bwd = c_pool_last_bwd,
     .add = c_add, .conv_fwd = c_conv_fwd, .conv_bwd = c_conv_bwd,
     .embed_fwd = c_embed_fwd, .embed_bwd = c_embed_bwd, .xent = c_xent,
     .mesa_gates_fwd = c_mesa_gates_fwd, .mesa_gates_bwd = c_mesa_gates_bwd,

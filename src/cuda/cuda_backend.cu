@@ -662,6 +662,75 @@ __global__ void swiglu_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16
     }
 }
 
+// Exact GELU (erff, as torch's nn.GELU()) and its derivative Phi(x) + x phi(x).
+__device__ __forceinline__ float gelu_(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float gelu_grad_(float x) {
+    return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * expf(-0.5f * x * x) * 0.39894228040143268f;
+}
+
+__global__ void gelu_kernel(bf16 *y, const bf16 *x, const bf16 *dy, size_t n, int vec) {  // dy: the backward
+    PIECE_LOOP(i, n) {
+        float v[8], d[8] = {0};
+        int m = piece_get(x, i, n, vec, v);
+        if (dy) piece_get(dy, i, n, vec, d);
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = dy ? d[k] * gelu_grad_(v[k]) : gelu_(v[k]);
+        piece_put(y, i, m, vec, v);
+    }
+}
+
+static int g_gelu_fwd(const Backend *be, void *y, const void *x, size_t n) {
+    gelu_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)y, (const bf16 *)x, NULL, n,
+                                                                  aligned16(y, x, x, x));
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+static int g_gelu_bwd(const Backend *be, void *dx, const void *dy, const void *x, size_t n) {
+    gelu_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)dx, (const bf16 *)x, (const bf16 *)dy, n,
+                                                                  aligned16(dx, x, dy, dy));
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+// The autoencoder head's pooling (backend.h): z[b,t,:] = x[b,T-1,:] + pe[t,:] (pe in double, as mn_posemb),
+// and its backward, a thread per element of dx (those at t = T-1 sum their column of dz in float).
+__global__ void pool_last_fwd_kernel(bf16 *z, const bf16 *x, int B, int T, int D) {
+    size_t n = (size_t)B * T * D;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(e % D), t = (int)(e / D % T);
+        size_t b = e / ((size_t)D * T);
+        int h = D / 2, j = i < h ? i : i - h;
+        double a = (double)t * exp(-(double)j * log(10000.0) / (double)(h - 1));
+        double pe = i >= 2 * h ? 0.0 : i < h ? sin(a) : cos(a);
+        z[e] = __float2bfloat16(ld(x, (b * T + T - 1) * D + i) + (float)pe);
+    }
+}
+
+__global__ void pool_last_bwd_kernel(bf16 *dx, const bf16 *dz, int B, int T, int D) {
+    size_t n = (size_t)B * T * D;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(e % D), t = (int)(e / D % T);
+        size_t b = e / ((size_t)D * T);
+        float s = 0;
+        if (t == T - 1)
+            for (int u = 0; u < T; u++) s += ld(dz, (b * T + u) * D + i);
+        dx[e] = __float2bfloat16(s);
+    }
+}
+
+static int g_pool_last_fwd(const Backend *be, void *z, const void *x, int B, int T, int D) {
+    pool_last_fwd_kernel<<<grid_for((size_t)B * T * D, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)z, (const bf16 *)x,
+                                                                                            B, T, D);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+static int g_pool_last_bwd(const Backend *be, void *dx, const void *dz, int B, int T, int D) {
+    pool_last_bwd_kernel<<<grid_for((size_t)B * T * D, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)dx,
+                                                                                            (const bf16 *)dz, B, T, D);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
 static int g_silu_fwd(const Backend *be, void *y, const void *x, size_t n) {
     silu_fwd_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)y, (const bf16 *)x, n, aligned16(y, x, x, x));
     LAUNCH_CHECK();
@@ -1308,6 +1377,10 @@ extern "C" const Backend *backend_cuda(void) {
     b.silu_fwd = g_silu_fwd;
     b.softcap = g_softcap;
     b.silu_bwd = g_silu_bwd;
+    b.gelu_fwd = g_gelu_fwd;
+    b.gelu_bwd = g_gelu_bwd;
+    b.pool_last_fwd = g_pool_last_fwd;
+    b.pool_last_bwd = g_pool_last_bwd;
     b.swiglu_fwd = g_swiglu_fwd;
     b.swiglu_bwd = g_swiglu_bwd;
     b.add = g_add;

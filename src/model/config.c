@@ -36,6 +36,7 @@ void config_default(ModelConfig *c) {
     c->cg_steps = 30;
     c->rope_theta = 10000;
     c->window = 1024;
+    strcpy(c->head, "lm");
 }
 
 // fla's MesaNetForCausalLM: no embedding scale, no soft cap, untied head,
@@ -203,6 +204,7 @@ static const Field fields[] = {
     FIELD(rope_theta, F_FLOAT, 1, 1e9, "the RoPE base"),
     FIELD(window, F_INT, 0, 1 << 24, "swa's window"),
     FIELD(n_kv_heads, F_INT, 0, 1024, "the key/value heads (0: n_heads)"),
+    FIELD(head, F_STR, 0, 0, "the output head"),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 
@@ -779,8 +781,18 @@ static int check_range(const ModelConfig *c, const Field *f, const char *where) 
 int config_validate(const ModelConfig *c, const char *where) {
     for (size_t k = 0; k < NFIELDS; k++)
         if (fields[k].type != F_STR) MN_TRY(check_range(c, &fields[k], where));
-    if (!memchr(c->mixer, 0, sizeof c->mixer) || !memchr(c->arch, 0, sizeof c->arch))
-        return mn_error(MN_ERR_ARG, "%s: mixer or arch is not a terminated string", where);
+    if (!memchr(c->mixer, 0, sizeof c->mixer) || !memchr(c->arch, 0, sizeof c->arch) ||
+        !memchr(c->head, 0, sizeof c->head))
+        return mn_error(MN_ERR_ARG, "%s: mixer, arch or head is not a terminated string", where);
+    if (c->head[0] && strcmp(c->head, "lm") && strcmp(c->head, "autoencoder"))
+        return mn_error(MN_ERR_ARG, "%s: head = \"%s\", expected \"lm\" (a language model) or \"autoencoder\" (MAD's "
+                                    "compression model)",
+                        where, c->head);
+    if (!strcmp(c->head, "autoencoder") && (c->tie_embeddings || c->logit_cap != 0 || c->dim < 4))
+        return mn_error(MN_ERR_ARG, "%s: head \"autoencoder\" decodes with its own unembedding, uncapped, and its sin-cos "
+                                    "position embedding needs dim >= 4: expected tie_embeddings 0, logit_cap 0, dim >= 4; "
+                                    "got tie_embeddings %d, logit_cap %g, dim %d",
+                        where, c->tie_embeddings, (double)c->logit_cap, c->dim);
     if (mixer_pattern_check(c->mixer, c->n_layers) < 0) {
         char why[512];
         snprintf(why, sizeof why, "%s", mn_last_error());  // (mn_error may not read its own buffer)

@@ -20,8 +20,10 @@ static void *at(const Model *m, void *base, size_t elems, MemKind k) {
 // Declares every tensor of the model in checkpoint order: the embedding, each
 // block (attn_norm, the mixer's tensors, mlp_norm, gate, up, down), the final
 // norm and, unless tied, the head.
+// With the autoencoder head its tensors (ae_declare) replace the final norm and the head; *norm_f
+// and *head then name its first and its unembedding (block_offset: the tensors after the blocks).
 static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *blocks, int *embed, int *norm_f,
-                       int *head) {
+                       int *head, AeHead *ae) {
     int64_t D = c->dim, F = c->mlp_hidden, V = c->vocab_size;
     double resid = pow((double)c->n_layers, -c->resid_scale);
     int max = MODEL_MAX_PARAMS;
@@ -51,6 +53,11 @@ static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *
         snprintf(name, sizeof name, "%smlp.down_proj.weight", pre);
         b->down = param_add(s, n, max, name, 2, df, INIT_NORMAL, resid / sqrt((double)F), 1);
         if (b->down < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
+    }
+    if (!strcmp(c->head, "autoencoder")) {
+        MN_TRY(ae_declare(c, s, n, max, ae));
+        *norm_f = ae->norm0, *head = ae->wout;
+        return MN_OK;
     }
     *norm_f = param_add(s, n, max, "model.norm.weight", 1, d1, INIT_CONST, 1, 0);
     *head = c->tie_embeddings ? *embed : param_add(s, n, max, "lm_head.weight", 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 1);
@@ -94,8 +101,9 @@ int model_specs(const ModelConfig *c, ParamSpec **specs, int *n) {
     *specs = calloc(MODEL_MAX_PARAMS, sizeof(ParamSpec));
     BlockParams *blocks = calloc((size_t)c->n_layers, sizeof(BlockParams));
     int e, f, h, s = (!*specs || !blocks) ? mn_error(MN_ERR_NOMEM, "out of memory") : MN_OK;
+    AeHead ae = {0};
     *n = 0;
-    if (!s) s = declare_all(c, *specs, n, blocks, &e, &f, &h);
+    if (!s) s = declare_all(c, *specs, n, blocks, &e, &f, &h, &ae);
     free(blocks);
     if (s) {
         free(*specs);
@@ -148,7 +156,7 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         m->mixers[l].scratch = &m->scratch;
         if ((st = ops->create(&m->mixers[l]))) goto fail;
     }
-    if ((st = declare_all(cfg, m->specs, &m->nparams, m->blocks, &m->embed, &m->norm_f, &m->head))) goto fail;
+    if ((st = declare_all(cfg, m->specs, &m->nparams, m->blocks, &m->embed, &m->norm_f, &m->head, &m->ae))) goto fail;
     // Tensors start 16-byte aligned in their bf16 copies on the GPU: cuBLAS runs its fast kernels
     // only on aligned operands. (Packed, a bias of 6 elements misaligned every tensor after it,
     // and half the model's products ran 4-byte-aligned Ampere kernels.)
@@ -196,6 +204,7 @@ static void free_activations(Model *m) {
         if (*bufs[i]) m->be->free(m->be, *bufs[i]);
         *bufs[i] = NULL;
     }
+    ae_free(m);
     m->cap = 0;
     drop_graph(m);  // it points into them
 }
@@ -276,7 +285,8 @@ static size_t activation_bytes_per_token(const ModelConfig *c, const Backend *be
                  + L * (7 * Q + 3 * Q + 4 * H)                                    // the mixers' projections and outputs
                  + 7 * Q + 3 * Q;                                                 // their shared scratch
     size_t f32 = 2 * L + 2 + 7 * H * L, i32 = 2 + 3 * H * L;
-    return act * be->elem_size(be, MEM_ACT) + f32 * be->elem_size(be, MEM_F32) + i32 * sizeof(int32_t);
+    return act * be->elem_size(be, MEM_ACT) + f32 * be->elem_size(be, MEM_F32) + i32 * sizeof(int32_t) +
+           ae_activation_bytes_per_token(c, be);
 }
 
 size_t model_activation_bytes(const ModelConfig *c, const Backend *be, size_t N) {
@@ -356,6 +366,10 @@ static int ensure_capacity(Model *m, int B, int T) {
             return MN_ERR_NOMEM;
         }
     }
+    if (m->ae.on && ae_alloc(m, n)) {
+        free_activations(m);
+        return MN_ERR_NOMEM;
+    }
     m->cap = N;
     return MN_OK;
 }
@@ -403,6 +417,7 @@ static int forward_blocks(Model *m, int B, int T, int use_state) {
         MN_TRY(be->linear_fwd(be, xn, act, m->p[bp->down], NULL, (int)N, (int)F, (int)D));
         MN_TRY(be->add(be, xn, mid, N * D));
     }
+    if (m->ae.on) return MN_OK;  // the autoencoder head decodes x_L itself (ae_forward)
     void *xl = at(m, m->x, (size_t)c->n_layers * N * D, MEM_ACT);
     return be->rmsnorm_fwd(be, m->xf, m->rf, xl, m->p[m->norm_f], (int)N, (int)D, (int)D, (int)D, c->norm_eps);
 }
@@ -424,7 +439,8 @@ int model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B
     MN_TRY(be->upload_i32(be, m->tokens, tokens, N));
     MN_TRY(be->embed_fwd(be, m->x, m->tokens, m->p[m->embed], (int)N, c->dim, embed_scale(c)));
     MN_TRY(forward_blocks(m, B, T, 0));
-    MN_TRY(be->linear_fwd(be, m->logits, m->xf, m->p[m->head], NULL, (int)N, c->dim, c->vocab_size));
+    if (m->ae.on) MN_TRY(ae_forward(m));
+    else MN_TRY(be->linear_fwd(be, m->logits, m->xf, m->p[m->head], NULL, (int)N, c->dim, c->vocab_size));
     if (!targets) return MN_OK;
     MN_TRY(be->upload_i32(be, m->targets, targets, N));
     MN_TRY(be->xent(be, m->logits, m->losses, m->targets, (int)N, c->vocab_size, c->logit_cap, grad_weight));
@@ -461,12 +477,17 @@ int model_backward(Model *m) {
     if (!m->grad_ready) return mn_error(MN_ERR_ARG, "model_backward: the last forward had no targets and grad_weight");
     m->grad_ready = 0;
     // logits now hold dloss/dlogits (model_forward with grad_weight)
-    MN_TRY(be->linear_bwd(be, m->dn, m->g[m->head], NULL, m->logits, m->xf, m->p[m->head], (int)N, (int)D,
-                          c->vocab_size, 0));
-    void *xl = at(m, m->x, (size_t)c->n_layers * N * D, MEM_ACT);
-    MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[m->norm_f], m->dn, xl, m->p[m->norm_f], m->rf, (int)N, (int)D, (int)D,
-                           (int)D, 0));
-    MN_TRY(grads_done(m, block_offset(m, c->n_layers), m->total));  // the final norm and an untied head
+    if (m->ae.on) {
+        MN_TRY(ae_backward(m));  // into dx, the gradient of the stream leaving the last block
+    } else {
+        MN_TRY(be->linear_bwd(be, m->dn, m->g[m->head], NULL, m->logits, m->xf, m->p[m->head], (int)N, (int)D,
+                              c->vocab_size, 0));
+        void *xl = at(m, m->x, (size_t)c->n_layers * N * D, MEM_ACT);
+        MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[m->norm_f], m->dn, xl, m->p[m->norm_f], m->rf, (int)N, (int)D, (int)D,
+                               (int)D, 0));
+    }
+    MN_TRY(grads_done(m, block_offset(m, c->n_layers), m->total));  // the final norm (or the autoencoder head)
+                                                                    // and an untied head
     for (int l = c->n_layers - 1; l >= 0; l--) {
         const BlockParams *bp = &m->blocks[l];
         void *x = at(m, m->x, l * N * D, MEM_ACT), *mid = at(m, m->mid, l * N * D, MEM_ACT);
@@ -513,6 +534,9 @@ int model_losses(const Model *m, float *out) {
 
 int model_reset_state(Model *m, int B) {
     if (B <= 0) return mn_error(MN_ERR_ARG, "model_reset_state: B = %d must be > 0", B);
+    if (m->ae.on)
+        return mn_error(MN_ERR_ARG, "model: the autoencoder head decodes a whole sequence from its last position; it "
+                                    "has no token-by-token decoding");
     if (B != m->state_B) drop_graph(m);  // the states are reallocated
     for (int l = 0; l < m->cfg.n_layers; l++) MN_TRY(m->mixers[l].ops->reset_state(&m->mixers[l], B));
     m->state_B = B;

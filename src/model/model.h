@@ -27,6 +27,16 @@ typedef struct {
     int first, count;  // the mixer's tensors: specs[first .. first+count)
 } BlockParams;
 
+// The autoencoder head (cfg.head "autoencoder"; model/autoencoder.c): its tensors' indices into
+// specs and its activations, [N, D] MEM_ACT and [N] MEM_F32, for up to `cap` tokens.
+typedef struct {
+    int on;
+    int norm0, w1, b1, norm1, w2, b2, norm2, wout, bout;
+    void *z, *r0, *a1, *g1, *r1, *a2, *g2, *r2;  // pooled + pe, then the decoder's steps in order
+    void *s0, *s1, *s2;                          // the three norms' 1/rms
+    void *d;                                     // backward scratch
+} AeHead;
+
 typedef struct {
     ModelConfig cfg;
     const Backend *be;
@@ -56,6 +66,7 @@ typedef struct {
     void *logits;            // [N, V] logits (capped), or their gradient after a training forward
     void *losses;            // [N] f32 per-token losses
     void *dx, *dn, *dact, *dgate, *dup;  // backward scratch: [N,D], [N,D], [N,F] x3
+    AeHead ae;               // the autoencoder head (ae.on: in place of the final norm and the logits' head)
     int state_B;             // sequences of the decoding state (0: none)
     int grad_ready;          // the last forward left dloss/dlogits for model_backward
     // Called by model_backward as gradients become final: the `n` slab elements from `grads` hold
@@ -76,6 +87,17 @@ typedef struct {
 } Model;
 
 int model_create(Model **out, const ModelConfig *cfg, const Backend *be);
+
+// The autoencoder head (model/autoencoder.c), for model.c: its tensors, declared after the blocks
+// (ae->on set from the config); its activations for N tokens (ae_free: none); the forward from the
+// residual stream leaving the last block to m->logits [N, V]; the backward from dloss/dlogits (in
+// m->logits) to its gradient in m->dx [N, D]; activation bytes per token.
+int ae_declare(const ModelConfig *c, ParamSpec *s, int *n, int max, AeHead *ae);
+int ae_alloc(Model *m, size_t N);
+void ae_free(Model *m);
+int ae_forward(Model *m);
+int ae_backward(Model *m);
+size_t ae_activation_bytes_per_token(const ModelConfig *c, const Backend *be);
 // The parameter specs of a config, without allocating the model (free(*specs) after).
 int model_specs(const ModelConfig *c, ParamSpec **specs, int *n);
 // Floats of decoding state per sequence, over every block's mixer (a valid config's).

@@ -407,6 +407,44 @@ static int r_adamw(const Backend *be, void *p_, const void *g_, void *m_, void *
     return MN_OK;
 }
 
+// Exact GELU: x Phi(x), Phi the standard normal CDF; gelu'(x) = Phi(x) + x phi(x).
+static int r_gelu_fwd(const Backend *be, void *y_, const void *x_, size_t n) {
+    double *y = y_;
+    const double *x = x_;
+    for (size_t i = 0; i < n; i++) y[i] = 0.5 * x[i] * (1 + erf(x[i] / sqrt(2.0)));
+    return MN_OK;
+}
+
+static int r_gelu_bwd(const Backend *be, void *dx_, const void *dy_, const void *x_, size_t n) {
+    double *dx = dx_;
+    const double *dy = dy_, *x = x_;
+    for (size_t i = 0; i < n; i++) {
+        double cdf = 0.5 * (1 + erf(x[i] / sqrt(2.0))), pdf = exp(-0.5 * x[i] * x[i]) / sqrt(2 * M_PI);
+        dx[i] = dy[i] * (cdf + x[i] * pdf);
+    }
+    return MN_OK;
+}
+
+static int r_pool_last_fwd(const Backend *be, void *z_, const void *x_, int B, int T, int D) {
+    double *z = z_;
+    const double *x = x_;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < D; i++)
+                z[((size_t)b * T + t) * D + i] = x[((size_t)b * T + T - 1) * D + i] + mn_posemb(t, i, D);
+    return MN_OK;
+}
+
+static int r_pool_last_bwd(const Backend *be, void *dx_, const void *dz_, int B, int T, int D) {
+    double *dx = dx_;
+    const double *dz = dz_;
+    memset(dx, 0, sizeof(double) * (size_t)B * T * D);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < D; i++) dx[((size_t)b * T + T - 1) * D + i] += dz[((size_t)b * T + t) * D + i];
+    return MN_OK;
+}
+
 static int r_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
     const double *x = x_;
     double s = 0;
@@ -425,7 +463,8 @@ static const Backend ref_backend = {
     .rmsnorm_fwd = r_rmsnorm_fwd, .rmsnorm_bwd = r_rmsnorm_bwd,
     .l2norm_fwd = r_l2norm_fwd, .l2norm_bwd = r_l2norm_bwd,
     .silu_fwd = r_silu_fwd, .silu_bwd = r_silu_bwd, .swiglu_fwd = r_swiglu_fwd, .swiglu_bwd = r_swiglu_bwd,
-    .softcap = r_softcap,
+    .softcap = r_softcap, .gelu_fwd = r_gelu_fwd, .gelu_bwd = r_gelu_bwd,
+    .pool_last_fwd = r_pool_last_fwd, .pool_last_bwd = r_pool_last_bwd,
     .add = r_add, .conv_fwd = r_conv_fwd, .conv_bwd = r_conv_bwd,
     .embed_fwd = r_embed_fwd, .embed_bwd = r_embed_bwd, .xent = r_xent,
     .mesa_gates_fwd = r_mesa_gates_fwd, .mesa_gates_bwd = r_mesa_gates_bwd,

@@ -178,11 +178,7 @@ void synth_quick_settings(const SynthTask *t, SynthSettings *s) {
 }
 
 int synth_task_supported(const SynthTask *t) {
-    if (t->autoencoder)
-        return mn_error(MN_ERR_ARG,
-                        "task %s is an autoencoder (every position decoded from the last position's state), "
-                        "which the causal language model does not run yet",
-                        t->name);
+    (void)t;  // every task runs: the autoencoder ones (MAD compression) with the autoencoder head
     return MN_OK;
 }
 
@@ -206,6 +202,10 @@ int synth_model_config(const SynthTask *t, const SynthSettings *s, const SynthPr
     c->seq_len = Ttr > Tte ? Ttr : Tte;
     if (c->seq_len < 2) c->seq_len = 2;
     c->gate_bound = (float)c->seq_len;
+    if (t->autoencoder) {  // MAD's AutoEncoder: every position decoded from the last one's state (model/autoencoder.c)
+        snprintf(c->head, sizeof c->head, "autoencoder");
+        c->tie_embeddings = 0, c->logit_cap = 0;
+    }
     if (c->window > c->seq_len) c->window = c->seq_len;
     char where[128];
     snprintf(where, sizeof where, "mixer '%s'", mixer);

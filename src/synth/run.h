@@ -50,8 +50,8 @@ void synth_quick_settings(const SynthTask *t, SynthSettings *s);
 int synth_model_config(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer,
                        ModelConfig *c);
 
-// Whether the task can be run as a causal language model here (MAD compression is an
-// autoencoder: not yet); MN_ERR_ARG saying why not.
+// Whether the task can be run here (MN_ERR_ARG saying why not): every task can now, MAD
+// compression with the autoencoder head (synth_model_config sets head "autoencoder" for it).
 int synth_task_supported(const SynthTask *t);
 
 typedef struct {
