@@ -26,7 +26,7 @@
  *                     no barrier between rows), then W = (Tt diag(beta gamma)) K and U = (Tt diag(beta)) V
  *                     on the tensor cores (Tt's lower-triangular tiles only) with the scaled Tt split
  *                     into bf16 hi + lo (K, V are exact in bf16), out as float32 [nch][C][D].
- *                     Shared memory 52 KiB (dynamic), 124 registers.
+ *                     Shared memory 52 KiB (dynamic), 128 registers.
  *   lf_walk_kernel    the state pass, one block of 4 warps per (pair, slice of 32 rows of Dv),
  *                     grid (Dv / 32, P), walking the N chunks with its slice X [32][Dk] of the state
  *                     in registers (fp32, mma accumulator layout: warp w holds the 8-column tiles
@@ -46,7 +46,7 @@
  *                     scaled in fp32 in registers and turned into A fragments hi + lo without
  *                     shared memory (FlashAttention's P V); S and V' split hi + lo in shared
  *                     memory (two products for Qs S^T, three for P V'); O to bf16 [B,T,H,Dv].
- *                     Shared memory 69 KiB (dynamic), 96 registers.
+ *                     Shared memory 69 KiB (dynamic), 102 registers.
  * Scratch (float32): the gates, W and U (delta: nch C (Dk + Dv)) and one state per chunk
  * (nch Dv Dk): ~0.55 GB at (B,T,H,D) = (8,2048,16,128), against ~3.5 GB on the cuBLAS path.
  *
@@ -451,17 +451,28 @@ static __device__ __forceinline__ void lf_at4(const LcDims d, const LfSrc s, siz
 }
 
 // The chunk's rows 0..63, columns c0 .. c0 + ncols - 1 of s into a bf16 tile (row stride lds; c0,
-// ncols, lds multiples of 4), four elements a thread at a time.
+// ncols, lds multiples of 4), four elements a thread at a time, LF_UNR such loads issued before the
+// first is used (a thread's loads in flight together: the tiles come from L2 or memory).
+#define LF_UNR 4
+#define LF_UNR_WALK 2  // (the state walk, whose registers hold the state: 4 would spill)
 static __device__ __forceinline__ void lf_load(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *dst,
                                                int lds) {
-    const int n4 = ncols / 4;
-    for (int e = threadIdx.x; e < LF_C * n4; e += blockDim.x) {
-        int t = e / n4, j = 4 * (e - t * n4);
-        float v[4];
-        lf_at4(d, s, ch, t, c0 + j, v);
-        uint32_t *o = (uint32_t *)(dst + (size_t)t * lds + j);
-        o[0] = pack_bf16(v[0], v[1]);
-        o[1] = pack_bf16(v[2], v[3]);
+    const int n4 = ncols / 4, total = LF_C * n4;
+    for (int e0 = threadIdx.x; e0 < total; e0 += LF_UNR * blockDim.x) {
+        float v[LF_UNR][4];
+#pragma unroll
+        for (int u = 0; u < LF_UNR; u++) {
+            int e = e0 + u * blockDim.x, t = e / n4;
+            if (e < total) lf_at4(d, s, ch, t, c0 + 4 * (e - t * n4), v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < LF_UNR; u++) {
+            int e = e0 + u * blockDim.x, t = e / n4;
+            if (e >= total) continue;
+            uint32_t *o = (uint32_t *)(dst + (size_t)t * lds + 4 * (e - t * n4));
+            o[0] = pack_bf16(v[u][0], v[u][1]);
+            o[1] = pack_bf16(v[u][2], v[u][3]);
+        }
     }
 }
 
@@ -473,19 +484,31 @@ static __device__ __forceinline__ float lf_hi(float x) {
 }
 
 // The same load as lf_load, each element split into a hi and a lo tile.
+template <int UNR>
 static __device__ __forceinline__ void lf_load2(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *hi,
                                                 bf16 *lo, int lds) {
-    const int n4 = ncols / 4;
-    for (int e = threadIdx.x; e < LF_C * n4; e += blockDim.x) {
-        int t = e / n4, j = 4 * (e - t * n4);
-        float v[4], h[4];
-        lf_at4(d, s, ch, t, c0 + j, v);
-        for (int i = 0; i < 4; i++) h[i] = lf_hi(v[i]);
-        uint32_t *oh = (uint32_t *)(hi + (size_t)t * lds + j), *ol = (uint32_t *)(lo + (size_t)t * lds + j);
-        oh[0] = pack_bf16(h[0], h[1]);
-        oh[1] = pack_bf16(h[2], h[3]);
-        ol[0] = pack_bf16(v[0] - h[0], v[1] - h[1]);
-        ol[1] = pack_bf16(v[2] - h[2], v[3] - h[3]);
+    const int n4 = ncols / 4, total = LF_C * n4;
+    for (int e0 = threadIdx.x; e0 < total; e0 += UNR * blockDim.x) {
+        float v[UNR][4];
+#pragma unroll
+        for (int u = 0; u < UNR; u++) {
+            int e = e0 + u * blockDim.x, t = e / n4;
+            if (e < total) lf_at4(d, s, ch, t, c0 + 4 * (e - t * n4), v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < UNR; u++) {
+            int e = e0 + u * blockDim.x, t = e / n4;
+            if (e >= total) continue;
+            size_t o = (size_t)t * lds + 4 * (e - t * n4);
+            float h[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) h[i] = lf_hi(v[u][i]);
+            uint32_t *oh = (uint32_t *)(hi + o), *ol = (uint32_t *)(lo + o);
+            oh[0] = pack_bf16(h[0], h[1]);
+            oh[1] = pack_bf16(h[2], h[3]);
+            ol[0] = pack_bf16(v[u][0] - h[0], v[u][1] - h[1]);
+            ol[1] = pack_bf16(v[u][2] - h[2], v[u][3] - h[3]);
+        }
     }
 }
 
@@ -546,8 +569,8 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
             }
     for (int it = 0; it < d.N; it++) {
         const size_t ch = (size_t)p * d.N + (k.reverse ? d.N - 1 - it : it);
-        if (k.a.p) lf_load2(d, k.a, ch, 0, Dk, Ah, Al, LF_LDK);
-        lf_load2(d, k.b, ch, 0, Dk, Bh, Bl, LF_LDK);
+        if (k.a.p) lf_load2<LF_UNR_WALK>(d, k.a, ch, 0, Dk, Ah, Al, LF_LDK);
+        lf_load2<LF_UNR_WALK>(d, k.b, ch, 0, Dk, Bh, Bl, LF_LDK);
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -768,18 +791,29 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
 // row stride LF_LDK, hi + lo.
 static __device__ __forceinline__ void lf_load_state(const LcDims d, const float *states, size_t ch, int c0, bf16 *hi,
                                                      bf16 *lo) {
-    const int n4 = d.Dk / 4;
-    for (int e = threadIdx.x; e < LF_RO * n4; e += blockDim.x) {
-        int r = e / n4, col = 4 * (e - r * n4);
-        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (c0 + r < d.Dv) f = *(const float4 *)(states + (ch * d.Dv + c0 + r) * d.Dk + col);
-        float v[4] = {f.x, f.y, f.z, f.w}, h[4];
-        for (int i = 0; i < 4; i++) h[i] = lf_hi(v[i]);
-        uint32_t *oh = (uint32_t *)(hi + (size_t)r * LF_LDK + col), *ol = (uint32_t *)(lo + (size_t)r * LF_LDK + col);
-        oh[0] = pack_bf16(h[0], h[1]);
-        oh[1] = pack_bf16(h[2], h[3]);
-        ol[0] = pack_bf16(v[0] - h[0], v[1] - h[1]);
-        ol[1] = pack_bf16(v[2] - h[2], v[3] - h[3]);
+    const int n4 = d.Dk / 4, total = LF_RO * n4;
+    for (int e0 = threadIdx.x; e0 < total; e0 += LF_UNR * blockDim.x) {
+        float4 f[LF_UNR];
+#pragma unroll
+        for (int u = 0; u < LF_UNR; u++) {
+            int e = e0 + u * blockDim.x, r = e / n4;
+            f[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (e < total && c0 + r < d.Dv) f[u] = *(const float4 *)(states + (ch * d.Dv + c0 + r) * d.Dk + 4 * (e - r * n4));
+        }
+#pragma unroll
+        for (int u = 0; u < LF_UNR; u++) {
+            int e = e0 + u * blockDim.x, r = e / n4;
+            if (e >= total) continue;
+            size_t o = (size_t)r * LF_LDK + 4 * (e - r * n4);
+            float v[4] = {f[u].x, f[u].y, f[u].z, f[u].w}, h[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) h[i] = lf_hi(v[i]);
+            uint32_t *oh = (uint32_t *)(hi + o), *ol = (uint32_t *)(lo + o);
+            oh[0] = pack_bf16(h[0], h[1]);
+            oh[1] = pack_bf16(h[2], h[3]);
+            ol[0] = pack_bf16(v[0] - h[0], v[1] - h[1]);
+            ol[1] = pack_bf16(v[2] - h[2], v[3] - h[3]);
+        }
     }
 }
 
@@ -805,7 +839,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
     LfSrc qsrc = {qin, NULL, 1, Dk}, ksrc = {kin, NULL, 1, Dk};
     lf_load(d, qsrc, ch, 0, Dk, Qs, LF_LDK);
     lf_load_state(d, states, ch, c0, KS, Sl);  // S now (hi + lo), K in S's hi tile after it
-    lf_load2(d, vp, ch, c0, LF_RO, Vh, Vl, LF_LDO);
+    lf_load2<LF_UNR>(d, vp, ch, c0, LF_RO, Vh, Vl, LF_LDO);
     __syncthreads();
     float o[8][4];
 #pragma unroll
