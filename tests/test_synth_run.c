@@ -82,6 +82,37 @@ TEST(synth_run_cli_resumes_without_redoing_runs) {
     tmp_remove(&td);
 }
 
+// MAD compression end to end (the autoencoder head), and the MesaNet paper's Table 1 with its fifth
+// column (compress) when compression is among the tasks, four columns and their average otherwise.
+TEST(synth_run_cli_mad_compression_and_table) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[512];
+    snprintf(args, sizeof args, "synth mad-compression --mixers mha --quick --out %s/comp", td.dir);
+    ToolRun r = tool_run(&td, args);
+    CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
+    CHECK(strstr(r.out, "[1/1] mad-compression baseline mha lr 0.003 wd 0: metric "), "no run:\n%s", r.out);
+    CHECK(strstr(r.out, "49.5 (compress)"), "no published compression number:\n%s", r.out);
+    tool_run_free(&r);
+    snprintf(args, sizeof args, "synth mad --mixers mha,mesa --quick --report --out %s/table", td.dir);
+    r = tool_run(&td, args);
+    CHECK(r.rc == 0 && strstr(r.out, "averages over the five columns") && strstr(r.out, "compress") &&
+              strstr(r.out, "avg of five") && strstr(r.out, "- (75.8)") && strstr(r.out, "- (76.1)") &&
+              !strstr(r.out, "compression not run"),
+          "mesanet %s: %d\n%s%s", args, r.rc, r.out, r.err);
+    tool_run_free(&r);
+    snprintf(args, sizeof args,
+             "synth mad-recall,mad-noisy-recall,mad-fuzzy-recall,mad-memorization,mad-selective-copy --mixers mha "
+             "--quick --report --out %s/table",
+             td.dir);
+    r = tool_run(&td, args);
+    CHECK(r.rc == 0 && strstr(r.out, "compression not run") && strstr(r.out, "avg of four") &&
+              strstr(r.out, "- (82.3)"),
+          "mesanet %s: %d\n%s%s", args, r.rc, r.out, r.err);
+    tool_run_free(&r);
+    tmp_remove(&td);
+}
+
 TEST(synth_run_cli_refusals) {
     TmpDir td;
     tmp_make(&td);
@@ -90,7 +121,6 @@ TEST(synth_run_cli_refusals) {
     } cases[] = {
         {"synth nosuch --mixers gdn --quick", "unknown task 'nosuch'", "mqar"},
         {"synth mqar --mixers gdn,bogus --quick", "unknown or unusable mixer 'bogus'", NULL},
-        {"synth mad-compression --mixers gdn --quick", "autoencoder", NULL},
         {"synth mqar --quick", "--mixers is required", NULL},
         {"synth mqar --mixers gdn --settings some", "--settings must be baseline or full", NULL},
         {"synth mqar --mixers gdn --backend nope", "--backend", NULL},
@@ -175,7 +205,18 @@ TEST(synth_run_library_trains_and_scores) {
     CHECK(synth_model_config(par, &ps, &pp, "mha", &c) == 0 && !c.neg_eigen, "parity with mha: %s", mn_last_error());
     CHECK(synth_model_config(par, &ps, &pp, "deltanet:neg", &c) == 0 && c.neg_eigen, "parity deltanet:neg: %s",
           mn_last_error());
-    CHECK(synth_task_supported(synth_find("mad-compression")) != 0, "compression claimed supported");
+    // MAD compression: supported, with the autoencoder head (untied, uncapped: config_validate's terms)
+    const SynthTask *comp = synth_find("mad-compression");
+    CHECK(comp && synth_task_supported(comp) == 0, "compression refused: %s", mn_last_error());
+    SynthSettings cs;
+    synth_protocol(comp, 1, &pp);
+    CHECK(!synth_grid(comp, 0, &cs, NULL, 0), "compression grid: %s", mn_last_error());
+    synth_quick_settings(comp, &cs);
+    CHECK(synth_model_config(comp, &cs, &pp, "gdn", &c) == 0 && !strcmp(c.head, "autoencoder") && !c.tie_embeddings &&
+              c.logit_cap == 0,
+          "compression's model config: head '%s', tie %d, cap %g (%s)", c.head, c.tie_embeddings, (double)c.logit_cap,
+          mn_last_error());
+    CHECK(synth_model_config(par, &ps, &pp, "gdn", &c) == 0 && !strcmp(c.head, "lm"), "parity's head: '%s'", c.head);
     double v;
     const char *col;
     CHECK(synth_published("mad-fuzzy-recall", "mesa", &v, &col) && v == 58.5 && !strcmp(col, "fuzzy recall"),
