@@ -13,6 +13,7 @@
 static const char *component(const char *name) {
     if (strstr(name, "embeddings")) return "embedding";
     if (strstr(name, "lm_head")) return "output head";
+    if (!strncmp(name, "decoder.", 8) || !strncmp(name, "unembed.", 8)) return "output head";  // the autoencoder's
     if (strstr(name, ".attn.")) return "mixers";
     if (strstr(name, ".mlp.")) return "MLPs";
     return "norms";
@@ -105,6 +106,8 @@ int cmd_info(int argc, char **argv) {
     printf("  embedding x sqrt(D): %s, tied head: %s, logit cap: %g, forget-gate bound: %g, output gate: %s%s\n",
            c.embed_scale ? "yes" : "no", c.tie_embeddings ? "yes" : "no", (double)c.logit_cap, (double)c.gate_bound,
            c.output_gate ? "yes" : "no", c.neg_eigen ? ", beta in (0, 2) (neg_eigen)" : "");
+    if (!strcmp(c.head, "autoencoder"))
+        printf("  head: autoencoder (MAD's: every position decoded from the last position's state; no decoding)\n");
     const char *names[5] = {"embedding", "mixers", "MLPs", "norms", "output head"};
     size_t sums[5] = {0}, total = 0;
     // per mixer kind: blocks, parameters, in the registry's order
