@@ -1,8 +1,11 @@
 // src/cuda/lin_chunk_cuda.cu, kernels and host side, on the CPU (lin_chunk_emu.h) against the float64
 // reference (src/ref/lin_ref.c), through its entry points cuda_lin_chunk_fwd / cuda_lin_chunk_bwd.
-// Inputs rounded to what the GPU holds (bf16 q, k, v, dout; float32 gates and states). Prints the
-// relative L2 errors; with TF32 operands (as on the GPU) and again with float32 ones (argument
-// "f32"), which separates TF32's share of the error from bf16's.
+// Inputs rounded to what the GPU holds (bf16 q, k, v, dout; float32 gates and states). Each shape
+// on the fused path (where it takes the shape: its mma.sync products through mma_emu.h) and on the
+// cuBLAS path (MESANET_LIN=cublas); the fused forward once more from q, k, v off 8-byte alignment
+// (bit-identical o expected). Prints the relative L2 errors; with TF32 operands on the cuBLAS path
+// (as on the GPU) or float32 ones (argument "f32"), which separates TF32's share of the error from
+// bf16's. EMU_ONLY=i runs shape i only.
 #include "lin_chunk_emu_kernels.h"
 extern "C" {
 #include "ref/ref.h"
@@ -116,6 +119,19 @@ static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, i
     check(tag, 5, relf(gdg, dg, ntok), tf);
     check(tag, 6, relf(gdb, db, ntok), tf);
     if (ws0 || wdsT) check(tag, 7, relf(gds0, ds0, ns), tf);
+    if (fz) {  // q, k, v one element off 8-byte alignment (the fused loads' scalar fallback): the same o
+        bf16 *uq = (bf16 *)malloc(2 * nq + 16), *uk = (bf16 *)malloc(2 * nq + 16), *uv = (bf16 *)malloc(2 * nv + 16);
+        bf16 *uo = (bf16 *)calloc(nv, 2);
+        memcpy(uq + 1, bq, 2 * nq);
+        memcpy(uk + 1, bk, 2 * nq);
+        memcpy(uv + 1, bv, 2 * nv);
+        MnLinFwd fu = {(const float *)(uq + 1), (const float *)(uk + 1), (const float *)(uv + 1), fg, fb, fs0, (float *)uo, NULL};
+        if (cuda_lin_chunk_fwd(NULL, &d, &o, &fu)) { printf("chunk failed: %s\n", mn_last_error()); exit(1); }
+        int same = !memcmp(uo, go, 2 * nv);
+        fails += !same;
+        printf("%-58s unaligned q, k, v: o %s\n", tag, same ? "identical" : "DIFFERS  FAIL");
+        free(uq); free(uk); free(uv); free(uo);
+    }
     }
     unsetenv("MESANET_LIN");
     free(q); free(k); free(v); free(dout); free(g); free(beta); free(s0); free(dsT); free(bq); free(bk); free(bv); free(bdo);
