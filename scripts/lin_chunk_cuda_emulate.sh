@@ -2,8 +2,10 @@
 # Runs src/cuda/lin_chunk_cuda.cu (the chunkwise form: its kernels and its host side, cuBLAS's
 # products as CPU loops with TF32 operands) on the CPU against the float64 reference, where there is
 # no GPU (tests/cuda_emu/lin_chunk_emu.h: one OS thread per CUDA thread). The source is taken as it
-# is: sed swaps the include for the emulation's header and each kernel launch k<<<g, b, s, st>>>(...)
-# for emu_launch(k, g, b, s, st, ...). Usage: scripts/lin_chunk_cuda_emulate.sh [BUILD dir of a CPU
+# is: sed swaps the include for the emulation's header (which brings mma_emu.h for the fused
+# kernels' ldmatrix / mma.sync), a kernel's dynamic shared memory for a static array and each kernel
+# launch k<<<g, b, s, st>>>(...) for emu_launch(k, g, b, s, st, ...). Both paths run: the fused
+# kernels and MESANET_LIN=cublas. Usage: scripts/lin_chunk_cuda_emulate.sh [BUILD dir of a CPU
 # build, default build-emu] [f32: float32 operands instead of TF32]
 set -eu
 cd "$(dirname "$0")/.."
