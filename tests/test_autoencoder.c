@@ -148,6 +148,54 @@ TEST(autoencoder_gradients_match_finite_differences) {
     }
 }
 
+// The head's forward written out by hand in float64 from the residual stream leaving the last
+// block (x_L, the reference model's own) and the parameters: MAD's decode(), step by step.
+static void rms_ref(double *v, const double *w, int D, double eps) {
+    double s = 0;
+    for (int i = 0; i < D; i++) s += v[i] * v[i];
+    double r = 1 / sqrt(s / D + eps);
+    for (int i = 0; i < D; i++) v[i] *= r * w[i];
+}
+
+static void lin_ref(double *y, const double *x, const double *w, const double *b, int I, int O) {
+    for (int o = 0; o < O; o++) {
+        y[o] = b[o];
+        for (int i = 0; i < I; i++) y[o] += w[(size_t)o * I + i] * x[i];
+    }
+}
+
+TEST(autoencoder_forward_is_mads_decoder) {
+    ModelConfig cfg = ae_config("gdn,mha");
+    Model *m = mc_make(&cfg, backend_ref());
+    mc_randomise(m, 31, mc_base_bias_lambda);
+    enum { B = 2, T = 5 };
+    int32_t tok[B * T];
+    mc_tokens(tok, NULL, B * T, cfg.vocab_size, 4);
+    CHECK(!model_forward(m, tok, NULL, B, T, 0, NULL), "%s", mn_last_error());
+    int D = cfg.dim, V = cfg.vocab_size;
+    const double *xl = (const double *)m->x + (size_t)cfg.n_layers * B * T * D, *const *p = (const double *const *)m->p;
+    const AeHead *a = &m->ae;
+    double err = 0, norm = 0, z[64], h[64], lg[64];
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            for (int i = 0; i < D; i++) z[i] = xl[((size_t)b * T + T - 1) * D + i] + mn_posemb(t, i, D);
+            rms_ref(z, p[a->norm0], D, cfg.norm_eps);
+            lin_ref(h, z, p[a->w1], p[a->b1], D, D);
+            for (int i = 0; i < D; i++) h[i] = 0.5 * h[i] * (1 + erf(h[i] / sqrt(2.0)));
+            rms_ref(h, p[a->norm1], D, cfg.norm_eps);
+            lin_ref(z, h, p[a->w2], p[a->b2], D, D);
+            for (int i = 0; i < D; i++) z[i] = 0.5 * z[i] * (1 + erf(z[i] / sqrt(2.0)));
+            rms_ref(z, p[a->norm2], D, cfg.norm_eps);
+            lin_ref(lg, z, p[a->wout], p[a->bout], D, V);
+            const double *got = (const double *)m->logits + ((size_t)b * T + t) * V;
+            for (int v = 0; v < V; v++) err += (got[v] - lg[v]) * (got[v] - lg[v]), norm += lg[v] * lg[v];
+        }
+    err = sqrt(err / norm);
+    test_note("autoencoder logits vs the decoder written out in float64: rel err %.2e", err);
+    CHECK_REL("autoencoder forward", err, 1e-13);  // the same float64 arithmetic in another order: ~1e-16
+    model_free(m);
+}
+
 TEST(autoencoder_cpu_matches_reference) {
     ModelConfig cfg = ae_config("gdn,mha");
     cfg.dim = 24, cfg.n_heads = 3, cfg.head_dim = 8, cfg.mlp_hidden = 40, cfg.vocab_size = 37;
