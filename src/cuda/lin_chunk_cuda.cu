@@ -31,18 +31,18 @@
  *                     grid (Dv / 32, P), walking the N chunks with its slice X [32][Dk] of the state
  *                     in registers (fp32, mma accumulator layout: warp w holds the 8-column tiles
  *                     w, w + 4, ...): per chunk Y = Y0 + sa A X^T (V' = U - W S^T), then
- *                     X <- e^{b_n} X + sb Y^T B (S <- gamma_n S + V'^T diag(lambda) K); GLA: no
- *                     first product, Y = diag(beta) V. The entry state of every chunk goes out as
- *                     float32 [nch][Dv][Dk], V' over U in place, the last state to sT. Every operand
- *                     is staged in shared memory as bf16 hi + lo (X, Y from the registers, A, B
- *                     from global memory) and each product is three mma (hi hi + hi lo + lo hi):
- *                     ~2^-16 relative, so that the state does not compound bf16's 2^-9 from chunk
- *                     to chunk. Shared memory 95 KiB (dynamic: two blocks a Hopper multiprocessor),
- *                     158 registers.
+ *                     X <- e^{b_n} X + sb (diag(lambda) Y)^T K
+ *                     (S <- gamma_n S + V'^T diag(lambda) K); GLA: no first product, Y = diag(beta) V. The entry state of every chunk goes
+ *                     out as float32 [nch][Dv][Dk], V' over U in place, the last state to sT. The
+ *                     operands are staged in shared memory as bf16 hi + lo (X, Y from the
+ *                     registers, A from global memory; K, exact in bf16, as is) and each product
+ *                     is three mma (hi hi + hi lo + lo hi; two against K): ~2^-16 relative, so
+ *                     that the state does not compound bf16's 2^-9 from chunk to chunk. Shared
+ *                     memory 95 KiB (dynamic: two blocks a Hopper multiprocessor), 166 registers.
  *   lf_out_kernel     one block of 4 warps (16 rows each) per (chunk, slice of 64 columns of Dv),
- *                     grid (nch, Dv / 64): O = diag(gamma) Qs S^T + ((Qs K^T) (.) Gamma) V', Qs S^T first
- *                     (S read once; its hi tile then takes K). Qs K^T
- *                     from the exact bf16 q, k (the tiles on or below the diagonal), masked and
+ *                     grid (nch, Dv / 64): O = diag(gamma) Qs S^T + ((Qs K^T) (.) Gamma) V', Qs S^T
+ *                     first (S read once; its hi tile then takes K). Qs K^T from the exact bf16
+ *                     q, k (the tiles on or below the diagonal), masked and
  *                     scaled in fp32 in registers and turned into A fragments hi + lo without
  *                     shared memory (FlashAttention's P V); S and V' split hi + lo in shared
  *                     memory (two products for Qs S^T, three for P V'); O to bf16 [B,T,H,Dv].
@@ -52,10 +52,11 @@
  *
  * Backward: the cuBLAS path's (below), except that the delta rule's two sequential hand-offs are
  * one lf_walk_kernel each over its float32 chunk-major buffers: the forward's states again
- * (A = W, Y0 = U, B = diag(lambda) K) and the adjoints, last chunk first (X = dS, A = diag(lambda) K,
- * Y0 = the intra-chunk dV', B = W, sa = 1, sb = -1, plus the increments dO^T diag(gamma) Qs of all
- * chunks computed before): ~33 launches instead of 33 + 9 N. (Not yet fused: the backward's
- * per-chunk products, dQ, dK, dV', dW and the UT transform's adjoint, and its float32 gathers.)
+ * (A = W, Y0 = U, B = K with lambda on Y's rows) and the adjoints, last chunk first (X = dS,
+ * Y = dV' = Y0 + diag(lambda) K dS^T with Y0 the intra-chunk dV', X <- gamma_n X + inc - Y^T W, the
+ * increments inc = dO^T diag(gamma) Qs of all chunks computed before): ~33 launches instead of
+ * 33 + 9 N. (Not yet fused: the backward's per-chunk products, dQ, dK, dV', dW and the UT
+ * transform's adjoint, and its float32 gathers.)
  *
  * Precision of the fused path: the inputs q, k, v are exact bf16 operands; every rounded operand
  * (states, V', W, U, Tt, the masked scores) is split hi + lo, so the outputs carry about their own
@@ -455,18 +456,19 @@ static __device__ __forceinline__ void lf_at4(const LcDims d, const LfSrc s, siz
 // first is used (a thread's loads in flight together: the tiles come from L2 or memory).
 #define LF_UNR 4
 #define LF_UNR_WALK 2  // (the state walk, whose registers hold the state: 4 would spill)
+template <int UNR = LF_UNR>
 static __device__ __forceinline__ void lf_load(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *dst,
                                                int lds) {
     const int n4 = ncols / 4, total = LF_C * n4;
-    for (int e0 = threadIdx.x; e0 < total; e0 += LF_UNR * blockDim.x) {
-        float v[LF_UNR][4];
+    for (int e0 = threadIdx.x; e0 < total; e0 += UNR * blockDim.x) {
+        float v[UNR][4];
 #pragma unroll
-        for (int u = 0; u < LF_UNR; u++) {
+        for (int u = 0; u < UNR; u++) {
             int e = e0 + u * blockDim.x, t = e / n4;
             if (e < total) lf_at4(d, s, ch, t, c0 + 4 * (e - t * n4), v[u]);
         }
 #pragma unroll
-        for (int u = 0; u < LF_UNR; u++) {
+        for (int u = 0; u < UNR; u++) {
             int e = e0 + u * blockDim.x, t = e / n4;
             if (e >= total) continue;
             uint32_t *o = (uint32_t *)(dst + (size_t)t * lds + 4 * (e - t * n4));
@@ -529,17 +531,21 @@ static __device__ __forceinline__ void mma3(float c[4], const uint32_t ah[4], co
 
 // The state walk of one (pair, slice of LF_R rows of Dv), chunk after chunk (reverse: last first),
 // with the slice X [LF_R][Dk] of the running state in registers (fp32, mma accumulator layout):
-//     Y = Y0 + sa A X^T                      (Y: [C][LF_R]; no A: Y = Y0)
-//     X <- dec X (+ inc) + sb Y^T B
-// forward (delta):  A = W, Y0 = U, B = diag(lambda) K, sa = -1, sb = 1  (Y = V', X = S)
-// forward (GLA):    no A, Y0 = diag(beta) V, B = diag(lambda) K, sb = 1
-// backward (delta): A = diag(lambda) K, Y0 = the intra-chunk dV', B = W, sa = 1, sb = -1,
+//     Y = Y0 + sa diag(ra) A X^T                (Y: [C][LF_R]; no A: Y = Y0; ra, rb [nch][C] or NULL)
+//     X <- dec X (+ inc) + sb (diag(rb) Y)^T B
+// forward (delta):  A = W, Y0 = U, B = K, rb = lambda, sa = -1, sb = 1  (Y = V', X = S)
+// forward (GLA):    no A, Y0 = diag(beta) V, B = K, rb = lambda, sb = 1
+// backward (delta): A = K, ra = lambda, Y0 = the intra-chunk dV', B = W, sa = 1, sb = -1,
 //                   inc = dO^T diag(gamma) Qs  (Y = dV', X = dS, reverse)
 // X on entering each chunk goes to xs (float32 [nch][Dv][Dk]), Y to y (float32 [nch][C][Dv], in
 // place over Y0 allowed: each element is read and written by the same thread), the last X to xfin.
-// Every operand is split (lf_load2, mma3). Dynamic shared memory: LF_WALK_SMEM bytes.
+// Every operand is split (lf_load2, mma3), except an A or B exact in bf16 (a_exact, b_exact: K, the
+// row scales lambda being applied to the products' rows instead): its lo tile is not loaded and its
+// products are two. Dynamic shared memory: LF_WALK_SMEM bytes.
 typedef struct {
     LfSrc a, y0, b;
+    const float *ra, *rb;
+    int a_exact, b_exact;
     float sa, sb;
     const float *dec, *inc, *init;
     float *xs, *y, *xfin;
@@ -569,8 +575,10 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
             }
     for (int it = 0; it < d.N; it++) {
         const size_t ch = (size_t)p * d.N + (k.reverse ? d.N - 1 - it : it);
-        if (k.a.p) lf_load2<LF_UNR_WALK>(d, k.a, ch, 0, Dk, Ah, Al, LF_LDK);
-        lf_load2<LF_UNR_WALK>(d, k.b, ch, 0, Dk, Bh, Bl, LF_LDK);
+        if (k.a.p && k.a_exact) lf_load<LF_UNR_WALK>(d, k.a, ch, 0, Dk, Ah, LF_LDK);
+        else if (k.a.p) lf_load2<LF_UNR_WALK>(d, k.a, ch, 0, Dk, Ah, Al, LF_LDK);
+        if (k.b_exact) lf_load<LF_UNR_WALK>(d, k.b, ch, 0, Dk, Bh, LF_LDK);
+        else lf_load2<LF_UNR_WALK>(d, k.b, ch, 0, Dk, Bh, Bl, LF_LDK);
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -600,14 +608,21 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
                 uint32_t ah[4], al[4], bh[4], bl[4];
                 const int ao = (16 * w + (lane & 15)) * LF_LDK + ks * 16 + (lane >> 4) * 8;
                 ldsm_x4(ah, Ah + ao);
-                ldsm_x4(al, Al + ao);
+                if (!k.a_exact) ldsm_x4(al, Al + ao);
 #pragma unroll
                 for (int np = 0; np < 2; np++) {
                     const int bo = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + ks * 16 + ((lane >> 3) & 1) * 8;
                     ldsm_x4(bh, Xh + bo);
                     ldsm_x4(bl, Xl + bo);
-                    mma3(y[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
-                    mma3(y[2 * np + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
+                    if (k.a_exact) {
+                        mma_bf16(y[2 * np], ah, bl[0], bl[1]);
+                        mma_bf16(y[2 * np + 1], ah, bl[2], bl[3]);
+                        mma_bf16(y[2 * np], ah, bh[0], bh[1]);
+                        mma_bf16(y[2 * np + 1], ah, bh[2], bh[3]);
+                    } else {
+                        mma3(y[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
+                        mma3(y[2 * np + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
+                    }
                 }
             }
         }
@@ -616,14 +631,15 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int t = 16 * w + lr + 8 * h, j = 8 * n + lc;
-                float v0 = lf_at(d, k.y0, ch, t, r0 + j) + k.sa * y[n][2 * h];
-                float v1 = lf_at(d, k.y0, ch, t, r0 + j + 1) + k.sa * y[n][2 * h + 1];
+                float sa = k.ra ? k.sa * k.ra[ch * LF_C + t] : k.sa, sb = k.rb ? k.sb * k.rb[ch * LF_C + t] : k.sb;
+                float v0 = lf_at(d, k.y0, ch, t, r0 + j) + sa * y[n][2 * h];
+                float v1 = lf_at(d, k.y0, ch, t, r0 + j + 1) + sa * y[n][2 * h + 1];
                 if (k.y) {
                     float *o = k.y + (ch * LF_C + t) * Dv + r0 + j;
                     if (r0 + j < Dv) o[0] = v0;
                     if (r0 + j + 1 < Dv) o[1] = v1;
                 }
-                lf_st2s(Yh + t * LF_LDR + j, Yl + t * LF_LDR + j, k.sb * v0, k.sb * v1);
+                lf_st2s(Yh + t * LF_LDR + j, Yl + t * LF_LDR + j, sb * v0, sb * v1);
             }
         __syncthreads();
         const float dec = k.dec[ch];
@@ -653,6 +669,18 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
                 const int bo = (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDK + ((lane >> 4) ? n1 : n0) * 8;
                 uint32_t bh[4], bl[4];
                 ldsm_x4_t(bh, Bh + bo);
+                if (k.b_exact) {
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma_bf16(x[mt][2 * sp], al[mt], bh[0], bh[1]);
+                        mma_bf16(x[mt][2 * sp], ah[mt], bh[0], bh[1]);
+                        if (n0 + 4 < NT) {
+                            mma_bf16(x[mt][2 * sp + 1], al[mt], bh[2], bh[3]);
+                            mma_bf16(x[mt][2 * sp + 1], ah[mt], bh[2], bh[3]);
+                        }
+                    }
+                    continue;
+                }
                 ldsm_x4_t(bl, Bl + bo);
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
@@ -1039,7 +1067,9 @@ static int lc_states(CudaCtx *c, const LcDims *d, int delta, int fused, const fl
         memset(&wk, 0, sizeof wk);
         wk.a = lf_src(w->w, NULL, 0, Dk);
         wk.y0 = lf_src(w->vp, NULL, 0, Dv);
-        wk.b = lf_src(w->kl, NULL, 0, Dk);
+        wk.b = lf_src(w->k, NULL, 0, Dk);  // K (exact in bf16), lambda on Y's rows
+        wk.rb = w->gt.lam;
+        wk.b_exact = 1;
         wk.sa = -1.0f;
         wk.sb = 1.0f;
         wk.dec = w->gt.dec;
@@ -1114,7 +1144,9 @@ static int lf_forward(const Backend *be, CudaCtx *c, const LcDims *d, int delta,
     } else {
         wk.y0 = lf_src(v, gt.beta, 1, Dv);
     }
-    wk.b = lf_src(k, gt.lam, 1, Dk);
+    wk.b = lf_src(k, NULL, 1, Dk);  // K (exact in bf16), lambda on Y's rows
+    wk.rb = gt.lam;
+    wk.b_exact = 1;
     wk.sb = 1.0f;
     wk.dec = gt.dec;
     wk.init = io->s0;
@@ -1183,7 +1215,9 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
     } else if (fused) {
         LfWalk wk;
         memset(&wk, 0, sizeof wk);
-        wk.a = lf_src(w.kl, NULL, 0, Dk);
+        wk.a = lf_src(w.k, NULL, 0, Dk);  // K (exact in bf16), lambda on the product's rows
+        wk.ra = w.gt.lam;
+        wk.a_exact = 1;
         wk.y0 = lf_src(w.dvp, NULL, 0, Dv);
         wk.b = lf_src(w.w, NULL, 0, Dk);
         wk.sa = 1.0f;
