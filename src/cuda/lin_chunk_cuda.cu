@@ -23,17 +23,19 @@
  *                     rows 16 w .. +15, the tiles on or below the diagonal), A = strictLower(
  *                     diag(beta) (Gamma (.) K K^T)) into shared memory, Tt = (I + A)^{-1} by forward
  *                     substitution in fp32 (thread j owns column j, which only reads its own column:
- *                     no barrier between rows), then W = (Tt diag(beta gamma)) K and U = (Tt diag(beta)) V
- *                     on the tensor cores (Tt's lower-triangular tiles only) with the scaled Tt split
- *                     into bf16 hi + lo (K, V are exact in bf16), out as float32 [nch][C][D].
+ *                     no barrier between rows), then W = (Tt diag(beta gamma)) K and
+ *                     U = (Tt diag(beta)) V on the tensor cores (Tt's lower-triangular tiles only),
+ *                     the scaled Tt split into bf16 hi + lo (K, V are exact in bf16), out as
+ *                     float32 [nch][C][D].
  *                     Shared memory 52 KiB (dynamic), 128 registers.
  *   lf_walk_kernel    the state pass, one block of 4 warps per (pair, slice of 32 rows of Dv),
  *                     grid (Dv / 32, P), walking the N chunks with its slice X [32][Dk] of the state
  *                     in registers (fp32, mma accumulator layout: warp w holds the 8-column tiles
  *                     w, w + 4, ...): per chunk Y = Y0 + sa A X^T (V' = U - W S^T), then
  *                     X <- e^{b_n} X + sb (diag(lambda) Y)^T K
- *                     (S <- gamma_n S + V'^T diag(lambda) K); GLA: no first product, Y = diag(beta) V. The entry state of every chunk goes
- *                     out as float32 [nch][Dv][Dk], V' over U in place, the last state to sT. The
+ *                     (S <- gamma_n S + V'^T diag(lambda) K); GLA: no first product,
+ *                     Y = diag(beta) V. The entry state of every chunk goes out as float32
+ *                     [nch][Dv][Dk], V' over U in place, the last state to sT. The
  *                     operands are staged in shared memory as bf16 hi + lo (X, Y from the
  *                     registers, A from global memory; K, exact in bf16, as is) and each product
  *                     is three mma (hi hi + hi lo + lo hi; two against K): ~2^-16 relative, so
