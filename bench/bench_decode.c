@@ -80,7 +80,9 @@ int bench_decode(int argc, char **argv) {
     const Backend *be = m->be;
     const ModelConfig c = m->cfg;
     m->solver.tol = tol;
-    int graphs = be->graph_begin != NULL && !eager_only;
+    // model_create allows recording where the backend can and no mixer's decoding step refuses it
+    // (attention's passes host values that change every step: MixerOps.no_graph)
+    int graphs = m->use_graphs && !eager_only;
     printf("decoding %s (%zu parameters) on %s: %d-token prompt, then %d steps per run (median of %d), "
            "logits to the host every step; CG at most %d steps, tolerance %.0e\n",
            config, m->count, be->name, prompt, tokens, reps, m->solver.max_steps, (double)tol);
