@@ -5,8 +5,9 @@
 # is: sed swaps the include for the emulation's header (which brings mma_emu.h for the fused
 # kernels' ldmatrix / mma.sync), a kernel's dynamic shared memory for a static array and each kernel
 # launch k<<<g, b, s, st>>>(...) for emu_launch(k, g, b, s, st, ...). Both paths run: the fused
-# kernels and MESANET_LIN=cublas. Usage: scripts/lin_chunk_cuda_emulate.sh [BUILD dir of a CPU
-# build, default build-emu] [f32: float32 operands instead of TF32]
+# kernels (MESANET_LIN=fused) and the cuBLAS path (the default). Usage:
+# scripts/lin_chunk_cuda_emulate.sh [BUILD dir of a CPU build, default build-emu] [f32: float32
+# operands instead of TF32]
 set -eu
 cd "$(dirname "$0")/.."
 B=${1:-build-emu}
