@@ -567,7 +567,7 @@ static __global__ void attn_rope_kernel(const RopeArgs a) {
     }
 }
 
-// ---- host side (cut by scripts/attn_cuda_emulate.sh, which mirrors it in tests/cuda_emu/attn_emu.cpp)
+// ---- host side (cut by scripts/cuda_emulate.sh attn, which mirrors it in tests/cuda_emu/attn_emu.cpp)
 
 #include "attn_cudnn.h"
 

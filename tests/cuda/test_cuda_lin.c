@@ -243,10 +243,10 @@ TEST(cuda_lin_matches_reference) {
 
 // The chunkwise form (src/cuda/lin_chunk_cuda.cu) against the reference, on both of its paths.
 // The cuBLAS path (the default; MESANET_LIN=fused selects the fused kernels): its products round
-// their operands to TF32 (10-bit mantissa: 2^-11 relative each) and sum in float32; the state is handed from chunk to chunk through such
-// products, T / 64 of them in a row. Measured on the CPU with an emulation of the whole file whose
-// products round their operands to TF32 as cuBLAS's FAST_TF32 does (scripts/lin_chunk_cuda_emulate.sh,
-// shapes like these): bf16 outputs 1.6e-3 .. 2.0e-3 (their own rounding, 1.1e-3 in L2, plus TF32's
+// their operands to TF32 (10-bit mantissa: 2^-11 relative each) and sum in float32; the state is
+// handed from chunk to chunk through such products, T / 64 of them in a row. Measured on the CPU
+// with an emulation of the whole file whose products round their operands to TF32 as cuBLAS's
+// FAST_TF32 does (scripts/cuda_emulate.sh lin_chunk, shapes like these): bf16 outputs 1.6e-3 .. 2.0e-3 (their own rounding, 1.1e-3 in L2, plus TF32's
 // share); float32 outputs sT 2e-4 .. 1e-3, ds0 2e-4 .. 1.9e-3, dbeta 1.4e-4 .. 1e-3, dg up to 3.2e-3
 // (the delta rule's, whose terms cancel); with float32 operands instead the float32 outputs come to
 // ~1e-6, so TF32 is all of their error.

@@ -1,7 +1,7 @@
 // src/cuda/attn_cuda.cu's kernels on the CPU (emu.h, mma_emu.h: ldmatrix and mma.sync with the PTX
 // fragment layouts) against the float64 reference src/ref/attn_ref.c, launched as cuda_attn_fwd,
 // cuda_attn_bwd, cuda_attn_decode and cuda_rope launch them (the host side is mirrored below):
-// built and run by scripts/attn_cuda_emulate.sh. Shared memory is filled with NaN before every
+// built and run by scripts/cuda_emulate.sh attn. Shared memory is filled with NaN before every
 // block and the outputs with NaN, so that a read of an element never loaded, or an output never
 // written, shows. Inputs are rounded to bf16 before the reference sees them. Tolerances as
 // tests/cuda/test_cuda_attn.c's (the reasons there).

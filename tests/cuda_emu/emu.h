@@ -1,5 +1,5 @@
 // A host emulation of the subset of CUDA that src/cuda/lin_cuda.cu's kernels use, so that they run
-// on a machine without a GPU (scripts/lin_cuda_emulate.sh): one OS thread per CUDA thread of a
+// on a machine without a GPU (scripts/cuda_emulate.sh lin): one OS thread per CUDA thread of a
 // block, the blocks one after another; __syncthreads and the warp shuffles through barriers,
 // atomicAdd under a lock. Slow (~1 minute for small problems), for checking indexing and
 // synchronisation, not speed.

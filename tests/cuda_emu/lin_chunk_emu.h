@@ -1,5 +1,5 @@
 // A host emulation of what src/cuda/lin_chunk_cuda.cu uses, kernels and host side alike, so that
-// the whole chunkwise path runs on a machine without a GPU (scripts/lin_chunk_cuda_emulate.sh):
+// the whole chunkwise path runs on a machine without a GPU (scripts/cuda_emulate.sh lin_chunk):
 // one OS thread per CUDA thread of a block, the blocks one after another (static __shared__ arrays
 // are then shared by a block's threads, as on the GPU); __syncthreads through a barrier; device
 // memory is host memory; cuBLAS's strided-batched product is a plain loop that rounds its operands

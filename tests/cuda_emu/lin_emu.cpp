@@ -1,6 +1,6 @@
 // src/cuda/lin_cuda.cu's kernels on the CPU (emu.h) against the float64 reference, launched with the
 // shapes cuda_lin_fwd / cuda_lin_bwd give them (the host side is mirrored below): built and run by
-// scripts/lin_cuda_emulate.sh. The shared memory is filled with garbage and dq, dk with NaN first,
+// scripts/cuda_emulate.sh lin. The shared memory is filled with garbage and dq, dk with NaN first,
 // so that a missing zeroing or an element never written shows. Tolerances as
 // tests/cuda/test_cuda_lin.c's.
 #include "emu.h"

@@ -1,0 +1,58 @@
+#!/bin/sh
+# Runs a file of CUDA kernels on the CPU against the float64 reference, where there is no GPU, to
+# check indexing, lane mappings and synchronisation (tests/cuda_emu/: one OS thread per CUDA thread,
+# barriers for __syncthreads and the warp shuffles, mma_emu.h for ldmatrix / mma.sync in their PTX
+# fragment layouts, cp.async as a copy). The source is taken as it is; sed swaps its includes for
+# the emulation's headers and cuts or rewrites what only nvcc understands:
+#
+#   lin        src/cuda/lin_cuda.cu's recurrent kernels (the host side cut; tests/cuda_emu/lin_emu.cpp
+#              mirrors it)
+#   lin_chunk  src/cuda/lin_chunk_cuda.cu whole, kernels and host side: a kernel's dynamic shared
+#              memory becomes a static array, each launch k<<<g, b, s, st>>>(...) a call of
+#              emu_launch, cuBLAS's products CPU loops with TF32 operands (lin_chunk_emu.h); both
+#              paths, the fused kernels (MESANET_LIN=fused) and the cuBLAS one. EXTRA "f32": float32
+#              operands instead of TF32.
+#   attn       src/cuda/attn_cuda.cu's kernels (the host side cut; attn_emu.cpp mirrors it)
+#
+# Usage: scripts/cuda_emulate.sh lin|lin_chunk|attn [BUILD dir of a CPU build, default build-emu] [EXTRA]
+set -eu
+cd "$(dirname "$0")/.."
+what=${1:-}
+B=${2:-build-emu}
+out="$B/cuda_emu"
+case "$what" in
+lin)
+    src=src/cuda/lin_cuda.cu opt=-O1
+    set -- -e 's|#include "cuda_common.cuh"|#include "emu.h"|' \
+        -e '/^extern "C" {$/,/^}$/d' \
+        -e '/^static __global__ void to_bf16_kernel/,$d' \
+        -e 's/extern __shared__ float/extern float/' \
+        -e 's/static __global__ void/static void/' ;;
+lin_chunk)
+    src=src/cuda/lin_chunk_cuda.cu opt="-O2 -fno-strict-aliasing"
+    set -- -e 's|#include "cuda_common.cuh"|#include "lin_chunk_emu.h"|' \
+        -e '/#include "mma.cuh"/d' \
+        -e 's/extern __shared__ \(.*\) lf_dsmem\[\];/static \1 lf_dsmem[1 << 18];/' \
+        -e 's/\([A-Za-z_0-9]*\)<<<\(.*\)>>>(\(.*\));/emu_launch(\1, \2, \3);/' ;;
+attn)
+    src=src/cuda/attn_cuda.cu opt=-O1
+    set -- -e 's|#include "cuda_common.cuh"|#include "emu.h"|' \
+        -e 's|#include "mma.cuh"|#include "mma_emu.h"|' \
+        -e '/^extern "C" {$/,/^}$/d' \
+        -e '/^\/\/ ---- host side/,$d' \
+        -e 's/extern __shared__/extern/' \
+        -e 's/static __global__ void/static void/' ;;
+*)
+    echo "usage: scripts/cuda_emulate.sh lin|lin_chunk|attn [BUILD dir] [EXTRA]" >&2
+    exit 2 ;;
+esac
+extra=${3:-}
+make -s CUDA=0 BUILD="$B" "$B/libmesanet.a"
+mkdir -p "$out"
+sed "$@" "$src" > "$out/${what}_emu_kernels.h"
+libs=$(make -s CUDA=0 BUILD="$B" --eval 'emu-ldlibs: ; @echo $(LDLIBS)' emu-ldlibs)
+# shellcheck disable=SC2086  # $opt and $libs are lists of flags
+${CXX:-g++} -std=c++17 $opt -Wall -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -I"$out" \
+    -Itests/cuda_emu -Iinclude -Isrc -o "$out/${what}_emu" "tests/cuda_emu/${what}_emu.cpp" "$B/libmesanet.a" $libs \
+    -fopenmp -lpthread
+"./$out/${what}_emu" $extra
