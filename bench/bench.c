@@ -113,6 +113,22 @@ int bench_parse_ints(const char *s, int *out, int max) {
     return n;
 }
 
+int bench_parse_shapes(const char *s, BenchShape *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        BenchShape sh;
+        int used = 0;
+        if (sscanf(s, "%dx%dx%dx%d%n", &sh.B, &sh.T, &sh.H, &sh.D, &used) != 4 || sh.B <= 0 || sh.T <= 0 || sh.H <= 0 ||
+            sh.D <= 0)
+            return -1;
+        out[n++] = sh;
+        s += used;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
 static double round_bf16(double x) { return bf16_to_f32(f32_to_bf16((float)x)); }
 static double keep(double x) { return x; }
 

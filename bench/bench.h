@@ -32,6 +32,12 @@ Model *bench_model(const char *config, const char *backend, int vocab, int cg_st
 
 // Parses "a,b,c" positive integers into out (at most max); -1 on bad input.
 int bench_parse_ints(const char *s, int *out, int max);
+// Shapes "BxTxHxD[,BxTxHxD...]" into out (at most max): their count, or -1 where one is malformed
+// or not positive.
+typedef struct {
+    int B, T, H, D;
+} BenchShape;
+int bench_parse_shapes(const char *s, BenchShape *out, int max);
 double bench_median(double *t, int n);
 // Seconds per call of fn(ctx) on backend be, after one warm-up call: the median of reps calls each
 // waited for (at most 64), and the mean over n calls launched back to back with one wait at the end

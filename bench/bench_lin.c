@@ -196,26 +196,6 @@ static int bench_lin_cpu(int B, int T, int H, const char *dims, const char *chun
 
 // --- CUDA ---------------------------------------------------------------------------------------
 
-typedef struct {
-    int B, T, H, D;
-} Shape;
-
-static int parse_shapes(const char *s, Shape *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        Shape sh;
-        int used = 0;
-        if (sscanf(s, "%dx%dx%dx%d%n", &sh.B, &sh.T, &sh.H, &sh.D, &used) != 4 || sh.B <= 0 || sh.T <= 0 || sh.H <= 0 ||
-            sh.D <= 0)
-            return -1;
-        out[n++] = sh;
-        s += used;
-        if (*s == ',') s++;
-        else if (*s) return -1;
-    }
-    return n;
-}
-
 static void *up(const Backend *be, const double *x, size_t n, MemKind k) {
     void *p = be->alloc(be, n, k);
     if (!p || be->upload(be, p, x, n, k)) die("%s", mn_last_error());
@@ -313,8 +293,8 @@ static double mem_gb(const Backend *be) { return be->device_mem_used ? be->devic
 
 static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Variant **vars, int nv, int reps,
                           float gmean, MnMesaForm form) {
-    Shape shapes[8];
-    int ns = parse_shapes(shapes_s, shapes, 8);
+    BenchShape shapes[8];
+    int ns = bench_parse_shapes(shapes_s, shapes, 8);
     if (ns <= 0) die("--shapes: expected BxTxHxD[,BxTxHxD...]");
     int bs[8], nb = *decode_s ? bench_parse_ints(decode_s, bs, 8) : 0;
     if (nb < 0) die("--decode: expected comma-separated positive batch sizes, or \"\"");
@@ -331,7 +311,7 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
     printf("%-16s %-9s | %9s %8s | %9s %9s | %9s %9s %9s %9s | %7s\n", "B x T x H x D", "variant", "fwd ms", "TFLOP/s",
            "f+b ms", "f+b strm", "err o", "err dq", "err dk", "err dv", "mem GB");
     for (int si = 0; si < ns; si++) {
-        Shape sh = shapes[si];
+        BenchShape sh = shapes[si];
         MnMesaDims d = {sh.B, sh.T, sh.H, sh.D, sh.D};
         BenchMesaInputs h;
         bench_mesa_inputs(&h, d, 11 + si, gmean, 1, 1);

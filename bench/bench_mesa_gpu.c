@@ -19,25 +19,6 @@
 #include "ref/ref.h"
 #include "tools/commands.h"
 
-typedef struct {
-    int B, T, H, D;
-} Shape;
-
-static int parse_shapes(const char *s, Shape *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        Shape sh;
-        int used = 0;
-        if (sscanf(s, "%dx%dx%dx%d%n", &sh.B, &sh.T, &sh.H, &sh.D, &used) != 4 || sh.B <= 0 || sh.T <= 0 || sh.H <= 0 ||
-            sh.D <= 0)
-            return -1;
-        out[n++] = sh;
-        s += used;
-        if (*s == ',') s++;
-    }
-    return n;
-}
-
 static void *up(const Backend *be, const double *x, size_t n, MemKind k) {
     void *p = be->alloc(be, n, k);
     if (!p || be->upload(be, p, x, n, k)) die("%s", mn_last_error());
@@ -169,8 +150,8 @@ int bench_mesa_gpu(int argc, char **argv) {
     else if (strcmp(init_s, "zero")) die("--init: expected zero or jacobi, got '%s'", init_s);
     if (!strcmp(precond_s, "jacobi")) solver.precond = MN_PRECOND_JACOBI;
     else if (strcmp(precond_s, "none")) die("--precond: expected none or jacobi, got '%s'", precond_s);
-    Shape shapes[8];
-    int ns = parse_shapes(shapes_s, shapes, 8);
+    BenchShape shapes[8];
+    int ns = bench_parse_shapes(shapes_s, shapes, 8);
     if (ns <= 0) die("--shapes: expected BxTxHxD[,BxTxHxD...]");
     const Backend *be = backend_by_name("cuda");
     if (!be) die("%s", mn_last_error());
@@ -182,7 +163,7 @@ int bench_mesa_gpu(int argc, char **argv) {
     printf("%-16s %-9s | %9s %6s %8s | %9s %6s | %9s | %9s\n", "B x T x H x D", "CG", "fwd ms", "steps", "TFLOP/s",
            "f+b ms", "steps", "rel err", "f+b strm");
     for (int si = 0; si < ns; si++) {
-        Shape sh = shapes[si];
+        BenchShape sh = shapes[si];
         MnMesaDims d = {sh.B, sh.T, sh.H, sh.D, sh.D};
         BenchMesaInputs h;
         bench_mesa_inputs(&h, d, 11 + si, 3, 1, 1);
