@@ -403,6 +403,12 @@ typedef struct {
     int tok, D;
 } LfSrc;
 
+// A bf16 [B,T,H,D] input as an LfSrc (no row scale).
+static __device__ __forceinline__ LfSrc lf_src_d(const bf16 *p, int D) {
+    LfSrc s = {p, NULL, 1, D};
+    return s;
+}
+
 static __device__ __forceinline__ float lf_at(const LcDims d, const LfSrc s, size_t ch, int t, int col) {
     if (col >= s.D) return 0.0f;
     float x;
@@ -857,14 +863,22 @@ static __device__ __forceinline__ void lf_load_state(const LcDims d, const float
 // in fp32 in registers, then split into bf16 A fragments hi + lo for the second product
 // (FlashAttention's P V); S and V' split too (two products for Q S^T, three for P V'), so that O
 // carries about its own bf16 rounding only. Dynamic shared memory: LF_OUT_SMEM bytes.
+//
+// BWD = 1: the same kernel gives the backward's dV' (GLA), the roles swapped:
+//     dV' = diag(lambda) K dS^T + ((K Qs^T) (.) Gamma^T) dO
+// with qin = k (the rows' operand), kin = q, states = the adjoints dS, vp = dO (exact bf16), the
+// scores' upper triangle (j >= i, scale e^{b_j - b_i}); out gets dv = diag(beta) dV' (bf16) and
+// part[(ch C + t) gridDim.y + blockIdx.y] the slice's share of v_t . dV'_t (vin = v).
 #define LF_TO (LF_C * LF_LDO)
-#define LF_OUT_SMEM ((3 * LF_TK + 2 * LF_TO) * 2)
+#define LF_OUT_SMEM ((3 * LF_TK + 2 * LF_TO) * 2 + LF_C * 4 * 4)
 
-static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims d, const LcGates gt, const bf16 *qin,
-                                                                  const bf16 *kin, const float *states, const LfSrc vp,
-                                                                  float scale, bf16 *out) {
+template <int BWD>
+static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates gt, const bf16 *qin, const bf16 *kin,
+                                                   const float *states, const LfSrc vp, float scale, bf16 *out,
+                                                   const bf16 *vin, float *part) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
     bf16 *Qs = (bf16 *)lf_dsmem, *KS = Qs + LF_TK, *Sl = KS + LF_TK, *Vh = Sl + LF_TK, *Vl = Vh + LF_TO;
+    float *red = (float *)(Vl + LF_TO);  // [64][4] (BWD): the row sums' shares of the lanes
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);
     const size_t ch = blockIdx.x;
     const int c0 = blockIdx.y * LF_RO, p = (int)(ch / d.N), t0 = (int)(ch % d.N) * LF_C;
@@ -897,7 +911,10 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) o[n][e] *= scale * gt.gam[ch * LF_C + 16 * w + lr + 8 * (e >> 1)];
+        for (int e = 0; e < 4; e++) {
+            const size_t r = ch * LF_C + 16 * w + lr + 8 * (e >> 1);
+            o[n][e] *= BWD ? gt.lam[r] : scale * gt.gam[r];
+        }
     __syncthreads();  // S's hi tile read: it takes K
     lf_load(d, ksrc, ch, 0, Dk, KS, LF_LDK);
     __syncthreads();
@@ -911,7 +928,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
         ldsm_x4(af, Qs + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int np = 0; np < 4; np++) {
-            if (np > w) continue;  // keys after the warp's last row
+            if (BWD ? np < w : np > w) continue;  // keys after the warp's last row (BWD: before its first)
             ldsm_x4(bb, KS + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
             mma_bf16(att[2 * np], af, bb[0], bb[1]);
             mma_bf16(att[2 * np + 1], af, bb[2], bb[3]);
@@ -922,11 +939,12 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int i = 16 * w + lr + 8 * (e >> 1), j = 8 * n + lc + (e & 1);
-            att[n][e] = j <= i ? scale * expf(b[i] - b[j]) * att[n][e] : 0.0f;
+            if (BWD) att[n][e] = j >= i ? scale * expf(b[j] - b[i]) * att[n][e] : 0.0f;
+            else att[n][e] = j <= i ? scale * expf(b[i] - b[j]) * att[n][e] : 0.0f;
         }
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
-        if (kk > w) continue;
+        if (BWD ? kk < w : kk > w) continue;
         float hv[8];
 #pragma unroll
         for (int e = 0; e < 8; e++) hv[e] = lf_hi(att[2 * kk + (e >> 2)][e & 3]);
@@ -952,8 +970,282 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims 
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
-            if (t0 + i < d.T && col < Dv) st(out, lc_tok(d, p, t0 + i) * Dv + col, o[n][e]);
+            if (!BWD && t0 + i < d.T && col < Dv) st(out, lc_tok(d, p, t0 + i) * Dv + col, o[n][e]);
         }
+    if (!BWD) return;
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
+            if (t0 + i >= d.T || col >= Dv) continue;
+            size_t o_ = lc_tok(d, p, t0 + i) * Dv + col;
+            rs[e >> 1] = fmaf(ld(vin, o_), o[n][e], rs[e >> 1]);
+            st(out, o_, gt.beta[ch * LF_C + i] * o[n][e]);
+        }
+    red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
+    red[(16 * w + lr + 8) * 4 + (lane & 3)] = rs[1];
+    __syncthreads();
+    if (threadIdx.x < LF_C) {
+        const float *rr = red + threadIdx.x * 4;
+        part[(ch * LF_C + threadIdx.x) * gridDim.y + blockIdx.y] = (rr[0] + rr[1]) + (rr[2] + rr[3]);
+    }
+}
+
+static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims d, const LcGates gt, const bf16 *qin,
+                                                                  const bf16 *kin, const float *states, const LfSrc vp,
+                                                                  float scale, bf16 *out) {
+    lf_out_body<0>(d, gt, qin, kin, states, vp, scale, out, NULL, NULL);
+}
+
+static __global__ void __launch_bounds__(LF_THREADS) lf_dv_kernel(const LcDims d, const LcGates gt, const bf16 *kin,
+                                                                 const bf16 *qin, const float *dst, const LfSrc dout,
+                                                                 float scale, bf16 *dv, const bf16 *vin, float *part) {
+    lf_out_body<1>(d, gt, kin, qin, dst, dout, scale, dv, vin, part);
+}
+
+// Columns c0 .. c0 + 63 of the chunk's state (float32 [Dv][Dk]; zero past Dk), all Dv rows, into two
+// bf16 tiles [Dv][LF_LDO], hi + lo (the B operand [k = Dv][n = columns] of dO S and V' dS).
+static __device__ __forceinline__ void lf_load_state_cols(const LcDims d, const float *states, size_t ch, int c0,
+                                                          bf16 *hi, bf16 *lo) {
+    const int n4 = LF_RO / 4, total = d.Dv * n4;
+    for (int e0 = threadIdx.x; e0 < total; e0 += LF_UNR * blockDim.x) {
+        float4 f[LF_UNR];
+#pragma unroll
+        for (int u = 0; u < LF_UNR; u++) {
+            int e = e0 + u * blockDim.x, r = e / n4, col = c0 + 4 * (e - r * n4);
+            f[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (e < total && col < d.Dk) f[u] = *(const float4 *)(states + (ch * d.Dv + r) * d.Dk + col);
+        }
+#pragma unroll
+        for (int u = 0; u < LF_UNR; u++) {
+            int e = e0 + u * blockDim.x, r = e / n4;
+            if (e >= total) continue;
+            size_t o = (size_t)r * LF_LDO + 4 * (e - r * n4);
+            float v[4] = {f[u].x, f[u].y, f[u].z, f[u].w}, h[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) h[i] = lf_hi(v[i]);
+            uint32_t *oh = (uint32_t *)(hi + o), *ol = (uint32_t *)(lo + o);
+            oh[0] = pack_bf16(h[0], h[1]);
+            oh[1] = pack_bf16(h[2], h[3]);
+            ol[0] = pack_bf16(v[0] - h[0], v[1] - h[1]);
+            ol[1] = pack_bf16(v[2] - h[2], v[3] - h[3]);
+        }
+    }
+}
+
+// acc (16 rows of the warp x 64 columns: 8 n-tiles) += P X, P the warp's masked scores (fp32, 8 tiles
+// of 16 x 8 over the chunk's 64 columns, tiles kk < kmin or kk > kmax zero and skipped) split into A
+// fragments hi + lo, X [64][LF_LDO] exact bf16 in shared memory; columns c0 + 16 dp past D skipped.
+static __device__ __forceinline__ void lf_pv(float acc[8][4], const float att[8][4], const bf16 *X, int kmin, int kmax,
+                                             int c0, int D) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        if (kk < kmin || kk > kmax) continue;
+        float hv[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) hv[e] = lf_hi(att[2 * kk + (e >> 2)][e & 3]);
+        uint32_t ph[4] = {pack_bf16(hv[0], hv[1]), pack_bf16(hv[2], hv[3]), pack_bf16(hv[4], hv[5]),
+                          pack_bf16(hv[6], hv[7])};
+        uint32_t pl[4] = {pack_bf16(att[2 * kk][0] - hv[0], att[2 * kk][1] - hv[1]),
+                          pack_bf16(att[2 * kk][2] - hv[2], att[2 * kk][3] - hv[3]),
+                          pack_bf16(att[2 * kk + 1][0] - hv[4], att[2 * kk + 1][1] - hv[5]),
+                          pack_bf16(att[2 * kk + 1][2] - hv[6], att[2 * kk + 1][3] - hv[7])};
+#pragma unroll
+        for (int dp = 0; dp < 4; dp++) {
+            if (c0 + dp * 16 >= D) continue;
+            uint32_t bb[4];
+            ldsm_x4_t(bb, X + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDO + dp * 16 + (lane >> 4) * 8);
+            mma_bf16(acc[2 * dp], pl, bb[0], bb[1]);
+            mma_bf16(acc[2 * dp + 1], pl, bb[2], bb[3]);
+            mma_bf16(acc[2 * dp], ph, bb[0], bb[1]);
+            mma_bf16(acc[2 * dp + 1], ph, bb[2], bb[3]);
+        }
+    }
+}
+
+// acc += A X with A the warp's 16 rows of a [64][LF_LDK] exact bf16 tile over nk = D / 16 steps of k
+// and X [D][LF_LDO] a state slice hi + lo (two products); columns c0 + 16 dp past Dc skipped.
+static __device__ __forceinline__ void lf_as(float acc[8][4], const bf16 *A, const bf16 *Xh, const bf16 *Xl, int D,
+                                             int c0, int Dc) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int s = 0; s < D / 16; s++) {
+        uint32_t af[4];
+        ldsm_x4(af, A + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int dp = 0; dp < 4; dp++) {
+            if (c0 + dp * 16 >= Dc) continue;
+            const int bo = (s * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDO + dp * 16 + (lane >> 4) * 8;
+            uint32_t bh[4], bl[4];
+            ldsm_x4_t(bh, Xh + bo);
+            ldsm_x4_t(bl, Xl + bo);
+            mma_bf16(acc[2 * dp], af, bl[0], bl[1]);
+            mma_bf16(acc[2 * dp + 1], af, bl[2], bl[3]);
+            mma_bf16(acc[2 * dp], af, bh[0], bh[1]);
+            mma_bf16(acc[2 * dp + 1], af, bh[2], bh[3]);
+        }
+    }
+}
+
+// att = the warp's 16 rows of A B^T (A, B [64][LF_LDK] exact bf16, D / 16 steps of k), the 16 x 16
+// column blocks np outside [nmin, nmax] left zero.
+static __device__ __forceinline__ void lf_abt(float att[8][4], const bf16 *A, const bf16 *B, int D, int nmin, int nmax) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) att[n][e] = 0.0f;
+    for (int s = 0; s < D / 16; s++) {
+        uint32_t af[4], bb[4];
+        ldsm_x4(af, A + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            if (np < nmin || np > nmax) continue;
+            ldsm_x4(bb, B + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
+            mma_bf16(att[2 * np], af, bb[0], bb[1]);
+            mma_bf16(att[2 * np + 1], af, bb[2], bb[3]);
+        }
+    }
+}
+
+// The backward's dQs and dK of one (chunk, slice of LF_RO columns of Dk), GLA (V' = diag(beta) V), 4
+// warps of 16 rows:
+//     dQs = diag(gamma) dO S + P1 K,         P1 = (dO V'^T) (.) Gamma
+//     dK  = diag(lambda) V' dS + P1^T Qs,    P1^T = (V' dO^T) (.) Gamma^T
+// dO, V, q, k bf16 as given (exact operands; beta and the decays applied to the scores in fp32), S
+// (the chunk's entry state) and dS (the adjoint of its end state) float32 [nch][Dv][Dk], their
+// column slices split hi + lo in shared memory (S first, then dS in its place); the masked scores
+// in registers, split into A fragments hi + lo (lf_pv). Out: dq = scale dQs, dk (bf16 [B,T,H,Dk]),
+// part[(ch C + t) gridDim.y + blockIdx.y] the slice's share of q_t . dq_t. Dynamic shared memory
+// LF_DQK_SMEM bytes.
+#define LF_TSV (LF_KMAX * LF_LDO)  // a state slice [Dv][64]
+#define LF_DQK_SMEM ((2 * LF_TK + 2 * LF_TSV + 2 * LF_TO) * 2 + LF_C * 4 * 4)
+static __global__ void __launch_bounds__(LF_THREADS) lf_dqk_kernel(const LcDims d, const LcGates gt, const bf16 *qin,
+                                                                  const bf16 *kin, const bf16 *vin, const bf16 *doin,
+                                                                  const float *sts, const float *dst, float scale,
+                                                                  bf16 *dq, bf16 *dk, float *part) {
+    extern __shared__ __align__(16) unsigned char lf_dsmem[];
+    bf16 *Do = (bf16 *)lf_dsmem, *Vt = Do + LF_TK, *Sh = Vt + LF_TK, *Sl = Sh + LF_TSV, *Kc = Sl + LF_TSV,
+         *Qc = Kc + LF_TO;
+    float *red = (float *)(Qc + LF_TO);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);
+    const size_t ch = blockIdx.x;
+    const int c0 = blockIdx.y * LF_RO, p = (int)(ch / d.N), t0 = (int)(ch % d.N) * LF_C;
+    const float *b = gt.b + ch * LF_C, *beta = gt.beta + ch * LF_C;
+    lf_load(d, lf_src_d(doin, Dv), ch, 0, Dv, Do, LF_LDK);
+    lf_load(d, lf_src_d(vin, Dv), ch, 0, Dv, Vt, LF_LDK);
+    lf_load(d, lf_src_d(kin, Dk), ch, c0, LF_RO, Kc, LF_LDO);
+    lf_load(d, lf_src_d(qin, Dk), ch, c0, LF_RO, Qc, LF_LDO);
+    lf_load_state_cols(d, sts, ch, c0, Sh, Sl);
+    __syncthreads();
+    float acc[8][4], att[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+    lf_as(acc, Do, Sh, Sl, Dv, c0, Dk);  // dO S
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[n][e] *= gt.gam[ch * LF_C + 16 * w + lr + 8 * (e >> 1)];
+    lf_abt(att, Do, Vt, Dv, 0, w);  // dO V^T, then (.) Gamma, beta on the columns
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = 16 * w + lr + 8 * (e >> 1), j = 8 * n + lc + (e & 1);
+            att[n][e] = j <= i ? beta[j] * expf(b[i] - b[j]) * att[n][e] : 0.0f;
+        }
+    lf_pv(acc, att, Kc, 0, w, c0, Dk);  // + P1 K
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = 16 * w + lr + 8 * (e >> 1), cl = 8 * n + lc + (e & 1), col = c0 + cl;
+            if (t0 + i >= d.T || col >= Dk) continue;
+            float x = scale * acc[n][e];
+            rs[e >> 1] = fmaf(ld(Qc, (size_t)i * LF_LDO + cl), x, rs[e >> 1]);
+            st(dq, lc_tok(d, p, t0 + i) * Dk + col, x);
+        }
+    red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
+    red[(16 * w + lr + 8) * 4 + (lane & 3)] = rs[1];
+    __syncthreads();  // S read: dS takes its tiles
+    if (threadIdx.x < LF_C) {
+        const float *rr = red + threadIdx.x * 4;
+        part[(ch * LF_C + threadIdx.x) * gridDim.y + blockIdx.y] = (rr[0] + rr[1]) + (rr[2] + rr[3]);
+    }
+    lf_load_state_cols(d, dst, ch, c0, Sh, Sl);
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+    lf_as(acc, Vt, Sh, Sl, Dv, c0, Dk);  // V dS, then diag(lambda beta)
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const size_t r = ch * LF_C + 16 * w + lr + 8 * (e >> 1);
+            acc[n][e] *= gt.lam[r] * gt.beta[r];
+        }
+    lf_abt(att, Vt, Do, Dv, w, 3);  // V dO^T, then (.) Gamma^T, beta on the rows, scale (Qs = scale q)
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = 16 * w + lr + 8 * (e >> 1), j = 8 * n + lc + (e & 1);
+            att[n][e] = j >= i ? scale * beta[i] * expf(b[j] - b[i]) * att[n][e] : 0.0f;
+        }
+    lf_pv(acc, att, Qc, w, 3, c0, Dk);  // + P1^T Qs
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
+            if (t0 + i < d.T && col < Dk) st(dk, lc_tok(d, p, t0 + i) * Dk + col, acc[n][e]);
+        }
+}
+
+// The backward's per-token gate gradients of one chunk (one block of LC_OUT_THREADS), fused path:
+// from the slices' shares pq (q . dq, nq of them a token) and pv (v . dV', nv), dbeta = v . dV' and
+// dg_t = <dS_end, S_end> + sum_{t' >= t} (q . dq - beta v . dV')_t' (in double: the terms cancel).
+static __global__ void __launch_bounds__(LC_OUT_THREADS) lf_gates_bwd_kernel(const LcDims d, const LcGates gt,
+                                                                             const float *pq, int nq, const float *pv,
+                                                                             int nv, const float *st, const float *sfin,
+                                                                             const float *dst, float *dg, float *dbeta,
+                                                                             int has_g, int has_beta) {
+    __shared__ double dG[LC_CMAX], red[LC_OUT_THREADS];
+    __shared__ float dbs[LC_CMAX];
+    const int tid = threadIdx.x;
+    const size_t ch = blockIdx.x, r = ch * LF_C;
+    const int p = (int)(ch / d.N), c = (int)(ch % d.N), t0 = c * LF_C, n = min(LF_C, d.T - t0);
+    if (tid < n) {
+        float qd = 0.0f, vd = 0.0f;
+        for (int i = 0; i < nq; i++) qd += pq[(r + tid) * nq + i];
+        for (int i = 0; i < nv; i++) vd += pv[(r + tid) * nv + i];
+        dG[tid] = (double)qd - (double)gt.beta[r + tid] * vd;
+        dbs[tid] = vd;
+    }
+    if (dg && has_g) {  // <dS_end, S_end>
+        const float *se = c + 1 < d.N ? st + (ch + 1) * d.ss : sfin + (size_t)p * d.ss, *dse = dst + ch * d.ss;
+        double s = 0;
+        for (size_t e = tid; e < d.ss; e += blockDim.x) s += (double)se[e] * dse[e];
+        red[tid] = s;
+    }
+    __syncthreads();
+    if (tid == 0 && dg) {
+        double acc = 0;
+        if (has_g)
+            for (int i = 0; i < (int)blockDim.x; i++) acc += red[i];
+        for (int t = n - 1; t >= 0; t--) {
+            acc += dG[t];
+            dg[lc_tok(d, p, t0 + t)] = has_g ? (float)acc : 0.0f;
+        }
+    }
+    if (dbeta && tid < n) dbeta[lc_tok(d, p, t0 + tid)] = has_beta ? dbs[tid] : 0.0f;
 }
 
 // ------------------------------------------------------------------------------ host side
@@ -1190,17 +1482,76 @@ int cuda_lin_chunk_fwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
     return MN_OK;
 }
 
+// The fused backward of the GLA rule: gates (lc_gates_kernel), the chunks' entry states again and
+// the end states' adjoints (lf_walk_kernel twice: forward, then reverse with X = dS, Y = dO, B = Qs,
+// gamma on Y's rows), dV' (lf_dv_kernel), dQs and dK (lf_dqk_kernel), dg and dbeta
+// (lf_gates_bwd_kernel): 6 launches, reading the inputs as the call gives them.
+static int lf_backward_gla(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io) {
+    const int Dk = d->Dk, Dv = d->Dv, nyk = (Dk + LF_RO - 1) / LF_RO, nyv = (Dv + LF_RO - 1) / LF_RO;
+    size_t rg = d->nch * LF_C, states = d->nch * d->ss, fins = (size_t)d->P * d->ss;
+    size_t total = 5 * rg + d->nch + 2 * states + fins + rg * (nyk + nyv) + 11 * LC_ALIGN;
+    float *m = (float *)cuda_scratch(be, sizeof(float) * total);
+    if (!m) return MN_ERR_NOMEM;
+    LcGates gt;
+    float *st_, *dst, *sfin, *pq, *pv;
+#define TAKE(ptr, n) (ptr = m, m += ((n) + LC_ALIGN - 1) / LC_ALIGN * LC_ALIGN)
+    TAKE(gt.b, rg); TAKE(gt.gam, rg); TAKE(gt.lam, rg); TAKE(gt.beta, rg); TAKE(gt.bg, rg);
+    TAKE(gt.dec, d->nch);
+    TAKE(st_, states); TAKE(dst, states); TAKE(sfin, fins);
+    TAKE(pq, rg * nyk); TAKE(pv, rg * nyv);
+#undef TAKE
+    const bf16 *q = (const bf16 *)io->q, *k = (const bf16 *)io->k, *v = (const bf16 *)io->v,
+               *dout = (const bf16 *)io->dout;
+    lc_gates_kernel<<<grid_for(d->nch, 128), 128, 0, c->stream>>>(*d, io->g, io->beta, gt);
+    LAUNCH_CHECK();
+    LfWalk wk;
+    memset(&wk, 0, sizeof wk);  // S_c = the states entering the chunks
+    wk.y0 = lf_src(v, gt.beta, 1, Dv);
+    wk.b = lf_src(k, NULL, 1, Dk);
+    wk.rb = gt.lam;
+    wk.b_exact = 1;
+    wk.sb = 1.0f;
+    wk.dec = gt.dec;
+    wk.init = io->s0;
+    wk.xs = st_;
+    wk.xfin = sfin;
+    MN_TRY(lf_walk(c, d, &wk));
+    memset(&wk, 0, sizeof wk);  // dS_c, last chunk first: dS <- gamma_n dS + dO^T diag(gamma) Qs
+    wk.y0 = lf_src(dout, NULL, 1, Dv);
+    wk.b = lf_src(q, NULL, 1, Dk);
+    wk.rb = gt.gam;
+    wk.b_exact = 1;
+    wk.sb = scale;
+    wk.dec = gt.dec;
+    wk.init = io->dsT;
+    wk.xs = dst;
+    wk.xfin = io->ds0;
+    wk.reverse = 1;
+    MN_TRY(lf_walk(c, d, &wk));
+    const LfSrc dos = lf_src(dout, NULL, 1, Dv);
+    CU_TRY(cudaFuncSetAttribute(lf_dv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_OUT_SMEM));
+    lf_dv_kernel<<<dim3((unsigned)d->nch, (unsigned)nyv), LF_THREADS, LF_OUT_SMEM, c->stream>>>(*d, gt, k, q, dst, dos, scale, (bf16 *)io->dv, v, pv);
+    LAUNCH_CHECK();
+    CU_TRY(cudaFuncSetAttribute(lf_dqk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_DQK_SMEM));
+    lf_dqk_kernel<<<dim3((unsigned)d->nch, (unsigned)nyk), LF_THREADS, LF_DQK_SMEM, c->stream>>>(*d, gt, q, k, v, dout, st_, dst, scale, (bf16 *)io->dq, (bf16 *)io->dk, pq);
+    LAUNCH_CHECK();
+    lf_gates_bwd_kernel<<<(unsigned)d->nch, LC_OUT_THREADS, 0, c->stream>>>(*d, gt, pq, nyk, pv, nyv, st_, sfin, dst, io->dg, io->dbeta, io->g != NULL, io->beta != NULL);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
 int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts *o, const MnLinBwd *io) {
     CudaCtx *c = cuda_ctx(be);
     LcDims d;
     MN_TRY(lc_dims(&d, dm, o, "cuda lin backward (chunk)"));
     int delta = o->rule == MN_LIN_DELTA, C = d.C, Dk = d.Dk, Dv = d.Dv, N = d.N, P = d.P;
     size_t ck = (size_t)C * Dk, cv = (size_t)C * Dv, cc = (size_t)C * C, ss = d.ss, sb = sizeof(float) * ss;
+    const int fused = lf_use(&d);  // GLA: lf_backward_gla; delta: the two state walks as lf_walk_kernel
+    if (fused && !delta) return lf_backward_gla(be, c, &d, o->scale, io);
     LcWork w;
     MN_TRY(lc_alloc(be, &d, delta, 1, &w));
     MN_TRY(lc_prepare(c, &d, delta, o->scale, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
                       io->beta, &w));
-    const int fused = lf_use(&d);  // the delta rule's two state walks as lf_walk_kernel
     MN_TRY(lc_states(c, &d, delta, fused, io->s0, &w));
     lc_gather_kernel<<<grid_for(d.nch * cv, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, (const bf16 *)io->dout, Dv, 1.0f, w.dout, w.gt.gam, w.dog, NULL, NULL);
     LAUNCH_CHECK();
