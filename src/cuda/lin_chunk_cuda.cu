@@ -6,8 +6,10 @@
  * MESANET_LIN=fused (read at each call) and they take the shape. The fused path is not the
  * default because it is slower as it stands (H100, (B,T,H,D) = (8,2048,16,128), one run:
  * forward gdn 3.72 ms against 3.47, gla 2.88 against 2.11; forward+backward gdn 15.4 against
- * 13.5, gla 7.50 against 6.75): its state walk is latency-bound and the backward still
- * runs the cuBLAS products over float32 copies (see "next steps" below).
+ * 13.5, gla 7.50 against 6.75, measured before the fused backward kernels below): its state
+ * walk is latency-bound, and the backward then ran the cuBLAS products over float32 copies. The
+ * fused backward kernels (GLA: the whole backward; delta: all but the UT transform's adjoint)
+ * have not been timed yet.
  *
  * A sequence of T tokens is cut into N = ceil(T / C) chunks of C tokens (C = 64 by
  * default, at most 64); a short last chunk is padded with zero q, k, v and g = 0,
@@ -43,7 +45,11 @@
  *                     registers, A from global memory; K, exact in bf16, as is) and each product
  *                     is three mma (hi hi + hi lo + lo hi; two against K): ~2^-16 relative, so
  *                     that the state does not compound bf16's 2^-9 from chunk to chunk. Shared
- *                     memory 95 KiB (dynamic: two blocks a Hopper multiprocessor), 166 registers.
+ *                     memory 95 KiB (dynamic: two blocks a Hopper multiprocessor), 168 registers.
+ *                     (lf_walk2_kernel: the same with a second increment X += sb2 (diag(rb2) Y2)^T B2,
+ *                     B2 exact, restaged into the B and Y tiles after the first: the delta rule's
+ *                     adjoint walk; a template instance of its own, 164 registers, so that the
+ *                     forward's keeps its registers.)
  *   lf_out_kernel     one block of 4 warps (16 rows each) per (chunk, slice of 64 columns of Dv),
  *                     grid (nch, Dv / 64): O = diag(gamma) Qs S^T + ((Qs K^T) (.) Gamma) V', Qs S^T
  *                     first (S read once; its hi tile then takes K). Qs K^T from the exact bf16
@@ -51,22 +57,60 @@
  *                     scaled in fp32 in registers and turned into A fragments hi + lo without
  *                     shared memory (FlashAttention's P V); S and V' split hi + lo in shared
  *                     memory (two products for Qs S^T, three for P V'); O to bf16 [B,T,H,Dv].
- *                     Shared memory 69 KiB (dynamic), 102 registers.
+ *                     Shared memory 70 KiB (dynamic), 102 registers.
  * Scratch (float32): the gates, W and U (delta: nch C (Dk + Dv)) and one state per chunk
  * (nch Dv Dk): ~0.55 GB at (B,T,H,D) = (8,2048,16,128), against ~3.5 GB on the cuBLAS path.
  *
- * Backward: the cuBLAS path's (below), except that the delta rule's two sequential hand-offs are
- * one lf_walk_kernel each over its float32 chunk-major buffers: the forward's states again
- * (A = W, Y0 = U, B = K with lambda on Y's rows) and the adjoints, last chunk first (X = dS,
- * Y = dV' = Y0 + diag(lambda) K dS^T with Y0 the intra-chunk dV', X <- gamma_n X + inc - Y^T W, the
- * increments inc = dO^T diag(gamma) Qs of all chunks computed before): ~33 launches instead of
- * 33 + 9 N. (Not yet fused: the backward's per-chunk products, dQ, dK, dV', dW and the UT
- * transform's adjoint, and its float32 gathers.)
+ * Backward, GLA rule, fused whole: 6 launches reading q, k, v, dO bf16 and g, beta float32 as the
+ * call gives them (no float32 copies of the inputs):
+ *   lc_gates_kernel      the gates.
+ *   lf_walk_kernel       the forward's walk again: the entry states S_c (float32 [nch][Dv][Dk]) and the
+ *                        final state (scratch).
+ *   lf_walk_kernel       reverse, the end states' adjoints: X = dS (init dsT, out dS_c of every chunk
+ *                        and ds0), no A, Y = dO (bf16 as given), B = q, gamma and scale on Y's rows:
+ *                        dS <- gamma_n dS + dO^T diag(gamma) Qs.
+ *   lf_dv_kernel         lf_out_kernel's body with the roles swapped (template BWD = 1), grid
+ *                        (nch, Dv / 64): dV' = diag(lambda) K dS^T + ((K Qs^T) (.) Gamma^T) dO, the
+ *                        scores' upper triangle in registers (hi + lo A fragments), dS split hi + lo;
+ *                        out dv = diag(beta) dV' (bf16) and each slice's share of v . dV' per token
+ *                        (float32 [nch][C][Dv / 64], summed in shared memory across the 4 lanes of a
+ *                        row). Shared memory 70 KiB, 96 registers (8 bytes spilled on sm_90a).
+ *   lf_dqk_kernel        one block of 4 warps (16 rows each) per (chunk, slice of 64 columns of Dk),
+ *                        grid (nch, Dk / 64): dQs = diag(gamma) dO S + P1 K with P1 = (dO V^T) (.)
+ *                        Gamma diag(beta), and dK = diag(lambda beta) V dS + P1^T Qs with P1^T =
+ *                        diag(beta) (V dO^T) (.) Gamma^T, both score blocks in registers (fp32, then hi +
+ *                        lo A fragments; dO, V, q, k exact bf16 tiles), S's and then dS's column slice
+ *                        [Dv][64] split hi + lo in the same shared memory; out dq = scale dQs, dk (bf16)
+ *                        and the slice's share of q . dq per token. Shared memory 89 KiB, 128
+ *                        registers (sm_80: 24 bytes spilled).
+ *   lf_gates_bwd_kernel  one block per chunk: dbeta = v . dV', dg_t = <dS_end, S_end> (float32 states,
+ *                        double sums) + the reverse cumulative sum of q . dq - beta v . dV' in the chunk
+ *                        (lin_chunk.c's identity). 40 registers.
+ * Scratch (float32): the gates, two states per chunk (S_c, dS_c), the final state and the shares,
+ * ~0.55 GB at (8,2048,16,128) (GLA's cuBLAS backward: ~2.6 GB).
+ *
+ * Backward, delta rule: the cuBLAS path's buffers and products (below) for the UT transform and its
+ * adjoint, with these fused pieces: the forward's states again (lf_walk_kernel over the float32
+ * chunk-major W, U, K: A = W, Y0 = U, B = K with lambda on Y's rows); the intra-chunk dV' =
+ * ((K Qs^T) (.) Gamma^T) dO (lf_dvi_kernel: lf_out_kernel's body, template BWD = 2, no state term,
+ * out float32 [nch][C][Dv]; 85 registers, 70 KiB); the adjoints, last chunk first, in
+ * lf_walk2_kernel (X = dS, Y = dV' = Y0 + diag(lambda) K dS^T into the dV' buffer, X <- gamma_n X -
+ * Y^T W + scale (diag(gamma) dO)^T q, the second increment from dO and q as given: no increments
+ * buffer, no product before); dQs and dK's first terms (lf_dqk_delta_kernel: lf_dqk_kernel's body,
+ * template DELTA = 1, V' the float32 buffer split hi + lo into one more tile, three products where
+ * it enters; out unscaled dQs and dK into the float32 buffers; 106 KiB, 121 registers, sm_80: 24
+ * bytes spilled). Still on cuBLAS: the gathers of q, k, v, K K^T, Tt (lc_tinv_kernel), U, W, and the
+ * UT transform's adjoint (dW = -dV' S, Tt^T dU, Tt^T dW, dTt, dA: 7 products, lc_delta_comb_kernel,
+ * D K + D^T K), then lc_bwd_out_kernel. 23 launches (N chunks: no launch per chunk; 33 before the
+ * fused pieces, 33 + 6 N on the cuBLAS path); scratch ~3.2 GB at (8,2048,16,128) (the increments'
+ * buffer, one state per chunk, no longer taken; dO's gathered copies are skipped but still carved).
  *
  * Precision of the fused path: the inputs q, k, v are exact bf16 operands; every rounded operand
  * (states, V', W, U, Tt, the masked scores) is split hi + lo, so the outputs carry about their own
  * bf16 rounding (o: 1.6e-3 .. 1.8e-3 relative in L2 in the emulation, as the cuBLAS path's) and sT
- * is near float32 (1e-8 .. 1e-5). The backward's float32 outputs are the cuBLAS path's, except that
+ * is near float32 (1e-8 .. 1e-5). The backward's bf16 outputs carry about their own rounding too
+ * (dq, dk, dv: 1.7e-3 .. 1.9e-3 in the emulation); GLA's fused float32 outputs are near float32
+ * (dg ~4e-5, dbeta ~6e-6, ds0 ~3e-6, against ~1e-3 on the cuBLAS path: no TF32 operand), while
  * the delta rule's dg (whose terms cancel) comes to ~6e-3 where the cuBLAS path's TF32 errors
  * cancel to ~3e-3 (tests/cuda/test_cuda_lin.c states the tolerances).
  *
@@ -561,6 +605,9 @@ typedef struct {
     const float *dec, *inc, *init;
     float *xs, *y, *xfin;
     int reverse;
+    LfSrc y2, b2;  // (y2.p: a second increment X += sb2 (diag(rb2) Y2)^T B2, B2 exact in bf16)
+    const float *rb2;
+    float sb2;
 } LfWalk;
 
 #define LF_TK (LF_C * LF_LDK)  // elements of a [64][Dk] tile
@@ -568,7 +615,8 @@ typedef struct {
 #define LF_TY (LF_C * LF_LDR)
 #define LF_WALK_SMEM ((4 * LF_TK + 2 * LF_TX + 2 * LF_TY) * 2)
 
-static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims d, const LfWalk k) {
+template <int INC2>
+static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk k) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
     bf16 *Ah = (bf16 *)lf_dsmem, *Al = Ah + LF_TK, *Bh = Al + LF_TK, *Bl = Bh + LF_TK, *Xh = Bl + LF_TK,
          *Xl = Xh + LF_TX, *Yh = Xl + LF_TX, *Yl = Yh + LF_TY;
@@ -665,38 +713,53 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
                     if (k.inc && r < Dv && w + 4 * s < NT) a += k.inc[(ch * Dv + r) * Dk + col];
                     x[mt][s][e] = a;
                 }
-        for (int kt = 0; kt < LF_C / 16; kt++) {
-            uint32_t ah[2][4], al[2][4];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                const int ao = (kt * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDR + mt * 16 + ((lane >> 3) & 1) * 8;
-                ldsm_x4_t(ah[mt], Yh + ao);
-                ldsm_x4_t(al[mt], Yl + ao);
-            }
-#pragma unroll
-            for (int sp = 0; sp < 2; sp++) {  // slots 2 sp, 2 sp + 1 (a slot past Dk reads a valid tile, unused)
-                int n0 = w + 8 * sp, n1 = n0 + 4 < NT ? n0 + 4 : n0;
-                if (n0 >= NT) continue;
-                const int bo = (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDK + ((lane >> 4) ? n1 : n0) * 8;
-                uint32_t bh[4], bl[4];
-                ldsm_x4_t(bh, Bh + bo);
-                if (k.b_exact) {
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        mma_bf16(x[mt][2 * sp], al[mt], bh[0], bh[1]);
-                        mma_bf16(x[mt][2 * sp], ah[mt], bh[0], bh[1]);
-                        if (n0 + 4 < NT) {
-                            mma_bf16(x[mt][2 * sp + 1], al[mt], bh[2], bh[3]);
-                            mma_bf16(x[mt][2 * sp + 1], ah[mt], bh[2], bh[3]);
-                        }
-                    }
-                    continue;
+        for (int pass = 0; pass < (INC2 ? 2 : 1); pass++) {
+            const int bex = pass ? 1 : k.b_exact;
+            if (pass) {  // the second increment: B2 into B's hi tile, sb2 diag(rb2) Y2 into Y's tiles
+                __syncthreads();
+                lf_load<LF_UNR_WALK>(d, k.b2, ch, 0, Dk, Bh, LF_LDK);
+                for (int e = threadIdx.x; e < LF_C * LF_R / 2; e += blockDim.x) {
+                    int t = e / (LF_R / 2), j = 2 * (e - t * (LF_R / 2));
+                    float sc = k.rb2 ? k.sb2 * k.rb2[ch * LF_C + t] : k.sb2;
+                    lf_st2s(Yh + t * LF_LDR + j, Yl + t * LF_LDR + j, sc * lf_at(d, k.y2, ch, t, r0 + j),
+                            sc * lf_at(d, k.y2, ch, t, r0 + j + 1));
                 }
-                ldsm_x4_t(bl, Bl + bo);
+                __syncthreads();
+            }
+            for (int kt = 0; kt < LF_C / 16; kt++) {
+                uint32_t ah[2][4], al[2][4];
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
-                    mma3(x[mt][2 * sp], ah[mt], al[mt], bh[0], bh[1], bl[0], bl[1]);
-                    if (n0 + 4 < NT) mma3(x[mt][2 * sp + 1], ah[mt], al[mt], bh[2], bh[3], bl[2], bl[3]);
+                    const int ao = (kt * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDR + mt * 16 + ((lane >> 3) & 1) * 8;
+                    ldsm_x4_t(ah[mt], Yh + ao);
+                    ldsm_x4_t(al[mt], Yl + ao);
+                }
+#pragma unroll
+                for (int sp = 0; sp < 2; sp++) {  // slots 2 sp, 2 sp + 1 (a slot past Dk reads a valid tile, unused)
+                    int n0 = w + 8 * sp, n1 = n0 + 4 < NT ? n0 + 4 : n0;
+                    if (n0 >= NT) continue;
+                    const int bo = (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDK + ((lane >> 4) ? n1 : n0) * 8;
+                    uint32_t bh[4], bl[4];
+                    ldsm_x4_t(bh, Bh + bo);
+                    if (bex) {
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++) {
+                            mma_bf16(x[mt][2 * sp], al[mt], bh[0], bh[1]);
+                            mma_bf16(x[mt][2 * sp], ah[mt], bh[0], bh[1]);
+                            if (n0 + 4 < NT) {
+                                mma_bf16(x[mt][2 * sp + 1], al[mt], bh[2], bh[3]);
+                                mma_bf16(x[mt][2 * sp + 1], ah[mt], bh[2], bh[3]);
+                            }
+                        }
+                        continue;
+                    }
+                    ldsm_x4_t(bl, Bl + bo);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma3(x[mt][2 * sp], ah[mt], al[mt], bh[0], bh[1], bl[0], bl[1]);
+                        if (n0 + 4 < NT) mma3(x[mt][2 * sp + 1], ah[mt], al[mt], bh[2], bh[3], bl[2], bl[3]);
+                    }
                 }
             }
         }
@@ -714,11 +777,26 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims
                 }
 }
 
+// INC2 = 0 (lf_walk_kernel, the forward's and GLA's walks) or 1 (lf_walk2_kernel, the delta rule's
+// adjoint walk with its second increment), two kernels so that the first keeps its registers.
+static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims d, const LfWalk k) {
+    lf_walk_body<0>(d, k);
+}
+static __global__ void __launch_bounds__(LF_THREADS) lf_walk2_kernel(const LcDims d, const LfWalk k) {
+    lf_walk_body<1>(d, k);
+}
+
 // One launch of lf_walk_kernel (its shared memory above the 48 KiB default allowed at every call, as
 // attn_cuda.cu does: the attribute is the current device's).
 static int lf_walk(CudaCtx *c, const LcDims *d, const LfWalk *wk) {
-    CU_TRY(cudaFuncSetAttribute(lf_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_WALK_SMEM));
-    lf_walk_kernel<<<dim3((unsigned)((d->Dv + LF_R - 1) / LF_R), (unsigned)d->P), LF_THREADS, LF_WALK_SMEM, c->stream>>>(*d, *wk);
+    const dim3 grid((unsigned)((d->Dv + LF_R - 1) / LF_R), (unsigned)d->P);
+    if (wk->y2.p) {
+        CU_TRY(cudaFuncSetAttribute(lf_walk2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_WALK_SMEM));
+        lf_walk2_kernel<<<grid, LF_THREADS, LF_WALK_SMEM, c->stream>>>(*d, *wk);
+    } else {
+        CU_TRY(cudaFuncSetAttribute(lf_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_WALK_SMEM));
+        lf_walk_kernel<<<grid, LF_THREADS, LF_WALK_SMEM, c->stream>>>(*d, *wk);
+    }
     LAUNCH_CHECK();
     return MN_OK;
 }
@@ -869,13 +947,15 @@ static __device__ __forceinline__ void lf_load_state(const LcDims d, const float
 // with qin = k (the rows' operand), kin = q, states = the adjoints dS, vp = dO (exact bf16), the
 // scores' upper triangle (j >= i, scale e^{b_j - b_i}); out gets dv = diag(beta) dV' (bf16) and
 // part[(ch C + t) gridDim.y + blockIdx.y] the slice's share of v_t . dV'_t (vin = v).
+// BWD = 2 (the delta rule's backward): the intra-chunk part ((K Qs^T) (.) Gamma^T) dO only (no
+// states), out float32 chunk major [nch][C][Dv] (fout, every row), read by the reverse walk as Y0.
 #define LF_TO (LF_C * LF_LDO)
 #define LF_OUT_SMEM ((3 * LF_TK + 2 * LF_TO) * 2 + LF_C * 4 * 4)
 
 template <int BWD>
 static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates gt, const bf16 *qin, const bf16 *kin,
                                                    const float *states, const LfSrc vp, float scale, bf16 *out,
-                                                   const bf16 *vin, float *part) {
+                                                   const bf16 *vin, float *part, float *fout) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
     bf16 *Qs = (bf16 *)lf_dsmem, *KS = Qs + LF_TK, *Sl = KS + LF_TK, *Vh = Sl + LF_TK, *Vl = Vh + LF_TO;
     float *red = (float *)(Vl + LF_TO);  // [64][4] (BWD): the row sums' shares of the lanes
@@ -885,7 +965,7 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
     const float *b = gt.b + ch * LF_C;
     LfSrc qsrc = {qin, NULL, 1, Dk}, ksrc = {kin, NULL, 1, Dk};
     lf_load(d, qsrc, ch, 0, Dk, Qs, LF_LDK);
-    lf_load_state(d, states, ch, c0, KS, Sl);  // S now (hi + lo), K in S's hi tile after it
+    if (BWD != 2) lf_load_state(d, states, ch, c0, KS, Sl);  // S now (hi + lo), K in S's hi tile after it
     lf_load2<LF_UNR>(d, vp, ch, c0, LF_RO, Vh, Vl, LF_LDO);
     __syncthreads();
     float o[8][4];
@@ -893,7 +973,7 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
     for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
-    for (int s = 0; s < Dk / 16; s++) {
+    for (int s = 0; s < (BWD == 2 ? 0 : Dk / 16); s++) {
         uint32_t af[4], bh[4], bl[4];
         ldsm_x4(af, Qs + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
 #pragma unroll
@@ -972,7 +1052,15 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
             int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
             if (!BWD && t0 + i < d.T && col < Dv) st(out, lc_tok(d, p, t0 + i) * Dv + col, o[n][e]);
         }
-    if (!BWD) return;
+    if (BWD == 2)
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
+                if (col < Dv) fout[(ch * LF_C + i) * Dv + col] = o[n][e];
+            }
+    if (BWD != 1) return;
     float rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < 8; n++)
@@ -996,13 +1084,19 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
 static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims d, const LcGates gt, const bf16 *qin,
                                                                   const bf16 *kin, const float *states, const LfSrc vp,
                                                                   float scale, bf16 *out) {
-    lf_out_body<0>(d, gt, qin, kin, states, vp, scale, out, NULL, NULL);
+    lf_out_body<0>(d, gt, qin, kin, states, vp, scale, out, NULL, NULL, NULL);
 }
 
 static __global__ void __launch_bounds__(LF_THREADS) lf_dv_kernel(const LcDims d, const LcGates gt, const bf16 *kin,
                                                                  const bf16 *qin, const float *dst, const LfSrc dout,
                                                                  float scale, bf16 *dv, const bf16 *vin, float *part) {
-    lf_out_body<1>(d, gt, kin, qin, dst, dout, scale, dv, vin, part);
+    lf_out_body<1>(d, gt, kin, qin, dst, dout, scale, dv, vin, part, NULL);
+}
+
+static __global__ void __launch_bounds__(LF_THREADS) lf_dvi_kernel(const LcDims d, const LcGates gt, const bf16 *kin,
+                                                                  const bf16 *qin, const LfSrc dout, float scale,
+                                                                  float *dvp) {
+    lf_out_body<2>(d, gt, kin, qin, NULL, dout, scale, NULL, NULL, NULL, dvp);
 }
 
 // Columns c0 .. c0 + 63 of the chunk's state (float32 [Dv][Dk]; zero past Dk), all Dv rows, into two
@@ -1066,14 +1160,16 @@ static __device__ __forceinline__ void lf_pv(float acc[8][4], const float att[8]
     }
 }
 
-// acc += A X with A the warp's 16 rows of a [64][LF_LDK] exact bf16 tile over nk = D / 16 steps of k
-// and X [D][LF_LDO] a state slice hi + lo (two products); columns c0 + 16 dp past Dc skipped.
-static __device__ __forceinline__ void lf_as(float acc[8][4], const bf16 *A, const bf16 *Xh, const bf16 *Xl, int D,
-                                             int c0, int Dc) {
+// acc += A X with A the warp's 16 rows of a [64][LF_LDK] bf16 tile over nk = D / 16 steps of k
+// (exact, or hi A + lo Al) and X [D][LF_LDO] a state slice hi + lo (two products, three with Al);
+// columns c0 + 16 dp past Dc skipped.
+static __device__ __forceinline__ void lf_as(float acc[8][4], const bf16 *A, const bf16 *Al, const bf16 *Xh,
+                                             const bf16 *Xl, int D, int c0, int Dc) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     for (int s = 0; s < D / 16; s++) {
-        uint32_t af[4];
+        uint32_t af[4], al[4];
         ldsm_x4(af, A + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
+        if (Al) ldsm_x4(al, Al + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int dp = 0; dp < 4; dp++) {
             if (c0 + dp * 16 >= Dc) continue;
@@ -1081,6 +1177,10 @@ static __device__ __forceinline__ void lf_as(float acc[8][4], const bf16 *A, con
             uint32_t bh[4], bl[4];
             ldsm_x4_t(bh, Xh + bo);
             ldsm_x4_t(bl, Xl + bo);
+            if (Al) {
+                mma_bf16(acc[2 * dp], al, bh[0], bh[1]);
+                mma_bf16(acc[2 * dp + 1], al, bh[2], bh[3]);
+            }
             mma_bf16(acc[2 * dp], af, bl[0], bl[1]);
             mma_bf16(acc[2 * dp + 1], af, bl[2], bl[3]);
             mma_bf16(acc[2 * dp], af, bh[0], bh[1]);
@@ -1089,21 +1189,34 @@ static __device__ __forceinline__ void lf_as(float acc[8][4], const bf16 *A, con
     }
 }
 
-// att = the warp's 16 rows of A B^T (A, B [64][LF_LDK] exact bf16, D / 16 steps of k), the 16 x 16
-// column blocks np outside [nmin, nmax] left zero.
-static __device__ __forceinline__ void lf_abt(float att[8][4], const bf16 *A, const bf16 *B, int D, int nmin, int nmax) {
+// att = the warp's 16 rows of A B^T (A, B [64][LF_LDK] bf16, D / 16 steps of k; exact, or one of them
+// split, its lo tile Al or Bl: one more product), the 16 x 16 column blocks np outside [nmin, nmax]
+// left zero.
+static __device__ __forceinline__ void lf_abt(float att[8][4], const bf16 *A, const bf16 *Al, const bf16 *B,
+                                              const bf16 *Bl, int D, int nmin, int nmax) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) att[n][e] = 0.0f;
     for (int s = 0; s < D / 16; s++) {
-        uint32_t af[4], bb[4];
+        uint32_t af[4], al[4], bb[4], bl[4];
         ldsm_x4(af, A + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
+        if (Al) ldsm_x4(al, Al + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int np = 0; np < 4; np++) {
             if (np < nmin || np > nmax) continue;
-            ldsm_x4(bb, B + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
+            const int bo = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8;
+            ldsm_x4(bb, B + bo);
+            if (Al) {
+                mma_bf16(att[2 * np], al, bb[0], bb[1]);
+                mma_bf16(att[2 * np + 1], al, bb[2], bb[3]);
+            }
+            if (Bl) {
+                ldsm_x4(bl, Bl + bo);
+                mma_bf16(att[2 * np], af, bl[0], bl[1]);
+                mma_bf16(att[2 * np + 1], af, bl[2], bl[3]);
+            }
             mma_bf16(att[2 * np], af, bb[0], bb[1]);
             mma_bf16(att[2 * np + 1], af, bb[2], bb[3]);
         }
@@ -1121,21 +1234,30 @@ static __device__ __forceinline__ void lf_abt(float att[8][4], const bf16 *A, co
 // part[(ch C + t) gridDim.y + blockIdx.y] the slice's share of q_t . dq_t. Dynamic shared memory
 // LF_DQK_SMEM bytes.
 #define LF_TSV (LF_KMAX * LF_LDO)  // a state slice [Dv][64]
+//
+// DELTA = 1: V' is the delta rule's (vp: float32 [nch][C][Dv], split hi + lo into one more tile: three
+// products where it enters), no beta in the scores, lambda alone on V' dS; out: dQs (unscaled) and
+// dK before the UT transform's terms, float32 chunk major [nch][C][Dk] (fdq, fdk; every row), no
+// shares. Dynamic shared memory LF_DQK_SMEM + (DELTA) LF_TK * 2 bytes.
 #define LF_DQK_SMEM ((2 * LF_TK + 2 * LF_TSV + 2 * LF_TO) * 2 + LF_C * 4 * 4)
-static __global__ void __launch_bounds__(LF_THREADS) lf_dqk_kernel(const LcDims d, const LcGates gt, const bf16 *qin,
-                                                                  const bf16 *kin, const bf16 *vin, const bf16 *doin,
-                                                                  const float *sts, const float *dst, float scale,
-                                                                  bf16 *dq, bf16 *dk, float *part) {
+template <int DELTA>
+static __device__ __forceinline__ void lf_dqk_body(const LcDims d, const LcGates gt, const bf16 *qin, const bf16 *kin,
+                                                   const bf16 *vin, const float *vp, const bf16 *doin,
+                                                   const float *sts, const float *dst, float scale, bf16 *dq,
+                                                   bf16 *dk, float *part, float *fdq, float *fdk) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
     bf16 *Do = (bf16 *)lf_dsmem, *Vt = Do + LF_TK, *Sh = Vt + LF_TK, *Sl = Sh + LF_TSV, *Kc = Sl + LF_TSV,
          *Qc = Kc + LF_TO;
     float *red = (float *)(Qc + LF_TO);
+    bf16 *Vl = DELTA ? (bf16 *)(red + LF_C * 4) : NULL;  // V' lo
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);
     const size_t ch = blockIdx.x;
     const int c0 = blockIdx.y * LF_RO, p = (int)(ch / d.N), t0 = (int)(ch % d.N) * LF_C;
     const float *b = gt.b + ch * LF_C, *beta = gt.beta + ch * LF_C;
     lf_load(d, lf_src_d(doin, Dv), ch, 0, Dv, Do, LF_LDK);
-    lf_load(d, lf_src_d(vin, Dv), ch, 0, Dv, Vt, LF_LDK);
+    const LfSrc vps = {vp, NULL, 0, Dv};
+    if (DELTA) lf_load2<LF_UNR>(d, vps, ch, 0, Dv, Vt, Vl, LF_LDK);
+    else lf_load(d, lf_src_d(vin, Dv), ch, 0, Dv, Vt, LF_LDK);
     lf_load(d, lf_src_d(kin, Dk), ch, c0, LF_RO, Kc, LF_LDO);
     lf_load(d, lf_src_d(qin, Dk), ch, c0, LF_RO, Qc, LF_LDO);
     lf_load_state_cols(d, sts, ch, c0, Sh, Sl);
@@ -1145,27 +1267,36 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_dqk_kernel(const LcDims 
     for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
-    lf_as(acc, Do, Sh, Sl, Dv, c0, Dk);  // dO S
+    lf_as(acc, Do, NULL, Sh, Sl, Dv, c0, Dk);  // dO S
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[n][e] *= gt.gam[ch * LF_C + 16 * w + lr + 8 * (e >> 1)];
-    lf_abt(att, Do, Vt, Dv, 0, w);  // dO V^T, then (.) Gamma, beta on the columns
+    lf_abt(att, Do, NULL, Vt, Vl, Dv, 0, w);  // dO V^T, then (.) Gamma, beta on the columns (DELTA: dO V'^T)
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int i = 16 * w + lr + 8 * (e >> 1), j = 8 * n + lc + (e & 1);
-            att[n][e] = j <= i ? beta[j] * expf(b[i] - b[j]) * att[n][e] : 0.0f;
+            att[n][e] = j <= i ? (DELTA ? 1.0f : beta[j]) * expf(b[i] - b[j]) * att[n][e] : 0.0f;
         }
     lf_pv(acc, att, Kc, 0, w, c0, Dk);  // + P1 K
+    if (DELTA) {
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
+                if (col < Dk) fdq[(ch * LF_C + i) * Dk + col] = acc[n][e];
+            }
+    }
     float rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int i = 16 * w + lr + 8 * (e >> 1), cl = 8 * n + lc + (e & 1), col = c0 + cl;
-            if (t0 + i >= d.T || col >= Dk) continue;
+            if (DELTA || t0 + i >= d.T || col >= Dk) continue;
             float x = scale * acc[n][e];
             rs[e >> 1] = fmaf(ld(Qc, (size_t)i * LF_LDO + cl), x, rs[e >> 1]);
             st(dq, lc_tok(d, p, t0 + i) * Dk + col, x);
@@ -1173,7 +1304,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_dqk_kernel(const LcDims 
     red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
     red[(16 * w + lr + 8) * 4 + (lane & 3)] = rs[1];
     __syncthreads();  // S read: dS takes its tiles
-    if (threadIdx.x < LF_C) {
+    if (!DELTA && threadIdx.x < LF_C) {
         const float *rr = red + threadIdx.x * 4;
         part[(ch * LF_C + threadIdx.x) * gridDim.y + blockIdx.y] = (rr[0] + rr[1]) + (rr[2] + rr[3]);
     }
@@ -1183,21 +1314,21 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_dqk_kernel(const LcDims 
     for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
-    lf_as(acc, Vt, Sh, Sl, Dv, c0, Dk);  // V dS, then diag(lambda beta)
+    lf_as(acc, Vt, Vl, Sh, Sl, Dv, c0, Dk);  // V dS, then diag(lambda beta) (DELTA: V' dS, lambda)
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const size_t r = ch * LF_C + 16 * w + lr + 8 * (e >> 1);
-            acc[n][e] *= gt.lam[r] * gt.beta[r];
+            acc[n][e] *= DELTA ? gt.lam[r] : gt.lam[r] * gt.beta[r];
         }
-    lf_abt(att, Vt, Do, Dv, w, 3);  // V dO^T, then (.) Gamma^T, beta on the rows, scale (Qs = scale q)
+    lf_abt(att, Vt, Vl, Do, NULL, Dv, w, 3);  // V dO^T, then (.) Gamma^T, beta on the rows, scale (Qs = scale q)
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int i = 16 * w + lr + 8 * (e >> 1), j = 8 * n + lc + (e & 1);
-            att[n][e] = j >= i ? scale * beta[i] * expf(b[j] - b[i]) * att[n][e] : 0.0f;
+            att[n][e] = j >= i ? scale * (DELTA ? 1.0f : beta[i]) * expf(b[j] - b[i]) * att[n][e] : 0.0f;
         }
     lf_pv(acc, att, Qc, w, 3, c0, Dk);  // + P1^T Qs
 #pragma unroll
@@ -1205,8 +1336,24 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_dqk_kernel(const LcDims 
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
-            if (t0 + i < d.T && col < Dk) st(dk, lc_tok(d, p, t0 + i) * Dk + col, acc[n][e]);
+            if (DELTA && col < Dk) fdk[(ch * LF_C + i) * Dk + col] = acc[n][e];
+            if (!DELTA && t0 + i < d.T && col < Dk) st(dk, lc_tok(d, p, t0 + i) * Dk + col, acc[n][e]);
         }
+}
+
+static __global__ void __launch_bounds__(LF_THREADS) lf_dqk_kernel(const LcDims d, const LcGates gt, const bf16 *qin,
+                                                                  const bf16 *kin, const bf16 *vin, const bf16 *doin,
+                                                                  const float *sts, const float *dst, float scale,
+                                                                  bf16 *dq, bf16 *dk, float *part) {
+    lf_dqk_body<0>(d, gt, qin, kin, vin, NULL, doin, sts, dst, scale, dq, dk, part, NULL, NULL);
+}
+
+static __global__ void __launch_bounds__(LF_THREADS) lf_dqk_delta_kernel(const LcDims d, const LcGates gt,
+                                                                        const bf16 *qin, const bf16 *kin,
+                                                                        const float *vp, const bf16 *doin,
+                                                                        const float *sts, const float *dst, float scale,
+                                                                        float *fdq, float *fdk) {
+    lf_dqk_body<1>(d, gt, qin, kin, NULL, vp, doin, sts, dst, scale, NULL, NULL, NULL, fdq, fdk);
 }
 
 // The backward's per-token gate gradients of one chunk (one block of LC_OUT_THREADS), fused path:
@@ -1285,14 +1432,14 @@ static int lc_dims(LcDims *ld_, const MnMesaDims *d, const MnLinOpts *o, const c
 
 // Carves the buffers from one scratch allocation (bwd: the backward's too). (Products also read at
 // chunk offsets c C D floats, 16-byte aligned where C D is a multiple of 4: C = 64 always.)
-static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, LcWork *w) {
+static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, int fused, LcWork *w) {
     size_t rk = d->nch * d->C * d->Dk, rv = d->nch * d->C * d->Dv, cc = d->nch * d->C * d->C, rg = d->nch * d->C;
     size_t states = d->nch * d->ss, fins = (size_t)d->P * d->ss;
     size_t nk = 4 + (delta ? 2 : 0) + (bwd ? 2 + (delta ? 2 : 0) : 0);
     size_t nv = (bwd ? 1 : 0) + 1 + (delta ? 1 : 0) + (bwd ? 4 + (delta ? 1 : 0) : 1);
     size_t nsq = (delta ? 2 : 0) + 1 + (bwd ? 1 : 0);
     size_t total = 6 * rg + d->nch + nk * rk + nv * rv + nsq * cc + states + fins + (bwd ? states + rg : 0) +
-                   (!delta || bwd ? states : 0) + 40 * LC_ALIGN;  // (at most 40 buffers, each rounded up)
+                   (!delta || (bwd && !fused) ? states : 0) + 40 * LC_ALIGN;  // (at most 40 buffers, each rounded up)
     float *m = (float *)cuda_scratch(be, sizeof(float) * total);
     if (!m) return MN_ERR_NOMEM;
     memset(w, 0, sizeof *w);
@@ -1318,7 +1465,7 @@ static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, LcWo
     TAKE(w->sq1, cc);
     if (bwd) TAKE(w->sq2, cc);
     TAKE(w->st, states); TAKE(w->sfin, fins);
-    if (!delta || bwd) TAKE(w->inc, states);
+    if (!delta || (bwd && !fused)) TAKE(w->inc, states);  // (the fused delta backward: none, the walk adds it)
     if (bwd) { TAKE(w->dst, states); TAKE(w->dbt, rg); }
 #undef TAKE
     return MN_OK;
@@ -1466,7 +1613,7 @@ int cuda_lin_chunk_fwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
     size_t ck = (size_t)C * Dk, cv = (size_t)C * Dv, cc = (size_t)C * C;
     if (lf_use(&d)) return lf_forward(be, c, &d, delta, o->scale, io);
     LcWork w;
-    MN_TRY(lc_alloc(be, &d, delta, 0, &w));
+    MN_TRY(lc_alloc(be, &d, delta, 0, 0, &w));
     MN_TRY(lc_prepare(c, &d, delta, o->scale, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
                       io->beta, &w));
     MN_TRY(lc_states(c, &d, delta, 0, io->s0, &w));
@@ -1549,22 +1696,30 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
     const int fused = lf_use(&d);  // GLA: lf_backward_gla; delta: the two state walks as lf_walk_kernel
     if (fused && !delta) return lf_backward_gla(be, c, &d, o->scale, io);
     LcWork w;
-    MN_TRY(lc_alloc(be, &d, delta, 1, &w));
+    MN_TRY(lc_alloc(be, &d, delta, 1, fused, &w));
     MN_TRY(lc_prepare(c, &d, delta, o->scale, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
                       io->beta, &w));
     MN_TRY(lc_states(c, &d, delta, fused, io->s0, &w));
-    lc_gather_kernel<<<grid_for(d.nch * cv, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, (const bf16 *)io->dout, Dv, 1.0f, w.dout, w.gt.gam, w.dog, NULL, NULL);
-    LAUNCH_CHECK();
+    if (!fused) {  // (the fused kernels read dO as given)
+        lc_gather_kernel<<<grid_for(d.nch * cv, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, (const bf16 *)io->dout, Dv, 1.0f, w.dout, w.gt.gam, w.dog, NULL, NULL);
+        LAUNCH_CHECK();
+    }
     // dV' = ((K Qs^T) (.) Gamma^T) dO for all chunks; the state term is added in the pass below
-    MN_TRY(bgemm(c, 0, 1, C, C, Dk, 1, w.qs, Dk, ck, w.k, Dk, ck, 0, w.sq1, C, cc, d.nch));
-    lc_mask_kernel<<<grid_for(d.nch * cc, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.sq1, w.gt.b);
-    LAUNCH_CHECK();
-    MN_TRY(bgemm(c, 1, 0, C, Dv, C, 1, w.sq1, C, cc, w.dout, Dv, cv, 0, w.dvp, Dv, cv, d.nch));
+    if (fused) {  // (delta) lf_dvi_kernel, from the bf16 inputs
+        CU_TRY(cudaFuncSetAttribute(lf_dvi_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_OUT_SMEM));
+        lf_dvi_kernel<<<dim3((unsigned)d.nch, (unsigned)((Dv + LF_RO - 1) / LF_RO)), LF_THREADS, LF_OUT_SMEM, c->stream>>>(d, w.gt, (const bf16 *)io->k, (const bf16 *)io->q, lf_src(io->dout, NULL, 1, Dv), o->scale, w.dvp);
+        LAUNCH_CHECK();
+    } else {
+        MN_TRY(bgemm(c, 0, 1, C, C, Dk, 1, w.qs, Dk, ck, w.k, Dk, ck, 0, w.sq1, C, cc, d.nch));
+        lc_mask_kernel<<<grid_for(d.nch * cc, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.sq1, w.gt.b);
+        LAUNCH_CHECK();
+        MN_TRY(bgemm(c, 1, 0, C, Dv, C, 1, w.sq1, C, cc, w.dout, Dv, cv, 0, w.dvp, Dv, cv, d.nch));
+    }
     // the adjoints dS_c of the chunks' end states, last chunk first:
     //     dS_{c-1} = gamma_n dS_c + dO_c^T diag(gamma) Qs_c - dV'_c^T W_c (delta),  dV'_c += diag(lambda) K_c dS_c^T
     // The increments dO^T diag(gamma) Qs of all chunks in one product; then GLA (no W term): a scan,
     // and dV' of all chunks in one product; the delta rule chunk by chunk (dV'_c enters dS_{c-1}).
-    MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w.dout, Dv, cv, w.qg, Dk, ck, 0, w.inc, Dk, ss, d.nch));
+    if (!fused) MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w.dout, Dv, cv, w.qg, Dk, ck, 0, w.inc, Dk, ss, d.nch));
     if (!delta) {
         lc_scan_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.dst, w.inc, w.gt.dec, io->dsT, io->ds0, 1);
         LAUNCH_CHECK();
@@ -1580,7 +1735,10 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
         wk.sa = 1.0f;
         wk.sb = -1.0f;
         wk.dec = w.gt.dec;
-        wk.inc = w.inc;
+        wk.y2 = lf_src(io->dout, NULL, 1, Dv);  // + scale (diag(gamma) dO)^T q, in the walk
+        wk.b2 = lf_src(io->q, NULL, 1, Dk);
+        wk.rb2 = w.gt.gam;
+        wk.sb2 = o->scale;
         wk.init = io->dsT;
         wk.xs = w.dst;
         wk.y = w.dvp;
@@ -1606,15 +1764,23 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
         }
     }
     // P1 = (dO V'^T) (.) Gamma;  dQs = diag(gamma) dO S + P1 K;  dK = diag(lambda) V' dS + P1^T Qs
-    MN_TRY(bgemm(c, 0, 1, C, C, Dv, 1, w.dout, Dv, cv, w.vp, Dv, cv, 0, w.sq1, C, cc, d.nch));
-    lc_mask_kernel<<<grid_for(d.nch * cc, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.sq1, w.gt.b);
-    LAUNCH_CHECK();
-    MN_TRY(bgemm(c, 0, 0, C, Dk, Dv, 1, w.dog, Dv, cv, w.st, Dk, ss, 0, w.dqs, Dk, ck, d.nch));
-    MN_TRY(bgemm(c, 0, 0, C, Dk, C, 1, w.sq1, C, cc, w.k, Dk, ck, 1, w.dqs, Dk, ck, d.nch));
-    lc_rowscale_kernel<<<grid_for(d.nch * cv, LC_THREADS), LC_THREADS, 0, c->stream>>>(w.vl, w.vp, w.gt.lam, d.nch * C, Dv);
-    LAUNCH_CHECK();
-    MN_TRY(bgemm(c, 0, 0, C, Dk, Dv, 1, w.vl, Dv, cv, w.dst, Dk, ss, 0, w.dk, Dk, ck, d.nch));
-    MN_TRY(bgemm(c, 1, 0, C, Dk, C, 1, w.sq1, C, cc, w.qs, Dk, ck, 1, w.dk, Dk, ck, d.nch));
+    if (fused) {  // (delta) lf_dqk_delta_kernel, from the bf16 inputs, V', S and dS
+        const unsigned nyk = (unsigned)((Dk + LF_RO - 1) / LF_RO);
+        const int smem = LF_DQK_SMEM + LF_TK * 2;
+        CU_TRY(cudaFuncSetAttribute(lf_dqk_delta_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        lf_dqk_delta_kernel<<<dim3((unsigned)d.nch, nyk), LF_THREADS, smem, c->stream>>>(d, w.gt, (const bf16 *)io->q, (const bf16 *)io->k, w.vp, (const bf16 *)io->dout, w.st, w.dst, o->scale, w.dqs, w.dk);
+        LAUNCH_CHECK();
+    } else {
+        MN_TRY(bgemm(c, 0, 1, C, C, Dv, 1, w.dout, Dv, cv, w.vp, Dv, cv, 0, w.sq1, C, cc, d.nch));
+        lc_mask_kernel<<<grid_for(d.nch * cc, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.sq1, w.gt.b);
+        LAUNCH_CHECK();
+        MN_TRY(bgemm(c, 0, 0, C, Dk, Dv, 1, w.dog, Dv, cv, w.st, Dk, ss, 0, w.dqs, Dk, ck, d.nch));
+        MN_TRY(bgemm(c, 0, 0, C, Dk, C, 1, w.sq1, C, cc, w.k, Dk, ck, 1, w.dqs, Dk, ck, d.nch));
+        lc_rowscale_kernel<<<grid_for(d.nch * cv, LC_THREADS), LC_THREADS, 0, c->stream>>>(w.vl, w.vp, w.gt.lam, d.nch * C, Dv);
+        LAUNCH_CHECK();
+        MN_TRY(bgemm(c, 0, 0, C, Dk, Dv, 1, w.vl, Dv, cv, w.dst, Dk, ss, 0, w.dk, Dk, ck, d.nch));
+        MN_TRY(bgemm(c, 1, 0, C, Dk, C, 1, w.sq1, C, cc, w.qs, Dk, ck, 1, w.dk, Dk, ck, d.nch));
+    }
     if (delta) {
         MN_TRY(bgemm(c, 0, 0, C, Dk, Dv, -1, w.dvp, Dv, cv, w.st, Dk, ss, 0, w.dw, Dk, ck, d.nch));    // dW = -dV' S
         MN_TRY(bgemm(c, 1, 0, C, Dv, C, 1, w.tt, C, cc, w.dvp, Dv, cv, 0, w.tdu, Dv, cv, d.nch));      // Tt^T dU
