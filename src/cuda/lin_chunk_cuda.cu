@@ -8,8 +8,7 @@
  * forward gdn 3.72 ms against 3.47, gla 2.88 against 2.11; forward+backward gdn 15.4 against
  * 13.5, gla 7.50 against 6.75, measured before the fused backward kernels below): its state
  * walk is latency-bound, and the backward then ran the cuBLAS products over float32 copies. The
- * fused backward kernels (GLA: the whole backward; delta: all but the UT transform's adjoint)
- * have not been timed yet.
+ * fused backward kernels below (both rules, the whole backward) have not been timed yet.
  *
  * A sequence of T tokens is cut into N = ceil(T / C) chunks of C tokens (C = 64 by
  * default, at most 64); a short last chunk is padded with zero q, k, v and g = 0,
@@ -31,7 +30,7 @@
  *                     no barrier between rows), then W = (Tt diag(beta gamma)) K and
  *                     U = (Tt diag(beta)) V on the tensor cores (Tt's lower-triangular tiles only),
  *                     the scaled Tt split into bf16 hi + lo (K, V are exact in bf16), out as
- *                     float32 [nch][C][D].
+ *                     float32 [nch][C][D] (the backward: Tt too, float32 [nch][C][C]).
  *                     Shared memory 52 KiB (dynamic), 128 registers.
  *   lf_walk_kernel    the state pass, one block of 4 warps per (pair, slice of 32 rows of Dv),
  *                     grid (Dv / 32, P), walking the N chunks with its slice X [32][Dk] of the state
@@ -89,30 +88,46 @@
  * Scratch (float32): the gates, two states per chunk (S_c, dS_c), the final state and the shares,
  * ~0.55 GB at (8,2048,16,128) (GLA's cuBLAS backward: ~2.6 GB).
  *
- * Backward, delta rule: the cuBLAS path's buffers and products (below) for the UT transform and its
- * adjoint, with these fused pieces: the forward's states again (lf_walk_kernel over the float32
- * chunk-major W, U, K: A = W, Y0 = U, B = K with lambda on Y's rows); the intra-chunk dV' =
- * ((K Qs^T) (.) Gamma^T) dO (lf_dvi_kernel: lf_out_kernel's body, template BWD = 2, no state term,
- * out float32 [nch][C][Dv]; 85 registers, 70 KiB); the adjoints, last chunk first, in
- * lf_walk2_kernel (X = dS, Y = dV' = Y0 + diag(lambda) K dS^T into the dV' buffer, X <- gamma_n X -
- * Y^T W + scale (diag(gamma) dO)^T q, the second increment from dO and q as given: no increments
- * buffer, no product before); dQs and dK's first terms (lf_dqk_delta_kernel: lf_dqk_kernel's body,
- * template DELTA = 1, V' the float32 buffer split hi + lo into one more tile, three products where
- * it enters; out unscaled dQs and dK into the float32 buffers; 106 KiB, 121 registers, sm_80: 24
- * bytes spilled). Still on cuBLAS: the gathers of q, k, v, K K^T, Tt (lc_tinv_kernel), U, W, and the
- * UT transform's adjoint (dW = -dV' S, Tt^T dU, Tt^T dW, dTt, dA: 7 products, lc_delta_comb_kernel,
- * D K + D^T K), then lc_bwd_out_kernel. 23 launches (N chunks: no launch per chunk; 33 before the
- * fused pieces, 33 + 6 N on the cuBLAS path); scratch ~3.2 GB at (8,2048,16,128) (the increments'
- * buffer, one state per chunk, no longer taken; dO's gathered copies are skipped but still carved).
+ * Backward, delta rule, fused whole: 8 launches, the inputs read as the call gives them:
+ *   lc_gates_kernel      the gates.
+ *   lf_prep_kernel       the forward's W, U and, for the backward, Tt itself (float32 [nch][C][C]).
+ *   lf_walk_kernel       the forward's walk again: S_c of every chunk, V' = U - W S^T in place of U.
+ *   lf_dvi_kernel        the intra-chunk dV' = ((K Qs^T) (.) Gamma^T) dO (lf_out_kernel's body, template
+ *                        BWD = 2: no state term; out float32 [nch][C][Dv]). 70 KiB, 85 registers.
+ *   lf_walk2_kernel      reverse (X = dS, init dsT; out dS_c and ds0): Y = dV' = Y0 + diag(lambda) K dS^T
+ *                        (A = k as given, into the dV' buffer), X <- gamma_n X - Y^T W + scale (diag(gamma)
+ *                        dO)^T q (the second increment from dO and q as given: no increments buffer).
+ *   lf_dqk_delta_kernel  dQs and dK's first terms (lf_dqk_kernel's body, template DELTA = 1: V' the
+ *                        float32 buffer split hi + lo into one more tile, three products where it
+ *                        enters, no beta in the scores, lambda alone on V' dS); out unscaled dQs and dK,
+ *                        float32 [nch][C][Dk]. 106 KiB, 121 registers (sm_80: 128, 24 bytes spilled).
+ *   lf_utb_kernel        the UT transform's adjoint, one block of 4 warps per chunk: dW = -dV' S (S's
+ *                        column slices of 64, hi + lo, in shared memory; dW hi + lo kept there), Tt^T dW
+ *                        (dK += diag(beta gamma) Tt^T dW), Tt^T dU (out, float32), dTt = dU (diag(beta)
+ *                        V)^T + dW (diag(beta gamma) K)^T (score-like blocks in registers), Tt^T dTt,
+ *                        dA = -(Tt^T dTt) Tt^T, D = diag(beta) dA (.) Gamma with D and D^T staged hi + lo
+ *                        in shared memory, dK += D K + D^T K, and dbeta's three row sums (v . Tt^T dU,
+ *                        gamma k . Tt^T dW, (dA (.) Gamma (.) K K^T) 1). Every product on the tensor cores,
+ *                        rounded operands split (three products), k and v exact. Shared memory
+ *                        157 KiB (dynamic: S's slices, later dTt / Tt^T dTt / D / D^T, share a region),
+ *                        126 registers (sm_80: 121).
+ *   lc_bwd_out_kernel    the cuBLAS path's token-gradient kernel, q and v read as bf16 (dq, dk, dv,
+ *                        dbeta, dg from the float32 dQs, dK, Tt^T dU, dbeta).
+ * Scratch (float32): the gates, W, V', Tt, dV', Tt^T dU, dQs, dK, two states per chunk: ~1.4 GB at
+ * (8,2048,16,128) (the delta rule's cuBLAS backward: ~3.5 GB). lf_utb_kernel's 157 KiB leave one
+ * block a multiprocessor (Hopper and Ampere).
+ * Forward + backward, fused path: 9 launches (GLA) or 12 (delta), none per chunk. Untimed; what
+ * might bound them: the two walks (latency, as the forward's), the float32 states written and read
+ * (two per chunk, ~1 GB of traffic at that shape), the delta rule's float32 dQs, dK, Tt^T dU round
+ * trip into lc_bwd_out_kernel (which lf_utb_kernel could absorb).
  *
  * Precision of the fused path: the inputs q, k, v are exact bf16 operands; every rounded operand
  * (states, V', W, U, Tt, the masked scores) is split hi + lo, so the outputs carry about their own
  * bf16 rounding (o: 1.6e-3 .. 1.8e-3 relative in L2 in the emulation, as the cuBLAS path's) and sT
  * is near float32 (1e-8 .. 1e-5). The backward's bf16 outputs carry about their own rounding too
- * (dq, dk, dv: 1.7e-3 .. 1.9e-3 in the emulation); GLA's fused float32 outputs are near float32
- * (dg ~4e-5, dbeta ~6e-6, ds0 ~3e-6, against ~1e-3 on the cuBLAS path: no TF32 operand), while
- * the delta rule's dg (whose terms cancel) comes to ~6e-3 where the cuBLAS path's TF32 errors
- * cancel to ~3e-3 (tests/cuda/test_cuda_lin.c states the tolerances).
+ * (dq, dk, dv: 1.6e-3 .. 1.9e-3 in the emulation), and its float32 outputs, with no TF32 operand
+ * left, are near float32: dg, dbeta, ds0 up to ~4e-5 for both rules, against 1e-3 .. 5e-3 on the
+ * cuBLAS path (tests/cuda/test_cuda_lin.c states the tolerances).
  *
  * ---- The cuBLAS path (every shape; chunks of at most 64).
  *
@@ -369,12 +384,14 @@ static __global__ void lc_delta_comb_kernel(const LcDims d, const LcGates gt, co
 // The token gradients out of chunk-major float32, one block per chunk (lin_chunk.c's last loop):
 // dq = scale dQs, dk, dv (GLA: beta dV'; delta: beta Tt^T dU), dbeta (GLA: v . dV'), and
 // dg_t = <dS_end, S_end> + sum_{t' >= t} (qs . dqs - v . dv)_t' (in double: the terms cancel).
+// (qs, v NULL: q and v read as the call gives them, qb, vb: the fused delta backward.)
 typedef struct {
     const float *qs, *dqs, *v, *dvp, *tdu, *dk, *dbt, *st, *sfin, *dst;
     bf16 *dq, *dko, *dv;
     float *dg, *dbeta;
     int has_g, has_beta;
     float scale;
+    const bf16 *qb, *vb;
 } LcOut;
 
 static __global__ void __launch_bounds__(LC_OUT_THREADS) lc_bwd_out_kernel(const LcDims d, const LcGates gt,
@@ -387,13 +404,15 @@ static __global__ void __launch_bounds__(LC_OUT_THREADS) lc_bwd_out_kernel(const
     const float *dvsrc = a.tdu ? a.tdu : a.dvp;  // dv = beta dvsrc
     if (tid < n) {
         size_t row = r + tid;
-        const float *qs = a.qs + row * Dk, *dqs = a.dqs + row * Dk, *vt = a.v + row * Dv, *dvs = dvsrc + row * Dv;
-        const float *dvp = a.dvp + row * Dv;
+        const float *dqs = a.dqs + row * Dk, *dvs = dvsrc + row * Dv, *dvp = a.dvp + row * Dv;
+        const size_t tk = lc_tok(d, p, t0 + tid);
         float qd = 0.0f, vd = 0.0f, vp = 0.0f;
-        for (int j = 0; j < Dk; j++) qd = fmaf(qs[j], dqs[j], qd);
+        for (int j = 0; j < Dk; j++)
+            qd = fmaf(a.qs ? a.qs[row * Dk + j] : a.scale * ld(a.qb, tk * Dk + j), dqs[j], qd);
         for (int j = 0; j < Dv; j++) {
-            vd = fmaf(vt[j], dvs[j], vd);
-            vp = fmaf(vt[j], dvp[j], vp);
+            float vt = a.v ? a.v[row * Dv + j] : ld(a.vb, tk * Dv + j);
+            vd = fmaf(vt, dvs[j], vd);
+            vp = fmaf(vt, dvp[j], vp);
         }
         dG[tid] = (double)qd - (double)gt.beta[row] * vd;
         dbs[tid] = a.tdu ? a.dbt[row] : vp;
@@ -812,7 +831,8 @@ static int lf_walk(CudaCtx *c, const LcDims *d, const LfWalk *wk) {
 #define LF_TT (LF_C * LF_LDO)
 #define LF_PREP_SMEM ((LF_TK + 2 * LF_TT) * 2 + LF_C * (LF_C + 1) * 4)
 static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims d, const LcGates gt, const bf16 *kin,
-                                                                   const bf16 *vin, float *wout, float *uout) {
+                                                                   const bf16 *vin, float *wout, float *uout,
+                                                                   float *ttout) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
     bf16 *Ks = (bf16 *)lf_dsmem, *Th = Ks + LF_TK, *Tl = Th + LF_TT;
     float(*tn)[LF_C + 1] = (float(*)[LF_C + 1])(Tl + LF_TT);
@@ -856,6 +876,11 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
             tn[i][j] = a;
         }
     __syncthreads();
+    if (ttout)  // Tt itself (the fused delta backward's lf_utb_kernel)
+        for (int e = threadIdx.x; e < LF_C * LF_C; e += blockDim.x) {
+            int i = e / LF_C, m = e - i * LF_C;
+            ttout[ch * LF_C * LF_C + e] = m < i ? tn[i][m] : m == i ? 1.0f : 0.0f;
+        }
     for (int pass = 0; pass < 2; pass++) {  // W, then U
         const int D = pass ? Dv : Dk;
         const float *sc = (pass ? gt.beta : gt.bg) + ch * LF_C;
@@ -1356,6 +1381,192 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_dqk_delta_kernel(const L
     lf_dqk_body<1>(d, gt, qin, kin, NULL, vp, doin, sts, dst, scale, NULL, NULL, NULL, fdq, fdk);
 }
 
+// acc (the warp's 16 rows x 64 columns) += A X: A [64][lda] bf16 (hi, and lo Al or NULL), rows 16 w..,
+// K / 16 steps of k; X [K][ldx] (hi, and lo Xl or NULL) read transposed (row-major [k][n]), columns 0
+// .. ncol - 1 of the 64 (16 at a time). Products: Ah Xh (+ Al Xh) (+ Ah Xl).
+static __device__ __forceinline__ void lf_mm(float acc[8][4], const bf16 *Ah, const bf16 *Al, int lda, const bf16 *Xh,
+                                             const bf16 *Xl, int ldx, int K, int ncol) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int s = 0; s < K / 16; s++) {
+        uint32_t ah[4], al[4];
+        const int ao = (16 * w + (lane & 15)) * lda + s * 16 + (lane >> 4) * 8;
+        ldsm_x4(ah, Ah + ao);
+        if (Al) ldsm_x4(al, Al + ao);
+#pragma unroll
+        for (int dp = 0; dp < 4; dp++) {
+            if (dp * 16 >= ncol) continue;
+            const int bo = (s * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldx + dp * 16 + (lane >> 4) * 8;
+            uint32_t bh[4], bl[4];
+            ldsm_x4_t(bh, Xh + bo);
+            if (Xl) {
+                ldsm_x4_t(bl, Xl + bo);
+                mma_bf16(acc[2 * dp], ah, bl[0], bl[1]);
+                mma_bf16(acc[2 * dp + 1], ah, bl[2], bl[3]);
+            }
+            if (Al) {
+                mma_bf16(acc[2 * dp], al, bh[0], bh[1]);
+                mma_bf16(acc[2 * dp + 1], al, bh[2], bh[3]);
+            }
+            mma_bf16(acc[2 * dp], ah, bh[0], bh[1]);
+            mma_bf16(acc[2 * dp + 1], ah, bh[2], bh[3]);
+        }
+    }
+}
+
+static __device__ __forceinline__ void lf_zero(float a[8][4]) {
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) a[n][e] = 0.0f;
+}
+
+// The warp's fragment a (16 rows x 64 columns, mma accumulator layout) times s into hi + lo tiles
+// (row stride ld; columns past ncol skipped); transposed (element (i, j) to [j][i]) where tr.
+static __device__ __forceinline__ void lf_st_frag(const float a[8][4], float s, bf16 *hi, bf16 *lo, int ld, int ncol,
+                                                  int tr) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, lr = lane >> 2, lc = 2 * (lane & 3);
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int i = 16 * w + lr + 8 * h, j = 8 * n + lc;
+            if (j >= ncol) continue;
+            if (!tr) {
+                lf_st2s(hi + i * ld + j, lo + i * ld + j, s * a[n][2 * h], s * a[n][2 * h + 1]);
+            } else {
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    float x = s * a[n][2 * h + u], xh = lf_hi(x);
+                    st(hi, (size_t)(j + u) * ld + i, xh);
+                    st(lo, (size_t)(j + u) * ld + i, x - xh);
+                }
+            }
+        }
+}
+
+// The delta rule's UT-transform adjoint of one chunk (one block of 4 warps, 16 rows each), for the
+// fused backward (lin_chunk.c's DELTA terms), from dU = dV' (float32 [nch][C][Dv], split hi + lo), S
+// (the entry state, float32, column slices split hi + lo), Tt (float32 [nch][C][C], transposed and
+// split), k and v bf16 as given:
+//     dW = -dV' S (shared memory, hi + lo),  Tt^T dW: dK += diag(beta gamma) Tt^T dW,
+//     Tt^T dU (out tdu, float32 [nch][C][Dv]),  dTt = dU (diag(beta) V)^T + dW (diag(beta gamma) K)^T,
+//     dA = -Tt^T dTt Tt^T (strictly lower),  D = diag(beta) dA (.) Gamma,  dK += D K + D^T K,
+//     dbeta = rowsum(Tt^T dU (.) V) + gamma rowsum(Tt^T dW (.) K) + rowsum(dA (.) Gamma (.) K K^T)
+// (dbt, float32 [nch][C]); dK (float32 [nch][C][Dk], every row) read, added to and written. Dynamic
+// shared memory LF_UTB_SMEM bytes: dV', dW hi + lo and V, K ([64][LF_LDK] each), Tt^T hi + lo, and
+// a region that holds S's column slice, then dTt / Tt^T dTt / D and D^T (hi + lo, [64][LF_LDO]).
+#define LF_UTB_SMEM ((6 * LF_TK + 2 * LF_TSV + 2 * LF_TO) * 2 + LF_C * 4 * 4)
+static __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, const LcGates gt, const bf16 *kin,
+                                                                  const bf16 *vin, const float *dvp, const float *sts,
+                                                                  const float *tt, float *tdu, float *dk, float *dbt) {
+    extern __shared__ __align__(16) unsigned char lf_dsmem[];
+    bf16 *Uh = (bf16 *)lf_dsmem, *Ul = Uh + LF_TK, *Wh = Ul + LF_TK, *Wl = Wh + LF_TK, *Vt = Wl + LF_TK,
+         *Kt = Vt + LF_TK, *Sh = Kt + LF_TK, *Sl = Sh + LF_TSV, *Th = Sl + LF_TSV, *Tl = Th + LF_TO;
+    bf16 *Mh = Sh, *Ml = Mh + LF_TO, *Nh = Ml + LF_TO, *Nl = Nh + LF_TO;  // (in S's place, after dW)
+    float *red = (float *)(Tl + LF_TO);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);
+    const size_t ch = blockIdx.x, r = ch * LF_C;
+    const float *b = gt.b + r;
+    const LfSrc us = {dvp, NULL, 0, Dv};
+    lf_load2<LF_UNR>(d, us, ch, 0, Dv, Uh, Ul, LF_LDK);
+    lf_load(d, lf_src_d(vin, Dv), ch, 0, Dv, Vt, LF_LDK);
+    lf_load(d, lf_src_d(kin, Dk), ch, 0, Dk, Kt, LF_LDK);
+    for (int e = threadIdx.x; e < LF_C * LF_C; e += blockDim.x) {  // Th[i][m] = Tt[m][i]
+        int m = e / LF_C, i = e - m * LF_C;
+        float x = tt[(r + m) * LF_C + i], h = lf_hi(x);
+        st(Th, (size_t)i * LF_LDO + m, h);
+        st(Tl, (size_t)i * LF_LDO + m, x - h);
+    }
+    float acc[8][4], att[8][4], rs[2] = {0.0f, 0.0f};
+    for (int c0 = 0; c0 < Dk; c0 += LF_RO) {  // dW = -dV' S, a slice of 64 columns at a time
+        __syncthreads();
+        lf_load_state_cols(d, sts, ch, c0, Sh, Sl);
+        __syncthreads();
+        lf_zero(acc);
+        lf_mm(acc, Uh, Ul, LF_LDK, Sh, Sl, LF_LDO, Dv, Dk - c0);
+        lf_st_frag(acc, -1.0f, Wh + c0, Wl + c0, LF_LDK, Dk - c0, 0);
+    }
+    __syncthreads();
+    for (int c0 = 0; c0 < Dk; c0 += LF_RO) {  // Tt^T dW: dK += diag(beta gamma) Tt^T dW; dbeta's second term
+        lf_zero(acc);
+        lf_mm(acc, Th, Tl, LF_LDO, Wh + c0, Wl + c0, LF_LDK, LF_C, Dk - c0);
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
+                if (col >= Dk) continue;
+                rs[e >> 1] = fmaf(gt.gam[r + i] * ld(Kt, (size_t)i * LF_LDK + col), acc[n][e], rs[e >> 1]);
+                float *o = dk + (r + i) * Dk + col;
+                *o = fmaf(gt.bg[r + i], acc[n][e], *o);
+            }
+    }
+    for (int c0 = 0; c0 < Dv; c0 += LF_RO) {  // Tt^T dU out; dbeta's first term
+        lf_zero(acc);
+        lf_mm(acc, Th, Tl, LF_LDO, Uh + c0, Ul + c0, LF_LDK, LF_C, Dv - c0);
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
+                if (col >= Dv) continue;
+                rs[e >> 1] = fmaf(ld(Vt, (size_t)i * LF_LDK + col), acc[n][e], rs[e >> 1]);
+                tdu[(r + i) * Dv + col] = acc[n][e];
+            }
+    }
+    // dTt = (dU V^T) diag(beta) + (dW K^T) diag(beta gamma)
+    lf_abt(att, Uh, Ul, Vt, NULL, Dv, 0, 3);
+    lf_abt(acc, Wh, Wl, Kt, NULL, Dk, 0, 3);
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int j = 8 * n + lc + (e & 1);
+            att[n][e] = gt.beta[r + j] * att[n][e] + gt.bg[r + j] * acc[n][e];
+        }
+    lf_st_frag(att, 1.0f, Mh, Ml, LF_LDO, LF_C, 0);
+    __syncthreads();
+    lf_zero(acc);
+    lf_mm(acc, Th, Tl, LF_LDO, Mh, Ml, LF_LDO, LF_C, LF_C);  // Tt^T dTt
+    __syncthreads();
+    lf_st_frag(acc, 1.0f, Mh, Ml, LF_LDO, LF_C, 0);
+    __syncthreads();
+    lf_zero(acc);
+    lf_mm(acc, Mh, Ml, LF_LDO, Th, Tl, LF_LDO, LF_C, LF_C);  // (Tt^T dTt) Tt^T = -dA
+    lf_abt(att, Kt, NULL, Kt, NULL, Dk, 0, w);                // K K^T
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = 16 * w + lr + 8 * (e >> 1), j = 8 * n + lc + (e & 1);
+            float x = j < i ? -acc[n][e] * expf(b[i] - b[j]) : 0.0f;  // dA (.) Gamma
+            rs[e >> 1] = fmaf(x, att[n][e], rs[e >> 1]);
+            acc[n][e] = gt.beta[r + i] * x;  // D
+        }
+    __syncthreads();  // Tt^T dTt read: D and D^T take the region
+    lf_st_frag(acc, 1.0f, Mh, Ml, LF_LDO, LF_C, 0);
+    lf_st_frag(acc, 1.0f, Nh, Nl, LF_LDO, LF_C, 1);
+    red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
+    red[(16 * w + lr + 8) * 4 + (lane & 3)] = rs[1];
+    __syncthreads();
+    if (threadIdx.x < LF_C) {
+        const float *rr = red + threadIdx.x * 4;
+        dbt[r + threadIdx.x] = (rr[0] + rr[1]) + (rr[2] + rr[3]);
+    }
+    for (int c0 = 0; c0 < Dk; c0 += LF_RO) {  // dK += D K + D^T K
+        lf_zero(acc);
+        lf_mm(acc, Mh, Ml, LF_LDO, Kt + c0, NULL, LF_LDK, LF_C, Dk - c0);
+        lf_mm(acc, Nh, Nl, LF_LDO, Kt + c0, NULL, LF_LDK, LF_C, Dk - c0);
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
+                if (col < Dk) dk[(r + i) * Dk + col] += acc[n][e];
+            }
+    }
+}
+
 // The backward's per-token gate gradients of one chunk (one block of LC_OUT_THREADS), fused path:
 // from the slices' shares pq (q . dq, nq of them a token) and pv (v . dV', nv), dbeta = v . dV' and
 // dg_t = <dS_end, S_end> + sum_{t' >= t} (q . dq - beta v . dV')_t' (in double: the terms cancel).
@@ -1432,14 +1643,14 @@ static int lc_dims(LcDims *ld_, const MnMesaDims *d, const MnLinOpts *o, const c
 
 // Carves the buffers from one scratch allocation (bwd: the backward's too). (Products also read at
 // chunk offsets c C D floats, 16-byte aligned where C D is a multiple of 4: C = 64 always.)
-static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, int fused, LcWork *w) {
+static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, LcWork *w) {
     size_t rk = d->nch * d->C * d->Dk, rv = d->nch * d->C * d->Dv, cc = d->nch * d->C * d->C, rg = d->nch * d->C;
     size_t states = d->nch * d->ss, fins = (size_t)d->P * d->ss;
     size_t nk = 4 + (delta ? 2 : 0) + (bwd ? 2 + (delta ? 2 : 0) : 0);
     size_t nv = (bwd ? 1 : 0) + 1 + (delta ? 1 : 0) + (bwd ? 4 + (delta ? 1 : 0) : 1);
     size_t nsq = (delta ? 2 : 0) + 1 + (bwd ? 1 : 0);
     size_t total = 6 * rg + d->nch + nk * rk + nv * rv + nsq * cc + states + fins + (bwd ? states + rg : 0) +
-                   (!delta || (bwd && !fused) ? states : 0) + 40 * LC_ALIGN;  // (at most 40 buffers, each rounded up)
+                   (!delta || bwd ? states : 0) + 40 * LC_ALIGN;  // (at most 40 buffers, each rounded up)
     float *m = (float *)cuda_scratch(be, sizeof(float) * total);
     if (!m) return MN_ERR_NOMEM;
     memset(w, 0, sizeof *w);
@@ -1465,7 +1676,7 @@ static int lc_alloc(const Backend *be, const LcDims *d, int delta, int bwd, int 
     TAKE(w->sq1, cc);
     if (bwd) TAKE(w->sq2, cc);
     TAKE(w->st, states); TAKE(w->sfin, fins);
-    if (!delta || (bwd && !fused)) TAKE(w->inc, states);  // (the fused delta backward: none, the walk adds it)
+    if (!delta || bwd) TAKE(w->inc, states);
     if (bwd) { TAKE(w->dst, states); TAKE(w->dbt, rg); }
 #undef TAKE
     return MN_OK;
@@ -1503,26 +1714,9 @@ static int lc_prepare(CudaCtx *c, const LcDims *d, int delta, float scale, const
 // for the delta rule V' = U - W S^T of every chunk on the way (in place in w->vp). The GLA rule's
 // V' does not depend on the state: every chunk's increment V'^T diag(lambda) K is one product over
 // all chunks, and the hand-off a scan (two launches); the delta rule's goes chunk by chunk.
-static int lc_states(CudaCtx *c, const LcDims *d, int delta, int fused, const float *s0, LcWork *w) {
+static int lc_states(CudaCtx *c, const LcDims *d, int delta, const float *s0, LcWork *w) {
     int C = d->C, Dk = d->Dk, Dv = d->Dv, N = d->N, P = d->P;
     size_t ck = (size_t)C * Dk, cv = (size_t)C * Dv, ss = d->ss, sb = sizeof(float) * ss;
-    if (delta && fused) {  // one launch: lf_walk_kernel over the chunk-major float32 buffers
-        LfWalk wk;
-        memset(&wk, 0, sizeof wk);
-        wk.a = lf_src(w->w, NULL, 0, Dk);
-        wk.y0 = lf_src(w->vp, NULL, 0, Dv);
-        wk.b = lf_src(w->k, NULL, 0, Dk);  // K (exact in bf16), lambda on Y's rows
-        wk.rb = w->gt.lam;
-        wk.b_exact = 1;
-        wk.sa = -1.0f;
-        wk.sb = 1.0f;
-        wk.dec = w->gt.dec;
-        wk.init = s0;
-        wk.xs = w->st;
-        wk.y = w->vp;
-        wk.xfin = w->sfin;
-        return lf_walk(c, d, &wk);
-    }
     if (!delta) {
         MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w->vp, Dv, cv, w->kl, Dk, ck, 0, w->inc, Dk, ss, d->nch));
         lc_scan_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(*d, w->st, w->inc, w->gt.dec, s0, w->sfin, 0);
@@ -1576,7 +1770,7 @@ static int lf_forward(const Backend *be, CudaCtx *c, const LcDims *d, int delta,
     LAUNCH_CHECK();
     if (delta) {
         CU_TRY(cudaFuncSetAttribute(lf_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_PREP_SMEM));
-        lf_prep_kernel<<<(unsigned)d->nch, LF_THREADS, LF_PREP_SMEM, c->stream>>>(*d, gt, k, v, wb, ub);
+        lf_prep_kernel<<<(unsigned)d->nch, LF_THREADS, LF_PREP_SMEM, c->stream>>>(*d, gt, k, v, wb, ub, (float *)NULL);
         LAUNCH_CHECK();
     }
     LfWalk wk;
@@ -1613,10 +1807,10 @@ int cuda_lin_chunk_fwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
     size_t ck = (size_t)C * Dk, cv = (size_t)C * Dv, cc = (size_t)C * C;
     if (lf_use(&d)) return lf_forward(be, c, &d, delta, o->scale, io);
     LcWork w;
-    MN_TRY(lc_alloc(be, &d, delta, 0, 0, &w));
+    MN_TRY(lc_alloc(be, &d, delta, 0, &w));
     MN_TRY(lc_prepare(c, &d, delta, o->scale, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
                       io->beta, &w));
-    MN_TRY(lc_states(c, &d, delta, 0, io->s0, &w));
+    MN_TRY(lc_states(c, &d, delta, io->s0, &w));
     // O = diag(gamma) Qs S^T + ((Qs K^T) (.) Gamma) V'
     MN_TRY(bgemm(c, 0, 1, C, Dv, Dk, 1, w.qg, Dk, ck, w.st, Dk, d.ss, 0, w.o, Dv, cv, d.nch));
     MN_TRY(bgemm(c, 0, 1, C, C, Dk, 1, w.qs, Dk, ck, w.k, Dk, ck, 0, w.sq1, C, cc, d.nch));
@@ -1687,64 +1881,114 @@ static int lf_backward_gla(const Backend *be, CudaCtx *c, const LcDims *d, float
     return MN_OK;
 }
 
+// The fused backward of the delta rule: 8 launches reading the inputs as the call gives them (no
+// float32 copies of them): gates; W, U and Tt (lf_prep_kernel); the entry states and V' (lf_walk_kernel);
+// the intra-chunk dV' (lf_dvi_kernel); dV' and the adjoints dS (lf_walk2_kernel, reverse); dQs and dK's
+// first terms (lf_dqk_delta_kernel); the UT transform's adjoint (lf_utb_kernel); the token gradients
+// (lc_bwd_out_kernel, q and v read as bf16).
+static int lf_backward_delta(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io) {
+    const int Dk = d->Dk, Dv = d->Dv;
+    size_t rg = d->nch * LF_C, rk = rg * Dk, rv = rg * Dv, cc = rg * LF_C, states = d->nch * d->ss;
+    size_t fins = (size_t)d->P * d->ss;
+    size_t total = 7 * rg + d->nch + 3 * rk + 3 * rv + cc + 2 * states + fins + 20 * LC_ALIGN;
+    float *m = (float *)cuda_scratch(be, sizeof(float) * total);
+    if (!m) return MN_ERR_NOMEM;
+    LcWork w;
+    memset(&w, 0, sizeof w);
+#define TAKE(ptr, n) (ptr = m, m += ((n) + LC_ALIGN - 1) / LC_ALIGN * LC_ALIGN)
+    TAKE(w.gt.b, rg); TAKE(w.gt.gam, rg); TAKE(w.gt.lam, rg); TAKE(w.gt.beta, rg); TAKE(w.gt.bg, rg);
+    TAKE(w.gt.dec, d->nch);
+    TAKE(w.w, rk); TAKE(w.vp, rv); TAKE(w.tt, cc); TAKE(w.st, states); TAKE(w.sfin, fins);
+    TAKE(w.dvp, rv); TAKE(w.dst, states); TAKE(w.dqs, rk); TAKE(w.dk, rk); TAKE(w.tdu, rv); TAKE(w.dbt, rg);
+#undef TAKE
+    const bf16 *q = (const bf16 *)io->q, *k = (const bf16 *)io->k, *v = (const bf16 *)io->v,
+               *dout = (const bf16 *)io->dout;
+    lc_gates_kernel<<<grid_for(d->nch, 128), 128, 0, c->stream>>>(*d, io->g, io->beta, w.gt);
+    LAUNCH_CHECK();
+    CU_TRY(cudaFuncSetAttribute(lf_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_PREP_SMEM));
+    lf_prep_kernel<<<(unsigned)d->nch, LF_THREADS, LF_PREP_SMEM, c->stream>>>(*d, w.gt, k, v, w.w, w.vp, w.tt);
+    LAUNCH_CHECK();
+    LfWalk wk;
+    memset(&wk, 0, sizeof wk);  // S_c, and V' = U - W S^T in place of U
+    wk.a = lf_src(w.w, NULL, 0, Dk);
+    wk.y0 = lf_src(w.vp, NULL, 0, Dv);
+    wk.b = lf_src(k, NULL, 1, Dk);
+    wk.rb = w.gt.lam;
+    wk.b_exact = 1;
+    wk.sa = -1.0f;
+    wk.sb = 1.0f;
+    wk.dec = w.gt.dec;
+    wk.init = io->s0;
+    wk.xs = w.st;
+    wk.y = w.vp;
+    wk.xfin = w.sfin;
+    MN_TRY(lf_walk(c, d, &wk));
+    CU_TRY(cudaFuncSetAttribute(lf_dvi_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_OUT_SMEM));
+    lf_dvi_kernel<<<dim3((unsigned)d->nch, (unsigned)((Dv + LF_RO - 1) / LF_RO)), LF_THREADS, LF_OUT_SMEM, c->stream>>>(*d, w.gt, k, q, lf_src(dout, NULL, 1, Dv), scale, w.dvp);
+    LAUNCH_CHECK();
+    memset(&wk, 0, sizeof wk);  // dS_c and dV', last chunk first
+    wk.a = lf_src(k, NULL, 1, Dk);
+    wk.ra = w.gt.lam;
+    wk.a_exact = 1;
+    wk.y0 = lf_src(w.dvp, NULL, 0, Dv);
+    wk.b = lf_src(w.w, NULL, 0, Dk);
+    wk.sa = 1.0f;
+    wk.sb = -1.0f;
+    wk.dec = w.gt.dec;
+    wk.y2 = lf_src(dout, NULL, 1, Dv);
+    wk.b2 = lf_src(q, NULL, 1, Dk);
+    wk.rb2 = w.gt.gam;
+    wk.sb2 = scale;
+    wk.init = io->dsT;
+    wk.xs = w.dst;
+    wk.y = w.dvp;
+    wk.xfin = io->ds0;
+    wk.reverse = 1;
+    MN_TRY(lf_walk(c, d, &wk));
+    const unsigned nyk = (unsigned)((Dk + LF_RO - 1) / LF_RO);
+    const int smem = LF_DQK_SMEM + LF_TK * 2;
+    CU_TRY(cudaFuncSetAttribute(lf_dqk_delta_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    lf_dqk_delta_kernel<<<dim3((unsigned)d->nch, nyk), LF_THREADS, smem, c->stream>>>(*d, w.gt, q, k, w.vp, dout, w.st, w.dst, scale, w.dqs, w.dk);
+    LAUNCH_CHECK();
+    CU_TRY(cudaFuncSetAttribute(lf_utb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_UTB_SMEM));
+    lf_utb_kernel<<<(unsigned)d->nch, LF_THREADS, LF_UTB_SMEM, c->stream>>>(*d, w.gt, k, v, w.dvp, w.st, w.tt, w.tdu, w.dk, w.dbt);
+    LAUNCH_CHECK();
+    LcOut a = {NULL, w.dqs, NULL, w.dvp, w.tdu, w.dk, w.dbt, w.st, w.sfin, w.dst,
+               (bf16 *)io->dq, (bf16 *)io->dk, (bf16 *)io->dv, io->dg, io->dbeta, io->g != NULL, io->beta != NULL,
+               scale, q, v};
+    lc_bwd_out_kernel<<<(unsigned)d->nch, LC_OUT_THREADS, 0, c->stream>>>(*d, w.gt, a);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
 int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts *o, const MnLinBwd *io) {
     CudaCtx *c = cuda_ctx(be);
     LcDims d;
     MN_TRY(lc_dims(&d, dm, o, "cuda lin backward (chunk)"));
     int delta = o->rule == MN_LIN_DELTA, C = d.C, Dk = d.Dk, Dv = d.Dv, N = d.N, P = d.P;
     size_t ck = (size_t)C * Dk, cv = (size_t)C * Dv, cc = (size_t)C * C, ss = d.ss, sb = sizeof(float) * ss;
-    const int fused = lf_use(&d);  // GLA: lf_backward_gla; delta: the two state walks as lf_walk_kernel
-    if (fused && !delta) return lf_backward_gla(be, c, &d, o->scale, io);
+    if (lf_use(&d)) return delta ? lf_backward_delta(be, c, &d, o->scale, io) : lf_backward_gla(be, c, &d, o->scale, io);
     LcWork w;
-    MN_TRY(lc_alloc(be, &d, delta, 1, fused, &w));
+    MN_TRY(lc_alloc(be, &d, delta, 1, &w));
     MN_TRY(lc_prepare(c, &d, delta, o->scale, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
                       io->beta, &w));
-    MN_TRY(lc_states(c, &d, delta, fused, io->s0, &w));
-    if (!fused) {  // (the fused kernels read dO as given)
-        lc_gather_kernel<<<grid_for(d.nch * cv, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, (const bf16 *)io->dout, Dv, 1.0f, w.dout, w.gt.gam, w.dog, NULL, NULL);
-        LAUNCH_CHECK();
-    }
+    MN_TRY(lc_states(c, &d, delta, io->s0, &w));
+    lc_gather_kernel<<<grid_for(d.nch * cv, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, (const bf16 *)io->dout, Dv, 1.0f, w.dout, w.gt.gam, w.dog, NULL, NULL);
+    LAUNCH_CHECK();
     // dV' = ((K Qs^T) (.) Gamma^T) dO for all chunks; the state term is added in the pass below
-    if (fused) {  // (delta) lf_dvi_kernel, from the bf16 inputs
-        CU_TRY(cudaFuncSetAttribute(lf_dvi_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_OUT_SMEM));
-        lf_dvi_kernel<<<dim3((unsigned)d.nch, (unsigned)((Dv + LF_RO - 1) / LF_RO)), LF_THREADS, LF_OUT_SMEM, c->stream>>>(d, w.gt, (const bf16 *)io->k, (const bf16 *)io->q, lf_src(io->dout, NULL, 1, Dv), o->scale, w.dvp);
-        LAUNCH_CHECK();
-    } else {
-        MN_TRY(bgemm(c, 0, 1, C, C, Dk, 1, w.qs, Dk, ck, w.k, Dk, ck, 0, w.sq1, C, cc, d.nch));
-        lc_mask_kernel<<<grid_for(d.nch * cc, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.sq1, w.gt.b);
-        LAUNCH_CHECK();
-        MN_TRY(bgemm(c, 1, 0, C, Dv, C, 1, w.sq1, C, cc, w.dout, Dv, cv, 0, w.dvp, Dv, cv, d.nch));
-    }
+    MN_TRY(bgemm(c, 0, 1, C, C, Dk, 1, w.qs, Dk, ck, w.k, Dk, ck, 0, w.sq1, C, cc, d.nch));
+    lc_mask_kernel<<<grid_for(d.nch * cc, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.sq1, w.gt.b);
+    LAUNCH_CHECK();
+    MN_TRY(bgemm(c, 1, 0, C, Dv, C, 1, w.sq1, C, cc, w.dout, Dv, cv, 0, w.dvp, Dv, cv, d.nch));
     // the adjoints dS_c of the chunks' end states, last chunk first:
     //     dS_{c-1} = gamma_n dS_c + dO_c^T diag(gamma) Qs_c - dV'_c^T W_c (delta),  dV'_c += diag(lambda) K_c dS_c^T
     // The increments dO^T diag(gamma) Qs of all chunks in one product; then GLA (no W term): a scan,
     // and dV' of all chunks in one product; the delta rule chunk by chunk (dV'_c enters dS_{c-1}).
-    if (!fused) MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w.dout, Dv, cv, w.qg, Dk, ck, 0, w.inc, Dk, ss, d.nch));
+    MN_TRY(bgemm(c, 1, 0, Dv, Dk, C, 1, w.dout, Dv, cv, w.qg, Dk, ck, 0, w.inc, Dk, ss, d.nch));
     if (!delta) {
         lc_scan_kernel<<<grid_for((size_t)P * ss, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.dst, w.inc, w.gt.dec, io->dsT, io->ds0, 1);
         LAUNCH_CHECK();
         MN_TRY(bgemm(c, 0, 1, C, Dv, Dk, 1, w.kl, Dk, ck, w.dst, Dk, ss, 1, w.dvp, Dv, cv, d.nch));
-    } else if (fused) {
-        LfWalk wk;
-        memset(&wk, 0, sizeof wk);
-        wk.a = lf_src(w.k, NULL, 0, Dk);  // K (exact in bf16), lambda on the product's rows
-        wk.ra = w.gt.lam;
-        wk.a_exact = 1;
-        wk.y0 = lf_src(w.dvp, NULL, 0, Dv);
-        wk.b = lf_src(w.w, NULL, 0, Dk);
-        wk.sa = 1.0f;
-        wk.sb = -1.0f;
-        wk.dec = w.gt.dec;
-        wk.y2 = lf_src(io->dout, NULL, 1, Dv);  // + scale (diag(gamma) dO)^T q, in the walk
-        wk.b2 = lf_src(io->q, NULL, 1, Dk);
-        wk.rb2 = w.gt.gam;
-        wk.sb2 = o->scale;
-        wk.init = io->dsT;
-        wk.xs = w.dst;
-        wk.y = w.dvp;
-        wk.xfin = io->ds0;
-        wk.reverse = 1;
-        MN_TRY(lf_walk(c, &d, &wk));
     } else {
         float *last = w.dst + (size_t)(N - 1) * ss;
         if (io->dsT)
@@ -1764,23 +2008,15 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
         }
     }
     // P1 = (dO V'^T) (.) Gamma;  dQs = diag(gamma) dO S + P1 K;  dK = diag(lambda) V' dS + P1^T Qs
-    if (fused) {  // (delta) lf_dqk_delta_kernel, from the bf16 inputs, V', S and dS
-        const unsigned nyk = (unsigned)((Dk + LF_RO - 1) / LF_RO);
-        const int smem = LF_DQK_SMEM + LF_TK * 2;
-        CU_TRY(cudaFuncSetAttribute(lf_dqk_delta_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        lf_dqk_delta_kernel<<<dim3((unsigned)d.nch, nyk), LF_THREADS, smem, c->stream>>>(d, w.gt, (const bf16 *)io->q, (const bf16 *)io->k, w.vp, (const bf16 *)io->dout, w.st, w.dst, o->scale, w.dqs, w.dk);
-        LAUNCH_CHECK();
-    } else {
-        MN_TRY(bgemm(c, 0, 1, C, C, Dv, 1, w.dout, Dv, cv, w.vp, Dv, cv, 0, w.sq1, C, cc, d.nch));
-        lc_mask_kernel<<<grid_for(d.nch * cc, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.sq1, w.gt.b);
-        LAUNCH_CHECK();
-        MN_TRY(bgemm(c, 0, 0, C, Dk, Dv, 1, w.dog, Dv, cv, w.st, Dk, ss, 0, w.dqs, Dk, ck, d.nch));
-        MN_TRY(bgemm(c, 0, 0, C, Dk, C, 1, w.sq1, C, cc, w.k, Dk, ck, 1, w.dqs, Dk, ck, d.nch));
-        lc_rowscale_kernel<<<grid_for(d.nch * cv, LC_THREADS), LC_THREADS, 0, c->stream>>>(w.vl, w.vp, w.gt.lam, d.nch * C, Dv);
-        LAUNCH_CHECK();
-        MN_TRY(bgemm(c, 0, 0, C, Dk, Dv, 1, w.vl, Dv, cv, w.dst, Dk, ss, 0, w.dk, Dk, ck, d.nch));
-        MN_TRY(bgemm(c, 1, 0, C, Dk, C, 1, w.sq1, C, cc, w.qs, Dk, ck, 1, w.dk, Dk, ck, d.nch));
-    }
+    MN_TRY(bgemm(c, 0, 1, C, C, Dv, 1, w.dout, Dv, cv, w.vp, Dv, cv, 0, w.sq1, C, cc, d.nch));
+    lc_mask_kernel<<<grid_for(d.nch * cc, LC_THREADS), LC_THREADS, 0, c->stream>>>(d, w.sq1, w.gt.b);
+    LAUNCH_CHECK();
+    MN_TRY(bgemm(c, 0, 0, C, Dk, Dv, 1, w.dog, Dv, cv, w.st, Dk, ss, 0, w.dqs, Dk, ck, d.nch));
+    MN_TRY(bgemm(c, 0, 0, C, Dk, C, 1, w.sq1, C, cc, w.k, Dk, ck, 1, w.dqs, Dk, ck, d.nch));
+    lc_rowscale_kernel<<<grid_for(d.nch * cv, LC_THREADS), LC_THREADS, 0, c->stream>>>(w.vl, w.vp, w.gt.lam, d.nch * C, Dv);
+    LAUNCH_CHECK();
+    MN_TRY(bgemm(c, 0, 0, C, Dk, Dv, 1, w.vl, Dv, cv, w.dst, Dk, ss, 0, w.dk, Dk, ck, d.nch));
+    MN_TRY(bgemm(c, 1, 0, C, Dk, C, 1, w.sq1, C, cc, w.qs, Dk, ck, 1, w.dk, Dk, ck, d.nch));
     if (delta) {
         MN_TRY(bgemm(c, 0, 0, C, Dk, Dv, -1, w.dvp, Dv, cv, w.st, Dk, ss, 0, w.dw, Dk, ck, d.nch));    // dW = -dV' S
         MN_TRY(bgemm(c, 1, 0, C, Dv, C, 1, w.tt, C, cc, w.dvp, Dv, cv, 0, w.tdu, Dv, cv, d.nch));      // Tt^T dU
@@ -1797,7 +2033,7 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
     }
     LcOut a = {w.qs, w.dqs, w.v, w.dvp, delta ? w.tdu : NULL, w.dk, w.dbt, w.st, w.sfin, w.dst,
                (bf16 *)io->dq, (bf16 *)io->dk, (bf16 *)io->dv, io->dg, io->dbeta, io->g != NULL, io->beta != NULL,
-               o->scale};
+               o->scale, NULL, NULL};
     lc_bwd_out_kernel<<<(unsigned)d.nch, LC_OUT_THREADS, 0, c->stream>>>(d, w.gt, a);
     LAUNCH_CHECK();
     return MN_OK;
