@@ -17,8 +17,10 @@
  * pair p = b H + h. Gates per chunk (lc_gates_kernel, both paths): b (cumulative log decay),
  * gamma = e^b, lambda = e^{b_n - b}, beta, beta gamma, [nch][C] float32, and e^{b_n} [nch].
  *
- * ---- The fused path: chunks of 64, Dk and Dv multiples of 16 up to 128 (lf_use); other
- * shapes take the cuBLAS path silently.
+ * ---- The fused path: chunks of 64, Dk and Dv multiples of 16 up to 128, on a device that gives a
+ * block the shared memory of its kernels (lf_use: 95 KiB; the delta rule's backward 157 KiB, which
+ * Hopper and A100 give and the sm_86 / sm_89 parts do not); other shapes and devices take the
+ * cuBLAS path silently.
  *
  * Forward, 4 launches (delta) or 3 (GLA), reading q, k, v bf16 [B,T,H,D] and g, beta float32
  * [B,T,H] as the call gives them (no gathered copies):
@@ -1741,12 +1743,13 @@ static int lc_states(CudaCtx *c, const LcDims *d, int delta, const float *s0, Lc
 }
 
 // The fused path takes the call where MESANET_LIN=fused (read at every call) asks for it and it
-// takes the shape (chunks of 64, Dk and Dv multiples of 16 up to 128); the cuBLAS path otherwise
-// (the default: faster as measured, the file's header).
-static int lf_use(const LcDims *d) {
+// takes the shape (chunks of 64, Dk and Dv multiples of 16 up to 128) and the device allows its
+// kernels' shared memory (smem bytes: the forward and GLA's backward 95 KiB, the delta rule's
+// backward 157 KiB); the cuBLAS path otherwise (the default: faster as measured, the file's header).
+static int lf_use(const CudaCtx *c, const LcDims *d, size_t smem) {
     const char *e = getenv("MESANET_LIN");
     if (!e || strcmp(e, "fused")) return 0;
-    return d->C == LF_C && d->Dk % 16 == 0 && d->Dk <= LF_KMAX && d->Dv % 16 == 0 && d->Dv <= LF_KMAX;
+    return smem <= c->smem_optin && d->C == LF_C && d->Dk % 16 == 0 && d->Dk <= LF_KMAX && d->Dv % 16 == 0 && d->Dv <= LF_KMAX;
 }
 
 // The fused forward: gates (lc_gates_kernel), the delta rule's UT transform (lf_prep_kernel), the
@@ -1805,7 +1808,7 @@ int cuda_lin_chunk_fwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
     MN_TRY(lc_dims(&d, dm, o, "cuda lin forward (chunk)"));
     int delta = o->rule == MN_LIN_DELTA, C = d.C, Dk = d.Dk, Dv = d.Dv;
     size_t ck = (size_t)C * Dk, cv = (size_t)C * Dv, cc = (size_t)C * C;
-    if (lf_use(&d)) return lf_forward(be, c, &d, delta, o->scale, io);
+    if (lf_use(c, &d, LF_WALK_SMEM)) return lf_forward(be, c, &d, delta, o->scale, io);
     LcWork w;
     MN_TRY(lc_alloc(be, &d, delta, 0, &w));
     MN_TRY(lc_prepare(c, &d, delta, o->scale, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,
@@ -1967,7 +1970,7 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
     MN_TRY(lc_dims(&d, dm, o, "cuda lin backward (chunk)"));
     int delta = o->rule == MN_LIN_DELTA, C = d.C, Dk = d.Dk, Dv = d.Dv, N = d.N, P = d.P;
     size_t ck = (size_t)C * Dk, cv = (size_t)C * Dv, cc = (size_t)C * C, ss = d.ss, sb = sizeof(float) * ss;
-    if (lf_use(&d)) return delta ? lf_backward_delta(be, c, &d, o->scale, io) : lf_backward_gla(be, c, &d, o->scale, io);
+    if (lf_use(c, &d, delta ? LF_UTB_SMEM : LF_WALK_SMEM)) return delta ? lf_backward_delta(be, c, &d, o->scale, io) : lf_backward_gla(be, c, &d, o->scale, io);
     LcWork w;
     MN_TRY(lc_alloc(be, &d, delta, 1, &w));
     MN_TRY(lc_prepare(c, &d, delta, o->scale, (const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, io->g,

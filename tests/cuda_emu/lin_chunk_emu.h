@@ -78,8 +78,9 @@ static inline int cudaGetLastError(void) { return 0; }
 typedef struct {
     cudaStream_t stream;
     cublasHandle_t blas;
+    size_t smem_optin;  // the most shared memory one block may ask for (an H100's)
 } CudaCtx;
-static CudaCtx emu_ctx;
+static CudaCtx emu_ctx = {{}, {}, (size_t)227 * 1024};
 static inline CudaCtx *cuda_ctx(const Backend *) { return &emu_ctx; }
 static void *emu_scratch;
 static size_t emu_scratch_bytes;
