@@ -49,7 +49,7 @@
  *                     memory 95 KiB (dynamic: two blocks a Hopper multiprocessor), 168 registers.
  *                     (lf_walk2_kernel: the same with a second increment X += sb2 (diag(rb2) Y2)^T B2,
  *                     B2 exact, restaged into the B and Y tiles after the first: the delta rule's
- *                     adjoint walk; a template instance of its own, 164 registers, so that the
+ *                     adjoint walk; an instance of its own, 164 registers, so that the
  *                     forward's keeps its registers.)
  *   lf_out_kernel     one block of 4 warps (16 rows each) per (chunk, slice of 64 columns of Dv),
  *                     grid (nch, Dv / 64): O = diag(gamma) Qs S^T + ((Qs K^T) (.) Gamma) V', Qs S^T
@@ -70,7 +70,7 @@
  *   lf_walk_kernel       reverse, the end states' adjoints: X = dS (init dsT, out dS_c of every chunk
  *                        and ds0), no A, Y = dO (bf16 as given), B = q, gamma and scale on Y's rows:
  *                        dS <- gamma_n dS + dO^T diag(gamma) Qs.
- *   lf_dv_kernel         lf_out_kernel's body with the roles swapped (template BWD = 1), grid
+ *   lf_dv_kernel         lf_out_kernel's body with the roles swapped (BWD = 1), grid
  *                        (nch, Dv / 64): dV' = diag(lambda) K dS^T + ((K Qs^T) (.) Gamma^T) dO, the
  *                        scores' upper triangle in registers (hi + lo A fragments), dS split hi + lo;
  *                        out dv = diag(beta) dV' (bf16) and each slice's share of v . dV' per token
@@ -94,12 +94,12 @@
  *   lc_gates_kernel      the gates.
  *   lf_prep_kernel       the forward's W, U and, for the backward, Tt itself (float32 [nch][C][C]).
  *   lf_walk_kernel       the forward's walk again: S_c of every chunk, V' = U - W S^T in place of U.
- *   lf_dvi_kernel        the intra-chunk dV' = ((K Qs^T) (.) Gamma^T) dO (lf_out_kernel's body, template
- *                        BWD = 2: no state term; out float32 [nch][C][Dv]). 70 KiB, 85 registers.
+ *   lf_dvi_kernel        the intra-chunk dV' = ((K Qs^T) (.) Gamma^T) dO (lf_out_kernel's body
+ *                        with BWD = 2: no state term; out float32 [nch][C][Dv]). 70 KiB, 85 registers.
  *   lf_walk2_kernel      reverse (X = dS, init dsT; out dS_c and ds0): Y = dV' = Y0 + diag(lambda) K dS^T
  *                        (A = k as given, into the dV' buffer), X <- gamma_n X - Y^T W + scale (diag(gamma)
  *                        dO)^T q (the second increment from dO and q as given: no increments buffer).
- *   lf_dqk_delta_kernel  dQs and dK's first terms (lf_dqk_kernel's body, template DELTA = 1: V' the
+ *   lf_dqk_delta_kernel  dQs and dK's first terms (lf_dqk_kernel's body with DELTA = 1: V' the
  *                        float32 buffer split hi + lo into one more tile, three products where it
  *                        enters, no beta in the scores, lambda alone on V' dS); out unscaled dQs and dK,
  *                        float32 [nch][C][Dk]. 106 KiB, 121 registers (sm_80: 128, 24 bytes spilled).
@@ -532,12 +532,13 @@ static __device__ __forceinline__ void lf_at4(const LcDims d, const LfSrc s, siz
 // first is used (a thread's loads in flight together: the tiles come from L2 or memory).
 #define LF_UNR 4
 #define LF_UNR_WALK 2  // (the state walk, whose registers hold the state: 4 would spill)
-template <int UNR = LF_UNR>
+// UNR (at most LF_UNR) loads a thread issues before it uses them: a constant at every call, which the
+// inlining folds (as a template parameter would; the kernels are C-style CUDA).
 static __device__ __forceinline__ void lf_load(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *dst,
-                                               int lds) {
+                                               int lds, const int UNR) {
     const int n4 = ncols / 4, total = LF_C * n4;
     for (int e0 = threadIdx.x; e0 < total; e0 += UNR * blockDim.x) {
-        float v[UNR][4];
+        float v[LF_UNR][4];
 #pragma unroll
         for (int u = 0; u < UNR; u++) {
             int e = e0 + u * blockDim.x, t = e / n4;
@@ -562,12 +563,11 @@ static __device__ __forceinline__ float lf_hi(float x) {
 }
 
 // The same load as lf_load, each element split into a hi and a lo tile.
-template <int UNR>
 static __device__ __forceinline__ void lf_load2(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *hi,
-                                                bf16 *lo, int lds) {
+                                                bf16 *lo, int lds, const int UNR) {
     const int n4 = ncols / 4, total = LF_C * n4;
     for (int e0 = threadIdx.x; e0 < total; e0 += UNR * blockDim.x) {
-        float v[UNR][4];
+        float v[LF_UNR][4];
 #pragma unroll
         for (int u = 0; u < UNR; u++) {
             int e = e0 + u * blockDim.x, t = e / n4;
@@ -636,8 +636,9 @@ typedef struct {
 #define LF_TY (LF_C * LF_LDR)
 #define LF_WALK_SMEM ((4 * LF_TK + 2 * LF_TX + 2 * LF_TY) * 2)
 
-template <int INC2>
-static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk k) {
+// INC2 (0 or 1, a constant at each call, folded by the inlining) selects the adjoint walk's own
+// increments (lf_walk2_kernel).
+static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk k, const int INC2) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
     bf16 *Ah = (bf16 *)lf_dsmem, *Al = Ah + LF_TK, *Bh = Al + LF_TK, *Bl = Bh + LF_TK, *Xh = Bl + LF_TK,
          *Xl = Xh + LF_TX, *Yh = Xl + LF_TX, *Yl = Yh + LF_TY;
@@ -655,10 +656,10 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
             }
     for (int it = 0; it < d.N; it++) {
         const size_t ch = (size_t)p * d.N + (k.reverse ? d.N - 1 - it : it);
-        if (k.a.p && k.a_exact) lf_load<LF_UNR_WALK>(d, k.a, ch, 0, Dk, Ah, LF_LDK);
-        else if (k.a.p) lf_load2<LF_UNR_WALK>(d, k.a, ch, 0, Dk, Ah, Al, LF_LDK);
-        if (k.b_exact) lf_load<LF_UNR_WALK>(d, k.b, ch, 0, Dk, Bh, LF_LDK);
-        else lf_load2<LF_UNR_WALK>(d, k.b, ch, 0, Dk, Bh, Bl, LF_LDK);
+        if (k.a.p && k.a_exact) lf_load(d, k.a, ch, 0, Dk, Ah, LF_LDK, LF_UNR_WALK);
+        else if (k.a.p) lf_load2(d, k.a, ch, 0, Dk, Ah, Al, LF_LDK, LF_UNR_WALK);
+        if (k.b_exact) lf_load(d, k.b, ch, 0, Dk, Bh, LF_LDK, LF_UNR_WALK);
+        else lf_load2(d, k.b, ch, 0, Dk, Bh, Bl, LF_LDK, LF_UNR_WALK);
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -739,7 +740,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
             const int bex = pass ? 1 : k.b_exact;
             if (pass) {  // the second increment: B2 into B's hi tile, sb2 diag(rb2) Y2 into Y's tiles
                 __syncthreads();
-                lf_load<LF_UNR_WALK>(d, k.b2, ch, 0, Dk, Bh, LF_LDK);
+                lf_load(d, k.b2, ch, 0, Dk, Bh, LF_LDK, LF_UNR_WALK);
                 for (int e = threadIdx.x; e < LF_C * LF_R / 2; e += blockDim.x) {
                     int t = e / (LF_R / 2), j = 2 * (e - t * (LF_R / 2));
                     float sc = k.rb2 ? k.sb2 * k.rb2[ch * LF_C + t] : k.sb2;
@@ -801,10 +802,10 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
 // INC2 = 0 (lf_walk_kernel, the forward's and GLA's walks) or 1 (lf_walk2_kernel, the delta rule's
 // adjoint walk with its second increment), two kernels so that the first keeps its registers.
 static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims d, const LfWalk k) {
-    lf_walk_body<0>(d, k);
+    lf_walk_body(d, k, 0);
 }
 static __global__ void __launch_bounds__(LF_THREADS) lf_walk2_kernel(const LcDims d, const LfWalk k) {
-    lf_walk_body<1>(d, k);
+    lf_walk_body(d, k, 1);
 }
 
 // One launch of lf_walk_kernel (its shared memory above the 48 KiB default allowed at every call, as
@@ -842,7 +843,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
     const size_t ch = blockIdx.x;
     const float *b = gt.b + ch * LF_C, *beta = gt.beta + ch * LF_C;
     LfSrc ks = {kin, NULL, 1, Dk};
-    lf_load(d, ks, ch, 0, Dk, Ks, LF_LDK);
+    lf_load(d, ks, ch, 0, Dk, Ks, LF_LDK, LF_UNR);
     __syncthreads();
     {
         float kk[8][4];
@@ -893,7 +894,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
             st(Tl, (size_t)i * LF_LDO + m, x - h);
         }
         LfSrc src = {pass ? (const void *)vin : (const void *)kin, NULL, 1, D};
-        lf_load(d, src, ch, 0, D, Ks, LF_LDK);
+        lf_load(d, src, ch, 0, D, Ks, LF_LDK, LF_UNR);
         __syncthreads();
         float acc[16][4];
 #pragma unroll
@@ -979,10 +980,10 @@ static __device__ __forceinline__ void lf_load_state(const LcDims d, const float
 #define LF_TO (LF_C * LF_LDO)
 #define LF_OUT_SMEM ((3 * LF_TK + 2 * LF_TO) * 2 + LF_C * 4 * 4)
 
-template <int BWD>
+// BWD (0, 1 or 2, a constant at each call, folded by the inlining): which of the three kernels.
 static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates gt, const bf16 *qin, const bf16 *kin,
                                                    const float *states, const LfSrc vp, float scale, bf16 *out,
-                                                   const bf16 *vin, float *part, float *fout) {
+                                                   const bf16 *vin, float *part, float *fout, const int BWD) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
     bf16 *Qs = (bf16 *)lf_dsmem, *KS = Qs + LF_TK, *Sl = KS + LF_TK, *Vh = Sl + LF_TK, *Vl = Vh + LF_TO;
     float *red = (float *)(Vl + LF_TO);  // [64][4] (BWD): the row sums' shares of the lanes
@@ -991,9 +992,9 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
     const int c0 = blockIdx.y * LF_RO, p = (int)(ch / d.N), t0 = (int)(ch % d.N) * LF_C;
     const float *b = gt.b + ch * LF_C;
     LfSrc qsrc = {qin, NULL, 1, Dk}, ksrc = {kin, NULL, 1, Dk};
-    lf_load(d, qsrc, ch, 0, Dk, Qs, LF_LDK);
+    lf_load(d, qsrc, ch, 0, Dk, Qs, LF_LDK, LF_UNR);
     if (BWD != 2) lf_load_state(d, states, ch, c0, KS, Sl);  // S now (hi + lo), K in S's hi tile after it
-    lf_load2<LF_UNR>(d, vp, ch, c0, LF_RO, Vh, Vl, LF_LDO);
+    lf_load2(d, vp, ch, c0, LF_RO, Vh, Vl, LF_LDO, LF_UNR);
     __syncthreads();
     float o[8][4];
 #pragma unroll
@@ -1023,7 +1024,7 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
             o[n][e] *= BWD ? gt.lam[r] : scale * gt.gam[r];
         }
     __syncthreads();  // S's hi tile read: it takes K
-    lf_load(d, ksrc, ch, 0, Dk, KS, LF_LDK);
+    lf_load(d, ksrc, ch, 0, Dk, KS, LF_LDK, LF_UNR);
     __syncthreads();
     float att[8][4];
 #pragma unroll
@@ -1111,19 +1112,19 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
 static __global__ void __launch_bounds__(LF_THREADS) lf_out_kernel(const LcDims d, const LcGates gt, const bf16 *qin,
                                                                   const bf16 *kin, const float *states, const LfSrc vp,
                                                                   float scale, bf16 *out) {
-    lf_out_body<0>(d, gt, qin, kin, states, vp, scale, out, NULL, NULL, NULL);
+    lf_out_body(d, gt, qin, kin, states, vp, scale, out, NULL, NULL, NULL, 0);
 }
 
 static __global__ void __launch_bounds__(LF_THREADS) lf_dv_kernel(const LcDims d, const LcGates gt, const bf16 *kin,
                                                                  const bf16 *qin, const float *dst, const LfSrc dout,
                                                                  float scale, bf16 *dv, const bf16 *vin, float *part) {
-    lf_out_body<1>(d, gt, kin, qin, dst, dout, scale, dv, vin, part, NULL);
+    lf_out_body(d, gt, kin, qin, dst, dout, scale, dv, vin, part, NULL, 1);
 }
 
 static __global__ void __launch_bounds__(LF_THREADS) lf_dvi_kernel(const LcDims d, const LcGates gt, const bf16 *kin,
                                                                   const bf16 *qin, const LfSrc dout, float scale,
                                                                   float *dvp) {
-    lf_out_body<2>(d, gt, kin, qin, NULL, dout, scale, NULL, NULL, NULL, dvp);
+    lf_out_body(d, gt, kin, qin, NULL, dout, scale, NULL, NULL, NULL, dvp, 2);
 }
 
 // Columns c0 .. c0 + 63 of the chunk's state (float32 [Dv][Dk]; zero past Dk), all Dv rows, into two
@@ -1267,11 +1268,11 @@ static __device__ __forceinline__ void lf_abt(float att[8][4], const bf16 *A, co
 // dK before the UT transform's terms, float32 chunk major [nch][C][Dk] (fdq, fdk; every row), no
 // shares. Dynamic shared memory LF_DQK_SMEM + (DELTA) LF_TK * 2 bytes.
 #define LF_DQK_SMEM ((2 * LF_TK + 2 * LF_TSV + 2 * LF_TO) * 2 + LF_C * 4 * 4)
-template <int DELTA>
+// DELTA (0 or 1, a constant at each call, folded by the inlining): the delta rule's variant.
 static __device__ __forceinline__ void lf_dqk_body(const LcDims d, const LcGates gt, const bf16 *qin, const bf16 *kin,
                                                    const bf16 *vin, const float *vp, const bf16 *doin,
                                                    const float *sts, const float *dst, float scale, bf16 *dq,
-                                                   bf16 *dk, float *part, float *fdq, float *fdk) {
+                                                   bf16 *dk, float *part, float *fdq, float *fdk, const int DELTA) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
     bf16 *Do = (bf16 *)lf_dsmem, *Vt = Do + LF_TK, *Sh = Vt + LF_TK, *Sl = Sh + LF_TSV, *Kc = Sl + LF_TSV,
          *Qc = Kc + LF_TO;
@@ -1281,12 +1282,12 @@ static __device__ __forceinline__ void lf_dqk_body(const LcDims d, const LcGates
     const size_t ch = blockIdx.x;
     const int c0 = blockIdx.y * LF_RO, p = (int)(ch / d.N), t0 = (int)(ch % d.N) * LF_C;
     const float *b = gt.b + ch * LF_C, *beta = gt.beta + ch * LF_C;
-    lf_load(d, lf_src_d(doin, Dv), ch, 0, Dv, Do, LF_LDK);
+    lf_load(d, lf_src_d(doin, Dv), ch, 0, Dv, Do, LF_LDK, LF_UNR);
     const LfSrc vps = {vp, NULL, 0, Dv};
-    if (DELTA) lf_load2<LF_UNR>(d, vps, ch, 0, Dv, Vt, Vl, LF_LDK);
-    else lf_load(d, lf_src_d(vin, Dv), ch, 0, Dv, Vt, LF_LDK);
-    lf_load(d, lf_src_d(kin, Dk), ch, c0, LF_RO, Kc, LF_LDO);
-    lf_load(d, lf_src_d(qin, Dk), ch, c0, LF_RO, Qc, LF_LDO);
+    if (DELTA) lf_load2(d, vps, ch, 0, Dv, Vt, Vl, LF_LDK, LF_UNR);
+    else lf_load(d, lf_src_d(vin, Dv), ch, 0, Dv, Vt, LF_LDK, LF_UNR);
+    lf_load(d, lf_src_d(kin, Dk), ch, c0, LF_RO, Kc, LF_LDO, LF_UNR);
+    lf_load(d, lf_src_d(qin, Dk), ch, c0, LF_RO, Qc, LF_LDO, LF_UNR);
     lf_load_state_cols(d, sts, ch, c0, Sh, Sl);
     __syncthreads();
     float acc[8][4], att[8][4];
@@ -1372,7 +1373,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_dqk_kernel(const LcDims 
                                                                   const bf16 *kin, const bf16 *vin, const bf16 *doin,
                                                                   const float *sts, const float *dst, float scale,
                                                                   bf16 *dq, bf16 *dk, float *part) {
-    lf_dqk_body<0>(d, gt, qin, kin, vin, NULL, doin, sts, dst, scale, dq, dk, part, NULL, NULL);
+    lf_dqk_body(d, gt, qin, kin, vin, NULL, doin, sts, dst, scale, dq, dk, part, NULL, NULL, 0);
 }
 
 static __global__ void __launch_bounds__(LF_THREADS) lf_dqk_delta_kernel(const LcDims d, const LcGates gt,
@@ -1380,7 +1381,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_dqk_delta_kernel(const L
                                                                         const float *vp, const bf16 *doin,
                                                                         const float *sts, const float *dst, float scale,
                                                                         float *fdq, float *fdk) {
-    lf_dqk_body<1>(d, gt, qin, kin, NULL, vp, doin, sts, dst, scale, NULL, NULL, NULL, fdq, fdk);
+    lf_dqk_body(d, gt, qin, kin, NULL, vp, doin, sts, dst, scale, NULL, NULL, NULL, fdq, fdk, 1);
 }
 
 // acc (the warp's 16 rows x 64 columns) += A X: A [64][lda] bf16 (hi, and lo Al or NULL), rows 16 w..,
@@ -1470,9 +1471,9 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims 
     const size_t ch = blockIdx.x, r = ch * LF_C;
     const float *b = gt.b + r;
     const LfSrc us = {dvp, NULL, 0, Dv};
-    lf_load2<LF_UNR>(d, us, ch, 0, Dv, Uh, Ul, LF_LDK);
-    lf_load(d, lf_src_d(vin, Dv), ch, 0, Dv, Vt, LF_LDK);
-    lf_load(d, lf_src_d(kin, Dk), ch, 0, Dk, Kt, LF_LDK);
+    lf_load2(d, us, ch, 0, Dv, Uh, Ul, LF_LDK, LF_UNR);
+    lf_load(d, lf_src_d(vin, Dv), ch, 0, Dv, Vt, LF_LDK, LF_UNR);
+    lf_load(d, lf_src_d(kin, Dk), ch, 0, Dk, Kt, LF_LDK, LF_UNR);
     for (int e = threadIdx.x; e < LF_C * LF_C; e += blockDim.x) {  // Th[i][m] = Tt[m][i]
         int m = e / LF_C, i = e - m * LF_C;
         float x = tt[(r + m) * LF_C + i], h = lf_hi(x);
