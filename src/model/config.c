@@ -308,6 +308,15 @@ static int hf_flag(const Json *j, const char *key, int fallback, const char *whe
     return v && v->type != JSON_NULL ? json_flag(v, key, where, out) : MN_OK;
 }
 
+// Hugging Face's hidden_act, absent or SwiGLU's ("swish" in fla's configs, "silu" in transformers';
+// `name` is the one the message asks for).
+static int hf_swiglu(const Json *j, const char *name, const char *where) {
+    const Json *act = json_get(j, "hidden_act");
+    if (act && (act->type != JSON_STRING || (strcmp(act->string, "swish") && strcmp(act->string, "silu"))))
+        return mn_error(MN_ERR_FORMAT, "%s: hidden_act must be \"%s\" (SwiGLU), got another", where, name);
+    return MN_OK;
+}
+
 static int config_from_hf_delta(ModelConfig *c, const Json *j, const char *where, int gated);
 static int config_from_hf_transformer(ModelConfig *c, const Json *j, const char *where);
 static int config_from_hf_llama(ModelConfig *c, const Json *j, const char *where);
@@ -355,9 +364,7 @@ static int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
     MN_TRY(hf_float(j, "lambda_lower_bound", 0.25f, where, &c->lambda_min));
     MN_TRY(hf_int(j, "max_cg_step_training", 30, -BIG, BIG, where, &c->cg_steps));
     MN_TRY(hf_int(j, "max_position_embeddings", 2048, -BIG, BIG, where, &c->seq_len));
-    const Json *act = json_get(j, "hidden_act");
-    if (act && (act->type != JSON_STRING || (strcmp(act->string, "swish") && strcmp(act->string, "silu"))))
-        return mn_error(MN_ERR_FORMAT, "%s: hidden_act must be \"swish\" (SwiGLU), got another", where);
+    MN_TRY(hf_swiglu(j, "swish", where));
     return config_validate(c, where);
 }
 
@@ -456,9 +463,7 @@ static int config_from_hf_delta(ModelConfig *c, const Json *j, const char *where
     if (!conv) return mn_error(MN_ERR_FORMAT, "%s: use_short_conv = false, which mesanet does not have", where);
     MN_TRY(hf_none(j, "attn", "attention in some layers (a hybrid)", where));
     MN_TRY(hf_none(j, "attnres_block_size", "attention residuals", where));
-    const Json *act = json_get(j, "hidden_act");
-    if (act && (act->type != JSON_STRING || (strcmp(act->string, "swish") && strcmp(act->string, "silu"))))
-        return mn_error(MN_ERR_FORMAT, "%s: hidden_act must be \"swish\" (SwiGLU), got another", where);
+    MN_TRY(hf_swiglu(j, "swish", where));
     return config_validate(c, where);
 }
 
@@ -511,9 +516,7 @@ static int config_from_hf_transformer(ModelConfig *c, const Json *j, const char 
     MN_TRY(hf_flag(j, "tie_word_embeddings", 0, where, &c->tie_embeddings));
     MN_TRY(hf_int(j, "max_position_embeddings", 2048, -BIG, BIG, where, &c->seq_len));
     MN_TRY(hf_none(j, "attnres_block_size", "attention residuals", where));
-    const Json *act = json_get(j, "hidden_act");
-    if (act && (act->type != JSON_STRING || (strcmp(act->string, "swish") && strcmp(act->string, "silu"))))
-        return mn_error(MN_ERR_FORMAT, "%s: hidden_act must be \"swish\" (SwiGLU), got another", where);
+    MN_TRY(hf_swiglu(j, "swish", where));
     return config_validate(c, where);
 }
 
@@ -574,9 +577,7 @@ static int config_from_hf_llama(ModelConfig *c, const Json *j, const char *where
             strcpy(c->mixer, "swa");
         }
     }
-    const Json *act = json_get(j, "hidden_act");
-    if (act && (act->type != JSON_STRING || (strcmp(act->string, "swish") && strcmp(act->string, "silu"))))
-        return mn_error(MN_ERR_FORMAT, "%s: hidden_act must be \"silu\" (SwiGLU), got another", where);
+    MN_TRY(hf_swiglu(j, "silu", where));
     return config_validate(c, where);
 }
 
