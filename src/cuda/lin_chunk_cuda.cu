@@ -469,6 +469,13 @@ typedef struct {
 } LfSrc;
 
 // A bf16 [B,T,H,D] input as an LfSrc (no row scale).
+// c[0..1] += a b for a 16 x 16 block of columns: b the four registers of a transposed ldmatrix x4
+// (two n8 tiles), a the A fragment: the pair of mma every product of this file issues.
+static __device__ __forceinline__ void mma_bf16_x2(float c[][4], const uint32_t a[4], const uint32_t b[4]) {
+    mma_bf16(c[0], a, b[0], b[1]);
+    mma_bf16(c[1], a, b[2], b[3]);
+}
+
 static __device__ __forceinline__ LfSrc lf_src_d(const bf16 *p, int D) {
     LfSrc s = {p, NULL, 1, D};
     return s;
@@ -696,10 +703,8 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                     ldsm_x4(bh, Xh + bo);
                     ldsm_x4(bl, Xl + bo);
                     if (k.a_exact) {
-                        mma_bf16(y[2 * np], ah, bl[0], bl[1]);
-                        mma_bf16(y[2 * np + 1], ah, bl[2], bl[3]);
-                        mma_bf16(y[2 * np], ah, bh[0], bh[1]);
-                        mma_bf16(y[2 * np + 1], ah, bh[2], bh[3]);
+                        mma_bf16_x2(&y[2 * np], ah, bl);
+                        mma_bf16_x2(&y[2 * np], ah, bh);
                     } else {
                         mma3(y[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
                         mma3(y[2 * np + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
@@ -858,8 +863,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
             for (int np = 0; np < 4; np++) {
                 if (np > w) continue;  // columns past the warp's rows: above the diagonal
                 ldsm_x4(bb, Ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
-                mma_bf16(kk[2 * np], af, bb[0], bb[1]);
-                mma_bf16(kk[2 * np + 1], af, bb[2], bb[3]);
+                mma_bf16_x2(&kk[2 * np], af, bb);
             }
         }
 #pragma unroll
@@ -910,10 +914,8 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
                 if (dp * 16 >= D) continue;
                 uint32_t bb[4];
                 ldsm_x4_t(bb, Ks + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDK + dp * 16 + (lane >> 4) * 8);
-                mma_bf16(acc[2 * dp], al, bb[0], bb[1]);
-                mma_bf16(acc[2 * dp + 1], al, bb[2], bb[3]);
-                mma_bf16(acc[2 * dp], ah, bb[0], bb[1]);
-                mma_bf16(acc[2 * dp + 1], ah, bb[2], bb[3]);
+                mma_bf16_x2(&acc[2 * dp], al, bb);
+                mma_bf16_x2(&acc[2 * dp], ah, bb);
             }
         }
         float *out = pass ? uout : wout;
@@ -1010,10 +1012,8 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
             const int bo = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8;
             ldsm_x4(bh, KS + bo);
             ldsm_x4(bl, Sl + bo);
-            mma_bf16(o[2 * np], af, bl[0], bl[1]);
-            mma_bf16(o[2 * np + 1], af, bl[2], bl[3]);
-            mma_bf16(o[2 * np], af, bh[0], bh[1]);
-            mma_bf16(o[2 * np + 1], af, bh[2], bh[3]);
+            mma_bf16_x2(&o[2 * np], af, bl);
+            mma_bf16_x2(&o[2 * np], af, bh);
         }
     }
 #pragma unroll
@@ -1038,8 +1038,7 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
         for (int np = 0; np < 4; np++) {
             if (BWD ? np < w : np > w) continue;  // keys after the warp's last row (BWD: before its first)
             ldsm_x4(bb, KS + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
-            mma_bf16(att[2 * np], af, bb[0], bb[1]);
-            mma_bf16(att[2 * np + 1], af, bb[2], bb[3]);
+            mma_bf16_x2(&att[2 * np], af, bb);
         }
     }
 #pragma unroll
@@ -1180,10 +1179,8 @@ static __device__ __forceinline__ void lf_pv(float acc[8][4], const float att[8]
             if (c0 + dp * 16 >= D) continue;
             uint32_t bb[4];
             ldsm_x4_t(bb, X + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDO + dp * 16 + (lane >> 4) * 8);
-            mma_bf16(acc[2 * dp], pl, bb[0], bb[1]);
-            mma_bf16(acc[2 * dp + 1], pl, bb[2], bb[3]);
-            mma_bf16(acc[2 * dp], ph, bb[0], bb[1]);
-            mma_bf16(acc[2 * dp + 1], ph, bb[2], bb[3]);
+            mma_bf16_x2(&acc[2 * dp], pl, bb);
+            mma_bf16_x2(&acc[2 * dp], ph, bb);
         }
     }
 }
@@ -1206,13 +1203,10 @@ static __device__ __forceinline__ void lf_as(float acc[8][4], const bf16 *A, con
             ldsm_x4_t(bh, Xh + bo);
             ldsm_x4_t(bl, Xl + bo);
             if (Al) {
-                mma_bf16(acc[2 * dp], al, bh[0], bh[1]);
-                mma_bf16(acc[2 * dp + 1], al, bh[2], bh[3]);
+                mma_bf16_x2(&acc[2 * dp], al, bh);
             }
-            mma_bf16(acc[2 * dp], af, bl[0], bl[1]);
-            mma_bf16(acc[2 * dp + 1], af, bl[2], bl[3]);
-            mma_bf16(acc[2 * dp], af, bh[0], bh[1]);
-            mma_bf16(acc[2 * dp + 1], af, bh[2], bh[3]);
+            mma_bf16_x2(&acc[2 * dp], af, bl);
+            mma_bf16_x2(&acc[2 * dp], af, bh);
         }
     }
 }
@@ -1237,16 +1231,13 @@ static __device__ __forceinline__ void lf_abt(float att[8][4], const bf16 *A, co
             const int bo = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8;
             ldsm_x4(bb, B + bo);
             if (Al) {
-                mma_bf16(att[2 * np], al, bb[0], bb[1]);
-                mma_bf16(att[2 * np + 1], al, bb[2], bb[3]);
+                mma_bf16_x2(&att[2 * np], al, bb);
             }
             if (Bl) {
                 ldsm_x4(bl, Bl + bo);
-                mma_bf16(att[2 * np], af, bl[0], bl[1]);
-                mma_bf16(att[2 * np + 1], af, bl[2], bl[3]);
+                mma_bf16_x2(&att[2 * np], af, bl);
             }
-            mma_bf16(att[2 * np], af, bb[0], bb[1]);
-            mma_bf16(att[2 * np + 1], af, bb[2], bb[3]);
+            mma_bf16_x2(&att[2 * np], af, bb);
         }
     }
 }
@@ -1403,15 +1394,12 @@ static __device__ __forceinline__ void lf_mm(float acc[8][4], const bf16 *Ah, co
             ldsm_x4_t(bh, Xh + bo);
             if (Xl) {
                 ldsm_x4_t(bl, Xl + bo);
-                mma_bf16(acc[2 * dp], ah, bl[0], bl[1]);
-                mma_bf16(acc[2 * dp + 1], ah, bl[2], bl[3]);
+                mma_bf16_x2(&acc[2 * dp], ah, bl);
             }
             if (Al) {
-                mma_bf16(acc[2 * dp], al, bh[0], bh[1]);
-                mma_bf16(acc[2 * dp + 1], al, bh[2], bh[3]);
+                mma_bf16_x2(&acc[2 * dp], al, bh);
             }
-            mma_bf16(acc[2 * dp], ah, bh[0], bh[1]);
-            mma_bf16(acc[2 * dp + 1], ah, bh[2], bh[3]);
+            mma_bf16_x2(&acc[2 * dp], ah, bh);
         }
     }
 }
