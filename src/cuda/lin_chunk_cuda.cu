@@ -541,8 +541,40 @@ static __device__ __forceinline__ void lf_at4(const LcDims d, const LfSrc s, siz
 #define LF_UNR_WALK 2  // (the state walk, whose registers hold the state: 4 would spill)
 // UNR (at most LF_UNR) loads a thread issues before it uses them: a constant at every call, which the
 // inlining folds (as a template parameter would; the kernels are C-style CUDA).
+//
+// A bf16 input as the call gives it, unscaled, whose rows are 16-byte aligned, is copied as it is:
+// cp.async, every row of the tile in flight at once without registers (lf_sync completes it before
+// the barrier that publishes the tile). Through registers, a block had 4 to 8 KiB in flight, and
+// each kernel spent most of its time waiting on its loads (H100: the fused kernels ran at a third
+// to a quarter of their memory rate).
+static __device__ __forceinline__ int lf_async_ok(const LfSrc s, int c0, int ncols) {
+    return s.tok && !s.rs && s.D % 8 == 0 && c0 % 8 == 0 && ncols % 8 == 0 && c0 + ncols <= s.D &&
+           (uintptr_t)s.p % 16 == 0;
+}
+static __device__ __forceinline__ void lf_load_async(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols,
+                                                     bf16 *dst, int lds) {
+    const int n8 = ncols / 8, total = LF_C * n8, p = (int)(ch / d.N), tb = (int)(ch % d.N) * LF_C;
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+        const int t = e / n8, j = 8 * (e - t * n8), ok = tb + t < d.T;
+        const bf16 *src = (const bf16 *)s.p + (ok ? lc_tok(d, p, tb + t) * s.D + c0 + j : 0);
+        cp_async16(dst + (size_t)t * lds + j, src, ok ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+// Completes the thread's cp.async copies, then the block's barrier: every barrier of the fused
+// kernels, so that no tile is read before its copies land.
+static __device__ __forceinline__ void lf_sync(void) {
+    cp_async_wait0();
+    __syncthreads();
+}
+
 static __device__ __forceinline__ void lf_load(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *dst,
                                                int lds, const int UNR) {
+    if (lf_async_ok(s, c0, ncols)) {
+        lf_load_async(d, s, ch, c0, ncols, dst, lds);
+        return;
+    }
     const int n4 = ncols / 4, total = LF_C * n4;
     for (int e0 = threadIdx.x; e0 < total; e0 += UNR * blockDim.x) {
         float v[LF_UNR][4];
@@ -643,6 +675,24 @@ typedef struct {
 #define LF_TY (LF_C * LF_LDR)
 #define LF_WALK_SMEM ((4 * LF_TK + 2 * LF_TX + 2 * LF_TY) * 2)
 
+// Asks the L2 for rows 0..63, columns c0 .. c0 + ncols - 1 of chunk ch of s (and its row scales):
+// the state walk's next chunk, fetched while it works on this one (its loads then wait on the L2,
+// not on DRAM: the walk is a chain of dependent loads and products with nothing else to run).
+static __device__ __forceinline__ void lf_prefetch(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols) {
+    if (!s.p) return;
+    if (c0 + ncols > s.D) ncols = s.D - c0;
+    if (ncols <= 0) return;
+    const int es = s.tok ? 2 : 4, bytes = ncols * es, lines = (bytes + 127) / 128 + 1;  // +1: an unaligned row's tail
+    const int p = (int)(ch / d.N), tb = (int)(ch % d.N) * LF_C;
+    for (int e = threadIdx.x; e < LF_C * lines; e += blockDim.x) {
+        const int t = e / lines, off = min(128 * (e - t * lines), bytes - 1);
+        if (tb + t >= d.T) continue;
+        const size_t el = s.tok ? lc_tok(d, p, tb + t) * s.D + c0 : (ch * LF_C + t) * s.D + c0;
+        prefetch_l2((const char *)s.p + el * es + off);
+    }
+    if (s.rs && threadIdx.x < 2) prefetch_l2(s.rs + ch * LF_C + 32 * threadIdx.x);
+}
+
 // INC2 (0 or 1, a constant at each call, folded by the inlining) selects the adjoint walk's own
 // increments (lf_walk2_kernel).
 static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk k, const int INC2) {
@@ -663,6 +713,23 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
             }
     for (int it = 0; it < d.N; it++) {
         const size_t ch = (size_t)p * d.N + (k.reverse ? d.N - 1 - it : it);
+        if (it + 1 < d.N) {
+            const size_t nx = k.reverse ? ch - 1 : ch + 1;
+            lf_prefetch(d, k.a, nx, 0, Dk);
+            lf_prefetch(d, k.b, nx, 0, Dk);
+            lf_prefetch(d, k.y0, nx, r0, LF_R);
+            if (INC2) {
+                lf_prefetch(d, k.y2, nx, r0, LF_R);
+                lf_prefetch(d, k.b2, nx, 0, Dk);
+            }
+            if (threadIdx.x < 2) {
+                if (k.ra) prefetch_l2(k.ra + nx * LF_C + 32 * threadIdx.x);
+                if (k.rb) prefetch_l2(k.rb + nx * LF_C + 32 * threadIdx.x);
+            }
+            if (k.inc)
+                for (int e = threadIdx.x; e < LF_R * Dk / 32; e += blockDim.x)
+                    if (r0 + e / (Dk / 32) < Dv) prefetch_l2(k.inc + (nx * Dv + r0) * Dk + 32 * e);
+        }
         if (k.a.p && k.a_exact) lf_load(d, k.a, ch, 0, Dk, Ah, LF_LDK, LF_UNR_WALK);
         else if (k.a.p) lf_load2(d, k.a, ch, 0, Dk, Ah, Al, LF_LDK, LF_UNR_WALK);
         if (k.b_exact) lf_load(d, k.b, ch, 0, Dk, Bh, LF_LDK, LF_UNR_WALK);
@@ -684,7 +751,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                     }
                 }
             }
-        __syncthreads();
+        lf_sync();
         // Y rows 16 w .. 16 w + 15, all LF_R columns
         float y[4][4];
 #pragma unroll
@@ -727,7 +794,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                 }
                 lf_st2s(Yh + t * LF_LDR + j, Yl + t * LF_LDR + j, sb * v0, sb * v1);
             }
-        __syncthreads();
+        lf_sync();
         const float dec = k.dec[ch];
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
@@ -744,7 +811,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
         for (int pass = 0; pass < (INC2 ? 2 : 1); pass++) {
             const int bex = pass ? 1 : k.b_exact;
             if (pass) {  // the second increment: B2 into B's hi tile, sb2 diag(rb2) Y2 into Y's tiles
-                __syncthreads();
+                lf_sync();
                 lf_load(d, k.b2, ch, 0, Dk, Bh, LF_LDK, LF_UNR_WALK);
                 for (int e = threadIdx.x; e < LF_C * LF_R / 2; e += blockDim.x) {
                     int t = e / (LF_R / 2), j = 2 * (e - t * (LF_R / 2));
@@ -752,7 +819,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                     lf_st2s(Yh + t * LF_LDR + j, Yl + t * LF_LDR + j, sc * lf_at(d, k.y2, ch, t, r0 + j),
                             sc * lf_at(d, k.y2, ch, t, r0 + j + 1));
                 }
-                __syncthreads();
+                lf_sync();
             }
             for (int kt = 0; kt < LF_C / 16; kt++) {
                 uint32_t ah[2][4], al[2][4];
@@ -790,7 +857,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                 }
             }
         }
-        __syncthreads();
+        lf_sync();
     }
     if (k.xfin)
 #pragma unroll
@@ -849,7 +916,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
     const float *b = gt.b + ch * LF_C, *beta = gt.beta + ch * LF_C;
     LfSrc ks = {kin, NULL, 1, Dk};
     lf_load(d, ks, ch, 0, Dk, Ks, LF_LDK, LF_UNR);
-    __syncthreads();
+    lf_sync();
     {
         float kk[8][4];
 #pragma unroll
@@ -874,7 +941,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
                 if (j < i) tn[j][i] = -beta[i] * expf(b[i] - b[j]) * kk[n][e];
             }
     }
-    __syncthreads();
+    lf_sync();
     const int j = threadIdx.x;
     if (j < LF_C)
         for (int i = j + 1; i < LF_C; i++) {
@@ -882,7 +949,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
             for (int m = j + 1; m < i; m++) a = fmaf(tn[m][i], tn[m][j], a);
             tn[i][j] = a;
         }
-    __syncthreads();
+    lf_sync();
     if (ttout)  // Tt itself (the fused delta backward's lf_utb_kernel)
         for (int e = threadIdx.x; e < LF_C * LF_C; e += blockDim.x) {
             int i = e / LF_C, m = e - i * LF_C;
@@ -899,7 +966,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
         }
         LfSrc src = {pass ? (const void *)vin : (const void *)kin, NULL, 1, D};
         lf_load(d, src, ch, 0, D, Ks, LF_LDK, LF_UNR);
-        __syncthreads();
+        lf_sync();
         float acc[16][4];
 #pragma unroll
         for (int n = 0; n < 16; n++)
@@ -930,7 +997,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
                 o[1] = acc[n][2 * h + 1];
             }
         }
-        __syncthreads();
+        lf_sync();
     }
 }
 
@@ -997,7 +1064,7 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
     lf_load(d, qsrc, ch, 0, Dk, Qs, LF_LDK, LF_UNR);
     if (BWD != 2) lf_load_state(d, states, ch, c0, KS, Sl);  // S now (hi + lo), K in S's hi tile after it
     lf_load2(d, vp, ch, c0, LF_RO, Vh, Vl, LF_LDO, LF_UNR);
-    __syncthreads();
+    lf_sync();
     float o[8][4];
 #pragma unroll
     for (int n = 0; n < 8; n++)
@@ -1023,9 +1090,9 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
             const size_t r = ch * LF_C + 16 * w + lr + 8 * (e >> 1);
             o[n][e] *= BWD ? gt.lam[r] : scale * gt.gam[r];
         }
-    __syncthreads();  // S's hi tile read: it takes K
+    lf_sync();  // S's hi tile read: it takes K
     lf_load(d, ksrc, ch, 0, Dk, KS, LF_LDK, LF_UNR);
-    __syncthreads();
+    lf_sync();
     float att[8][4];
 #pragma unroll
     for (int n = 0; n < 8; n++)
@@ -1101,7 +1168,7 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
         }
     red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
     red[(16 * w + lr + 8) * 4 + (lane & 3)] = rs[1];
-    __syncthreads();
+    lf_sync();
     if (threadIdx.x < LF_C) {
         const float *rr = red + threadIdx.x * 4;
         part[(ch * LF_C + threadIdx.x) * gridDim.y + blockIdx.y] = (rr[0] + rr[1]) + (rr[2] + rr[3]);
@@ -1280,7 +1347,7 @@ static __device__ __forceinline__ void lf_dqk_body(const LcDims d, const LcGates
     lf_load(d, lf_src_d(kin, Dk), ch, c0, LF_RO, Kc, LF_LDO, LF_UNR);
     lf_load(d, lf_src_d(qin, Dk), ch, c0, LF_RO, Qc, LF_LDO, LF_UNR);
     lf_load_state_cols(d, sts, ch, c0, Sh, Sl);
-    __syncthreads();
+    lf_sync();
     float acc[8][4], att[8][4];
 #pragma unroll
     for (int n = 0; n < 8; n++)
@@ -1322,13 +1389,13 @@ static __device__ __forceinline__ void lf_dqk_body(const LcDims d, const LcGates
         }
     red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
     red[(16 * w + lr + 8) * 4 + (lane & 3)] = rs[1];
-    __syncthreads();  // S read: dS takes its tiles
+    lf_sync();  // S read: dS takes its tiles
     if (!DELTA && threadIdx.x < LF_C) {
         const float *rr = red + threadIdx.x * 4;
         part[(ch * LF_C + threadIdx.x) * gridDim.y + blockIdx.y] = (rr[0] + rr[1]) + (rr[2] + rr[3]);
     }
     lf_load_state_cols(d, dst, ch, c0, Sh, Sl);
-    __syncthreads();
+    lf_sync();
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -1459,9 +1526,9 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims 
     const size_t ch = blockIdx.x, r = ch * LF_C;
     const float *b = gt.b + r;
     const LfSrc us = {dvp, NULL, 0, Dv};
-    lf_load2(d, us, ch, 0, Dv, Uh, Ul, LF_LDK, LF_UNR);
-    lf_load(d, lf_src_d(vin, Dv), ch, 0, Dv, Vt, LF_LDK, LF_UNR);
+    lf_load(d, lf_src_d(vin, Dv), ch, 0, Dv, Vt, LF_LDK, LF_UNR);  // (copies in flight during lf_load2)
     lf_load(d, lf_src_d(kin, Dk), ch, 0, Dk, Kt, LF_LDK, LF_UNR);
+    lf_load2(d, us, ch, 0, Dv, Uh, Ul, LF_LDK, LF_UNR);
     for (int e = threadIdx.x; e < LF_C * LF_C; e += blockDim.x) {  // Th[i][m] = Tt[m][i]
         int m = e / LF_C, i = e - m * LF_C;
         float x = tt[(r + m) * LF_C + i], h = lf_hi(x);
@@ -1470,14 +1537,14 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims 
     }
     float acc[8][4], att[8][4], rs[2] = {0.0f, 0.0f};
     for (int c0 = 0; c0 < Dk; c0 += LF_RO) {  // dW = -dV' S, a slice of 64 columns at a time
-        __syncthreads();
+        lf_sync();
         lf_load_state_cols(d, sts, ch, c0, Sh, Sl);
-        __syncthreads();
+        lf_sync();
         lf_zero(acc);
         lf_mm(acc, Uh, Ul, LF_LDK, Sh, Sl, LF_LDO, Dv, Dk - c0);
         lf_st_frag(acc, -1.0f, Wh + c0, Wl + c0, LF_LDK, Dk - c0, 0);
     }
-    __syncthreads();
+    lf_sync();
     for (int c0 = 0; c0 < Dk; c0 += LF_RO) {  // Tt^T dW: dK += diag(beta gamma) Tt^T dW; dbeta's second term
         lf_zero(acc);
         lf_mm(acc, Th, Tl, LF_LDO, Wh + c0, Wl + c0, LF_LDK, LF_C, Dk - c0);
@@ -1516,12 +1583,12 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims 
             att[n][e] = gt.beta[r + j] * att[n][e] + gt.bg[r + j] * acc[n][e];
         }
     lf_st_frag(att, 1.0f, Mh, Ml, LF_LDO, LF_C, 0);
-    __syncthreads();
+    lf_sync();
     lf_zero(acc);
     lf_mm(acc, Th, Tl, LF_LDO, Mh, Ml, LF_LDO, LF_C, LF_C);  // Tt^T dTt
-    __syncthreads();
+    lf_sync();
     lf_st_frag(acc, 1.0f, Mh, Ml, LF_LDO, LF_C, 0);
-    __syncthreads();
+    lf_sync();
     lf_zero(acc);
     lf_mm(acc, Mh, Ml, LF_LDO, Th, Tl, LF_LDO, LF_C, LF_C);  // (Tt^T dTt) Tt^T = -dA
     lf_abt(att, Kt, NULL, Kt, NULL, Dk, 0, w);                // K K^T
@@ -1534,12 +1601,12 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims 
             rs[e >> 1] = fmaf(x, att[n][e], rs[e >> 1]);
             acc[n][e] = gt.beta[r + i] * x;  // D
         }
-    __syncthreads();  // Tt^T dTt read: D and D^T take the region
+    lf_sync();  // Tt^T dTt read: D and D^T take the region
     lf_st_frag(acc, 1.0f, Mh, Ml, LF_LDO, LF_C, 0);
     lf_st_frag(acc, 1.0f, Nh, Nl, LF_LDO, LF_C, 1);
     red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
     red[(16 * w + lr + 8) * 4 + (lane & 3)] = rs[1];
-    __syncthreads();
+    lf_sync();
     if (threadIdx.x < LF_C) {
         const float *rr = red + threadIdx.x * 4;
         dbt[r + threadIdx.x] = (rr[0] + rr[1]) + (rr[2] + rr[3]);
@@ -1584,7 +1651,7 @@ static __global__ void __launch_bounds__(LC_OUT_THREADS) lf_gates_bwd_kernel(con
         for (size_t e = tid; e < d.ss; e += blockDim.x) s += (double)se[e] * dse[e];
         red[tid] = s;
     }
-    __syncthreads();
+    lf_sync();
     if (tid == 0 && dg) {
         double acc = 0;
         if (has_g)

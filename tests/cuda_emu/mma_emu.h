@@ -82,3 +82,4 @@ static inline void cp_async16(void *dst, const void *src, int bytes) {
 static inline void cp_async_commit(void) {}
 static inline void cp_async_wait1(void) {}
 static inline void cp_async_wait0(void) {}
+static inline void prefetch_l2(const void *) {}
