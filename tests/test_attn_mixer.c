@@ -117,6 +117,110 @@ TEST(attn_decode_matches_forward) {
     }
 }
 
+// A prompt prefilled in pieces (model_prefill_pieces; what model_decode does with a prompt too
+// long for the activations' buffers) leaves the same state as one prefill: the last tokens'
+// logits equal the whole prompt's decode and the last row of the forward, and so do the single
+// steps after it. Pieces of 1, 3 and 7 tokens (7 does not divide 20: a shorter last piece); swa's
+// window of 2 is shorter than the pieces of 3 and 7, so the ring wraps inside a piece. The
+// tolerances are attn_decode_matches_forward's (float64 reference 1e-6, float32 CPU 3e-5): the
+// pieces run the same sums in another order (the per-token decode kernels and gdn's recurrent
+// step instead of the whole-sequence cores), which moves the float32 logits by rounding only.
+enum { PB = 3, PT = 20, PSTEPS = 4, PTT = PT + PSTEPS };
+
+// Worst rel err over the B sequences of logits [B, V] against rows `t` of the forward's [B, PTT, V].
+static double rows_err(const float *got, const float *full, int t, int V) {
+    double w = 0;
+    for (int b = 0; b < PB; b++) w = fmax(w, rel_err_ff(got + (size_t)b * V, full + ((size_t)b * PTT + t) * V, V));
+    return w;
+}
+
+static void pieces_check(const char *mixer, int window, const Backend *be, double tol) {
+    ACase k = {mixer, 0, window};
+    ModelConfig cfg = acfg(&k, 2);
+    cfg.dim = 32, cfg.head_dim = 8, cfg.n_heads = 4, cfg.vocab_size = 50, cfg.mlp_hidden = 48;
+    Model *m = mc_make(&cfg, be);
+    model_init_params(m, 1);
+    mc_randomise(m, 12, NULL);
+    int V = cfg.vocab_size;
+    int32_t tok[PB * PTT], prompt[PB * PT], step[PB];
+    mc_tokens(tok, NULL, PB * PTT, V, 5);
+    for (int b = 0; b < PB; b++) memcpy(prompt + b * PT, tok + b * PTT, sizeof(int32_t) * PT);
+    float *full = xcalloc((size_t)PB * PTT * V, 4), *whole = xcalloc((size_t)PB * V, 4), *got = xcalloc((size_t)PB * V, 4);
+    CHECK(!model_forward(m, tok, NULL, PB, PTT, 0, NULL), "%s", mn_last_error());
+    be->download_f32(be, full, m->logits, (size_t)PB * PTT * V, MEM_ACT);
+    CHECK(!model_reset_state(m, PB) && !model_decode(m, prompt, PB, PT, whole), "%s: %s", mixer, mn_last_error());
+    double vs_fwd = rows_err(whole, full, PT - 1, V), vs_whole = 0, steps = 0;
+    const int pieces[3] = {1, 3, 7};
+    for (int i = 0; i < 3; i++) {
+        CHECK(!model_reset_state(m, PB) && !model_prefill_pieces(m, prompt, PB, PT, pieces[i], got), "%s piece %d: %s",
+              mixer, pieces[i], mn_last_error());
+        vs_whole = fmax(vs_whole, rel_err_ff(got, whole, (size_t)PB * V));
+        vs_fwd = fmax(vs_fwd, rows_err(got, full, PT - 1, V));
+        for (int t = PT; t < PTT; t++) {  // the state the pieces left goes on decoding
+            for (int b = 0; b < PB; b++) step[b] = tok[b * PTT + t];
+            CHECK(!model_decode(m, step, PB, 1, got), "%s: %s", mixer, mn_last_error());
+            steps = fmax(steps, rows_err(got, full, t, V));
+        }
+    }
+    test_note("%s window %d on %s: pieces vs whole prefill %.2e, vs forward %.2e, steps after %.2e", mixer, window,
+              be->name, vs_whole, vs_fwd, steps);
+    CHECK(vs_whole <= tol && vs_fwd <= tol && steps <= tol, "%s on %s: pieces differ by %.3g, %.3g, %.3g", mixer,
+          be->name, vs_whole, vs_fwd, steps);
+    free(full), free(whole), free(got);
+    model_free(m);
+}
+
+TEST(attn_prefill_pieces_match_decode_and_forward) {
+    const Backend *bes[2] = {backend_ref(), backend_cpu()};
+    double tol[2] = {1e-6, 3e-5};
+    for (int i = 0; i < 2; i++) {
+        pieces_check("mha", 0, bes[i], tol[i]);
+        pieces_check("swa", 2, bes[i], tol[i]);
+        pieces_check("swa", 5, bes[i], tol[i]);
+        pieces_check("gdn,mha", 0, bes[i], tol[i]);
+    }
+}
+
+// model_decode prefills in pieces by itself when the whole prompt's activations do not fit: the
+// CPU backend wrapped to report only the bytes of 5 tokens a sequence and the room the piece
+// choice keeps for mha's cache (the halving from 20 gives 10, then 5). The refusal it handled
+// leaves no message behind; a model where not even one token fits gets the whole prompt's refusal.
+static size_t fake_avail = SIZE_MAX;
+static size_t fake_mem_available(const Backend *be) { return fake_avail; }
+
+TEST(model_decode_prefills_in_pieces_when_short_of_memory) {
+    Backend small = *backend_cpu();
+    small.mem_available = fake_mem_available;
+    ACase k = {"gdn,mha", 0, 0};
+    ModelConfig cfg = acfg(&k, 2);
+    int V = cfg.vocab_size;
+    int32_t tok[2 * PT];
+    mc_tokens(tok, NULL, 2 * PT, V, 7);
+    float a[2 * 11], w[2 * 11];
+    fake_avail = SIZE_MAX;
+    Model *m = mc_make(&cfg, &small), *m0 = mc_make(&cfg, &small);
+    model_init_params(m, 1);
+    size_t cache = 2 * model_state_floats_per_token(&cfg) * 2 * PT * small.elem_size(&small, MEM_ACT);
+    fake_avail = model_activation_bytes(&cfg, &small, 2 * 5) + cache;
+    mn_error(MN_OK, "%s", "");
+    CHECK(!model_reset_state(m, 2) && !model_decode(m, tok, 2, PT, a), "%s", mn_last_error());
+    CHECK(m->cap == 2 * 5, "activations for %d tokens, expected 10 (pieces of 5)", m->cap);
+    CHECK(!strcmp(mn_last_error(), "no error"), "a stale message: %s", mn_last_error());
+    fake_avail = SIZE_MAX;
+    CHECK(!model_reset_state(m, 2) && !model_decode(m, tok, 2, PT, w), "%s", mn_last_error());
+    CHECK(m->cap == 2 * PT, "activations for %d tokens, expected the whole prompt's", m->cap);
+    CHECK_REL("pieces of 5 vs the whole prompt", rel_err_ff(a, w, 2 * (size_t)V), 3e-5);
+    fake_avail = 0;
+    CHECK(!model_reset_state(m0, 2), "%s", mn_last_error());
+    int st = model_decode(m0, tok, 2, PT, a);
+    CHECK(st == MN_ERR_NOMEM && strstr(mn_last_error(), "a batch of 2 sequences of 20 tokens") &&
+              strstr(mn_last_error(), "not even one sequence of 20 tokens fits"),
+          "status %d: %s", st, mn_last_error());
+    fake_avail = SIZE_MAX;
+    model_free(m);
+    model_free(m0);
+}
+
 // swa's decoding memory: the cache's slots are the window's, whatever the length; mha's grows.
 // Measured with the CPU backend wrapped to count the bytes it holds.
 enum { MAXLIVE = 4096 };

@@ -8,7 +8,7 @@
 #include <errno.h>
 #include <sys/stat.h>
 
-static _Thread_local char last_error[1024];
+static _Thread_local char last_error[MN_ERROR_MAX];
 
 int mn_error(int code, const char *fmt, ...) {
     va_list ap;
@@ -19,6 +19,10 @@ int mn_error(int code, const char *fmt, ...) {
 }
 
 const char *mn_last_error(void) { return last_error[0] ? last_error : "no error"; }
+
+void mn_error_save(char saved[MN_ERROR_MAX]) { memcpy(saved, last_error, MN_ERROR_MAX); }
+
+void mn_error_restore(const char saved[MN_ERROR_MAX]) { memcpy(last_error, saved, MN_ERROR_MAX); }
 
 void *mn_calloc(size_t count, size_t size) {
     if (count != 0 && size > SIZE_MAX / count) {

@@ -18,6 +18,13 @@
 // `return mn_error(MN_ERR_ARG, "T must be > 0, got %d", T);` reads naturally.
 int mn_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+// The message's room, and a copy of it to put back: a caller that handles a failure (and then
+// succeeds another way) restores the message from before, so that the handled failure's does
+// not read as the last error.
+enum { MN_ERROR_MAX = 1024 };
+void mn_error_save(char saved[MN_ERROR_MAX]);
+void mn_error_restore(const char saved[MN_ERROR_MAX]);
+
 // Propagates a non-zero status to the caller.
 #define MN_TRY(expr)            \
     do {                        \

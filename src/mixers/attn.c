@@ -146,11 +146,20 @@ static int cache_grow(Mixer *m, Attn *s, long need, long keep) {
     return MN_OK;
 }
 
-// Token (b, t) of the current call's k, v (T tokens a sequence) into its cache slot.
-static void cache_put(const Backend *be, Attn *s, const Dims *z, int b, int t, int T, int slot) {
-    size_t dst = ((size_t)b * s->ccap + slot) * z->KV, src = ((size_t)b * T + t) * z->KV;
-    be->copy(be, at(be, s->kc, dst), at(be, s->k, src), z->KV, MEM_ACT);
-    be->copy(be, at(be, s->vc, dst), at(be, s->v, src), z->KV, MEM_ACT);
+// Tokens [t0, t1) of sequence b of the current call's k, v (T tokens a sequence, token t at
+// position seen + t) into their cache slots: mha's slot is the position, swa's the position mod
+// window. Consecutive tokens go to consecutive slots, so a run is one copy for k and one for v:
+// one run for mha, two where swa's ring wraps (given at most `window` tokens).
+static void cache_put(const Backend *be, Attn *s, const Dims *z, int b, int t0, int t1, int T, long seen) {
+    while (t0 < t1) {
+        long p = seen + t0;
+        int slot = z->window ? (int)(p % z->window) : (int)p, run = t1 - t0;
+        if (z->window && run > z->window - slot) run = z->window - slot;
+        size_t dst = ((size_t)b * s->ccap + slot) * z->KV, src = ((size_t)b * T + t0) * z->KV;
+        be->copy(be, at(be, s->kc, dst), at(be, s->k, src), (size_t)run * z->KV, MEM_ACT);
+        be->copy(be, at(be, s->vc, dst), at(be, s->v, src), (size_t)run * z->KV, MEM_ACT);
+        t0 += run;
+    }
 }
 
 static int check_state(const Mixer *m, const Attn *s, int B) {
@@ -160,6 +169,34 @@ static int check_state(const Mixer *m, const Attn *s, int B) {
                         m->ops->name, B);
     return mn_error(MN_ERR_ARG, "%s: decoding %d sequences, but the state was reset for %d", m->ops->name, B,
                     s->state_B);
+}
+
+// Token t of sequence b (position seen + t, already in the cache) attends to the first n slots.
+static int attend_one(const Backend *be, Attn *s, const Dims *z, int b, int t, int T, long n) {
+    AttnDims one = {1, 1, z->H, z->Hkv, z->Dh, z->window, z->scale};
+    size_t qi = ((size_t)b * T + t) * z->Q, ci = (size_t)b * s->ccap * z->KV;
+    return be->attn_decode(be, &one, (int)n, s->ccap, at(be, s->q, qi), at(be, s->kc, ci), at(be, s->vc, ci),
+                           at(be, s->o, qi));
+}
+
+// A prefill after earlier tokens, each (token, sequence) on its own. mha's slots are positions:
+// all T keys and values go in first (one run a sequence), and token t reads only the first
+// seen + t + 1 slots, never a later token's. swa's ring can give a later token the slot of a key
+// an earlier query still needs, so there each token goes in just before it attends.
+static int prefill_after(Mixer *m, Attn *s, const Dims *z, int B, int T) {
+    const Backend *be = m->be;
+    long seen = s->seen;
+    if (!z->window)
+        for (int b = 0; b < B; b++) cache_put(be, s, z, b, 0, T, T, seen);
+    for (int t = 0; t < T; t++) {
+        long n = seen + t + 1;
+        if (z->window && n > z->window) n = z->window;
+        for (int b = 0; b < B; b++) {
+            if (z->window) cache_put(be, s, z, b, t, t + 1, T, seen);
+            MN_TRY(attend_one(be, s, z, b, t, T, n));
+        }
+    }
+    return MN_OK;
 }
 
 // Attention of the T new tokens of each sequence with the cache (use_state): appends their keys
@@ -172,32 +209,17 @@ static int attend_with_cache(Mixer *m, Attn *s, const Dims *z, int B, int T) {
     if (seen == 0 && (T > 1 || !be->attn_decode)) {
         AttnFwd io = {s->q, s->k, s->v, s->o, s->lse};
         MN_TRY(be->attn_fwd(be, &ad, &io));
+        // only the last `window` tokens stay in swa's ring
         int first = z->window && T > z->window ? T - z->window : 0;
-        for (int b = 0; b < B; b++)
-            for (int t = first; t < T; t++)
-                cache_put(be, s, z, b, t, T, z->window ? (int)((seen + t) % z->window) : (int)(seen + t));
+        for (int b = 0; b < B; b++) cache_put(be, s, z, b, first, T, T, seen);
     } else if (T == 1) {
-        int slot = z->window ? (int)(seen % z->window) : (int)seen;
-        for (int b = 0; b < B; b++) cache_put(be, s, z, b, 0, 1, slot);
+        for (int b = 0; b < B; b++) cache_put(be, s, z, b, 0, 1, 1, seen);
         long n = seen + 1;
         if (z->window && n > z->window) n = z->window;
         ad.T = 1;
         MN_TRY(be->attn_decode(be, &ad, (int)n, s->ccap, s->q, s->kc, s->vc, s->o));
     } else {
-        // a prefill after earlier tokens: one token at a time, each sequence on its own
-        AttnDims one = {1, 1, z->H, z->Hkv, z->Dh, z->window, z->scale};
-        for (int t = 0; t < T; t++) {
-            long p = seen + t;
-            int slot = z->window ? (int)(p % z->window) : (int)p;
-            long n = p + 1;
-            if (z->window && n > z->window) n = z->window;
-            for (int b = 0; b < B; b++) {
-                cache_put(be, s, z, b, t, T, slot);
-                size_t qi = ((size_t)b * T + t) * z->Q, ci = (size_t)b * s->ccap * z->KV;
-                MN_TRY(be->attn_decode(be, &one, (int)n, s->ccap, at(be, s->q, qi), at(be, s->kc, ci),
-                                       at(be, s->vc, ci), at(be, s->o, qi)));
-            }
-        }
+        MN_TRY(prefill_after(m, s, z, B, T));
     }
     s->seen = seen + T;
     return MN_OK;

@@ -597,15 +597,11 @@ static int decode_step_recorded(Model *m, int B) {
     return decode_ops(m, B, 1);
 }
 
-int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits) {
+// One decode call over tokens already checked: logits of each sequence's last token to the host
+// (logits NULL: left on the backend, for a prefill piece that is not the last).
+static int decode_call(Model *m, const int32_t *tokens, int B, int T, float *logits) {
     const Backend *be = m->be;
-    const ModelConfig *c = &m->cfg;
-    if (B != m->state_B)
-        return mn_error(MN_ERR_ARG, "model_decode: %d sequences, but the state was reset for %d", B, m->state_B);
-    if (T <= 0) return mn_error(MN_ERR_ARG, "model_decode: T = %d must be > 0", T);
-    size_t N = (size_t)B * T, V = (size_t)c->vocab_size;
-    if (N > INT_MAX) return mn_error(MN_ERR_ARG, "model_decode: B x T = %d x %d tokens, at most %d", B, T, INT_MAX);
-    MN_TRY(check_tokens(m, tokens, NULL, N));
+    size_t N = (size_t)B * T;
     MN_TRY(ensure_capacity(m, B, T));
     m->B = B;
     m->T = T;
@@ -613,7 +609,75 @@ int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits) {
     MN_TRY(be->upload_i32(be, m->tokens, tokens, N));
     if (T == 1 && m->use_graphs && be->graph_begin && !m->profile) MN_TRY(decode_step_recorded(m, B));
     else MN_TRY(decode_ops(m, B, T));
-    return be->download_f32(be, logits, m->logits, (size_t)B * V, MEM_ACT);
+    return logits ? be->download_f32(be, logits, m->logits, (size_t)B * m->cfg.vocab_size, MEM_ACT) : MN_OK;
+}
+
+static int decode_args(const Model *m, const char *who, int B, int T) {
+    if (B != m->state_B)
+        return mn_error(MN_ERR_ARG, "%s: %d sequences, but the state was reset for %d", who, B, m->state_B);
+    if (T <= 0) return mn_error(MN_ERR_ARG, "%s: T = %d must be > 0", who, T);
+    if ((size_t)B * T > INT_MAX) return mn_error(MN_ERR_ARG, "%s: B x T = %d x %d tokens, at most %d", who, B, T, INT_MAX);
+    return MN_OK;
+}
+
+int model_prefill_pieces(Model *m, const int32_t *tokens, int B, int T, int piece, float *logits) {
+    MN_TRY(decode_args(m, "model_prefill_pieces", B, T));
+    if (piece < 1) return mn_error(MN_ERR_ARG, "model_prefill_pieces: piece = %d must be > 0", piece);
+    MN_TRY(check_tokens(m, tokens, NULL, (size_t)B * T));
+    if (piece > T) piece = T;
+    int32_t *buf = malloc(sizeof(int32_t) * (size_t)B * piece);
+    if (!buf) return mn_error(MN_ERR_NOMEM, "out of memory");
+    int st = MN_OK;
+    for (int t0 = 0; t0 < T && !st; t0 += piece) {
+        int n = T - t0 < piece ? T - t0 : piece;
+        for (int b = 0; b < B; b++) memcpy(buf + (size_t)b * n, tokens + (size_t)b * T + t0, sizeof(int32_t) * n);
+        // the mixers' states carry each piece on to the next; only the last piece's logits matter
+        st = decode_call(m, buf, B, n, t0 + n == T ? logits : NULL);
+    }
+    free(buf);
+    return st;
+}
+
+// Whether pieces of p tokens for B sequences fit (model_check_batch) with `reserve` bytes left
+// over besides.
+static int piece_fits(const Model *m, int B, int p, double reserve) {
+    if (model_check_batch(m, B, p, NULL)) return 0;
+    size_t av = m->be->mem_available ? m->be->mem_available(m->be) : SIZE_MAX;
+    double held = (double)model_activation_bytes(&m->cfg, m->be, (size_t)m->cap);  // freed first
+    return av == SIZE_MAX ||
+           (double)model_activation_bytes(&m->cfg, m->be, (size_t)B * p) + reserve <= (double)av + held;
+}
+
+// The longest prefill piece (T, halved until it fits) whose activations the backend can hold, or
+// 0 (the refusal of the whole prompt then the last error). The pieces leave room for what the
+// key/value caches grow by over the prompt, twice (a growing cache is copied into a larger one),
+// where some piece does. A refusal that a shorter piece answers is handled: its message does not
+// stay as the last error.
+static int prefill_piece(const Model *m, int B, int T) {
+    if ((size_t)B * T <= (size_t)m->cap) return T;
+    char saved[MN_ERROR_MAX];
+    mn_error_save(saved);
+    if (!model_check_batch(m, B, T, NULL)) return T;
+    double grow = 2.0 * (double)model_state_floats_per_token(&m->cfg) * B * T * m->be->elem_size(m->be, MEM_ACT);
+    for (int pass = 0; pass < 2; pass++)
+        for (int p = T / 2; p >= 1; p /= 2)
+            if (piece_fits(m, B, p, pass ? 0 : grow)) {
+                mn_error_restore(saved);
+                return p;
+            }
+    model_check_batch(m, B, T, NULL);  // the whole prompt's message, which names the batch that fits
+    return 0;
+}
+
+int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits) {
+    MN_TRY(decode_args(m, "model_decode", B, T));
+    MN_TRY(check_tokens(m, tokens, NULL, (size_t)B * T));
+    // A prefill runs through the training activations' buffers (B*T tokens of them): a long prompt
+    // that does not fit goes in pieces, which give the same state and logits.
+    int piece = T > 1 ? prefill_piece(m, B, T) : T;
+    if (!piece) return MN_ERR_NOMEM;
+    if (piece < T) return model_prefill_pieces(m, tokens, B, T, piece, logits);
+    return decode_call(m, tokens, B, T, logits);
 }
 
 int model_take_cg_steps(Model *m, double *mean) {

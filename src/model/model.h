@@ -128,7 +128,13 @@ int model_losses(const Model *m, float *out);
 // [B*T] (T >= 1: a prefill or one step); the logits of each sequence's last
 // token go to host logits [B*V].
 int model_reset_state(Model *m, int B);
+// A prompt too long for the activations' buffers (model_check_batch refuses B x T tokens) is
+// prefilled in pieces of the longest length, halved from T, that fits; MN_ERR_NOMEM (the whole
+// prompt's message) if not even one token a sequence fits.
 int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits);
+// model_decode's prefill in pieces of `piece` tokens (>= 1; the last may be shorter), each
+// gathered from tokens [B][T] and fed through the decode path in order; logits as model_decode's.
+int model_prefill_pieces(Model *m, const int32_t *tokens, int B, int T, int piece, float *logits);
 
 // Memory: the bytes a batch needs, checked against what the backend can still give before the
 // buffers are allocated, so that a batch that cannot fit is refused at once with a batch that

@@ -505,7 +505,7 @@ TEST(cuda_model_matches_cpu) {
     cfg.tie_embeddings = 0;
     cfg.embed_scale = 0;
     test_note("%d layers:", layers);
-    Model *mc, *mg;
+    Model *mc = NULL, *mg = NULL;  // (clang: set only where the first create succeeds)
     CHECK(!model_create(&mc, &cfg, backend_cpu()) && !model_create(&mg, &cfg, G), "%s", mn_last_error());
     model_init_params(mc, 4);
     model_init_params(mg, 4);
@@ -550,7 +550,7 @@ TEST(cuda_model_matches_cpu) {
     mc->be->download(mc->be, gc, mc->grads, mc->total, MEM_F32);
     mg->be->download(mg->be, gg, mg->grads, mg->total, MEM_F32);
     double e300 = rel_err64(gg, gc, mc->total);
-    double cg_c, cg_g;
+    double cg_c = 0, cg_g = 0;
     CHECK(!model_take_cg_steps(mc, &cg_c) && !model_take_cg_steps(mg, &cg_g), "%s", mn_last_error());
     test_note("with 300 CG steps: gradients rel err %.2e, mean CG steps cpu %.1f gpu %.1f", e300, cg_c, cg_g);
     // measured: rel err 6.9e-2, cosine 0.998 (the gradient sensitivity above sets this scale)
@@ -674,7 +674,7 @@ TEST(cuda_mixer_matches_cpu) {
         cfg.n_layers = 1;
         cfg.output_gate = 1;
         double dy_scale = variant & 1 ? 1e-3 : 1, u_repeat = variant >> 1;  // small gradients; repeated input rows
-        Model *mc, *mg;
+        Model *mc = NULL, *mg = NULL;
         CHECK(!model_create(&mc, &cfg, backend_cpu()) && !model_create(&mg, &cfg, G), "%s", mn_last_error());
         model_init_params(mc, 4);
         model_init_params(mg, 4);

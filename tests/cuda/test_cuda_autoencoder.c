@@ -88,7 +88,7 @@ TEST(cuda_autoencoder_matches_cpu) {
     cfg.tie_embeddings = 0, cfg.logit_cap = 0, cfg.embed_scale = 0;
     cfg.vocab_size = 16, cfg.dim = 64, cfg.n_layers = 2, cfg.n_heads = 2, cfg.head_dim = 32, cfg.mlp_hidden = 96;
     cfg.seq_len = 32, cfg.gate_bound = 32;
-    Model *mc, *mg;
+    Model *mc = NULL, *mg = NULL;  // (clang: set only where the first create succeeds)
     CHECK(!model_create(&mc, &cfg, backend_cpu()) && !model_create(&mg, &cfg, G), "%s", mn_last_error());
     model_init_params(mc, 5);
     model_init_params(mg, 5);
