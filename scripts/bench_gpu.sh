@@ -48,7 +48,7 @@ fi
 
 if [ "$WHAT" = lin ] || [ "$WHAT" = all ]; then
     { "$BIN" bench lin --backend cuda
-      MESANET_LIN=fused "$BIN" bench lin --backend cuda --decode ""
+      MESANET_LIN=cublas "$BIN" bench lin --backend cuda --decode ""
       python3 bench/fla_lin_bench.py; } | tee "$OUT/gpu-lin-$GPU.txt"
     for s in gdn-162m gdn-412m; do python3 bench/fla_model_bench.py --write-config $s "$TMP/$s" > /dev/null; done
     { for s in gdn-162m gdn-412m; do

@@ -1,14 +1,11 @@
 /*
  * The gated linear-attention family on the GPU, chunkwise form: the algorithm of
  * src/cpu/lin_chunk.c (read its header for the formulas, forward and backward). Two paths:
- * the cuBLAS path (strided-batched TF32 products over float32 chunk-major copies; every shape,
- * the default) and the fused tensor-core kernels (mma.sync on bf16, fp32 sums) where
- * MESANET_LIN=fused (read at each call) and they take the shape. The fused path is not the
- * default because it is slower as it stands (H100, (B,T,H,D) = (8,2048,16,128), one run:
- * forward gdn 3.72 ms against 3.47, gla 2.88 against 2.11; forward+backward gdn 15.4 against
- * 13.5, gla 7.50 against 6.75, measured before the fused backward kernels below): its state
- * walk is latency-bound, and the backward then ran the cuBLAS products over float32 copies. The
- * fused backward kernels below (both rules, the whole backward) have not been timed yet.
+ * the fused tensor-core kernels (mma.sync on bf16, fp32 sums; the default where they take the
+ * shape) and the cuBLAS path (strided-batched TF32 products over float32 chunk-major copies;
+ * every shape; MESANET_LIN=cublas, read at each call, forces it). H100, (B,T,H,D) =
+ * (8,2048,16,128), one run (bench/results/gpu-lin-h100.txt): forward+backward gdn 11.4 ms fused
+ * against 13.5 on the cuBLAS path, gla 6.2 against 6.8; at (16,2048,8,64) gdn 5.3 against 8.5.
  *
  * A sequence of T tokens is cut into N = ceil(T / C) chunks of C tokens (C = 64 by
  * default, at most 64); a short last chunk is padded with zero q, k, v and g = 0,
@@ -404,20 +401,27 @@ static __global__ void __launch_bounds__(LC_OUT_THREADS) lc_bwd_out_kernel(const
     size_t ch = blockIdx.x, r = ch * C;
     int p = (int)(ch / d.N), c = (int)(ch % d.N), t0 = c * C, n = min(C, d.T - t0);
     const float *dvsrc = a.tdu ? a.tdu : a.dvp;  // dv = beta dvsrc
-    if (tid < n) {
-        size_t row = r + tid;
+    // The rows' dot products, a warp a row (lanes along the row: coalesced; with a thread a row, each
+    // warp's loads touched 32 rows at once and the kernel took 1.36 ms at (8, 2048, 16, 128), H100).
+    for (int t = tid >> 5, lane = tid & 31; t < n; t += blockDim.x >> 5) {
+        size_t row = r + t;
         const float *dqs = a.dqs + row * Dk, *dvs = dvsrc + row * Dv, *dvp = a.dvp + row * Dv;
-        const size_t tk = lc_tok(d, p, t0 + tid);
+        const size_t tk = lc_tok(d, p, t0 + t);
         float qd = 0.0f, vd = 0.0f, vp = 0.0f;
-        for (int j = 0; j < Dk; j++)
+        for (int j = lane; j < Dk; j += 32)
             qd = fmaf(a.qs ? a.qs[row * Dk + j] : a.scale * ld(a.qb, tk * Dk + j), dqs[j], qd);
-        for (int j = 0; j < Dv; j++) {
+        for (int j = lane; j < Dv; j += 32) {
             float vt = a.v ? a.v[row * Dv + j] : ld(a.vb, tk * Dv + j);
             vd = fmaf(vt, dvs[j], vd);
             vp = fmaf(vt, dvp[j], vp);
         }
-        dG[tid] = (double)qd - (double)gt.beta[row] * vd;
-        dbs[tid] = a.tdu ? a.dbt[row] : vp;
+        qd = warp_sum(qd);
+        vd = warp_sum(vd);
+        vp = warp_sum(vp);
+        if (lane == 0) {
+            dG[t] = (double)qd - (double)gt.beta[row] * vd;
+            dbs[t] = a.tdu ? a.dbt[row] : vp;
+        }
     }
     if (a.dg && a.has_g) {  // <dS_end, S_end>
         const float *se = c + 1 < d.N ? a.st + (ch + 1) * d.ss : a.sfin + (size_t)p * d.ss, *dse = a.dst + ch * d.ss;
@@ -873,10 +877,12 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
 
 // INC2 = 0 (lf_walk_kernel, the forward's and GLA's walks) or 1 (lf_walk2_kernel, the delta rule's
 // adjoint walk with its second increment), two kernels so that the first keeps its registers.
-static __global__ void __launch_bounds__(LF_THREADS) lf_walk_kernel(const LcDims d, const LfWalk k) {
+// (Minimum blocks 1: without it ptxas held lf_walk2_kernel to 128 registers and spilled 124 bytes
+// in the chunk loop; with it, 171 registers and no spill. Shared memory allows two blocks either way.)
+static __global__ void __launch_bounds__(LF_THREADS, 1) lf_walk_kernel(const LcDims d, const LfWalk k) {
     lf_walk_body(d, k, 0);
 }
-static __global__ void __launch_bounds__(LF_THREADS) lf_walk2_kernel(const LcDims d, const LfWalk k) {
+static __global__ void __launch_bounds__(LF_THREADS, 1) lf_walk2_kernel(const LcDims d, const LfWalk k) {
     lf_walk_body(d, k, 1);
 }
 
@@ -1798,13 +1804,13 @@ static int lc_states(CudaCtx *c, const LcDims *d, int delta, const float *s0, Lc
     return MN_OK;
 }
 
-// The fused path takes the call where MESANET_LIN=fused (read at every call) asks for it and it
-// takes the shape (chunks of 64, Dk and Dv multiples of 16 up to 128) and the device allows its
-// kernels' shared memory (smem bytes: the forward and GLA's backward 95 KiB, the delta rule's
-// backward 157 KiB); the cuBLAS path otherwise (the default: faster as measured, the file's header).
+// The fused path takes the call where it takes the shape (chunks of 64, Dk and Dv multiples of 16 up
+// to 128) and the device allows its kernels' shared memory (smem bytes: the forward and GLA's
+// backward 95 KiB, the delta rule's backward 157 KiB), unless MESANET_LIN=cublas (read at every
+// call) asks for the cuBLAS path; the cuBLAS path otherwise.
 static int lf_use(const CudaCtx *c, const LcDims *d, size_t smem) {
     const char *e = getenv("MESANET_LIN");
-    if (!e || strcmp(e, "fused")) return 0;
+    if (e && !strcmp(e, "cublas")) return 0;
     return smem <= c->smem_optin && d->C == LF_C && d->Dk % 16 == 0 && d->Dk <= LF_KMAX && d->Dv % 16 == 0 && d->Dv <= LF_KMAX;
 }
 

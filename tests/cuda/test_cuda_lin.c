@@ -242,7 +242,7 @@ TEST(cuda_lin_matches_reference) {
 }
 
 // The chunkwise form (src/cuda/lin_chunk_cuda.cu) against the reference, on both of its paths.
-// The cuBLAS path (the default; MESANET_LIN=fused selects the fused kernels): its products round
+// The cuBLAS path (MESANET_LIN=cublas; the fused kernels are the default where they take the shape): its products round
 // their operands to TF32 (10-bit mantissa: 2^-11 relative each) and sum in float32; the state is
 // handed from chunk to chunk through such products, T / 64 of them in a row. Measured on the CPU
 // with an emulation of the whole file whose products round their operands to TF32 as cuBLAS's
@@ -269,7 +269,7 @@ TEST(cuda_lin_matches_reference) {
 // g and beta (Mamba2: no beta), the delta rule with and without g; s0, dsT given or not; beta in
 // (1, 2); chunks of 32. Each case on the fused path (where it takes the shape: chunks of 64, Dk and
 // Dv multiples of 16 up to 128; the others go to the cuBLAS path there too) and on the cuBLAS path
-// (MESANET_LIN=fused, set around the calls: the library reads it at every call).
+// (MESANET_LIN=cublas, set around the calls: the library reads it at every call).
 TEST(cuda_lin_chunk_matches_reference) {
     if (!setup()) return;
     static const struct {
@@ -298,8 +298,8 @@ TEST(cuda_lin_chunk_matches_reference) {
     const char *env = getenv("MESANET_LIN");
     char *saved = env ? strdup(env) : NULL;
     for (int path = 0; path < 2; path++) {
-        if (path) unsetenv("MESANET_LIN");  // the default: cuBLAS
-        else setenv("MESANET_LIN", "fused", 1);
+        if (path) setenv("MESANET_LIN", "cublas", 1);
+        else unsetenv("MESANET_LIN");  // the default: fused where the shape allows
         test_note("chunkwise form, %s path", path ? "cuBLAS" : "fused");
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             for (int rule = 0; rule < 2; rule++)

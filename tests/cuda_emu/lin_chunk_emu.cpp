@@ -1,8 +1,8 @@
 // src/cuda/lin_chunk_cuda.cu, kernels and host side, on the CPU (lin_chunk_emu.h) against the float64
 // reference (src/ref/lin_ref.c), through its entry points cuda_lin_chunk_fwd / cuda_lin_chunk_bwd.
 // Inputs rounded to what the GPU holds (bf16 q, k, v, dout; float32 gates and states). Each shape
-// on the fused path (MESANET_LIN=fused, where it takes the shape: its mma.sync products through
-// mma_emu.h) and on the cuBLAS path (the default); the fused forward once more from q, k, v off
+// on the fused path (the default, where it takes the shape: its mma.sync products through
+// mma_emu.h) and on the cuBLAS path (MESANET_LIN=cublas); the fused forward once more from q, k, v off
 // 8-byte alignment (bit-identical o expected). Prints the relative L2 errors; with TF32 operands on the cuBLAS path
 // (as on the GPU) or float32 ones (argument "f32"), which separates TF32's share of the error from
 // bf16's. EMU_ONLY=i runs shape i only.
@@ -93,10 +93,10 @@ static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, i
     MnLinFwd f = {(const float *)bq, (const float *)bk, (const float *)bv, fg, fb, fs0, (float *)go, gsT};
     MnLinBwd bw = {(const float *)bq, (const float *)bk, (const float *)bv, fg, fb, fs0, (const float *)bdo, fdsT,
                    (float *)gdq, (float *)gdk, (float *)gdv, gdg, gdb, ws0 || wdsT ? gds0 : NULL};  // (ds0 not asked)
-    // the fused kernels (MESANET_LIN=fused, where they take the shape), then cuBLAS's (the default)
+    // the fused kernels (the default, where they take the shape), then cuBLAS's (MESANET_LIN=cublas)
     int fusable = (chunk == 0 || chunk == 64) && Dk % 16 == 0 && Dk <= 128 && Dv % 16 == 0 && Dv <= 128;
     for (int path = fusable ? 0 : 1; path < 2; path++) {
-    if (path) unsetenv("MESANET_LIN"); else setenv("MESANET_LIN", "fused", 1);
+    if (path) setenv("MESANET_LIN", "cublas", 1); else unsetenv("MESANET_LIN");
     for (size_t i = 0; i < nq; i++) gdq[i].b = gdk[i].b = 0x7fc0;
     for (size_t i = 0; i < nv; i++) go[i].b = gdv[i].b = 0x7fc0;
     for (size_t i = 0; i < ntok; i++) gdg[i] = gdb[i] = NAN;

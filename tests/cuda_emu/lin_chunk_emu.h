@@ -48,6 +48,18 @@ static inline float atomicAdd(float *p, float v) {
     return old;
 }
 #include "mma_emu.h"
+static float emu_xch[32][32];
+static inline float warp_sum(float v) {  // __shfl_xor_sync's butterfly through the warp's barrier
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        emu_xch[w][lane] = v;
+        pthread_barrier_wait(&emu_warp_bar[w]);
+        float x = emu_xch[w][lane ^ o];
+        pthread_barrier_wait(&emu_warp_bar[w]);
+        v += x;
+    }
+    return v;
+}
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 uint32_t emu_mx[32][32][6];
 const void *emu_px[32][32];
