@@ -98,8 +98,9 @@ int bench_train(int argc, char **argv) {
     else
         printf("  %.0f tokens/s, %.1f ms/step, peak memory %.0f MB\n", (double)N * steps / t_total, 1e3 * t_total / steps,
                (double)ru.ru_maxrss / 1024);
-    printf("  time in the mixers %.1f%% (their core, the Mesa solve: %.1f%%), rest of the model and optimizer %.1f%%\n",
-           100 * t_mixer / t_prof, 100 * t_core / t_prof, 100 * (1 - t_mixer / t_prof));
+    printf("  time in the mixers %.1f%% (their core, %s: %.1f%%), rest of the model and optimizer %.1f%%\n",
+           100 * t_mixer / t_prof, model_uses_cg(&c) ? "the Mesa solve" : "the sequence mixing", 100 * t_core / t_prof,
+           100 * (1 - t_mixer / t_prof));
     printf("  dense products (6 x parameters x tokens): %.1f GFLOP/s = %.1f%% of the %s (%.0f GFLOP/s in this run)\n",
            dense_flops / t_total / 1e9, 100 * dense_flops / t_total / 1e9 / ceiling / g.size,
            gpu ? "bf16 matrix-product rate, i.e. the MFU" : "sgemm rate", ceiling);
