@@ -4,8 +4,8 @@
  * the fused tensor-core kernels (mma.sync on bf16, fp32 sums; the default where they take the
  * shape) and the cuBLAS path (strided-batched TF32 products over float32 chunk-major copies;
  * every shape; MESANET_LIN=cublas, read at each call, forces it). H100, (B,T,H,D) =
- * (8,2048,16,128), one run (bench/results/gpu-lin-h100.txt): forward+backward gdn 11.4 ms fused
- * against 13.5 on the cuBLAS path, gla 6.2 against 6.8; at (16,2048,8,64) gdn 5.3 against 8.5.
+ * (8,2048,16,128) (bench/results/gpu-lin-h100.txt): forward+backward gdn 10.7 ms fused against
+ * 13.5 on the cuBLAS path, gla 6.2 against 6.8; at (16,2048,8,64) gdn 5.1 against 8.5.
  *
  * A sequence of T tokens is cut into N = ceil(T / C) chunks of C tokens (C = 64 by
  * default, at most 64); a short last chunk is padded with zero q, k, v and g = 0,
