@@ -459,3 +459,25 @@ TEST(op_adamw_sumsq_add) {
     cmp("add", fg, g, n, F32_TOL);
     free(p); free(g); free(m); free(v); free(fp); free(fg); free(fm); free(fv);
 }
+
+// ---------------------------------------------------------------------------- copy_rows
+
+// Strided row copies (attention's cache: a token of every sequence) against a plain loop, on both
+// backends: exact (a copy), rows of odd length at odd strides, the rows around the copied ones
+// untouched.
+TEST(op_copy_rows) {
+    backends();
+    enum { ROWS = 5, N = 7, SS = 11, DS = 13 };
+    double src[ROWS * SS], want[ROWS * DS], dr[ROWS * DS];
+    float srcf[ROWS * SS], df[ROWS * DS];
+    for (int i = 0; i < ROWS * SS; i++) srcf[i] = (float)(src[i] = i + 0.5);
+    for (int i = 0; i < ROWS * DS; i++) want[i] = dr[i] = df[i] = (float)(-1 - i);
+    for (int r = 0; r < ROWS; r++)
+        for (int j = 0; j < N; j++) want[r * DS + 2 + j] = src[r * SS + 3 + j];
+    R->copy_rows(R, dr + 2, DS, src + 3, SS, ROWS, N, MEM_ACT);
+    C->copy_rows(C, df + 2, DS, srcf + 3, SS, ROWS, N, MEM_ACT);
+    for (int i = 0; i < ROWS * DS; i++) {
+        CHECK(dr[i] == want[i], "ref copy_rows: element %d is %g, want %g", i, dr[i], want[i]);
+        CHECK(df[i] == (float)want[i], "cpu copy_rows: element %d is %g, want %g", i, df[i], want[i]);
+    }
+}

@@ -69,6 +69,11 @@ struct Backend {
     void (*free)(const Backend *be, void *p);
     void (*zero)(const Backend *be, void *p, size_t n, MemKind kind);
     void (*copy)(const Backend *be, void *dst, const void *src, size_t n, MemKind kind);
+    // `rows` copies of n elements: row r from src + r src_stride to dst + r dst_stride (strides in
+    // elements; rows do not overlap). One call where a loop of copy would launch one per row on a
+    // device (attention's cache takes a token of every sequence per decoding step).
+    void (*copy_rows)(const Backend *be, void *dst, size_t dst_stride, const void *src, size_t src_stride, size_t rows,
+                      size_t n, MemKind kind);
     int (*upload)(const Backend *be, void *dst, const double *src, size_t n, MemKind kind);
     int (*download)(const Backend *be, double *dst, const void *src, size_t n, MemKind kind);
     int (*upload_f32)(const Backend *be, void *dst, const float *src, size_t n, MemKind kind);

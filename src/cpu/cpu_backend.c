@@ -26,6 +26,11 @@ static void *c_alloc(const Backend *be, size_t n, MemKind k) { return mn_calloc(
 static void c_free(const Backend *be, void *p) { mn_free(p); }
 static void c_zero(const Backend *be, void *p, size_t n, MemKind k) { memset(p, 0, n * elem(k)); }
 static void c_copy(const Backend *be, void *dst, const void *src, size_t n, MemKind k) { memmove(dst, src, n * elem(k)); }
+static void c_copy_rows(const Backend *be, void *dst, size_t ds, const void *src, size_t ss, size_t rows, size_t n,
+                        MemKind k) {
+    size_t e = elem(k);
+    for (size_t r = 0; r < rows; r++) memmove((char *)dst + r * ds * e, (const char *)src + r * ss * e, n * e);
+}
 
 static int c_upload(const Backend *be, void *dst, const double *src, size_t n, MemKind k) {
     float *d = dst;
@@ -513,7 +518,7 @@ static int c_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
 
 static const Backend cpu_backend = {
     .name = "cpu",
-    .elem_size = c_elem_size, .alloc = c_alloc, .free = c_free, .zero = c_zero, .copy = c_copy,
+    .elem_size = c_elem_size, .alloc = c_alloc, .free = c_free, .zero = c_zero, .copy = c_copy, .copy_rows = c_copy_rows,
     .upload = c_upload, .download = c_download, .upload_f32 = c_upload_f32, .download_f32 = c_download_f32,
     .upload_i32 = host_upload_i32, .download_i32 = host_download_i32, .tally_i32 = host_tally_i32,
     .sync = c_sync, .mem_available = host_mem_available_op,

@@ -103,6 +103,17 @@ static void g_copy(const Backend *be, void *dst, const void *src, size_t n, MemK
     cudaMemcpyAsync(dst, src, n * elem(k), cudaMemcpyDeviceToDevice, cuda_ctx(be)->stream);
     if (k == MEM_PARAM) refresh_shadow(be, dst, n);
 }
+// One 2D copy for all rows (parameters, whose bf16 shadow follows each copy, row by row).
+static void g_copy_rows(const Backend *be, void *dst, size_t ds, const void *src, size_t ss, size_t rows, size_t n,
+                        MemKind k) {
+    size_t e = elem(k);
+    if (k == MEM_PARAM) {
+        for (size_t r = 0; r < rows; r++) g_copy(be, (char *)dst + r * ds * e, (const char *)src + r * ss * e, n, k);
+        return;
+    }
+    if (rows && n)
+        cudaMemcpy2DAsync(dst, ds * e, src, ss * e, n * e, rows, cudaMemcpyDeviceToDevice, cuda_ctx(be)->stream);
+}
 
 // Host <-> device with conversion through a host staging buffer.
 static int g_upload(const Backend *be, void *dst, const double *src, size_t n, MemKind k) {
@@ -1358,6 +1369,7 @@ extern "C" const Backend *backend_cuda(void) {
     b.free = g_free;
     b.zero = g_zero;
     b.copy = g_copy;
+    b.copy_rows = g_copy_rows;
     b.upload = g_upload;
     b.download = g_download;
     b.upload_f32 = g_upload_f32;

@@ -146,18 +146,19 @@ static int cache_grow(Mixer *m, Attn *s, long need, long keep) {
     return MN_OK;
 }
 
-// Tokens [t0, t1) of sequence b of the current call's k, v (T tokens a sequence, token t at
+// Tokens [t0, t1) of every sequence of the current call's k, v (T tokens a sequence, token t at
 // position seen + t) into their cache slots: mha's slot is the position, swa's the position mod
-// window. Consecutive tokens go to consecutive slots, so a run is one copy for k and one for v:
-// one run for mha, two where swa's ring wraps (given at most `window` tokens).
-static void cache_put(const Backend *be, Attn *s, const Dims *z, int b, int t0, int t1, int T, long seen) {
+// window. A token has the same slot in every sequence, and consecutive tokens take consecutive
+// slots, so a run of tokens is one strided copy over the sequences for k and one for v: one run
+// for mha, two where swa's ring wraps (given at most `window` tokens).
+static void cache_put(const Backend *be, Attn *s, const Dims *z, int B, int t0, int t1, int T, long seen) {
     while (t0 < t1) {
         long p = seen + t0;
         int slot = z->window ? (int)(p % z->window) : (int)p, run = t1 - t0;
         if (z->window && run > z->window - slot) run = z->window - slot;
-        size_t dst = ((size_t)b * s->ccap + slot) * z->KV, src = ((size_t)b * T + t0) * z->KV;
-        be->copy(be, at(be, s->kc, dst), at(be, s->k, src), (size_t)run * z->KV, MEM_ACT);
-        be->copy(be, at(be, s->vc, dst), at(be, s->v, src), (size_t)run * z->KV, MEM_ACT);
+        size_t dst = (size_t)slot * z->KV, src = (size_t)t0 * z->KV, ds = (size_t)s->ccap * z->KV, ss = (size_t)T * z->KV;
+        be->copy_rows(be, at(be, s->kc, dst), ds, at(be, s->k, src), ss, (size_t)B, (size_t)run * z->KV, MEM_ACT);
+        be->copy_rows(be, at(be, s->vc, dst), ds, at(be, s->v, src), ss, (size_t)B, (size_t)run * z->KV, MEM_ACT);
         t0 += run;
     }
 }
@@ -171,30 +172,36 @@ static int check_state(const Mixer *m, const Attn *s, int B) {
                     s->state_B);
 }
 
-// Token t of sequence b (position seen + t, already in the cache) attends to the first n slots.
-static int attend_one(const Backend *be, Attn *s, const Dims *z, int b, int t, int T, long n) {
-    AttnDims one = {1, 1, z->H, z->Hkv, z->Dh, z->window, z->scale};
-    size_t qi = ((size_t)b * T + t) * z->Q, ci = (size_t)b * s->ccap * z->KV;
-    return be->attn_decode(be, &one, (int)n, s->ccap, at(be, s->q, qi), at(be, s->kc, ci), at(be, s->vc, ci),
-                           at(be, s->o, qi));
+// Token t of every sequence (position seen + t, already in the cache) attends to the first n
+// slots: its queries gathered into a [B, Q] block of the shared scratch, one decoding call for all
+// sequences, the outputs scattered back to their rows of o.
+static int attend_token(Mixer *m, Attn *s, const Dims *z, int B, int t, int T, long n) {
+    const Backend *be = m->be;
+    size_t Q = (size_t)z->Q, TQ = (size_t)T * Q;
+    if (m->scratch->n < 2 * (size_t)B * Q)  // (reserved for B T tokens by alloc_buffers: never short)
+        return mn_error(MN_ERR_ARG, "%s: the shared scratch holds %zu elements, %zu needed", m->ops->name,
+                        m->scratch->n, 2 * (size_t)B * Q);
+    char *qt = m->scratch->p, *ot = at(be, qt, (size_t)B * Q);
+    AttnDims ad = {B, 1, z->H, z->Hkv, z->Dh, z->window, z->scale};
+    be->copy_rows(be, qt, Q, at(be, s->q, (size_t)t * Q), TQ, (size_t)B, Q, MEM_ACT);
+    MN_TRY(be->attn_decode(be, &ad, (int)n, s->ccap, qt, s->kc, s->vc, ot));
+    be->copy_rows(be, at(be, s->o, (size_t)t * Q), TQ, ot, Q, (size_t)B, Q, MEM_ACT);
+    return MN_OK;
 }
 
-// A prefill after earlier tokens, each (token, sequence) on its own. mha's slots are positions:
-// all T keys and values go in first (one run a sequence), and token t reads only the first
-// seen + t + 1 slots, never a later token's. swa's ring can give a later token the slot of a key
-// an earlier query still needs, so there each token goes in just before it attends.
+// A prefill after earlier tokens, a token at a time (for all sequences at once). mha's slots are
+// positions: all T keys and values go in first, and token t reads only the first seen + t + 1
+// slots, never a later token's. swa's ring can give a later token the slot of a key an earlier
+// query still needs, so there each token goes in just before it attends.
 static int prefill_after(Mixer *m, Attn *s, const Dims *z, int B, int T) {
     const Backend *be = m->be;
     long seen = s->seen;
-    if (!z->window)
-        for (int b = 0; b < B; b++) cache_put(be, s, z, b, 0, T, T, seen);
+    if (!z->window) cache_put(be, s, z, B, 0, T, T, seen);
     for (int t = 0; t < T; t++) {
         long n = seen + t + 1;
         if (z->window && n > z->window) n = z->window;
-        for (int b = 0; b < B; b++) {
-            if (z->window) cache_put(be, s, z, b, t, t + 1, T, seen);
-            MN_TRY(attend_one(be, s, z, b, t, T, n));
-        }
+        if (z->window) cache_put(be, s, z, B, t, t + 1, T, seen);
+        MN_TRY(attend_token(m, s, z, B, t, T, n));
     }
     return MN_OK;
 }
@@ -211,9 +218,9 @@ static int attend_with_cache(Mixer *m, Attn *s, const Dims *z, int B, int T) {
         MN_TRY(be->attn_fwd(be, &ad, &io));
         // only the last `window` tokens stay in swa's ring
         int first = z->window && T > z->window ? T - z->window : 0;
-        for (int b = 0; b < B; b++) cache_put(be, s, z, b, first, T, T, seen);
+        cache_put(be, s, z, B, first, T, T, seen);
     } else if (T == 1) {
-        for (int b = 0; b < B; b++) cache_put(be, s, z, b, 0, 1, 1, seen);
+        cache_put(be, s, z, B, 0, 1, 1, seen);
         long n = seen + 1;
         if (z->window && n > z->window) n = z->window;
         ad.T = 1;
@@ -355,7 +362,7 @@ static int attn_declare(const ModelConfig *c, const char *prefix, ParamSpec *out
 
 static int attn_create(Mixer *m) {
     const Backend *be = m->be;
-    if (!be->attn_fwd || !be->attn_bwd || !be->attn_decode || !be->rope)
+    if (!be->attn_fwd || !be->attn_bwd || !be->attn_decode || !be->rope || !be->copy_rows)
         return mn_error(MN_ERR_UNSUPPORTED,
                         "mixer %s is not available on the %s backend yet (it has no attention kernels: "
                         "attn_fwd, attn_bwd, attn_decode, rope)",

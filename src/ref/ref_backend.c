@@ -19,6 +19,11 @@ static void *r_alloc(const Backend *be, size_t n, MemKind k) { return mn_calloc(
 static void r_free(const Backend *be, void *p) { mn_free(p); }
 static void r_zero(const Backend *be, void *p, size_t n, MemKind k) { memset(p, 0, n * elem(k)); }
 static void r_copy(const Backend *be, void *dst, const void *src, size_t n, MemKind k) { memmove(dst, src, n * elem(k)); }
+static void r_copy_rows(const Backend *be, void *dst, size_t ds, const void *src, size_t ss, size_t rows, size_t n,
+                        MemKind k) {
+    size_t e = elem(k);
+    for (size_t r = 0; r < rows; r++) memmove((char *)dst + r * ds * e, (const char *)src + r * ss * e, n * e);
+}
 
 static int r_upload(const Backend *be, void *dst, const double *src, size_t n, MemKind k) {
     memcpy(dst, src, n * sizeof(double));
@@ -455,7 +460,7 @@ static int r_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
 
 static const Backend ref_backend = {
     .name = "ref",
-    .elem_size = r_elem_size, .alloc = r_alloc, .free = r_free, .zero = r_zero, .copy = r_copy,
+    .elem_size = r_elem_size, .alloc = r_alloc, .free = r_free, .zero = r_zero, .copy = r_copy, .copy_rows = r_copy_rows,
     .upload = r_upload, .download = r_download, .upload_f32 = r_upload_f32, .download_f32 = r_download_f32,
     .upload_i32 = host_upload_i32, .download_i32 = host_download_i32, .tally_i32 = host_tally_i32,
     .sync = r_sync, .mem_available = host_mem_available_op,

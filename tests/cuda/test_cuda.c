@@ -96,6 +96,27 @@ TEST(cuda_op_linear) {
     linear_case(1500, 32, 48);
 }
 
+// Strided row copies (a 2D copy) against the reference's, exact, the elements around the rows
+// untouched; bf16 activations and float32 buffers.
+TEST(cuda_op_copy_rows) {
+    if (!setup()) return;
+    enum { ROWS = 37, N = 129, SS = 141, DS = 300 };
+    for (int kind = 0; kind < 2; kind++) {
+        MemKind k = kind ? MEM_F32 : MEM_ACT;
+        double *src = input(7, ROWS * SS, -1, 1, k), *dst = input(8, ROWS * DS, -1, 1, k);
+        for (int i = 0; i < ROWS * DS; i++) dst[i] = (float)dst[i];  // as the GPU holds them: exact both ways
+        for (int i = 0; i < ROWS * SS; i++) src[i] = (float)src[i];
+        void *gs = to_gpu(src, ROWS * SS, k), *gd = to_gpu(dst, ROWS * DS, k);
+        R->copy_rows(R, dst + 5, DS, src + 3, SS, ROWS, N, k);
+        G->copy_rows(G, (char *)gd + 5 * G->elem_size(G, k), DS, (char *)gs + 3 * G->elem_size(G, k), SS, ROWS, N, k);
+        CHECK(cmp(kind ? "copy_rows f32" : "copy_rows bf16", gd, dst, ROWS * DS, k, 0) == 0, "copy_rows: not exact");
+        G->free(G, gs);
+        G->free(G, gd);
+        free(src);
+        free(dst);
+    }
+}
+
 TEST(cuda_op_norms_and_activations) {
     if (!setup()) return;
     int D = 96;
