@@ -605,6 +605,13 @@ static __device__ __forceinline__ float lf_hi(float x) {
     return ld(&h, 0);
 }
 
+// a, b as bf16 pairs hi + lo into hi[0..1], lo[0..1] (4-byte aligned).
+static __device__ __forceinline__ void lf_st2s(bf16 *hi, bf16 *lo, float a, float b) {
+    float ha = lf_hi(a), hb = lf_hi(b);
+    *(uint32_t *)hi = pack_bf16(ha, hb);
+    *(uint32_t *)lo = pack_bf16(a - ha, b - hb);
+}
+
 // The same load as lf_load, each element split into a hi and a lo tile.
 static __device__ __forceinline__ void lf_load2(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *hi,
                                                 bf16 *lo, int lds, const int UNR) {
@@ -621,23 +628,12 @@ static __device__ __forceinline__ void lf_load2(const LcDims d, const LfSrc s, s
             int e = e0 + u * blockDim.x, t = e / n4;
             if (e >= total) continue;
             size_t o = (size_t)t * lds + 4 * (e - t * n4);
-            float h[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) h[i] = lf_hi(v[u][i]);
-            uint32_t *oh = (uint32_t *)(hi + o), *ol = (uint32_t *)(lo + o);
-            oh[0] = pack_bf16(h[0], h[1]);
-            oh[1] = pack_bf16(h[2], h[3]);
-            ol[0] = pack_bf16(v[u][0] - h[0], v[u][1] - h[1]);
-            ol[1] = pack_bf16(v[u][2] - h[2], v[u][3] - h[3]);
+            lf_st2s(hi + o, lo + o, v[u][0], v[u][1]);
+            lf_st2s(hi + o + 2, lo + o + 2, v[u][2], v[u][3]);
         }
     }
 }
 
-static __device__ __forceinline__ void lf_st2s(bf16 *hi, bf16 *lo, float a, float b) {
-    float ha = lf_hi(a), hb = lf_hi(b);
-    *(uint32_t *)hi = pack_bf16(ha, hb);
-    *(uint32_t *)lo = pack_bf16(a - ha, b - hb);
-}
 
 // c += a b in three products of split operands (a_hi b_hi + a_hi b_lo + a_lo b_hi): float32-like
 // accuracy (~2^-16 relative per product) where bf16 alone (2^-9) would compound from chunk to chunk.
@@ -678,6 +674,37 @@ typedef struct {
 #define LF_TX (LF_R * LF_LDK)
 #define LF_TY (LF_C * LF_LDR)
 #define LF_WALK_SMEM ((4 * LF_TK + 2 * LF_TX + 2 * LF_TY) * 2)
+
+// att = the warp's 16 rows of A B^T (A, B [64][LF_LDK] bf16, D / 16 steps of k; exact, or one of them
+// split, its lo tile Al or Bl: one more product), the 16 x 16 column blocks np outside [nmin, nmax]
+// left zero.
+static __device__ __forceinline__ void lf_abt(float att[8][4], const bf16 *A, const bf16 *Al, const bf16 *B,
+                                              const bf16 *Bl, int D, int nmin, int nmax) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) att[n][e] = 0.0f;
+    for (int s = 0; s < D / 16; s++) {
+        uint32_t af[4], al[4], bb[4], bl[4];
+        ldsm_x4(af, A + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
+        if (Al) ldsm_x4(al, Al + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            if (np < nmin || np > nmax) continue;
+            const int bo = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8;
+            ldsm_x4(bb, B + bo);
+            if (Al) {
+                mma_bf16_x2(&att[2 * np], al, bb);
+            }
+            if (Bl) {
+                ldsm_x4(bl, Bl + bo);
+                mma_bf16_x2(&att[2 * np], af, bl);
+            }
+            mma_bf16_x2(&att[2 * np], af, bb);
+        }
+    }
+}
 
 // Asks the L2 for rows 0..63, columns c0 .. c0 + ncols - 1 of chunk ch of s (and its row scales):
 // the state walk's next chunk, fetched while it works on this one (its loads then wait on the L2,
@@ -925,20 +952,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
     lf_sync();
     {
         float kk[8][4];
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) kk[n][e] = 0.0f;
-        for (int s = 0; s < Dk / 16; s++) {
-            uint32_t af[4], bb[4];
-            ldsm_x4(af, Ks + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                if (np > w) continue;  // columns past the warp's rows: above the diagonal
-                ldsm_x4(bb, Ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
-                mma_bf16_x2(&kk[2 * np], af, bb);
-            }
-        }
+        lf_abt(kk, Ks, NULL, Ks, NULL, Dk, 0, w);  // columns past the warp's rows (above the diagonal) left zero
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -1025,14 +1039,8 @@ static __device__ __forceinline__ void lf_load_state(const LcDims d, const float
             int e = e0 + u * blockDim.x, r = e / n4;
             if (e >= total) continue;
             size_t o = (size_t)r * LF_LDK + 4 * (e - r * n4);
-            float v[4] = {f[u].x, f[u].y, f[u].z, f[u].w}, h[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) h[i] = lf_hi(v[i]);
-            uint32_t *oh = (uint32_t *)(hi + o), *ol = (uint32_t *)(lo + o);
-            oh[0] = pack_bf16(h[0], h[1]);
-            oh[1] = pack_bf16(h[2], h[3]);
-            ol[0] = pack_bf16(v[0] - h[0], v[1] - h[1]);
-            ol[1] = pack_bf16(v[2] - h[2], v[3] - h[3]);
+            lf_st2s(hi + o, lo + o, f[u].x, f[u].y);
+            lf_st2s(hi + o + 2, lo + o + 2, f[u].z, f[u].w);
         }
     }
 }
@@ -1100,20 +1108,7 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
     lf_load(d, ksrc, ch, 0, Dk, KS, LF_LDK, LF_UNR);
     lf_sync();
     float att[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) att[n][e] = 0.0f;
-    for (int s = 0; s < Dk / 16; s++) {
-        uint32_t af[4], bb[4];
-        ldsm_x4(af, Qs + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int np = 0; np < 4; np++) {
-            if (BWD ? np < w : np > w) continue;  // keys after the warp's last row (BWD: before its first)
-            ldsm_x4(bb, KS + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8);
-            mma_bf16_x2(&att[2 * np], af, bb);
-        }
-    }
+    lf_abt(att, Qs, NULL, KS, NULL, Dk, BWD ? w : 0, BWD ? 3 : w);  // keys after the warp's last row (BWD: before its first) left zero
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -1217,14 +1212,8 @@ static __device__ __forceinline__ void lf_load_state_cols(const LcDims d, const 
             int e = e0 + u * blockDim.x, r = e / n4;
             if (e >= total) continue;
             size_t o = (size_t)r * LF_LDO + 4 * (e - r * n4);
-            float v[4] = {f[u].x, f[u].y, f[u].z, f[u].w}, h[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) h[i] = lf_hi(v[i]);
-            uint32_t *oh = (uint32_t *)(hi + o), *ol = (uint32_t *)(lo + o);
-            oh[0] = pack_bf16(h[0], h[1]);
-            oh[1] = pack_bf16(h[2], h[3]);
-            ol[0] = pack_bf16(v[0] - h[0], v[1] - h[1]);
-            ol[1] = pack_bf16(v[2] - h[2], v[3] - h[3]);
+            lf_st2s(hi + o, lo + o, f[u].x, f[u].y);
+            lf_st2s(hi + o + 2, lo + o + 2, f[u].z, f[u].w);
         }
     }
 }
@@ -1280,37 +1269,6 @@ static __device__ __forceinline__ void lf_as(float acc[8][4], const bf16 *A, con
             }
             mma_bf16_x2(&acc[2 * dp], af, bl);
             mma_bf16_x2(&acc[2 * dp], af, bh);
-        }
-    }
-}
-
-// att = the warp's 16 rows of A B^T (A, B [64][LF_LDK] bf16, D / 16 steps of k; exact, or one of them
-// split, its lo tile Al or Bl: one more product), the 16 x 16 column blocks np outside [nmin, nmax]
-// left zero.
-static __device__ __forceinline__ void lf_abt(float att[8][4], const bf16 *A, const bf16 *Al, const bf16 *B,
-                                              const bf16 *Bl, int D, int nmin, int nmax) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) att[n][e] = 0.0f;
-    for (int s = 0; s < D / 16; s++) {
-        uint32_t af[4], al[4], bb[4], bl[4];
-        ldsm_x4(af, A + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
-        if (Al) ldsm_x4(al, Al + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int np = 0; np < 4; np++) {
-            if (np < nmin || np > nmax) continue;
-            const int bo = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8;
-            ldsm_x4(bb, B + bo);
-            if (Al) {
-                mma_bf16_x2(&att[2 * np], al, bb);
-            }
-            if (Bl) {
-                ldsm_x4(bl, Bl + bo);
-                mma_bf16_x2(&att[2 * np], af, bl);
-            }
-            mma_bf16_x2(&att[2 * np], af, bb);
         }
     }
 }
