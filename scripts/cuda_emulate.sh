@@ -10,7 +10,7 @@
 #   lin_chunk  src/cuda/lin_chunk_cuda.cu whole, kernels and host side: a kernel's dynamic shared
 #              memory becomes a static array, each launch k<<<g, b, s, st>>>(...) a call of
 #              emu_launch, cuBLAS's products CPU loops with TF32 operands (lin_chunk_emu.h); both
-#              paths, the fused kernels (MESANET_LIN=fused) and the cuBLAS one. EXTRA "f32": float32
+#              paths, the fused kernels (the default) and the cuBLAS one (MESANET_LIN=cublas). EXTRA "f32": float32
 #              operands instead of TF32.
 #   attn       src/cuda/attn_cuda.cu's kernels (the host side cut; attn_emu.cpp mirrors it)
 #

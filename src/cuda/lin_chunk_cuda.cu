@@ -115,10 +115,14 @@
  * Scratch (float32): the gates, W, V', Tt, dV', Tt^T dU, dQs, dK, two states per chunk: ~1.4 GB at
  * (8,2048,16,128) (the delta rule's cuBLAS backward: ~3.5 GB). lf_utb_kernel's 157 KiB leave one
  * block a multiprocessor (Hopper and Ampere).
- * Forward + backward, fused path: 9 launches (GLA) or 12 (delta), none per chunk. Untimed; what
- * might bound them: the two walks (latency, as the forward's), the float32 states written and read
- * (two per chunk, ~1 GB of traffic at that shape), the delta rule's float32 dQs, dK, Tt^T dU round
- * trip into lc_bwd_out_kernel (which lf_utb_kernel could absorb).
+ * Forward + backward, fused path: 9 launches (GLA) or 12 (delta), none per chunk. Where the time
+ * goes (H100, gdn at (8,2048,16,128), 10.7 ms; ncu): the forward walk 1.17 ms (twice: the backward
+ * recomputes it), the adjoint walk 2.28, lf_utb_kernel 2.23, lc_bwd_out_kernel 1.36 (before its
+ * rows went a warp each), lf_dqk_delta_kernel 1.09, lf_out_kernel 0.61, lf_prep_kernel 0.46 (twice).
+ * The walks are chains of dependent loads, products and barriers at two blocks a multiprocessor;
+ * every product is two or three mma (the hi + lo split); the delta rule's float32 dQs, dK, Tt^T dU
+ * round trip into lc_bwd_out_kernel (which lf_utb_kernel could absorb). docs/cuda.md lists what
+ * would close the gap to fla's 2.9 ms.
  *
  * Precision of the fused path: the inputs q, k, v are exact bf16 operands; every rounded operand
  * (states, V', W, U, Tt, the masked scores) is split hi + lo, so the outputs carry about their own
