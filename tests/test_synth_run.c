@@ -330,3 +330,29 @@ TEST(synth_run_cli_jobs_same_rows) {
     tool_run_free(&r1), tool_run_free(&r2);
     tmp_remove(&td);
 }
+
+// --gpus spreads --jobs over GPUs: refused, naming the option, without the cuda backend, with
+// fewer jobs than GPUs, or with more GPUs than the process sees (CUDA_VISIBLE_DEVICES= hides them
+// all, and a CPU-only build sees none).
+TEST(synth_run_cli_gpus_refusals) {
+    TmpDir td;
+    tmp_make(&td);
+    static const struct {
+        const char *args, *says;
+    } cases[] = {
+        {"--gpus 2 --jobs 2", "GPUs are for --backend cuda, not cpu"},
+        {"--gpus 2 --jobs 1 --backend cuda", "needs --jobs 2 or more"},
+        {"--gpus 1 --jobs 2 --backend cuda", "this process sees 0 GPU(s)"},
+    };
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "synth mqar --mixers gdn --quick %s --out %s/o", cases[i].args, td.dir);
+        ToolRun r = tool_run(&td, args);
+        CHECK(r.rc != 0 && strstr(r.err, "--gpus") && strstr(r.err, cases[i].says), "mesanet %s: exit %d\n%s", args,
+              r.rc, r.err);
+        tool_run_free(&r);
+    }
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    tmp_remove(&td);
+}

@@ -18,6 +18,7 @@
 #include "core/common.h"
 #include "eval/plot.h"
 #include "synth/run.h"
+#include "train/dist.h"
 #include "tools/commands.h"
 
 #define CMD "synth"
@@ -204,10 +205,15 @@ enum { MAX_TASKS = 16, MAX_MIXERS = 16, MAX_SETTINGS = 32, MAX_JOBS = 64 };
 typedef struct {
     pid_t pid;
     int index;  // the run's number in the sweep (1-based)
+    int gpu;    // which of --gpus it runs on (-1: the devices the tool sees)
     char dir[4096];
 } Job;
 
-static void job_start(Job *j, int argc, char **argv, const char *out, int index, int threads) {
+// --gpus: job k of the first round goes to GPU k mod gpus, and each later job to the GPU of the
+// job whose end made room for it, so that every GPU runs jobs / gpus of them at all times.
+static void job_start(Job *j, int argc, char **argv, const char *out, int index, int threads, int gpu) {
+    char dev[64] = "";
+    if (gpu >= 0 && dist_visible_device(gpu, dev, sizeof dev)) cmd_fail(CMD, "--gpus: %s", mn_last_error());
     char idx[32];
     snprintf(idx, sizeof idx, "%d", index);
     snprintf(j->dir, sizeof j->dir, "%s/.job-%d", out, index);
@@ -226,17 +232,18 @@ static void job_start(Job *j, int argc, char **argv, const char *out, int index,
         char th[32];
         snprintf(th, sizeof th, "%d", threads);
         setenv("OMP_NUM_THREADS", th, 1);
+        if (gpu >= 0) setenv("CUDA_VISIBLE_DEVICES", dev, 1);
         if (!freopen("/dev/null", "w", stdout)) _exit(127);
         execv("/proc/self/exe", cargv);
         _exit(127);
     }
     free(cargv);
-    j->pid = pid, j->index = index;
+    j->pid = pid, j->index = index, j->gpu = gpu;
 }
 
 // Waits for one of the n jobs to end; its row into *r (MN_OK), or an error naming why not. The
-// job is removed from the list (the last one takes its place).
-static int job_wait(Job *jobs, int *n, Row *r, int *index) {
+// job is removed from the list (the last one takes its place); *gpu gets the GPU it leaves free.
+static int job_wait(Job *jobs, int *n, Row *r, int *index, int *gpu) {
     int status;
     pid_t pid;
     do pid = waitpid(-1, &status, 0);
@@ -244,10 +251,11 @@ static int job_wait(Job *jobs, int *n, Row *r, int *index) {
     if (pid < 0) return mn_error(MN_ERR_IO, "waitpid failed");
     int k = 0;
     while (k < *n && jobs[k].pid != pid) k++;
-    if (k == *n) return job_wait(jobs, n, r, index);  // not ours
+    if (k == *n) return job_wait(jobs, n, r, index, gpu);  // not ours
     Job j = jobs[k];
     jobs[k] = jobs[--*n];
     *index = j.index;
+    *gpu = j.gpu;
     if (!WIFEXITED(status) || WEXITSTATUS(status))
         return mn_error(MN_ERR_ARG, "run %d (a --jobs process) failed (status %d)", j.index,
                         WIFEXITED(status) ? WEXITSTATUS(status) : -1);
@@ -265,9 +273,28 @@ static int job_wait(Job *jobs, int *n, Row *r, int *index) {
     return st;
 }
 
+#ifdef MN_HAVE_CUDA
+int cuda_device_count(void);
+#endif
+
+// --gpus N spreads the --jobs processes over N GPUs: the cuda backend, at least one job a GPU, and
+// N devices that this process sees.
+static void check_gpus(int gpus, int jobs, const char *backend) {
+    if (!gpus) return;
+    if (strcmp(backend, "cuda")) cmd_fail(CMD, "--gpus %d: GPUs are for --backend cuda, not %s", gpus, backend);
+    if (jobs < gpus) cmd_fail(CMD, "--gpus %d: needs --jobs %d or more (at least one run at a time on each GPU), not %d", gpus, gpus, jobs);
+#ifdef MN_HAVE_CUDA
+    int n = cuda_device_count();
+#else
+    int n = 0;  // a build without CUDA
+#endif
+    if (n < gpus) cmd_fail(CMD, "--gpus %d: this process sees %d GPU(s)", gpus, n);
+}
+
 int cmd_synth(int argc, char **argv) {
     const char *mixers_arg = NULL, *settings = "baseline", *backend = "cpu", *out = "runs/synth";
     int quick = 0, report = 0, seed = 0, stop_after = 0, dim = 0, epochs = 0, max_steps = 0, batch = 0, jobs = 1, run_index = 0;
+    int gpus = 0;
     Option opts[] = {
         {"mixers", OPT_STRING, &mixers_arg, "comma list of mixers (mesa, gdn, mha, gla, mamba2, deltanet, gdn-paper, "
                                             "swa, ...) or patterns of blocks written with + (gdn+mha: gdn, then mha); NAME:neg "
@@ -285,6 +312,8 @@ int cmd_synth(int argc, char **argv) {
         {"max-steps", OPT_INT, &max_steps, "steps at most per run (0: the protocol's)", 0, 1000000000},
         {"batch", OPT_INT, &batch, "training sequences per step (0: the protocol's)", 0, 65536},
         {"jobs", OPT_INT, &jobs, "runs at once, each a process with its share of the cores (OMP_NUM_THREADS)", 1,
+         MAX_JOBS},
+        {"gpus", OPT_INT, &gpus, "GPUs the --jobs share out (cuda; 0: every job on the devices the tool sees)", 0,
          MAX_JOBS},
         {"run-index", OPT_INT, &run_index, "internal (--jobs): run only the sweep's run of this number", 0,
          1000000000},
@@ -306,6 +335,7 @@ int cmd_synth(int argc, char **argv) {
     if (!mixers_arg || !*mixers_arg) cmd_fail(CMD, "--mixers is required (e.g. --mixers mesa,gdn,mha)");
     if (strcmp(settings, "baseline") && strcmp(settings, "full"))
         cmd_fail(CMD, "--settings must be baseline or full, got '%s'", settings);
+    if (!run_index) check_gpus(gpus, jobs, backend);  // (a job sees its one GPU, and --jobs 1)
     const Backend *be = backend_by_name(backend);
     if (!be) cmd_fail(CMD, "--backend: %s", mn_last_error());
 
@@ -386,14 +416,15 @@ int cmd_synth(int argc, char **argv) {
     int threads = ncpu > jobs ? (int)(ncpu / jobs) : 1;
     printf("synth: %d task(s) x %d mixer(s), %s settings, %d runs; %s backend; results in %s\n", ntasks, nmix, settings,
            total, be->name, out);
-    if (jobs > 1) printf("synth: up to %d runs at once, %d thread(s) each\n", jobs, threads);
+    if (jobs > 1 && gpus) printf("synth: up to %d runs at once over %d GPUs, %d thread(s) each\n", jobs, gpus, threads);
+    else if (jobs > 1) printf("synth: up to %d runs at once, %d thread(s) each\n", jobs, threads);
     for (int i = 0; i < ntasks; i++)
         printf("synth: %s: %s; width %d, %d blocks, batch %d\n", tasks[i]->name, prot[i].source, prot[i].dim,
                prot[i].n_layers, prot[i].batch);
     if (quick) printf("synth: --quick shrinks every setting (labels name the grid's settings, not the sizes run)\n");
     fflush(stdout);
 
-    int done = 0, ran = 0, skipped = 0, finished = 0, njob = 0, missing = 0;
+    int done = 0, ran = 0, skipped = 0, finished = 0, njob = 0, missing = 0, free_gpu = -1;
     double spent = 0;
     Job job[MAX_JOBS];
     for (int i = 0; i < ntasks && (!stop_after || ran < stop_after); i++) {
@@ -432,7 +463,7 @@ int cmd_synth(int argc, char **argv) {
                         while (njob >= jobs) {  // a slot: wait for a run to end, record it
                             Row got;
                             int gi;
-                            if (job_wait(job, &njob, &got, &gi)) cmd_fail(CMD, "%s", mn_last_error());
+                            if (job_wait(job, &njob, &got, &gi, &free_gpu)) cmd_fail(CMD, "%s", mn_last_error());
                             rows_add(&rows, &got);
                             save_rows(out, &rows);
                             finished++, spent += got.seconds;
@@ -445,7 +476,9 @@ int cmd_synth(int argc, char **argv) {
                                    got.early ? " (stopped early)" : "", took, eta);
                             fflush(stdout);
                         }
-                        job_start(&job[njob++], argc, argv, out, done, threads);
+                        int gpu = !gpus ? -1 : free_gpu >= 0 ? free_gpu : njob % gpus;
+                        free_gpu = -1;
+                        job_start(&job[njob++], argc, argv, out, done, threads, gpu);
                         ran++;
                         printf("[%d/%d] %s %s %s lr %g wd %g: training (%d at once) ...\n", done, total, r.task,
                                r.setting, r.mixer, r.lr, r.wd, njob);
@@ -480,7 +513,7 @@ int cmd_synth(int argc, char **argv) {
     while (njob > 0) {  // the last runs of --jobs
         Row got;
         int gi;
-        if (job_wait(job, &njob, &got, &gi)) cmd_fail(CMD, "%s", mn_last_error());
+        if (job_wait(job, &njob, &got, &gi, &free_gpu)) cmd_fail(CMD, "%s", mn_last_error());
         rows_add(&rows, &got);
         save_rows(out, &rows);
         finished++, spent += got.seconds;

@@ -44,8 +44,7 @@ static int env_is(const char *entry, const char *name) {
     return !strncmp(entry, name, n) && entry[n] == '=';
 }
 
-// The device rank r gets: the r-th entry of CUDA_VISIBLE_DEVICES where it is set, else r.
-static int device_of_rank(int r, char *out, size_t cap) {
+int dist_visible_device(int r, char *out, size_t cap) {
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     if (!vis) {
         snprintf(out, cap, "%d", r);
@@ -56,7 +55,7 @@ static int device_of_rank(int r, char *out, size_t cap) {
         if ((p = strchr(p, ','))) p++;
     size_t len = p ? strcspn(p, ",") : 0;
     if (len == 0 || len >= cap)
-        return mn_error(MN_ERR_ARG, "CUDA_VISIBLE_DEVICES=%s: expected a device for each of the ranks, found none for rank %d",
+        return mn_error(MN_ERR_ARG, "CUDA_VISIBLE_DEVICES=%s: expected a device for each of the GPUs, found none for GPU %d",
                         vis, r);
     memcpy(out, p, len);
     out[len] = 0;
@@ -78,7 +77,7 @@ static char **rank_environment(int r, int size, int fd) {
         if (!skip) env[k++] = environ[i];
     }
     char num[32], dev[64];
-    if (device_of_rank(r, dev, sizeof dev)) {
+    if (dist_visible_device(r, dev, sizeof dev)) {
         free(env);
         return NULL;
     }

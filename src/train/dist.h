@@ -37,6 +37,10 @@ typedef struct {
 // program is /proc/self/exe) and waits for them; MN_OK when every rank exits with 0.
 int dist_launch(int size, char *const argv[]);
 
+// The device name (into out) that the r-th of several GPUs is: the r-th entry of
+// CUDA_VISIBLE_DEVICES where it is set, else r; an error where the list has no r-th entry.
+int dist_visible_device(int r, char *out, size_t cap);
+
 // In a process started by dist_launch: g gets its rank (and checks that the launch was for
 // `size` ranks); in any other process: rank 0 of 1.
 int dist_join(Group *g, int size);
