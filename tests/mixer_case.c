@@ -10,6 +10,17 @@
 #include "test.h"
 #include "train/optim.h"
 
+void mc_tiny_sizes(ModelConfig *c, const char *mixer, int layers) {
+    if (mixer) snprintf(c->mixer, sizeof c->mixer, "%s", mixer);
+    c->vocab_size = 11;
+    c->dim = 12;
+    c->n_layers = layers;
+    c->n_heads = 2;
+    c->head_dim = 4;
+    c->mlp_hidden = 10;
+    c->seq_len = 8;
+}
+
 Model *mc_make(const ModelConfig *c, const Backend *be) {
     Model *m = NULL;
     if (model_create(&m, c, be)) die("%s: %s", c->mixer, mn_last_error());

@@ -10,6 +10,10 @@
 #include "core/backend.h"
 #include "model/model.h"
 
+// The test models' tiny sizes on c as it is: vocabulary 11, width 12, `layers` blocks of 2 heads
+// of 4, MLP 10, sequences of 8; the mixer (or pattern) too where mixer is not NULL.
+void mc_tiny_sizes(ModelConfig *c, const char *mixer, int layers);
+
 // model_create, dying on failure (with the mixer's name).
 Model *mc_make(const ModelConfig *c, const Backend *be);
 

@@ -26,14 +26,7 @@ enum { NA = sizeof acases / sizeof acases[0] };
 static ModelConfig acfg(const ACase *k, int layers) {
     ModelConfig c;
     config_default(&c);
-    snprintf(c.mixer, sizeof c.mixer, "%s", k->mixer);
-    c.vocab_size = 11;
-    c.dim = 12;
-    c.n_layers = layers;
-    c.n_heads = 2;
-    c.head_dim = 4;
-    c.mlp_hidden = 10;
-    c.seq_len = 8;
+    mc_tiny_sizes(&c, k->mixer, layers);
     c.n_kv_heads = k->kv;
     if (k->window) c.window = k->window;
     c.rope_theta = 100;  // rotations that differ visibly across a few positions
@@ -178,6 +171,34 @@ TEST(attn_prefill_pieces_match_decode_and_forward) {
         pieces_check("swa", 2, bes[i], tol[i]);
         pieces_check("swa", 5, bes[i], tol[i]);
         pieces_check("gdn,mha", 0, bes[i], tol[i]);
+    }
+}
+
+// mha's cache grows in chunks of 256 tokens, copying what it holds into the larger one: a prompt
+// of 300 tokens in pieces of 128 grows it once with 256 tokens kept (the third piece); the last
+// token's logits equal the forward's (tolerances of attn_decode_matches_forward).
+TEST(attn_cache_growth_keeps_what_it_holds) {
+    const Backend *bes[2] = {backend_ref(), backend_cpu()};
+    double tol[2] = {1e-6, 3e-5};
+    enum { GB = 2, GT = 300 };
+    for (int i = 0; i < 2; i++) {
+        ACase k = {"mha", 0, 0};
+        ModelConfig cfg = acfg(&k, 1);
+        Model *m = mc_make(&cfg, bes[i]);
+        model_init_params(m, 1);
+        int V = cfg.vocab_size;
+        int32_t *tok = xcalloc(GB * GT, sizeof(int32_t));
+        mc_tokens(tok, NULL, GB * GT, V, 9);
+        float *full = xcalloc((size_t)GB * GT * V, 4), *got = xcalloc((size_t)GB * V, 4);
+        CHECK(!model_forward(m, tok, NULL, GB, GT, 0, NULL), "%s", mn_last_error());
+        bes[i]->download_f32(bes[i], full, m->logits, (size_t)GB * GT * V, MEM_ACT);
+        CHECK(!model_reset_state(m, GB) && !model_prefill_pieces(m, tok, GB, GT, 128, got), "%s", mn_last_error());
+        double w = 0;
+        for (int b = 0; b < GB; b++) w = fmax(w, rel_err_ff(got + (size_t)b * V, full + ((size_t)b * GT + GT - 1) * V, V));
+        test_note("mha on %s, 300 tokens in pieces of 128 (the cache grown once): vs forward %.2e", bes[i]->name, w);
+        CHECK(w <= tol[i], "on %s: logits after the cache grew differ by %.3g", bes[i]->name, w);
+        free(tok), free(full), free(got);
+        model_free(m);
     }
 }
 

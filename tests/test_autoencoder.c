@@ -113,17 +113,10 @@ TEST(op_pool_last) {
 static ModelConfig ae_config(const char *mixer) {
     ModelConfig c;
     config_default(&c);
-    snprintf(c.mixer, sizeof c.mixer, "%s", mixer);
     snprintf(c.head, sizeof c.head, "autoencoder");
     c.tie_embeddings = 0;
     c.logit_cap = 0;
-    c.vocab_size = 11;
-    c.dim = 12;
-    c.n_layers = 2;
-    c.n_heads = 2;
-    c.head_dim = 4;
-    c.mlp_hidden = 10;
-    c.seq_len = 8;
+    mc_tiny_sizes(&c, mixer, 2);
     c.gate_bound = 0;
     return c;
 }

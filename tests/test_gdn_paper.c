@@ -41,20 +41,13 @@ static const char *case_name(const Case *c, char *buf, size_t n) {
 static ModelConfig config_of(const Case *k, int layers) {
     ModelConfig c;
     if (config_preset(&c, "tiny")) die("%s", mn_last_error());
-    snprintf(c.mixer, sizeof c.mixer, "%s", k->mixer);
     strcpy(c.arch, "fla");
     c.embed_scale = 0;
     c.tie_embeddings = 0;
     c.gate_bound = 0;
     c.resid_scale = 0;
-    c.vocab_size = 11;
-    c.dim = 12;
-    c.n_layers = layers;
-    c.n_heads = 2;
-    c.head_dim = 4;
+    mc_tiny_sizes(&c, k->mixer, layers);
     c.head_v_dim = k->dv;
-    c.mlp_hidden = 10;
-    c.seq_len = 8;
     c.output_gate = k->gate;
     c.shared_onorm = k->shared_onorm;
     c.neg_eigen = k->neg_eigen;

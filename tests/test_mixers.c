@@ -39,14 +39,7 @@ static const char *case_name(const Case *c, char *buf, size_t n) {
 static ModelConfig config_of(const Case *k, int layers) {
     ModelConfig c;
     config_default(&c);
-    snprintf(c.mixer, sizeof c.mixer, "%s", k->mixer);
-    c.vocab_size = 11;
-    c.dim = 12;
-    c.n_layers = layers;
-    c.n_heads = 2;
-    c.head_dim = 4;
-    c.mlp_hidden = 10;
-    c.seq_len = 8;
+    mc_tiny_sizes(&c, k->mixer, layers);
     c.output_gate = k->gate;
     c.shared_onorm = k->shared_onorm;
     c.neg_eigen = k->neg_eigen;

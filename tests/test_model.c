@@ -15,13 +15,7 @@
 static ModelConfig tiny_config(int gate, int shared_onorm, float bound) {
     ModelConfig c;
     config_default(&c);
-    c.vocab_size = 11;
-    c.dim = 12;
-    c.n_layers = 2;
-    c.n_heads = 2;
-    c.head_dim = 4;
-    c.mlp_hidden = 10;
-    c.seq_len = 8;
+    mc_tiny_sizes(&c, NULL, 2);
     c.output_gate = gate;
     c.shared_onorm = shared_onorm;
     c.gate_bound = bound;

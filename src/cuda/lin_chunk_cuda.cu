@@ -577,31 +577,6 @@ static __device__ __forceinline__ void lf_sync(void) {
     __syncthreads();
 }
 
-static __device__ __forceinline__ void lf_load(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *dst,
-                                               int lds, const int UNR) {
-    if (lf_async_ok(s, c0, ncols)) {
-        lf_load_async(d, s, ch, c0, ncols, dst, lds);
-        return;
-    }
-    const int n4 = ncols / 4, total = LF_C * n4;
-    for (int e0 = threadIdx.x; e0 < total; e0 += UNR * blockDim.x) {
-        float v[LF_UNR][4];
-#pragma unroll
-        for (int u = 0; u < UNR; u++) {
-            int e = e0 + u * blockDim.x, t = e / n4;
-            if (e < total) lf_at4(d, s, ch, t, c0 + 4 * (e - t * n4), v[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < UNR; u++) {
-            int e = e0 + u * blockDim.x, t = e / n4;
-            if (e >= total) continue;
-            uint32_t *o = (uint32_t *)(dst + (size_t)t * lds + 4 * (e - t * n4));
-            o[0] = pack_bf16(v[u][0], v[u][1]);
-            o[1] = pack_bf16(v[u][2], v[u][3]);
-        }
-    }
-}
-
 // x as a bf16 pair hi + lo (hi = bf16(x), lo = bf16(x - hi): 16 bits of mantissa between them).
 static __device__ __forceinline__ float lf_hi(float x) {
     bf16 h;
@@ -616,7 +591,7 @@ static __device__ __forceinline__ void lf_st2s(bf16 *hi, bf16 *lo, float a, floa
     *(uint32_t *)lo = pack_bf16(a - ha, b - hb);
 }
 
-// The same load as lf_load, each element split into a hi and a lo tile.
+// The chunk's rows through registers into a bf16 tile (lo NULL) or split into a hi and a lo tile.
 static __device__ __forceinline__ void lf_load2(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *hi,
                                                 bf16 *lo, int lds, const int UNR) {
     const int n4 = ncols / 4, total = LF_C * n4;
@@ -632,11 +607,24 @@ static __device__ __forceinline__ void lf_load2(const LcDims d, const LfSrc s, s
             int e = e0 + u * blockDim.x, t = e / n4;
             if (e >= total) continue;
             size_t o = (size_t)t * lds + 4 * (e - t * n4);
-            lf_st2s(hi + o, lo + o, v[u][0], v[u][1]);
-            lf_st2s(hi + o + 2, lo + o + 2, v[u][2], v[u][3]);
+            if (lo) {
+                lf_st2s(hi + o, lo + o, v[u][0], v[u][1]);
+                lf_st2s(hi + o + 2, lo + o + 2, v[u][2], v[u][3]);
+            } else {
+                uint32_t *w = (uint32_t *)(hi + o);
+                w[0] = pack_bf16(v[u][0], v[u][1]);
+                w[1] = pack_bf16(v[u][2], v[u][3]);
+            }
         }
     }
 }
+
+static __device__ __forceinline__ void lf_load(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols, bf16 *dst,
+                                               int lds, const int UNR) {
+    if (lf_async_ok(s, c0, ncols)) lf_load_async(d, s, ch, c0, ncols, dst, lds);
+    else lf_load2(d, s, ch, c0, ncols, dst, NULL, lds, UNR);
+}
+
 
 
 // c += a b in three products of split operands (a_hi b_hi + a_hi b_lo + a_lo b_hi): float32-like

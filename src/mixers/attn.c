@@ -131,13 +131,11 @@ static int cache_grow(Mixer *m, Attn *s, long need, long keep) {
         if (vc) be->free(be, vc);
         return mn_error(MN_ERR_NOMEM, "%s: out of memory for a key/value cache of %d tokens", m->ops->name, ncap);
     }
-    if (s->kc && keep > 0)
-        for (int b = 0; b < s->state_B; b++) {
-            be->copy(be, at(be, kc, (size_t)b * ncap * z.KV), at(be, s->kc, (size_t)b * s->ccap * z.KV),
-                     (size_t)keep * z.KV, MEM_ACT);
-            be->copy(be, at(be, vc, (size_t)b * ncap * z.KV), at(be, s->vc, (size_t)b * s->ccap * z.KV),
-                     (size_t)keep * z.KV, MEM_ACT);
-        }
+    if (s->kc && keep > 0) {  // each sequence's first `keep` slots, one strided copy for all
+        size_t ds = (size_t)ncap * z.KV, ss = (size_t)s->ccap * z.KV, rows = (size_t)s->state_B;
+        be->copy_rows(be, kc, ds, s->kc, ss, rows, (size_t)keep * z.KV, MEM_ACT);
+        be->copy_rows(be, vc, ds, s->vc, ss, rows, (size_t)keep * z.KV, MEM_ACT);
+    }
     if (s->kc) be->free(be, s->kc);
     if (s->vc) be->free(be, s->vc);
     s->kc = kc;

@@ -620,11 +620,8 @@ static int decode_args(const Model *m, const char *who, int B, int T) {
     return MN_OK;
 }
 
-int model_prefill_pieces(Model *m, const int32_t *tokens, int B, int T, int piece, float *logits) {
-    MN_TRY(decode_args(m, "model_prefill_pieces", B, T));
-    if (piece < 1) return mn_error(MN_ERR_ARG, "model_prefill_pieces: piece = %d must be > 0", piece);
-    MN_TRY(check_tokens(m, tokens, NULL, (size_t)B * T));
-    if (piece > T) piece = T;
+// The prefill in pieces of tokens already checked (1 <= piece <= T).
+static int decode_pieces(Model *m, const int32_t *tokens, int B, int T, int piece, float *logits) {
     int32_t *buf = malloc(sizeof(int32_t) * (size_t)B * piece);
     if (!buf) return mn_error(MN_ERR_NOMEM, "out of memory");
     int st = MN_OK;
@@ -636,6 +633,13 @@ int model_prefill_pieces(Model *m, const int32_t *tokens, int B, int T, int piec
     }
     free(buf);
     return st;
+}
+
+int model_prefill_pieces(Model *m, const int32_t *tokens, int B, int T, int piece, float *logits) {
+    MN_TRY(decode_args(m, "model_prefill_pieces", B, T));
+    if (piece < 1) return mn_error(MN_ERR_ARG, "model_prefill_pieces: piece = %d must be > 0", piece);
+    MN_TRY(check_tokens(m, tokens, NULL, (size_t)B * T));
+    return decode_pieces(m, tokens, B, T, piece < T ? piece : T, logits);
 }
 
 // Whether pieces of p tokens for B sequences fit (model_check_batch) with `reserve` bytes left
@@ -676,7 +680,7 @@ int model_decode(Model *m, const int32_t *tokens, int B, int T, float *logits) {
     // that does not fit goes in pieces, which give the same state and logits.
     int piece = T > 1 ? prefill_piece(m, B, T) : T;
     if (!piece) return MN_ERR_NOMEM;
-    if (piece < T) return model_prefill_pieces(m, tokens, B, T, piece, logits);
+    if (piece < T) return decode_pieces(m, tokens, B, T, piece, logits);
     return decode_call(m, tokens, B, T, logits);
 }
 
