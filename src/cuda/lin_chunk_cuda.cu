@@ -116,9 +116,10 @@
  * (8,2048,16,128) (the delta rule's cuBLAS backward: ~3.5 GB). lf_utb_kernel's 157 KiB leave one
  * block a multiprocessor (Hopper and Ampere).
  * Forward + backward, fused path: 9 launches (GLA) or 12 (delta), none per chunk. Where the time
- * goes (H100, gdn at (8,2048,16,128), 10.7 ms; ncu): the forward walk 1.17 ms (twice: the backward
+ * goes (H100, gdn at (8,2048,16,128); ncu on the build of 11.4 ms before the last changes, 10.7 ms
+ * now; bench/results/lin-kernels-h100.txt): the forward walk 1.16 ms (twice: the backward
  * recomputes it), the adjoint walk 2.28, lf_utb_kernel 2.23, lc_bwd_out_kernel 1.36 (before its
- * rows went a warp each), lf_dqk_delta_kernel 1.09, lf_out_kernel 0.61, lf_prep_kernel 0.46 (twice).
+ * rows went a warp each), lf_dqk_delta_kernel 1.09, lf_out_kernel 0.61, lf_prep_kernel 0.45 (twice).
  * The walks are chains of dependent loads, products and barriers at two blocks a multiprocessor;
  * every product is two or three mma (the hi + lo split); the delta rule's float32 dQs, dK, Tt^T dU
  * round trip into lc_bwd_out_kernel (which lf_utb_kernel could absorb). docs/cuda.md lists what
