@@ -1,10 +1,12 @@
-// Runs every registered test whose name contains argv[1] (all without one).
+// Runs every registered test whose name contains argv[1] (all without one); --list prints the
+// names instead. A filter that matches no test is an error, so a misspelt name never passes.
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../src/core/common.h"
+#include "../src/cpu/runtime.h"
 #include "test.h"
 
 #define MAX_TESTS 1024
@@ -78,9 +80,41 @@ static int by_name(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+static void usage(FILE *f) {
+    fprintf(f, "usage: run_tests [--list] [SUBSTRING]\n"
+               "  runs every test whose name contains SUBSTRING (all without one), in name order;\n"
+               "  ends with \"N passed, M failed\"; --list prints the names that would run\n");
+}
+
 int main(int argc, char **argv) {
-    const char *filter = argc > 1 ? argv[1] : "";
+    cpu_runtime_setup(argv);
+    int list = 0;
+    const char *filter = "";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--list")) {
+            list = 1;
+        } else if (!strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (argv[i][0] == '-' || *filter) {
+            usage(stderr);
+            return 2;
+        } else {
+            filter = argv[i];
+        }
+    }
     qsort(tests, (size_t)ntests, sizeof tests[0], by_name);
+    int matched = 0;
+    for (int i = 0; i < ntests; i++) matched += strstr(tests[i].name, filter) != NULL;
+    if (!matched) {
+        fprintf(stderr, "run_tests: no test name contains \"%s\" (run_tests --list names them all)\n", filter);
+        return 2;
+    }
+    if (list) {
+        for (int i = 0; i < ntests; i++)
+            if (strstr(tests[i].name, filter)) printf("%s\n", tests[i].name);
+        return 0;
+    }
     int passed = 0, failed = 0;
     double t_all = mn_now();
     for (int i = 0; i < ntests; i++) {

@@ -2,13 +2,13 @@
  * mesanet: the command-line tool. `mesanet <command> --help` describes each
  * command; the commands live in tools/cmd_*.c and bench/.
  */
-#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "core/common.h"
+#include "cpu/runtime.h"
 #include "tools/commands.h"
 
 static const Command commands[] = {
@@ -31,28 +31,12 @@ static void usage(FILE *f) {
     fprintf(f, "\n`mesanet <command> --help` describes a command's options.\n");
 }
 
-// OpenBLAS 0.3.21 does not recognise AMD Zen 4/5 and runs its AVX2 (Haswell)
-// kernels there, at half the speed of its AVX-512 (SkylakeX) ones. The choice
-// is made when the library loads, before main, so the tool re-executes itself
-// once with OPENBLAS_CORETYPE set. A user's own setting is left alone.
-static void prefer_avx512_blas(char **argv) {
-    if (getenv("OPENBLAS_CORETYPE")) return;
-    const char *core = openblas_get_corename();
-    if (!core || (strcmp(core, "Haswell") != 0 && strcmp(core, "haswell") != 0)) return;
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
-        return;
-    setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
-    execv("/proc/self/exe", argv);  // returns only on failure: then carry on with Haswell kernels
-}
-
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return argc < 2 ? 1 : 0;
     }
-    prefer_avx512_blas(argv);
+    cpu_runtime_setup(argv);
     mesanet_argv = argv;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);

@@ -1,22 +1,29 @@
 /*
  * Row-major matrix products through CBLAS, with the argument order of the
  * math: C = alpha op(A) op(B) + beta C, where op(A) is m x k and op(B) k x n.
+ *
+ * The same bits for any thread count: a threaded BLAS may split a product's
+ * sums differently with another number of threads (OpenBLAS blocks k one way
+ * single-threaded and another way threaded), which would make every CPU result
+ * depend on OMP_NUM_THREADS. So gemm cuts C into tiles whose grid depends only
+ * on (m, n, k), runs each tile as a single-threaded BLAS call and spreads the
+ * tiles over our own OpenMP threads (one after another when called from inside
+ * a parallel region). Any CBLAS that computes one call the same way each time
+ * gives results independent of the thread count: OpenBLAS (its OpenMP build
+ * honours the per-call limit of one thread; the pthreads build is set to one
+ * thread by gemm_init) and the reference CBLAS do.
  */
 #ifndef MN_BLAS_H
 #define MN_BLAS_H
 
-#include <cblas.h>
+void gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+          int ldb, float beta, float *c, int ldc);
 
-static inline void gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
-                        const float *b, int ldb, float beta, float *c, int ldc) {
-    if (m <= 0 || n <= 0) return;
-    if (k <= 0) {  // BLAS leaves C untouched when k = 0; the math says C = beta C
-        for (int i = 0; i < m; i++)
-            for (int j = 0; j < n; j++) c[(long)i * ldc + j] = beta == 0 ? 0 : beta * c[(long)i * ldc + j];
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k,
-                alpha, a, lda, b, ldb, beta, c, ldc);
-}
+// The tile grid gemm uses for an m x n product with inner size k: rows of C in tiles of *mb, columns
+// in tiles of *nb (a function of the sizes alone). Exposed for the tests.
+void gemm_tiles(int m, int n, int k, int *mb, int *nb);
+
+// The BLAS library's name and the kernels it picked ("OpenBLAS Haswell"), for reports.
+const char *blas_name(void);
 
 #endif
