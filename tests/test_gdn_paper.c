@@ -562,7 +562,7 @@ TEST(gdn_paper_bad_configs_are_refused) {
         {"{\"model_type\": \"delta_net\", \"num_heads\": 3}", "must be positive multiples of num_heads = 3"},
         {"{\"model_type\": \"gated_deltanet\", \"hidden_act\": \"gelu\"}", "hidden_act must be \"swish\""},
         {"{\"preset\": \"tiny\", \"mixer\": \"gdn\", \"head_v_dim\": 32}",
-         "head_v_dim = 32 differs from head_dim = 16, which only the gdn-paper and deltanet-paper mixers have"},
+         ":1: \"head_v_dim\" does not apply to mixer \"gdn\": only gdn-paper, deltanet-paper read it"},
     };
     TmpDir t;
     tmp_make(&t);

@@ -326,7 +326,7 @@ TEST(mixers_bad_configs_are_refused) {
         {"", 4, 0, "name 1 of the pattern is empty"},
         {"gdn, mesa", 4, 0, "unknown mixer ' mesa'"},
         {"gdn,mesa,gla", 2, 0, "a pattern of 3 mixers for 2 blocks"},
-        {"mesa,gla", 2, 1, "neg_eigen applies to the delta rules (deltanet, gdn), and mixer \"mesa,gla\" has none"},
+        {"mesa,gla", 2, 1, "neg_eigen = true does not apply to mixer \"mesa,gla\": only deltanet, gdn, gdn-paper, deltanet-paper read it"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ModelConfig d = c;

@@ -46,7 +46,7 @@ static float *train_with_threads(const char *tmp, const char *data, const char *
     o.steps = 6;
     o.warmup = 2;
     o.eval_every = 3;
-    o.cg_steps = 8;
+    o.cg_steps = strstr(json, "\"mesa\"") ? 8 : 0;  // (--cg-steps is refused where no layer solves with CG)
     int saved = omp_get_max_threads();
     omp_set_num_threads(threads);
     FILE *devnull = fopen("/dev/null", "w");

@@ -123,6 +123,10 @@ struct Backend {
     // its backward dx[b,T-1,:] = sum_t dz[b,t,:], dx = 0 at t < T-1 (overwritten).
     int (*pool_last_fwd)(const Backend *be, void *z, const void *x, int B, int T, int D);
     int (*pool_last_bwd)(const Backend *be, void *dx, const void *dz, int B, int T, int D);
+    // h = gelu(g) (.) u, GELU exact as gelu_fwd (the GELU-gated MLP, model/ffn.c); dg, du (=).
+    // Optional: NULL where the backend has none (a block with that MLP is then refused on it).
+    int (*geglu_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
+    int (*geglu_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
     // h = silu(g) (.) u (SwiGLU; also the output gate).
     int (*swiglu_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
     int (*swiglu_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);

@@ -212,6 +212,29 @@ static int c_gelu_bwd(const Backend *be, void *dx_, const void *dy_, const void 
     return MN_OK;
 }
 
+// h = gelu(g) u (exact GELU, as gelu_fwd); dg = dh u gelu'(g), du = dh gelu(g).
+static int c_geglu_fwd(const Backend *be, void *h_, const void *g_, const void *u_, size_t n) {
+    float *h = h_;
+    const float *g = g_, *u = u_;
+#pragma omp parallel for schedule(static, PAR_CHUNK) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) h[i] = 0.5f * g[i] * (1 + erff(g[i] * 0.70710678118654752f)) * u[i];
+    return MN_OK;
+}
+
+static int c_geglu_bwd(const Backend *be, void *dg_, void *du_, const void *dh_, const void *g_, const void *u_,
+                       size_t n) {
+    float *dg = dg_, *du = du_;
+    const float *dh = dh_, *g = g_, *u = u_;
+#pragma omp parallel for schedule(static, PAR_CHUNK) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float v = g[i], cdf = 0.5f * (1 + erff(v * 0.70710678118654752f));
+        float pdf = expf(-0.5f * v * v) * 0.39894228040143268f;
+        dg[i] = dh[i] * u[i] * (cdf + v * pdf);
+        du[i] = dh[i] * v * cdf;
+    }
+    return MN_OK;
+}
+
 static int c_pool_last_fwd(const Backend *be, void *z_, const void *x_, int B, int T, int D) {
     float *z = z_;
     const float *x = x_;
@@ -533,6 +556,7 @@ static const Backend cpu_backend = {
     .l2norm_fwd = c_l2norm_fwd, .l2norm_bwd = c_l2norm_bwd,
     .silu_fwd = c_silu_fwd, .silu_bwd = c_silu_bwd, .swiglu_fwd = c_swiglu_fwd, .swiglu_bwd = c_swiglu_bwd,
     .softcap = c_softcap, .gelu_fwd = c_gelu_fwd, .gelu_bwd = c_gelu_bwd,
+    .geglu_fwd = c_geglu_fwd, .geglu_bwd = c_geglu_bwd,
     .pool_last_fwd = c_pool_last_fwd, .pool_last_bwd = c_pool_last_bwd,
     .add = c_add, .conv_fwd = c_conv_fwd, .conv_bwd = c_conv_bwd,
     .embed_fwd = c_embed_fwd, .embed_bwd = c_embed_bwd, .xent = c_xent,

@@ -39,8 +39,7 @@ typedef struct {
     float scale, theta;
 } Dims;
 
-static Dims dims_of(const Mixer *m) {
-    const ModelConfig *c = m->cfg;
+static Dims dims_of_config(const ModelConfig *c, const MixerOps *ops) {
     Dims z;
     z.D = c->dim;
     z.H = c->n_heads;
@@ -48,11 +47,13 @@ static Dims dims_of(const Mixer *m) {
     z.Dh = c->head_dim;
     z.Q = z.H * z.Dh;
     z.KV = z.Hkv * z.Dh;
-    z.window = m->ops == &mixer_swa ? c->window : 0;
+    z.window = ops == &mixer_swa ? c->window : 0;
     z.scale = (float)(1 / sqrt((double)z.Dh));
     z.theta = c->rope_theta;
     return z;
 }
+
+static Dims dims_of(const Mixer *m) { return dims_of_config(m->cfg, m->ops); }
 
 typedef struct {
     int cap;            // tokens the buffers hold
@@ -70,37 +71,52 @@ typedef struct {
     void *kc, *vc;      // [B, ccap, Hkv, Dh]
 } Attn;
 
+enum { ATTN_BUFS = 6 };
+
+static void buffers(Attn *s, const Dims *z, MixerBuf *out) {
+    MixerBuf d[ATTN_BUFS] = {
+        {&s->q, z->Q, 0, MEM_ACT}, {&s->k, z->KV, 0, MEM_ACT}, {&s->v, z->KV, 0, MEM_ACT},
+        {&s->o, z->Q, 0, MEM_ACT}, {&s->lse, z->H, 0, MEM_F32}, {&s->pos, 1, 0, MEM_I32},
+    };
+    memcpy(out, d, sizeof d);
+}
+
 static void free_buffers(const Backend *be, Attn *s) {
-    void **p[] = {&s->q, &s->k, &s->v, &s->o, &s->lse, &s->pos};
-    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
-        if (*p[i]) be->free(be, *p[i]);
-        *p[i] = NULL;
-    }
+    MixerBuf d[ATTN_BUFS];
+    Dims z = {0};
+    buffers(s, &z, d);
+    mixer_bufs_free(be, d, ATTN_BUFS);
     free(s->hpos);
     s->hpos = NULL;
     s->cap = 0;
 }
 
+static size_t attn_activation_bytes(const ModelConfig *c, const Backend *be) {
+    Attn s;
+    Dims z = dims_of_config(c, &mixer_mha);
+    MixerBuf d[ATTN_BUFS];
+    buffers(&s, &z, d);
+    return mixer_bufs_bytes(be, d, ATTN_BUFS);
+}
+
 // The shared scratch: d_o, d_q [N,Q] and d_k, d_v [N,KV] of the backward.
-static size_t scratch_elems(const Dims *z, size_t N) { return N * (2 * (size_t)z->Q + 2 * (size_t)z->KV); }
+static size_t attn_scratch_elems(const ModelConfig *c) {
+    Dims z = dims_of_config(c, &mixer_mha);
+    return 2 * (size_t)z.Q + 2 * (size_t)z.KV;
+}
 
 static int alloc_buffers(Mixer *m, Attn *s, int N) {
     const Backend *be = m->be;
     free_buffers(be, s);
     Dims z = dims_of(m);
-    size_t n = (size_t)N;
-    s->q = be->alloc(be, n * z.Q, MEM_ACT);
-    s->k = be->alloc(be, n * z.KV, MEM_ACT);
-    s->v = be->alloc(be, n * z.KV, MEM_ACT);
-    s->o = be->alloc(be, n * z.Q, MEM_ACT);
-    s->lse = be->alloc(be, n * z.H, MEM_F32);
-    s->pos = be->alloc(be, n, MEM_I32);
-    s->hpos = malloc(n * sizeof(int32_t));
-    if (!s->q || !s->k || !s->v || !s->o || !s->lse || !s->pos || !s->hpos) {
+    MixerBuf d[ATTN_BUFS];
+    buffers(s, &z, d);
+    s->hpos = malloc((size_t)N * sizeof(int32_t));
+    if (!s->hpos || mixer_bufs_alloc(be, d, ATTN_BUFS, (size_t)N)) {
         free_buffers(be, s);
         return mn_error(MN_ERR_NOMEM, "%s: out of memory for %d tokens' activations", m->ops->name, N);
     }
-    MN_TRY(mixer_scratch_reserve(m, scratch_elems(&z, n)));
+    MN_TRY(mixer_scratch_reserve(m, (size_t)N * attn_scratch_elems(m->cfg)));
     s->cap = N;
     return MN_OK;
 }
@@ -251,17 +267,9 @@ static int attn_forward(Mixer *m, void *y, const void *u, int B, int T, int use_
     MN_TRY(be->linear_fwd(be, s->v, u, w[W_V], NULL, N, z.D, z.KV));
     MN_TRY(be->rope(be, s->q, s->pos, N, z.H, z.Dh, z.theta, 0));
     MN_TRY(be->rope(be, s->k, s->pos, N, z.Hkv, z.Dh, z.theta, 0));
-    double t0, t1;
-    MN_TRY(mixer_clock(m, &t0));
-    if (use_state) {
-        MN_TRY(attend_with_cache(m, s, &z, B, T));
-    } else {
-        AttnDims ad = {B, T, z.H, z.Hkv, z.Dh, z.window, z.scale};
-        AttnFwd io = {s->q, s->k, s->v, s->o, s->lse};
-        MN_TRY(be->attn_fwd(be, &ad, &io));
-    }
-    MN_TRY(mixer_clock(m, &t1));
-    m->core_seconds += t1 - t0;
+    AttnDims ad = {B, T, z.H, z.Hkv, z.Dh, z.window, z.scale};
+    AttnFwd io = {s->q, s->k, s->v, s->o, s->lse};
+    MIXER_TIMED(m, &m->core_seconds, use_state ? attend_with_cache(m, s, &z, B, T) : be->attn_fwd(be, &ad, &io));
     return be->linear_fwd(be, y, s->o, w[W_O], NULL, N, z.Q, z.D);
 }
 
@@ -278,11 +286,7 @@ static int attn_backward(Mixer *m, void *du, const void *dy) {
     MN_TRY(be->linear_bwd(be, d_o, dw[W_O], NULL, dy, s->o, w[W_O], N, z.Q, z.D, 0));
     AttnDims ad = {B, T, z.H, z.Hkv, z.Dh, z.window, z.scale};
     AttnBwd io = {s->q, s->k, s->v, s->o, s->lse, d_o, d_q, d_k, d_v};
-    double t0, t1;
-    MN_TRY(mixer_clock(m, &t0));
-    MN_TRY(be->attn_bwd(be, &ad, &io));
-    MN_TRY(mixer_clock(m, &t1));
-    m->core_seconds += t1 - t0;
+    MIXER_TIMED(m, &m->core_seconds, be->attn_bwd(be, &ad, &io));
     // positions: the forward's (0..T-1), still in s->pos
     MN_TRY(be->rope(be, d_q, s->pos, N, z.H, z.Dh, z.theta, 1));
     MN_TRY(be->rope(be, d_k, s->pos, N, z.Hkv, z.Dh, z.theta, 1));
@@ -358,6 +362,33 @@ static int attn_declare(const ModelConfig *c, const char *prefix, ParamSpec *out
     return MN_OK;
 }
 
+// RoPE rotates pairs (i, i + D/2) of each head: an even head_dim. The key/value heads divide the
+// query heads; swa attends to at least the current token.
+static int attn_validate(const ModelConfig *c, const char *where) {
+    if (c->head_dim % 2)
+        return mn_error(MN_ERR_ARG, "%s: head_dim = %d, but attention's rotary embedding (RoPE) rotates pairs of "
+                                    "features: expected an even head_dim",
+                        where, c->head_dim);
+    int hkv = c->n_kv_heads ? c->n_kv_heads : c->n_heads;
+    if (c->n_heads % hkv)
+        return mn_error(MN_ERR_ARG, "%s: n_kv_heads = %d does not divide n_heads = %d (each key/value head serves "
+                                    "n_heads / n_kv_heads query heads)",
+                        where, c->n_kv_heads, c->n_heads);
+    return MN_OK;
+}
+
+static int swa_validate(const ModelConfig *c, const char *where) {
+    if (c->window < 1)
+        return mn_error(MN_ERR_ARG, "%s: window = %d, but mixer swa attends to the last window tokens: expected at "
+                                    "least 1",
+                        where, c->window);
+    return attn_validate(c, where);
+}
+
+// A preset made for swa attends to half its training context (at most 1024 tokens, the 125m and
+// 400m sizes' window), so that the window is shorter than the sequences it trains on.
+static void swa_preset(ModelConfig *c) { c->window = c->seq_len / 2 < 1024 ? c->seq_len / 2 : 1024; }
+
 static int attn_create(Mixer *m) {
     const Backend *be = m->be;
     if (!be->attn_fwd || !be->attn_bwd || !be->attn_decode || !be->rope || !be->copy_rows)
@@ -365,13 +396,7 @@ static int attn_create(Mixer *m) {
                         "mixer %s is not available on the %s backend yet (it has no attention kernels: "
                         "attn_fwd, attn_bwd, attn_decode, rope)",
                         m->ops->name, be->name);
-    const ModelConfig *c = m->cfg;
-    int hkv = c->n_kv_heads ? c->n_kv_heads : c->n_heads;
-    if (hkv < 1 || c->n_heads % hkv)
-        return mn_error(MN_ERR_ARG, "mixer %s: n_kv_heads = %d does not divide n_heads = %d", m->ops->name,
-                        c->n_kv_heads, c->n_heads);
-    if (m->ops == &mixer_swa && c->window < 1)
-        return mn_error(MN_ERR_ARG, "mixer swa: window = %d, expected at least 1", c->window);
+    MN_TRY(m->ops->validate(m->cfg, m->ops->name));
     Attn *s = calloc(1, sizeof(Attn));
     if (!s) return mn_error(MN_ERR_NOMEM, "out of memory");
     m->priv = s;
@@ -392,9 +417,12 @@ const MixerOps mixer_mha = {
     .about = "causal softmax attention with RoPE: o = softmax(D^-1/2 q k^T, causal) v, "
              "optionally grouped key/value heads (n_kv_heads)",
     .state_about = "a key/value cache that grows with the sequence: 2 n_kv_heads head_dim numbers per token",
-    .neg_eigen = 0,
     .no_graph = 1,
+    .fields = CF_ROPE | CF_KV_HEADS,
     .declare = attn_declare,
+    .validate = attn_validate,
+    .activation_bytes = attn_activation_bytes,
+    .scratch_elems = attn_scratch_elems,
     .create = attn_create,
     .forward = attn_forward,
     .backward = attn_backward,
@@ -409,9 +437,13 @@ const MixerOps mixer_swa = {
     .name = "swa",
     .about = "sliding-window softmax attention with RoPE over the last `window` tokens (the current one included)",
     .state_about = "a ring buffer of the last `window` keys and values: 2 window n_kv_heads head_dim numbers",
-    .neg_eigen = 0,
     .no_graph = 1,
+    .fields = CF_ROPE | CF_KV_HEADS | CF_WINDOW,
     .declare = attn_declare,
+    .validate = swa_validate,
+    .preset = swa_preset,
+    .activation_bytes = attn_activation_bytes,
+    .scratch_elems = attn_scratch_elems,
     .create = attn_create,
     .forward = attn_forward,
     .backward = attn_backward,

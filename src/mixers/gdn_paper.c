@@ -140,32 +140,37 @@ typedef struct {
     void *qtail, *ktail, *vtail;  // [B,K-1,Q], [B,K-1,Q], [B,K-1,V]
 } Paper;
 
-typedef struct {
-    void **p;
-    size_t per_token;
-    MemKind kind;
-} Buf;
-
 enum { NBUFS = 27 };
 
-static int buffers(Paper *s, const Dims *z, Buf *out) {
+static int buffers(Paper *s, const Dims *z, MixerBuf *out) {
     size_t Q = z->Q, V = z->V, H = z->H;
-    Buf d[] = {
-        {&s->qp, Q, MEM_ACT},     {&s->kp, Q, MEM_ACT},     {&s->vp, V, MEM_ACT},      {&s->qc, Q, MEM_ACT},
-        {&s->kc, Q, MEM_ACT},     {&s->vc, V, MEM_ACT},     {&s->q, Q, MEM_ACT},       {&s->k, Q, MEM_ACT},
-        {&s->v, V, MEM_ACT},      {&s->qinv, H, MEM_F32},   {&s->kinv, H, MEM_F32},    {&s->a, H, MEM_ACT},
-        {&s->b, H, MEM_ACT},      {&s->g, H, MEM_F32},      {&s->beta, H, MEM_F32},    {&s->o, V, MEM_ACT},
-        {&s->on, V, MEM_ACT},     {&s->onrstd, H, MEM_F32}, {&s->z, V, MEM_ACT},       {&s->gated, V, MEM_ACT},
-        {&s->junk, H, MEM_F32},   {&s->zero, H, MEM_F32},   {&s->d_a, H, MEM_ACT},     {&s->d_b, H, MEM_ACT},
-        {&s->d_junk, H, MEM_ACT}, {&s->d_g, H, MEM_F32},    {&s->d_beta, H, MEM_F32},
+    MixerBuf d[] = {
+        {&s->qp, Q, 0, MEM_ACT},     {&s->kp, Q, 0, MEM_ACT},     {&s->vp, V, 0, MEM_ACT},      {&s->qc, Q, 0, MEM_ACT},
+        {&s->kc, Q, 0, MEM_ACT},     {&s->vc, V, 0, MEM_ACT},     {&s->q, Q, 0, MEM_ACT},       {&s->k, Q, 0, MEM_ACT},
+        {&s->v, V, 0, MEM_ACT},      {&s->qinv, H, 0, MEM_F32},   {&s->kinv, H, 0, MEM_F32},    {&s->a, H, 0, MEM_ACT},
+        {&s->b, H, 0, MEM_ACT},      {&s->g, H, 0, MEM_F32},      {&s->beta, H, 0, MEM_F32},    {&s->o, V, 0, MEM_ACT},
+        {&s->on, V, 0, MEM_ACT},     {&s->onrstd, H, 0, MEM_F32}, {&s->z, V, 0, MEM_ACT},       {&s->gated, V, 0, MEM_ACT},
+        {&s->junk, H, 0, MEM_F32},   {&s->zero, H, 0, MEM_F32},   {&s->d_a, H, 0, MEM_ACT},     {&s->d_b, H, 0, MEM_ACT},
+        {&s->d_junk, H, 0, MEM_ACT}, {&s->d_g, H, 0, MEM_F32},    {&s->d_beta, H, 0, MEM_F32},
     };
     _Static_assert(sizeof d / sizeof d[0] == NBUFS, "buffer count");
     memcpy(out, d, sizeof d);
     return NBUFS;
 }
 
+static size_t paper_activation_bytes(const ModelConfig *c, const Backend *be) {
+    Paper s;
+    Dims z = dims_of(c, 1);
+    MixerBuf d[NBUFS];
+    buffers(&s, &z, d);
+    return mixer_bufs_bytes(be, d, NBUFS);
+}
+
 // The shared scratch: 6 [N,V] and 3 [N,Q] backward temporaries (the forward's 2 [N,Q] inside them).
-static size_t scratch_elems(const Dims *z) { return (size_t)z->N * (6 * (size_t)z->V + 3 * (size_t)z->Q); }
+static size_t paper_scratch_elems(const ModelConfig *c) {
+    Dims z = dims_of(c, 1);
+    return 6 * (size_t)z.V + 3 * (size_t)z.Q;
+}
 
 // Set at every call: another layer may have grown (moved) the scratch since this one's last.
 static void scratch_views(Mixer *m, Paper *s, const Dims *z) {
@@ -179,24 +184,20 @@ static void scratch_views(Mixer *m, Paper *s, const Dims *z) {
 }
 
 static void free_buffers(const Backend *be, Paper *s) {
-    Buf d[NBUFS];
+    MixerBuf d[NBUFS];
     Dims z = {0};
     buffers(s, &z, d);
-    for (int i = 0; i < NBUFS; i++) {
-        if (*d[i].p) be->free(be, *d[i].p);
-        *d[i].p = NULL;
-    }
+    mixer_bufs_free(be, d, NBUFS);
     s->cap = 0;
 }
 
 static int alloc_buffers(Mixer *m, Paper *s, int N) {
     free_buffers(m->be, s);
     Dims z = dims_of(m->cfg, N);
-    Buf d[NBUFS];
+    MixerBuf d[NBUFS];
     buffers(s, &z, d);
-    for (int i = 0; i < NBUFS; i++)
-        if (!(*d[i].p = m->be->alloc(m->be, d[i].per_token * (size_t)N, d[i].kind))) return MN_ERR_NOMEM;
-    MN_TRY(mixer_scratch_reserve(m, scratch_elems(&z)));
+    MN_TRY(mixer_bufs_alloc(m->be, d, NBUFS, (size_t)N));
+    MN_TRY(mixer_scratch_reserve(m, (size_t)N * paper_scratch_elems(m->cfg)));
     s->cap = N;
     return MN_OK;
 }
@@ -262,11 +263,7 @@ static int paper_forward(Mixer *m, void *y, const void *u, int B, int T, int use
     MnLinOpts o = lin_opts(m);
     MnLinFwd io = {.q = s->q, .k = s->k, .v = s->v, .g = s->kind->gate ? s->g : NULL, .beta = s->beta,
                    .s0 = use_state ? s->S : NULL, .o = s->o, .sT = use_state ? s->S : NULL};
-    double t0, t1;
-    MN_TRY(mixer_clock(m, &t0));
-    MN_TRY(be->lin_fwd(be, &d, &o, &io));
-    MN_TRY(mixer_clock(m, &t1));
-    m->core_seconds += t1 - t0;
+    MIXER_TIMED(m, &m->core_seconds, be->lin_fwd(be, &d, &o, &io));
     // output norm, gate, projection
     int wlen = c->shared_onorm ? z.Dv : z.V;
     MN_TRY(be->rmsnorm_fwd(be, s->on, s->onrstd, s->o, w[at->o_norm], N, z.V, z.Dv, wlen, c->norm_eps));
@@ -306,11 +303,7 @@ static int paper_backward(Mixer *m, void *du, const void *dy) {
     MnLinBwd io = {.q = s->q, .k = s->k, .v = s->v, .g = s->kind->gate ? s->g : NULL, .beta = s->beta,
                    .dout = s->d_o, .dq = s->d_q, .dk = s->d_k, .dv = s->d_v,
                    .dg = s->kind->gate ? s->d_g : NULL, .dbeta = s->d_beta};
-    double t0, t1;
-    MN_TRY(mixer_clock(m, &t0));
-    MN_TRY(be->lin_bwd(be, &d, &o, &io));
-    MN_TRY(mixer_clock(m, &t1));
-    m->core_seconds += t1 - t0;
+    MIXER_TIMED(m, &m->core_seconds, be->lin_bwd(be, &d, &o, &io));
     // gates
     if (c->neg_eigen) MN_TRY(be->scale_f32(be, s->d_beta, nh, 2));
     be->zero(be, s->zero, nh, MEM_F32);
@@ -415,13 +408,21 @@ static int deltanet_paper_declare(const ModelConfig *c, const char *prefix, Para
     return declare(c, &kind_delta, prefix, out, n, max);
 }
 
+// fla's GatedDeltaNet layer has its output gate (use_gate): the preset made for it has one too.
+static void gdn_paper_preset(ModelConfig *c) { c->output_gate = 1; }
+
+enum { PAPER_FIELDS = CF_CONV | CF_OUTPUT_GATE | CF_ONORM | CF_HEAD_V_DIM | CF_NEG_EIGEN };
+
 const MixerOps mixer_gdn_paper = {
     .name = "gdn-paper",
     .about = "Gated DeltaNet as fla's GatedDeltaNet: alpha = exp(-exp(A_log) softplus(W_a u + dt_bias)), "
              "S_t = alpha S (I - beta k k^T) + beta v k^T, o = Dk^-1/2 S q",
     .state_about = "S (Dv x Dk) per head, and the q, k, v convolutions' last inputs",
-    .neg_eigen = 1,
+    .fields = PAPER_FIELDS,
+    .preset = gdn_paper_preset,
     .declare = gdn_paper_declare,
+    .activation_bytes = paper_activation_bytes,
+    .scratch_elems = paper_scratch_elems,
     .create = paper_create,
     .forward = paper_forward,
     .backward = paper_backward,
@@ -435,8 +436,10 @@ const MixerOps mixer_deltanet_paper = {
     .name = "deltanet-paper",
     .about = "DeltaNet as fla's DeltaNet: S_t = S (I - beta k k^T) + beta v k^T, o = Dk^-1/2 S q",
     .state_about = "S (Dv x Dk) per head, and the q, k, v convolutions' last inputs",
-    .neg_eigen = 1,
+    .fields = PAPER_FIELDS,
     .declare = deltanet_paper_declare,
+    .activation_bytes = paper_activation_bytes,
+    .scratch_elems = paper_scratch_elems,
     .create = paper_create,
     .forward = paper_forward,
     .backward = paper_backward,

@@ -66,11 +66,7 @@ static int lin_forward(Mixer *m, void *y, const void *u, int B, int T, int use_s
     MnLinFwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .g = s->kind->gate ? sh->g : NULL,
                    .beta = s->kind->beta ? sh->beta : NULL, .s0 = use_state ? s->S : NULL, .o = sh->o,
                    .sT = use_state ? s->S : NULL};
-    double t0, t1;
-    MN_TRY(mixer_clock(m, &t0));
-    MN_TRY(be->lin_fwd(be, &d, &o, &io));
-    MN_TRY(mixer_clock(m, &t1));
-    m->core_seconds += t1 - t0;
+    MIXER_TIMED(m, &m->core_seconds, be->lin_fwd(be, &d, &o, &io));
     return shell_out_fwd(m, sh, y);
 }
 
@@ -85,11 +81,7 @@ static int lin_backward(Mixer *m, void *du, const void *dy) {
     MnLinBwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .g = s->kind->gate ? sh->g : NULL,
                    .beta = s->kind->beta ? sh->beta : NULL, .dout = sh->d_o, .dq = sh->d_q, .dk = sh->d_k,
                    .dv = sh->d_v, .dg = s->kind->gate ? sh->d_g : NULL, .dbeta = s->kind->beta ? sh->d_beta : NULL};
-    double t0, t1;
-    MN_TRY(mixer_clock(m, &t0));
-    MN_TRY(be->lin_bwd(be, &d, &o, &io));
-    MN_TRY(mixer_clock(m, &t1));
-    m->core_seconds += t1 - t0;
+    MIXER_TIMED(m, &m->core_seconds, be->lin_bwd(be, &d, &o, &io));
     return shell_in_bwd(m, sh, du);
 }
 
@@ -127,7 +119,7 @@ static int lin_create(Mixer *m) {
     return MN_OK;
 }
 
-#define LIN_MIXER(ID, var, delta, about_)                                                                     \
+#define LIN_MIXER(ID, var, fields_, about_)                                                                   \
     static int var##_declare(const ModelConfig *c, const char *prefix, ParamSpec *out, int *n, int max) { \
         ShellKind k = shell_kind(c, &kinds[ID]);                                                        \
         return shell_declare(c, &k, prefix, out, n, max);                                               \
@@ -136,8 +128,10 @@ static int lin_create(Mixer *m) {
         .name = #var,                                                                                   \
         .about = about_,                                                                                \
         .state_about = "S (Dv x Dk) per head, and the convolutions' last inputs",                       \
-        .neg_eigen = delta,                                                                             \
+        .fields = CF_CONV | CF_OUTPUT_GATE | CF_ONORM | (fields_),                                      \
         .declare = var##_declare,                                                                       \
+        .activation_bytes = shell_activation_bytes,                                                     \
+        .scratch_elems = shell_scratch_elems,                                                           \
         .create = lin_create,                                                                           \
         .forward = lin_forward,                                                                         \
         .backward = lin_backward,                                                                       \
@@ -149,5 +143,5 @@ static int lin_create(Mixer *m) {
 
 LIN_MIXER(MAMBA2, mamba2, 0, "Mamba2 (the paper's): S_t = gamma S + v k^T, o = S q")
 LIN_MIXER(GLA, gla, 0, "GLA (scalar gate): S_t = gamma S + beta v k^T, o = S q")
-LIN_MIXER(DELTANET, deltanet, 1, "DeltaNet: S_t = S (I - beta k k^T) + beta v k^T, o = S q")
-LIN_MIXER(GDN, gdn, 1, "Gated DeltaNet: S_t = gamma S (I - beta k k^T) + beta v k^T, o = S q")
+LIN_MIXER(DELTANET, deltanet, CF_NEG_EIGEN, "DeltaNet: S_t = S (I - beta k k^T) + beta v k^T, o = S q")
+LIN_MIXER(GDN, gdn, CF_NEG_EIGEN, "Gated DeltaNet: S_t = gamma S (I - beta k k^T) + beta v k^T, o = S q")

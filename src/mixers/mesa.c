@@ -51,16 +51,10 @@ static int mesa_declare(const ModelConfig *c, const char *prefix, ParamSpec *out
 }
 
 // The Mesa core's own buffers: their element counts (per token, or fixed) and kinds.
-typedef struct {
-    void **p;
-    size_t per_token, fixed;
-    MemKind kind;
-} BufDecl;
-
 enum { MESA_BUFS = 5 };
 
-static void buffers(Mesa *s, const Sizes *z, BufDecl *out) {
-    BufDecl d[MESA_BUFS] = {
+static void buffers(Mesa *s, const Sizes *z, MixerBuf *out) {
+    MixerBuf d[MESA_BUFS] = {
         {&s->lambda, 0, z->Q, MEM_F32}, {&s->x, z->Q, 0, MEM_ACT},       {&s->steps, z->H, 0, MEM_I32},
         {&s->steps_acc, 2 * z->H, 0, MEM_I32}, {&s->d_lambda, 0, z->Q, MEM_F32},
     };
@@ -69,14 +63,19 @@ static void buffers(Mesa *s, const Sizes *z, BufDecl *out) {
 
 static void free_buffers(Mixer *m) {
     Mesa *s = m->priv;
-    BufDecl d[MESA_BUFS];
+    MixerBuf d[MESA_BUFS];
     Sizes z = shell_sizes(m->cfg, 0);
     buffers(s, &z, d);
-    for (int i = 0; i < MESA_BUFS; i++) {
-        if (*d[i].p) m->be->free(m->be, *d[i].p);
-        *d[i].p = NULL;
-    }
+    mixer_bufs_free(m->be, d, MESA_BUFS);
     shell_free_buffers(m->be, &s->sh);
+}
+
+static size_t mesa_activation_bytes(const ModelConfig *c, const Backend *be) {
+    Mesa s;
+    Sizes z = shell_sizes(c, 1);
+    MixerBuf d[MESA_BUFS];
+    buffers(&s, &z, d);
+    return mixer_bufs_bytes(be, d, MESA_BUFS) + shell_activation_bytes(c, be);
 }
 
 // Adds the CG steps counted on the backend since the last collect to the mixer's totals: one
@@ -108,12 +107,9 @@ static int ensure_capacity(Mixer *m, int N) {
     MN_TRY(mesa_collect(m));  // the step counters go with the buffers
     free_buffers(m);
     Sizes z = shell_sizes(m->cfg, N);
-    BufDecl d[MESA_BUFS];
+    MixerBuf d[MESA_BUFS];
     buffers(s, &z, d);
-    for (int i = 0; i < MESA_BUFS; i++) {
-        *d[i].p = m->be->alloc(m->be, d[i].per_token * (size_t)N + d[i].fixed, d[i].kind);
-        if (!*d[i].p) return MN_ERR_NOMEM;
-    }
+    MN_TRY(mixer_bufs_alloc(m->be, d, MESA_BUFS, (size_t)N));
     return shell_alloc_buffers(m, &s->sh, N);
 }
 
@@ -134,11 +130,7 @@ static int mesa_forward(Mixer *m, void *y, const void *u, int B, int T, int use_
     MnMesaFwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .g = sh->g, .beta = sh->beta, .lambda = s->lambda,
                     .h0 = use_state ? s->hs : NULL, .g0 = use_state ? s->gs : NULL, .o = sh->o, .x = s->x,
                     .hT = use_state ? s->hs : NULL, .gT = use_state ? s->gs : NULL, .steps = s->steps};
-    double t0, t1;
-    MN_TRY(mixer_clock(m, &t0));
-    MN_TRY(be->mesa_fwd(be, &d, &m->solver, &io));
-    MN_TRY(mixer_clock(m, &t1));
-    m->core_seconds += t1 - t0;
+    MIXER_TIMED(m, &m->core_seconds, be->mesa_fwd(be, &d, &m->solver, &io));
     size_t nh = (size_t)N * z.H;
     void *calls = (char *)s->steps_acc + (size_t)sh->cap * z.H * be->elem_size(be, MEM_I32);
     MN_TRY(be->tally_i32(be, s->steps_acc, calls, s->steps, nh));
@@ -158,11 +150,7 @@ static int mesa_backward(Mixer *m, void *du, const void *dy) {
     MnMesaBwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .g = sh->g, .beta = sh->beta, .lambda = s->lambda, .x = s->x,
                     .o = sh->o, .dout = sh->d_o, .dq = sh->d_q, .dk = sh->d_k, .dv = sh->d_v, .dg = sh->d_g,
                     .dbeta = sh->d_beta, .dlambda = s->d_lambda};
-    double t0, t1;
-    MN_TRY(mixer_clock(m, &t0));
-    MN_TRY(be->mesa_bwd(be, &d, &m->solver, &io));
-    MN_TRY(mixer_clock(m, &t1));
-    m->core_seconds += t1 - t0;
+    MIXER_TIMED(m, &m->core_seconds, be->mesa_bwd(be, &d, &m->solver, &io));
     MN_TRY(be->softplus_bwd(be, m->dw[sh->at.core], s->d_lambda, m->w[sh->at.core], (size_t)z.Q));
     // the gates, q, k, v and the projections into du
     return shell_in_bwd(m, sh, du);
@@ -210,7 +198,10 @@ const MixerOps mixer_mesa = {
     .about = "MesaNet: H_t = gamma H + beta k k^T, G_t = gamma G + beta v k^T, o = G (H + Lambda)^-1 q (CG)",
     .state_about = "H (Dk x Dk) and G (Dv x Dk) per head, and the convolutions' last inputs",
     .uses_cg = 1,
+    .fields = CF_CONV | CF_OUTPUT_GATE | CF_ONORM | CF_RIDGE | CF_GATE_BOUND,
     .declare = mesa_declare,
+    .activation_bytes = mesa_activation_bytes,
+    .scratch_elems = shell_scratch_elems,
     .create = mesa_create,
     .forward = mesa_forward,
     .backward = mesa_backward,

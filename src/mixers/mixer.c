@@ -71,3 +71,26 @@ int mixer_clock(const Mixer *m, double *t) {
     *t = mn_now();
     return MN_OK;
 }
+
+void mixer_bufs_free(const Backend *be, const MixerBuf *b, int n) {
+    for (int i = 0; i < n; i++) {
+        if (*b[i].p) be->free(be, *b[i].p);
+        *b[i].p = NULL;
+    }
+}
+
+int mixer_bufs_alloc(const Backend *be, const MixerBuf *b, int n, size_t N) {
+    for (int i = 0; i < n; i++)
+        if (!(*b[i].p = be->alloc(be, b[i].per_token * N + b[i].fixed ? b[i].per_token * N + b[i].fixed : 1, b[i].kind))) {
+            mixer_bufs_free(be, b, n);
+            return MN_ERR_NOMEM;
+        }
+    return MN_OK;
+}
+
+size_t mixer_bufs_bytes(const Backend *be, const MixerBuf *b, int n) {
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        bytes += b[i].per_token * be->elem_size(be, b[i].kind);
+    return bytes;
+}

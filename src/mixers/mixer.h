@@ -4,10 +4,24 @@
  * forward (saving what its backward needs), backward (accumulating its
  * parameter gradients) and, for generation, keeps a fixed-size recurrent state
  * per sequence. Mixers are written against the backend op table, so one file
- * serves every backend. Adding a mixer: one file here plus a line in mixer.c
- * (a recurrent layer of the MesaNet paper's shared parameterisation builds on
- * shell.h: only its core is its own). A config's blocks may mix mixers
- * (mixer_at: a pattern such as "gdn,mesa" repeated over the blocks).
+ * serves every backend. A config's blocks may mix mixers (mixer_at: a pattern
+ * such as "gdn,mesa" repeated over the blocks).
+ *
+ * The block around a mixer is data, not code: MixerOps.block says what follows
+ * the mixer (model/ffn.h: a SwiGLU or GELU-gated MLP, or nothing, as in the
+ * blocks that up-project inside the mixer), and the model runs
+ *     u = x + Mixer(RMSNorm(x));   x' = u + FFN(RMSNorm(u))   (x' = u without FFN)
+ *
+ * Adding a mixer:
+ *   1. src/mixers/NAME.c: its MixerOps (declare, create, forward, backward, decoding state,
+ *      `fields` it reads from the config, `validate`, `activation_bytes`, the block shape);
+ *      a layer of the MesaNet paper's shared parameterisation builds on shell.h.
+ *   2. Its core ops, where it needs new ones: a family sub-table of the backend op table
+ *      (core/backend.h), with the float64 reference in src/ref/, the CPU in src/cpu/ and,
+ *      optionally, CUDA in src/cuda/; a backend without them refuses the mixer by name.
+ *   3. One line in mixer_all (mixer.c) and its `extern` below.
+ *   4. A row in the conformance battery (tests/test_conformance.c), which puts it through the
+ *      checks every mixer passes; its own tests only for what is specific to it.
  */
 #ifndef MN_MIXER_H
 #define MN_MIXER_H
@@ -25,16 +39,57 @@ typedef struct {
     size_t n;  // MEM_ACT elements
 } MixerScratch;
 
+// The config fields a mixer reads beyond the backbone's (MixerOps.fields, a mask): a field that
+// no block's mixer reads must keep its default (config.c: refused when given, reset otherwise).
+enum {
+    CF_CONV = 1 << 0,         // conv_size: the short convolutions
+    CF_OUTPUT_GATE = 1 << 1,  // output_gate
+    CF_ONORM = 1 << 2,        // shared_onorm: the output norm's weight shared by the heads
+    CF_HEAD_V_DIM = 1 << 3,   // head_v_dim: value heads wider than the key heads
+    CF_RIDGE = 1 << 4,        // lambda_min, lambda_init, cg_steps: Mesa's regulariser and solver
+    CF_GATE_BOUND = 1 << 5,   // gate_bound: the forget-gate bound
+    CF_NEG_EIGEN = 1 << 6,    // neg_eigen: a delta rule's beta in (0, 2)
+    CF_ROPE = 1 << 7,         // rope_theta
+    CF_WINDOW = 1 << 8,       // window: sliding-window attention
+    CF_KV_HEADS = 1 << 9,     // n_kv_heads: grouped key/value heads
+    CF_FFN = 1 << 10,         // mlp_hidden: set for a mixer whose block's feed-forward part takes that width
+};
+
+// What follows the mixer in its block (model/ffn.c).
+typedef enum {
+    FFN_SWIGLU,  // W_down (SiLU(W_gate v) (.) W_up v): the default (0)
+    FFN_GEGLU,   // W_down (GELU(W_gate v + b_gate) (.) (W_up v + b_up)) + b_down (biases with ffn_bias)
+    FFN_NONE,    // nothing: the block is the mixer and its residual
+} FfnKind;
+
+typedef struct {
+    FfnKind ffn;
+    int ffn_bias;                             // 1: biases on the feed-forward projections
+    int (*ffn_hidden)(const ModelConfig *c);  // its width; NULL: the config's mlp_hidden
+} BlockShape;
+
 typedef struct {
     const char *name;
     const char *about;        // one line: what the layer computes
     const char *state_about;  // one line: what its decoding state holds
-    int neg_eigen;            // 1: a delta rule, to which the config's neg_eigen applies (beta in (0, 2))
     int no_graph;             // 1: its decoding step passes host values (positions, cache slot and length)
                               // to the backend, which a recorded step (graph_begin) would freeze
     int uses_cg;              // 1: solves with CG (the solver's options and step counts concern it)
+    unsigned fields;          // the config fields it reads beyond the backbone's (CF_*)
+    BlockShape block;         // what follows it in its block
     // Appends this layer's parameter specs, names prefixed by `prefix` (e.g. "model.layers.3.").
     int (*declare)(const ModelConfig *c, const char *prefix, ParamSpec *out, int *n, int max);
+    // MN_ERR_ARG naming the field unless the config's values suit this mixer (after the generic
+    // range checks of config_validate, before anything is made). NULL: nothing beyond those.
+    int (*validate)(const ModelConfig *c, const char *where);
+    // Sets, in a preset made for this mixer (config_matched), what it needs beyond the size's
+    // backbone (gdn-paper's output gate, swa's window). NULL: nothing.
+    void (*preset)(ModelConfig *c);
+    // Bytes of its activation buffers per token (kept from the forward for the backward), and
+    // MEM_ACT elements per token of the model's shared scratch it uses: the model's memory
+    // estimate adds the first over the blocks and takes the largest of the second.
+    size_t (*activation_bytes)(const ModelConfig *c, const Backend *be);
+    size_t (*scratch_elems)(const ModelConfig *c);
     // Allocates the mixer's private part (m->priv); buffers come lazily with the first forward.
     int (*create)(Mixer *m);
     // y[B*T, D] = mixer(u). With use_state, starts from the recurrent state and leaves the final
@@ -74,9 +129,31 @@ struct Mixer {
 // queued so far when profiling (otherwise only the launches would be timed on the GPU).
 int mixer_clock(const Mixer *m, double *t);
 
+// Runs `call` (an expression giving an MN_ status), adding its time to *seconds (mixer_clock's).
+#define MIXER_TIMED(m, seconds, call)           \
+    do {                                        \
+        double t0_, t1_;                        \
+        MN_TRY(mixer_clock((m), &t0_));         \
+        MN_TRY(call);                           \
+        MN_TRY(mixer_clock((m), &t1_));         \
+        *(seconds) += t1_ - t0_;                \
+    } while (0)
+
 // Grows the shared scratch to at least n MEM_ACT elements (its contents are lost). Call it only
 // where activations are (re)allocated: a recorded decode step holds the scratch's address.
 int mixer_scratch_reserve(Mixer *m, size_t n);
+
+// A table of activation buffers: where each goes, its elements per token (and fixed ones besides),
+// its kind. Allocated for N tokens (all or none: NULL + MN_ERR_NOMEM after freeing the others),
+// freed (pointers set to NULL), or counted in bytes per token (the fixed elements left out).
+typedef struct {
+    void **p;
+    size_t per_token, fixed;
+    MemKind kind;
+} MixerBuf;
+int mixer_bufs_alloc(const Backend *be, const MixerBuf *b, int n, size_t N);
+void mixer_bufs_free(const Backend *be, const MixerBuf *b, int n);
+size_t mixer_bufs_bytes(const Backend *be, const MixerBuf *b, int n);
 
 // The mixer named `name`, or NULL with an error listing the known ones.
 const MixerOps *mixer_find(const char *name);

@@ -83,33 +83,38 @@ void shell_init(Shell *s, const ModelConfig *c, const ShellKind *k) {
     s->at = shell_slots(c, k);
 }
 
-// Every activation buffer of the shell and its element count per token, and kind.
-typedef struct {
-    void **p;
-    size_t per_token;
-    MemKind kind;
-} BufDecl;
-
+// Every activation buffer of the shell: its element count per token, and kind.
 enum { SHELL_BUFS = 20 };
 
-static void buffers(Shell *s, const Sizes *z, BufDecl *out) {
-    BufDecl d[SHELL_BUFS] = {
-        {&s->qp, z->Q, MEM_ACT},     {&s->kp, z->Q, MEM_ACT},     {&s->v, z->Vd, MEM_ACT},
-        {&s->qc, z->Q, MEM_ACT},     {&s->kc, z->Q, MEM_ACT},     {&s->q, z->Q, MEM_ACT},
-        {&s->k, z->Q, MEM_ACT},      {&s->qinv, z->H, MEM_F32},   {&s->kinv, z->H, MEM_F32},
-        {&s->a, z->H, MEM_ACT},      {&s->b, z->H, MEM_ACT},      {&s->g, z->H, MEM_F32},
-        {&s->beta, z->H, MEM_F32},   {&s->o, z->Vd, MEM_ACT},     {&s->onrstd, z->H, MEM_F32},
-        {&s->z, z->Vd, MEM_ACT},     {&s->d_a, z->H, MEM_ACT},    {&s->d_b, z->H, MEM_ACT},
-        {&s->d_g, z->H, MEM_F32},    {&s->d_beta, z->H, MEM_F32},
+static void buffers(Shell *s, const Sizes *z, MixerBuf *out) {
+    MixerBuf d[SHELL_BUFS] = {
+        {&s->qp, z->Q, 0, MEM_ACT},     {&s->kp, z->Q, 0, MEM_ACT},     {&s->v, z->Vd, 0, MEM_ACT},
+        {&s->qc, z->Q, 0, MEM_ACT},     {&s->kc, z->Q, 0, MEM_ACT},     {&s->q, z->Q, 0, MEM_ACT},
+        {&s->k, z->Q, 0, MEM_ACT},      {&s->qinv, z->H, 0, MEM_F32},   {&s->kinv, z->H, 0, MEM_F32},
+        {&s->a, z->H, 0, MEM_ACT},      {&s->b, z->H, 0, MEM_ACT},      {&s->g, z->H, 0, MEM_F32},
+        {&s->beta, z->H, 0, MEM_F32},   {&s->o, z->Vd, 0, MEM_ACT},     {&s->onrstd, z->H, 0, MEM_F32},
+        {&s->z, z->Vd, 0, MEM_ACT},     {&s->d_a, z->H, 0, MEM_ACT},    {&s->d_b, z->H, 0, MEM_ACT},
+        {&s->d_g, z->H, 0, MEM_F32},    {&s->d_beta, z->H, 0, MEM_F32},
     };
     memcpy(out, d, sizeof d);
+}
+
+size_t shell_activation_bytes(const ModelConfig *c, const Backend *be) {
+    Shell s;
+    Sizes z = shell_sizes(c, 1);
+    MixerBuf d[SHELL_BUFS];
+    buffers(&s, &z, d);
+    return mixer_bufs_bytes(be, d, SHELL_BUFS);
 }
 
 // The call temporaries of N tokens, carved from the shared scratch: the forward's (qs, ks) and the
 // backward's (the d_ of [N, .]) overlap, as no call needs the other's; the normalised and the
 // gated output, which both use, have their own places. Set at every call, since another layer
 // may have grown the scratch since this one's last.
-static size_t scratch_elems(const Sizes *z) { return (size_t)z->N * (7 * (size_t)z->Vd + 3 * (size_t)z->Q); }
+size_t shell_scratch_elems(const ModelConfig *c) {
+    Sizes z = shell_sizes(c, 1);
+    return 7 * (size_t)z.Vd + 3 * (size_t)z.Q;
+}
 
 static void scratch_views(Mixer *m, Shell *s, const Sizes *z) {
     size_t es = m->be->elem_size(m->be, MEM_ACT), vd = (size_t)z->N * z->Vd * es, q = (size_t)z->N * z->Q * es;
@@ -124,24 +129,20 @@ static void scratch_views(Mixer *m, Shell *s, const Sizes *z) {
 }
 
 void shell_free_buffers(const Backend *be, Shell *s) {
-    BufDecl d[SHELL_BUFS];
+    MixerBuf d[SHELL_BUFS];
     Sizes z = {0};
     buffers(s, &z, d);
-    for (int i = 0; i < SHELL_BUFS; i++) {
-        if (*d[i].p) be->free(be, *d[i].p);
-        *d[i].p = NULL;
-    }
+    mixer_bufs_free(be, d, SHELL_BUFS);
     s->cap = 0;
 }
 
 int shell_alloc_buffers(Mixer *m, Shell *s, int N) {
     shell_free_buffers(m->be, s);
     Sizes z = shell_sizes(m->cfg, N);
-    BufDecl d[SHELL_BUFS];
+    MixerBuf d[SHELL_BUFS];
     buffers(s, &z, d);
-    for (int i = 0; i < SHELL_BUFS; i++)
-        if (!(*d[i].p = m->be->alloc(m->be, d[i].per_token * (size_t)N, d[i].kind))) return MN_ERR_NOMEM;
-    MN_TRY(mixer_scratch_reserve(m, scratch_elems(&z)));
+    MN_TRY(mixer_bufs_alloc(m->be, d, SHELL_BUFS, (size_t)N));
+    MN_TRY(mixer_scratch_reserve(m, (size_t)N * shell_scratch_elems(m->cfg)));
     s->cap = N;
     return MN_OK;
 }

@@ -96,6 +96,10 @@ void shell_init(Shell *s, const ModelConfig *c, const ShellKind *k);
 // scratch (shell_scratch_elems). The caller checks the capacity (it has buffers of its own).
 void shell_free_buffers(const Backend *be, Shell *s);
 int shell_alloc_buffers(Mixer *m, Shell *s, int N);
+// Bytes of the shell's activation buffers per token, and its MEM_ACT elements per token of the
+// shared scratch (MixerOps.activation_bytes, scratch_elems).
+size_t shell_activation_bytes(const ModelConfig *c, const Backend *be);
+size_t shell_scratch_elems(const ModelConfig *c);
 
 // Forward: the projections, convolutions (carrying their last inputs with use_state), q, k and
 // the gates of B x T tokens into s->q, s->k, s->v, s->g, s->beta; then y from s->o.

@@ -101,8 +101,10 @@ int config_matched(ModelConfig *c, const char *size, const char *mixer) {
     MN_TRY(config_preset(&ref, size));
     *c = ref;
     snprintf(c->mixer, sizeof c->mixer, "%s", ops->name);
-    if (ops == &mixer_gdn_paper) c->output_gate = 1;  // the Gated DeltaNet layer's own output gate (fla's use_gate)
-    if (ops == &mixer_mesa) return MN_OK;             // the reference: the preset itself
+    if (!strcmp(ops->name, ref.mixer)) return MN_OK;  // the reference: the preset itself
+    // the size preset's fields with the mixer's own settings, and nothing it does not read
+    if (ops->preset) ops->preset(c);
+    config_normalize(c);
     // The count is affine in mlp_hidden: the nearest multiple of the step to the reference's count.
     size_t target, p0, p1;
     MN_TRY(config_param_count(&ref, &target, NULL, NULL));
@@ -133,6 +135,7 @@ int config_preset(ModelConfig *c, const char *name) {
             c->seq_len = p->seq_len;
             c->gate_bound = (float)p->seq_len;
             if (p->fla) config_fla(c);
+            config_normalize(c);
             return MN_OK;
         }
         strcat(known, i ? ", " : "");
@@ -172,9 +175,11 @@ typedef struct {
     size_t size;       // F_STR: buffer size
     double min, max;   // F_INT, F_FLOAT: the valid range (inclusive; see config_validate for the open ends)
     const char *what;  // for messages: what the number is
+    unsigned uses;     // the mixers' fields mask (CF_*) of those that read it; 0: the backbone's
 } Field;
 
-#define FIELD(k, t, lo, hi, w) {#k, t, offsetof(ModelConfig, k), sizeof(((ModelConfig *)0)->k), lo, hi, w}
+#define FIELD(k, t, lo, hi, w) {#k, t, offsetof(ModelConfig, k), sizeof(((ModelConfig *)0)->k), lo, hi, w, 0}
+#define MIXER_FIELD(k, t, lo, hi, w, u) {#k, t, offsetof(ModelConfig, k), sizeof(((ModelConfig *)0)->k), lo, hi, w, u}
 static const Field fields[] = {
     FIELD(mixer, F_STR, 0, 0, "the sequence mixer, or a pattern of them"),
     FIELD(arch, F_STR, 0, 0, "the architecture"),
@@ -183,30 +188,94 @@ static const Field fields[] = {
     FIELD(n_layers, F_INT, 1, CONFIG_MAX_LAYERS, "the number of blocks"),
     FIELD(n_heads, F_INT, 1, 1024, "the number of heads"),
     FIELD(head_dim, F_INT, 1, 1024, "the head width"),
-    FIELD(head_v_dim, F_INT, 0, 4096, "the value head width (0: head_dim)"),
-    FIELD(mlp_hidden, F_INT, 1, 1 << 20, "the MLP width"),
-    FIELD(conv_size, F_INT, 1, 8, "the short convolution's width"),
+    MIXER_FIELD(head_v_dim, F_INT, 0, 4096, "the value head width (0: head_dim)", CF_HEAD_V_DIM),
+    MIXER_FIELD(mlp_hidden, F_INT, 1, 1 << 20, "the MLP width", CF_FFN),
+    MIXER_FIELD(conv_size, F_INT, 1, 8, "the short convolution's width", CF_CONV),
     FIELD(norm_eps, F_FLOAT, 0, 1, "the RMSNorm epsilon"),
     FIELD(logit_cap, F_FLOAT, 0, 1e6, "the logits' soft cap (0: none)"),
     FIELD(embed_scale, F_BOOL, 0, 1, "the embedding scale flag"),
     FIELD(tie_embeddings, F_BOOL, 0, 1, "the tied head flag"),
-    FIELD(shared_onorm, F_BOOL, 0, 1, "the shared o_norm flag"),
-    FIELD(output_gate, F_BOOL, 0, 1, "the output gate flag"),
-    FIELD(lambda_min, F_FLOAT, 0, 100, "the lower bound of lambda"),
-    FIELD(lambda_init, F_FLOAT, 0, 100, "the initial lambda"),
-    FIELD(gate_bound, F_FLOAT, 0, 1e9, "the forget-gate bound (0: none)"),
+    MIXER_FIELD(shared_onorm, F_BOOL, 0, 1, "the shared o_norm flag", CF_ONORM),
+    MIXER_FIELD(output_gate, F_BOOL, 0, 1, "the output gate flag", CF_OUTPUT_GATE),
+    MIXER_FIELD(lambda_min, F_FLOAT, 0, 100, "the lower bound of lambda", CF_RIDGE),
+    MIXER_FIELD(lambda_init, F_FLOAT, 0, 100, "the initial lambda", CF_RIDGE),
+    MIXER_FIELD(gate_bound, F_FLOAT, 0, 1e9, "the forget-gate bound (0: none)", CF_GATE_BOUND),
     // at least 2: a sequence of one token has no next token to learn from, and the forget-gate
     // bound, which follows the training context, must exceed 1
     FIELD(seq_len, F_INT, 2, 1 << 24, "the training context length"),
     FIELD(resid_scale, F_FLOAT, 0, 10, "the residual init exponent"),
-    FIELD(cg_steps, F_INT, 0, 10000, "the CG steps in training"),
-    FIELD(neg_eigen, F_BOOL, 0, 1, "the negative-eigenvalue flag"),
-    FIELD(rope_theta, F_FLOAT, 1, 1e9, "the RoPE base"),
-    FIELD(window, F_INT, 0, 1 << 24, "swa's window"),
-    FIELD(n_kv_heads, F_INT, 0, 1024, "the key/value heads (0: n_heads)"),
+    MIXER_FIELD(cg_steps, F_INT, 0, 10000, "the CG steps in training", CF_RIDGE),
+    MIXER_FIELD(neg_eigen, F_BOOL, 0, 1, "the negative-eigenvalue flag", CF_NEG_EIGEN),
+    MIXER_FIELD(rope_theta, F_FLOAT, 1, 1e9, "the RoPE base", CF_ROPE),
+    MIXER_FIELD(window, F_INT, 0, 1 << 24, "swa's window", CF_WINDOW),
+    MIXER_FIELD(n_kv_heads, F_INT, 0, 1024, "the key/value heads (0: n_heads)", CF_KV_HEADS),
     FIELD(head, F_STR, 0, 0, "the output head"),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
+
+// The mixer fields (CF_*) the config's blocks read: their mixers' own, and CF_FFN where a block's
+// feed-forward part takes its width from mlp_hidden. 0 for an invalid pattern.
+static unsigned used_fields(const ModelConfig *c) {
+    int n = mixer_pattern_check(c->mixer, 0);
+    unsigned used = 0;
+    for (int l = 0; l < n; l++) {
+        const MixerOps *ops = mixer_at(c, l);
+        used |= ops->fields;
+        if (ops->block.ffn != FFN_NONE && !ops->block.ffn_hidden) used |= CF_FFN;
+    }
+    return used;
+}
+
+static int applies(const ModelConfig *c, const Field *f) { return !f->uses || (f->uses & used_fields(c)); }
+
+// The mixers that read field f, for messages ("swa" or "mha, swa").
+static void readers(const Field *f, char *out, size_t n) {
+    out[0] = 0;
+    if (f->uses == CF_FFN) {
+        snprintf(out, n, "the blocks with a feed-forward part of mlp_hidden's width");
+        return;
+    }
+    for (int i = 0; mixer_all[i]; i++)
+        if (mixer_all[i]->fields & f->uses)
+            snprintf(out + strlen(out), n - strlen(out), "%s%s", out[0] ? ", " : "", mixer_all[i]->name);
+}
+
+static int same_value(const ModelConfig *a, const ModelConfig *b, const Field *f) {
+    const char *pa = (const char *)a + f->offset, *pb = (const char *)b + f->offset;
+    return f->type == F_STR ? !strncmp(pa, pb, f->size) : !memcmp(pa, pb, f->size);
+}
+
+// The fields the config's mixers do not read back at their defaults (presets set some of them for
+// every mixer: the forget-gate bound follows the context length), so that two configs of the same
+// model compare equal and a saved config holds only what the model reads.
+void config_normalize(ModelConfig *c) {
+    if (mixer_pattern_check(c->mixer, 0) < 0) return;  // (validation names the pattern's fault)
+    ModelConfig d;
+    config_default(&d);
+    for (size_t k = 0; k < NFIELDS; k++)
+        if (!applies(c, &fields[k])) memcpy((char *)c + fields[k].offset, (const char *)&d + fields[k].offset, fields[k].size);
+}
+
+static void field_text(const ModelConfig *c, const Field *f, char *buf, size_t n);
+
+// The switches that no block's mixer reads off (at their defaults, 0): one turned on there would be
+// silently ignored. (The other fields that no mixer reads are reset by config_normalize, and refused
+// where a config file gives them: config_from_json.)
+static int check_fields_apply(const ModelConfig *c, const char *where) {
+    ModelConfig d;
+    config_default(&d);
+    const unsigned switches = CF_NEG_EIGEN | CF_HEAD_V_DIM | CF_KV_HEADS | CF_OUTPUT_GATE;
+    for (size_t k = 0; k < NFIELDS; k++) {
+        const Field *f = &fields[k];
+        if (!(f->uses & switches) || applies(c, f) || same_value(c, &d, f)) continue;
+        char value[96], who[256];
+        field_text(c, f, value, sizeof value);
+        readers(f, who, sizeof who);
+        return mn_error(MN_ERR_ARG, "%s: %s = %s does not apply to mixer \"%s\": only %s read it", where, f->key, value,
+                        c->mixer, who);
+    }
+    return MN_OK;
+}
 
 static const Field *find_field(const char *key) {
     for (size_t k = 0; k < NFIELDS; k++)
@@ -263,9 +332,11 @@ static int set_field(ModelConfig *c, const Field *f, const Json *v, const char *
     return MN_ERR_ARG;
 }
 
-// Applies the members of a JSON object of our fields (optionally based on a
-// "preset") to c; unknown keys are refused.
-static int config_from_json(ModelConfig *c, const Json *j, const char *where) {
+// Applies the members of a JSON object of our fields (optionally based on a "preset") to c;
+// unknown keys are refused, and with `strict` (a config written by hand) keys that no block's
+// mixer reads too. A config.json we wrote (strict 0) may hold such keys from before they were
+// left out: they are reset to their defaults.
+static int config_from_json(ModelConfig *c, const Json *j, const char *where, int strict) {
     if (j->type != JSON_OBJECT) return mn_error(MN_ERR_FORMAT, "%s: a config must be a JSON object", where);
     const Json *base = json_get(j, "preset");
     if (base) {
@@ -282,6 +353,15 @@ static int config_from_json(ModelConfig *c, const Json *j, const char *where) {
         if (!fd) return mn_error(MN_ERR_FORMAT, "%s:%d: unknown key \"%s\"", where, v->line, v->key);
         MN_TRY(set_field(c, fd, v, where));
     }
+    for (int i = 0; i < j->count && strict && mixer_pattern_check(c->mixer, 0) > 0; i++) {
+        const Field *fd = find_field(j->items[i].key);
+        if (!fd || applies(c, fd)) continue;
+        char who[256];
+        readers(fd, who, sizeof who);
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" does not apply to mixer \"%s\": only %s read it", where,
+                        j->items[i].line, fd->key, c->mixer, who);
+    }
+    config_normalize(c);
     return config_validate(c, where);
 }
 
@@ -365,6 +445,7 @@ static int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
     MN_TRY(hf_int(j, "max_cg_step_training", 30, -BIG, BIG, where, &c->cg_steps));
     MN_TRY(hf_int(j, "max_position_embeddings", 2048, -BIG, BIG, where, &c->seq_len));
     MN_TRY(hf_swiglu(j, "swish", where));
+    config_normalize(c);
     return config_validate(c, where);
 }
 
@@ -464,6 +545,7 @@ static int config_from_hf_delta(ModelConfig *c, const Json *j, const char *where
     MN_TRY(hf_none(j, "attn", "attention in some layers (a hybrid)", where));
     MN_TRY(hf_none(j, "attnres_block_size", "attention residuals", where));
     MN_TRY(hf_swiglu(j, "swish", where));
+    config_normalize(c);
     return config_validate(c, where);
 }
 
@@ -517,6 +599,7 @@ static int config_from_hf_transformer(ModelConfig *c, const Json *j, const char 
     MN_TRY(hf_int(j, "max_position_embeddings", 2048, -BIG, BIG, where, &c->seq_len));
     MN_TRY(hf_none(j, "attnres_block_size", "attention residuals", where));
     MN_TRY(hf_swiglu(j, "swish", where));
+    config_normalize(c);
     return config_validate(c, where);
 }
 
@@ -578,6 +661,7 @@ static int config_from_hf_llama(ModelConfig *c, const Json *j, const char *where
         }
     }
     MN_TRY(hf_swiglu(j, "silu", where));
+    config_normalize(c);
     return config_validate(c, where);
 }
 
@@ -619,8 +703,8 @@ int config_load(ModelConfig *c, const char *spec) {
     free(text);
     MN_TRY(parsed);
     const Json *ours = json_get(j, "mesanet");
-    int st = ours ? config_from_json(c, ours, spec)
-                  : json_get(j, "model_type") ? config_from_hf(c, j, spec) : config_from_json(c, j, spec);
+    int st = ours ? config_from_json(c, ours, spec, 0)
+                  : json_get(j, "model_type") ? config_from_hf(c, j, spec) : config_from_json(c, j, spec, 1);
     json_free(j);
     return st;
 }
@@ -727,25 +811,39 @@ int config_save(const ModelConfig *c, const char *path) {
         save_hf_transformer(f, c, swa);
         goto ids;
     }
-    fprintf(f, "{\n  \"model_type\": \"mesa_net\",\n  \"architectures\": [\"MesaNetForCausalLM\"],\n");
-    fprintf(f, "  \"attn_mode\": \"chunk\",\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n", c->dim, c->n_layers);
+    // fla's MesaNetForCausalLM is exactly the fla architecture with Mesa in every block; any other
+    // model is ours alone: a model_type that no other library builds a wrong model from.
+    int fla_mesa = fla && !strcmp(c->mixer, "mesa");
+    if (fla_mesa)
+        fprintf(f, "{\n  \"model_type\": \"mesa_net\",\n  \"architectures\": [\"MesaNetForCausalLM\"],\n"
+                   "  \"attn_mode\": \"chunk\",\n");
+    else
+        fprintf(f, "{\n  \"model_type\": \"mesanet\",\n  \"architectures\": [\"MesanetForCausalLM\"],\n");
+    fprintf(f, "  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n", c->dim, c->n_layers);
     fprintf(f, "  \"num_heads\": %d,\n  \"head_dim\": %d,\n  \"vocab_size\": %d,\n", c->n_heads, c->head_dim, c->vocab_size);
-    fprintf(f, "  \"intermediate_size\": %d,\n  \"hidden_ratio\": 4,\n  \"hidden_act\": \"swish\",\n", c->mlp_hidden);
-    fprintf(f, "  \"norm_eps\": %.9g,\n  \"tie_word_embeddings\": %s,\n  \"use_output_gate\": %s,\n", (double)c->norm_eps,
-            c->tie_embeddings ? "true" : "false", c->output_gate ? "true" : "false");
-    fprintf(f, "  \"use_short_conv\": true,\n  \"conv_size\": %d,\n  \"lambda_lower_bound\": %.9g,\n", c->conv_size,
-            (double)c->lambda_min);
-    fprintf(f, "  \"max_cg_step_training\": %d,\n  \"max_cg_step_decoding\": %d,\n  \"max_position_embeddings\": %d,\n",
-            c->cg_steps, c->cg_steps, c->seq_len);
-    fprintf(f, "  \"fuse_norm\": true,\n  \"fuse_swiglu\": true,\n  \"fuse_cross_entropy\": true,\n");
+    fprintf(f, "  \"intermediate_size\": %d,\n", c->mlp_hidden);
+    fprintf(f, "  \"norm_eps\": %.9g,\n  \"tie_word_embeddings\": %s,\n  \"max_position_embeddings\": %d,\n",
+            (double)c->norm_eps, c->tie_embeddings ? "true" : "false", c->seq_len);
+    if (fla_mesa) {
+        fprintf(f, "  \"hidden_ratio\": 4,\n  \"hidden_act\": \"swish\",\n  \"use_output_gate\": %s,\n",
+                c->output_gate ? "true" : "false");
+        fprintf(f, "  \"use_short_conv\": true,\n  \"conv_size\": %d,\n  \"lambda_lower_bound\": %.9g,\n", c->conv_size,
+                (double)c->lambda_min);
+        fprintf(f, "  \"max_cg_step_training\": %d,\n  \"max_cg_step_decoding\": %d,\n", c->cg_steps, c->cg_steps);
+        fprintf(f, "  \"fuse_norm\": true,\n  \"fuse_swiglu\": true,\n  \"fuse_cross_entropy\": true,\n");
+    }
 ids:
     fprintf(f, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", c->vocab_size > 50256 ? 50256 : c->vocab_size - 1,
             c->vocab_size > 50256 ? 50256 : c->vocab_size - 1);
     fprintf(f, "  \"mesanet\": {\n");
+    size_t last = 0;  // the fields the model reads (config_normalize left the others at their defaults)
+    for (size_t k = 0; k < NFIELDS; k++)
+        if (applies(c, &fields[k])) last = k;
     for (size_t k = 0; k < NFIELDS; k++) {
+        if (!applies(c, &fields[k])) continue;
         char value[96];  // room for the longest string field and its quotes
         field_text(c, &fields[k], value, sizeof value);  // strings: validated names, nothing to escape
-        fprintf(f, "    \"%s\": %s%s\n", fields[k].key, value, k + 1 < NFIELDS ? "," : "");
+        fprintf(f, "    \"%s\": %s%s\n", fields[k].key, value, k < last ? "," : "");
     }
     fprintf(f, "  }\n}\n");
     return af_commit(&af);  // refuses to rename a stream that failed
@@ -754,9 +852,8 @@ ids:
 int config_diff(const ModelConfig *a, const ModelConfig *b, char *out, size_t n) {
     for (size_t k = 0; k < NFIELDS; k++) {
         const Field *f = &fields[k];
-        const char *pa = (const char *)a + f->offset, *pb = (const char *)b + f->offset;
-        int same = f->type == F_STR ? !strncmp(pa, pb, f->size) : !memcmp(pa, pb, f->size);
-        if (same) continue;
+        // a field that neither model reads does not make them differ (mixer, which decides it, is first)
+        if (same_value(a, b, f) || (!applies(a, f) && !applies(b, f))) continue;
         char va[96], vb[96];
         field_text(a, f, va, sizeof va);
         field_text(b, f, vb, sizeof vb);
@@ -799,30 +896,6 @@ int config_validate(const ModelConfig *c, const char *where) {
         snprintf(why, sizeof why, "%s", mn_last_error());  // (mn_error may not read its own buffer)
         return mn_error(MN_ERR_ARG, "%s: %s", where, why);
     }
-    if (c->neg_eigen) {
-        int delta = 0;
-        for (int l = 0; l < c->n_layers && !delta; l++) delta = mixer_at(c, l)->neg_eigen;
-        if (!delta)
-            return mn_error(MN_ERR_ARG, "%s: neg_eigen applies to the delta rules (deltanet, gdn), and mixer \"%s\" has none",
-                            where, c->mixer);
-    }
-    if (c->head_v_dim && c->head_v_dim != c->head_dim)
-        for (int l = 0; l < c->n_layers; l++) {
-            const MixerOps *ops = mixer_at(c, l);
-            if (ops != &mixer_gdn_paper && ops != &mixer_deltanet_paper)
-                return mn_error(MN_ERR_ARG, "%s: head_v_dim = %d differs from head_dim = %d, which only the gdn-paper and "
-                                            "deltanet-paper mixers have (block %d: %s)",
-                                where, c->head_v_dim, c->head_dim, l, ops->name);
-        }
-    if (c->n_kv_heads && c->n_heads % c->n_kv_heads)
-        return mn_error(MN_ERR_ARG, "%s: n_kv_heads = %d does not divide n_heads = %d (each key/value head serves "
-                                    "n_heads / n_kv_heads query heads)",
-                        where, c->n_kv_heads, c->n_heads);
-    for (int l = 0; l < c->n_layers; l++)
-        if (mixer_at(c, l) == &mixer_swa && c->window < 1)
-            return mn_error(MN_ERR_ARG, "%s: window = %d, but mixer swa (block %d) attends to the last window tokens: "
-                                        "expected at least 1",
-                            where, c->window, l);
     if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla") && strcmp(c->arch, "llama"))
         return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\", \"fla\" or \"llama\"", where, c->arch);
     if (!strcmp(c->arch, "llama") &&
@@ -832,6 +905,12 @@ int config_validate(const ModelConfig *c, const char *where) {
                                     "logit cap (embed_scale 0, logit_cap 0); got mixer "
                                     "\"%s\", embed_scale %d, logit_cap %g",
                         where, c->mixer, c->embed_scale, (double)c->logit_cap);
+    MN_TRY(check_fields_apply(c, where));
+    // each mixer's own checks, once per mixer of the pattern
+    for (int l = 0; l < c->n_layers && l < mixer_pattern_check(c->mixer, 0); l++) {
+        const MixerOps *ops = mixer_at(c, l);
+        if (ops->validate) MN_TRY(ops->validate(c, where));
+    }
     if (!(c->norm_eps > 0)) return mn_error(MN_ERR_ARG, "%s: norm_eps must be > 0", where);
     if (!(c->lambda_min > 0)) return mn_error(MN_ERR_ARG, "%s: lambda_min must be > 0 (it keeps H + Lambda invertible)", where);
     if (!(c->lambda_init > c->lambda_min))

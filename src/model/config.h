@@ -94,11 +94,16 @@ int config_load(ModelConfig *c, const char *spec);
 // again with the same value in every field. Its Hugging Face part is fla's MesaNet's, or, for the
 // fla architecture with every block gdn-paper (deltanet-paper), fla's GatedDeltaNet's (DeltaNet's).
 int config_save(const ModelConfig *c, const char *path);
+// Resets the fields that no block's mixer reads (the mixers' MixerOps.fields) to their defaults:
+// presets, readers and model_create call it, so that a config holds only what its model reads
+// (config_save leaves those fields out; config_validate refuses the switches turned on there:
+// neg_eigen, head_v_dim, n_kv_heads, output_gate).
+void config_normalize(ModelConfig *c);
 // MN_ERR_ARG with a message naming the field, its value and the valid range unless every field is
 // in range (floats finite) and the sizes are consistent.
 int config_validate(const ModelConfig *c, const char *where);
-// 0 when every field of a and b is equal; otherwise 1 and, in out, the first field that differs
-// with both values ("dim: 32 vs 192").
+// 0 when every field of a and b that either model reads is equal; otherwise 1 and, in out, the
+// first field that differs with both values ("dim: 32 vs 192").
 int config_diff(const ModelConfig *a, const ModelConfig *b, char *out, size_t n);
 
 typedef enum {
@@ -108,6 +113,16 @@ typedef enum {
     INIT_A_LOG,        // fla's (Mamba2's) A_log: log U(0, 16), drawn per element
     INIT_DT_BIAS,      // fla's dt_bias: softplus^-1(dt), dt log-uniform in [1e-3, 1e-1] (floor 1e-4), drawn per element
 } InitKind;
+
+// What a tensor is for, for counting parameters by part (info) and for the matched presets.
+typedef enum {
+    ROLE_EMBED,  // the token embedding (and a head tied to it)
+    ROLE_MIXER,  // a block's sequence mixer
+    ROLE_FFN,    // a block's feed-forward projections
+    ROLE_NORM,   // the blocks' and the final norms
+    ROLE_HEAD,   // the output head (untied), or the autoencoder head's decoder
+    ROLE_COUNT
+} ParamRole;
 
 // One parameter tensor: its checkpoint name, shape, initialisation and
 // whether weight decay applies. `offset` (elements) places it in the model's
@@ -120,6 +135,7 @@ typedef struct {
     InitKind init;
     double init_value;  // INIT_NORMAL: standard deviation; INIT_CONST: the value
     int decay;
+    ParamRole role;  // set by the model as it declares the tensors
     size_t offset;
 } ParamSpec;
 

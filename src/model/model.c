@@ -17,51 +17,61 @@ static void *at(const Model *m, void *base, size_t elems, MemKind k) {
     return (char *)base + elems * m->be->elem_size(m->be, k);
 }
 
-// Declares every tensor of the model in checkpoint order: the embedding, each
-// block (attn_norm, the mixer's tensors, mlp_norm, gate, up, down), the final
-// norm and, unless tied, the head.
-// With the autoencoder head its tensors (ae_declare) replace the final norm and the head; *norm_f
-// and *head then name its first and its unembedding (block_offset: the tensors after the blocks).
+// The role of tensors [from, n) (declare_all).
+static void set_roles(ParamSpec *s, int from, int n, ParamRole role) {
+    for (int i = from; i < n; i++) s[i].role = role;
+}
+
+// Declares every tensor of the model in checkpoint order: the embedding, each block (attn_norm,
+// the mixer's tensors, then its feed-forward half's: ffn_declare), the final norm and, unless
+// tied, the head. With the autoencoder head its tensors (ae_declare) replace the final norm and the
+// head; *norm_f and *head then name its first and its unembedding (block_offset: the tensors after
+// the blocks).
 static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *blocks, int *embed, int *norm_f,
                        int *head, AeHead *ae) {
-    int64_t D = c->dim, F = c->mlp_hidden, V = c->vocab_size;
-    double resid = pow((double)c->n_layers, -c->resid_scale);
+    int64_t D = c->dim, V = c->vocab_size;
     int max = MODEL_MAX_PARAMS;
-    int64_t vd[2] = {V, D}, d1[1] = {D}, fd[2] = {F, D}, df[2] = {D, F};
+    int64_t vd[2] = {V, D}, d1[1] = {D};
     // Embedding N(0, 1/D): with the sqrt(D) scale the residual stream starts at variance 1.
     // Tensor names: fla's, or Hugging Face Llama's for the llama architecture.
     int llama = !strcmp(c->arch, "llama");
     *embed = param_add(s, n, max, llama ? "model.embed_tokens.weight" : "model.embeddings.weight", 2, vd, INIT_NORMAL,
                        1 / sqrt((double)D), 0);
+    set_roles(s, 0, *n, ROLE_EMBED);
+    size_t ffn_off = 0;
     for (int l = 0; l < c->n_layers; l++) {
         char pre[64], name[96];
         snprintf(pre, sizeof pre, "model.layers.%d.", l);
         BlockParams *b = &blocks[l];
         snprintf(name, sizeof name, "%s%s.weight", pre, llama ? "input_layernorm" : "attn_norm");
         b->attn_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
+        if (b->attn_norm < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
+        set_roles(s, b->attn_norm, *n, ROLE_NORM);
         b->first = *n;
         const MixerOps *ops = mixer_at(c, l);
         if (!ops) return MN_ERR_ARG;
         MN_TRY(ops->declare(c, pre, s, n, max));
         b->count = *n - b->first;
-        snprintf(name, sizeof name, "%s%s.weight", pre, llama ? "post_attention_layernorm" : "mlp_norm");
-        b->mlp_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
-        snprintf(name, sizeof name, "%smlp.gate_proj.weight", pre);
-        b->gate = param_add(s, n, max, name, 2, fd, INIT_NORMAL, 1 / sqrt((double)D), 1);
-        snprintf(name, sizeof name, "%smlp.up_proj.weight", pre);
-        b->up = param_add(s, n, max, name, 2, fd, INIT_NORMAL, 1 / sqrt((double)D), 1);
-        snprintf(name, sizeof name, "%smlp.down_proj.weight", pre);
-        b->down = param_add(s, n, max, name, 2, df, INIT_NORMAL, resid / sqrt((double)F), 1);
-        if (b->down < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
+        set_roles(s, b->first, *n, ROLE_MIXER);
+        int f0 = *n;
+        MN_TRY(ffn_declare(c, &ops->block, pre, s, n, max, &b->ffn));
+        set_roles(s, f0, *n, ROLE_FFN);
+        if (b->ffn.norm >= 0) s[b->ffn.norm].role = ROLE_NORM;
+        b->ffn_off = ffn_off;
+        ffn_off += (size_t)b->ffn.F;
     }
     if (!strcmp(c->head, "autoencoder")) {
+        int h0 = *n;
         MN_TRY(ae_declare(c, s, n, max, ae));
+        set_roles(s, h0, *n, ROLE_HEAD);
         *norm_f = ae->norm0, *head = ae->wout;
         return MN_OK;
     }
     *norm_f = param_add(s, n, max, "model.norm.weight", 1, d1, INIT_CONST, 1, 0);
     *head = c->tie_embeddings ? *embed : param_add(s, n, max, "lm_head.weight", 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 1);
     if (*norm_f < 0 || *head < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
+    s[*norm_f].role = ROLE_NORM;
+    if (!c->tie_embeddings) s[*head].role = ROLE_HEAD;
     return MN_OK;
 }
 
@@ -131,6 +141,7 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
     Model *m = calloc(1, sizeof *m);
     if (!m) return mn_error(MN_ERR_NOMEM, "out of memory");
     m->cfg = *cfg;
+    config_normalize(&m->cfg);  // what the model does not read stays out of its saved config
     m->be = be;
     m->solver = mn_solver_default();
     m->solver.max_steps = cfg->cg_steps;
@@ -157,6 +168,17 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         if ((st = ops->create(&m->mixers[l]))) goto fail;
     }
     if ((st = declare_all(cfg, m->specs, &m->nparams, m->blocks, &m->embed, &m->norm_f, &m->head, &m->ae))) goto fail;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const Ffn *f = &m->blocks[l].ffn;
+        m->ffn_sum += (size_t)f->F;
+        m->ffn_max = (size_t)f->F > m->ffn_max ? (size_t)f->F : m->ffn_max;
+        if (f->kind == FFN_GEGLU && (!be->geglu_fwd || !be->geglu_bwd)) {
+            st = mn_error(MN_ERR_UNSUPPORTED, "block %d (mixer %s): its GELU-gated feed-forward part is not available on "
+                                              "the %s backend yet",
+                          l, m->mixers[l].ops->name, be->name);
+            goto fail;
+        }
+    }
     // Tensors start 16-byte aligned in their bf16 copies on the GPU: cuBLAS runs its fast kernels
     // only on aligned operands. (Packed, a bias of 6 elements misaligned every tensor after it,
     // and half the model's products ran 4-byte-aligned Ampere kernels.)
@@ -190,6 +212,23 @@ fail:
     return st;
 }
 
+// The model's own activation buffers for N tokens (its blocks' FFN widths summed and largest):
+// their elements per token and kinds. One table serves the allocation and the memory estimate.
+enum { MODEL_BUFS = 20 };
+
+static void model_buffers(Model *m, size_t L, size_t D, size_t V, size_t fsum, size_t fmax, MixerBuf *out) {
+    MixerBuf d[MODEL_BUFS] = {
+        {&m->tokens, 1, 0, MEM_I32},     {&m->targets, 1, 0, MEM_I32},    {&m->x, (L + 1) * D, 0, MEM_ACT},
+        {&m->mid, L * D, 0, MEM_ACT},    {&m->n1, D, 0, MEM_ACT},         {&m->n2, D, 0, MEM_ACT},
+        {&m->r1, L, 0, MEM_F32},         {&m->r2, L, 0, MEM_F32},         {&m->gate, fsum, 0, MEM_ACT},
+        {&m->up, fsum, 0, MEM_ACT},      {&m->act, fsum, 0, MEM_ACT},     {&m->xf, D, 0, MEM_ACT},
+        {&m->rf, 1, 0, MEM_F32},         {&m->logits, V, 0, MEM_ACT},     {&m->losses, 1, 0, MEM_F32},
+        {&m->dx, D, 0, MEM_ACT},         {&m->dn, D, 0, MEM_ACT},         {&m->dact, fmax, 0, MEM_ACT},
+        {&m->dgate, fmax, 0, MEM_ACT},   {&m->dup, fmax, 0, MEM_ACT},
+    };
+    memcpy(out, d, sizeof d);
+}
+
 static void drop_graph(Model *m) {
     if (m->graph) m->be->graph_free(m->be, m->graph);
     m->graph = NULL;
@@ -197,13 +236,9 @@ static void drop_graph(Model *m) {
 }
 
 static void free_activations(Model *m) {
-    void **bufs[] = {&m->tokens, &m->targets, &m->x,      &m->mid,    &m->n1,  &m->n2, &m->r1,
-                     &m->r2,     &m->gate,    &m->up,     &m->act,    &m->xf,  &m->rf, &m->logits,
-                     &m->losses, &m->dx,      &m->dn,     &m->dact,   &m->dgate, &m->dup};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
-        if (*bufs[i]) m->be->free(m->be, *bufs[i]);
-        *bufs[i] = NULL;
-    }
+    MixerBuf d[MODEL_BUFS];
+    model_buffers(m, 0, 0, 0, 0, 0, d);
+    mixer_bufs_free(m->be, d, MODEL_BUFS);
     ae_free(m);
     m->cap = 0;
     drop_graph(m);  // it points into them
@@ -271,21 +306,27 @@ int model_init_params(Model *m, uint64_t seed) {
     return st;
 }
 
-// Elements per token (and per block where per_layer) of every activation buffer, by kind: the
-// model's (ensure_capacity below) and the Mesa mixer's (mixers/mesa.c and shell.c: their buffers
-// per block, and the shared scratch). An estimate for refusing batches that cannot fit, so it
-// errs on neither side by much: the CPU kernels' per-thread workspaces, which do not grow with
-// the batch, are left out. The linear-attention mixers (linear.c) keep the shell's buffers
-// without Mesa's CG solutions and counters (Q + 3 H of the per-token elements): counted as Mesa,
-// a block of theirs is overestimated by about a tenth.
+// Bytes per token of every activation buffer: the model's (model_buffers), each block's mixer's
+// (MixerOps.activation_bytes), the largest of the mixers' shares of the shared scratch and the
+// autoencoder head's. An estimate for refusing batches that cannot fit, so it errs on neither side
+// by much: the CPU kernels' per-thread workspaces, which do not grow with the batch, are left out.
 static size_t activation_bytes_per_token(const ModelConfig *c, const Backend *be) {
-    size_t L = (size_t)c->n_layers, D = (size_t)c->dim, F = (size_t)c->mlp_hidden, V = (size_t)c->vocab_size;
-    size_t H = (size_t)c->n_heads, Q = H * (size_t)(c->head_v_dim > c->head_dim ? c->head_v_dim : c->head_dim);
-    size_t act = (L + 1) * D + L * D + 2 * D + 3 * L * F + D + V + 2 * D + 3 * F  // x, mid, n1 n2, MLP, xf, logits, dx dn, d*
-                 + L * (7 * Q + 3 * Q + 4 * H)                                    // the mixers' projections and outputs
-                 + 7 * Q + 3 * Q;                                                 // their shared scratch
-    size_t f32 = 2 * L + 2 + 7 * H * L, i32 = 2 + 3 * H * L;
-    return act * be->elem_size(be, MEM_ACT) + f32 * be->elem_size(be, MEM_F32) + i32 * sizeof(int32_t) +
+    size_t fsum = 0, fmax = 0, mixers = 0, scratch = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const MixerOps *ops = mixer_at(c, l);
+        if (!ops) continue;  // (a valid config has none such)
+        const BlockShape *b = &ops->block;
+        size_t F = b->ffn == FFN_NONE ? 0 : (size_t)(b->ffn_hidden ? b->ffn_hidden(c) : c->mlp_hidden);
+        fsum += F;
+        fmax = F > fmax ? F : fmax;
+        mixers += ops->activation_bytes(c, be);
+        size_t sc = ops->scratch_elems(c);
+        scratch = sc > scratch ? sc : scratch;
+    }
+    Model dummy;
+    MixerBuf d[MODEL_BUFS];
+    model_buffers(&dummy, (size_t)c->n_layers, (size_t)c->dim, (size_t)c->vocab_size, fsum, fmax, d);
+    return mixer_bufs_bytes(be, d, MODEL_BUFS) + mixers + scratch * be->elem_size(be, MEM_ACT) +
            ae_activation_bytes_per_token(c, be);
 }
 
@@ -343,29 +384,10 @@ static int ensure_capacity(Model *m, int B, int T) {
     if (N <= m->cap) return MN_OK;
     MN_TRY(model_check_batch(m, B, T, NULL));
     free_activations(m);
-    const Backend *be = m->be;
-    size_t L = (size_t)m->cfg.n_layers, D = (size_t)m->cfg.dim, F = (size_t)m->cfg.mlp_hidden;
-    size_t V = (size_t)m->cfg.vocab_size, n = (size_t)N;
-    struct {
-        void **p;
-        size_t count;
-        MemKind kind;
-    } bufs[] = {
-        {&m->tokens, n, MEM_I32},  {&m->targets, n, MEM_I32},  {&m->x, (L + 1) * n * D, MEM_ACT},
-        {&m->mid, L * n * D, MEM_ACT}, {&m->n1, n * D, MEM_ACT},     {&m->n2, n * D, MEM_ACT},
-        {&m->r1, L * n, MEM_F32},  {&m->r2, L * n, MEM_F32},   {&m->gate, L * n * F, MEM_ACT},
-        {&m->up, L * n * F, MEM_ACT}, {&m->act, L * n * F, MEM_ACT}, {&m->xf, n * D, MEM_ACT},
-        {&m->rf, n, MEM_F32},      {&m->logits, n * V, MEM_ACT}, {&m->losses, n, MEM_F32},
-        {&m->dx, n * D, MEM_ACT},  {&m->dn, n * D, MEM_ACT},   {&m->dact, n * F, MEM_ACT},
-        {&m->dgate, n * F, MEM_ACT}, {&m->dup, n * F, MEM_ACT},
-    };
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
-        *bufs[i].p = be->alloc(be, bufs[i].count, bufs[i].kind);
-        if (!*bufs[i].p) {
-            free_activations(m);
-            return MN_ERR_NOMEM;
-        }
-    }
+    size_t n = (size_t)N;
+    MixerBuf d[MODEL_BUFS];
+    model_buffers(m, (size_t)m->cfg.n_layers, (size_t)m->cfg.dim, (size_t)m->cfg.vocab_size, m->ffn_sum, m->ffn_max, d);
+    MN_TRY(mixer_bufs_alloc(m->be, d, MODEL_BUFS, n));
     if (m->ae.on && ae_alloc(m, n)) {
         free_activations(m);
         return MN_ERR_NOMEM;
@@ -386,36 +408,40 @@ static int check_tokens(const Model *m, const int32_t *tokens, const int32_t *ta
     return MN_OK;
 }
 
+// Block l's FFN activations and the temporaries all blocks share, over N tokens.
+static FfnActs ffn_acts(const Model *m, int l, size_t N) {
+    const BlockParams *bp = &m->blocks[l];
+    FfnActs a = {at(m, m->gate, bp->ffn_off * N, MEM_ACT), at(m, m->up, bp->ffn_off * N, MEM_ACT),
+                 at(m, m->act, bp->ffn_off * N, MEM_ACT), at(m, m->r2, l * N, MEM_F32)};
+    return a;
+}
+
+static FfnShared ffn_shared(const Model *m) {
+    FfnShared s = {m->n2, m->dn, m->dact, m->dgate, m->dup};
+    return s;
+}
+
 // The blocks and the final norm over N = B*T tokens (embedding already in x[0]).
 static int forward_blocks(Model *m, int B, int T, int use_state) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
-    size_t N = (size_t)B * T, D = (size_t)c->dim, F = (size_t)c->mlp_hidden;
+    size_t N = (size_t)B * T, D = (size_t)c->dim;
+    FfnShared sh = ffn_shared(m);
     for (int l = 0; l < c->n_layers; l++) {
         const BlockParams *bp = &m->blocks[l];
         void *x = at(m, m->x, l * N * D, MEM_ACT), *xn = at(m, m->x, (l + 1) * N * D, MEM_ACT);
-        void *mid = at(m, m->mid, l * N * D, MEM_ACT), *n1 = m->n1, *n2 = m->n2;
-        void *r1 = at(m, m->r1, l * N, MEM_F32), *r2 = at(m, m->r2, l * N, MEM_F32);
-        void *gate = at(m, m->gate, l * N * F, MEM_ACT), *up = at(m, m->up, l * N * F, MEM_ACT);
-        void *act = at(m, m->act, l * N * F, MEM_ACT);
+        void *mid = at(m, m->mid, l * N * D, MEM_ACT), *n1 = m->n1;
+        void *r1 = at(m, m->r1, l * N, MEM_F32);
         // u = x + Mixer(RMSNorm(x))
         MN_TRY(be->rmsnorm_fwd(be, n1, r1, x, m->p[bp->attn_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
         Mixer *mx = &m->mixers[l];
         mx->solver = m->solver;
         mx->profile = m->profile;
-        double t0, t1;
-        MN_TRY(mixer_clock(mx, &t0));
-        MN_TRY(mx->ops->forward(mx, mid, n1, B, T, use_state));
-        MN_TRY(mixer_clock(mx, &t1));
-        m->mixer_seconds += t1 - t0;
+        MIXER_TIMED(mx, &m->mixer_seconds, mx->ops->forward(mx, mid, n1, B, T, use_state));
         MN_TRY(be->add(be, mid, x, N * D));
-        // x' = u + W_down(SiLU(W_gate v) (.) W_up v),  v = RMSNorm(u)
-        MN_TRY(be->rmsnorm_fwd(be, n2, r2, mid, m->p[bp->mlp_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
-        MN_TRY(be->linear_fwd(be, gate, n2, m->p[bp->gate], NULL, (int)N, (int)D, (int)F));
-        MN_TRY(be->linear_fwd(be, up, n2, m->p[bp->up], NULL, (int)N, (int)D, (int)F));
-        MN_TRY(be->swiglu_fwd(be, act, gate, up, N * F));
-        MN_TRY(be->linear_fwd(be, xn, act, m->p[bp->down], NULL, (int)N, (int)F, (int)D));
-        MN_TRY(be->add(be, xn, mid, N * D));
+        // x' = u + FFN(RMSNorm(u))
+        FfnActs a = ffn_acts(m, l, N);
+        MN_TRY(ffn_forward(be, &bp->ffn, m->p, &a, &sh, mid, xn, (int)N, (int)D, c->norm_eps));
     }
     if (m->ae.on) return MN_OK;  // the autoencoder head decodes x_L itself (ae_forward)
     void *xl = at(m, m->x, (size_t)c->n_layers * N * D, MEM_ACT);
@@ -473,7 +499,7 @@ int model_backward(Model *m) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int B = m->B, T = m->T;
-    size_t N = (size_t)B * T, D = (size_t)c->dim, F = (size_t)c->mlp_hidden;
+    size_t N = (size_t)B * T, D = (size_t)c->dim;
     if (!m->grad_ready) return mn_error(MN_ERR_ARG, "model_backward: the last forward had no targets and grad_weight");
     m->grad_ready = 0;
     // logits now hold dloss/dlogits (model_forward with grad_weight)
@@ -488,33 +514,21 @@ int model_backward(Model *m) {
     }
     MN_TRY(grads_done(m, block_offset(m, c->n_layers), m->total));  // the final norm (or the autoencoder head)
                                                                     // and an untied head
+    FfnShared sh = ffn_shared(m);
     for (int l = c->n_layers - 1; l >= 0; l--) {
         const BlockParams *bp = &m->blocks[l];
         void *x = at(m, m->x, l * N * D, MEM_ACT), *mid = at(m, m->mid, l * N * D, MEM_ACT);
-        void *r1 = at(m, m->r1, l * N, MEM_F32), *r2 = at(m, m->r2, l * N, MEM_F32);
-        void *gate = at(m, m->gate, l * N * F, MEM_ACT), *up = at(m, m->up, l * N * F, MEM_ACT);
-        void *act = at(m, m->act, l * N * F, MEM_ACT);
-        // the block's normalised inputs again (one buffer each serves every block: cheap to
-        // recompute, 2 [N, D] a block to keep)
-        MN_TRY(be->rmsnorm_fwd(be, m->n2, r2, mid, m->p[bp->mlp_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
-        // MLP: dx (the gradient of x') flows to u directly and through the MLP
-        MN_TRY(be->linear_bwd(be, m->dact, m->g[bp->down], NULL, m->dx, act, m->p[bp->down], (int)N, (int)F, (int)D, 0));
-        MN_TRY(be->swiglu_bwd(be, m->dgate, m->dup, m->dact, gate, up, N * F));
-        MN_TRY(be->linear_bwd(be, m->dn, m->g[bp->gate], NULL, m->dgate, m->n2, m->p[bp->gate], (int)N, (int)D, (int)F, 0));
-        MN_TRY(be->linear_bwd(be, m->dn, m->g[bp->up], NULL, m->dup, m->n2, m->p[bp->up], (int)N, (int)D, (int)F, 1));
-        MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[bp->mlp_norm], m->dn, mid, m->p[bp->mlp_norm], r2, (int)N, (int)D, (int)D,
-                               (int)D, 1));
+        void *r1 = at(m, m->r1, l * N, MEM_F32);
+        // FFN: dx (the gradient of x') flows to u directly and through the FFN
+        FfnActs a = ffn_acts(m, l, N);
+        MN_TRY(ffn_backward(be, &bp->ffn, m->p, m->g, &a, &sh, mid, m->dx, (int)N, (int)D, c->norm_eps));
         // mixer: dx (now the gradient of u) flows to x directly and through the mixer, whose
         // input (n1) must hold its forward's values again
         MN_TRY(be->rmsnorm_fwd(be, m->n1, r1, x, m->p[bp->attn_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
         Mixer *mx = &m->mixers[l];
         mx->solver = m->solver;
         mx->profile = m->profile;
-        double t0, t1;
-        MN_TRY(mixer_clock(mx, &t0));
-        MN_TRY(mx->ops->backward(mx, m->dn, m->dx));
-        MN_TRY(mixer_clock(mx, &t1));
-        m->mixer_seconds += t1 - t0;
+        MIXER_TIMED(mx, &m->mixer_seconds, mx->ops->backward(mx, m->dn, m->dx));
         MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[bp->attn_norm], m->dn, x, m->p[bp->attn_norm], r1, (int)N, (int)D,
                                (int)D, (int)D, 1));
         MN_TRY(grads_done(m, block_offset(m, l), block_offset(m, l + 1)));

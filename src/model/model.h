@@ -1,8 +1,9 @@
 /*
- * The language model (spec: backbone-and-training.md): token embedding (scaled
+ * The language model (docs/spec/backbone-and-training.md): token embedding (scaled
  * by sqrt(D) in the paper's architecture), N pre-norm blocks
- *     u = x + Mixer(RMSNorm(x));   x' = u + W_down(SiLU(W_gate v) (.) W_up v),  v = RMSNorm(u)
- * a final RMSNorm, logits E h (tied) or W_head h, soft-capped c tanh(z / c).
+ *     u = x + Mixer(RMSNorm(x));   x' = u + FFN(RMSNorm(u))
+ * whose feed-forward part the block's mixer declares (model/ffn.h: SwiGLU by default), a final
+ * RMSNorm, logits E h (tied) or W_head h, soft-capped c tanh(z / c).
  *
  * One slab holds every parameter and one every gradient (names, shapes and
  * offsets in `specs`); activations are allocated for the largest B*T seen.
@@ -13,18 +14,21 @@
 #include "core/backend.h"
 #include "mixers/mixer.h"
 #include "model/config.h"
+#include "model/ffn.h"
 
-// Room for the tensors of every valid config: the backbone's 3, and per block 4 and the mixer's
-// (at most MODEL_MIXER_MAX_PARAMS; Mesa declares 12, or 13 with the output gate; the
-// linear-attention mixers 9 to 11, or one more with the gate).
-enum { MODEL_MAX_PARAMS = 4096, MODEL_MIXER_MAX_PARAMS = 16 };
-_Static_assert(3 + CONFIG_MAX_LAYERS * (4 + MODEL_MIXER_MAX_PARAMS) <= MODEL_MAX_PARAMS,
+// Room for the tensors of every valid config: the backbone's 3, and per block the mixer's norm,
+// its tensors (at most MODEL_MIXER_MAX_PARAMS; Mesa declares 12, or 13 with the output gate; the
+// linear-attention mixers 9 to 11, or one more with the gate) and the feed-forward part's 7.
+enum { MODEL_MAX_PARAMS = 8192, MODEL_MIXER_MAX_PARAMS = 16 };
+_Static_assert(3 + CONFIG_MAX_LAYERS * (1 + MODEL_MIXER_MAX_PARAMS + 7) <= MODEL_MAX_PARAMS,
                "config validation admits more blocks than the model's tensor table holds");
 
 // Per-block parameter indices into specs.
 typedef struct {
-    int attn_norm, mlp_norm, gate, up, down;
+    int attn_norm;     // the mixer's input norm
     int first, count;  // the mixer's tensors: specs[first .. first+count)
+    Ffn ffn;           // the feed-forward half (ffn.kind FFN_NONE: none)
+    size_t ffn_off;    // where its activations start in gate, up, act: elements per token before it
 } BlockParams;
 
 // The autoencoder head (cfg.head "autoencoder"; model/autoencoder.c): its tensors' indices into
@@ -58,14 +62,15 @@ typedef struct {
     void *tokens, *targets;  // [N] int32
     void *x;                 // [(L+1), N, D] the residual stream entering each block, and leaving the last
     void *mid;               // [L, N, D] after the mixer's residual add
-    void *n1, *n2;           // [N, D] normalised inputs of the mixer and of the MLP, of the block last
+    void *n1, *n2;           // [N, D] normalised inputs of the mixer and of the FFN, of the block last
                              // computed (the backward recomputes each block's)
     void *r1, *r2;           // [L, N] f32 their 1/rms
-    void *gate, *up, *act;   // [L, N, F] MLP activations
+    void *gate, *up, *act;   // [N, sum F] FFN activations, block l's from ffn_off N on
+    size_t ffn_sum, ffn_max; // the blocks' FFN widths: their sum and the largest
     void *xf, *rf;           // [N, D] final norm, [N] its 1/rms
     void *logits;            // [N, V] logits (capped), or their gradient after a training forward
     void *losses;            // [N] f32 per-token losses
-    void *dx, *dn, *dact, *dgate, *dup;  // backward scratch: [N,D], [N,D], [N,F] x3
+    void *dx, *dn, *dact, *dgate, *dup;  // backward scratch: [N,D], [N,D], [N,ffn_max] x3
     AeHead ae;               // the autoencoder head (ae.on: in place of the final norm and the logits' head)
     int state_B;             // sequences of the decoding state (0: none)
     int grad_ready;          // the last forward left dloss/dlogits for model_backward

@@ -430,6 +430,26 @@ static int r_gelu_bwd(const Backend *be, void *dx_, const void *dy_, const void 
     return MN_OK;
 }
 
+// h = gelu(g) u; dg = dh u gelu'(g), du = dh gelu(g).
+static int r_geglu_fwd(const Backend *be, void *h_, const void *g_, const void *u_, size_t n) {
+    double *h = h_;
+    const double *g = g_, *u = u_;
+    for (size_t i = 0; i < n; i++) h[i] = 0.5 * g[i] * (1 + erf(g[i] / sqrt(2.0))) * u[i];
+    return MN_OK;
+}
+
+static int r_geglu_bwd(const Backend *be, void *dg_, void *du_, const void *dh_, const void *g_, const void *u_,
+                       size_t n) {
+    double *dg = dg_, *du = du_;
+    const double *dh = dh_, *g = g_, *u = u_;
+    for (size_t i = 0; i < n; i++) {
+        double cdf = 0.5 * (1 + erf(g[i] / sqrt(2.0))), pdf = exp(-0.5 * g[i] * g[i]) / sqrt(2 * M_PI);
+        dg[i] = dh[i] * u[i] * (cdf + g[i] * pdf);
+        du[i] = dh[i] * g[i] * cdf;
+    }
+    return MN_OK;
+}
+
 static int r_pool_last_fwd(const Backend *be, void *z_, const void *x_, int B, int T, int D) {
     double *z = z_;
     const double *x = x_;
@@ -469,6 +489,7 @@ static const Backend ref_backend = {
     .l2norm_fwd = r_l2norm_fwd, .l2norm_bwd = r_l2norm_bwd,
     .silu_fwd = r_silu_fwd, .silu_bwd = r_silu_bwd, .swiglu_fwd = r_swiglu_fwd, .swiglu_bwd = r_swiglu_bwd,
     .softcap = r_softcap, .gelu_fwd = r_gelu_fwd, .gelu_bwd = r_gelu_bwd,
+    .geglu_fwd = r_geglu_fwd, .geglu_bwd = r_geglu_bwd,
     .pool_last_fwd = r_pool_last_fwd, .pool_last_bwd = r_pool_last_bwd,
     .add = r_add, .conv_fwd = r_conv_fwd, .conv_bwd = r_conv_bwd,
     .embed_fwd = r_embed_fwd, .embed_bwd = r_embed_bwd, .xent = r_xent,

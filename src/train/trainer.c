@@ -88,10 +88,14 @@ typedef struct {
 static int run_config(const TrainOptions *o, const Settings *set, int vocab, ModelConfig *cfg) {
     MN_TRY(config_load(cfg, set->config));
     if (cfg->vocab_size == 0) cfg->vocab_size = vocab;  // the preset leaves it to the data
+    if (o->cg_steps > 0 && !model_uses_cg(cfg))
+        return mn_error(MN_ERR_ARG, "--cg-steps %d: no block of mixer \"%s\" solves with CG (only Mesa layers do)",
+                        o->cg_steps, cfg->mixer);
     if (o->cg_steps > 0) cfg->cg_steps = o->cg_steps;
     // The config records the training context; the forget-gate bound follows it unless set apart.
     if (cfg->gate_bound == (float)cfg->seq_len) cfg->gate_bound = (float)set->seq;
     cfg->seq_len = set->seq;
+    config_normalize(cfg);  // (the bound stays at its default where no mixer reads it)
     return config_validate(cfg, "train");
 }
 
