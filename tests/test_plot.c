@@ -512,7 +512,7 @@ TEST(io_plot_dodge_shows_tied_series) {
     if (svg) {
         double cx[4];
         int n = attr_values(svg, "marker", "cx", cx, 4);
-        CHECK(n == 4 && cx[0] != cx[2] && cx[1] == cx[3] - 0 && cx[1] != cx[0], "markers: %d", n);
+        CHECK(n == 4 && cx[0] != cx[2] && cx[1] == cx[3] && cx[1] != cx[0], "markers: %d", n);
         // b's line starts at its dodged marker
         const char *b_path = strstr(svg, "class=\"series\"");
         if (b_path) b_path = strstr(b_path + 1, "class=\"series\"");
