@@ -462,3 +462,211 @@ TEST(io_plot_panels_and_categories) {
     CHECK(plot_svg(path2, &too_many, left, 1) == MN_ERR_ARG, "100 categories accepted");
     tmp_remove(&td);
 }
+
+// The numbers of attribute `attr` of the elements of class `cls`, in order; returns how many.
+static int attr_values(const char *svg, const char *cls, const char *attr, double *v, int max) {
+    char key[64], a[64];
+    snprintf(key, sizeof key, "class=\"%s\"", cls);
+    snprintf(a, sizeof a, " %s=\"", attr);
+    int n = 0;
+    for (const char *p = svg; (p = strstr(p, key)) && n < max; p += strlen(key)) {
+        const char *end = strchr(p, '>'), *q = strstr(p, a);
+        if (q && end && q < end) v[n++] = atof(q + strlen(a));
+    }
+    return n;
+}
+
+// Series that tie (four mixers all at 0 at one setting) are drawn side by side with dodge, one
+// marker each in series order, so that none hides another; without dodge they share one spot.
+TEST(io_plot_dodge_shows_tied_series) {
+    TmpDir td;
+    tmp_make(&td);
+    const char *cats[2] = {"baseline", "vocab=64"};
+    double x[2] = {0, 1}, zero[2] = {0, 0}, other[2] = {0, 0.5};
+    PlotSeries s[5] = {{"mesa", x, zero, 1, 0, 0, 1}, {"gdn", x, zero, 1, 0, 0, 1}, {"mha", x, zero, 1, 0, 0, 1},
+                       {"gdn,swa", x, zero, 1, 0, 0, 1}, {"two", x, other, 2, 0, 0, 1}};
+    PlotOpts o = {"tied", "setting", "accuracy", 0, 0, 0, 0, cats, 2};
+    o.dodge = 1;
+    char *svg = plot_and_read(&td, &o, s, 4);
+    if (svg) {
+        double cx[8];
+        int n = attr_values(svg, "marker", "cx", cx, 8);
+        CHECK(n == 4, "%d markers, expected one per series", n);
+        for (int i = 1; i < n; i++)
+            CHECK(cx[i] - cx[i - 1] >= 7.6, "markers %d and %d overlap: cx %g and %g", i - 1, i, cx[i - 1], cx[i]);
+        CHECK(count(svg, "class=\"legend-name\"") == 4, "legend: %d names", count(svg, "class=\"legend-name\""));
+        free(svg);
+    }
+    o.dodge = 0;
+    svg = plot_and_read(&td, &o, s, 4);
+    if (svg) {
+        double cx[8];
+        int n = attr_values(svg, "marker", "cx", cx, 8);
+        CHECK(n == 4 && cx[0] == cx[3], "without dodge: %d markers, cx %g .. %g", n, cx[0], n ? cx[n - 1] : 0.0);
+        free(svg);
+    }
+    // A series that ties at one setting and not at the next: its line goes through its own marker.
+    o.dodge = 1;
+    PlotSeries pair[2] = {{"a", x, zero, 2, 0, 0, 1}, {"b", x, other, 2, 0, 0, 1}};
+    svg = plot_and_read(&td, &o, pair, 2);
+    if (svg) {
+        double cx[4];
+        int n = attr_values(svg, "marker", "cx", cx, 4);
+        CHECK(n == 4 && cx[0] != cx[2] && cx[1] == cx[3] && cx[1] != cx[0], "markers: %d", n);
+        // b's line starts at its dodged marker
+        const char *b_path = strstr(svg, "class=\"series\"");
+        if (b_path) b_path = strstr(b_path + 1, "class=\"series\"");
+        char want[64];
+        snprintf(want, sizeof want, "M%.2f ", cx[2]);
+        CHECK(b_path && strstr(b_path, want), "b's line does not start at its marker %s", want);
+        free(svg);
+    }
+    tmp_remove(&td);
+}
+
+// y_lo, y_hi: the axis spans a metric's whole range; values all 0 get 0..1, not -1..1.
+TEST(io_plot_y_span) {
+    TmpDir td;
+    tmp_make(&td);
+    double x[3] = {0, 1, 2}, zero[3] = {0, 0, 0};
+    PlotSeries s = {"acc", x, zero, 3, 0, 0, 1};
+    PlotOpts o = {"span", "x", "accuracy", 0, 0, 0, 0, NULL, 0};
+    char ticks[512];
+    char *svg = plot_and_read(&td, &o, &s, 1);
+    if (svg) {
+        tick_texts(svg, "ytick", ticks, sizeof ticks);
+        CHECK(strstr(ticks, MINUS "1"), "without a span, all-zero data: %s (the check cannot fail?)", ticks);
+        free(svg);
+    }
+    o.y_lo = 0, o.y_hi = 1;
+    svg = plot_and_read(&td, &o, &s, 1);
+    if (svg) {
+        tick_texts(svg, "ytick", ticks, sizeof ticks);
+        CHECK(!strcmp(ticks, "0|0.2|0.4|0.6|0.8|1") || !strcmp(ticks, "0|0.5|1") || !strcmp(ticks, "0|0.1|0.2|0.3|0.4|0.5|0.6|0.7|0.8|0.9|1"),
+              "y ticks with the span 0..1: %s", ticks);
+        CHECK(!strstr(svg, "class=\"zero\""), "a zero line at the axis' edge");
+        free(svg);
+    }
+    double high[3] = {0.5, 1.5, 0.2};  // data beyond the span widen it
+    s.y = high;
+    svg = plot_and_read(&td, &o, &s, 1);
+    if (svg) {
+        tick_texts(svg, "ytick", ticks, sizeof ticks);
+        const char *last = strrchr(ticks, '|');
+        CHECK(!strncmp(ticks, "0|", 2) && last && atof(last + 1) >= 1.5, "y ticks with data to 1.5: %s", ticks);
+        free(svg);
+    }
+    o.y_lo = 1, o.y_hi = 0;
+    CHECK(plot_svg(tmp_path(&td, "bad.svg"), &o, &s, 1) == MN_ERR_ARG && strstr(mn_last_error(), "y range"),
+          "a reversed span accepted: %s", mn_last_error());
+    o.y_lo = 0, o.y_hi = NAN;
+    CHECK(plot_svg(tmp_path(&td, "bad.svg"), &o, &s, 1) == MN_ERR_ARG, "a NaN span accepted");
+    o.y_lo = 0, o.y_hi = 1, o.log_y = 1;
+    CHECK(plot_svg(tmp_path(&td, "bad.svg"), &o, &s, 1) == MN_ERR_ARG, "a span from 0 on a log axis accepted");
+    tmp_remove(&td);
+}
+
+// The estimated width of the title lines (bold: 0.66 em a character), each within the canvas.
+static void check_titles_fit(const char *svg, const char *cls, double W, int want_lines, const char *what) {
+    double size[4], x[4];
+    int n = attr_values(svg, cls, "font-size", size, 4);
+    attr_values(svg, cls, "x", x, 4);
+    char texts[4096];
+    tick_texts(svg, cls, texts, sizeof texts);
+    CHECK(n == want_lines, "%s: %d title lines, expected %d: %s", what, n, want_lines, texts);
+    const char *p = texts;
+    for (int i = 0; i < n; i++) {
+        size_t len = strcspn(p, "|");
+        int chars = 0;
+        for (size_t k = 0; k < len; k++) chars += ((unsigned char)p[k] & 0xC0) != 0x80;
+        for (const char *e = p; (e = strstr(e, "&")) && e < p + len; e++) chars -= (int)(strchr(e, ';') - e);
+        double w = chars * size[i] * 0.66;
+        CHECK(x[i] - w / 2 >= 0 && x[i] + w / 2 <= W, "%s: line %d (%d characters at %g px) spans %.0f..%.0f of %g",
+              what, i + 1, chars, size[i], x[i] - w / 2, x[i] + w / 2, W);
+        p += len + (p[len] == '|');
+    }
+}
+
+// Titles fit the canvas: a long one (Delta NLL of two long run paths) is set smaller, a longer one
+// on two lines, a huge one cut in the middle with an ellipsis; a short one keeps 16 px.
+TEST(io_plot_titles_fit) {
+    TmpDir td;
+    tmp_make(&td);
+    double x[2] = {1, 2}, y[2] = {0.1, -0.2};
+    PlotSeries s = {"d", x, y, 2, 0, 0, 0};
+    PlotOpts o = {"short", "t", "nats", 1, 0, 0, 0};
+    char *svg = plot_and_read(&td, &o, &s, 1);
+    if (svg) {
+        double size[2];
+        CHECK(attr_values(svg, "title", "font-size", size, 2) == 1 && size[0] == 16, "a short title's size");
+        free(svg);
+    }
+    const char *delta = "Delta NLL by position: runs/gdn-long-run minus runs/demo-baseline (negative: first is better)";
+    o.title = delta;
+    svg = plot_and_read(&td, &o, &s, 1);
+    if (svg) {
+        check_titles_fit(svg, "title", 720, 1, "the Delta NLL title");
+        CHECK(strstr(svg, "demo-baseline (negative: first is better)</text>"), "the title lost its end");
+        free(svg);
+    }
+    char longer[400];
+    snprintf(longer, sizeof longer, "Delta NLL by position: runs/experiments/gdn-long-run-%s minus %s", "a-b-c-d-e-f",
+             "runs/experiments/demo-baseline-with-a-longer-name (negative: first is better)");
+    o.title = longer;
+    svg = plot_and_read(&td, &o, &s, 1);
+    if (svg) {
+        check_titles_fit(svg, "title", 720, 2, "a two-line title");
+        CHECK(!strstr(svg, "\xe2\x80\xa6") && strstr(svg, "first is better)</text>"), "a title of two lines was cut");
+        free(svg);
+    }
+    static char huge[3000];
+    for (int i = 0; i < 2990; i++) huge[i] = i % 11 == 10 ? ' ' : 'a' + i % 26;
+    huge[2990] = 0;
+    o.title = huge;
+    svg = plot_and_read(&td, &o, &s, 1);
+    if (svg) {
+        check_titles_fit(svg, "title", 720, 2, "a huge title");
+        CHECK(count(svg, "\xe2\x80\xa6") == 2, "the huge title is not cut with an ellipsis");
+        free(svg);
+    }
+    // The figure title of panels too.
+    PlotPanel p[1] = {{{NULL, "t", "nats", 1, 0, 0, 0}, &s, 1}};
+    const char *path = tmp_path(&td, "panels.svg");
+    CHECK(!plot_svg_panels(path, delta, p, 1), "plot_svg_panels: %s", mn_last_error());
+    size_t n;
+    svg = (char *)read_bytes(path, &n);
+    if (svg) {
+        svg[n] = 0;
+        check_titles_fit(svg, "figure-title", 480, 2, "a panel figure's title");
+        free(svg);
+    }
+    tmp_remove(&td);
+}
+
+// Category labels too long to stand level side by side are slanted (they once ran into each
+// other); short ones stay level.
+TEST(io_plot_long_categories_slanted) {
+    TmpDir td;
+    tmp_make(&td);
+    const char *longc[4] = {"baseline", "seq_len=128,num_pairs=8", "seq_len=256,num_pairs=16",
+                            "seq_len=512,num_pairs=64"};
+    const char *shortc[4] = {"a", "b", "c", "d"};
+    double x[4] = {0, 1, 2, 3}, y[4] = {0.1, 0.5, 0.7, 0.9};
+    PlotSeries s = {"m", x, y, 4, 0, 0, 1};
+    PlotOpts o = {"cats", "setting", "accuracy", 0, 0, 0, 0, longc, 4};
+    char *svg = plot_and_read(&td, &o, &s, 1);
+    if (svg) {
+        CHECK(count(svg, "class=\"xtick\"") == 4 && count(svg, "rotate(-35") == 4, "long labels not slanted");
+        double tx[4];
+        attr_values(svg, "xtick", "x", tx, 4);
+        CHECK(tx[0] - strlen(longc[0]) * 12 * 0.6 * cos(35 * M_PI / 180) >= 0, "the first label leaves the canvas");
+        free(svg);
+    }
+    o.xcats = shortc;
+    svg = plot_and_read(&td, &o, &s, 1);
+    if (svg) {
+        CHECK(count(svg, "class=\"xtick\"") == 4 && !strstr(svg, "rotate(-35"), "short labels slanted");
+        free(svg);
+    }
+    tmp_remove(&td);
+}

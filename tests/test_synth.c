@@ -490,3 +490,27 @@ TEST(synth_every_setting) {
         }
     }
 }
+
+// What each task's metric is called (plot axes and table titles), and the grids that plots draw at
+// their values: RegBench by its training automata, S-NIAH by context length; MQAR's (L, K) pairs
+// and MAD's mixed variations stay categories.
+TEST(synth_metric_names_and_grid_axes) {
+    for (int i = 0; i < synth_task_count(); i++) {
+        const char *m = synth_metric_name(synth_task(i));
+        CHECK(m && strstr(m, "accuracy"), "%s: metric name '%s'", synth_task(i)->name, m ? m : "(null)");
+    }
+    CHECK(!strcmp(synth_metric_name(find("niah-1")), "exact-match accuracy"), "niah-1: %s",
+          synth_metric_name(find("niah-1")));
+    CHECK(!strcmp(synth_metric_name(find("mqar")), "per-example accuracy"), "mqar: %s", synth_metric_name(find("mqar")));
+    CHECK(!strcmp(synth_metric_name(find("mad-recall")), "macro-averaged accuracy"), "mad-recall: %s",
+          synth_metric_name(find("mad-recall")));
+    double v[16];
+    const SynthTask *niah = find("niah-2");
+    const char *axis = synth_grid_axis(niah, v);
+    CHECK(axis && strstr(axis, "context length"), "niah-2's axis: %s", axis ? axis : "(none)");
+    CHECK(synth_grid_count(niah) == 4 && v[0] == 1024 && v[1] == 2048 && v[2] == 4096 && v[3] == 8192,
+          "niah-2's values: %g %g %g %g", v[0], v[1], v[2], v[3]);
+    CHECK(!synth_grid_axis(find("mqar"), v), "mqar's (L, K) pairs drawn as one quantity");
+    CHECK(!synth_grid_axis(find("mad-noisy-recall"), v), "MAD's mixed variations drawn as one quantity");
+    CHECK(!synth_grid_axis(find("parity"), v), "parity's final_only drawn as a quantity");
+}

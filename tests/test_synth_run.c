@@ -1,6 +1,9 @@
 // mesanet synth and src/synth/run.h: a --quick sweep end to end, resuming, refusals, option
 // ranges; the library's run on a tiny setting and its published numbers.
+#include <ctype.h>
+#include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +31,9 @@ TEST(synth_run_cli_quick_mqar_writes_results) {
     CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
     CHECK(strstr(r.out, "[2/2] mqar baseline mha") && strstr(r.out, "ETA"), "no progress lines:\n%s", r.out);
     CHECK(strstr(r.out, "gdn") && strstr(r.out, "mean"), "no table:\n%s", r.out);
-    CHECK(strstr(r.out, "published: Zoology"), "no published source for mqar's attention:\n%s", r.out);
+    // --quick: 40-step runs of tiny models; the papers' full-protocol numbers are left out, said so.
+    CHECK(!strstr(r.out, "published") && !strstr(r.out, "Zoology") && strstr(r.out, "the papers' numbers are left out"),
+          "--quick shows the papers' numbers as if comparable:\n%s", r.out);
     char *csv = read_text(tmp_path(&td, "sweep/results.csv"));
     CHECK(count_lines(csv) == 3, "results.csv: %d lines, expected a header and 2 rows:\n%s", count_lines(csv), csv);
     CHECK(!strncmp(csv, "task,setting,mixer,", 19), "results.csv header: %.60s", csv);
@@ -56,8 +61,8 @@ TEST(synth_run_cli_resumes_without_redoing_runs) {
     // --report: the table of what is recorded, nothing trained, results.csv unchanged
     snprintf(args, sizeof args, "synth mad-recall --mixers gdn,gla --quick --out %s/sweep --report", td.dir);
     r = tool_run(&td, args);
-    CHECK(r.rc == 0 && !strstr(r.out, "training") && strstr(r.out, "1 of 2 run(s) recorded, 1 not run yet") &&
-              strstr(r.out, "mad-recall (metric"),
+    CHECK(r.rc == 0 && !strstr(r.out, "training") && strstr(r.out, "1 of 2 runs recorded, 1 not run yet") &&
+              strstr(r.out, "mad-recall (macro-averaged accuracy x 100"),
           "mesanet %s:\n%s", args, r.out);
     char *reported = read_text(tmp_path(&td, "sweep/results.csv"));
     CHECK(reported && !strcmp(first, reported), "--report changed results.csv");
@@ -68,7 +73,7 @@ TEST(synth_run_cli_resumes_without_redoing_runs) {
     CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
     CHECK(strstr(r.out, "[1/2] mad-recall baseline gdn lr 0.003 wd 0: already in results.csv, skipped"),
           "the recorded run is not skipped:\n%s", r.out);
-    CHECK(strstr(r.out, "[2/2] mad-recall baseline gla") && strstr(r.out, "1 run(s) were already recorded"),
+    CHECK(strstr(r.out, "[2/2] mad-recall baseline gla") && strstr(r.out, "1 run was already recorded and skipped, 1 run now"),
           "the second run did not run:\n%s", r.out);
     char *second = read_text(tmp_path(&td, "sweep/results.csv"));
     CHECK(count_lines(second) == 3, "after the resume: %d lines\n%s", count_lines(second), second);
@@ -92,22 +97,29 @@ TEST(synth_run_cli_mad_compression_and_table) {
     ToolRun r = tool_run(&td, args);
     CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
     CHECK(strstr(r.out, "[1/1] mad-compression baseline mha lr 0.003 wd 0: metric "), "no run:\n%s", r.out);
-    CHECK(strstr(r.out, "49.5 (compress)"), "no published compression number:\n%s", r.out);
+    CHECK(!strstr(r.out, "49.5") && !strstr(r.out, "published"), "--quick shows the published number:\n%s", r.out);
     tool_run_free(&r);
-    snprintf(args, sizeof args, "synth mad --mixers mha,mesa --quick --report --out %s/table", td.dir);
+    // The full protocol's report (nothing trained): the published numbers beside empty cells.
+    snprintf(args, sizeof args, "synth mad --mixers mha,mesa --report --out %s/table", td.dir);
     r = tool_run(&td, args);
     CHECK(r.rc == 0 && strstr(r.out, "averages over the five columns") && strstr(r.out, "compress") &&
               strstr(r.out, "avg of five") && strstr(r.out, "- (75.8)") && strstr(r.out, "- (76.1)") &&
-              !strstr(r.out, "compression not run"),
+              strstr(r.out, "49.5 (compress)") && !strstr(r.out, "compression not run"),
           "mesanet %s: %d\n%s%s", args, r.rc, r.out, r.err);
     tool_run_free(&r);
     snprintf(args, sizeof args,
              "synth mad-recall,mad-noisy-recall,mad-fuzzy-recall,mad-memorization,mad-selective-copy --mixers mha "
-             "--quick --report --out %s/table",
+             "--report --out %s/table",
              td.dir);
     r = tool_run(&td, args);
     CHECK(r.rc == 0 && strstr(r.out, "compression not run") && strstr(r.out, "avg of four") &&
               strstr(r.out, "- (82.3)"),
+          "mesanet %s: %d\n%s%s", args, r.rc, r.out, r.err);
+    tool_run_free(&r);
+    // --quick: no bracketed published numbers in the Table 1 layout either.
+    snprintf(args, sizeof args, "synth mad --mixers mha --quick --report --out %s/comp", td.dir);
+    r = tool_run(&td, args);
+    CHECK(r.rc == 0 && strstr(r.out, "Table 1") && !strstr(r.out, "(75.8)") && !strstr(r.out, "published in brackets"),
           "mesanet %s: %d\n%s%s", args, r.rc, r.out, r.err);
     tool_run_free(&r);
     tmp_remove(&td);
@@ -227,6 +239,33 @@ TEST(synth_run_library_trains_and_scores) {
     CHECK(synth_published_source_of("mqar") && strstr(synth_published_source_of("mqar"), "Zoology"), "mqar source");
     CHECK(!synth_published("regbench", "mha", &v, NULL) && !synth_published_source_of("regbench"),
           "regbench: the notes give no published values");
+}
+
+// Task names and groups: "niah" stands for S-NIAH 1-3 as "mad" does for MAD's six tasks; "all"
+// for every task, RegBench last; an unknown name is refused naming the groups.
+TEST(synth_run_library_task_groups) {
+    const SynthTask *t[32];
+    int n = synth_expand("niah", t, 32);
+    CHECK(n == 3 && !strcmp(t[0]->name, "niah-1") && !strcmp(t[1]->name, "niah-2") && !strcmp(t[2]->name, "niah-3"),
+          "niah: %d tasks", n);
+    n = synth_expand("mad", t, 32);
+    CHECK(n == 6, "mad: %d tasks", n);
+    for (int i = 0; i < n && i < 32; i++) CHECK(!strncmp(t[i]->name, "mad-", 4), "mad: %s", t[i]->name);
+    n = synth_expand("all", t, 32);
+    CHECK(n == synth_task_count() + 1 && t[n - 1] == &synth_task_regbench, "all: %d tasks", n);
+    CHECK(synth_expand("all", t, 2) == n, "a short buffer changes the count");
+    CHECK(synth_expand("regbench", t, 32) == 1 && t[0] == &synth_task_regbench, "regbench");
+    CHECK(synth_expand("niah-2", t, 32) == 1 && !strcmp(t[0]->name, "niah-2"), "niah-2");
+    CHECK(synth_expand("nosuch", t, 32) < 0 && strstr(mn_last_error(), "'nosuch'") &&
+              strstr(mn_last_error(), "groups: mad, niah, all") && strstr(mn_last_error(), "regbench"),
+          "nosuch: %s", mn_last_error());
+    CHECK(synth_expand("", t, 32) < 0, "an empty name accepted");
+    double v[16];
+    const char *axis = synth_grid_axis(&synth_task_regbench, v);
+    CHECK(axis && !strcmp(axis, "training automata") && v[0] == 1000 && v[5] == 40000, "regbench's axis: %s",
+          axis ? axis : "(none)");
+    CHECK(!strcmp(synth_metric_name(&synth_task_regbench), "greedy validity accuracy"), "regbench's metric: %s",
+          synth_metric_name(&synth_task_regbench));
 }
 
 TEST(synth_run_library_regbench) {
@@ -354,5 +393,423 @@ TEST(synth_run_cli_gpus_refusals) {
         tool_run_free(&r);
     }
     unsetenv("CUDA_VISIBLE_DEVICES");
+    tmp_remove(&td);
+}
+
+// Lists are split as the config splits a mixer pattern: an empty name is refused, so is a list
+// longer than the limit (it once ran the first 16 mixers without a word) and a mixer named twice.
+TEST(synth_run_cli_list_refusals) {
+    TmpDir td;
+    tmp_make(&td);
+    const struct {
+        const char *args, *want1, *want2;
+    } cases[] = {
+        {"synth mqar --mixers gdn, --quick", "--mixers 'gdn,': name 2 of the list is empty", NULL},
+        {"synth mqar --mixers ,gdn --quick", "--mixers ',gdn': name 1 of the list is empty", NULL},
+        {"synth mqar --mixers gdn,,mha --quick", "name 2 of the list is empty", NULL},
+        {"synth mqar, --mixers gdn --quick", "the task list 'mqar,': name 2 of the list is empty", NULL},
+        {"synth ,mqar --mixers gdn --quick", "name 1 of the list is empty", NULL},
+        {"synth mqar,,parity --mixers gdn --quick", "name 2 of the list is empty", NULL},
+        {"synth mqar --mixers gdn,mha,gla,mesa,mamba2,deltanet,gdn-paper,swa,gdn:neg,mesa+mha,gdn+mha,gla+mha,"
+         "mamba2+mha,deltanet+mha,swa+mha,gdn+swa,mha+gdn,gla+gdn --quick --report",
+         "18 names, at most 16", "--mixers"},
+        {"synth mqar --mixers gdn,mha,gdn --quick", "--mixers names 'gdn' twice", NULL},
+        {"synth mqar --mixers gdn+swa,gdn+swa --quick", "names 'gdn+swa' twice", NULL},
+        {"synth mqar --mixers gdn+ --quick", "unknown or unusable mixer 'gdn,'", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[700];
+        snprintf(args, sizeof args, "%s --out %s/x", cases[i].args, td.dir);
+        ToolRun r = tool_run(&td, args);
+        CHECK(r.rc != 0 && r.rc != -1, "mesanet %s: exit status %d, expected a refusal\n%s", args, r.rc, r.out);
+        CHECK(strstr(r.err, cases[i].want1), "mesanet %s: stderr lacks '%s':\n%s", args, cases[i].want1, r.err);
+        if (cases[i].want2)
+            CHECK(strstr(r.err, cases[i].want2), "mesanet %s: stderr lacks '%s':\n%s", args, cases[i].want2, r.err);
+        CHECK(!strstr(r.out, "training"), "mesanet %s: trained before refusing", args);
+        tool_run_free(&r);
+    }
+    tmp_remove(&td);
+}
+
+// synth --help lists the tasks and the groups (niah among them), and says how a pattern is
+// written (gdn+swa) and how tables name it (gdn,swa); "niah" runs S-NIAH 1-3; counts of one are
+// singular.
+TEST(synth_run_cli_help_tasks_and_groups) {
+    TmpDir td;
+    tmp_make(&td);
+    ToolRun r = tool_run(&td, "synth --help");
+    CHECK(r.rc == 0 && strstr(r.out, "\ntasks") && strstr(r.out, "  mqar ") && strstr(r.out, "  niah-3 ") &&
+              strstr(r.out, "  regbench ") && strstr(r.out, "  mad ") && strstr(r.out, "  niah ") &&
+              strstr(r.out, "  all "),
+          "synth --help does not list the tasks and groups:\n%s", r.out);
+    CHECK(strstr(r.out, "gdn+swa") && strstr(r.out, "gdn,swa"), "--mixers' help: pattern syntax and its name:\n%s",
+          r.out);
+    tool_run_free(&r);
+    char args[512];
+    snprintf(args, sizeof args, "synth niah,niah-2 --mixers gdn --quick --report --out %s/n", td.dir);
+    r = tool_run(&td, args);
+    CHECK(r.rc == 0 && strstr(r.out, "synth: 3 tasks x 1 mixer, baseline settings, 3 runs;") &&
+              strstr(r.out, "synth: niah-1:") && strstr(r.out, "synth: niah-3:") && strstr(r.out, "2 blocks") &&
+              !strstr(r.out, "mixer(s)") && !strstr(r.out, "task(s)"),
+          "mesanet %s: %d\n%s%s", args, r.rc, r.out, r.err);
+    tool_run_free(&r);
+    snprintf(args, sizeof args, "synth mqar --mixers gdn --quick --max-steps 1 --out %s/one", td.dir);
+    r = tool_run(&td, args);
+    CHECK(r.rc == 0 && strstr(r.out, "1 task x 1 mixer, baseline settings, 1 run;") && strstr(r.out, ", 1 step, ") &&
+              strstr(r.out, "best over 1 lr setting)"),
+          "mesanet %s: %d\n%s%s", args, r.rc, r.out, r.err);
+    tool_run_free(&r);
+    tmp_remove(&td);
+}
+
+// --report on a folder with no results says so, makes no folder and names no file it did not write;
+// without --quick it still shows the published numbers.
+TEST(synth_run_cli_report_without_results) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[512];
+    snprintf(args, sizeof args, "synth mqar --mixers mesa --quick --report --out %s/none", td.dir);
+    ToolRun r = tool_run(&td, args);
+    CHECK(r.rc == 0 && strstr(r.out, "no results yet in ") && !strstr(r.out, "results.csv") && !strstr(r.out, "plot:"),
+          "mesanet %s: %d\n%s%s", args, r.rc, r.out, r.err);
+    CHECK(access(tmp_path(&td, "none"), F_OK) != 0, "--report made the folder");
+    tool_run_free(&r);
+    snprintf(args, sizeof args, "synth mqar --mixers mha --report --out %s/none", td.dir);
+    r = tool_run(&td, args);
+    CHECK(r.rc == 0 && strstr(r.out, "no results yet in ") && !strstr(r.out, "results.csv") &&
+              strstr(r.out, "100.0 (Zoology"),
+          "mesanet %s: %d\n%s%s", args, r.rc, r.out, r.err);
+    tool_run_free(&r);
+    tmp_remove(&td);
+}
+
+static void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
+
+// A damaged results.csv is refused, naming the file, the line and what is wrong, and left as it
+// is: a metric that is not a number (it once read as 0 and the run was skipped), a row cut short
+// (once rewritten with zeros), a file without its header (its first row was lost), a row with a
+// field too many, a quote left open, an empty file.
+TEST(synth_run_cli_damaged_results_refused) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[512];
+    snprintf(args, sizeof args, "synth mqar --mixers gdn --quick --max-steps 2 --out %s/s", td.dir);
+    ToolRun r = tool_run(&td, args);
+    CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
+    tool_run_free(&r);
+    char *good = read_text(tmp_path(&td, "s/results.csv"));
+    char *nl = strchr(good, '\n');
+    CHECK(nl && count_lines(good) == 2, "results.csv:\n%s", good);
+    if (!nl || count_lines(good) != 2) {
+        free(good);
+        tmp_remove(&td);
+        return;
+    }
+    const char *row = nl + 1, *metric = strrchr(good, ',');  // the row's metric ends at its last comma (tvd empty)
+    const char *mstart = metric - 1;
+    while (*mstart != ',') mstart--;
+    static char damaged[8][1024];
+    const char *says[8];
+    // 0: the metric "abc"
+    snprintf(damaged[0], sizeof damaged[0], "%.*sabc%s", (int)(mstart + 1 - good), good, metric);
+    says[0] = "line 2: metric is 'abc', expected a number in [0, 1]";
+    // 1: the row cut after six fields
+    snprintf(damaged[1], sizeof damaged[1], "%.*smqar,baseline,gdn,quick+steps2,0,0.0\n", (int)(row - good), good);
+    says[1] = "line 2 has 6 fields, expected 13";
+    // 2: no header: the row is line 1
+    snprintf(damaged[2], sizeof damaged[2], "%s", row);
+    says[2] = "line 1 is 'mqar,baseline,gdn,";
+    // 3: a field too many
+    snprintf(damaged[3], sizeof damaged[3], "%.*s,7\n", (int)strlen(good) - 1, good);
+    says[3] = "line 2 has more than 13 fields";
+    // 4: a quote left open
+    snprintf(damaged[4], sizeof damaged[4], "%.*s\"mqar,baseline\n", (int)(row - good), good);
+    says[4] = "line 2: field 1 has a quote left open";
+    // 5: empty
+    damaged[5][0] = 0;
+    says[5] = "empty, not even the header";
+    // 6: a learning rate with trailing text; 7: an infinite metric
+    snprintf(damaged[6], sizeof damaged[6], "%s", good);
+    char *lr = strstr(damaged[6] + (row - good), ",0.003,");
+    if (lr) memcpy(lr, ",0.00x,", 7);
+    says[6] = "line 2: lr is '0.00x'";
+    snprintf(damaged[7], sizeof damaged[7], "%.*sinf%s", (int)(mstart + 1 - good), good, metric);
+    says[7] = "line 2: metric is 'inf'";
+    for (int i = 0; i < 8; i++) {
+        write_text(tmp_path(&td, "s/results.csv"), damaged[i]);
+        r = tool_run(&td, args);
+        CHECK(r.rc == 1 && strstr(r.err, "s/results.csv: ") && strstr(r.err, says[i]),
+              "case %d: exit %d, stderr lacks '%s':\n%s\nfile:\n%s", i, r.rc, says[i], r.err, damaged[i]);
+        CHECK(!strstr(r.out, "training"), "case %d: trained over a damaged file:\n%s", i, r.out);
+        char *after = read_text(tmp_path(&td, "s/results.csv"));
+        CHECK(!strcmp(after, damaged[i]), "case %d: the refused file was rewritten:\n%s", i, after);
+        free(after);
+        tool_run_free(&r);
+        // --report reads it the same way
+        snprintf(args + strlen(args), sizeof args - strlen(args), " --report");
+        r = tool_run(&td, args);
+        CHECK(r.rc == 1 && strstr(r.err, says[i]), "case %d --report: exit %d\n%s", i, r.rc, r.err);
+        tool_run_free(&r);
+        args[strlen(args) - strlen(" --report")] = 0;
+    }
+    // The good file, with CRLF line ends, is read as it was.
+    char crlf[2048];
+    size_t at = 0;
+    for (const char *p = good; *p && at + 3 < sizeof crlf; p++) {
+        if (*p == '\n') crlf[at++] = '\r';
+        crlf[at++] = *p;
+    }
+    crlf[at] = 0;
+    write_text(tmp_path(&td, "s/results.csv"), crlf);
+    r = tool_run(&td, args);
+    CHECK(r.rc == 0 && strstr(r.out, "already in results.csv, skipped"), "the good file: %d\n%s%s", r.rc, r.out, r.err);
+    tool_run_free(&r);
+    free(good);
+    tmp_remove(&td);
+}
+
+// ---------------------------------------------------------------------------
+// --jobs processes end with the sweep.
+
+static const char *mesanet_path(void) {
+    static char exe[1024];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 16);
+    if (n <= 0) return NULL;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return NULL;
+    strcpy(slash + 1, "mesanet");
+    return access(exe, X_OK) ? NULL : exe;
+}
+
+// Starts `mesanet synth mqar --mixers gdn,mha,gla --quick --jobs 2 --out OUT <extra>` with its output
+// in OUT.log, SIGINT at its default; returns its pid (-1 if it could not start).
+static pid_t start_sweep(const char *out, const char *extra) {
+    const char *exe = mesanet_path();
+    if (!exe) return -1;
+    char log[512];
+    snprintf(log, sizeof log, "%s.log", out);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGINT, SIG_DFL);
+        if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr)) _exit(127);
+        execl(exe, exe, "synth", "mqar", "--mixers", "gdn,mha,gla", "--quick", "--jobs", "2", "--out", out, extra,
+              (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+// The live processes (not zombies) whose command line holds `needle` and "--run-index": the jobs of
+// the sweep writing there. Their pids into pids (at most max); returns their number.
+static int jobs_of(const char *needle, pid_t *pids, int max) {
+    DIR *d = opendir("/proc");
+    int n = 0;
+    if (!d) return 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!isdigit((unsigned char)e->d_name[0])) continue;
+        char path[300], buf[8192];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        int has_dir = 0, has_index = 0;
+        for (size_t i = 0; i < len; i += strlen(buf + i) + 1) {
+            buf[len] = 0;
+            has_dir |= strstr(buf + i, needle) != NULL;
+            has_index |= !strcmp(buf + i, "--run-index");
+        }
+        if (!has_dir || !has_index) continue;
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        f = fopen(path, "r");
+        if (!f) continue;
+        char state = 'Z';
+        if (fscanf(f, "%*d (%*[^)]) %c", &state) != 1) state = 'Z';
+        fclose(f);
+        if (state != 'Z' && state != 'X' && n < max) pids[n++] = (pid_t)atoi(e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+// Kills the jobs still alive of the sweep writing to `needle`: a failing test leaves none running.
+static void kill_jobs(const char *needle) {
+    pid_t p[8];
+    int n = jobs_of(needle, p, 8);
+    for (int i = 0; i < n; i++) kill(p[i], SIGKILL);
+}
+
+// Waits up to `seconds` for the sweep writing to `needle` to have `want` jobs alive (want 0: none).
+static int wait_jobs(const char *needle, int want, double seconds) {
+    pid_t p[8];
+    int n = -1;
+    for (double t = 0; t < seconds; t += 0.05) {
+        n = jobs_of(needle, p, 8);
+        if (want ? n >= want : n == 0) return n;
+        usleep(50000);
+    }
+    return n;
+}
+
+// A sweep stopped by SIGINT (Ctrl-C, kill -INT) or by SIGKILL takes its --jobs processes with it
+// (they once went on writing into .job-N with ppid 1); a rerun cleans what was left and records
+// every run once.
+TEST(synth_run_cli_jobs_end_with_the_sweep) {
+    TmpDir td;
+    tmp_make(&td);
+    const int sigs[2] = {SIGINT, SIGKILL};
+    for (int k = 0; k < 2; k++) {
+        char out[256];
+        snprintf(out, sizeof out, "%s/sweep-%d", td.dir, k);
+        pid_t sweep = start_sweep(out, "--max-steps=1000000000");
+        CHECK(sweep > 0, "cannot start the sweep");
+        if (sweep <= 0) break;
+        int alive = wait_jobs(out, 2, 60);
+        CHECK(alive >= 2, "signal %d: the sweep's 2 jobs did not start (%d seen)", sigs[k], alive);
+        kill(sweep, sigs[k]);
+        int status = 0;
+        waitpid(sweep, &status, 0);
+        CHECK(WIFSIGNALED(status) && WTERMSIG(status) == sigs[k], "signal %d: the sweep ended with status %#x",
+              sigs[k], status);
+        int left = wait_jobs(out, 0, 10);
+        CHECK(left == 0, "signal %d: %d job(s) of the sweep still run after it ended", sigs[k], left);
+        kill_jobs(out);
+        // The rerun, with its own protocol (a step a run): removes the stopped jobs' folders,
+        // records the three runs, leaves no .job-N behind.
+        ToolRun r;
+        char args[512];
+        snprintf(args, sizeof args, "synth mqar --mixers gdn,mha,gla --quick --max-steps 1 --jobs 2 --out %s", out);
+        r = tool_run(&td, args);
+        CHECK(r.rc == 0 && strstr(r.out, "that a stopped sweep left"), "signal %d, rerun: %d\n%s%s", sigs[k], r.rc,
+              r.out, r.err);
+        tool_run_free(&r);
+        char *csv = read_text(strcat(strcpy(args, out), "/results.csv"));
+        CHECK(count_lines(csv) == 4, "signal %d, rerun: results.csv:\n%s", sigs[k], csv);
+        free(csv);
+        for (int j = 1; j <= 3; j++) {
+            snprintf(args, sizeof args, "%s/.job-%d", out, j);
+            CHECK(access(args, F_OK) != 0, "signal %d: %s is left", sigs[k], args);
+        }
+    }
+    tmp_remove(&td);
+}
+
+// A .job-N folder left by a stopped sweep is never taken for a finished run: a row planted in
+// .job-1/results.csv (the child process would skip its run as recorded there) does not reach the
+// sweep's results.
+TEST(synth_run_cli_stale_job_folder_not_reused) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[512];
+    snprintf(args, sizeof args, "%s/s/.job-1", td.dir);
+    CHECK(!mn_mkdirs(args), "mkdir %s", args);
+    write_text(tmp_path(&td, "s/.job-1/results.csv"),
+               "task,setting,mixer,protocol,seed,lr,wd,steps,epochs,stopped_early,train_seconds,metric,tvd\n"
+               "mqar,baseline,gdn,quick+steps1,0,0.003,0,1,1,0,0.001,0.123456789,\n");
+    write_text(tmp_path(&td, "s/.job-1/results.csv.tmp"), "half");
+    snprintf(args, sizeof args, "synth mqar --mixers gdn,mha --quick --max-steps 1 --jobs 2 --out %s/s", td.dir);
+    ToolRun r = tool_run(&td, args);
+    CHECK(r.rc == 0, "mesanet %s: %d\n%s", args, r.rc, r.err);
+    char *csv = read_text(tmp_path(&td, "s/results.csv"));
+    CHECK(count_lines(csv) == 3 && !strstr(csv, "0.123456789"), "the stale job's row was recorded:\n%s", csv);
+    CHECK(access(tmp_path(&td, "s/.job-1"), F_OK) != 0, "the stale .job-1 is left");
+    free(csv);
+    tool_run_free(&r);
+    tmp_remove(&td);
+}
+
+// One sweep at a time writes a folder: a second one is refused while the first (or a job of it)
+// runs, and goes ahead once it has ended; --report only reads, and is not refused.
+TEST(synth_run_cli_one_sweep_a_folder) {
+    TmpDir td;
+    tmp_make(&td);
+    char out[256], args[512];
+    snprintf(out, sizeof out, "%s/busy", td.dir);
+    pid_t sweep = start_sweep(out, "--max-steps=1000000000");
+    CHECK(sweep > 0, "cannot start the sweep");
+    if (sweep > 0) {
+        CHECK(wait_jobs(out, 2, 60) >= 2, "the sweep's jobs did not start");
+        snprintf(args, sizeof args, "synth mqar --mixers gdn --quick --max-steps 1 --out %s", out);
+        ToolRun r = tool_run(&td, args);
+        if (r.rc != 1) kill_jobs(out);  // the second sweep may have taken its jobs' folders
+        CHECK(r.rc == 1 && strstr(r.err, "another synth sweep") && strstr(r.err, "--out"),
+              "a second sweep on a busy folder: %d\n%s%s", r.rc, r.out, r.err);
+        tool_run_free(&r);
+        snprintf(args, sizeof args, "synth mqar --mixers gdn --quick --report --out %s", out);
+        r = tool_run(&td, args);
+        CHECK(r.rc == 0, "--report on a busy folder: %d\n%s", r.rc, r.err);
+        tool_run_free(&r);
+        kill(sweep, SIGTERM);
+        int status;
+        waitpid(sweep, &status, 0);
+        CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM, "SIGTERM: status %#x", status);
+        CHECK(wait_jobs(out, 0, 10) == 0, "jobs left after SIGTERM");
+        kill_jobs(out);
+        snprintf(args, sizeof args, "synth mqar --mixers gdn --quick --max-steps 1 --out %s", out);
+        r = tool_run(&td, args);
+        CHECK(r.rc == 0, "after the first sweep ended: %d\n%s", r.rc, r.err);
+        tool_run_free(&r);
+    }
+    tmp_remove(&td);
+}
+
+// The texts of the <text class="cls"> elements of an SVG, "|"-joined.
+static void svg_texts(const char *svg, const char *cls, char *out, size_t cap) {
+    char key[64];
+    snprintf(key, sizeof key, "class=\"%s\"", cls);
+    size_t at = 0;
+    out[0] = 0;
+    for (const char *p = svg; (p = strstr(p, key)); p += strlen(key)) {
+        const char *t = strchr(p, '>');
+        if (!t) break;
+        size_t n = strcspn(++t, "<");
+        at += (size_t)snprintf(out + at, at < cap ? cap - at : 0, "%s%.*s", at ? "|" : "", (int)n, t);
+        if (at >= cap) break;
+    }
+}
+
+// A sweep's plots: every mixer visible where they tie (four mixers at 0 on S-NIAH were one dot),
+// with a legend; the y axis named by the task's metric on 0..1 (not "metric" on -1..1); RegBench
+// at its training automata, with its TVD beside the accuracy.
+TEST(synth_run_cli_plots) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[512];
+    snprintf(args, sizeof args, "synth niah-1,regbench --mixers mesa,gdn,mha,gdn+swa --quick --max-steps 1 --out %s/p",
+             td.dir);
+    ToolRun r = tool_run(&td, args);
+    CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", args, r.rc, r.err);
+    tool_run_free(&r);
+    char *svg = read_text(tmp_path(&td, "p/niah-1.svg"));
+    char texts[2048];
+    int markers = 0;
+    double cx[8];
+    for (const char *p = svg; (p = strstr(p, "class=\"marker\" cx=\"")) && markers < 8; p++)
+        cx[markers++] = atof(p + strlen("class=\"marker\" cx=\""));
+    CHECK(markers == 4, "niah-1.svg: %d markers, expected one per mixer", markers);
+    for (int i = 0; i < markers; i++)
+        for (int j = i + 1; j < markers; j++)
+            CHECK(fabs(cx[i] - cx[j]) >= 7, "niah-1.svg: markers %d and %d at cx %g and %g hide each other", i, j,
+                  cx[i], cx[j]);
+    svg_texts(svg, "legend-name", texts, sizeof texts);
+    CHECK(!strcmp(texts, "mesa|gdn|mha|gdn,swa"), "niah-1.svg legend: %s", texts);
+    svg_texts(svg, "ylabel", texts, sizeof texts);
+    CHECK(!strcmp(texts, "exact-match accuracy"), "niah-1.svg y label: %s", texts);
+    svg_texts(svg, "ytick", texts, sizeof texts);
+    CHECK(!strncmp(texts, "0|", 2) && strlen(texts) > 2 && !strcmp(texts + strlen(texts) - 2, "|1"),
+          "niah-1.svg y ticks: %s, expected 0 .. 1", texts);
+    svg_texts(svg, "xlabel", texts, sizeof texts);
+    CHECK(strstr(texts, "context length"), "niah-1.svg x label: %s", texts);
+    free(svg);
+    svg = read_text(tmp_path(&td, "p/regbench.svg"));
+    svg_texts(svg, "xlabel", texts, sizeof texts);
+    CHECK(strstr(texts, "training automata") && !strstr(texts, "setting"), "regbench.svg x label: %s", texts);
+    svg_texts(svg, "ylabel", texts, sizeof texts);
+    CHECK(strstr(texts, "greedy validity accuracy") && strstr(texts, "TVD"), "regbench.svg y labels: %s", texts);
+    svg_texts(svg, "xtick", texts, sizeof texts);
+    CHECK(strstr(texts, "1000"), "regbench.svg x ticks: %s (the baseline's 1000 automata)", texts);
+    CHECK(strstr(svg, "class=\"panel\""), "regbench.svg has no TVD panel");
+    free(svg);
     tmp_remove(&td);
 }

@@ -4,15 +4,24 @@
  * best over the grid per setting; a table beside the published numbers, DIR/results.csv,
  * DIR/results.json and an SVG per task. Every finished run is recorded at once, so a sweep that
  * stops resumes where it was (runs already in results.csv are skipped). --jobs N runs up to N runs at
- * once, each a child process of the tool (its share of the cores); the parent alone writes results.csv.
+ * once, each a child process of the tool (its share of the cores) that ends with it; the parent alone
+ * writes results.csv, and one sweep at a time writes a folder (DIR/.synth.lock).
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "core/atomic_file.h"
 #include "core/common.h"
@@ -54,24 +63,32 @@ static int same_run(const Row *a, const Row *b) {
 
 static const char *const csv_header = "task,setting,mixer,protocol,seed,lr,wd,steps,epochs,stopped_early,train_seconds,metric,tvd";
 
-// One CSV field (RFC 4180 quoting) into out; returns the position after it and its separator.
-static const char *csv_field(const char *p, char *out, size_t cap) {
+// One CSV field (RFC 4180 quoting) of a line into out (cap bytes); returns the position after it
+// and its separator, *last set where the line ends with it; NULL for a quote left open or a field
+// longer than cap - 1 bytes.
+static const char *csv_field(const char *p, char *out, size_t cap, int *last) {
     size_t n = 0;
-    if (*p == '"') {
-        for (p++; *p; p++) {
+    int quoted = *p == '"';
+    if (quoted) {
+        for (p++;; p++) {
+            if (!*p) return NULL;
             if (*p == '"' && p[1] == '"') p++;
             else if (*p == '"') {
                 p++;
                 break;
             }
-            if (n + 1 < cap) out[n++] = *p;
+            if (n + 1 >= cap) return NULL;
+            out[n++] = *p;
         }
+        if (*p && *p != ',') return NULL;  // text after the closing quote
     } else
-        for (; *p && *p != ',' && *p != '\n' && *p != '\r'; p++)
-            if (n + 1 < cap) out[n++] = *p;
+        for (; *p && *p != ','; p++) {
+            if (n + 1 >= cap) return NULL;
+            out[n++] = *p;
+        }
     out[n] = 0;
-    if (*p == ',') p++;
-    return p;
+    *last = *p != ',';
+    return *p == ',' ? p + 1 : p;
 }
 
 static void csv_put(FILE *f, const char *s) {
@@ -87,6 +104,26 @@ static void csv_put(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+// A field of results.csv as a number: the whole field, finite, within [lo, hi] (an integer where
+// integer is set). A damaged field is refused with the file, its line and the column: a metric of
+// "abc" must never read as 0.
+static double csv_number(const char *path, int line, const char *column, const char *text, double lo, double hi,
+                         int integer) {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    int ok = *text && !strchr(" \t", *text) && !*end && !errno && isfinite(v) && v >= lo && v <= hi &&
+             (!integer || v == floor(v));
+    if (!ok)
+        cmd_fail(CMD, "%s: line %d: %s is '%s', expected %s in [%g, %g] (a damaged row: correct or delete the line)",
+                 path, line, column, text, integer ? "an integer" : "a number", lo, hi);
+    return v;
+}
+
+// Reads a results.csv (ours, or a --jobs process's) into rows; a file that does not exist is a new
+// sweep. Refused, naming the file and the line: a first line that is not the header (a row there
+// would be lost), a row with a field missing or too many, a field that is not what its column holds.
+// Files written before the tvd column (12 columns) are read too.
 static void load_rows(const char *path, Rows *rows) {
     char *text;
     size_t n;
@@ -94,28 +131,67 @@ static void load_rows(const char *path, Rows *rows) {
     if (!probe) return;  // a new sweep
     fclose(probe);
     if (file_read_all(path, (size_t)1 << 30, &text, &n)) cmd_fail(CMD, "%s", mn_last_error());
-    int line = 0;
-    for (char *p = text; *p; line++) {
+    if (strlen(text) != n) cmd_fail(CMD, "%s: holds a NUL byte: not a results table", path);
+    size_t old_len = strlen(csv_header) - strlen(",tvd");
+    int ncols = 0, line = 0;
+    for (char *p = text; *p;) {
         char *end = strchr(p, '\n');
         if (end) *end = 0;
-        if (line > 0 && *p) {
+        line++;
+        size_t len = strlen(p);
+        if (len && p[len - 1] == '\r') p[--len] = 0;
+        if (line == 1) {
+            if (!strcmp(p, csv_header)) ncols = 13;
+            else if (len == old_len && !strncmp(p, csv_header, old_len)) ncols = 12;
+            else
+                cmd_fail(CMD, "%s: line 1 is '%.60s', not the header '%s' (results.csv starts with it)", path, p,
+                         csv_header);
+        } else if (len) {
             char f[13][128];
             const char *q = p;
-            for (int i = 0; i < 13; i++) q = csv_field(q, f[i], sizeof f[i]);  // tvd: empty in older files
+            int nf = 0, last = 0;
+            while (!last) {
+                if (nf == 13) {
+                    nf++;
+                    break;
+                }
+                q = csv_field(q, f[nf], sizeof f[nf], &last);
+                if (!q)
+                    cmd_fail(CMD, "%s: line %d: field %d has a quote left open or is longer than %zu characters", path,
+                             line, nf + 1, sizeof f[0] - 1);
+                nf++;
+            }
+            if (nf != ncols)
+                cmd_fail(CMD, "%s: line %d has %s%d fields, expected %d (%s): a damaged row, correct or delete the line",
+                         path, line, nf > 13 ? "more than " : "", nf > 13 ? 13 : nf, ncols, csv_header);
+            if (ncols == 12) f[12][0] = 0;
+            static const char *const names[4] = {"task", "setting", "mixer", "protocol"};
+            const size_t caps[4] = {sizeof((Row *)0)->task, sizeof((Row *)0)->setting, sizeof((Row *)0)->mixer,
+                                    sizeof((Row *)0)->protocol};
+            for (int i = 0; i < 4; i++)
+                if (!f[i][0] || strlen(f[i]) >= caps[i])
+                    cmd_fail(CMD, "%s: line %d: %s '%s' is %s", path, line, names[i], f[i],
+                             f[i][0] ? "too long" : "empty");
             Row r = {0};
             snprintf(r.task, sizeof r.task, "%s", f[0]);
             snprintf(r.setting, sizeof r.setting, "%s", f[1]);
             snprintf(r.mixer, sizeof r.mixer, "%s", f[2]);
             snprintf(r.protocol, sizeof r.protocol, "%s", f[3]);
-            r.seed = atoll(f[4]), r.lr = atof(f[5]), r.wd = atof(f[6]), r.steps = atoi(f[7]), r.epochs = atoi(f[8]);
-            r.early = atoi(f[9]), r.seconds = atof(f[10]), r.metric = atof(f[11]);
-            r.tvd = f[12][0] ? atof(f[12]) : NAN;
-            if (!r.task[0] || !r.mixer[0]) cmd_fail(CMD, "%s: line %d is not a result row", path, line + 1);
+            r.seed = (long long)csv_number(path, line, "seed", f[4], 0, 1e15, 1);
+            r.lr = csv_number(path, line, "lr", f[5], 0, 1e6, 0);
+            r.wd = csv_number(path, line, "wd", f[6], 0, 1e6, 0);
+            r.steps = (int)csv_number(path, line, "steps", f[7], 0, INT_MAX, 1);
+            r.epochs = (int)csv_number(path, line, "epochs", f[8], 0, INT_MAX, 1);
+            r.early = (int)csv_number(path, line, "stopped_early", f[9], 0, 1, 1);
+            r.seconds = csv_number(path, line, "train_seconds", f[10], 0, 1e12, 0);
+            r.metric = csv_number(path, line, "metric", f[11], 0, 1, 0);
+            r.tvd = f[12][0] ? csv_number(path, line, "tvd", f[12], 0, 1, 0) : NAN;
             rows_add(rows, &r);
         }
         if (!end) break;
         p = end + 1;
     }
+    if (line == 0) cmd_fail(CMD, "%s: empty, not even the header '%s'", path, csv_header);
     free(text);
 }
 
@@ -158,12 +234,28 @@ static void save_rows(const char *dir, const Rows *rows) {
     if (af_commit(&af)) cmd_fail(CMD, "%s", mn_last_error());
 }
 
-// Splits a comma list in place (at most max items).
-static int split_list(char *s, char **items, int max) {
+// Splits a comma list in place into names (at most max), as the config splits a mixer pattern:
+// an empty name (a leading, trailing or doubled comma) and more than max names are refused,
+// naming the option (what) and the list.
+static int split_names(const char *what, const char *list, char *s, char **items, int max) {
     int n = 0;
-    for (char *tok = strtok(s, ","); tok && n < max; tok = strtok(NULL, ",")) items[n++] = tok;
-    return n;
+    for (char *p = s;; n++) {
+        char *comma = strchr(p, ',');
+        if (comma) *comma = 0;
+        if (!*p) cmd_fail(CMD, "%s '%s': name %d of the list is empty (a comma too many?)", what, list, n + 1);
+        if (n == max) {
+            int total = n + 1;
+            for (; comma; comma = strchr(comma + 1, ',')) total++;
+            cmd_fail(CMD, "%s '%s': %d names, at most %d", what, list, total, max);
+        }
+        items[n] = p;
+        if (!comma) return n + 1;
+        p = comma + 1;
+    }
 }
+
+// "s" unless n is 1: "1 run", "2 runs".
+static const char *plural(long long n) { return n == 1 ? "" : "s"; }
 
 // A metric x 100 with one decimal, or "-" where no run is recorded yet (NaN). buf: 32 bytes.
 static const char *pct(char *buf, double v) {
@@ -209,6 +301,97 @@ typedef struct {
     char dir[4096];
 } Job;
 
+// The pids of the --jobs processes alive, for on_stop: signals that stop the sweep stop its jobs.
+// Changed with those signals blocked (jobs_block), so the handler never sees a table half-written.
+static volatile pid_t live_jobs[MAX_JOBS];
+static const int stop_signals[3] = {SIGINT, SIGTERM, SIGHUP};
+
+static void jobs_block(int block, sigset_t *old) {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int i = 0; i < 3; i++) sigaddset(&set, stop_signals[i]);
+    sigprocmask(block ? SIG_BLOCK : SIG_SETMASK, block ? &set : old, block ? old : NULL);
+}
+
+static void live_jobs_set(pid_t old_pid, pid_t new_pid) {
+    for (int i = 0; i < MAX_JOBS; i++)
+        if (live_jobs[i] == old_pid) {
+            live_jobs[i] = new_pid;
+            return;
+        }
+}
+
+// SIGINT, SIGTERM or SIGHUP of the sweep: its jobs get SIGTERM and are reaped, then the tool dies
+// of the signal as it would have without the handler (exit status 128 + the signal). Only
+// async-signal-safe calls. (A SIGKILL cannot be caught: the jobs' PR_SET_PDEATHSIG covers it.)
+static void on_stop(int sig) {
+    for (int i = 0; i < MAX_JOBS; i++)
+        if (live_jobs[i] > 0) kill(live_jobs[i], SIGTERM);
+    for (int i = 0; i < MAX_JOBS; i++)
+        if (live_jobs[i] > 0)
+            while (waitpid(live_jobs[i], NULL, 0) < 0 && errno == EINTR) {
+            }
+    signal(sig, SIG_DFL);
+    raise(sig);  // delivered when the handler returns
+}
+
+// Installs on_stop for the signals the tool does not ignore (a sweep started with SIGINT ignored,
+// as `cmd &` in a script is, keeps ignoring it).
+static void jobs_catch_signals(void) {
+    for (int i = 0; i < 3; i++) {
+        struct sigaction sa, was;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_stop;
+        sigemptyset(&sa.sa_mask);
+        for (int k = 0; k < 3; k++) sigaddset(&sa.sa_mask, stop_signals[k]);
+        if (sigaction(stop_signals[i], NULL, &was) == 0 && was.sa_handler != SIG_IGN) sigaction(stop_signals[i], &sa, NULL);
+    }
+}
+
+// One sweep at a time writes an --out folder: it holds an flock on DIR/.synth.lock. The lock's file
+// descriptor is inherited by the --jobs processes (no close-on-exec), so the folder stays locked
+// until the sweep and every job of it have ended. Kept open until the tool exits.
+static void lock_out(const char *out) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.synth.lock", out);
+    int fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (fd < 0) cmd_fail(CMD, "--out %s: cannot open %s: %s", out, path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        if (errno == EWOULDBLOCK)
+            cmd_fail(CMD, "--out %s: another synth sweep (or a job of one) is writing there; wait for it to end, "
+                          "or use another --out", out);
+        cmd_fail(CMD, "--out %s: cannot lock %s: %s", out, path, strerror(errno));
+    }
+}
+
+// Removes the .job-N folders that a sweep stopped before collecting them left in out (their files,
+// then the folder). Run under lock_out: no job of another sweep can be writing them.
+static void remove_stale_jobs(const char *out) {
+    DIR *d = opendir(out);
+    if (!d) cmd_fail(CMD, "--out %s: cannot list it: %s", out, strerror(errno));
+    int removed = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *n = e->d_name;
+        if (strncmp(n, ".job-", 5) || !n[5] || strspn(n + 5, "0123456789") != strlen(n + 5)) continue;
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s/%s", out, n);
+        DIR *j = opendir(dir);
+        if (!j) continue;  // not a folder: not ours
+        for (struct dirent *f; (f = readdir(j));) {
+            if (!strcmp(f->d_name, ".") || !strcmp(f->d_name, "..")) continue;
+            char file[8400];
+            snprintf(file, sizeof file, "%s/%s", dir, f->d_name);
+            if (unlink(file)) cmd_fail(CMD, "%s: cannot remove a stopped job's file: %s", file, strerror(errno));
+        }
+        closedir(j);
+        if (rmdir(dir)) cmd_fail(CMD, "%s: cannot remove a stopped job's folder: %s", dir, strerror(errno));
+        removed++;
+    }
+    closedir(d);
+    if (removed)
+        printf("synth: removed %d job folder%s (.job-N) that a stopped sweep left\n", removed, plural(removed));
+}
+
 // --gpus: job k of the first round goes to GPU k mod gpus, and each later job to the GPU of the
 // job whose end made room for it, so that every GPU runs jobs / gpus of them at all times.
 static void job_start(Job *j, int argc, char **argv, const char *out, int index, int threads, int gpu) {
@@ -226,9 +409,24 @@ static void job_start(Job *j, int argc, char **argv, const char *out, int index,
     cargv[n++] = "--run-index", cargv[n++] = idx, cargv[n++] = "--out", cargv[n++] = j->dir;
     cargv[n++] = "--jobs", cargv[n++] = "1", cargv[n] = NULL;
     fflush(stdout), fflush(stderr);
+    pid_t parent = getpid();
+    sigset_t old;
+    jobs_block(1, &old);  // until the job is in live_jobs (parent) or on the default handlers (child)
     pid_t pid = fork();
     if (pid < 0) cmd_fail(CMD, "fork: cannot start a job");
     if (pid == 0) {
+#ifdef __linux__
+        // The job dies with the sweep, even of a SIGKILL; a sweep that died before this took hold
+        // has made the job an orphan already.
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent) _exit(127);
+#else
+        (void)parent;
+#endif
+        for (int i = 0; i < 3; i++) {
+            struct sigaction was;
+            if (sigaction(stop_signals[i], NULL, &was) == 0 && was.sa_handler == on_stop) signal(stop_signals[i], SIG_DFL);
+        }
+        jobs_block(0, &old);
         char th[32];
         snprintf(th, sizeof th, "%d", threads);
         setenv("OMP_NUM_THREADS", th, 1);
@@ -237,6 +435,8 @@ static void job_start(Job *j, int argc, char **argv, const char *out, int index,
         execv("/proc/self/exe", cargv);
         _exit(127);
     }
+    live_jobs_set(0, pid);
+    jobs_block(0, &old);
     free(cargv);
     j->pid = pid, j->index = index, j->gpu = gpu;
 }
@@ -252,13 +452,18 @@ static int job_wait(Job *jobs, int *n, Row *r, int *index, int *gpu) {
     int k = 0;
     while (k < *n && jobs[k].pid != pid) k++;
     if (k == *n) return job_wait(jobs, n, r, index, gpu);  // not ours
+    sigset_t old;
+    jobs_block(1, &old);
+    live_jobs_set(pid, 0);
+    jobs_block(0, &old);
     Job j = jobs[k];
     jobs[k] = jobs[--*n];
     *index = j.index;
     *gpu = j.gpu;
     if (!WIFEXITED(status) || WEXITSTATUS(status))
-        return mn_error(MN_ERR_ARG, "run %d (a --jobs process) failed (status %d)", j.index,
-                        WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return mn_error(MN_ERR_ARG, "run %d (a --jobs process) failed (%s %d)", j.index,
+                        WIFEXITED(status) ? "exit status" : "signal",
+                        WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? WTERMSIG(status) : -1);
     char path[4200];
     Rows one = {0};
     snprintf(path, sizeof path, "%s/results.csv", j.dir);
@@ -291,13 +496,37 @@ static void check_gpus(int gpus, int jobs, const char *backend) {
     if (n < gpus) cmd_fail(CMD, "--gpus %d: this process sees %d GPU(s)", gpus, n);
 }
 
+// The progress line of a finished run; eta: seconds left (NAN: none to show).
+static void print_done(const Row *r, int index, int total, double eta) {
+    char took[32], eta_text[48] = "", tvd_text[32] = "";
+    fmt_time(took, sizeof took, r->seconds);
+    if (!isnan(eta)) {
+        char t[32];
+        fmt_time(t, sizeof t, eta);
+        snprintf(eta_text, sizeof eta_text, " | ETA %s", t);
+    }
+    if (isfinite(r->tvd)) snprintf(tvd_text, sizeof tvd_text, ", tvd %.4f", r->tvd);
+    printf("[%d/%d] %s %s %s lr %g wd %g: metric %.4f%s, %d step%s%s, %s%s\n", index, total, r->task, r->setting,
+           r->mixer, r->lr, r->wd, r->metric, tvd_text, r->steps, plural(r->steps), r->early ? " (stopped early)" : "",
+           took, eta_text);
+    fflush(stdout);
+}
+
+// The tasks and the groups, one a line: for --help and for a missing task.
+static void print_tasks(FILE *f) {
+    for (int i = 0; i < synth_task_count(); i++) fprintf(f, "  %-20s %s\n", synth_task(i)->name, synth_task(i)->summary);
+    fprintf(f, "  %-20s %s\n", synth_task_regbench.name, synth_task_regbench.summary);
+    for (int i = 0; i < synth_group_count(); i++) fprintf(f, "  %-20s %s\n", synth_groups[i].name, synth_groups[i].summary);
+}
+
 int cmd_synth(int argc, char **argv) {
     const char *mixers_arg = NULL, *settings = "baseline", *backend = "cpu", *out = "runs/synth";
     int quick = 0, report = 0, seed = 0, stop_after = 0, dim = 0, epochs = 0, max_steps = 0, batch = 0, jobs = 1, run_index = 0;
     int gpus = 0;
     Option opts[] = {
         {"mixers", OPT_STRING, &mixers_arg, "comma list of mixers (mesa, gdn, mha, gla, mamba2, deltanet, gdn-paper, "
-                                            "swa, ...) or patterns of blocks written with + (gdn+mha: gdn, then mha); NAME:neg "
+                                            "swa, ...) and patterns of blocks joined with + (gdn+swa: gdn, then swa; "
+                                            "tables and results.csv name it as the config does, gdn,swa); NAME:neg "
                                             "adds the delta rules' negative eigenvalues (beta in (0, 2); e.g. gdn:neg)"},
         {"settings", OPT_STRING, &settings, "baseline (each task's baseline setting) or full (its whole grid)"},
         {"quick", OPT_FLAG, &quick, "tiny settings and model, one learning rate, 40 steps: seconds on a CPU"},
@@ -322,14 +551,15 @@ int cmd_synth(int argc, char **argv) {
     int npos = 0;
     int st = parse_args(argc, argv, "TASK[,TASK...] --mixers M1,M2,... [options]", opts, sizeof opts / sizeof opts[0],
                         pos, &npos, 1);
-    if (st) return st == 2 ? 0 : 1;
+    if (st == 2) {  // --help: the options, then what TASK may be
+        printf("\ntasks (TASK: one of them, a group, or a comma list of both):\n");
+        print_tasks(stdout);
+        return 0;
+    }
+    if (st) return 1;
     if (npos < 1) {
         fprintf(stderr, "mesanet synth: a task is required; the tasks:\n");
-        for (int i = 0; i < synth_task_count(); i++)
-            fprintf(stderr, "  %-20s %s\n", synth_task(i)->name, synth_task(i)->summary);
-        fprintf(stderr, "  %-20s %s\n", synth_task_regbench.name, synth_task_regbench.summary);
-        fprintf(stderr, "  %-20s the six MAD tasks (mad-compression with the autoencoder head)\n", "mad");
-        fprintf(stderr, "  %-20s every task the causal model runs\n", "all");
+        print_tasks(stderr);
         return 1;
     }
     if (!mixers_arg || !*mixers_arg) cmd_fail(CMD, "--mixers is required (e.g. --mixers mesa,gdn,mha)");
@@ -339,39 +569,42 @@ int cmd_synth(int argc, char **argv) {
     const Backend *be = backend_by_name(backend);
     if (!be) cmd_fail(CMD, "--backend: %s", mn_last_error());
 
-    // Tasks.
+    // Tasks: names and groups (synth_groups); a task named twice (mad,mad-recall) runs once.
     const SynthTask *tasks[MAX_TASKS];
     int ntasks = 0;
     char task_list[512], *titems[MAX_TASKS];
+    if (strlen(pos[0]) >= sizeof task_list) cmd_fail(CMD, "the task list is longer than %zu characters", sizeof task_list - 1);
     snprintf(task_list, sizeof task_list, "%s", pos[0]);
-    int nt = split_list(task_list, titems, MAX_TASKS);
+    int nt = split_names("the task list", pos[0], task_list, titems, MAX_TASKS);
     for (int i = 0; i < nt; i++) {
-        if (!strcmp(titems[i], "mad") || !strcmp(titems[i], "all")) {
-            for (int k = 0; k < synth_task_count() && ntasks < MAX_TASKS; k++) {
-                const SynthTask *t = synth_task(k);
-                if ((!strcmp(titems[i], "all") || !strcmp(t->family, "mad")) && !synth_task_supported(t))
-                    tasks[ntasks++] = t;
-            }
-            if (!strcmp(titems[i], "all") && ntasks < MAX_TASKS) tasks[ntasks++] = &synth_task_regbench;
-            continue;
+        const SynthTask *got[MAX_TASKS + 1];
+        int n = synth_expand(titems[i], got, MAX_TASKS + 1);
+        if (n < 0) cmd_fail(CMD, "unknown task '%s': %s", titems[i], mn_last_error());
+        for (int k = 0; k < n && k <= MAX_TASKS; k++) {
+            int dup = 0;
+            for (int j = 0; j < ntasks; j++) dup |= tasks[j] == got[k];
+            if (dup) continue;
+            if (ntasks == MAX_TASKS) cmd_fail(CMD, "'%s' names more than %d tasks", pos[0], MAX_TASKS);
+            if (synth_task_supported(got[k])) cmd_fail(CMD, "%s", mn_last_error());
+            tasks[ntasks++] = got[k];
         }
-        const SynthTask *t = synth_find_any(titems[i]);
-        if (!t) cmd_fail(CMD, "unknown task '%s': %s (or regbench, mad, all)", titems[i], mn_last_error());
-        if (synth_task_supported(t)) cmd_fail(CMD, "%s", mn_last_error());
-        if (ntasks < MAX_TASKS) tasks[ntasks++] = t;
     }
-    if (ntasks == 0) cmd_fail(CMD, "no task in '%s'", pos[0]);
 
-    // Mixers: a pattern of blocks is written with '+' (the list's own separator is ',').
+    // Mixers: a pattern of blocks is written with '+' (the list's own separator is ','), then
+    // named as the config writes it (gdn+swa -> "gdn,swa") in the tables and results.
     char mixer_list[1024], *mitems[MAX_MIXERS];
+    if (strlen(mixers_arg) >= sizeof mixer_list) cmd_fail(CMD, "--mixers: longer than %zu characters", sizeof mixer_list - 1);
     snprintf(mixer_list, sizeof mixer_list, "%s", mixers_arg);
-    int nmix = split_list(mixer_list, mitems, MAX_MIXERS);
-    if (nmix == 0) cmd_fail(CMD, "--mixers names no mixer");
+    int nmix = split_names("--mixers", mixers_arg, mixer_list, mitems, MAX_MIXERS);
     char mixers[MAX_MIXERS][64];
     for (int i = 0; i < nmix; i++) {
+        if (strlen(mitems[i]) >= sizeof mixers[i])
+            cmd_fail(CMD, "--mixers: '%.40s...' is longer than %zu characters", mitems[i], sizeof mixers[i] - 1);
         snprintf(mixers[i], sizeof mixers[i], "%s", mitems[i]);
         for (char *c = mixers[i]; *c; c++)
             if (*c == '+') *c = ',';
+        for (int j = 0; j < i; j++)
+            if (!strcmp(mixers[i], mixers[j])) cmd_fail(CMD, "--mixers names '%s' twice", mitems[i]);
     }
 
     // Protocols, and every mixer checked against every task before anything runs.
@@ -395,7 +628,15 @@ int cmd_synth(int argc, char **argv) {
         }
         total += ngrid[i] * nmix * prot[i].nlr;
     }
-    if (mn_mkdirs(out)) cmd_fail(CMD, "--out %s: %s", out, mn_last_error());
+    // --report only reads: it makes no folder and takes no lock. A sweep locks its folder, so that
+    // no other sweep writes there, and removes what a stopped one left (see lock_out).
+    if (!report) {
+        if (mn_mkdirs(out)) cmd_fail(CMD, "--out %s: %s", out, mn_last_error());
+        if (!run_index) {
+            lock_out(out);
+            remove_stale_jobs(out);
+        }
+    }
     char csv_path[4096];
     snprintf(csv_path, sizeof csv_path, "%s/results.csv", out);
     Rows rows = {0};
@@ -414,15 +655,18 @@ int cmd_synth(int argc, char **argv) {
         }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = ncpu > jobs ? (int)(ncpu / jobs) : 1;
-    printf("synth: %d task(s) x %d mixer(s), %s settings, %d runs; %s backend; results in %s\n", ntasks, nmix, settings,
-           total, be->name, out);
-    if (jobs > 1 && gpus) printf("synth: up to %d runs at once over %d GPUs, %d thread(s) each\n", jobs, gpus, threads);
-    else if (jobs > 1) printf("synth: up to %d runs at once, %d thread(s) each\n", jobs, threads);
+    printf("synth: %d task%s x %d mixer%s, %s settings, %d run%s; %s backend; results in %s\n", ntasks, plural(ntasks),
+           nmix, plural(nmix), settings, total, plural(total), be->name, out);
+    if (jobs > 1 && gpus)
+        printf("synth: up to %d runs at once over %d GPU%s, %d thread%s each\n", jobs, gpus, plural(gpus), threads,
+               plural(threads));
+    else if (jobs > 1) printf("synth: up to %d runs at once, %d thread%s each\n", jobs, threads, plural(threads));
     for (int i = 0; i < ntasks; i++)
-        printf("synth: %s: %s; width %d, %d blocks, batch %d\n", tasks[i]->name, prot[i].source, prot[i].dim,
-               prot[i].n_layers, prot[i].batch);
+        printf("synth: %s: %s; width %d, %d block%s, batch %d\n", tasks[i]->name, prot[i].source, prot[i].dim,
+               prot[i].n_layers, plural(prot[i].n_layers), prot[i].batch);
     if (quick) printf("synth: --quick shrinks every setting (labels name the grid's settings, not the sizes run)\n");
     fflush(stdout);
+    if (jobs > 1 && !run_index && !report) jobs_catch_signals();
 
     int done = 0, ran = 0, skipped = 0, finished = 0, njob = 0, missing = 0, free_gpu = -1;
     double spent = 0;
@@ -450,7 +694,7 @@ int cmd_synth(int argc, char **argv) {
                         skipped++;
                         if (!report)
                             printf("[%d/%d] %s %s %s lr %g wd %g: already in results.csv, skipped\n", done, total,
-                               r.task, r.setting, r.mixer, r.lr, r.wd);
+                                   r.task, r.setting, r.mixer, r.lr, r.wd);
                         fflush(stdout);
                         continue;
                     }
@@ -467,14 +711,7 @@ int cmd_synth(int argc, char **argv) {
                             rows_add(&rows, &got);
                             save_rows(out, &rows);
                             finished++, spent += got.seconds;
-                            char took[32], eta[32], tvd_text[32] = "";
-                            fmt_time(took, sizeof took, got.seconds);
-                            fmt_time(eta, sizeof eta, spent / finished * (total - done + njob + 1) / jobs);
-                            if (isfinite(got.tvd)) snprintf(tvd_text, sizeof tvd_text, ", tvd %.4f", got.tvd);
-                            printf("[%d/%d] %s %s %s lr %g wd %g: metric %.4f%s, %d steps%s, %s | ETA %s\n", gi, total,
-                                   got.task, got.setting, got.mixer, got.lr, got.wd, got.metric, tvd_text, got.steps,
-                                   got.early ? " (stopped early)" : "", took, eta);
-                            fflush(stdout);
+                            print_done(&got, gi, total, spent / finished * (total - done + njob + 1) / jobs);
                         }
                         int gpu = !gpus ? -1 : free_gpu >= 0 ? free_gpu : njob % gpus;
                         free_gpu = -1;
@@ -498,15 +735,7 @@ int cmd_synth(int argc, char **argv) {
                     save_rows(out, &rows);
                     ran++;
                     spent += res.seconds;
-                    char took[32], eta[32];
-                    fmt_time(took, sizeof took, res.seconds);
-                    fmt_time(eta, sizeof eta, spent / ran * (total - done));
-                    char tvd_text[32] = "";
-                    if (isfinite(r.tvd)) snprintf(tvd_text, sizeof tvd_text, ", tvd %.4f", r.tvd);
-                    printf("[%d/%d] %s %s %s lr %g wd %g: metric %.4f%s, %d steps%s, %s | ETA %s\n", done, total,
-                           r.task, r.setting, r.mixer, r.lr, r.wd, r.metric, tvd_text, r.steps,
-                           r.early ? " (stopped early)" : "", took, eta);
-                    fflush(stdout);
+                    print_done(&r, done, total, spent / ran * (total - done));
                 }
         }
     }
@@ -517,27 +746,32 @@ int cmd_synth(int argc, char **argv) {
         rows_add(&rows, &got);
         save_rows(out, &rows);
         finished++, spent += got.seconds;
-        char took[32], tvd_text[32] = "";
-        fmt_time(took, sizeof took, got.seconds);
-        if (isfinite(got.tvd)) snprintf(tvd_text, sizeof tvd_text, ", tvd %.4f", got.tvd);
-        printf("[%d/%d] %s %s %s lr %g wd %g: metric %.4f%s, %d steps%s, %s\n", gi, total, got.task, got.setting,
-               got.mixer, got.lr, got.wd, got.metric, tvd_text, got.steps, got.early ? " (stopped early)" : "", took);
-        fflush(stdout);
+        print_done(&got, gi, total, NAN);
     }
     if (run_index) {  // a --jobs child: its row is in its own results.csv
         free(rows.v);
         return 0;
     }
     if (stop_after && ran >= stop_after && done < total) {
-        printf("synth: stopped after %d new run(s) (--stop-after); %d of %d not run yet: run again to go on\n", ran,
-               total - done, total);
+        printf("synth: stopped after %d new run%s (--stop-after); %d of %d not run yet: run again to go on\n", ran,
+               plural(ran), total - done, total);
+        free(rows.v);
+        return 0;
+    }
+    if (report && !rows.n && quick) {  // nothing to show: no run, and no published numbers under --quick
+        printf("synth: no results yet in %s (run without --report to train)\n", out);
         free(rows.v);
         return 0;
     }
     if (report)
-        printf("synth: --report: %d of %d run(s) recorded, %d not run yet (their cells: -)\n", skipped, total, missing);
+        printf("synth: --report: %d of %d run%s recorded, %d not run yet (their cells: -)\n", skipped, total,
+               plural(total), missing);
     else if (skipped)
-        printf("synth: %d run(s) were already recorded and skipped, %d run now\n", skipped, ran);
+        printf("synth: %d run%s %s already recorded and skipped, %d run now\n", skipped, plural(skipped),
+               skipped == 1 ? "was" : "were", ran);
+    if (quick)
+        printf("synth: --quick: the papers' numbers are left out; they come from full protocols, which 40-step runs "
+               "of tiny models are not comparable to\n");
 
     // Tables: per task, rows mixers, columns the settings (best over the lr grid) and their mean.
     double task_mean[MAX_TASKS][MAX_MIXERS];
@@ -552,15 +786,23 @@ int cmd_synth(int argc, char **argv) {
         }
         int has_pub = 0;
         double pv;
-        for (int k = 0; k < nmix; k++) has_pub |= synth_published(t->name, mixers[k], &pv, NULL);
+        for (int k = 0; k < nmix && !quick; k++) has_pub |= synth_published(t->name, mixers[k], &pv, NULL);
         int rb = t == &synth_task_regbench;
-        printf("\n%s (metric x 100, best over %d lr setting(s)%s)\n%-16s", t->name, prot[i].nlr,
-               rb ? "; tvd: mean TVD of those best runs, 0..1, lower is better" : "", "mixer");
+        printf("\n%s (%s x 100, best over %d lr setting%s%s)\n%-16s", t->name, synth_metric_name(t), prot[i].nlr,
+               plural(prot[i].nlr), rb ? "; tvd: mean TVD of those best runs, 0..1, lower is better" : "", "mixer");
         for (int g = 0; g < ngrid[i]; g++) printf(" %14.14s", labels[g]);
         printf(" %8s%s%s\n", "mean", rb ? "      tvd" : "", has_pub ? "  published" : "");
-        double ys[MAX_MIXERS][MAX_SETTINGS], xs[MAX_SETTINGS];
-        PlotSeries series[MAX_MIXERS];
-        int any_point = 0;
+        double ys[MAX_MIXERS][MAX_SETTINGS], tvds[MAX_MIXERS][MAX_SETTINGS], xs[MAX_SETTINGS];
+        PlotSeries series[MAX_MIXERS], tvd_series[MAX_MIXERS];
+        int any_point = 0, any_tvd = 0;
+        double grid_x[16];
+        const char *axis = synth_grid_axis(t, grid_x);
+        int log_x = axis != NULL;
+        for (int g = 0; g < ngrid[i]; g++) {
+            xs[g] = axis ? grid_x[g] : g;
+            log_x &= xs[g] > 0;
+        }
+        if (log_x && ngrid[i] > 1 && xs[ngrid[i] - 1] / xs[0] < 8) log_x = 0;  // a narrow range reads better linear
         for (int k = 0; k < nmix; k++) {
             printf("%-16s", mixers[k]);
             double sum = 0, tsum = 0;
@@ -569,29 +811,45 @@ int cmd_synth(int argc, char **argv) {
                 double tv;
                 double b = best_of(&rows, t->name, labels[g], mixers[k], proto, seed, &tv);
                 if (isfinite(tv)) tsum += tv, tn++;
-                ys[k][g] = b, xs[g] = g;
+                ys[k][g] = b, tvds[k][g] = tv;
                 if (isnan(b)) printf(" %14s", "-");
                 else printf(" %14.1f", 100 * b), sum += b, n++;
             }
             task_mean[i][k] = n ? sum / n : NAN;
-            any_point |= n > 0;
+            any_point |= n > 0, any_tvd |= tn > 0;
             if (n) printf(" %8.1f", 100 * task_mean[i][k]);
             else printf(" %8s", "-");
             if (rb && tn) printf(" %8.4f", tsum / tn);
             else if (rb) printf(" %8s", "-");
             const char *col;
-            if (synth_published(t->name, mixers[k], &pv, &col)) printf("  %.1f (%s)", pv, col);
+            if (!quick && synth_published(t->name, mixers[k], &pv, &col)) printf("  %.1f (%s)", pv, col);
             printf("\n");
             series[k] = (PlotSeries){.name = mixers[k], .x = xs, .y = ys[k], .n = ngrid[i], .markers = 1};
+            tvd_series[k] = (PlotSeries){.name = mixers[k], .x = xs, .y = tvds[k], .n = ngrid[i], .markers = 1};
         }
         if (has_pub && synth_published_source_of(t->name))
             printf("published: %s\n", synth_published_source_of(t->name));
-        char svg[4096], title[128];
-        snprintf(svg, sizeof svg, "%s/%s.svg", out, t->name);
-        snprintf(title, sizeof title, "%s: test metric by setting (best over the lr grid)", t->name);
-        PlotOpts po = {.title = title, .xlabel = "setting", .ylabel = "metric", .xcats = cats, .ncats = ngrid[i]};
         if (!any_point) continue;  // --report before any run of the task: no plot
-        if (plot_svg(svg, &po, series, nmix)) fprintf(stderr, "mesanet synth: %s: %s\n", svg, mn_last_error());
+        // The plot: the metric (a fraction, on its whole range 0..1) by setting, at the settings' values
+        // where the grid varies one quantity (RegBench: the training automata; S-NIAH: the context
+        // length); every mixer visible where they tie (dodge).
+        char svg[4096], title[160], xlabel[160];
+        snprintf(svg, sizeof svg, "%s/%s.svg", out, t->name);
+        snprintf(title, sizeof title, "%s: best run over the lr grid%s", t->name, quick ? " (--quick)" : "");
+        snprintf(xlabel, sizeof xlabel, "%s%s", axis ? axis : "setting",
+                 quick ? " (the grid's values; --quick ran smaller ones)" : "");
+        PlotOpts po = {.title = title, .xlabel = xlabel, .ylabel = synth_metric_name(t), .log_x = log_x,
+                       .xcats = axis ? NULL : cats, .ncats = axis ? 0 : ngrid[i], .y_lo = 0, .y_hi = 1, .dodge = 1};
+        int bad;
+        if (rb && any_tvd) {  // RegBench's two metrics side by side
+            PlotPanel panels[2] = {{po, series, nmix}, {po, tvd_series, nmix}};
+            panels[0].opts.title = "validity of the greedy next symbol";
+            panels[1].opts.title = "TVD to the automaton's next-symbol law";
+            panels[1].opts.ylabel = "TVD (lower is better)";
+            bad = plot_svg_panels(svg, title, panels, 2);
+        } else
+            bad = plot_svg(svg, &po, series, nmix);
+        if (bad) fprintf(stderr, "mesanet synth: %s: %s\n", svg, mn_last_error());
         else printf("plot: %s\n", svg);
     }
     if (ntasks > 1) {
@@ -626,9 +884,10 @@ int cmd_synth(int argc, char **argv) {
             }
         }
     if (have_cols) {
-        printf("\nMAD as the MesaNet paper's Table 1 (x 100; %s; published in brackets)\n%-16s %18s %14s %10s %15s",
+        printf("\nMAD as the MesaNet paper's Table 1 (x 100; %s%s)\n%-16s %18s %14s %10s %15s",
                ncols == 5 ? "averages over the five columns" : "compression not run: averages over the other four columns",
-               "mixer", "IC & noisy recall", "fuzzy recall", "memorize", "selective copy");
+               quick ? "" : "; published in brackets", "mixer", "IC & noisy recall", "fuzzy recall", "memorize",
+               "selective copy");
         if (ncols == 5) printf(" %12s %16s\n", "compress", "avg of five");
         else printf(" %16s\n", "avg of four");
         for (int k = 0; k < nmix; k++) {
@@ -641,7 +900,7 @@ int cmd_synth(int argc, char **argv) {
                                                : task_mean[col_task[c][0]][k];
                 double pv;
                 char cell[48], val[32];
-                if (synth_published(paper_cols[c][0], mixers[k], &pv, NULL))
+                if (!quick && synth_published(paper_cols[c][0], mixers[k], &pv, NULL))
                     snprintf(cell, sizeof cell, "%s (%.1f)", pct(val, v), pv), psum += pv, npub++;
                 else snprintf(cell, sizeof cell, "%s", pct(val, v));
                 printf(" %*s", width[c], cell);
@@ -651,9 +910,10 @@ int cmd_synth(int argc, char **argv) {
             if (npub == ncols) printf(" %9s (%.1f)\n", pct(val, sum / ncols), psum / ncols);
             else printf(" %16s\n", pct(val, sum / ncols));
         }
-        printf("published: %s\n", synth_published_source);
+        if (!quick) printf("published: %s\n", synth_published_source);
     }
-    printf("\nresults: %s/results.csv, %s/results.json\n", out, out);
+    if (rows.n) printf("\nresults: %s/results.csv, %s/results.json\n", out, out);
+    else printf("\nsynth: no results yet in %s (run without --report to train)\n", out);
     free(rows.v);
     return 0;
 }

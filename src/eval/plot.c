@@ -28,6 +28,11 @@
 #define TITLE_FONT 16.0
 #define LEGEND_ROW 18.0
 #define CHAR_EM 0.6  // estimated width of a character, in font sizes
+#define TITLE_EM 0.66  // the same for bold titles (DejaVu Sans Bold is about a tenth wider)
+#define TITLE_MIN 11.0  // a title shrinks to fit down to this size on one line,
+#define TITLE_MIN2 8.0  // then to this size on two
+#define TITLE_PAD 8.0   // room kept between a title and the canvas' edges
+#define SLANT_DEG 35.0  // the slant of category labels too long to stand level side by side
 
 // Tableau 10 (matplotlib's default cycle): distinct, and readable on white.
 static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -47,6 +52,7 @@ typedef struct {
     int nmajor;
     double minor[MAX_MINOR];   // unlabelled gridlines (log axes)
     int nminor;
+    int slant;                 // category labels drawn slanted (SLANT_DEG), as level ones would collide
 } Axis;
 
 typedef struct {
@@ -331,6 +337,10 @@ static int check_args(const char *path, const PlotOpts *o, const PlotSeries *ser
     if (!series || ns <= 0) return mn_error(MN_ERR_ARG, "plot %s: no series to draw", path);
     if (!(o->width >= 160 && o->width <= 20000 && o->height >= 120 && o->height <= 20000))
         return mn_error(MN_ERR_ARG, "plot %s: size %gx%g outside [160, 20000] x [120, 20000]", path, o->width, o->height);
+    if ((o->y_lo != 0 || o->y_hi != 0) && !(isfinite(o->y_lo) && isfinite(o->y_hi) && o->y_hi > o->y_lo &&
+                                             (!o->log_y || o->y_lo > 0)))
+        return mn_error(MN_ERR_ARG, "plot %s: y range [%g, %g] is not finite with y_lo < y_hi%s", path, o->y_lo,
+                        o->y_hi, o->log_y ? " and y_lo > 0 (log y)" : "");
     if (o->ncats < 0 || o->ncats > MAX_TICKS || (o->ncats > 0 && !o->xcats))
         return mn_error(MN_ERR_ARG, "plot %s: %d categories (at most %d, with their names)", path, o->ncats, MAX_TICKS);
     for (int s = 0; s < ns; s++) {
@@ -361,8 +371,23 @@ static void layout(const PlotOpts *o, const Range *r, Axis *ax, Axis *ay, Frame 
     fit_axis(ay, o->log_y, r->ymin, r->ymax, fr->y1 - fr->y0, 45, 0);
     fr->x0 = 12 + (o->ylabel && o->ylabel[0] ? LABEL_FONT + 12 : 0) + max_tick_width(ay) + 10;
     fr->x1 = fr->W - 24;
-    if (o->ncats > 0) axis_categories(ax, o);  // every category keeps its label
-    else fit_axis(ax, o->log_x, r->xmin, r->xmax, fr->x1 - fr->x0, 70, 1);
+    if (o->ncats > 0) {
+        axis_categories(ax, o);  // every category keeps its label: slanted where level ones collide
+        if (!labels_fit(ax, fr->x1 - fr->x0, 1)) {
+            double a = SLANT_DEG * M_PI / 180, w = max_tick_width(ax);
+            ax->slant = 1;
+            // The labels reach down by their slanted width: the plot gets shorter by that, and its
+            // y axis is fitted again to the new height.
+            fr->y1 = fmax(fr->y0 + 40, fr->y1 - (w * sin(a) + TICK_FONT * cos(a) - TICK_FONT));
+            fit_axis(ay, o->log_y, r->ymin, r->ymax, fr->y1 - fr->y0, 45, 0);
+            fr->x0 = 12 + (o->ylabel && o->ylabel[0] ? LABEL_FONT + 12 : 0) + max_tick_width(ay) + 10;
+            // The first label reaches left of its category by its slanted width: keep it on the canvas.
+            double first = tick_width(&ax->major[0]) * cos(a) + 6, step = (fr->x1 - fr->x0) / o->ncats;
+            if (first - step / 2 > fr->x0) fr->x0 = fmin(first - step / 2, fr->x1 - 40);
+            return;
+        }
+    } else
+        fit_axis(ax, o->log_x, r->xmin, r->xmax, fr->x1 - fr->x0, 70, 1);
     // The last x label is centred on the right edge: keep it on the canvas.
     if (ax->nmajor) fr->x1 = fmin(fr->x1, fr->W - 6 - tick_width(&ax->major[ax->nmajor - 1]) / 2);
 }
@@ -370,8 +395,12 @@ static void layout(const PlotOpts *o, const Range *r, Axis *ax, Axis *ay, Frame 
 // ---------------------------------------------------------------------------
 // Drawing
 
-static void draw_tick_label(FILE *f, const char *cls, const Tick *t, double x, double y, const char *anchor) {
-    fprintf(f, "<text class=\"%s\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\">", cls, x, y, anchor);
+// slant: degrees the label turns (anticlockwise) about its anchor point; 0: level.
+static void draw_tick_label(FILE *f, const char *cls, const Tick *t, double x, double y, const char *anchor,
+                            double slant) {
+    fprintf(f, "<text class=\"%s\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\"", cls, x, y, anchor);
+    if (slant) fprintf(f, " transform=\"rotate(%.0f %.1f %.1f)\"", -slant, x, y);
+    fputc('>', f);
     xml_put(f, t->text);
     if (t->sup[0]) {
         fprintf(f, "<tspan dy=\"-0.45em\" font-size=\"%.0f\">", TICK_FONT * 0.75);
@@ -413,12 +442,14 @@ static void draw_axes(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay) 
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#444\" "
                "stroke-width=\"1\" shape-rendering=\"crispEdges\"/>\n", fr->x0, fr->y0, fr->x1 - fr->x0, fr->y1 - fr->y0);
     fprintf(f, "<g font-size=\"%.0f\" fill=\"#333\">\n", TICK_FONT);
-    for (int i = 0; i < ax->nmajor; i++)
-        draw_tick_label(f, "xtick", &ax->major[i], axis_px(ax, ax->major[i].v, fr->x0, fr->x1), fr->y1 + 8 + TICK_FONT,
-                        "middle");
+    for (int i = 0; i < ax->nmajor; i++) {
+        double x = axis_px(ax, ax->major[i].v, fr->x0, fr->x1);
+        if (ax->slant) draw_tick_label(f, "xtick", &ax->major[i], x + TICK_FONT * 0.3, fr->y1 + 12, "end", SLANT_DEG);
+        else draw_tick_label(f, "xtick", &ax->major[i], x, fr->y1 + 8 + TICK_FONT, "middle", 0);
+    }
     for (int i = 0; i < ay->nmajor; i++)
         draw_tick_label(f, "ytick", &ay->major[i], fr->x0 - 8, axis_px(ay, ay->major[i].v, fr->y1, fr->y0) + TICK_FONT * 0.35,
-                        "end");
+                        "end", 0);
     fputs("</g>\n", f);
 }
 
@@ -436,10 +467,37 @@ static void stroke_style(FILE *f, const PlotSeries *s, int si, double width) {
     if (*dash_of(s, si)) fprintf(f, " stroke-dasharray=\"%s\"", dash_of(s, si));
 }
 
+#define MARKER_R 3.8  // the radius of the dots of a series with markers
+
+// The sideways shift in pixels of point i of series si (opts.dodge): the points of every series at
+// the same x within a marker's width in y share the room, one marker apart, in series order, at
+// most 60% of the room between neighbouring x positions so that settings stay apart.
+static double dodge_px(const Frame *fr, const Axis *ay, const PlotOpts *o, const PlotSeries *all, int ns, int si,
+                       int i) {
+    if (!o->dodge) return 0;
+    double x = all[si].x[i], py = axis_px(ay, all[si].y[i], fr->y1, fr->y0);
+    int m = 0, rank = 0, most = 1;
+    for (int j = 0; j < ns; j++) {
+        most = mn_max(most, all[j].n);
+        for (int k = 0; k < all[j].n; k++)
+            if (point_at(o, &all[j], k) && all[j].x[k] == x &&
+                fabs(axis_px(ay, all[j].y[k], fr->y1, fr->y0) - py) < 2 * MARKER_R) {
+                m++;
+                rank += j < si;
+                break;  // a series counts once at an x
+            }
+    }
+    if (m < 2) return 0;
+    double room = o->ncats > 0 ? (fr->x1 - fr->x0) / o->ncats : (fr->x1 - fr->x0) / most;
+    double step = fmin(2 * MARKER_R + 1, 0.6 * room / m);
+    return (rank - (m - 1) / 2.0) * step;
+}
+
 // One <path> per series (lines broken at skipped points) and a <circle> for
 // each isolated point.
-static void draw_series(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay, const PlotOpts *o, const PlotSeries *s,
-                        int si) {
+static void draw_series(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay, const PlotOpts *o,
+                        const PlotSeries *all, int ns, int si) {
+    const PlotSeries *s = &all[si];
     const char *color = color_of(s, si);
     int open = 0;
     for (int i = 0; i < s->n; i++) {
@@ -452,15 +510,16 @@ static void draw_series(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay
             fputs(" stroke-linejoin=\"round\" stroke-linecap=\"round\" d=\"", f);
             open = 1;
         }
-        fprintf(f, "%c%.2f %.2f ", prev ? 'L' : 'M', axis_px(ax, s->x[i], fr->x0, fr->x1),
+        fprintf(f, "%c%.2f %.2f ", prev ? 'L' : 'M',
+                axis_px(ax, s->x[i], fr->x0, fr->x1) + dodge_px(fr, ay, o, all, ns, si, i),
                 axis_px(ay, s->y[i], fr->y1, fr->y0));
     }
     if (open) fputs("\"/>\n", f);
     for (int i = 0; i < s->n; i++)
         if (point_at(o, s, i) && (s->markers || (!point_at(o, s, i - 1) && !point_at(o, s, i + 1))))
             fprintf(f, "<circle class=\"marker\" cx=\"%.2f\" cy=\"%.2f\" r=\"%.1f\" fill=\"%s\"/>\n",
-                    axis_px(ax, s->x[i], fr->x0, fr->x1), axis_px(ay, s->y[i], fr->y1, fr->y0), s->markers ? 3.8 : 3.2,
-                    color);
+                    axis_px(ax, s->x[i], fr->x0, fr->x1) + dodge_px(fr, ay, o, all, ns, si, i),
+                    axis_px(ay, s->y[i], fr->y1, fr->y0), s->markers ? MARKER_R : 3.2, color);
 }
 
 static int has_name(const PlotSeries *s) { return s->name && s->name[0]; }
@@ -549,14 +608,86 @@ static void draw_legend(FILE *f, const Frame *fr, const Axis *ax, const Axis *ay
     fputs("</g>\n", f);
 }
 
+// The code points of s[0 .. n), and the byte length of its first k code points.
+static int code_points(const char *s, size_t n) {
+    int c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+static size_t bytes_of(const char *s, int k) {
+    size_t i = 0;
+    for (int c = 0; s[i]; i++) {
+        if (((unsigned char)s[i] & 0xC0) != 0x80 && c++ == k) break;
+    }
+    return i;
+}
+
+// One line of a title centred on cx, moved inwards where it would cross the canvas' edges.
+static void title_line(FILE *f, const char *cls, const char *s, size_t n, double cx, double W, double y, double size) {
+    double w = code_points(s, n) * size * TITLE_EM;
+    cx = fmin(fmax(cx, TITLE_PAD + w / 2), W - TITLE_PAD - w / 2);
+    fprintf(f, "<text class=\"%s\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"%.1f\" "
+               "font-weight=\"bold\" fill=\"#222\">", cls, cx, y, size);
+    char *line = malloc(n + 1);
+    if (line) {
+        memcpy(line, s, n);
+        line[n] = 0;
+        xml_put(f, line);
+        free(line);
+    }
+    fputs("</text>\n", f);
+}
+
+// A title within the canvas width W (long run paths make long titles): one line at `size`, or
+// smaller down to TITLE_MIN; else two lines broken at the space nearest the middle, each down to
+// TITLE_MIN2; else those lines cut in the middle with an ellipsis. baseline: one line's baseline;
+// two lines sit about it, within the band above the plot.
+static void draw_title(FILE *f, const char *cls, const char *title, double cx, double W, double baseline, double size) {
+    double avail = W - 2 * TITLE_PAD;
+    int n = code_points(title, strlen(title));
+    double fit = avail / (n * TITLE_EM);
+    if (fit >= TITLE_MIN) {
+        title_line(f, cls, title, strlen(title), cx, W, baseline, fmin(size, fit));
+        return;
+    }
+    // Two lines: the break nearest the middle (by code points); a title without a space is one line.
+    size_t len = strlen(title), cut = 0;
+    int best = -1;
+    for (size_t i = 0; i < len; i++)
+        if (title[i] == ' ') {
+            int d = abs(2 * code_points(title, i) - n);
+            if (best < 0 || d < best) best = d, cut = i;
+        }
+    const char *part[2] = {title, best >= 0 ? title + cut + 1 : NULL};
+    size_t plen[2] = {best >= 0 ? cut : len, best >= 0 ? len - cut - 1 : 0};
+    int nlines = best >= 0 ? 2 : 1, most = 0;
+    for (int l = 0; l < nlines; l++) most = mn_max(most, code_points(part[l], plen[l]));
+    double s2 = fmin(size * 0.85, fmax(TITLE_MIN2, avail / (most * TITLE_EM)));
+    int keep = (int)floor(avail / (s2 * TITLE_EM)) - 1;  // code points a line holds, less the ellipsis
+    for (int l = 0; l < nlines; l++) {
+        double y = nlines == 1 ? baseline : baseline - 0.62 * s2 + l * 1.18 * s2;
+        int c = code_points(part[l], plen[l]);
+        if (c <= keep + 1) {
+            title_line(f, cls, part[l], plen[l], cx, W, y, s2);
+            continue;
+        }
+        // Cut in the middle: the start and the end (a path's last part) stay.
+        size_t head = bytes_of(part[l], keep / 2), tail_from = bytes_of(part[l], c - (keep - keep / 2));
+        size_t tail = plen[l] - tail_from;
+        char *t = malloc(head + 3 + tail + 1);
+        if (!t) return;
+        memcpy(t, part[l], head);
+        memcpy(t + head, "\xe2\x80\xa6", 3);
+        memcpy(t + head + 3, part[l] + tail_from, tail);
+        t[head + 3 + tail] = 0;
+        title_line(f, cls, t, head + 3 + tail, cx, W, y, s2);
+        free(t);
+    }
+}
+
 static void draw_labels(FILE *f, const Frame *fr, const PlotOpts *o) {
     double mid_x = (fr->x0 + fr->x1) / 2, mid_y = (fr->y0 + fr->y1) / 2;
-    if (o->title && o->title[0]) {
-        fprintf(f, "<text class=\"title\" x=\"%.1f\" y=\"28\" text-anchor=\"middle\" font-size=\"%.0f\" "
-                   "font-weight=\"bold\" fill=\"#222\">", mid_x, TITLE_FONT);
-        xml_put(f, o->title);
-        fputs("</text>\n", f);
-    }
+    if (o->title && o->title[0]) draw_title(f, "title", o->title, mid_x, fr->W, 28, TITLE_FONT);
     if (o->xlabel && o->xlabel[0]) {
         fprintf(f, "<text class=\"xlabel\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"%.0f\" fill=\"#222\">",
                 mid_x, fr->H - 12, LABEL_FONT);
@@ -591,6 +722,7 @@ static int prepare(const char *name, const PlotOpts *opts, double width, double 
     if (r.n == 0)
         return mn_error(MN_ERR_ARG, "plot %s: no point is positive on the log %s axis", name,
                         p->o.log_x && p->o.log_y ? "x and y" : p->o.log_x ? "x" : "y");
+    if (p->o.y_hi > p->o.y_lo) r.ymin = fmin(r.ymin, p->o.y_lo), r.ymax = fmax(r.ymax, p->o.y_hi);
     if (!isfinite(r.xmax - r.xmin) || !isfinite(r.ymax - r.ymin))
         return mn_error(MN_ERR_ARG, "plot %s: data range too wide to draw", name);
     layout(&p->o, &r, &p->ax, &p->ay, &p->fr);
@@ -599,7 +731,7 @@ static int prepare(const char *name, const PlotOpts *opts, double width, double 
 
 static void draw_plot(FILE *f, const Prepared *p, const PlotSeries *series, int nseries) {
     draw_grid(f, &p->fr, &p->ax, &p->ay);
-    for (int i = 0; i < nseries; i++) draw_series(f, &p->fr, &p->ax, &p->ay, &p->o, &series[i], i);
+    for (int i = 0; i < nseries; i++) draw_series(f, &p->fr, &p->ax, &p->ay, &p->o, series, nseries, i);
     draw_axes(f, &p->fr, &p->ax, &p->ay);
     draw_legend(f, &p->fr, &p->ax, &p->ay, &p->o, series, nseries);
     draw_labels(f, &p->fr, &p->o);
@@ -651,12 +783,7 @@ int plot_svg_panels(const char *path, const char *title, const PlotPanel *panels
     if (!s) {
         FILE *f = af.f;
         svg_begin(f, W, H + top);
-        if (top) {
-            fprintf(f, "<text class=\"figure-title\" x=\"%.1f\" y=\"26\" text-anchor=\"middle\" font-size=\"%.0f\" "
-                       "font-weight=\"bold\" fill=\"#222\">", W / 2, TITLE_FONT + 1);
-            xml_put(f, title);
-            fputs("</text>\n", f);
-        }
+        if (top) draw_title(f, "figure-title", title, W / 2, W, 26, TITLE_FONT + 1);
         double x = 0;
         for (int i = 0; i < npanels; i++) {
             fprintf(f, "<g class=\"panel\" transform=\"translate(%.1f %.1f)\">\n", x, top);

@@ -25,6 +25,12 @@ typedef struct {
     double width, height;                 // pixels; 0 -> 720 x 440
     const char *const *xcats;             // ncats > 0: a categorical x axis, x = 0 .. ncats - 1
     int ncats;                            // labelled xcats[0 .. ncats - 1] (log_x is ignored)
+    double y_lo, y_hi;                    // y_hi > y_lo: the y axis spans at least [y_lo, y_hi], a metric's
+                                          // whole range (0..1 for an accuracy, so that all-zero values do
+                                          // not get an axis of -1..1); data beyond it widen it
+    int dodge;                            // points of several series that would hide each other (the same
+                                          // x, within a marker of each other in y) are drawn side by side,
+                                          // in series order, their lines through them
 } PlotOpts;
 
 // One plot of a figure of several side by side.
@@ -39,7 +45,8 @@ typedef struct {
 // when few decades are shown; nice linear values within a factor of 10),
 // gridlines, a legend box in the emptiest
 // corner, a fixed palette of 10 colours (dashed after that), a line at y = 0
-// when the y range spans 0. Isolated points (a single-point series, or a point
+// when the y range spans 0. A title too wide for the canvas is set smaller,
+// then on two lines, so that it is never cut. Isolated points (a single-point series, or a point
 // between two skipped ones) are drawn as markers. opts may be NULL.
 // Errors: no series, nothing finite to draw (MN_ERR_NUMERIC), nothing
 // positive on a log axis, bad sizes.

@@ -94,7 +94,7 @@ static void niah3_gen(const SynthSettings *s, int split, MnRng *r, const void *c
     niah_gen(3, s, r, in, tgt);
 }
 
-static const SynthVary NIAH_VARY[] = {{"seq_len", 3, {2048, 4096, 8192}}};
+static const SynthVary NIAH_VARY[] = {{"seq_len", 3, {2048, 4096, 8192}, NULL, {0}, "context length in tokens"}};
 
 #define NIAH_TASK(id, sum, vlen)                                                                          \
     {                                                                                                     \

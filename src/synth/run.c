@@ -37,7 +37,7 @@ static void rb_task_shape(const SynthSettings *s, int split, int *vocab, int *T)
     *T = rb_max_tokens(&c) - 1;
 }
 
-static const SynthVary RB_VARY[] = {{"n_train", 5, {2500, 5000, 10000, 20000, 40000}}};
+static const SynthVary RB_VARY[] = {{"n_train", 5, {2500, 5000, 10000, 20000, 40000}, NULL, {0}, "training automata"}};
 
 const SynthTask synth_task_regbench = {
     .name = "regbench",
@@ -54,6 +54,46 @@ const SynthTask synth_task_regbench = {
 const SynthTask *synth_find_any(const char *name) {
     if (name && !strcmp(name, "regbench")) return &synth_task_regbench;
     return synth_find(name);
+}
+
+const SynthGroup synth_groups[] = {
+    {"mad", "MAD's six tasks (mad-compression with the autoencoder head)"},
+    {"niah", "S-NIAH 1, 2 and 3"},
+    {"all", "every task above, RegBench last"},
+};
+
+int synth_group_count(void) { return (int)(sizeof synth_groups / sizeof synth_groups[0]); }
+
+int synth_expand(const char *name, const SynthTask **out, int max) {
+    const SynthTask *one = name ? synth_find_any(name) : NULL;
+    if (one) {
+        if (max > 0) out[0] = one;
+        return 1;
+    }
+    int all = name && !strcmp(name, "all"), n = 0;
+    for (int i = 0; name && i < synth_task_count(); i++)
+        if (all || !strcmp(synth_task(i)->family, name)) {
+            if (n < max) out[n] = synth_task(i);
+            n++;
+        }
+    if (all) {
+        if (n < max) out[n] = &synth_task_regbench;
+        n++;
+    }
+    if (n > 0) return n;
+    char names[768] = "";
+    for (int i = 0; i < synth_task_count(); i++) {
+        strncat(names, synth_task(i)->name, sizeof names - strlen(names) - 1);
+        strncat(names, ", ", sizeof names - strlen(names) - 1);
+    }
+    strncat(names, synth_task_regbench.name, sizeof names - strlen(names) - 1);
+    strncat(names, "; groups: ", sizeof names - strlen(names) - 1);
+    for (int i = 0; i < synth_group_count(); i++) {
+        if (i) strncat(names, ", ", sizeof names - strlen(names) - 1);
+        strncat(names, synth_groups[i].name, sizeof names - strlen(names) - 1);
+    }
+    mn_error(MN_ERR_ARG, "unknown synthetic task '%s' (tasks: %s)", name ? name : "(null)", names);
+    return -1;
 }
 
 // The examples of a run: the task's generator, or RegBench's automata made once.

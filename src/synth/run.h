@@ -79,6 +79,18 @@ extern const SynthTask synth_task_regbench;
 // synth_find, and "regbench".
 const SynthTask *synth_find_any(const char *name);
 
+// Names that stand for several tasks: a family ("mad", "niah") or "all".
+typedef struct {
+    const char *name, *summary;
+} SynthGroup;
+extern const SynthGroup synth_groups[];
+int synth_group_count(void);
+
+// The tasks a name stands for, in the table's order: one task ("mqar", "niah-2", "regbench") or a
+// group (synth_groups: "mad", "niah", "all", RegBench last). Writes at most max of them into out and
+// returns how many the name stands for; -1 (MN_ERR_ARG listing the tasks and groups) for an unknown name.
+int synth_expand(const char *name, const SynthTask **out, int max);
+
 // Published numbers: the MesaNet paper's Table 1 (MAD) per column; MQAR: attention only, read
 // from Zoology's Fig. 2 (about 1.0 at every width and length; the other models of that figure are
 // not mixers here, and the notes' other MQAR numbers are plot readings under another protocol).

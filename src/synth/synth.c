@@ -138,6 +138,31 @@ int synth_grid(const SynthTask *t, int i, SynthSettings *s, char *label, size_t 
     return mn_error(MN_ERR_ARG, "task %s: setting out of range", t->name);
 }
 
+static double field_get(const SynthSettings *s, const Field *f) {
+    const char *p = (const char *)s + f->offset;
+    return f->type == F_DBL ? *(const double *)p : f->type == F_INT ? *(const int *)p : (double)*(const int64_t *)p;
+}
+
+const char *synth_grid_axis(const SynthTask *t, double *values) {
+    if (t->n_vary != 1 || t->vary[0].field2 || !t->vary[0].axis) return NULL;
+    const Field *f = field_find(t->vary[0].field);
+    if (!f) return NULL;
+    values[0] = field_get(&t->base, f);
+    for (int i = 0; i < t->vary[0].n; i++) values[i + 1] = t->vary[0].values[i];
+    return t->vary[0].axis;
+}
+
+const char *synth_metric_name(const SynthTask *t) {
+    if (!strcmp(t->family, "regbench")) return "greedy validity accuracy";
+    switch (t->metric) {
+    case SYNTH_METRIC_POSITION: return "per-position accuracy";
+    case SYNTH_METRIC_EXAMPLE: return "per-example accuracy";
+    case SYNTH_METRIC_MACRO: return "macro-averaged accuracy";
+    case SYNTH_METRIC_EXACT: return "exact-match accuracy";
+    }
+    return "accuracy";
+}
+
 // ---------------------------------------------------------------------------
 // Examples.
 

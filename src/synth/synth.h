@@ -81,6 +81,8 @@ typedef struct {
     double values[8];
     const char *field2; // NULL: none
     double values2[8];
+    const char *axis;   // plots: the quantity the grid varies, named for an axis ("training automata"),
+                        // where the settings are better drawn at their values than as categories; NULL: none
 } SynthVary;
 
 struct SynthTask {
@@ -112,6 +114,15 @@ int synth_grid_count(const SynthTask *t);
 // Fills *s with setting `i` and `label` (if non-NULL) with "baseline" or "field=value".
 // MN_ERR_ARG for an index out of range.
 int synth_grid(const SynthTask *t, int i, SynthSettings *s, char *label, size_t label_size);
+
+// The quantity a task's settings vary, for a plot's x axis: its name, and the value of each of
+// the synth_grid_count(t) settings in values (baseline first). NULL where the grid is not one
+// such quantity (several fields, or a variation without an axis name): plot it as categories.
+const char *synth_grid_axis(const SynthTask *t, double *values);
+
+// What the task's metric measures, for axis labels and tables ("exact-match accuracy").
+// Every metric is a fraction in [0, 1], higher is better.
+const char *synth_metric_name(const SynthTask *t);
 
 // Sets the field `field` of *s from the text `value` ("vocab", "32"); MN_ERR_ARG
 // naming the field for an unknown field or a value that is not a number.
