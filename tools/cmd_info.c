@@ -9,16 +9,6 @@
 #include "model/model.h"
 #include "tools/commands.h"
 
-// The component a tensor belongs to, from its name.
-static const char *component(const char *name) {
-    if (strstr(name, "embeddings")) return "embedding";
-    if (strstr(name, "lm_head")) return "output head";
-    if (!strncmp(name, "decoder.", 8) || !strncmp(name, "unembed.", 8)) return "output head";  // the autoencoder's
-    if (strstr(name, ".attn.")) return "mixers";
-    if (strstr(name, ".mlp.")) return "MLPs";
-    return "norms";
-}
-
 // The parameter-matched presets of one size (config.h): one line per mixer, Mesa's first.
 static int matched_table(const char *size) {
     ModelConfig ref;
@@ -32,8 +22,8 @@ static int matched_table(const char *size) {
            size, size, ref.dim, ref.n_layers, ref.n_heads, ref.head_dim, ref.vocab_size ? ref.vocab_size : 4096,
            ref.vocab_size ? "" : " shown; the data sets it", CONFIG_MATCH_STEP,
            3 * ref.dim * ref.n_layers * CONFIG_MATCH_STEP / 2);
-    printf("\n%-16s %-20s %6s %13s %12s %12s %9s %14s\n", "mixer", "preset", "MLP", "parameters", "mixers", "MLPs",
-           "vs Mesa", "state bytes");
+    printf("\n%-16s %-20s %6s %13s %12s %12s %9s %14s\n", "mixer", "preset", "MLP", "parameters", "mixers",
+           "feed-forward", "vs Mesa", "state bytes");
     for (int i = 0; mixer_all[i]; i++) {
         ModelConfig c;
         size_t total, mixers, mlps;
@@ -52,7 +42,8 @@ static int matched_table(const char *size) {
         printf("%-16s %-20s %6d %13zu %12zu %12zu %+8.3f%% %14s\n", mixer_all[i]->name, name, c.mlp_hidden, total,
                mixers, mlps, 100.0 * ((double)total - (double)ref_total) / (double)ref_total, sb);
     }
-    printf("\nparameters: the whole model (embedding, mixers, MLPs, norms%s); mixers, MLPs: over all blocks. state "
+    printf("\nparameters: the whole model (embedding, mixers, feed-forward parts, norms%s); mixers, feed-forward: over all "
+           "blocks. state "
            "bytes: the decoding state of one sequence in float32, the same at every length but for the attention "
            "mixers' key/value cache (+bytes/token: mha's grows with the sequence; swa's is its window's).\n",
            ref.tie_embeddings ? "; the head is tied" : ", head");
@@ -103,16 +94,19 @@ int cmd_info(int argc, char **argv) {
     printf("%s: %s architecture, %s %s, D=%d, %d blocks, %d heads x %d, MLP %d, vocabulary %d%s\n", pos[0], c.arch,
            pattern > 1 ? "mixer pattern" : "mixer", c.mixer, c.dim, c.n_layers, c.n_heads, c.head_dim, c.mlp_hidden,
            c.vocab_size, vocab_from_data ? " (from the data; 4096 shown)" : "");
-    printf("  embedding x sqrt(D): %s, tied head: %s, logit cap: %g, forget-gate bound: %g, output gate: %s%s\n",
-           c.embed_scale ? "yes" : "no", c.tie_embeddings ? "yes" : "no", (double)c.logit_cap, (double)c.gate_bound,
-           c.output_gate ? "yes" : "no", c.neg_eigen ? ", beta in (0, 2) (neg_eigen)" : "");
+    printf("  embedding x sqrt(D): %s, tied head: %s, logit cap: %g\n", c.embed_scale ? "yes" : "no",
+           c.tie_embeddings ? "yes" : "no", (double)c.logit_cap);
     if (!strcmp(c.head, "autoencoder"))
         printf("  head: autoencoder (MAD's: every position decoded from the last position's state; no decoding)\n");
-    const char *names[5] = {"embedding", "mixers", "MLPs", "norms", "output head"};
-    size_t sums[5] = {0}, total = 0;
-    // per mixer kind: blocks, parameters, in the registry's order
+    char mixer_fields[512];
+    config_mixer_fields(&c, mixer_fields, sizeof mixer_fields);
+    if (mixer_fields[0]) printf("  mixer settings: %s\n", mixer_fields);
+    // parameters by role (model.c declares each tensor's), and per mixer kind of the pattern
+    const char *names[ROLE_COUNT] = {[ROLE_EMBED] = "embedding", [ROLE_MIXER] = "mixers", [ROLE_FFN] = "feed-forward",
+                                     [ROLE_NORM] = "norms", [ROLE_HEAD] = "output head"};
+    size_t sums[ROLE_COUNT] = {0}, total = 0;
     enum { KINDS = 16 };
-    size_t kind_params[KINDS] = {0};
+    size_t kind_mixer[KINDS] = {0}, kind_ffn[KINDS] = {0};
     int kind_blocks[KINDS] = {0};
     int nkinds = 0;
     while (mixer_all[nkinds] && nkinds < KINDS) nkinds++;
@@ -129,29 +123,29 @@ int cmd_info(int argc, char **argv) {
         kind_blocks[block_kind[l]]++;
     }
     for (int i = 0; i < np; i++) {
-        const char *comp = component(specs[i].name);
-        for (int k = 0; k < 5; k++)
-            if (!strcmp(comp, names[k])) sums[k] += specs[i].numel;
-        int l;
-        if (!strcmp(comp, "mixers") && sscanf(specs[i].name, "model.layers.%d.", &l) == 1 && l >= 0 && l < c.n_layers)
-            kind_params[block_kind[l]] += specs[i].numel;
-        total += specs[i].numel;
+        const ParamSpec *p = &specs[i];
+        sums[p->role] += p->numel;
+        total += p->numel;
+        if (p->block < 0 || p->block >= c.n_layers) continue;
+        if (p->role == ROLE_MIXER) kind_mixer[block_kind[p->block]] += p->numel;
+        if (p->role == ROLE_FFN) kind_ffn[block_kind[p->block]] += p->numel;
     }
     printf("\nparameters:\n");
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < ROLE_COUNT; k++) {
         if (!sums[k]) continue;
         printf("  %-12s %14zu  (%5.1f%%)\n", names[k], sums[k], 100.0 * (double)sums[k] / (double)total);
-        if (k == 1 && pattern > 1)
+        if (k == ROLE_MIXER && pattern > 1)
             for (int j = 0; j < nkinds; j++)
                 if (kind_blocks[j])
-                    printf("    %-10s %14zu  (%5.1f%%; %d blocks)\n", mixer_all[j]->name, kind_params[j],
-                           100.0 * (double)kind_params[j] / (double)total, kind_blocks[j]);
+                    printf("    %-10s %14zu  (%5.1f%%; %d block%s)\n", mixer_all[j]->name, kind_mixer[j],
+                           100.0 * (double)kind_mixer[j] / (double)total, kind_blocks[j], kind_blocks[j] == 1 ? "" : "s");
     }
     printf("  %-12s %14zu  (%.1fM; %zu tensors)\n", "total", total, (double)total / 1e6, (size_t)np);
-    printf("  per block: MLP %zu, mixer", sums[2] / (size_t)c.n_layers);
+    printf("  per block:");
     for (int j = 0, first = 1; j < nkinds; j++)
         if (kind_blocks[j]) {
-            printf("%s %s %zu", first ? "" : ",", mixer_all[j]->name, kind_params[j] / (size_t)kind_blocks[j]);
+            printf("%s %s mixer %zu, feed-forward %zu", first ? "" : ";", mixer_all[j]->name,
+                   kind_mixer[j] / (size_t)kind_blocks[j], kind_ffn[j] / (size_t)kind_blocks[j]);
             first = 0;
         }
     printf("\n");
@@ -168,7 +162,7 @@ int cmd_info(int argc, char **argv) {
         size_t f = ops->state_floats(&c), pt = ops->state_floats_per_token ? ops->state_floats_per_token(&c) : 0;
         printf("  %-10s %zu floats (%zu bytes) a block", ops->name, f, f * 4);
         if (pt) printf(" + %zu floats (%zu bytes) a token", pt, pt * 4);
-        printf(", %d blocks: %s\n", kind_blocks[j], ops->state_about);
+        printf(", %d block%s: %s\n", kind_blocks[j], kind_blocks[j] == 1 ? "" : "s", ops->state_about);
         printf("  %-10s %s\n", "", ops->about);
     }
     free(block_kind);

@@ -81,8 +81,8 @@ int config_param_count(const ModelConfig *c, size_t *total, size_t *mixers, size
     size_t t = 0, mx = 0, ml = 0;
     for (int i = 0; i < n; i++) {
         t += specs[i].numel;
-        if (strstr(specs[i].name, ".attn.") || strstr(specs[i].name, ".self_attn.")) mx += specs[i].numel;
-        if (strstr(specs[i].name, ".mlp.")) ml += specs[i].numel;
+        if (specs[i].role == ROLE_MIXER) mx += specs[i].numel;
+        if (specs[i].role == ROLE_FFN) ml += specs[i].numel;
     }
     free(specs);
     if (total) *total = t;
@@ -849,6 +849,19 @@ ids:
     return af_commit(&af);  // refuses to rename a stream that failed
 }
 
+void config_mixer_fields(const ModelConfig *c, char *out, size_t n) {
+    size_t len = 0;
+    out[0] = 0;
+    for (size_t k = 0; k < NFIELDS && len < n; k++) {
+        const Field *f = &fields[k];
+        if (!f->uses || f->uses == CF_FFN || !applies(c, f)) continue;
+        char value[96];
+        field_text(c, f, value, sizeof value);
+        snprintf(out + len, n - len, "%s%s %s", len ? ", " : "", f->key, value);
+        len = strlen(out);
+    }
+}
+
 int config_diff(const ModelConfig *a, const ModelConfig *b, char *out, size_t n) {
     for (size_t k = 0; k < NFIELDS; k++) {
         const Field *f = &fields[k];
@@ -927,6 +940,7 @@ int param_add(ParamSpec *list, int *n, int max, const char *name, int ndim, cons
     ParamSpec *p = &list[*n];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
+    p->block = -1;
     p->ndim = ndim;
     p->numel = 1;
     for (int i = 0; i < ndim; i++) {

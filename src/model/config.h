@@ -76,9 +76,12 @@ enum { CONFIG_MATCH_STEP = 32 };
 extern const char *const config_matched_sizes[];  // NULL-terminated
 // The matched preset of `mixer` at `size` into c, or MN_ERR_ARG (an unknown size or mixer).
 int config_matched(ModelConfig *c, const char *size, const char *mixer);
-// Parameters of a valid config: all, in the mixers (".attn." tensors), in the MLPs (".mlp.");
-// any may be NULL. vocab_size 0 is counted as 4096.
+// Parameters of a valid config: all, in the mixers, in the feed-forward parts (by the tensors'
+// roles); any may be NULL. vocab_size 0 is counted as 4096.
 int config_param_count(const ModelConfig *c, size_t *total, size_t *mixers, size_t *mlps);
+// The fields beyond the backbone's that the config's mixers read, with their values, for `info`
+// ("rope_theta 10000, window 128"; "" when none).
+void config_mixer_fields(const ModelConfig *c, char *out, size_t n);
 // The accepted config names, for --help texts.
 #define CONFIG_NAMES_HELP                                                                          \
     "a preset (tiny, demo, 125m, 400m, 1b, fla-162m, fla-412m), a parameter-matched preset SIZE-MIXER " \
@@ -136,6 +139,7 @@ typedef struct {
     double init_value;  // INIT_NORMAL: standard deviation; INIT_CONST: the value
     int decay;
     ParamRole role;  // set by the model as it declares the tensors
+    int block;       // the block it belongs to; -1: the backbone's (embedding, final norm, head)
     size_t offset;
 } ParamSpec;
 

@@ -19,7 +19,10 @@ static void *at(const Model *m, void *base, size_t elems, MemKind k) {
 
 // The role of tensors [from, n) (declare_all).
 static void set_roles(ParamSpec *s, int from, int n, ParamRole role) {
-    for (int i = from; i < n; i++) s[i].role = role;
+    for (int i = from; i < n; i++) {
+        s[i].role = role;
+        s[i].block = -1;  // (the blocks' own: set after them)
+    }
 }
 
 // Declares every tensor of the model in checkpoint order: the embedding, each block (attn_norm,
@@ -47,6 +50,7 @@ static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *
         b->attn_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
         if (b->attn_norm < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
         set_roles(s, b->attn_norm, *n, ROLE_NORM);
+        int first = *n - 1;
         b->first = *n;
         const MixerOps *ops = mixer_at(c, l);
         if (!ops) return MN_ERR_ARG;
@@ -59,6 +63,7 @@ static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *
         if (b->ffn.norm >= 0) s[b->ffn.norm].role = ROLE_NORM;
         b->ffn_off = ffn_off;
         ffn_off += (size_t)b->ffn.F;
+        for (int i = first; i < *n; i++) s[i].block = l;
     }
     if (!strcmp(c->head, "autoencoder")) {
         int h0 = *n;
