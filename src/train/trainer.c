@@ -367,7 +367,8 @@ int train_run(const TrainOptions *o, FILE *log) {
             break;
         }
         int last = st.step == o->steps || time_up;
-        if (o->eval_every > 0 && (st.step % o->eval_every == 0 || last)) {
+        // eval_every 0: at the end only (of the schedule, or of this process's share of it).
+        if ((o->eval_every > 0 && st.step % o->eval_every == 0) || last) {
             double cg;
             if ((s = validate(m, g, &valid, o->eval_batches, &row.val_loss, &cg))) break;
             fprintf(log, "step %6d | validation loss %.4f | perplexity %.2f", st.step, row.val_loss, exp(row.val_loss));
