@@ -204,20 +204,25 @@ TEST(cli_train_checks_in_option_terms) {
 // ---------------------------------------------------------------------------
 // A tiny run: a corpus, its tokenizer and shards from `mesanet tokenize`, one training step
 
-// Documents of random words from a small list, separated by "---" lines.
-static void write_corpus(const char *path) {
-    static const char *words[] = {"the", "a", "model", "state", "memory", "token", "layer",
-                                  "solver", "step", "gate", "value", "key", "query", "sum"};
+// Documents of random words from a small list (another list where `other`: another tokenizer),
+// separated by "---" lines.
+static void write_corpus_of(const char *path, int other) {
+    static const char *words[2][14] = {{"the", "a", "model", "state", "memory", "token", "layer", "solver", "step",
+                                        "gate", "value", "key", "query", "sum"},
+                                       {"whale", "sea", "ship", "captain", "harpoon", "sail", "deck", "storm", "rope",
+                                        "wave", "boat", "oar", "crew", "mast"}};
     MnRng r;
     mn_rng_seed(&r, 5);
     FILE *f = fopen(path, "w");
     if (!f) die("cannot write %s", path);
     for (int d = 0; d < 60; d++) {
-        for (int w = 0; w < 60; w++) fprintf(f, "%s%s", w ? " " : "", words[mn_rng_u64(&r) % 14]);
+        for (int w = 0; w < 60; w++) fprintf(f, "%s%s", w ? " " : "", words[other][mn_rng_u64(&r) % 14]);
         fprintf(f, "\n---\n");
     }
     if (fclose(f)) die("cannot write %s", path);
 }
+
+static void write_corpus(const char *path) { write_corpus_of(path, 0); }
 
 // <td>/data (tokenizer of 300 tokens, about 4000 training and 1000 validation tokens) and
 // <td>/run (the tiny config, trained at 16 tokens a sequence); 0 on success.
@@ -320,6 +325,85 @@ TEST(cli_eval_defaults_to_the_runs_data) {
     CHECK(strstr(r.err, "does not record its data directory") && strstr(r.err, "data/demo"),
           "no note of the fallback:\n%s", r.err);
     tool_run_free(&r);
+    tmp_remove(&td);
+}
+
+// <td>/<name>-data, tokenized from another corpus (another tokenizer) with `vocab` tokens, and
+// <td>/<name>, a tiny model trained on it; 0 on success.
+static int make_other_run(TmpDir *td, const char *name, int vocab) {
+    char args[1024];
+    write_corpus_of(tmp_path(td, "other.txt"), 1);
+    snprintf(args, sizeof args, "tokenize --out %s/%s-data --vocab %d --valid 0.2 --doc-sep --- %s/other.txt", td->dir,
+             name, vocab, td->dir);
+    ToolRun r = tool_run(td, args);
+    int rc = r.rc;
+    CHECK(rc == 0, "tokenize: %s", r.err);
+    tool_run_free(&r);
+    if (rc) return rc;
+    snprintf(args, sizeof args,
+             "train --config tiny --data %s/%s-data --out %s/%s --steps 1 --warmup 0 --batch 2 --seq 16 "
+             "--eval-every 0 --eval-batches 1 --save-every 0",
+             td->dir, name, td->dir, name);
+    r = tool_run(td, args);
+    rc = r.rc;
+    CHECK(rc == 0, "train: %s", r.err);
+    tool_run_free(&r);
+    return rc;
+}
+
+// Runs an evaluation that must be refused before any work: a non-zero exit, every `want` in stderr,
+// and nothing scored (no report on stdout).
+static void expect_early_refusal(TmpDir *td, const char *args, const char *want1, const char *want2, const char *want3) {
+    expect_refusal(td, args, want1, want2, want3);
+    ToolRun r = tool_run(td, args);
+    CHECK(!strstr(r.out, "loss") && !strstr(r.err, "eval loss"), "mesanet %s: refused only after scoring:\n%s%s", args,
+          r.out, r.err);
+    tool_run_free(&r);
+}
+
+// A second model, or data, from another tokenizer is refused before any work, naming the option
+// and the run: two BPEs of one size give ids of the same range, which would be scored silently.
+TEST(cli_eval_refuses_another_tokenizer) {
+    TmpDir td;
+    tmp_make(&td);
+    if (make_tiny_run(&td) || make_other_run(&td, "same-size", 300) || make_other_run(&td, "smaller", 290)) {
+        tmp_remove(&td);
+        return;
+    }
+    char args[2048], base[1024], want[1024];
+    snprintf(base, sizeof base, "eval --model %s/run --batch 2 --batches 1 --out %s/e", td.dir, td.dir);
+    // the same model, the same tokenizer: scored
+    snprintf(args, sizeof args, "%s --compare %s/run", base, td.dir);
+    ToolRun r = tool_run(&td, args);
+    CHECK(r.rc == 0 && strstr(r.out, "perplexity"), "mesanet %s: exit status %d\n%s%s", args, r.rc, r.out, r.err);
+    tool_run_free(&r);
+    // --compare: another tokenizer of the same size, another vocabulary size, empty, a file
+    snprintf(args, sizeof args, "%s --compare %s/same-size", base, td.dir);
+    snprintf(want, sizeof want, "--compare %s/same-size: its tokenizer differs from %s/run's", td.dir, td.dir);
+    expect_early_refusal(&td, args, want, "encoder.json differs", NULL);
+    snprintf(args, sizeof args, "%s --compare %s/smaller", base, td.dir);
+    snprintf(want, sizeof want, "--compare %s/smaller: vocabulary 290, but %s/run has 300", td.dir, td.dir);
+    expect_early_refusal(&td, args, want, "another tokenizer", NULL);
+    snprintf(args, sizeof args, "%s --compare ''", base);
+    expect_early_refusal(&td, args, "--compare is empty", "run directory", NULL);
+    write_bytes(tmp_path(&td, "c.json"), "{}", 2);
+    snprintf(args, sizeof args, "%s --compare %s/c.json", base, td.dir);
+    snprintf(want, sizeof want, "--compare %s/c.json: not a run directory", td.dir);
+    expect_early_refusal(&td, args, want, NULL, NULL);
+    // --data and --shard of another tokenizer; a shard of a larger vocabulary than the model's
+    snprintf(args, sizeof args, "%s --data %s/same-size-data", base, td.dir);
+    snprintf(want, sizeof want, "--data %s/same-size-data: its tokenizer differs from %s/run's", td.dir, td.dir);
+    expect_early_refusal(&td, args, want, "encoder.json differs", NULL);
+    snprintf(args, sizeof args, "%s --shard %s/same-size-data/valid.bin", base, td.dir);
+    expect_early_refusal(&td, args, "--shard", "its tokenizer differs", NULL);
+    snprintf(args, sizeof args, "eval --model %s/smaller --data %s/data --batch 2 --batches 1 --out %s/e", td.dir,
+             td.dir, td.dir);
+    expect_early_refusal(&td, args, "--data", "300-token vocabulary", "has 290");
+    // the run's own data, tokenized again since the run was trained (found through its run.json)
+    char *enc = read_text(tmp_path(&td, "same-size-data/encoder.json"));
+    write_bytes(tmp_path(&td, "data/encoder.json"), enc, strlen(enc));
+    free(enc);
+    expect_early_refusal(&td, base, "from its run.json", "its tokenizer differs from", "give --data");
     tmp_remove(&td);
 }
 

@@ -10,6 +10,7 @@
 #include "core/atomic_file.h"
 #include "core/common.h"
 #include "data/loader.h"
+#include "data/tokenizer_id.h"
 #include "eval/eval.h"
 #include "train/checkpoint.h"
 #include "train/loss_log.h"
@@ -220,13 +221,13 @@ static int note_moved_data(const char *out, const RunInfo *ri, const char *data)
     return run_info_write(out, &moved);
 }
 
-// The tokenizer travels with the run, so that generate needs only the run directory.
+// The tokenizer travels with the run, so that generate needs only the run directory and eval can
+// check that data was made with it (data/tokenizer_id.h).
 static int copy_tokenizer(const char *data, const char *out) {
-    const char *files[2] = {"encoder.json", "vocab.bpe"};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < TOKENIZER_NFILES; i++) {
         char src[4096], dst[4096];
-        snprintf(src, sizeof src, "%s/%s", data, files[i]);
-        snprintf(dst, sizeof dst, "%s/%s", out, files[i]);
+        snprintf(src, sizeof src, "%s/%s", data, tokenizer_files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", out, tokenizer_files[i]);
         if (!access(src, F_OK)) MN_TRY(af_copy(src, dst));  // (data without a tokenizer: none to copy)
     }
     return MN_OK;
