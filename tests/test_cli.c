@@ -247,6 +247,40 @@ static int make_tiny_run(TmpDir *td) {
     return rc;
 }
 
+// tokenize never overwrites a directory that holds files (a data directory runs read) unless
+// --force; an empty or new one is written, a file is refused.
+TEST(cli_tokenize_refuses_to_overwrite) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[1024], want[512];
+    write_corpus(tmp_path(&td, "corpus.txt"));
+    write_corpus_of(tmp_path(&td, "other.txt"), 1);
+    CHECK(!mn_mkdirs(tmp_path(&td, "data")), "%s", mn_last_error());  // empty: written
+    snprintf(args, sizeof args, "tokenize --out %s/data --vocab 300 --doc-sep --- %s/corpus.txt", td.dir, td.dir);
+    ToolRun r = tool_run(&td, args);
+    CHECK(r.rc == 0, "into an empty directory: exit status %d\n%s", r.rc, r.err);
+    tool_run_free(&r);
+    size_t n0, n1;
+    unsigned char *before = read_bytes(tmp_path(&td, "data/encoder.json"), &n0);
+    snprintf(args, sizeof args, "tokenize --out %s/data --vocab 300 --doc-sep --- %s/other.txt", td.dir, td.dir);
+    snprintf(want, sizeof want, "--out %s/data already holds 4 files", td.dir);
+    expect_refusal(&td, args, want, "encoder.json", "give --force");
+    unsigned char *after = read_bytes(tmp_path(&td, "data/encoder.json"), &n1);
+    CHECK(before && after && n0 == n1 && !memcmp(before, after, n0), "the refused run changed encoder.json");
+    free(after);
+    strcat(args, " --force");
+    r = tool_run(&td, args);
+    after = read_bytes(tmp_path(&td, "data/encoder.json"), &n1);
+    CHECK(r.rc == 0 && after && (n0 != n1 || memcmp(before, after, n0)), "--force: exit status %d, tokenizer %s\n%s",
+          r.rc, after && n0 == n1 && !memcmp(before, after, n0) ? "unchanged" : "rewritten", r.err);
+    tool_run_free(&r);
+    free(before);
+    free(after);
+    snprintf(args, sizeof args, "tokenize --out %s/corpus.txt %s/other.txt", td.dir, td.dir);
+    expect_refusal(&td, args, "--out", "corpus.txt: not a directory", NULL);
+    tmp_remove(&td);
+}
+
 static int count(const char *s, const char *what) {
     int n = 0;
     for (const char *p = s; (p = strstr(p, what)); p += strlen(what)) n++;
