@@ -465,6 +465,52 @@ TEST(cli_generate_reads_the_prompt_from_a_file) {
     tmp_remove(&td);
 }
 
+// With stdout not a terminal (buffered apart from stderr), the statistics still start on a line of
+// their own after the text; a prompt longer than an attention model's training context gets a
+// notice, one that recurrent models and short prompts do not get.
+TEST(cli_generate_statistics_and_context_notice) {
+    TmpDir td;
+    tmp_make(&td);
+    if (make_tiny_run(&td)) {
+        tmp_remove(&td);
+        return;
+    }
+    char args[2048];
+    snprintf(args, sizeof args, "generate --model %s/run --prompt 'the model' --tokens 4", td.dir);
+    ToolRun r = tool_run_merged(&td, args);
+    const char *stats = strstr(r.out, "[prompt: ");
+    CHECK(r.rc == 0 && stats && stats > r.out && stats[-1] == '\n' && !strncmp(r.out, "the model", 9),
+          "exit status %d; the statistics do not follow the text on a line of their own:\n%s", r.rc, r.out);
+    tool_run_free(&r);
+    const char *json = "{\"preset\": \"tiny\", \"mixer\": \"mha\"}";
+    write_bytes(tmp_path(&td, "mha.json"), json, strlen(json));
+    snprintf(args, sizeof args,
+             "train --config %s/mha.json --data %s/data --out %s/mha --steps 1 --warmup 0 --batch 2 --seq 16 "
+             "--eval-batches 1 --save-every 0",
+             td.dir, td.dir, td.dir);
+    r = tool_run(&td, args);
+    CHECK(r.rc == 0, "train mha: %s", r.err);
+    tool_run_free(&r);
+    const char *text = "the model state and its memory token layer solver step gate value key query sum the a model";
+    write_bytes(tmp_path(&td, "long.txt"), text, strlen(text));
+    const struct {
+        const char *run;
+        int long_prompt, notice;
+    } cases[] = {{"mha", 1, 1}, {"mha", 0, 0}, {"run", 1, 0}};  // ("run": Mesa's, recurrent)
+    for (int i = 0; i < 3; i++) {
+        char prompt[300];
+        if (cases[i].long_prompt) snprintf(prompt, sizeof prompt, "--prompt-file %s/long.txt", td.dir);
+        else snprintf(prompt, sizeof prompt, "--prompt 'the model'");
+        snprintf(args, sizeof args, "generate --model %s/%s %s --tokens 2 --quiet", td.dir, cases[i].run, prompt);
+        r = tool_run(&td, args);
+        int noted = strstr(r.err, "beyond the 16-token context") && strstr(r.err, "(mha)");
+        CHECK(r.rc == 0 && noted == cases[i].notice, "mesanet %s: exit status %d, %s notice:\n%s", args, r.rc,
+              noted ? "a" : "no", r.err);
+        tool_run_free(&r);
+    }
+    tmp_remove(&td);
+}
+
 // A model of a mixer pattern (no Mesa layer in its first block) trains, evaluates and generates
 // through the tool, and reports no CG statistics where no layer solves with CG.
 TEST(cli_pattern_model_trains_evaluates_generates) {
