@@ -23,6 +23,8 @@ char **mesanet_argv;  // args.c's ranks_begin refers to the tool's arguments; un
 // ---------------------------------------------------------------------------
 // The tool as a subprocess (tool_run.h)
 
+static int count(const char *s, const char *what);
+
 // Runs args and checks a non-zero exit with every `want` (up to 3, NULL-ended) in stderr.
 static void expect_refusal(TmpDir *td, const char *args, const char *want1, const char *want2, const char *want3) {
     ToolRun r = tool_run(td, args);
@@ -143,6 +145,27 @@ TEST(cli_every_command_declares_ranges) {
         CHECK(numeric > 0 || !strcmp(all_commands[i], "info"), "mesanet %s: no ranges shown:\n%s", args, r.out);
         tool_run_free(&r);
     }
+    tmp_remove(&td);
+}
+
+// Each option states one default (the parser adds it: a help text that states its own as well
+// says it twice); --backend lists every backend the command takes; an unknown benchmark is named.
+TEST(cli_help_texts_state_one_default) {
+    TmpDir td;
+    tmp_make(&td);
+    for (size_t i = 0; i < sizeof all_commands / sizeof all_commands[0]; i++) {
+        char args[128];
+        snprintf(args, sizeof args, "%s --help", all_commands[i]);
+        ToolRun r = tool_run(&td, args);
+        for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
+            CHECK(count(line, "(default") <= 1, "mesanet %s: two defaults in '%s'", args, line);
+            if (strstr(line, "--backend") && (!strcmp(all_commands[i], "eval") || !strcmp(all_commands[i], "generate") ||
+                                              !strcmp(all_commands[i], "train")))
+                CHECK(strstr(line, "ref") && strstr(line, "cuda"), "mesanet %s: '%s' does not list ref", args, line);
+        }
+        tool_run_free(&r);
+    }
+    expect_refusal(&td, "bench foo", "unknown benchmark 'foo'", "usage: mesanet bench", NULL);
     tmp_remove(&td);
 }
 
@@ -540,6 +563,46 @@ TEST(cli_pattern_model_trains_evaluates_generates) {
         r = tool_run(&td, args);
         CHECK(r.rc == 0 && strstr(r.err, "generated") && !strstr(r.err, "CG steps") == (i == 1),
               "mesanet %s: exit status %d\n%s%s", args, r.rc, r.out, r.err);
+        tool_run_free(&r);
+    }
+    tmp_remove(&td);
+}
+
+// "1 steps" and the like: a count of one anywhere in the text, before a plural noun.
+static const char *plural_after_one(const char *text) {
+    static const char *nouns[] = {"steps", "blocks", "batches", "files", "documents", "sequences", "tokens", "heads"};
+    for (const char *p = text; (p = strstr(p, "1 ")); p++) {
+        if (p > text && p[-1] >= '0' && p[-1] <= '9') continue;  // 11, 21, ...
+        if (p > text && p[-1] == '.') continue;                   // 0.1
+        for (size_t i = 0; i < sizeof nouns / sizeof nouns[0]; i++)
+            if (!strncmp(p + 2, nouns[i], strlen(nouns[i]))) return p;
+    }
+    return NULL;
+}
+
+// Counts of one read in the singular: tokenize (1 file), train (1 step), eval (1 batch, 1 step of
+// the CG sweep), info (1 block, 1 head), generate (a prompt of 1 token).
+TEST(cli_counts_of_one_are_singular) {
+    TmpDir td;
+    tmp_make(&td);
+    write_corpus(tmp_path(&td, "corpus.txt"));
+    const char *json = "{\"preset\": \"tiny\", \"n_layers\": 1, \"n_heads\": 1, \"head_dim\": 32}";
+    write_bytes(tmp_path(&td, "one.json"), json, strlen(json));
+    char cmds[5][1024];
+    snprintf(cmds[0], sizeof cmds[0], "tokenize --out %s/data --vocab 300 --valid 0.2 %s/corpus.txt", td.dir, td.dir);
+    snprintf(cmds[1], sizeof cmds[1],
+             "train --config %s/one.json --data %s/data --out %s/run --steps 1 --warmup 0 --batch 1 --seq 16 "
+             "--eval-batches 1",
+             td.dir, td.dir, td.dir);
+    snprintf(cmds[2], sizeof cmds[2], "eval --model %s/run --batch 1 --batches 1 --cg-sweep", td.dir);
+    snprintf(cmds[3], sizeof cmds[3], "info %s/one.json", td.dir);
+    snprintf(cmds[4], sizeof cmds[4], "generate --model %s/run --tokens 1 --temperature 0", td.dir);
+    for (int i = 0; i < 5; i++) {
+        ToolRun r = tool_run(&td, cmds[i]);
+        CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", cmds[i], r.rc, r.err);
+        const char *bad = plural_after_one(r.out), *bad_err = plural_after_one(r.err);
+        CHECK(!bad && !bad_err, "mesanet %s: '%.20s'", cmds[i], bad ? bad : bad_err);
+        if (i == 2) CHECK(strstr(r.err, "eval loss: 1 batch in") && strstr(r.out, "1 step "), "eval:\n%s%s", r.out, r.err);
         tool_run_free(&r);
     }
     tmp_remove(&td);
