@@ -133,7 +133,7 @@ static void choose_shard(const char *shard, const char *data, const char *run, D
     if (shard) {
         const char *slash = strrchr(shard, '/');
         snprintf(d->shard, sizeof d->shard, "%s", shard);
-        if (slash) snprintf(d->dir, sizeof d->dir, "%.*s", (int)(slash - shard ? slash - shard : 1), shard);
+        if (slash) snprintf(d->dir, sizeof d->dir, "%.*s", slash == shard ? 1 : (int)(slash - shard), shard);  // "/x.bin": "/"
         else snprintf(d->dir, sizeof d->dir, ".");
         snprintf(d->what, sizeof d->what, "--shard %s", shard);
         return;
