@@ -34,7 +34,9 @@ int cmd_bench(int argc, char **argv) {
                 free(sub);
                 return rc;
             }
-    FILE *f = argc >= 2 && strcmp(argv[1], "--help") ? stderr : stdout;
+    int asked = argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h");
+    FILE *f = asked ? stdout : stderr;
+    if (!asked) fprintf(f, "mesanet bench: unknown benchmark '%s'\n\n", argv[1]);
     fprintf(f, "usage: mesanet bench <what> [options]\n\n");
     for (size_t i = 0; i < n; i++) fprintf(f, "  %-8s %s\n", benches[i].name, benches[i].help);
     return f == stderr;

@@ -35,7 +35,8 @@ scripts/install-deps.sh
 make -j"$(nproc)" all
 scripts/fetch_corpus.sh data/corpus
 if [ ! -f data/demo/train.bin ]; then
-    build/mesanet tokenize --out data/demo --vocab 4096 --valid 0.05 data/corpus/docs
+    # (--force: a tokenize stopped before train.bin leaves its tokenizer there, to be replaced)
+    build/mesanet tokenize --out data/demo --vocab 4096 --valid 0.05 --force data/corpus/docs
 fi
 build/mesanet info demo
 build/mesanet train --config demo --data data/demo --out "$RUN" --steps "$STEPS" --lr 3e-3 \

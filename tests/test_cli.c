@@ -23,6 +23,8 @@ char **mesanet_argv;  // args.c's ranks_begin refers to the tool's arguments; un
 // ---------------------------------------------------------------------------
 // The tool as a subprocess (tool_run.h)
 
+static int count(const char *s, const char *what);
+
 // Runs args and checks a non-zero exit with every `want` (up to 3, NULL-ended) in stderr.
 static void expect_refusal(TmpDir *td, const char *args, const char *want1, const char *want2, const char *want3) {
     ToolRun r = tool_run(td, args);
@@ -146,6 +148,27 @@ TEST(cli_every_command_declares_ranges) {
     tmp_remove(&td);
 }
 
+// Each option states one default (the parser adds it: a help text that states its own as well
+// says it twice); --backend lists every backend the command takes; an unknown benchmark is named.
+TEST(cli_help_texts_state_one_default) {
+    TmpDir td;
+    tmp_make(&td);
+    for (size_t i = 0; i < sizeof all_commands / sizeof all_commands[0]; i++) {
+        char args[128];
+        snprintf(args, sizeof args, "%s --help", all_commands[i]);
+        ToolRun r = tool_run(&td, args);
+        for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
+            CHECK(count(line, "(default") <= 1, "mesanet %s: two defaults in '%s'", args, line);
+            if (strstr(line, "--backend") && (!strcmp(all_commands[i], "eval") || !strcmp(all_commands[i], "generate") ||
+                                              !strcmp(all_commands[i], "train")))
+                CHECK(strstr(line, "ref") && strstr(line, "cuda"), "mesanet %s: '%s' does not list ref", args, line);
+        }
+        tool_run_free(&r);
+    }
+    expect_refusal(&td, "bench foo", "unknown benchmark 'foo'", "usage: mesanet bench", NULL);
+    tmp_remove(&td);
+}
+
 // The inputs that once became silent garbage (a wrapped step count, NaN sampling, negative
 // counts): each refused, naming the option and its range.
 TEST(cli_refuses_bad_numbers) {
@@ -204,20 +227,25 @@ TEST(cli_train_checks_in_option_terms) {
 // ---------------------------------------------------------------------------
 // A tiny run: a corpus, its tokenizer and shards from `mesanet tokenize`, one training step
 
-// Documents of random words from a small list, separated by "---" lines.
-static void write_corpus(const char *path) {
-    static const char *words[] = {"the", "a", "model", "state", "memory", "token", "layer",
-                                  "solver", "step", "gate", "value", "key", "query", "sum"};
+// Documents of random words from a small list (another list where `other`: another tokenizer),
+// separated by "---" lines.
+static void write_corpus_of(const char *path, int other) {
+    static const char *words[2][14] = {{"the", "a", "model", "state", "memory", "token", "layer", "solver", "step",
+                                        "gate", "value", "key", "query", "sum"},
+                                       {"whale", "sea", "ship", "captain", "harpoon", "sail", "deck", "storm", "rope",
+                                        "wave", "boat", "oar", "crew", "mast"}};
     MnRng r;
     mn_rng_seed(&r, 5);
     FILE *f = fopen(path, "w");
     if (!f) die("cannot write %s", path);
     for (int d = 0; d < 60; d++) {
-        for (int w = 0; w < 60; w++) fprintf(f, "%s%s", w ? " " : "", words[mn_rng_u64(&r) % 14]);
+        for (int w = 0; w < 60; w++) fprintf(f, "%s%s", w ? " " : "", words[other][mn_rng_u64(&r) % 14]);
         fprintf(f, "\n---\n");
     }
     if (fclose(f)) die("cannot write %s", path);
 }
+
+static void write_corpus(const char *path) { write_corpus_of(path, 0); }
 
 // <td>/data (tokenizer of 300 tokens, about 4000 training and 1000 validation tokens) and
 // <td>/run (the tiny config, trained at 16 tokens a sequence); 0 on success.
@@ -240,6 +268,40 @@ static int make_tiny_run(TmpDir *td) {
     rc = r.rc;
     tool_run_free(&r);
     return rc;
+}
+
+// tokenize never overwrites a directory that holds files (a data directory runs read) unless
+// --force; an empty or new one is written, a file is refused.
+TEST(cli_tokenize_refuses_to_overwrite) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[1024], want[512];
+    write_corpus(tmp_path(&td, "corpus.txt"));
+    write_corpus_of(tmp_path(&td, "other.txt"), 1);
+    CHECK(!mn_mkdirs(tmp_path(&td, "data")), "%s", mn_last_error());  // empty: written
+    snprintf(args, sizeof args, "tokenize --out %s/data --vocab 300 --doc-sep --- %s/corpus.txt", td.dir, td.dir);
+    ToolRun r = tool_run(&td, args);
+    CHECK(r.rc == 0, "into an empty directory: exit status %d\n%s", r.rc, r.err);
+    tool_run_free(&r);
+    size_t n0, n1;
+    unsigned char *before = read_bytes(tmp_path(&td, "data/encoder.json"), &n0);
+    snprintf(args, sizeof args, "tokenize --out %s/data --vocab 300 --doc-sep --- %s/other.txt", td.dir, td.dir);
+    snprintf(want, sizeof want, "--out %s/data already holds 4 files", td.dir);
+    expect_refusal(&td, args, want, "encoder.json", "give --force");
+    unsigned char *after = read_bytes(tmp_path(&td, "data/encoder.json"), &n1);
+    CHECK(before && after && n0 == n1 && !memcmp(before, after, n0), "the refused run changed encoder.json");
+    free(after);
+    strcat(args, " --force");
+    r = tool_run(&td, args);
+    after = read_bytes(tmp_path(&td, "data/encoder.json"), &n1);
+    CHECK(r.rc == 0 && after && (n0 != n1 || memcmp(before, after, n0)), "--force: exit status %d, tokenizer %s\n%s",
+          r.rc, after && n0 == n1 && !memcmp(before, after, n0) ? "unchanged" : "rewritten", r.err);
+    tool_run_free(&r);
+    free(before);
+    free(after);
+    snprintf(args, sizeof args, "tokenize --out %s/corpus.txt %s/other.txt", td.dir, td.dir);
+    expect_refusal(&td, args, "--out", "corpus.txt: not a directory", NULL);
+    tmp_remove(&td);
 }
 
 static int count(const char *s, const char *what) {
@@ -323,6 +385,85 @@ TEST(cli_eval_defaults_to_the_runs_data) {
     tmp_remove(&td);
 }
 
+// <td>/<name>-data, tokenized from another corpus (another tokenizer) with `vocab` tokens, and
+// <td>/<name>, a tiny model trained on it; 0 on success.
+static int make_other_run(TmpDir *td, const char *name, int vocab) {
+    char args[1024];
+    write_corpus_of(tmp_path(td, "other.txt"), 1);
+    snprintf(args, sizeof args, "tokenize --out %s/%s-data --vocab %d --valid 0.2 --doc-sep --- %s/other.txt", td->dir,
+             name, vocab, td->dir);
+    ToolRun r = tool_run(td, args);
+    int rc = r.rc;
+    CHECK(rc == 0, "tokenize: %s", r.err);
+    tool_run_free(&r);
+    if (rc) return rc;
+    snprintf(args, sizeof args,
+             "train --config tiny --data %s/%s-data --out %s/%s --steps 1 --warmup 0 --batch 2 --seq 16 "
+             "--eval-every 0 --eval-batches 1 --save-every 0",
+             td->dir, name, td->dir, name);
+    r = tool_run(td, args);
+    rc = r.rc;
+    CHECK(rc == 0, "train: %s", r.err);
+    tool_run_free(&r);
+    return rc;
+}
+
+// Runs an evaluation that must be refused before any work: a non-zero exit, every `want` in stderr,
+// and nothing scored (no report on stdout).
+static void expect_early_refusal(TmpDir *td, const char *args, const char *want1, const char *want2, const char *want3) {
+    expect_refusal(td, args, want1, want2, want3);
+    ToolRun r = tool_run(td, args);
+    CHECK(!strstr(r.out, "loss") && !strstr(r.err, "eval loss"), "mesanet %s: refused only after scoring:\n%s%s", args,
+          r.out, r.err);
+    tool_run_free(&r);
+}
+
+// A second model, or data, from another tokenizer is refused before any work, naming the option
+// and the run: two BPEs of one size give ids of the same range, which would be scored silently.
+TEST(cli_eval_refuses_another_tokenizer) {
+    TmpDir td;
+    tmp_make(&td);
+    if (make_tiny_run(&td) || make_other_run(&td, "same-size", 300) || make_other_run(&td, "smaller", 290)) {
+        tmp_remove(&td);
+        return;
+    }
+    char args[2048], base[1024], want[1024];
+    snprintf(base, sizeof base, "eval --model %s/run --batch 2 --batches 1 --out %s/e", td.dir, td.dir);
+    // the same model, the same tokenizer: scored
+    snprintf(args, sizeof args, "%s --compare %s/run", base, td.dir);
+    ToolRun r = tool_run(&td, args);
+    CHECK(r.rc == 0 && strstr(r.out, "perplexity"), "mesanet %s: exit status %d\n%s%s", args, r.rc, r.out, r.err);
+    tool_run_free(&r);
+    // --compare: another tokenizer of the same size, another vocabulary size, empty, a file
+    snprintf(args, sizeof args, "%s --compare %s/same-size", base, td.dir);
+    snprintf(want, sizeof want, "--compare %s/same-size: its tokenizer differs from %s/run's", td.dir, td.dir);
+    expect_early_refusal(&td, args, want, "encoder.json differs", NULL);
+    snprintf(args, sizeof args, "%s --compare %s/smaller", base, td.dir);
+    snprintf(want, sizeof want, "--compare %s/smaller: vocabulary 290, but %s/run has 300", td.dir, td.dir);
+    expect_early_refusal(&td, args, want, "another tokenizer", NULL);
+    snprintf(args, sizeof args, "%s --compare ''", base);
+    expect_early_refusal(&td, args, "--compare is empty", "run directory", NULL);
+    write_bytes(tmp_path(&td, "c.json"), "{}", 2);
+    snprintf(args, sizeof args, "%s --compare %s/c.json", base, td.dir);
+    snprintf(want, sizeof want, "--compare %s/c.json: not a run directory", td.dir);
+    expect_early_refusal(&td, args, want, NULL, NULL);
+    // --data and --shard of another tokenizer; a shard of a larger vocabulary than the model's
+    snprintf(args, sizeof args, "%s --data %s/same-size-data", base, td.dir);
+    snprintf(want, sizeof want, "--data %s/same-size-data: its tokenizer differs from %s/run's", td.dir, td.dir);
+    expect_early_refusal(&td, args, want, "encoder.json differs", NULL);
+    snprintf(args, sizeof args, "%s --shard %s/same-size-data/valid.bin", base, td.dir);
+    expect_early_refusal(&td, args, "--shard", "its tokenizer differs", NULL);
+    snprintf(args, sizeof args, "eval --model %s/smaller --data %s/data --batch 2 --batches 1 --out %s/e", td.dir,
+             td.dir, td.dir);
+    expect_early_refusal(&td, args, "--data", "300-token vocabulary", "has 290");
+    // the run's own data, tokenized again since the run was trained (found through its run.json)
+    char *enc = read_text(tmp_path(&td, "same-size-data/encoder.json"));
+    write_bytes(tmp_path(&td, "data/encoder.json"), enc, strlen(enc));
+    free(enc);
+    expect_early_refusal(&td, base, "from its run.json", "its tokenizer differs from", "give --data");
+    tmp_remove(&td);
+}
+
 TEST(cli_generate_reads_the_prompt_from_a_file) {
     TmpDir td;
     tmp_make(&td);
@@ -344,6 +485,52 @@ TEST(cli_generate_reads_the_prompt_from_a_file) {
     expect_refusal(&td, args, "--prompt-file", "cannot read", NULL);
     snprintf(args, sizeof args, "generate --model %s/run --prompt hi --prompt-file %s/prompt.txt", td.dir, td.dir);
     expect_refusal(&td, args, "--prompt", "--prompt-file", "not both");
+    tmp_remove(&td);
+}
+
+// With stdout not a terminal (buffered apart from stderr), the statistics still start on a line of
+// their own after the text; a prompt longer than an attention model's training context gets a
+// notice, one that recurrent models and short prompts do not get.
+TEST(cli_generate_statistics_and_context_notice) {
+    TmpDir td;
+    tmp_make(&td);
+    if (make_tiny_run(&td)) {
+        tmp_remove(&td);
+        return;
+    }
+    char args[2048];
+    snprintf(args, sizeof args, "generate --model %s/run --prompt 'the model' --tokens 4", td.dir);
+    ToolRun r = tool_run_merged(&td, args);
+    const char *stats = strstr(r.out, "[prompt: ");
+    CHECK(r.rc == 0 && stats && stats > r.out && stats[-1] == '\n' && !strncmp(r.out, "the model", 9),
+          "exit status %d; the statistics do not follow the text on a line of their own:\n%s", r.rc, r.out);
+    tool_run_free(&r);
+    const char *json = "{\"preset\": \"tiny\", \"mixer\": \"mha\"}";
+    write_bytes(tmp_path(&td, "mha.json"), json, strlen(json));
+    snprintf(args, sizeof args,
+             "train --config %s/mha.json --data %s/data --out %s/mha --steps 1 --warmup 0 --batch 2 --seq 16 "
+             "--eval-batches 1 --save-every 0",
+             td.dir, td.dir, td.dir);
+    r = tool_run(&td, args);
+    CHECK(r.rc == 0, "train mha: %s", r.err);
+    tool_run_free(&r);
+    const char *text = "the model state and its memory token layer solver step gate value key query sum the a model";
+    write_bytes(tmp_path(&td, "long.txt"), text, strlen(text));
+    const struct {
+        const char *run;
+        int long_prompt, notice;
+    } cases[] = {{"mha", 1, 1}, {"mha", 0, 0}, {"run", 1, 0}};  // ("run": Mesa's, recurrent)
+    for (int i = 0; i < 3; i++) {
+        char prompt[300];
+        if (cases[i].long_prompt) snprintf(prompt, sizeof prompt, "--prompt-file %s/long.txt", td.dir);
+        else snprintf(prompt, sizeof prompt, "--prompt 'the model'");
+        snprintf(args, sizeof args, "generate --model %s/%s %s --tokens 2 --quiet", td.dir, cases[i].run, prompt);
+        r = tool_run(&td, args);
+        int noted = strstr(r.err, "beyond the 16-token context") && strstr(r.err, "(mha)");
+        CHECK(r.rc == 0 && noted == cases[i].notice, "mesanet %s: exit status %d, %s notice:\n%s", args, r.rc,
+              noted ? "a" : "no", r.err);
+        tool_run_free(&r);
+    }
     tmp_remove(&td);
 }
 
@@ -376,6 +563,46 @@ TEST(cli_pattern_model_trains_evaluates_generates) {
         r = tool_run(&td, args);
         CHECK(r.rc == 0 && strstr(r.err, "generated") && !strstr(r.err, "CG steps") == (i == 1),
               "mesanet %s: exit status %d\n%s%s", args, r.rc, r.out, r.err);
+        tool_run_free(&r);
+    }
+    tmp_remove(&td);
+}
+
+// "1 steps" and the like: a count of one anywhere in the text, before a plural noun.
+static const char *plural_after_one(const char *text) {
+    static const char *nouns[] = {"steps", "blocks", "batches", "files", "documents", "sequences", "tokens", "heads"};
+    for (const char *p = text; (p = strstr(p, "1 ")); p++) {
+        if (p > text && p[-1] >= '0' && p[-1] <= '9') continue;  // 11, 21, ...
+        if (p > text && p[-1] == '.') continue;                   // 0.1
+        for (size_t i = 0; i < sizeof nouns / sizeof nouns[0]; i++)
+            if (!strncmp(p + 2, nouns[i], strlen(nouns[i]))) return p;
+    }
+    return NULL;
+}
+
+// Counts of one read in the singular: tokenize (1 file), train (1 step), eval (1 batch, 1 step of
+// the CG sweep), info (1 block, 1 head), generate (a prompt of 1 token).
+TEST(cli_counts_of_one_are_singular) {
+    TmpDir td;
+    tmp_make(&td);
+    write_corpus(tmp_path(&td, "corpus.txt"));
+    const char *json = "{\"preset\": \"tiny\", \"n_layers\": 1, \"n_heads\": 1, \"head_dim\": 32}";
+    write_bytes(tmp_path(&td, "one.json"), json, strlen(json));
+    char cmds[5][1024];
+    snprintf(cmds[0], sizeof cmds[0], "tokenize --out %s/data --vocab 300 --valid 0.2 %s/corpus.txt", td.dir, td.dir);
+    snprintf(cmds[1], sizeof cmds[1],
+             "train --config %s/one.json --data %s/data --out %s/run --steps 1 --warmup 0 --batch 1 --seq 16 "
+             "--eval-batches 1",
+             td.dir, td.dir, td.dir);
+    snprintf(cmds[2], sizeof cmds[2], "eval --model %s/run --batch 1 --batches 1 --cg-sweep", td.dir);
+    snprintf(cmds[3], sizeof cmds[3], "info %s/one.json", td.dir);
+    snprintf(cmds[4], sizeof cmds[4], "generate --model %s/run --tokens 1 --temperature 0", td.dir);
+    for (int i = 0; i < 5; i++) {
+        ToolRun r = tool_run(&td, cmds[i]);
+        CHECK(r.rc == 0, "mesanet %s: exit status %d\n%s", cmds[i], r.rc, r.err);
+        const char *bad = plural_after_one(r.out), *bad_err = plural_after_one(r.err);
+        CHECK(!bad && !bad_err, "mesanet %s: '%.20s'", cmds[i], bad ? bad : bad_err);
+        if (i == 2) CHECK(strstr(r.err, "eval loss: 1 batch in") && strstr(r.out, "1 step "), "eval:\n%s%s", r.out, r.err);
         tool_run_free(&r);
     }
     tmp_remove(&td);

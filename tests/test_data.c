@@ -8,7 +8,9 @@
 #include "core/common.h"
 #include "data/loader.h"
 #include "data/shard.h"
+#include "data/tokenizer_id.h"
 #include "test.h"
+#include "tmpdir.h"
 
 // ---------------------------------------------------------------------------
 // Helpers: a scratch directory per test, and raw file surgery.
@@ -425,4 +427,37 @@ TEST(data_loader_rejects_bad_open) {
     loader_close(&dl);
     loader_close(&dl);  // twice is harmless
     scratch_close(&sc);
+}
+
+// ---------------------------------------------------------------------------
+// A tokenizer's identity (data/tokenizer_id.h): its files compared byte for byte.
+
+TEST(data_tokenizer_compare_finds_any_difference) {
+    TmpDir t;
+    tmp_make(&t);
+    char a[200], b[200], why[512];
+    snprintf(a, sizeof a, "%s/a", t.dir);
+    snprintf(b, sizeof b, "%s/b", t.dir);
+    CHECK(!mn_mkdirs(a) && !mn_mkdirs(b), "%s", mn_last_error());
+    int same = -1;
+    CHECK(!tokenizer_recorded(a), "an empty directory records a tokenizer");
+    CHECK(!tokenizer_compare(a, b, &same, why, sizeof why) && same == 1, "two directories without one: same %d", same);
+    const char *enc = "{\"a\": 0, \"b\": 1}", *merges = "#version: 0.2\na b\n";
+    write_bytes(tmp_path(&t, "a/encoder.json"), enc, strlen(enc));
+    CHECK(tokenizer_recorded(a), "encoder.json alone is not seen");
+    CHECK(!tokenizer_compare(a, b, &same, why, sizeof why) && !same && strstr(why, "encoder.json is missing from") &&
+              strstr(why, "/b"),
+          "one side without encoder.json: same %d (%s)", same, why);
+    write_bytes(tmp_path(&t, "b/encoder.json"), enc, strlen(enc));
+    write_bytes(tmp_path(&t, "a/vocab.bpe"), merges, strlen(merges));
+    write_bytes(tmp_path(&t, "b/vocab.bpe"), merges, strlen(merges));
+    CHECK(!tokenizer_compare(a, b, &same, why, sizeof why) && same == 1, "the same files: same %d (%s)", same, why);
+    // one byte, and a length: the last merge, and a file that is a prefix of the other
+    write_bytes(tmp_path(&t, "b/vocab.bpe"), "#version: 0.2\na c\n", strlen(merges));
+    CHECK(!tokenizer_compare(a, b, &same, why, sizeof why) && !same && !strcmp(why, "vocab.bpe differs"),
+          "a changed merge: same %d (%s)", same, why);
+    write_bytes(tmp_path(&t, "b/vocab.bpe"), merges, strlen(merges) - 1);
+    CHECK(!tokenizer_compare(a, b, &same, why, sizeof why) && !same && !strcmp(why, "vocab.bpe differs"),
+          "a shorter file: same %d (%s)", same, why);
+    tmp_remove(&t);
 }

@@ -283,7 +283,7 @@ TEST(mixers_train_run_with_a_pattern) {
     write_bytes(cfgpath, json, strlen(json));
     TrainOptions o = toy_train_options(data, out);
     o.config = cfgpath;
-    o.eval_every = 0;  // (no validation)
+    o.eval_every = 0;  // (validation at the end only)
     FILE *devnull = fopen("/dev/null", "w");
     CHECK(!train_run(&o, devnull), "%s", mn_last_error());
     fclose(devnull);

@@ -57,6 +57,38 @@ TEST(train_resume_reproduces_losses) {
     tmp_remove(&t);
 }
 
+// --eval-every 0 validates once, at the end: of the schedule, or where the run stops early (the
+// end of this process's share, which resuming continues).
+TEST(train_eval_every_zero_validates_at_the_end) {
+    TmpDir t;
+    tmp_make(&t);
+    char data[256], out[256], logpath[256];
+    snprintf(data, sizeof data, "%s/data", t.dir);
+    snprintf(out, sizeof out, "%s/run", t.dir);
+    snprintf(logpath, sizeof logpath, "%s/log.txt", t.dir);
+    write_toy_shards(data);
+    TrainOptions o = toy_train_options(data, out);
+    o.eval_every = 0;
+    const int stops[2] = {5, 0};  // stopped after step 5, then resumed to the end (step 12)
+    const char *want[2] = {"step      5 | validation loss ", "step     12 | validation loss "};
+    for (int i = 0; i < 2; i++) {
+        o.stop_at = stops[i];
+        FILE *log = fopen(logpath, "w");
+        if (!log) die("cannot write %s", logpath);
+        CHECK(!train_run(&o, log), "%s", mn_last_error());
+        fclose(log);
+        size_t n;
+        char *text = (char *)read_bytes(logpath, &n);
+        if (text) text[n] = 0;
+        int lines = 0;
+        for (const char *p = text; p && (p = strstr(p, "validation loss")); p++) lines++;
+        CHECK(text && lines == 1 && strstr(text, want[i]), "%d validation lines, expected one, '%s...':\n%s", lines,
+              want[i], text ? text : "");
+        free(text);
+    }
+    tmp_remove(&t);
+}
+
 TEST(train_checkpoint_round_trip_is_exact) {
     TmpDir t;
     tmp_make(&t);

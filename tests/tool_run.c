@@ -27,7 +27,7 @@ char *read_text(const char *path) {
     return text;
 }
 
-ToolRun tool_run(TmpDir *td, const char *args) {
+static ToolRun run_with(TmpDir *td, const char *args, int merged) {
     ToolRun r = {-1, NULL, NULL};
     const char *exe = tool_path();
     char out[128], err[128], cmd[8192];
@@ -36,7 +36,12 @@ ToolRun tool_run(TmpDir *td, const char *args) {
     if (!exe) {
         CHECK(0, "the mesanet binary is not built beside this test binary");
     } else {
-        snprintf(cmd, sizeof cmd, "%s %s </dev/null >%s 2>%s", exe, args, out, err);
+        if (merged) {
+            snprintf(cmd, sizeof cmd, "%s %s </dev/null >%s 2>&1", exe, args, out);
+            remove(err);
+        } else {
+            snprintf(cmd, sizeof cmd, "%s %s </dev/null >%s 2>%s", exe, args, out, err);
+        }
         int st = system(cmd);
         r.rc = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     }
@@ -44,6 +49,10 @@ ToolRun tool_run(TmpDir *td, const char *args) {
     r.err = read_text(err);
     return r;
 }
+
+ToolRun tool_run(TmpDir *td, const char *args) { return run_with(td, args, 0); }
+
+ToolRun tool_run_merged(TmpDir *td, const char *args) { return run_with(td, args, 1); }
 
 void tool_run_free(ToolRun *r) {
     free(r->out);

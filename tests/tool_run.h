@@ -13,6 +13,9 @@ typedef struct {
 // in td's directory; the binary is the one beside this test binary (the Makefile builds both into
 // one directory). A missing binary fails the current test.
 ToolRun tool_run(TmpDir *td, const char *args);
+// The same with stderr into stdout, in the order written, as a terminal or `2>&1 | less` shows
+// them (r.err is empty).
+ToolRun tool_run_merged(TmpDir *td, const char *args);
 void tool_run_free(ToolRun *r);
 // A file's whole text, NUL-terminated; an empty string where it cannot be read (free it).
 char *read_text(const char *path);

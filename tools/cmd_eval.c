@@ -1,14 +1,17 @@
 // mesanet eval: perplexity, NLL by token position (and against another model),
 // length extrapolation and the CG steps / accuracy trade-off (paper J.1, L).
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/common.h"
 #include "data/shard.h"
+#include "data/tokenizer_id.h"
 #include "eval/eval.h"
 #include "eval/plot.h"
 #include "model/model.h"
@@ -49,8 +52,8 @@ static void show_progress(void *ctx, int done, int total, double tokens, double 
     double now = mn_now(), rate = tokens * p->ranks / (seconds > 0 ? seconds : 1e-9);
     char eta[32];
     if (done == total) {
-        fprintf(stderr, "%seval %s: %d batches in %.1f s, %.0f tokens/s\n", p->tty ? "\r\033[K" : "", p->what, total,
-                seconds, rate);
+        fprintf(stderr, "%seval %s: %d batch%s in %.1f s, %.0f tokens/s\n", p->tty ? "\r\033[K" : "", p->what, total,
+                total == 1 ? "" : "es", seconds, rate);
         return;
     }
     if (now - p->last < (p->tty ? 0.25 : LOG_EVERY)) return;
@@ -115,30 +118,118 @@ static int recorded_data_dir(const char *run, char *out, size_t cap) {
     return ri.data[0] != 0;
 }
 
+// What eval scores: a shard, the directory that holds it (and its tokenizer), and how messages
+// name it.
+typedef struct {
+    char shard[4096];
+    char dir[4096];
+    char what[4200];  // "--data DIR", "--shard FILE", "RUN's data DIR (from its run.json)"
+} DataChoice;
+
 // --shard, else --data's valid.bin, else the valid.bin of the run's own data (data/demo where the
 // run does not record it).
-static void choose_shard(const char *shard, const char *data, const char *run, char *out, size_t cap) {
-    char dir[4096];
+static void choose_shard(const char *shard, const char *data, const char *run, DataChoice *d) {
+    memset(d, 0, sizeof *d);
     if (shard) {
-        snprintf(out, cap, "%s", shard);
+        const char *slash = strrchr(shard, '/');
+        snprintf(d->shard, sizeof d->shard, "%s", shard);
+        if (slash) snprintf(d->dir, sizeof d->dir, "%.*s", slash == shard ? 1 : (int)(slash - shard), shard);  // "/x.bin": "/"
+        else snprintf(d->dir, sizeof d->dir, ".");
+        snprintf(d->what, sizeof d->what, "--shard %s", shard);
         return;
     }
-    if (data) snprintf(dir, sizeof dir, "%s", data);
-    else if (!recorded_data_dir(run, dir, sizeof dir)) {
-        snprintf(dir, sizeof dir, "%s", FALLBACK_DATA);
+    if (data) {
+        snprintf(d->dir, sizeof d->dir, "%s", data);
+        snprintf(d->what, sizeof d->what, "--data %s", data);
+    } else if (recorded_data_dir(run, d->dir, sizeof d->dir)) {
+        snprintf(d->what, sizeof d->what, "%s's data %s (from its run.json)", run, d->dir);
+    } else {
+        snprintf(d->dir, sizeof d->dir, "%s", FALLBACK_DATA);
+        snprintf(d->what, sizeof d->what, "%s (the default data)", FALLBACK_DATA);
         fprintf(stderr, "mesanet eval: %s does not record its data directory; evaluating %s (give --data)\n", run,
                 FALLBACK_DATA);
     }
-    snprintf(out, cap, "%s/valid.bin", dir);
+    snprintf(d->shard, sizeof d->shard, "%s/valid.bin", d->dir);
 }
 
-// The tokens of a shard: its sequences must fit in them.
-static uint64_t shard_tokens(const char *path) {
+// The tokens of a shard (its sequences must fit in them) and its vocabulary.
+static uint64_t shard_tokens(const DataChoice *d, uint32_t *vocab) {
     TokenShard s;
-    if (shard_read(path, &s)) cmd_fail("eval", "%s", mn_last_error());
+    if (shard_read(d->shard, &s)) cmd_fail("eval", "%s: %s", d->what, mn_last_error());
     uint64_t n = s.n_tokens;
+    *vocab = s.vocab_size;
     shard_free(&s);
     return n;
+}
+
+// Refuses, naming the option, a --model or --compare that cannot be a run directory: empty, not
+// there, or a file.
+static void check_run_dir(const char *option, const char *dir) {
+    struct stat st;
+    if (!dir[0]) cmd_fail("eval", "%s is empty: give a run directory (one with config.json and model.safetensors)", option);
+    if (stat(dir, &st)) cmd_fail("eval", "%s %s: %s", option, dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        cmd_fail("eval", "%s %s: not a run directory (a file; a run directory holds config.json and model.safetensors)",
+                 option, dir);
+}
+
+// The config of the run in dir (of its latest checkpoint), read before any model is built, for
+// the checks below; refused naming the option.
+static void read_run_config(const char *option, const char *dir, ModelConfig *c) {
+    char ck[4096], path[4200];
+    if (checkpoint_dir(dir, ck, sizeof ck)) cmd_fail("eval", "%s %s: %s", option, dir, mn_last_error());
+    snprintf(path, sizeof path, "%s/config.json", ck);
+    if (access(path, R_OK))
+        cmd_fail("eval", "%s %s: no %s (not a run directory?)", option, dir, path);
+    if (config_load(c, path)) cmd_fail("eval", "%s %s: %s", option, dir, mn_last_error());
+}
+
+// 1 when directories a and b both hold a tokenizer and it is the same; 0 when either holds none
+// (nothing to compare); -1 when they differ, with the difference in why.
+static int same_tokenizer(const char *a, const char *b, char *why, size_t cap) {
+    if (!tokenizer_recorded(a) || !tokenizer_recorded(b)) return 0;
+    int same;
+    if (tokenizer_compare(a, b, &same, why, cap)) cmd_fail("eval", "%s", mn_last_error());
+    return same ? 1 : -1;
+}
+
+// Refuses, before any work, what would score a model on token ids that mean something else than
+// they did in its training: a second model with another vocabulary or tokenizer, data made with
+// another tokenizer (where both directories hold one: a run holds its training data's), or data
+// with ids beyond a model's vocabulary. A run whose tokenizer cannot be checked against the data's
+// is noted.
+static void check_tokens(const char *run, const ModelConfig *mc, const char *compare, const ModelConfig *oc,
+                         const DataChoice *d, uint32_t shard_vocab) {
+    char why[4300];
+    if (compare) {
+        int same = same_tokenizer(compare, run, why, sizeof why);
+        // A config may pad the vocabulary of the same tokenizer: the ids then still agree.
+        if (oc->vocab_size != mc->vocab_size && same != 1)
+            cmd_fail("eval", "--compare %s: vocabulary %d, but %s has %d (another tokenizer%s%s)", compare,
+                     oc->vocab_size, run, mc->vocab_size, same < 0 ? ": " : "", same < 0 ? why : "");
+        if (same < 0)
+            cmd_fail("eval",
+                     "--compare %s: its tokenizer differs from %s's (%s): the two models' token ids mean different "
+                     "things, so their losses cannot be compared",
+                     compare, run, why);
+    }
+    const char *runs[2] = {run, compare};
+    const ModelConfig *cfgs[2] = {mc, oc};
+    for (int i = 0; i < 2 && runs[i]; i++) {
+        const char *who = runs[i], *opt = i ? "--compare " : "";
+        if ((uint32_t)cfgs[i]->vocab_size < shard_vocab)
+            cmd_fail("eval", "%s: %s holds ids of a %u-token vocabulary, but %s%s has %d (another tokenizer)", d->what,
+                     d->shard, shard_vocab, opt, who, cfgs[i]->vocab_size);
+        int same = same_tokenizer(d->dir, who, why, sizeof why);
+        if (same < 0)
+            cmd_fail("eval", "%s: its tokenizer differs from %s%s's (%s): the model would be scored on another tokenizer's "
+                     "ids%s",
+                     d->what, opt, who, why,
+                     d->what[0] == '-' ? "" : " (was the data tokenized again after the run was trained? give --data)");
+        if (!same && i == 0 && tokenizer_recorded(who))
+            fprintf(stderr, "mesanet eval: %s holds no tokenizer (%s, %s) to check against %s's\n", d->dir,
+                    tokenizer_files[0], tokenizer_files[1], who);
+    }
 }
 
 // Refuses, before any work, sequences longer than a model takes or than the shard holds, and
@@ -248,7 +339,7 @@ int cmd_eval(int argc, char **argv) {
         {"lengths", OPT_STRING, &lengths, "also evaluate at these multiples of the training length, e.g. 1,2,4,8,16"},
         {"compare", OPT_STRING, &compare, "run directory of a second model: Delta NLL by position"},
         {"out", OPT_STRING, &out, "directory for the CSV and SVG files (default: <model>/eval)"},
-        {"backend", OPT_STRING, &backend, "cpu or cuda"},
+        {"backend", OPT_STRING, &backend, "cpu, cuda or ref (float64, for checks)"},
         {"gpus", OPT_INT, &gpus,
          "split every batch over this many GPUs, one process each with --batch sequences (cpu, ref: processes)", 1, 256},
     };
@@ -258,28 +349,38 @@ int cmd_eval(int argc, char **argv) {
     if (lengths && (nm = parse_factors(lengths, mult, MAX_FACTORS)) < 0)
         cmd_fail("eval", "--lengths expects up to %d comma-separated integers in [1, %d], got '%s'", MAX_FACTORS,
                  MAX_FACTOR, lengths);
+    // Everything that can be refused is, before any model is built or rank started.
+    check_run_dir("--model", run);
+    if (compare) check_run_dir("--compare", compare);
+    ModelConfig mc, oc;
+    read_run_config("--model", run, &mc);
+    if (compare) read_run_config("--compare", compare, &oc);
+    DataChoice d;
+    choose_shard(shard, data, run, &d);
+    uint32_t shard_vocab;
+    uint64_t tokens = shard_tokens(&d, &shard_vocab);
+    check_tokens(run, &mc, compare, compare ? &oc : NULL, &d, shard_vocab);
+    int T = seq > 0 ? seq : mc.seq_len;
+    check_length("--seq", T, batch, gpus, d.shard, tokens);
+    for (int i = 0; i < nm; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "--lengths factor %d", mult[i]);
+        check_length(what, (long long)mc.seq_len * mult[i], batch / mult[i] > 0 ? batch / mult[i] : 1, gpus, d.shard,
+                     tokens);
+    }
+
     Group g;
     int code;
     if (!ranks_begin("eval", gpus, &g, &code)) return code;
     int lead = g.rank == 0;  // rank 0 speaks and writes for the group
     if (!lead && !freopen("/dev/null", "w", stdout)) cmd_fail("eval", "/dev/null: cannot open");
-    EvalSetup e = {NULL, batch, batches, backend_by_name(backend), &g};
+    EvalSetup e = {d.shard, batch, batches, backend_by_name(backend), &g};
     if (!e.be) cmd_fail("eval", "%s", mn_last_error());
-    char outdir[4096], shard_path[4096];
+    char outdir[4096];
     Model *m, *other = NULL;
-    if (checkpoint_load_model(run, e.be, &m)) cmd_fail("eval", "%s", mn_last_error());
-    if (compare && checkpoint_load_model(compare, e.be, &other)) cmd_fail("eval", "%s", mn_last_error());
-    choose_shard(shard, data, run, shard_path, sizeof shard_path);
-    e.shard = shard_path;
-    int T = seq > 0 ? seq : m->cfg.seq_len;
-    uint64_t tokens = shard_tokens(e.shard);
-    check_length("--seq", T, batch, g.size, e.shard, tokens);
-    for (int i = 0; i < nm; i++) {
-        char what[64];
-        snprintf(what, sizeof what, "--lengths factor %d", mult[i]);
-        check_length(what, (long long)m->cfg.seq_len * mult[i], batch / mult[i] > 0 ? batch / mult[i] : 1, g.size,
-                     e.shard, tokens);
-    }
+    if (checkpoint_load_model(run, e.be, &m)) cmd_fail("eval", "--model %s: %s", run, mn_last_error());
+    if (compare && checkpoint_load_model(compare, e.be, &other))
+        cmd_fail("eval", "--compare %s: %s", compare, mn_last_error());
     if (out) snprintf(outdir, sizeof outdir, "%s", out);
     else snprintf(outdir, sizeof outdir, "%s/eval", run);
     if (lead && mn_mkdirs(outdir)) cmd_fail("eval", "--out: %s", mn_last_error());
@@ -288,8 +389,9 @@ int cmd_eval(int argc, char **argv) {
     EvalResult r;
     if (evaluate(m, &e, T, use_steps, tol, "loss", &r)) cmd_fail("eval", "%s", mn_last_error());
     double nll = mean_nll(&r);
-    printf("%s on %s: %d sequences of %d tokens, %.0f scored\n", run, e.shard, r.batches * batch * g.size, T, r.count);
-    if (g.size > 1) printf("  split over %d ranks, %d sequences of every batch each\n", g.size, batch);
+    int nseq = r.batches * batch * g.size;
+    printf("%s on %s: %d sequence%s of %d tokens, %.0f scored\n", run, e.shard, nseq, plural_s(nseq), T, r.count);
+    if (g.size > 1) printf("  split over %d ranks, %d sequence%s of every batch each\n", g.size, batch, plural_s(batch));
     printf("  loss %.4f nats/token, perplexity %.3f", nll, exp(nll));
     if (model_uses_cg(&m->cfg)) printf(", mean CG steps %.2f (max %d%s)", r.cg_steps, use_steps, tol > 0 ? ", tolerance" : "");
     printf("\n");
@@ -338,7 +440,7 @@ int cmd_eval(int argc, char **argv) {
             EvalResult rs;
             char name[32];
             if (sweep_settings[i].tol > 0) snprintf(name, sizeof name, "tol %s", sweep_settings[i].label);
-            else snprintf(name, sizeof name, "%d steps", sweep_settings[i].steps);
+            else snprintf(name, sizeof name, "%d step%s", sweep_settings[i].steps, plural_s(sweep_settings[i].steps));
             if (evaluate(m, &e, T, sweep_settings[i].steps, sweep_settings[i].tol, name, &rs))
                 cmd_fail("eval", "%s: %s", name, mn_last_error());
             snll[i] = mean_nll(&rs);

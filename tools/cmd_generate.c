@@ -9,6 +9,7 @@
 #include "core/common.h"
 #include "data/bpe.h"
 #include "eval/sample.h"
+#include "mixers/mixer.h"
 #include "model/model.h"
 #include "tools/commands.h"
 #include "train/checkpoint.h"
@@ -43,6 +44,24 @@ static char *read_prompt_file(const char *path, size_t *n) {
     return buf;
 }
 
+// Attention with RoPE sees relative distances up to its reach: the whole past (mha), or the last
+// `window` tokens (swa). Where that reach exceeds the training context, distances no training
+// batch had are extrapolated, and a prompt longer than the context uses them: a notice on stderr.
+// The recurrent mixers have no positions.
+static void note_extrapolation(const ModelConfig *c, size_t prompt_tokens) {
+    if (prompt_tokens <= (size_t)c->seq_len) return;
+    for (int l = 0; l < c->n_layers; l++) {
+        const MixerOps *ops = mixer_at(c, l);
+        if (ops == &mixer_mha || (ops == &mixer_swa && c->window > c->seq_len)) {
+            fprintf(stderr,
+                    "mesanet generate: note: the prompt is %zu tokens, beyond the %d-token context this model was "
+                    "trained at; its attention (%s) extrapolates to positions it was not trained on\n",
+                    prompt_tokens, c->seq_len, ops->name);
+            return;
+        }
+    }
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *run = "runs/demo", *prompt = NULL, *prompt_file = NULL, *backend = "cpu";
     int ntokens = 200, seed = 1, top_k = 0, cg_steps = 0, quiet = 0;
@@ -58,7 +77,7 @@ int cmd_generate(int argc, char **argv) {
         {"seed", OPT_INT, &seed, "sampling seed", 0, INT_MAX},
         {"cg-steps", OPT_INT, &cg_steps, "CG steps per token at most (0: the model's training setting)", 0, 10000},
         {"cg-tol", OPT_FLOAT, &cg_tol, "stop CG at this relative residual (0: always the full steps)", 0, 1},
-        {"backend", OPT_STRING, &backend, "cpu or cuda"},
+        {"backend", OPT_STRING, &backend, "cpu, cuda or ref (float64, for checks)"},
         {"quiet", OPT_FLAG, &quiet, "print only the text (no statistics)"},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
@@ -97,6 +116,7 @@ int cmd_generate(int argc, char **argv) {
     Sampler sampler = {temperature, top_k, top_p, {{0}}};
     mn_rng_seed(&sampler.rng, (uint64_t)seed);
 
+    note_extrapolation(&m->cfg, plen);  // (with --quiet too: it bears on the text)
     if (model_reset_state(m, 1)) cmd_fail("generate", "%s", mn_last_error());
     fwrite(prompt, 1, prompt_len, stdout);
     double t0 = mn_now();
@@ -113,7 +133,10 @@ int cmd_generate(int argc, char **argv) {
     }
     double dt = mn_now() - t0;
     if (model_take_cg_steps(m, &gen_steps)) cmd_fail("generate", "%s", mn_last_error());  // the mean over the generated tokens
+    // The text's last line ends before the statistics: stdout is buffered apart from stderr when it is
+    // not a terminal, so the newline goes out now, not at exit after them.
     printf("\n");
+    fflush(stdout);
     if (!quiet) {
         // The decoding state: constant for the recurrent mixers; attention's key/value cache grows.
         char state[96];
@@ -126,13 +149,13 @@ int cmd_generate(int argc, char **argv) {
             snprintf(state, sizeof state, "state %.2f MB, constant", fixed_mb);
         if (model_uses_cg(&m->cfg))
             fprintf(stderr,
-                    "[prompt: %zu tokens in %.2f s, CG steps %.1f | generated %d tokens, %.1f tokens/s, mean CG steps "
+                    "[prompt: %zu token%s in %.2f s, CG steps %.1f | generated %d token%s, %.1f tokens/s, mean CG steps "
                     "per token and head %.1f (max %d%s) | %s]\n",
-                    plen, t_prefill, prefill_steps, made, made / (dt > 0 ? dt : 1), gen_steps, m->solver.max_steps,
+                    plen, plural_s((long long)plen), t_prefill, prefill_steps, made, plural_s(made), made / (dt > 0 ? dt : 1), gen_steps, m->solver.max_steps,
                     cg_tol > 0 ? ", tolerance" : "", state);
         else
-            fprintf(stderr, "[prompt: %zu tokens in %.2f s | generated %d tokens, %.1f tokens/s | %s]\n", plen, t_prefill,
-                    made, made / (dt > 0 ? dt : 1), state);
+            fprintf(stderr, "[prompt: %zu token%s in %.2f s | generated %d token%s, %.1f tokens/s | %s]\n", plen,
+                    plural_s((long long)plen), t_prefill, made, plural_s(made), made / (dt > 0 ? dt : 1), state);
     }
     free(ids);
     free(seq);

@@ -17,9 +17,9 @@ static int matched_table(const char *size) {
         fprintf(stderr, "mesanet info: %s\n", mn_last_error());
         return 1;
     }
-    printf("%s, parameter-matched presets: the %s backbone (D=%d, %d blocks, %d heads x %d, vocabulary %d%s) with "
+    printf("%s, parameter-matched presets: the %s backbone (D=%d, %d block%s, %d head%s x %d, vocabulary %d%s) with "
            "each mixer, MLP width in steps of %d set to match Mesa's count (within %d parameters: half a step)\n",
-           size, size, ref.dim, ref.n_layers, ref.n_heads, ref.head_dim, ref.vocab_size ? ref.vocab_size : 4096,
+           size, size, ref.dim, ref.n_layers, plural_s(ref.n_layers), ref.n_heads, plural_s(ref.n_heads), ref.head_dim, ref.vocab_size ? ref.vocab_size : 4096,
            ref.vocab_size ? "" : " shown; the data sets it", CONFIG_MATCH_STEP,
            3 * ref.dim * ref.n_layers * CONFIG_MATCH_STEP / 2);
     printf("\n%-16s %-20s %6s %13s %12s %12s %9s %14s\n", "mixer", "preset", "MLP", "parameters", "mixers",
@@ -91,8 +91,9 @@ int cmd_info(int argc, char **argv) {
         return 1;
     }
     int pattern = mixer_pattern_check(c.mixer, c.n_layers);  // (valid: config_load checked it)
-    printf("%s: %s architecture, %s %s, D=%d, %d blocks, %d heads x %d, MLP %d, vocabulary %d%s\n", pos[0], c.arch,
-           pattern > 1 ? "mixer pattern" : "mixer", c.mixer, c.dim, c.n_layers, c.n_heads, c.head_dim, c.mlp_hidden,
+    printf("%s: %s architecture, %s %s, D=%d, %d block%s, %d head%s x %d, MLP %d, vocabulary %d%s\n", pos[0], c.arch,
+           pattern > 1 ? "mixer pattern" : "mixer", c.mixer, c.dim, c.n_layers, plural_s(c.n_layers), c.n_heads,
+           plural_s(c.n_heads), c.head_dim, c.mlp_hidden,
            c.vocab_size, vocab_from_data ? " (from the data; 4096 shown)" : "");
     printf("  embedding x sqrt(D): %s, tied head: %s, logit cap: %g\n", c.embed_scale ? "yes" : "no",
            c.tie_embeddings ? "yes" : "no", (double)c.logit_cap);
@@ -138,7 +139,7 @@ int cmd_info(int argc, char **argv) {
             for (int j = 0; j < nkinds; j++)
                 if (kind_blocks[j])
                     printf("    %-10s %14zu  (%5.1f%%; %d block%s)\n", mixer_all[j]->name, kind_mixer[j],
-                           100.0 * (double)kind_mixer[j] / (double)total, kind_blocks[j], kind_blocks[j] == 1 ? "" : "s");
+                           100.0 * (double)kind_mixer[j] / (double)total, kind_blocks[j], plural_s(kind_blocks[j]));
     }
     printf("  %-12s %14zu  (%.1fM; %zu tensors)\n", "total", total, (double)total / 1e6, (size_t)np);
     printf("  per block:");
@@ -162,7 +163,7 @@ int cmd_info(int argc, char **argv) {
         size_t f = ops->state_floats(&c), pt = ops->state_floats_per_token ? ops->state_floats_per_token(&c) : 0;
         printf("  %-10s %zu floats (%zu bytes) a block", ops->name, f, f * 4);
         if (pt) printf(" + %zu floats (%zu bytes) a token", pt, pt * 4);
-        printf(", %d block%s: %s\n", kind_blocks[j], kind_blocks[j] == 1 ? "" : "s", ops->state_about);
+        printf(", %d block%s: %s\n", kind_blocks[j], plural_s(kind_blocks[j]), ops->state_about);
         printf("  %-10s %s\n", "", ops->about);
     }
     free(block_kind);

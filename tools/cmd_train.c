@@ -40,7 +40,10 @@ int cmd_train(int argc, char **argv) {
         {"seq", OPT_INT, &o.seq, "tokens per sequence (the training context)", 2, 1 << 24},
         {"accum", OPT_INT, &o.accum, "micro-batches per optimizer step", 1, 65536},
         {"steps", OPT_INT, &o.steps, "optimizer steps", 1, 1e9},
-        {"warmup", OPT_INT, &o.warmup, "linear warm-up steps, at most --steps (default: 100, or a tenth of a shorter run)", 0, 1e9},
+        {"warmup", OPT_INT, &o.warmup,
+         "linear warm-up steps, at most --steps; unset, a run of fewer --steps than this default warms up for a tenth "
+         "of them",
+         0, 1e9},
         {"lr", OPT_FLOAT, &o.lr, "peak learning rate", 1e-9, 10},
         {"lr-final", OPT_FLOAT, &o.lr_final, "the cosine decays to this fraction of the peak", 0, 1},
         {"wd", OPT_FLOAT, &o.weight_decay, "weight decay (not on embeddings, norms, gate biases, lambda)", 0, 1},

@@ -1334,8 +1334,20 @@ extern "C" const Backend *backend_cuda(void) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
-        mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': no CUDA device (%s)",
-                 e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        // Without a GPU or its driver the runtime says "driver version is insufficient" or "no
+        // CUDA-capable device": said plainly, CUDA's words only as the detail. A driver that is
+        // there (version > 0) but older than the runtime is the one case an update fixes.
+        int drv = 0, rt = 0;
+        cudaDriverGetVersion(&drv);
+        cudaRuntimeGetVersion(&rt);
+        const char *detail = e != cudaSuccess ? cudaGetErrorString(e) : "no device found";
+        if (e == cudaErrorInsufficientDriver && drv > 0)
+            mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': the GPU driver supports CUDA %d.%d, older than this build's %d.%d (%s)",
+                     drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10, detail);
+        else if (e == cudaSuccess || e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+            mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': no CUDA GPU or driver found on this machine (CUDA: %s)", detail);
+        else
+            mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': no usable CUDA device (%s)", detail);
         return NULL;
     }
     cudaDeviceProp prop;

@@ -10,6 +10,7 @@
 #include "core/atomic_file.h"
 #include "core/common.h"
 #include "data/loader.h"
+#include "data/tokenizer_id.h"
 #include "eval/eval.h"
 #include "train/checkpoint.h"
 #include "train/loss_log.h"
@@ -224,13 +225,13 @@ static int note_moved_data(const char *out, const RunInfo *ri, const char *data)
     return run_info_write(out, &moved);
 }
 
-// The tokenizer travels with the run, so that generate needs only the run directory.
+// The tokenizer travels with the run, so that generate needs only the run directory and eval can
+// check that data was made with it (data/tokenizer_id.h).
 static int copy_tokenizer(const char *data, const char *out) {
-    const char *files[2] = {"encoder.json", "vocab.bpe"};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < TOKENIZER_NFILES; i++) {
         char src[4096], dst[4096];
-        snprintf(src, sizeof src, "%s/%s", data, files[i]);
-        snprintf(dst, sizeof dst, "%s/%s", out, files[i]);
+        snprintf(src, sizeof src, "%s/%s", data, tokenizer_files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", out, tokenizer_files[i]);
         if (!access(src, F_OK)) MN_TRY(af_copy(src, dst));  // (data without a tokenizer: none to copy)
     }
     return MN_OK;
@@ -319,10 +320,11 @@ int train_run(const TrainOptions *o, FILE *log) {
         goto done;
     }
     LrSchedule sched = {o->lr, o->warmup, o->steps, o->lr_final};
-    fprintf(log, "train: %s model, %zu parameters, %s backend; %d x %d tokens x %d accumulation per step, %d steps\n",
-            m->cfg.arch, m->count, be->name, set.batch * ranks, set.seq, set.accum, o->steps);
+    fprintf(log, "train: %s model, %zu parameters, %s backend; %d x %d tokens x %d accumulation per step, %d step%s\n",
+            m->cfg.arch, m->count, be->name, set.batch * ranks, set.seq, set.accum, o->steps, o->steps == 1 ? "" : "s");
     if (ranks > 1)
-        fprintf(log, "train: data-parallel over %d ranks of %d sequences each, gradients summed %s\n", ranks, set.batch,
+        fprintf(log, "train: data-parallel over %d ranks of %d sequence%s each, gradients summed %s\n", ranks, set.batch,
+                set.batch == 1 ? "" : "s",
                 g->be ? "by the backend's collective (NCCL)" : "through the host");
     double t_start = mn_now(), t_last = t_start, t_first = 0, elapsed0 = st.elapsed, tok_rate = 0;
     int last_saved = st.step, done_here = 0;
@@ -371,7 +373,8 @@ int train_run(const TrainOptions *o, FILE *log) {
             break;
         }
         int last = st.step == o->steps || time_up;
-        if (o->eval_every > 0 && (st.step % o->eval_every == 0 || last)) {
+        // eval_every 0: at the end only (of the schedule, or of this process's share of it).
+        if ((o->eval_every > 0 && st.step % o->eval_every == 0) || last) {
             double cg;
             if ((s = validate(m, g, &valid, o->eval_batches, &row.val_loss, &cg))) break;
             fprintf(log, "step %6d | validation loss %.4f | perplexity %.2f", st.step, row.val_loss, exp(row.val_loss));

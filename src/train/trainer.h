@@ -26,7 +26,7 @@ typedef struct {
     int steps, warmup;      // optimizer steps in all, warm-up steps
     float lr, lr_final;     // peak learning rate; the cosine ends at lr_final * lr
     float weight_decay, clip, beta1, beta2;
-    int eval_every, eval_batches;  // validation every this many steps, over this many batches
+    int eval_every, eval_batches;  // validation every this many steps (0: at the end only), over this many batches
     int save_every;         // checkpoint every this many steps (and at the end)
     int log_every;          // progress line every this many steps
     uint64_t seed;

@@ -68,3 +68,28 @@ TEST(cuda_data_parallel_matches_one_gpu) {
     CHECK(worst <= 2e-3, "two GPUs' NLL by position differs from one GPU's by %.3g (relative) > 2e-3", worst);
     tmp_remove(&t);
 }
+
+// On a machine without a GPU or its driver, --backend cuda says so plainly (CUDA's own text, which
+// asks for a driver update, only as the detail), before any work.
+TEST(cuda_backend_absent_says_so) {
+    int devices = cuda_device_count();
+    if (devices > 0) {
+        test_note("not run: this machine has %d GPU(s); the test is for one without", devices);
+        return;
+    }
+    TmpDir t;
+    tmp_make(&t);
+    char data[256], args[1024], log[256];
+    snprintf(data, sizeof data, "%s/data", t.dir);
+    snprintf(log, sizeof log, "%s/log.txt", t.dir);
+    write_toy_shards(data);
+    snprintf(args, sizeof args, "train --backend cuda --config tiny --data %s --out %s/run --steps 1", data, t.dir);
+    CHECK(run_tool(args, log) == 1, "train --backend cuda without a GPU: not refused (see %s)", log);
+    size_t n;
+    char *text = (char *)read_bytes(log, &n);
+    if (text) text[n] = 0;
+    CHECK(text && strstr(text, "backend 'cuda': no CUDA GPU or driver found on this machine (CUDA: "),
+          "the refusal does not say plainly that there is no GPU:\n%s", text ? text : "");
+    free(text);
+    tmp_remove(&t);
+}
