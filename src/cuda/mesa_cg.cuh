@@ -20,8 +20,7 @@ static __device__ __forceinline__ float chunk_mask(const float *b, const float *
 // Whether the warp's block of a 64 x 64 tile of scores (rows 16 (w & 3).., CH / NCG columns from
 // (w >> 2) CH / NCG) lies wholly outside the mask of direction dir, so that its product can be
 // skipped: the mask would zero it. At NCG 4, 6 of the 16 warps (about a tenth of a CG step's
-// operand traffic through shared memory, where the loop is bound: 2.8% of the layer's
-// forward+backward at 8 x 2048 x 16 x 128).
+// operand traffic through shared memory, where the loop is bound).
 static __device__ __forceinline__ int scores_masked_out(int dir) {
     int r0 = 16 * (warp_id() & 3), c0 = (warp_id() >> 2) * (CH / NCG);
     return dir == 0 ? c0 > r0 + 15 : c0 + CH / NCG - 1 < r0;
@@ -145,7 +144,7 @@ static __device__ Op16 op16_carve(const Smem *s, const Geo *g) {
 // op16_load to take into fp16 once the chunk's constants are worked out: the state (Hg: [Dk][Dk]
 // float, global) into Bm and Dg (free until stage_g), the keys into the scores' region and the
 // queries into the direction's (both free until CG starts). (Fetched into registers after the
-// constants, the loads had waited alone: ncu put a tenth of cg_forward's samples on them.)
+// constants, the loads waited alone, with nothing to overlap them.)
 static __device__ void op16_stage(const Op16 *o, const Smem *s, const float *Hg, const bf16 *kg, const bf16 *qg, int vec,
                                   const Geo *g, int pair, int t0) {
     Src keys = tok_src(kg, 0, g->Dk, DP, g, pair, t0, vec), state = mat_src(Hg, g->Dk, g->Dk, DP, DP, vec);
@@ -290,8 +289,7 @@ static __device__ __forceinline__ void put_scores(Tile *sc, int skip, __half *Sh
 static __device__ __forceinline__ void tile_gla16(Tile *acc, const Gla16 *f, const float sa[FR], __half *Sh, __half *Sl,
                                            const Smem *s, int scale_out) {
     // the scores A B^T and the state term A S in one pass over k, which loads each k-step's fragments
-    // of A once for both (1.5% of the layer's forward+backward at 8 x 2048 x 16 x 128, when the
-    // state term still ran on mma.sync and shared-memory traffic bound the CG loop; docs/cuda.md)
+    // of A once for both (shared-memory traffic bounds the CG loop)
     Tile sc;
     tile_zero(&sc);
     tile_zero(acc);

@@ -149,7 +149,7 @@ static __device__ void rhs_stage(const Smem *s, const bf16 *dout, const bf16 *v,
 // Delta into Bm's region, V into the Jacobi diagonal's; meanwhile CG's state
 // (sh) is fetched into hv, registers. Returns the keys' scale (they stay in
 // CG's buffer). (Inlined: as a called function it left ptxas spilling less,
-// but the kernels ran 1.2-1.5x slower, measured.)
+// but the kernels ran slower.)
 static __device__ __forceinline__ float backward_rhs(Tile *rhs, Vec16 *hv, const Src *sh, const Smem *sp, const Geo *gp) {
     const Smem s = *sp;
     const Geo g = *gp;
@@ -469,7 +469,7 @@ static __global__ void final_dot_kernel(float *db_final, const float *states, co
 // dg_t = db_final + sum_{u >= t} db_u (db_final NULL: 0): a block per pair, over tiles of
 // DG_THREADS x DG_RUN tokens from the end. Each thread loads its run of DG_RUN consecutive tokens
 // (all loads in flight) and sums it; a block scan of the runs' sums gives each run what lies after
-// it. (One warp walking windows of 32 tokens, a dependent load each, took 48 us at 8 x 2048 x 16.)
+// it. (One warp walking windows of 32 tokens, a dependent load each, is a chain of latencies.)
 #define DG_THREADS 256
 #define DG_RUN 8
 static __global__ void __launch_bounds__(DG_THREADS) dg_scan_kernel(float *dg, const float *db, const float *db_final, Geo g) {

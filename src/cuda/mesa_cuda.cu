@@ -21,9 +21,9 @@
  * C = 64 systems at once. A 64 x N tile lives in registers in the mma
  * accumulator layout: warp w owns rows 16 (w & 3) .. + 15 and the column group
  * w >> 2 of NCG = 4 (see f_row, f_col). Four groups, not two, leave half the
- * registers per thread and twice the warps to hide latency: 1.25x faster
- * measured (eight groups spill and were slower). Operands of products sit in
- * shared memory with strides chosen so fragment loads hit distinct banks.
+ * registers per thread and twice the warps to hide latency (eight groups
+ * spill). Operands of products sit in shared memory with strides chosen so
+ * fragment loads hit distinct banks.
  *
  * The chunk-to-chunk recurrences (chunk-entry states forward, the adjoints in
  * reverse) are one sliced scan kernel: a block per (64-row slice of a state,
@@ -34,12 +34,10 @@
  * (per chunk) -> dg_scan (reverse cumulative sum of dL/db). Decoding (T = 1):
  * decode_kernel alone, the recurrent form with a block per (sequence, head).
  *
- * Measured on an H100 (ncu, 8x2048x16x128): see docs/cuda.md for every
- * change tried and its effect. With TF32 everywhere, the chunk kernels were
- * latency-bound (0.35 instructions per cycle per scheduler, tensor pipe 13%
- * busy); fp16 operands took the CG kernels from 5.0 to 2.1-2.2 ms and the
- * gradients kernel from 5.0 to 1.0 ms; bf16 and cp.async took each scan from
- * 0.77 to 0.42 ms.
+ * The kernels live in the sections included below (mesa_tiles.cuh ..
+ * mesa_decode.cuh), which are parts of this translation unit, built with its
+ * macros; the host side follows them. docs/cuda.md describes the kernels,
+ * their costs and what was tried.
  */
 #include <limits.h>
 #include <math.h>
@@ -51,6 +49,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "cuda_common.cuh"
+#include "mma.cuh"  // the PTX wrappers: shared-memory addresses, ldmatrix, cp.async, L2 prefetches
 
 extern "C" {
 #include "core/mesa_args.h"
@@ -80,7 +79,7 @@ extern "C" {
 // The chunk kernels' head size: heads (Dk and Dv) are padded with zeros to the build's largest, so
 // that every tile's width, stride and loop count is a compile-time constant. (With the padded size
 // read from the problem, ptxas kept a bounds test and a branch before every product's n-tiles, in
-// the innermost loops: 16% of the CG kernel's instructions were compares and branches.)
+// the innermost loops.)
 #define DP MAXD
 
 // Hopper's warpgroup products (wgmma) for the CG operator's state term, in the sm_90a build: a
@@ -184,9 +183,8 @@ static int rows_aligned(const void *p, int n, int size) { return !p || ((uintptr
 // wave of chunk blocks splits its pairs in two halves, the second on the side stream. In one stream
 // each kernel waits for the last block of the one before, and every kernel here ends in a partly
 // empty last wave (a chunk kernel holds a multiprocessor a block); the other half's blocks now take
-// those multiprocessors (docs/cuda.md, "Two streams": forward+backward 4.46 -> 4.36 ms at
-// 8 x 2048 x 16 x 128). Every kernel of a call takes its pairs from Geo.pair0 on, so a half is the
-// same launch with a smaller grid.
+// those multiprocessors (docs/cuda.md, "Two streams"). Every kernel of a call takes its pairs from
+// Geo.pair0 on, so a half is the same launch with a smaller grid.
 typedef struct {
     cudaStream_t stream;
     Geo g;       // the call's sizes, with g.pair0 this part's first pair

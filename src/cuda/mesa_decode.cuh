@@ -103,7 +103,7 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
     float qi = own ? ld(q, ti * dk + tid) : 0.0f, lam = own ? lambda[(size_t)h * dk + tid] : 0.0f;
     for (int j = tid; j < dk; j += nt) ks[j] = ld(k, ti * dk + j);
     for (int i = tid; i < dv; i += nt) vs[i] = beta * ld(v, ti * dv + i);
-    CP_ASYNC_WAIT_GROUPS(1);  // H has arrived (G may still be on its way)
+    cp_async_wait1();  // H has arrived (G may still be on its way)
     __syncthreads();
     // element e = (r, c) of H, its row and column stepped along (no division per element)
     for (int e = tid, r = tid / dk, c = tid % dk; e < dk * dk; e += nt) {
@@ -151,7 +151,7 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
     }
     if (own) st(x_out, ti * dk + tid, x);
     if (steps_out && tid == 0) steps_out[ti] = steps;
-    CP_ASYNC_WAIT_GROUPS(0);  // a staged G has arrived
+    cp_async_wait0();  // a staged G has arrived
     __syncthreads();
     if (own) ps[tid] = x;
     __syncthreads();

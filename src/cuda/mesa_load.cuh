@@ -49,13 +49,13 @@ static __device__ __forceinline__ float vec_at(const Vec16 *v, int i, int f32) {
 // multiprocessor in the chunk kernels).
 static __device__ __forceinline__ void l2_prefetch(const void *p, size_t n) {
     for (size_t o = (size_t)threadIdx.x * 128; o < n; o += (size_t)NT * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+        prefetch_l2((const char *)p + o);
 }
 // The same for the rows of tokens t0.. of a token-major tensor [B, T, H, d] (es bytes an element).
 static __device__ __forceinline__ void l2_prefetch_rows(const void *p, int es, int d, const Geo *g, int pair, int t0) {
     int n = min(CH, g->T - t0), lines = (d * es + 127) / 128;
     for (int e = threadIdx.x; e < n * lines; e += NT)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + tok_index(g, pair, t0 + e / lines) * d * es + e % lines * 128));
+        prefetch_l2((const char *)p + tok_index(g, pair, t0 + e / lines) * d * es + e % lines * 128);
 }
 
 // The thread's vectors u = 0 .. nv-1 of the block (vector threadIdx.x + u NT,
@@ -156,21 +156,16 @@ static __device__ __forceinline__ void stage_batch16(float *sc, const Src *rows,
     stage_put16(fv, nf, f, fh, fl, fld, sc[n]);
 }
 
-// 16 bytes from global to smem in the background (cp.async): `bytes` (16 or 0)
-// are read, the rest zero-filled. cp_async_wait completes the thread's copies;
-// a barrier after it publishes them to the block.
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
-}
+// 16-byte copies from global to smem in the background are mma.cuh's cp_async16 (`bytes` 16 or 0
+// read, the rest zero-filled), grouped by its cp_async_commit and waited for by its cp_async_wait0 /
+// cp_async_wait1 (at most 0 or 1 of the thread's committed groups still in flight).
 // The same for 4 bytes (`bytes` 4 or 0), through L1 (.ca: 4-byte copies cannot bypass it).
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes) : "memory");
 }
+// Completes all of the thread's copies, committed or not (cp.async.wait_all, which mma.cuh does not
+// wrap: it is a commit and a wait for none in flight); a barrier after it publishes them to the block.
 static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most n of the thread's committed groups are still in flight (n a literal: an
-// immediate of the instruction, hence a macro).
-#define CP_ASYNC_WAIT_GROUPS(n) asm volatile("cp.async.wait_group " #n ";" ::: "memory")
 
 // n floats from global to smem (16-byte aligned) in the background, the block's nt threads
 // striding: 16-byte copies when src and n allow, else 4-byte ones.
@@ -240,7 +235,7 @@ static __device__ __forceinline__ void chunk_cumsum(float b[2], const float glog
 // chunk's constants that wait on them (measured); chunk_put waits for that group alone and
 // cumulates b. Warp 0: the raw log decays into b, and beta; threads below DP, where lam is given:
 // lambda (1 past Dk). (cg_backward loads lambda after its operands: with it here, ptxas spilled
-// 64 bytes there and the kernel was no faster.)
+// there and the kernel was no faster.)
 static __device__ __forceinline__ void chunk_fetch(float *b, float *beta, float *lam, const float *g_log, const float *g_beta,
                                                    const float *lambda, const Geo *g, int pair, int t0) {
     if (threadIdx.x < 32) fetch_decays_async(b, beta, g_log, g_beta, g, pair, t0);
@@ -255,7 +250,7 @@ static __device__ __forceinline__ void chunk_fetch(float *b, float *beta, float 
 // Once the group of chunk_fetch has landed: b, the cumulative log decay (rows past the end repeat
 // the last). Callers synchronise before reading b, beta and lambda.
 static __device__ __forceinline__ void chunk_put(float *b) {
-    CP_ASYNC_WAIT_GROUPS(0);  // (the copies issued since are not committed yet: not waited for)
+    cp_async_wait0();  // (the copies issued since are not committed yet: not waited for)
     if (threadIdx.x < 32) {
         float gl[2] = {b[threadIdx.x], b[threadIdx.x + 32]}, c[2];
         chunk_cumsum(c, gl);

@@ -53,7 +53,7 @@ static __device__ void slice_store(float *dst, const Tile *acc, int i0, int rows
 
 // slice_store through 1 KB of smem per warp (scr), so that every store instruction writes four
 // whole 128-byte rows: from the mma layout (two adjacent columns a thread), 8-byte stores had cost
-// an L2 request per 32 bytes, and the scan was bound by L2 tag lookups (ncu: 80% of their peak).
+// an L2 request per 32 bytes, and the scan was bound by L2 tag lookups.
 // Needs dk % 4 == 0 and dst 16-byte aligned (slice_rows_ok). A row's 8-byte units are swizzled
 // (unit u of row r at u ^ 4 (r & 3)), so that the writes and the 16-byte reads are free of bank conflicts.
 static __device__ void slice_store_rows(float *dst, const Tile *acc, int i0, int rows, int dk, float sign, float *scr) {
@@ -247,14 +247,14 @@ static size_t scan_smem(const Geo *g) {
 
 // The same recurrence on Hopper, one warpgroup a block (grid and slices as scan_kernel's), when
 // the state is DP columns wide and both matrices' rows come in whole slices of 64. What the
-// profile of scan_kernel said (docs/cuda.md, the table of what was tried): 16 warps in lockstep
-// between two barriers a chunk, every warp computing addresses and loading fragments for its part
-// of the product, and the state stored through a per-warp scratch; issue 0.55 a scheduler, DRAM
-// at 43%. Here a chunk needs one barrier: the warpgroup's product is asynchronous (wgmma, the
-// right factor read once from smem), the left factor goes straight from the staged slice into
-// the A fragments in registers (weighted and split in three there), and each warp hands its 16
-// rows of the state to the tensor-memory accelerator (TMA) in one store. The right factor comes
-// by TMA too (one copy a chunk), the left by cp.async.
+// profile of scan_kernel said: 16 warps in lockstep between two barriers a chunk, every warp
+// computing addresses and loading fragments for its part of the product, and the state stored
+// through a per-warp scratch, with neither the issue slots nor DRAM near their limits. Here a chunk
+// needs one barrier: the warpgroup's product is asynchronous (wgmma, the right factor read once
+// from smem), the left factor goes straight from the staged slice into the A fragments in
+// registers (weighted and split in three there), and each warp hands its 16 rows of the state to
+// the tensor-memory accelerator (TMA) in one store. The right factor comes by TMA too (one copy a
+// chunk), the left by cp.async.
 #define SW_NT 128                      // threads of a slice: one warpgroup
 #define SW_OBYTES (CH * DP * 4)        // the staged state, fp32, in the out map's swizzled boxes
 #define SW_RBYTES (CH * DP * 2)        // the right factor, bf16, in wgmma's 128-byte swizzled layout
@@ -334,30 +334,30 @@ static __device__ __forceinline__ void wg_pin_u(unsigned *v, int n) {
 // row, 8 rows (k) a swizzle atom, atoms 1024 bytes apart along k (SBO), the halves CH x 128 bytes
 // apart along n (LBO).
 static __device__ __forceinline__ unsigned long long wg_desc_kn(const void *p) {
-    return (unsigned long long)((smem_u32(p) & 0x3FFFF) >> 4) | (unsigned long long)(CH * 128 >> 4) << 16 |
+    return (unsigned long long)((smem_addr(p) & 0x3FFFF) >> 4) | (unsigned long long)(CH * 128 >> 4) << 16 |
            (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;
 }
 
 // mbarriers, for the completion of the TMA copies: one arrival (the thread that issues the copy,
 // announcing its bytes) and the copy's bytes complete a phase; the readers wait on its parity.
 static __device__ __forceinline__ void mbar_init(unsigned long long *bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
 }
 static __device__ __forceinline__ void mbar_wait(unsigned long long *bar, int parity) {
     asm volatile(
         "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(
-            smem_u32(bar)),
+            smem_addr(bar)),
         "r"(parity)
         : "memory");
 }
 // The right factor's chunk at token t0 of pair (b, h) into R (SW_RBYTES), completing on bar.
 static __device__ __forceinline__ void tma_right(unsigned char *R, const CUtensorMap *map, int t0, int pair, int H,
                                                  unsigned long long *bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "n"(SW_RBYTES) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "n"(SW_RBYTES) : "memory");
     asm volatile(
         "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {0, %2, 0, %3, %4}], "
-        "[%5];" ::"r"(smem_u32(R)),
-        "l"(map), "r"(t0), "r"(pair % H), "r"(pair / H), "r"(smem_u32(bar))
+        "[%5];" ::"r"(smem_addr(R)),
+        "l"(map), "r"(t0), "r"(pair % H), "r"(pair / H), "r"(smem_addr(bar))
         : "memory");
 }
 
@@ -369,8 +369,8 @@ static __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.
 // its 64 columns from i0 (dl wide, es = 2: bf16, 4: float) row-major at L (stride CH + 8 bf16 or
 // CH + 4 floats). es is a constant at both calls (scan_wg_stage), so that a thread's 16-byte unit
 // e splits into row and column by shifts: with es read at run time, the division by a row's units
-// took 150 of a warp's 870 instructions a chunk. (The general stage_raw, with a thread count as
-// parameter, made the scan 11% slower: here the loops' counts and strides are constants and rows
+// was a sizeable share of a warp's instructions. (The general stage_raw, with a thread count as
+// parameter, made the scan slower: here the loops' counts and strides are constants and rows
 // always 16-byte aligned.)
 static __device__ __forceinline__ void scan_wg_stage_es(unsigned char *L, const void *l, int es, int i0, int dl,
                                                         const Geo *g, int pair, int t0) {
@@ -394,8 +394,8 @@ static __device__ __forceinline__ void scan_wg_stage(unsigned char *L, const voi
 // through its 8 KB of the staging O: DP / 32 boxes of 16 rows x 32 floats, each row's 16-byte
 // units at unit ^ (row & 7) (TMA's 128-byte swizzle), so that a warp's 8-byte stores (8 rows x 4
 // lanes) fill every bank twice, no more; lane 0 then hands them to one TMA store. (Stores of a row
-// each, by cp.async.bulk, were 16 a warp and a chunk, issued one lane at a time: 24% of the scan's
-// stall samples waited on them.)
+// each, by cp.async.bulk, were 16 a warp and a chunk, issued one lane at a time, and a good part
+// of the scan's stalls waited on them.)
 static __device__ __forceinline__ void scan_wg_put(const CUtensorMap *map, int row0, const float *acc, unsigned char *O) {
     int w = wg_warp(), l = lane_id(), r = l >> 2, q = l & 3;
     unsigned char *Ow = O + w * (SW_OBYTES / 4);
@@ -415,7 +415,7 @@ static __device__ __forceinline__ void scan_wg_put(const CUtensorMap *map, int r
         asm volatile(
             "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {0, %1, 0}], [%2];\n"
             "cp.async.bulk.commit_group;" ::"l"(map),
-            "r"(row0 + 16 * w), "r"(smem_u32(Ow))
+            "r"(row0 + 16 * w), "r"(smem_addr(Ow))
             : "memory");
 }
 
@@ -479,7 +479,7 @@ static __global__ void __launch_bounds__(SW_WGS * SW_NT, 3 - SW_WGS) scan_wg_ker
     int l32 = l32p != NULL;
     float *fin = m ? sc.fin[1] : sc.fin[0];
     float init_sign = m ? sc.init_sign[1] : sc.init_sign[0], fin_sign = m ? sc.fin_sign[1] : sc.fin_sign[0];
-    unsigned char *O = smw + (-smem_u32(smw) & 1023) + wg * SW_WG_SMEM, *Rb = O + SW_OBYTES, *Lb = Rb + 2 * SW_RBYTES;
+    unsigned char *O = smw + (-smem_addr(smw) & 1023) + wg * SW_WG_SMEM, *Rb = O + SW_OBYTES, *Lb = Rb + 2 * SW_RBYTES;
     float *dec = (float *)(Lb + 2 * SW_LBYTES);                      // [2][glog, beta][CH]
     unsigned long long *bar = (unsigned long long *)(dec + 4 * CH);  // [2]: the right factor's copies
     // the slice's row in the out map at slot 0; a slot is d0 + d1 rows on

@@ -20,10 +20,7 @@ static __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 // Tells the compiler that the block has n threads (a constant), which __launch_bounds__ leaves
 // unsaid; the chunk kernels, the scans, dg_scan and decode call it first. In the chunk kernels the
 // staging loops' tests whether a thread's vector lies inside its block then fold away where the
-// vectors cover it exactly, and the register allocation changed with them: ptxas's spills went to
-// none in the CG kernels and 8 bytes in grads_kernel (from 20, 4 and 36), and forward+backward at
-// 8 x 2048 x 16 x 128 ran 1.7% faster (grads_kernel 3.9%, the CG kernels 0.9% and 1.8%;
-// docs/cuda.md).
+// vectors cover it exactly, which also leaves ptxas fewer spills (docs/cuda.md).
 static __device__ __forceinline__ void assume_threads(unsigned n) { __builtin_assume(threadIdx.x < n); }
 static __device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
 static __device__ __forceinline__ int f_row(int i) { return 16 * (warp_id() & 3) + (lane_id() >> 2) + 8 * i; }
@@ -131,40 +128,33 @@ static __device__ void block_max_n(float *m, int n, float *red) {
 // as the TF32 split), the direction is rounded to 11 bits (as TF32 rounding
 // was; see cg_solve), and the masked scores are split hi + lo.
 
-static __device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-// Four (two) 8 x 8 blocks of 16-bit values; `trans` transposes each block.
+// Four 8 x 8 blocks of 16-bit values (mma.cuh's ldsm_x4); `trans` transposes each block.
 static __device__ __forceinline__ void ldsm4(unsigned r[4], const __half *p, int trans) {
-    if (trans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+    if (trans) ldsm_x4_t(r, p);
+    else ldsm_x4(r, p);
 }
 
+// Two blocks (mma.cuh has no x2 form).
 static __device__ __forceinline__ void ldsm2(unsigned r[2], const __half *p, int trans) {
     if (trans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
     else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
 }
 
-static __device__ __forceinline__ void mma_f16(float c[4], const unsigned a[4], const unsigned b[2]) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-static __device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], const unsigned b[2]) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
+// c += a b, m16n8k16 with fp32 accumulation, fp16 operands or (bf) bf16 ones. The bf16 instruction
+// is mma.cuh's mma_bf16's, but that one is asm volatile, which the compiler may neither drop nor
+// move across other side effects (the fragment loads, the shared-memory stores); these are plain
+// asm, free to be scheduled around them, as these kernels have always been compiled.
 static __device__ __forceinline__ void mma16(float c[4], const unsigned a[4], const unsigned b[2], int bf) {
-    if (bf) mma_bf16(c, a, b);
-    else mma_f16(c, a, b);
+    if (bf)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // The B operand of a warp's product: B and B2 (B2, the low half of a split
@@ -183,7 +173,7 @@ static __device__ __forceinline__ int b_lane_off(int l, int n0, int ldb, int b_n
 }
 
 // B's fragments for the lane at offset off (b_lane_off). (The caller computes the offset: computed
-// in here, it made ptxas spill twice as much in the CG forward kernel, which ran 2% slower.)
+// in here, it made ptxas spill more in the CG forward kernel, which ran slower.)
 static __device__ __forceinline__ BFrag b_frag_at(const __half *B, const __half *B2, int ldb, int b_nmajor, int off) {
     BFrag f = {B, B2, off, b_nmajor ? 1 : ldb, b_nmajor ? 8 * ldb : 8, !b_nmajor};
     return f;
@@ -262,7 +252,7 @@ static __device__ __forceinline__ void tile_mma_b16(Tile *acc, const __half *A, 
 // swizzle. Its high word (SBO) is the same for every operand, so the products take the low word
 // (the address and LBO) and add the high one themselves: half the registers per descriptor.
 static __device__ __forceinline__ unsigned wg_desc(const __half *p) {
-    return ((smem_u32(p) & 0x3FFFF) >> 4) | ((128 >> 4) << 16);
+    return ((smem_addr(p) & 0x3FFFF) >> 4) | ((128 >> 4) << 16);
 }
 #define WG_DESC_HI (DP / 8 * 128 >> 4)
 
