@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs a file of CUDA kernels on the CPU against the float64 reference, where there is no GPU, to
+# Runs CUDA kernels on the CPU against the float64 reference, where there is no GPU, to
 # check indexing, lane mappings and synchronisation (tests/cuda_emu/: one OS thread per CUDA thread,
 # barriers for __syncthreads and the warp shuffles, mma_emu.h for ldmatrix / mma.sync in their PTX
 # fragment layouts, cp.async as a copy). The source is taken as it is; sed swaps its includes for
@@ -7,11 +7,12 @@
 #
 #   lin        src/cuda/lin_cuda.cu's recurrent kernels (the host side cut; tests/cuda_emu/lin_emu.cpp
 #              mirrors it)
-#   lin_chunk  src/cuda/lin_chunk_cuda.cu whole, kernels and host side: a kernel's dynamic shared
+#   lin_chunk  src/cuda/lin_chunk*.cu and their headers whole, kernels and host side, concatenated
+#              into one file (their includes of each other dropped): a kernel's dynamic shared
 #              memory becomes a static array, each launch k<<<g, b, s, st>>>(...) a call of
 #              emu_launch, cuBLAS's products CPU loops with TF32 operands (lin_chunk_emu.h); both
-#              paths, the fused kernels (the default) and the cuBLAS one (MESANET_LIN=cublas). EXTRA "f32": float32
-#              operands instead of TF32.
+#              paths, the fused kernels (the default) and the cuBLAS one (MESANET_LIN=cublas). EXTRA
+#              "f32": float32 operands instead of TF32.
 #   attn       src/cuda/attn_cuda.cu's kernels (the host side cut; attn_emu.cpp mirrors it)
 #
 # Usage: scripts/cuda_emulate.sh lin|lin_chunk|attn [BUILD dir of a CPU build, default build-emu] [EXTRA]
@@ -29,9 +30,12 @@ lin)
         -e 's/extern __shared__ float/extern float/' \
         -e 's/static __global__ void/static void/' ;;
 lin_chunk)
-    src=src/cuda/lin_chunk_cuda.cu opt="-O2 -fno-strict-aliasing"
+    src="src/cuda/lin_chunk.cuh src/cuda/lin_chunk_fused.cuh src/cuda/lin_chunk.cu src/cuda/lin_chunk_cublas.cu
+         src/cuda/lin_chunk_fused_walk.cu src/cuda/lin_chunk_fused.cu src/cuda/lin_chunk_fused_bwd.cu"
+    opt="-O2 -fno-strict-aliasing"
     set -- -e 's|#include "cuda_common.cuh"|#include "lin_chunk_emu.h"|' \
         -e '/#include "mma.cuh"/d' \
+        -e '/#include "lin_chunk\(_fused\)\{0,1\}\.cuh"/d' \
         -e 's/extern __shared__ \(.*\) lf_dsmem\[\];/static \1 lf_dsmem[1 << 18];/' \
         -e 's/\([A-Za-z_0-9]*\)<<<\(.*\)>>>(\(.*\));/emu_launch(\1, \2, \3);/' ;;
 attn)
@@ -49,7 +53,8 @@ esac
 extra=${3:-}
 make -s CUDA=0 BUILD="$B" "$B/libmesanet.a"
 mkdir -p "$out"
-sed "$@" "$src" > "$out/${what}_emu_kernels.h"
+# shellcheck disable=SC2086  # $src is a list of files (lin_chunk)
+sed "$@" $src > "$out/${what}_emu_kernels.h"
 libs=$(make -s CUDA=0 BUILD="$B" --eval 'emu-ldlibs: ; @echo $(LDLIBS)' emu-ldlibs)
 # shellcheck disable=SC2086  # $opt and $libs are lists of flags
 ${CXX:-g++} -std=c++17 $opt -Wall -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -I"$out" \

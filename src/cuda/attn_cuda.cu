@@ -15,7 +15,7 @@
  * tiles of 64 rows. Shared memory: the Q tile and two buffers each of K and V (cp.async double
  * buffering: the next tile loads while this one is computed), rows padded by 8 elements (16 bytes)
  * so that the 8 rows one ldmatrix reads fall on different banks: (128 + 4 x 64) (DP + 8) x 2 bytes
- * = 104 KiB at DP = 128, two blocks a Hopper multiprocessor (255 registers a thread, no spills).
+ * = 104 KiB at DP = 128, two blocks a Hopper multiprocessor.
  * S = Q K^T and O += P V on the tensor cores (mma.sync m16n8k16 bf16 -> fp32, operands by
  * ldmatrix; Q's fragments re-read each tile, the registers going to the accumulators; P goes from
  * the S accumulators to A fragments in registers). Online softmax in fp32 in log2 units: scores

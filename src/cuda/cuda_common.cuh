@@ -71,7 +71,7 @@ const bf16 *cuda_param_bf16(const void *p);
 // that kernel's last blocks. It must call grid_wait() before it touches memory that kernel (or any
 // before it) writes or reads; grid_wait() returns at once in a kernel launched plainly. No kernel
 // triggers its dependants before it ends (griddepcontrol.launch_dependents): their blocks then
-// waited on multiprocessors the other stream's kernels needed, 2% slower (docs/cuda.md).
+// wait on multiprocessors the other stream's kernels need (docs/cuda.md).
 __device__ __forceinline__ void grid_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

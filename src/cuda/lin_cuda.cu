@@ -414,7 +414,7 @@ extern "C" int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *d, const 
 
 // AUTO: the chunkwise form from one whole chunk on. Its cost is about fixed, ~15-40 launches plus
 // 2-5 per chunk, whatever the chunk's fill; the recurrent form's is T dependent steps, each a few
-// microseconds of latency whatever the batch. At T = 64 both are ~0.1-0.3 ms, past it the chunks win
+// microseconds of latency whatever the batch. At T = 64 both cost about the same; past it the chunks win
 // (on the tensor cores, T / 64 sequential steps instead of T); below it the recurrent kernels are as
 // fast and exact in float32 (no TF32 products), and they alone serve decoding (T = 1, graphs).
 static int use_chunk(const MnMesaDims *d, const MnLinOpts *o) {

@@ -1,11 +1,9 @@
 /*
  * The Mesa kernels of mesa_cuda.cu built for head sizes up to 64, where the head-size-128 build
  * runs one block per multiprocessor with half its tile idle: two column groups of warps (8 warps a
- * block, 128 registers a thread, no spills; four groups at 64 registers spilled) and two blocks per
- * multiprocessor. mesa_cuda.cu's entry points hand such problems (more than one token, both head
- * sizes padded to at most 64) to this build's cuda_mesa_fwd_d64 / cuda_mesa_bwd_d64. At 16 x 2048
- * x 8 x 64 on an H100: forward+backward 4.52 ms (one build) -> 3.46 ms (four groups) -> 2.75 ms
- * (two; docs/cuda.md).
+ * block; four groups, at half the registers a thread, spill) and two blocks per multiprocessor.
+ * mesa_cuda.cu's entry points hand such problems (more than one token, both head sizes padded to
+ * at most 64) to this build's cuda_mesa_fwd_d64 / cuda_mesa_bwd_d64 (docs/cuda.md: the gain).
  */
 #define MAXD 64
 #define NCG 2

@@ -1,8 +1,8 @@
 /*
- * Tensor-core and async-copy helpers for the attention kernels (attn_cuda.cu), as small functions
- * over inline PTX so that the kernels read as calls. tests/cuda_emu/mma_emu.h implements the same
- * functions on the CPU, warp-collectively, with the PTX ISA's fragment layouts, so that a kernel's
- * lane mapping can be checked without a GPU.
+ * Tensor-core and async-copy helpers for the kernels (attn_cuda.cu, lin_chunk*.cu, mesa_cuda.cu), as
+ * small functions over inline PTX so that the kernels read as calls. tests/cuda_emu/mma_emu.h
+ * implements the same functions on the CPU, warp-collectively, with the PTX ISA's fragment layouts,
+ * so that a kernel's lane mapping can be checked without a GPU.
  *
  * Fragments of mma.sync.m16n8k16 (bf16 inputs, fp32 accumulators), lane l, r = l / 4, c = 2 (l % 4):
  *   A (16 x 16, row-major) a[0]: (r, c..c+1)  a[1]: (r+8, c..c+1)  a[2]: (r, c+8..)  a[3]: (r+8, c+8..)

@@ -241,7 +241,7 @@ TEST(cuda_lin_matches_reference) {
         for (int rule = 0; rule < 2; rule++) run_case(&shapes[i], (MnLinRule)rule, 4000 + 16 * i + rule);
 }
 
-// The chunkwise form (src/cuda/lin_chunk_cuda.cu) against the reference, on both of its paths.
+// The chunkwise form (src/cuda/lin_chunk*.cu) against the reference, on both of its paths.
 // The cuBLAS path (MESANET_LIN=cublas; the fused kernels are the default where they take the shape): its products round
 // their operands to TF32 (10-bit mantissa: 2^-11 relative each) and sum in float32; the state is
 // handed from chunk to chunk through such products, T / 64 of them in a row. Measured on the CPU

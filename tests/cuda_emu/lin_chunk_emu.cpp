@@ -1,4 +1,4 @@
-// src/cuda/lin_chunk_cuda.cu, kernels and host side, on the CPU (lin_chunk_emu.h) against the float64
+// src/cuda/lin_chunk*.cu, kernels and host side, on the CPU (lin_chunk_emu.h) against the float64
 // reference (src/ref/lin_ref.c), through its entry points cuda_lin_chunk_fwd / cuda_lin_chunk_bwd.
 // Inputs rounded to what the GPU holds (bf16 q, k, v, dout; float32 gates and states). Each shape
 // on the fused path (the default, where it takes the shape: its mma.sync products through

@@ -1,4 +1,4 @@
-// A host emulation of what src/cuda/lin_chunk_cuda.cu uses, kernels and host side alike, so that
+// A host emulation of what src/cuda/lin_chunk*.cu use, kernels and host side alike, so that
 // the whole chunkwise path runs on a machine without a GPU (scripts/cuda_emulate.sh lin_chunk):
 // one OS thread per CUDA thread of a block, the blocks one after another (static __shared__ arrays
 // are then shared by a block's threads, as on the GPU); __syncthreads through a barrier; device

@@ -1,0 +1,96 @@
+/*
+ * Dense layers (cuBLAS, bf16 operands, float32 accumulation) and the column sums that give the
+ * gradients of biases and norm weights.
+ */
+#include "cuda_ops.cuh"
+
+// ------------------------------------------------------------------------ column sums
+
+__global__ void colsum_kernel(float *out, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L, int group,
+                              long per_strip, int vec) {
+    __shared__ float part[COLSUM_WARPS][256];
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, width = vec ? 8 : 1, tile = 32 * width;
+    int c0 = blockIdx.x * tile + lane * width;
+    long r0 = blockIdx.y * per_strip, r1 = min(rows, r0 + per_strip);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (c0 < L)
+        for (long r = r0 + wp; r < r1; r += COLSUM_WARPS) {
+            size_t e = (size_t)r * L + c0;
+            float a[8], b[8];
+            piece_load(dy + e, vec, a);
+            if (x) {
+                piece_load(x + e, vec, b);
+                float rs = rstd[e / group];
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    if (k < width) a[k] *= b[k] * rs;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (k < width) acc[k] += a[k];
+        }
+    colsum_flush(part, acc, width, L, out, 1);
+}
+
+// The grid of a column-sum kernel: tiles of 32 pieces of columns by strips of rows (about 1024
+// blocks, 64 rows a strip at least). Returns the rows per strip.
+long strip_rows(long rows, int cols, int vec, int *tiles, long *strips) {
+    int tile = vec ? 256 : 32;
+    if (rows < 1) rows = 1;  // (no rows: one empty strip, whose blocks add zeros)
+    *tiles = (cols + tile - 1) / tile;
+    long n = (rows + 63) / 64, cap = 1024 / *tiles > 1 ? 1024 / *tiles : 1;
+    if (n > cap) n = cap;
+    long per = (rows + n - 1) / n;
+    *strips = (rows + per - 1) / per;
+    return per;
+}
+
+int colsum(const Backend *be, float *out, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L,
+           int group) {
+    int vec = L % 8 == 0 && rows_vec(group, dy, x, x, x), tiles;
+    long strips, per = strip_rows(rows, L, vec, &tiles, &strips);
+    colsum_kernel<<<dim3((unsigned)tiles, (unsigned)strips), 32 * COLSUM_WARPS, 0, cuda_ctx(be)->stream>>>(
+        out, dy, x, rstd, rows, L, group, per, vec);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+// ---------------------------------------------------------------------- dense layers
+
+__global__ void add_bias_kernel(bf16 *y, const float *b, int N, int O) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)N * O; i += (size_t)gridDim.x * blockDim.x)
+        st(y, i, ld(y, i) + b[i % O]);
+}
+
+// Row-major y[N,O] = x[N,I] W[O,I]^T is, in cuBLAS's column-major terms,
+// y^T (O x N) = W (O x I, stored as I x O: transposed) times x^T (I x N).
+int g_linear_fwd(const Backend *be, void *y, const void *x, const void *w, const void *bias, int N, int nin,
+                 int nout) {
+    CudaCtx *c = cuda_ctx(be);
+    const bf16 *wb = cuda_param_bf16(w);
+    if (!wb) return mn_error(MN_ERR_ARG, "cuda linear: the weight is not a parameter allocation");
+    float one = 1, zero = 0;
+    CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, nout, N, nin, &one, wb, CUDA_R_16BF, nin, x, CUDA_R_16BF,
+                            nin, &zero, y, CUDA_R_16BF, nout, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias) {
+        add_bias_kernel<<<grid_for((size_t)N * nout, 256), 256, 0, c->stream>>>((bf16 *)y, (const float *)bias, N, nout);
+        LAUNCH_CHECK();
+    }
+    return MN_OK;
+}
+
+int g_linear_bwd(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x, const void *w,
+                 int N, int nin, int nout, int accum) {
+    CudaCtx *c = cuda_ctx(be);
+    const bf16 *wb = cuda_param_bf16(w);
+    if (!wb) return mn_error(MN_ERR_ARG, "cuda linear: the weight is not a parameter allocation");
+    float one = 1, beta_dx = accum ? 1.0f : 0.0f;
+    if (dx)  // dx^T (I x N) = W^T (I x O, as stored) dy^T (O x N)
+        CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, nin, N, nout, &one, wb, CUDA_R_16BF, nin, dy,
+                                CUDA_R_16BF, nout, &beta_dx, dx, CUDA_R_16BF, nin, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (dw)  // dW^T (I x O) += x^T (I x N) dy (N x O), accumulated in float32
+        CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, nin, nout, N, &one, x, CUDA_R_16BF, nin, dy,
+                                CUDA_R_16BF, nout, &one, dw, CUDA_R_32F, nin, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (dbias) return colsum(be, (float *)dbias, (const bf16 *)dy, NULL, NULL, N, nout, 1);
+    return MN_OK;
+}

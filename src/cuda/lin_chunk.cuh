@@ -1,0 +1,96 @@
+/*
+ * The gated linear-attention family on the GPU, chunkwise form (src/cpu/lin_chunk.c's algorithm:
+ * its header has the formulas, forward and backward), from T = 64 on. Two paths share the shapes
+ * and the gates here:
+ *
+ *   lc_  the cuBLAS path (lin_chunk_cublas.cu): float32 chunk-major copies, strided-batched TF32
+ *        products over all chunks at once, only the state's hand-off from chunk to chunk
+ *        sequential. Every shape; MESANET_LIN=cublas forces it.
+ *   lf_  the fused path (lin_chunk_fused*.cu, lin_chunk_fused.cuh): tensor-core kernels (mma.sync on
+ *        bf16, fp32 sums) that read q, k, v, dO as the call gives them, a fixed number of launches
+ *        whatever T. The default, where it takes the shape (chunks of 64, Dk and Dv multiples of 16
+ *        up to 128) and the device gives its kernels' shared memory.
+ *
+ * lin_chunk.cu holds the entry points, which choose the path, and the gates both paths compute
+ * first. docs/cuda.md describes the kernels, their costs and what was tried.
+ *
+ * A sequence of T tokens is cut into N = ceil(T / C) chunks of C tokens (C = 64 by default, at most
+ * 64); a short last chunk is padded with zero q, k, v and g = 0, beta = 0, which leaves every
+ * formula exact (the padded rows add nothing and the decay across the chunk is that of its real
+ * tokens). Chunk ch = p N + c of (sequence, head) pair p = b H + h. Gates per chunk
+ * (lc_gates_kernel): b (cumulative log decay), gamma = e^b, lambda = e^{b_n - b}, beta, beta gamma,
+ * [nch][C] float32, and e^{b_n} [nch].
+ */
+#ifndef MN_LIN_CHUNK_CUH
+#define MN_LIN_CHUNK_CUH
+
+#include <math.h>
+
+#include "cuda_common.cuh"
+
+#define LC_CMAX 64      // the chunk size at most, and the default: Tt's block sits in shared memory
+#define LC_THREADS 256  // elementwise kernels
+#define LC_OUT_THREADS 128
+#define LC_ALIGN 32     // floats: every buffer starts on 128 bytes (the tensor-core products' fast paths)
+
+// A call's shape in chunks.
+typedef struct {
+    int T, H, Dk, Dv, C;
+    int P, N;   // pairs B*H, chunks per pair ceil(T / C)
+    size_t nch; // P*N chunks
+    size_t ss;  // Dv*Dk: one state
+} LcDims;
+
+// Per-chunk gates, [nch][C] (dec: [nch]); padded tokens have g = 0, beta = 0.
+typedef struct {
+    float *b;     // chunk-local cumulative log decay
+    float *gam;   // e^b
+    float *lam;   // e^{b_n - b}
+    float *beta;  // beta (1 where the call has none)
+    float *bg;    // beta gamma (the delta rule's W = Tt diag(beta gamma) K)
+    float *dec;   // [nch] e^{b_n}
+} LcGates;
+
+// The buffers of a call (one cuda_scratch), float32, chunk major. Row buffers [nch][C][Dk] (k) or
+// [nch][C][Dv] (v); square ones [nch][C][C]; states [nch][Dv][Dk] (+ finals [P][Dv][Dk]).
+typedef struct {
+    LcGates gt;
+    float *qs, *qg, *k, *kl, *kb, *w;             // k: scale q, gamma Qs, K, lambda K, beta gamma K, W
+    float *v, *vb, *vp, *o;                       // v: V, beta V, V' (GLA: = vb), O
+    float *kk, *tt, *sq1, *sq2;                   // square: K K^T, Tt, two temporaries
+    float *st, *sfin;                             // entry states of the chunks, final states
+    float *dqs, *dk, *dw, *tdw;                   // backward, k: dQs, dK, dW, Tt^T dW
+    float *dout, *dog, *dvp, *vl, *tdu;           // backward, v: dO, gamma dO, dV', lambda V', Tt^T dU
+    float *dst;                                   // [nch][Dv][Dk] adjoint of each chunk's end state
+    float *inc;  // [nch][Dv][Dk] each chunk's increment of the state (GLA) or of its adjoint (backward)
+    float *dbt;                                   // [nch][C] delta rule's dbeta
+} LcWork;
+
+__device__ __forceinline__ size_t lc_tok(const LcDims d, int p, int t) {
+    return ((size_t)(p / d.H) * d.T + t) * d.H + (size_t)(p % d.H);
+}
+
+// The token gradients out of chunk-major float32, one block per chunk (lin_chunk.c's last loop):
+// dq = scale dQs, dk, dv (GLA: beta dV'; delta: beta Tt^T dU), dbeta (GLA: v . dV'), and
+// dg_t = <dS_end, S_end> + sum_{t' >= t} (qs . dqs - v . dv)_t' (in double: the terms cancel).
+// (qs, v NULL: q and v read as the call gives them, qb, vb: the fused delta backward.)
+typedef struct {
+    const float *qs, *dqs, *v, *dvp, *tdu, *dk, *dbt, *st, *sfin, *dst;
+    bf16 *dq, *dko, *dv;
+    float *dg, *dbeta;
+    int has_g, has_beta;
+    float scale;
+    const bf16 *qb, *vb;
+} LcOut;
+
+// The gates of every chunk (lin_chunk.cu), both paths.
+__global__ void lc_gates_kernel(const LcDims d, const float *g, const float *beta, const LcGates gt);
+// The token gradients out of the chunk-major float32 buffers (lin_chunk_cublas.cu): the cuBLAS
+// path's last kernel, and the fused delta rule's.
+__global__ void lc_bwd_out_kernel(const LcDims d, const LcGates gt, const LcOut a);
+
+// The cuBLAS path's forward and backward (lin_chunk_cublas.cu).
+int lc_forward(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float scale, const MnLinFwd *io);
+int lc_backward(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float scale, const MnLinBwd *io);
+
+#endif
