@@ -41,6 +41,15 @@ fi
 build/mesanet info demo
 build/mesanet train --config demo --data data/demo --out "$RUN" --steps "$STEPS" --lr 3e-3 \
     --time-limit "$MINUTES" "${TRAIN_SIZE[@]}"
+# The last step trained (loss.csv's last row): short of STEPS when the time limit stopped it.
+done_steps=$(tail -n 1 "$RUN/loss.csv" | cut -d, -f1)
+if [ "$done_steps" -lt "$STEPS" ]; then
+    echo
+    echo "demo: UNFINISHED: training stopped at step $done_steps of $STEPS (the ${MINUTES}-minute limit, MINUTES)."
+    echo "demo: its model is not the demo's yet, so it is neither evaluated nor sampled. Run $0 again:"
+    echo "demo: it goes on from step $((done_steps + 1)) (or set MINUTES=0 for no limit)."
+    exit 75
+fi
 build/mesanet eval --model "$RUN" --data data/demo "${EVAL_SIZE[@]}" --cg-sweep
 build/mesanet generate --model "$RUN" --prompt "The President said that" --tokens "$TOKENS" \
     --temperature 0.8 --top-k 40

@@ -189,6 +189,8 @@ extern "C" const Backend *backend_cuda(void) {
     b.pool_last_bwd = g_pool_last_bwd;
     b.swiglu_fwd = g_swiglu_fwd;
     b.swiglu_bwd = g_swiglu_bwd;
+    b.geglu_fwd = g_geglu_fwd;
+    b.geglu_bwd = g_geglu_bwd;
     b.add = g_add;
     b.conv_fwd = g_conv_fwd;
     b.conv_bwd = g_conv_bwd;

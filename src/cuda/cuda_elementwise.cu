@@ -47,12 +47,19 @@ __global__ void silu_fwd_kernel(bf16 *y, const bf16 *x, size_t n, int vec) {
     }
 }
 
+// Exact GELU (erff, as torch's nn.GELU()) and its derivative Phi(x) + x phi(x).
+__device__ __forceinline__ float gelu_(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float gelu_grad_(float x) {
+    return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * expf(-0.5f * x * x) * 0.39894228040143268f;
+}
+
 // The two-input element-wise ops: out = f(a, b).
-enum { BIN_ADD, BIN_SILU_BWD, BIN_SWIGLU };
+enum { BIN_ADD, BIN_SILU_BWD, BIN_SWIGLU, BIN_GEGLU };
 
 __device__ __forceinline__ float binary_op(int op, float a, float b) {
     if (op == BIN_ADD) return a + b;
     if (op == BIN_SWIGLU) return a * sigmoidf_(a) * b;  // a = g, b = u
+    if (op == BIN_GEGLU) return gelu_(a) * b;           // a = g, b = u
     float s = sigmoidf_(b);                              // SiLU's backward: a = dy, b = x
     return a * s * (1 + b * (1 - s));
 }
@@ -75,7 +82,9 @@ static int binary(const Backend *be, void *out, const void *a, const void *b, si
     return MN_OK;
 }
 
-__global__ void swiglu_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n, int vec) {
+// The gated products' backward, h = act(g) u: dg = dh u act'(g), du = dh act(g); act SiLU or GELU.
+__global__ void gated_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n, int vec,
+                                 int gelu) {
     PIECE_LOOP(i, n) {
         float d[8], v[8], w[8], a[8], b[8];
         int m = piece_get(dh, i, n, vec, d);
@@ -83,19 +92,18 @@ __global__ void swiglu_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16
         piece_get(u, i, n, vec, w);
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            float s = sigmoidf_(v[k]);
-            a[k] = d[k] * w[k] * s * (1 + v[k] * (1 - s));
-            b[k] = d[k] * v[k] * s;
+            if (gelu) {
+                a[k] = d[k] * w[k] * gelu_grad_(v[k]);
+                b[k] = d[k] * gelu_(v[k]);
+            } else {
+                float s = sigmoidf_(v[k]);
+                a[k] = d[k] * w[k] * s * (1 + v[k] * (1 - s));
+                b[k] = d[k] * v[k] * s;
+            }
         }
         piece_put(dg, i, m, vec, a);
         piece_put(du, i, m, vec, b);
     }
-}
-
-// Exact GELU (erff, as torch's nn.GELU()) and its derivative Phi(x) + x phi(x).
-__device__ __forceinline__ float gelu_(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
-__device__ __forceinline__ float gelu_grad_(float x) {
-    return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * expf(-0.5f * x * x) * 0.39894228040143268f;
 }
 
 __global__ void gelu_kernel(bf16 *y, const bf16 *x, const bf16 *dy, size_t n, int vec) {  // dy: the backward
@@ -172,12 +180,22 @@ int g_silu_bwd(const Backend *be, void *dx, const void *dy, const void *x, size_
 int g_swiglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n) {
     return binary(be, h, g, u, n, BIN_SWIGLU);
 }
-int g_swiglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
-    swiglu_bwd_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>(
+static int gated_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n,
+                     int gelu) {
+    gated_bwd_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>(
         (bf16 *)dg, (bf16 *)du, (const bf16 *)dh, (const bf16 *)g, (const bf16 *)u, n,
-        aligned16(dg, du, dh, g) && aligned16(u, u, u, u));
+        aligned16(dg, du, dh, g) && aligned16(u, u, u, u), gelu);
     LAUNCH_CHECK();
     return MN_OK;
+}
+int g_swiglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
+    return gated_bwd(be, dg, du, dh, g, u, n, 0);
+}
+int g_geglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n) {
+    return binary(be, h, g, u, n, BIN_GEGLU);
+}
+int g_geglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
+    return gated_bwd(be, dg, du, dh, g, u, n, 1);
 }
 int g_add(const Backend *be, void *x, const void *y, size_t n) { return binary(be, x, x, y, n, BIN_ADD); }
 

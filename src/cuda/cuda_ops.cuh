@@ -141,6 +141,8 @@ int g_silu_fwd(const Backend *be, void *y, const void *x, size_t n);
 int g_silu_bwd(const Backend *be, void *dx, const void *dy, const void *x, size_t n);
 int g_swiglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n);
 int g_swiglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
+int g_geglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n);
+int g_geglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
 int g_add(const Backend *be, void *x, const void *y, size_t n);
 int g_scale_f32(const Backend *be, void *x, size_t n, float s);
 

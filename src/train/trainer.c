@@ -394,14 +394,16 @@ int train_run(const TrainOptions *o, FILE *log) {
             if ((s = save_checkpoint(o->out, m, &opt, &st, &hist))) break;
             last_saved = st.step;
         }
-        if (time_up) {
-            fprintf(log, "train: stopping at step %d (time limit or --stop-at); saved, resume with the same command\n",
-                    st.step);
-            break;
-        }
+        if (time_up) break;
     }
     if (!s && lead && last_saved != st.step) s = save_checkpoint(o->out, m, &opt, &st, &hist);
-    if (!s) fprintf(log, "train: done, step %d; checkpoint, loss.csv and loss.svg in %s\n", st.step, o->out);
+    if (!s && st.step < o->steps)
+        fprintf(log, "train: stopped at step %d of %d (%s), unfinished; saved in %s: run the same command again to go "
+                     "on from step %d\n",
+                st.step, o->steps, o->stop_at > 0 && st.step >= o->stop_at ? "--stop-at" : "--time-limit", o->out,
+                st.step + 1);
+    else if (!s)
+        fprintf(log, "train: done, step %d; checkpoint, loss.csv and loss.svg in %s\n", st.step, o->out);
 done:
     if (quiet) fclose(quiet);
     free(in);
