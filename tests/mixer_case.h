@@ -49,11 +49,11 @@ void mc_layer_run(Model *m, int layer, const double *u, const double *dy, int B,
 double mc_layer_steps_vs_forward(Model *m, int B, int T, uint64_t seed);
 
 // Block 0's mixer of r (reference backend) and of c (the CPU's, the same parameters) on the same
-// B x T random inputs (seeds su, sdy): the output, the input gradient and the block's parameter
-// gradients of c against r's, each to 1e-5 (float32 rounding through a layer: 1e-7 to 1e-6),
-// noted with the name padded to width.
-void mc_check_layer_cpu_vs_ref(Model *r, Model *c, int B, int T, uint64_t su, uint64_t sdy, const char *name,
-                               int width);
+// B x T random inputs (seeds su, sdy): the output of c against r's to 1e-5, the input gradient and
+// the block's parameter gradients to tol_bwd (the caller's: its core's backward tolerance), noted
+// with the name padded to width.
+void mc_check_layer_cpu_vs_ref(Model *r, Model *c, int B, int T, uint64_t su, uint64_t sdy, double tol_bwd,
+                               const char *name, int width);
 
 // The whole float64 model's gradients on B = 2, T = 6 tokens (seed 5, some targets -1) against
 // finite differences: each tensor to 1e-5 (a failure names it); returns the whole-model rel err,

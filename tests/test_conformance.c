@@ -1,6 +1,7 @@
 // The conformance battery: every registered mixer (mixer_all, walked, so that a mixer is covered the
 // day it is registered) in the variants of its settings that matter, and patterns of them
-// (mixer_case.c: mc_rows), through the checks every mixer passes (../shared/spec section 8):
+// (mixer_case.c: mc_rows), through the checks every mixer passes: those of
+// ../shared/spec/mixers.md section 8, and more:
 //   conformance_forms            recurrent (token by token) == chunkwise / parallel
 //   conformance_layer_gradients  the layer's backward == finite differences (float64)
 //   conformance_model_gradients  the whole model's backward == finite differences (float64)
@@ -35,9 +36,9 @@ static void load_cases(void) {
 static const char *name_of(int i, char *buf, size_t n) { return mc_case_name(&cases[i], buf, n); }
 static int is_pattern(const McCase *k) { return strchr(k->mixer, ',') != NULL; }
 
-// The sizes of the checks beside the tiny ones of the gradients (mc_tiny): three heads of 8 and
-// odd widths for the CPU against the reference; four heads for decoding; the tiny preset's width
-// and a vocabulary of 64 for training.
+// The sizes of the checks beside the tiny ones of the gradients (mc_tiny): three heads of 8, width
+// 24 and a vocabulary of 37 for the CPU against the reference and the forms; four heads of 8 for
+// decoding; the tiny preset's width (32, two heads of 16) and a vocabulary of 64 for training.
 static const McSizes wide = {37, 24, 3, 8, 40, 8};
 static const McSizes dec = {50, 32, 4, 8, 48, 8};
 static const McSizes trn = {64, 32, 2, 16, 64, 64};
@@ -48,6 +49,11 @@ static const McSizes trn = {64, 32, 2, 16, 64, 64};
 static void paper_cap(ModelConfig *c) {
     if (c->logit_cap > 0) c->logit_cap = 30;
 }
+
+// The float32 layer's backward against the float64 one: its core's own tolerance (test_mesa_cpu.c's
+// for Mesa, 2e-5: its backward composes two CG solves; test_lin.c's 1e-5 for the others). The
+// forward's is 1e-5 for all.
+static double bwd_tol(unsigned fam) { return fam & MC_FAM_MESA ? 2e-5 : 1e-5; }
 
 // ------------------------------------------------------------------- the table
 
@@ -102,9 +108,9 @@ static double block_grads_err(const Model *m, int layer, const double *a, const 
 // steps the recurrent form, or the cache's step: measured 1.5e-7 to 4e-7, 1e-5); and, where the
 // core has both forms (the Mesa and linear-attention families: MnSolver.form), forward and
 // backward in the recurrent and the chunkwise form with chunks of 8 over 21 tokens (two whole
-// chunks and a part): two float32 computations, each within 1e-5 of the float64 one (the layer's
-// tolerance in conformance_cpu_vs_ref), so within 2e-5 of each other (measured 1.5e-7 to 7e-6;
-// a wrong term of either form is 1e-2 and more).
+// chunks and a part): two float32 computations, each within the layer's tolerance of the float64
+// one (conformance_cpu_vs_ref: 1e-5 forward, bwd_tol backward), so within twice it of each other
+// (measured 1.3e-7 to 7e-6; a wrong term of either form is 1e-2 and more).
 static void forms_layer(const McCase *k, int i, const char *name) {
     ModelConfig cfg = mc_case_config(k, &wide, 1);
     unsigned fam = mc_families(&cfg, NULL);
@@ -133,8 +139,9 @@ static void forms_layer(const McCase *k, int i, const char *name) {
         double ey = rel_err64(y[1], y[0], nd), edu = rel_err64(du[1], du[0], nd), eg = block_grads_err(c, 0, g[1], g[0], &wn);
         test_note("%-*s steps vs forward: ref %.2e, cpu %.2e; cpu chunk vs recurrent: y %.2e, du %.2e, grads %.2e", W,
                   name, er, ec, ey, edu, eg);
-        CHECK(ey <= 2e-5 && edu <= 2e-5, "%s: cpu chunkwise vs recurrent form: y %.3g, du %.3g", name, ey, edu);
-        CHECK(eg <= 2e-5, "%s: cpu chunkwise vs recurrent form: %s rel err %.3g", name, wn, eg);
+        double tb = 2 * bwd_tol(fam);
+        CHECK(ey <= 2e-5 && edu <= tb, "%s: cpu chunkwise vs recurrent form: y %.3g, du %.3g", name, ey, edu);
+        CHECK(eg <= tb, "%s: cpu chunkwise vs recurrent form: %s rel err %.3g > %.3g", name, wn, eg, tb);
         for (int f = 0; f < 2; f++) free(y[f]), free(du[f]), free(g[f]);
         free(u), free(dy);
     }
@@ -145,8 +152,8 @@ static void forms_layer(const McCase *k, int i, const char *name) {
 // A pattern's model (its blocks' layers are the cases of their names): loss and gradients with
 // every block in the recurrent and in the chunkwise form (chunks of 8 over 21 tokens), float32:
 // each within 1e-5 (the loss) and 1e-4 (the gradients) of the float64 model's
-// (mc_check_model_cpu_vs_ref), so within 2e-5 and 2e-4 of each other (measured: loss 1e-9 to 6e-8,
-// gradients 2e-6 to 2.3e-5).
+// (conformance_cpu_vs_ref's model, at its initialisation), so within 2e-5 and 2e-4 of each other
+// (measured: loss 3e-9 to 1e-8, gradients 4e-7 to 1e-6).
 static void forms_model(const McCase *k, int i, const char *name) {
     ModelConfig cfg = mc_case_config(k, &wide, 2);
     if (!(mc_families(&cfg, NULL) & (MC_FAM_MESA | MC_FAM_LIN))) {
@@ -154,7 +161,7 @@ static void forms_model(const McCase *k, int i, const char *name) {
         return;
     }
     Model *c = mc_make(&cfg, backend_cpu());
-    mc_randomise(c, 31 + i, mc_base_bias_lambda);
+    model_init_params(c, 9 + i);  // conformance_cpu_vs_ref's model, which bounds each form's error
     int B = 3, T = 21;
     int32_t tok[63], tgt[63];
     mc_tokens(tok, tgt, 63, cfg.vocab_size, 70 + i);
@@ -336,9 +343,10 @@ TEST(conformance_state) {
 
 // On awkward sizes: 3 sequences of 21 tokens, 3 heads of 8, width 24, a vocabulary of 37. The
 // layer (the CPU's chunkwise form in chunks of 8: two whole and a part), with randomised weights:
-// output, input gradient and parameter gradients, each to 1e-5 (float32 rounds each op by 6e-8;
-// through the layer's ~15 ops over 21 tokens the errors measured are 1e-7 to 6e-6, and any wrong
-// term is 1e-2 and more). The whole model of two blocks (a pattern: one of each name) at its
+// the output to 1e-5, the input and parameter gradients to its core's backward tolerance (bwd_tol:
+// 1e-5, Mesa's 2e-5). float32 rounds each op by 6e-8; through the layer's ~15 ops over 21 tokens the
+// errors measured are 1e-7 to 4.5e-6, Mesa's gradients up to 1.05e-5 (built with clang), and any
+// wrong term is 1e-2 and more. The whole model of two blocks (a pattern: one of each name) at its
 // initialisation, with the backend's own choice of form and chunk: the loss to 1e-5 and the
 // gradients to 1e-4 (mc_check_model_cpu_vs_ref; measured 3e-7 to 2.8e-5, the most in fla's
 // architecture: a third block takes gdn-paper's and Mesa's there to 7e-5 and 8e-5, float32 rounding
@@ -356,7 +364,7 @@ TEST(conformance_cpu_vs_ref) {
             mc_copy_params(c, r);
             c->mixers[0].solver.max_steps = 60;
             c->mixers[0].solver.chunk = 8;
-            mc_check_layer_cpu_vs_ref(r, c, 3, 21, 4 + i, 5 + i, name, W);
+            mc_check_layer_cpu_vs_ref(r, c, 3, 21, 4 + i, 5 + i, bwd_tol(mc_families(&cfg, NULL)), name, W);
             model_free(r);
             model_free(c);
         }
