@@ -183,6 +183,9 @@ static void mesa_destroy(Mixer *m) {
 }
 
 static int mesa_create(Mixer *m) {
+    const Backend *be = m->be;
+    if (!be->mesa_fwd || !be->mesa_bwd)
+        return mn_error(MN_ERR_UNSUPPORTED, "mixer %s is not available on the %s backend yet", m->ops->name, be->name);
     Mesa *s = calloc(1, sizeof(Mesa));
     if (!s) return mn_error(MN_ERR_NOMEM, "out of memory");
     ShellParam lambda;

@@ -20,8 +20,11 @@
  *      (core/backend.h), with the float64 reference in src/ref/, the CPU in src/cpu/ and,
  *      optionally, CUDA in src/cuda/; a backend without them refuses the mixer by name.
  *   3. One line in mixer_all (mixer.c) and its `extern` below.
- *   4. A row in the conformance battery (tests/test_conformance.c), which puts it through the
- *      checks every mixer passes; its own tests only for what is specific to it.
+ *   4. Registered, it is a case of the conformance battery (tests/test_conformance.c; on the GPU
+ *      tests/cuda/test_cuda_conformance.c), which puts it through the checks every mixer passes;
+ *      rows in the battery's table (tests/mixer_case.c) for the variants of its settings that
+ *      matter, and, for a new family of cores, that family in mc_families there. Its own tests
+ *      only for what is specific to it.
  */
 #ifndef MN_MIXER_H
 #define MN_MIXER_H
