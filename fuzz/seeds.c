@@ -22,6 +22,7 @@
 #include "fuzz.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "train/checkpoint.h"
 #include "train/loss_log.h"
 #include "train/optim.h"

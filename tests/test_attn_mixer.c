@@ -12,6 +12,7 @@
 #include "fd.h"
 #include "mixer_case.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "test.h"
 #include "train/optim.h"
 

@@ -14,6 +14,7 @@
 #include "fd.h"
 #include "mixer_case.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "test.h"
 #include "tmpdir.h"
 #include "train/checkpoint.h"

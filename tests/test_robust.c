@@ -15,6 +15,7 @@
 #include "data/bpe.h"
 #include "data/shard.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "test.h"
 #include "tmpdir.h"
 #include "toy.h"

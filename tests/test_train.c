@@ -9,6 +9,7 @@
 #include "eval/sample.h"
 #include "mixer_case.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "test.h"
 #include "tmpdir.h"
 #include "toy.h"

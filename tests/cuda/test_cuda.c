@@ -11,6 +11,7 @@
 #include "../fd.h"
 #include "../mesa_case.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "ref/ref.h"
 #include "../test.h"
 #include "train/optim.h"

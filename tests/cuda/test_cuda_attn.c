@@ -27,6 +27,7 @@
 #include "cuda/attn_cudnn.h"
 #include "../fd.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "ref/ref.h"
 #include "../test.h"
 

@@ -19,6 +19,7 @@
 #include "core/half.h"
 #include "../fd.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "ref/ref.h"
 #include "../test.h"
 
