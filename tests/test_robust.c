@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backends/registry.h"
 #include "core/atomic_file.h"
 #include "core/common.h"
 #include "data/bpe.h"

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "backends/registry.h"
 #include "core/common.h"
 #include "data/shard.h"
 #include "eval/sample.h"

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backends/registry.h"
 #include "core/common.h"
 #include "data/shard.h"
 #include "data/tokenizer_id.h"

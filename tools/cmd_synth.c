@@ -23,6 +23,7 @@
 #include <sys/prctl.h>
 #endif
 
+#include "backends/registry.h"
 #include "core/atomic_file.h"
 #include "core/common.h"
 #include "eval/plot.h"

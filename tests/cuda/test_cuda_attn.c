@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/half.h"
@@ -30,8 +31,6 @@
 #include "model/presets.h"
 #include "ref/ref.h"
 #include "../test.h"
-
-const Backend *backend_cuda(void);
 
 #define ATTN_TOL 1e-2
 #define GRAD_TOL 1.5e-2
