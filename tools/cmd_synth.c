@@ -26,7 +26,7 @@
 #include "backends/registry.h"
 #include "core/atomic_file.h"
 #include "core/common.h"
-#include "eval/plot.h"
+#include "core/plot.h"
 #include "synth/run.h"
 #include "train/dist.h"
 #include "tools/commands.h"
