@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "backends/registry.h"
 #include "core/common.h"
 #include "core/half.h"
 #include "cpu/blas.h"

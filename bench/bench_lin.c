@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "backends/registry.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "ref/ref.h"

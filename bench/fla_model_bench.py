@@ -41,7 +41,7 @@ from fla.models.gated_deltanet import GatedDeltaNetConfig, GatedDeltaNetForCausa
 from fla.models.mesa_net import MesaNetConfig, MesaNetForCausalLM  # noqa: E402
 from peers import decode_step_ms, train_step_times  # noqa: E402
 
-PRESETS = {  # our presets (src/model/config.c) in fla's terms
+PRESETS = {  # our presets (src/model/presets.c) in fla's terms
     "fla-162m": dict(hidden_size=768, num_hidden_layers=12, num_heads=6),
     "fla-412m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=8),
     "gdn-162m": dict(hidden_size=768, num_hidden_layers=12, num_heads=6),

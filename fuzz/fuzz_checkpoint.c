@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/backend.h"
 #include "fuzz.h"
 #include "model/config.h"

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "backends/registry.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/safetensors.h"
@@ -22,6 +23,7 @@
 #include "fuzz.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "train/checkpoint.h"
 #include "train/loss_log.h"
 #include "train/optim.h"

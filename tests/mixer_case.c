@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/common.h"
 #include "fd.h"
 #include "mixers/mixer.h"

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "fd.h"

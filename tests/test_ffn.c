@@ -4,9 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/common.h"
 #include "fd.h"
 #include "model/ffn.h"
+#include "model/presets.h"
 #include "test.h"
 
 // Central differences in float64 (h = 1e-6): ~1e-9 typical; the CPU's float32 through three

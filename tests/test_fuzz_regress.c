@@ -51,7 +51,7 @@ TEST(fuzz_regress_loss_log_infinite_loss) {
 
 // fuzz_loss_log: a loss.csv with one subnormal loss (6e-323) was read, and plotting it on the next
 // save was undefined behaviour: the axis's span underflowed to 0, and log10 of a zero step went
-// into an int (src/eval/plot.c, axis_linear). Now a span too small to divide is widened.
+// into an int (src/core/plot.c, axis_linear). Now a span too small to divide is widened.
 TEST(fuzz_regress_loss_log_subnormal_loss_plots) {
     static const char text[] = "step,loss,lr,grad_norm,tokens,seconds,val_loss\n"
                                "1,-061e-324,0.001,.5,1024,0.25,nan\n"

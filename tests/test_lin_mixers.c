@@ -7,11 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "fd.h"
 #include "mixer_case.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "test.h"
 #include "tmpdir.h"
 #include "toy.h"

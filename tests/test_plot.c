@@ -7,7 +7,8 @@
 #include <unistd.h>
 
 #include "core/common.h"
-#include "eval/plot.h"
+#include "core/csv.h"
+#include "core/plot.h"
 #include "test.h"
 #include "tmpdir.h"
 

@@ -1,4 +1,4 @@
-// The parameter-matched presets "SIZE-MIXER" (config.h): each validates, loads by name and from
+// The parameter-matched presets "SIZE-MIXER" (presets.h): each validates, loads by name and from
 // JSON, round-trips through config.json, keeps its size's backbone, and its parameter count is
 // the nearest the MLP width's granularity allows to the Mesa model's of that size: within half a
 // step, 3 D n_layers CONFIG_MATCH_STEP / 2 parameters (125m: 442,368, 0.34%; demo: 36,864,
@@ -11,6 +11,7 @@
 #include "core/common.h"
 #include "mixers/mixer.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "test.h"
 #include "tmpdir.h"
 

@@ -10,11 +10,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backends/registry.h"
 #include "core/atomic_file.h"
 #include "core/common.h"
 #include "data/bpe.h"
 #include "data/shard.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "test.h"
 #include "tmpdir.h"
 #include "toy.h"

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backends/registry.h"
 #include "core/common.h"
 #include "synth/run.h"
 #include "test.h"

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/common.h"
 #include "cpu/blas.h"
 #include "model/model.h"

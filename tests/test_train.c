@@ -4,11 +4,13 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "backends/registry.h"
 #include "core/common.h"
 #include "data/shard.h"
 #include "eval/sample.h"
 #include "mixer_case.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "test.h"
 #include "tmpdir.h"
 #include "toy.h"

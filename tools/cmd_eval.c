@@ -9,11 +9,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backends/registry.h"
 #include "core/common.h"
+#include "core/csv.h"
+#include "core/plot.h"
 #include "data/shard.h"
 #include "data/tokenizer_id.h"
 #include "eval/eval.h"
-#include "eval/plot.h"
 #include "model/model.h"
 #include "tools/commands.h"
 #include "train/checkpoint.h"

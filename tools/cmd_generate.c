@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/common.h"
 #include "data/bpe.h"
 #include "eval/sample.h"

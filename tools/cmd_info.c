@@ -7,9 +7,10 @@
 #include "core/common.h"
 #include "mixers/mixer.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "tools/commands.h"
 
-// The parameter-matched presets of one size (config.h): one line per mixer, Mesa's first.
+// The parameter-matched presets of one size (presets.h): one line per mixer, Mesa's first.
 static int matched_table(const char *size) {
     ModelConfig ref;
     size_t ref_total;

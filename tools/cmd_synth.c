@@ -7,232 +7,21 @@
  * once, each a child process of the tool (its share of the cores) that ends with it; the parent alone
  * writes results.csv, and one sweep at a time writes a folder (DIR/.synth.lock).
  */
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
-#include <sys/wait.h>
 #include <unistd.h>
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
 
-#include "core/atomic_file.h"
+#include "backends/registry.h"
 #include "core/common.h"
-#include "eval/plot.h"
+#include "core/plot.h"
 #include "synth/run.h"
-#include "train/dist.h"
 #include "tools/commands.h"
+#include "tools/synth_jobs.h"
+#include "tools/synth_results.h"
 
 #define CMD "synth"
-
-typedef struct {
-    char task[32], setting[96], mixer[64], protocol[64];
-    double lr, wd;
-    long long seed;
-    int steps, epochs, early;
-    double seconds, metric;
-    double tvd;  // RegBench's TVD; NAN for the other tasks (an empty field)
-} Row;
-
-typedef struct {
-    Row *v;
-    int n, cap;
-} Rows;
-
-static void rows_add(Rows *r, const Row *x) {
-    if (r->n == r->cap) {
-        r->cap = r->cap ? 2 * r->cap : 64;
-        r->v = realloc(r->v, sizeof(Row) * (size_t)r->cap);
-        if (!r->v) cmd_fail(CMD, "out of memory");
-    }
-    r->v[r->n++] = *x;
-}
-
-static int same_run(const Row *a, const Row *b) {
-    return !strcmp(a->task, b->task) && !strcmp(a->setting, b->setting) && !strcmp(a->mixer, b->mixer) &&
-           !strcmp(a->protocol, b->protocol) && a->seed == b->seed && (float)a->lr == (float)b->lr &&
-           (float)a->wd == (float)b->wd;
-}
-
-static const char *const csv_header = "task,setting,mixer,protocol,seed,lr,wd,steps,epochs,stopped_early,train_seconds,metric,tvd";
-
-// One CSV field (RFC 4180 quoting) of a line into out (cap bytes); returns the position after it
-// and its separator, *last set where the line ends with it; NULL for a quote left open or a field
-// longer than cap - 1 bytes.
-static const char *csv_field(const char *p, char *out, size_t cap, int *last) {
-    size_t n = 0;
-    int quoted = *p == '"';
-    if (quoted) {
-        for (p++;; p++) {
-            if (!*p) return NULL;
-            if (*p == '"' && p[1] == '"') p++;
-            else if (*p == '"') {
-                p++;
-                break;
-            }
-            if (n + 1 >= cap) return NULL;
-            out[n++] = *p;
-        }
-        if (*p && *p != ',') return NULL;  // text after the closing quote
-    } else
-        for (; *p && *p != ','; p++) {
-            if (n + 1 >= cap) return NULL;
-            out[n++] = *p;
-        }
-    out[n] = 0;
-    *last = *p != ',';
-    return *p == ',' ? p + 1 : p;
-}
-
-static void csv_put(FILE *f, const char *s) {
-    if (!strpbrk(s, ",\"\n")) {
-        fputs(s, f);
-        return;
-    }
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"') fputc('"', f);
-        fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
-// A field of results.csv as a number: the whole field, finite, within [lo, hi] (an integer where
-// integer is set). A damaged field is refused with the file, its line and the column: a metric of
-// "abc" must never read as 0.
-static double csv_number(const char *path, int line, const char *column, const char *text, double lo, double hi,
-                         int integer) {
-    char *end;
-    errno = 0;
-    double v = strtod(text, &end);
-    int ok = *text && !strchr(" \t", *text) && !*end && !errno && isfinite(v) && v >= lo && v <= hi &&
-             (!integer || v == floor(v));
-    if (!ok)
-        cmd_fail(CMD, "%s: line %d: %s is '%s', expected %s in [%g, %g] (a damaged row: correct or delete the line)",
-                 path, line, column, text, integer ? "an integer" : "a number", lo, hi);
-    return v;
-}
-
-// Reads a results.csv (ours, or a --jobs process's) into rows; a file that does not exist is a new
-// sweep. Refused, naming the file and the line: a first line that is not the header (a row there
-// would be lost), a row with a field missing or too many, a field that is not what its column holds.
-// Files written before the tvd column (12 columns) are read too.
-static void load_rows(const char *path, Rows *rows) {
-    char *text;
-    size_t n;
-    FILE *probe = fopen(path, "r");
-    if (!probe) return;  // a new sweep
-    fclose(probe);
-    if (file_read_all(path, (size_t)1 << 30, &text, &n)) cmd_fail(CMD, "%s", mn_last_error());
-    if (strlen(text) != n) cmd_fail(CMD, "%s: holds a NUL byte: not a results table", path);
-    size_t old_len = strlen(csv_header) - strlen(",tvd");
-    int ncols = 0, line = 0;
-    for (char *p = text; *p;) {
-        char *end = strchr(p, '\n');
-        if (end) *end = 0;
-        line++;
-        size_t len = strlen(p);
-        if (len && p[len - 1] == '\r') p[--len] = 0;
-        if (line == 1) {
-            if (!strcmp(p, csv_header)) ncols = 13;
-            else if (len == old_len && !strncmp(p, csv_header, old_len)) ncols = 12;
-            else
-                cmd_fail(CMD, "%s: line 1 is '%.60s', not the header '%s' (results.csv starts with it)", path, p,
-                         csv_header);
-        } else if (len) {
-            char f[13][128];
-            const char *q = p;
-            int nf = 0, last = 0;
-            while (!last) {
-                if (nf == 13) {
-                    nf++;
-                    break;
-                }
-                q = csv_field(q, f[nf], sizeof f[nf], &last);
-                if (!q)
-                    cmd_fail(CMD, "%s: line %d: field %d has a quote left open or is longer than %zu characters", path,
-                             line, nf + 1, sizeof f[0] - 1);
-                nf++;
-            }
-            if (nf != ncols)
-                cmd_fail(CMD, "%s: line %d has %s%d fields, expected %d (%s): a damaged row, correct or delete the line",
-                         path, line, nf > 13 ? "more than " : "", nf > 13 ? 13 : nf, ncols, csv_header);
-            if (ncols == 12) f[12][0] = 0;
-            static const char *const names[4] = {"task", "setting", "mixer", "protocol"};
-            const size_t caps[4] = {sizeof((Row *)0)->task, sizeof((Row *)0)->setting, sizeof((Row *)0)->mixer,
-                                    sizeof((Row *)0)->protocol};
-            for (int i = 0; i < 4; i++)
-                if (!f[i][0] || strlen(f[i]) >= caps[i])
-                    cmd_fail(CMD, "%s: line %d: %s '%s' is %s", path, line, names[i], f[i],
-                             f[i][0] ? "too long" : "empty");
-            Row r = {0};
-            snprintf(r.task, sizeof r.task, "%s", f[0]);
-            snprintf(r.setting, sizeof r.setting, "%s", f[1]);
-            snprintf(r.mixer, sizeof r.mixer, "%s", f[2]);
-            snprintf(r.protocol, sizeof r.protocol, "%s", f[3]);
-            r.seed = (long long)csv_number(path, line, "seed", f[4], 0, 1e15, 1);
-            r.lr = csv_number(path, line, "lr", f[5], 0, 1e6, 0);
-            r.wd = csv_number(path, line, "wd", f[6], 0, 1e6, 0);
-            r.steps = (int)csv_number(path, line, "steps", f[7], 0, INT_MAX, 1);
-            r.epochs = (int)csv_number(path, line, "epochs", f[8], 0, INT_MAX, 1);
-            r.early = (int)csv_number(path, line, "stopped_early", f[9], 0, 1, 1);
-            r.seconds = csv_number(path, line, "train_seconds", f[10], 0, 1e12, 0);
-            r.metric = csv_number(path, line, "metric", f[11], 0, 1, 0);
-            r.tvd = f[12][0] ? csv_number(path, line, "tvd", f[12], 0, 1, 0) : NAN;
-            rows_add(rows, &r);
-        }
-        if (!end) break;
-        p = end + 1;
-    }
-    if (line == 0) cmd_fail(CMD, "%s: empty, not even the header '%s'", path, csv_header);
-    free(text);
-}
-
-static void save_rows(const char *dir, const Rows *rows) {
-    char path[4096];
-    AtomicFile af;
-    snprintf(path, sizeof path, "%s/results.csv", dir);
-    if (af_open(&af, path)) cmd_fail(CMD, "%s", mn_last_error());
-    fprintf(af.f, "%s\n", csv_header);
-    for (int i = 0; i < rows->n; i++) {
-        const Row *r = &rows->v[i];
-        csv_put(af.f, r->task), fputc(',', af.f), csv_put(af.f, r->setting), fputc(',', af.f);
-        csv_put(af.f, r->mixer), fputc(',', af.f);
-        fprintf(af.f, "%s,%lld,%.6g,%.6g,%d,%d,%d,%.3f,%.17g,", r->protocol, r->seed, r->lr, r->wd, r->steps,
-                r->epochs, r->early, r->seconds, r->metric);
-        if (isfinite(r->tvd)) fprintf(af.f, "%.17g", r->tvd);
-        fputc('\n', af.f);
-    }
-    if (af_commit(&af)) cmd_fail(CMD, "%s", mn_last_error());
-    snprintf(path, sizeof path, "%s/results.json", dir);
-    if (af_open(&af, path)) cmd_fail(CMD, "%s", mn_last_error());
-    fprintf(af.f, "[\n");
-    for (int i = 0; i < rows->n; i++) {
-        const Row *r = &rows->v[i];
-        // Names hold no quotes or backslashes (task names, grid labels, mixer patterns).
-        fprintf(af.f,
-                "  {\"task\": \"%s\", \"setting\": \"%s\", \"mixer\": \"%s\", \"protocol\": \"%s\", \"seed\": %lld, "
-                "\"lr\": %.6g, \"wd\": %.6g, \"steps\": %d, \"epochs\": %d, \"stopped_early\": %s, "
-                "\"train_seconds\": %.3f, \"metric\": ",
-                r->task, r->setting, r->mixer, r->protocol, r->seed, r->lr, r->wd, r->steps, r->epochs,
-                r->early ? "true" : "false", r->seconds);
-        if (isfinite(r->metric)) fprintf(af.f, "%.17g", r->metric);
-        else fprintf(af.f, "null");
-        fprintf(af.f, ", \"tvd\": ");
-        if (isfinite(r->tvd)) fprintf(af.f, "%.17g", r->tvd);
-        else fprintf(af.f, "null");
-        fprintf(af.f, "}%s\n", i + 1 < rows->n ? "," : "");
-    }
-    fprintf(af.f, "]\n");
-    if (af_commit(&af)) cmd_fail(CMD, "%s", mn_last_error());
-}
 
 // Splits a comma list in place into names (at most max), as the config splits a mixer pattern:
 // an empty name (a leading, trailing or doubled comma) and more than max names are refused,
@@ -254,9 +43,6 @@ static int split_names(const char *what, const char *list, char *s, char **items
     }
 }
 
-// "s" unless n is 1: "1 run", "2 runs".
-static const char *plural(long long n) { return n == 1 ? "" : "s"; }
-
 // A metric x 100 with one decimal, or "-" where no run is recorded yet (NaN). buf: 32 bytes.
 static const char *pct(char *buf, double v) {
     if (isnan(v)) snprintf(buf, 32, "-");
@@ -271,230 +57,7 @@ static void fmt_time(char *buf, size_t cap, double s) {
     else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
-// The best metric over the (lr, wd) grid of (task, setting, mixer) among the rows; NAN if none.
-// *tvd (may be NULL): the TVD of that best run (NAN if none).
-static double best_of(const Rows *rows, const char *task, const char *setting, const char *mixer, const char *proto,
-                      long long seed, double *tvd) {
-    double best = NAN;
-    if (tvd) *tvd = NAN;
-    for (int i = 0; i < rows->n; i++) {
-        const Row *r = &rows->v[i];
-        if (strcmp(r->task, task) || strcmp(r->setting, setting) || strcmp(r->mixer, mixer) ||
-            strcmp(r->protocol, proto) || r->seed != seed)
-            continue;
-        if (isnan(best) || r->metric > best) {
-            best = r->metric;
-            if (tvd) *tvd = r->tvd;
-        }
-    }
-    return best;
-}
-
-enum { MAX_TASKS = 16, MAX_MIXERS = 16, MAX_SETTINGS = 32, MAX_JOBS = 64 };
-
-// --jobs: one run in a child process, the tool itself with the same options restricted to that run
-// (--run-index) and writing to its own directory; the parent alone writes DIR/results.csv.
-typedef struct {
-    pid_t pid;
-    int index;  // the run's number in the sweep (1-based)
-    int gpu;    // which of --gpus it runs on (-1: the devices the tool sees)
-    char dir[4096];
-} Job;
-
-// The pids of the --jobs processes alive, for on_stop: signals that stop the sweep stop its jobs.
-// Changed with those signals blocked (jobs_block), so the handler never sees a table half-written.
-static volatile pid_t live_jobs[MAX_JOBS];
-static const int stop_signals[3] = {SIGINT, SIGTERM, SIGHUP};
-
-static void jobs_block(int block, sigset_t *old) {
-    sigset_t set;
-    sigemptyset(&set);
-    for (int i = 0; i < 3; i++) sigaddset(&set, stop_signals[i]);
-    sigprocmask(block ? SIG_BLOCK : SIG_SETMASK, block ? &set : old, block ? old : NULL);
-}
-
-static void live_jobs_set(pid_t old_pid, pid_t new_pid) {
-    for (int i = 0; i < MAX_JOBS; i++)
-        if (live_jobs[i] == old_pid) {
-            live_jobs[i] = new_pid;
-            return;
-        }
-}
-
-// SIGINT, SIGTERM or SIGHUP of the sweep: its jobs get SIGTERM and are reaped, then the tool dies
-// of the signal as it would have without the handler (exit status 128 + the signal). Only
-// async-signal-safe calls. (A SIGKILL cannot be caught: the jobs' PR_SET_PDEATHSIG covers it.)
-static void on_stop(int sig) {
-    for (int i = 0; i < MAX_JOBS; i++)
-        if (live_jobs[i] > 0) kill(live_jobs[i], SIGTERM);
-    for (int i = 0; i < MAX_JOBS; i++)
-        if (live_jobs[i] > 0)
-            while (waitpid(live_jobs[i], NULL, 0) < 0 && errno == EINTR) {
-            }
-    signal(sig, SIG_DFL);
-    raise(sig);  // delivered when the handler returns
-}
-
-// Installs on_stop for the signals the tool does not ignore (a sweep started with SIGINT ignored,
-// as `cmd &` in a script is, keeps ignoring it).
-static void jobs_catch_signals(void) {
-    for (int i = 0; i < 3; i++) {
-        struct sigaction sa, was;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_stop;
-        sigemptyset(&sa.sa_mask);
-        for (int k = 0; k < 3; k++) sigaddset(&sa.sa_mask, stop_signals[k]);
-        if (sigaction(stop_signals[i], NULL, &was) == 0 && was.sa_handler != SIG_IGN) sigaction(stop_signals[i], &sa, NULL);
-    }
-}
-
-// One sweep at a time writes an --out folder: it holds an flock on DIR/.synth.lock. The lock's file
-// descriptor is inherited by the --jobs processes (no close-on-exec), so the folder stays locked
-// until the sweep and every job of it have ended. Kept open until the tool exits.
-static void lock_out(const char *out) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/.synth.lock", out);
-    int fd = open(path, O_RDWR | O_CREAT, 0644);
-    if (fd < 0) cmd_fail(CMD, "--out %s: cannot open %s: %s", out, path, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB)) {
-        if (errno == EWOULDBLOCK)
-            cmd_fail(CMD, "--out %s: another synth sweep (or a job of one) is writing there; wait for it to end, "
-                          "or use another --out", out);
-        cmd_fail(CMD, "--out %s: cannot lock %s: %s", out, path, strerror(errno));
-    }
-}
-
-// Removes the .job-N folders that a sweep stopped before collecting them left in out (their files,
-// then the folder). Run under lock_out: no job of another sweep can be writing them.
-static void remove_stale_jobs(const char *out) {
-    DIR *d = opendir(out);
-    if (!d) cmd_fail(CMD, "--out %s: cannot list it: %s", out, strerror(errno));
-    int removed = 0;
-    for (struct dirent *e; (e = readdir(d));) {
-        const char *n = e->d_name;
-        if (strncmp(n, ".job-", 5) || !n[5] || strspn(n + 5, "0123456789") != strlen(n + 5)) continue;
-        char dir[4200];
-        snprintf(dir, sizeof dir, "%s/%s", out, n);
-        DIR *j = opendir(dir);
-        if (!j) continue;  // not a folder: not ours
-        for (struct dirent *f; (f = readdir(j));) {
-            if (!strcmp(f->d_name, ".") || !strcmp(f->d_name, "..")) continue;
-            char file[8400];
-            snprintf(file, sizeof file, "%s/%s", dir, f->d_name);
-            if (unlink(file)) cmd_fail(CMD, "%s: cannot remove a stopped job's file: %s", file, strerror(errno));
-        }
-        closedir(j);
-        if (rmdir(dir)) cmd_fail(CMD, "%s: cannot remove a stopped job's folder: %s", dir, strerror(errno));
-        removed++;
-    }
-    closedir(d);
-    if (removed)
-        printf("synth: removed %d job folder%s (.job-N) that a stopped sweep left\n", removed, plural(removed));
-}
-
-// --gpus: job k of the first round goes to GPU k mod gpus, and each later job to the GPU of the
-// job whose end made room for it, so that every GPU runs jobs / gpus of them at all times.
-static void job_start(Job *j, int argc, char **argv, const char *out, int index, int threads, int gpu) {
-    char dev[64] = "";
-    if (gpu >= 0 && dist_visible_device(gpu, dev, sizeof dev)) cmd_fail(CMD, "--gpus: %s", mn_last_error());
-    char idx[32];
-    snprintf(idx, sizeof idx, "%d", index);
-    snprintf(j->dir, sizeof j->dir, "%s/.job-%d", out, index);
-    if (mn_mkdirs(j->dir)) cmd_fail(CMD, "%s: %s", j->dir, mn_last_error());
-    char **cargv = calloc((size_t)argc + 8, sizeof(char *));
-    if (!cargv) cmd_fail(CMD, "out of memory");
-    int n = 0;
-    cargv[n++] = "mesanet";
-    for (int i = 0; i < argc; i++) cargv[n++] = argv[i];
-    cargv[n++] = "--run-index", cargv[n++] = idx, cargv[n++] = "--out", cargv[n++] = j->dir;
-    cargv[n++] = "--jobs", cargv[n++] = "1", cargv[n] = NULL;
-    fflush(stdout), fflush(stderr);
-    pid_t parent = getpid();
-    sigset_t old;
-    jobs_block(1, &old);  // until the job is in live_jobs (parent) or on the default handlers (child)
-    pid_t pid = fork();
-    if (pid < 0) cmd_fail(CMD, "fork: cannot start a job");
-    if (pid == 0) {
-#ifdef __linux__
-        // The job dies with the sweep, even of a SIGKILL; a sweep that died before this took hold
-        // has made the job an orphan already.
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent) _exit(127);
-#else
-        (void)parent;
-#endif
-        for (int i = 0; i < 3; i++) {
-            struct sigaction was;
-            if (sigaction(stop_signals[i], NULL, &was) == 0 && was.sa_handler == on_stop) signal(stop_signals[i], SIG_DFL);
-        }
-        jobs_block(0, &old);
-        char th[32];
-        snprintf(th, sizeof th, "%d", threads);
-        setenv("OMP_NUM_THREADS", th, 1);
-        if (gpu >= 0) setenv("CUDA_VISIBLE_DEVICES", dev, 1);
-        if (!freopen("/dev/null", "w", stdout)) _exit(127);
-        execv("/proc/self/exe", cargv);
-        _exit(127);
-    }
-    live_jobs_set(0, pid);
-    jobs_block(0, &old);
-    free(cargv);
-    j->pid = pid, j->index = index, j->gpu = gpu;
-}
-
-// Waits for one of the n jobs to end; its row into *r (MN_OK), or an error naming why not. The
-// job is removed from the list (the last one takes its place); *gpu gets the GPU it leaves free.
-static int job_wait(Job *jobs, int *n, Row *r, int *index, int *gpu) {
-    int status;
-    pid_t pid;
-    do pid = waitpid(-1, &status, 0);
-    while (pid < 0 && errno == EINTR);
-    if (pid < 0) return mn_error(MN_ERR_IO, "waitpid failed");
-    int k = 0;
-    while (k < *n && jobs[k].pid != pid) k++;
-    if (k == *n) return job_wait(jobs, n, r, index, gpu);  // not ours
-    sigset_t old;
-    jobs_block(1, &old);
-    live_jobs_set(pid, 0);
-    jobs_block(0, &old);
-    Job j = jobs[k];
-    jobs[k] = jobs[--*n];
-    *index = j.index;
-    *gpu = j.gpu;
-    if (!WIFEXITED(status) || WEXITSTATUS(status))
-        return mn_error(MN_ERR_ARG, "run %d (a --jobs process) failed (%s %d)", j.index,
-                        WIFEXITED(status) ? "exit status" : "signal",
-                        WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? WTERMSIG(status) : -1);
-    char path[4200];
-    Rows one = {0};
-    snprintf(path, sizeof path, "%s/results.csv", j.dir);
-    load_rows(path, &one);
-    int st = one.n == 1 ? MN_OK : mn_error(MN_ERR_IO, "run %d: %s holds %d rows, not 1", j.index, path, one.n);
-    if (!st) *r = one.v[0];
-    free(one.v);
-    remove(path);
-    snprintf(path, sizeof path, "%s/results.json", j.dir);
-    remove(path);
-    rmdir(j.dir);
-    return st;
-}
-
-#ifdef MN_HAVE_CUDA
-int cuda_device_count(void);
-#endif
-
-// --gpus N spreads the --jobs processes over N GPUs: the cuda backend, at least one job a GPU, and
-// N devices that this process sees.
-static void check_gpus(int gpus, int jobs, const char *backend) {
-    if (!gpus) return;
-    if (strcmp(backend, "cuda")) cmd_fail(CMD, "--gpus %d: GPUs are for --backend cuda, not %s", gpus, backend);
-    if (jobs < gpus) cmd_fail(CMD, "--gpus %d: needs --jobs %d or more (at least one run at a time on each GPU), not %d", gpus, gpus, jobs);
-#ifdef MN_HAVE_CUDA
-    int n = cuda_device_count();
-#else
-    int n = 0;  // a build without CUDA
-#endif
-    if (n < gpus) cmd_fail(CMD, "--gpus %d: this process sees %d GPU(s)", gpus, n);
-}
+enum { MAX_TASKS = 16, MAX_MIXERS = 16, MAX_SETTINGS = 32 };
 
 // The progress line of a finished run; eta: seconds left (NAN: none to show).
 static void print_done(const Row *r, int index, int total, double eta) {
@@ -507,7 +70,7 @@ static void print_done(const Row *r, int index, int total, double eta) {
     }
     if (isfinite(r->tvd)) snprintf(tvd_text, sizeof tvd_text, ", tvd %.4f", r->tvd);
     printf("[%d/%d] %s %s %s lr %g wd %g: metric %.4f%s, %d step%s%s, %s%s\n", index, total, r->task, r->setting,
-           r->mixer, r->lr, r->wd, r->metric, tvd_text, r->steps, plural(r->steps), r->early ? " (stopped early)" : "",
+           r->mixer, r->lr, r->wd, r->metric, tvd_text, r->steps, plural_s(r->steps), r->early ? " (stopped early)" : "",
            took, eta_text);
     fflush(stdout);
 }
@@ -655,15 +218,15 @@ int cmd_synth(int argc, char **argv) {
         }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = ncpu > jobs ? (int)(ncpu / jobs) : 1;
-    printf("synth: %d task%s x %d mixer%s, %s settings, %d run%s; %s backend; results in %s\n", ntasks, plural(ntasks),
-           nmix, plural(nmix), settings, total, plural(total), be->name, out);
+    printf("synth: %d task%s x %d mixer%s, %s settings, %d run%s; %s backend; results in %s\n", ntasks, plural_s(ntasks),
+           nmix, plural_s(nmix), settings, total, plural_s(total), be->name, out);
     if (jobs > 1 && gpus)
-        printf("synth: up to %d runs at once over %d GPU%s, %d thread%s each\n", jobs, gpus, plural(gpus), threads,
-               plural(threads));
-    else if (jobs > 1) printf("synth: up to %d runs at once, %d thread%s each\n", jobs, threads, plural(threads));
+        printf("synth: up to %d runs at once over %d GPU%s, %d thread%s each\n", jobs, gpus, plural_s(gpus), threads,
+               plural_s(threads));
+    else if (jobs > 1) printf("synth: up to %d runs at once, %d thread%s each\n", jobs, threads, plural_s(threads));
     for (int i = 0; i < ntasks; i++)
         printf("synth: %s: %s; width %d, %d block%s, batch %d\n", tasks[i]->name, prot[i].source, prot[i].dim,
-               prot[i].n_layers, plural(prot[i].n_layers), prot[i].batch);
+               prot[i].n_layers, plural_s(prot[i].n_layers), prot[i].batch);
     if (quick) printf("synth: --quick shrinks every setting (labels name the grid's settings, not the sizes run)\n");
     fflush(stdout);
     if (jobs > 1 && !run_index && !report) jobs_catch_signals();
@@ -754,7 +317,7 @@ int cmd_synth(int argc, char **argv) {
     }
     if (stop_after && ran >= stop_after && done < total) {
         printf("synth: stopped after %d new run%s (--stop-after); %d of %d not run yet: run again to go on\n", ran,
-               plural(ran), total - done, total);
+               plural_s(ran), total - done, total);
         free(rows.v);
         return 0;
     }
@@ -765,9 +328,9 @@ int cmd_synth(int argc, char **argv) {
     }
     if (report)
         printf("synth: --report: %d of %d run%s recorded, %d not run yet (their cells: -)\n", skipped, total,
-               plural(total), missing);
+               plural_s(total), missing);
     else if (skipped)
-        printf("synth: %d run%s %s already recorded and skipped, %d run now\n", skipped, plural(skipped),
+        printf("synth: %d run%s %s already recorded and skipped, %d run now\n", skipped, plural_s(skipped),
                skipped == 1 ? "was" : "were", ran);
     if (quick)
         printf("synth: --quick: the papers' numbers are left out; they come from full protocols, which 40-step runs "
@@ -789,7 +352,7 @@ int cmd_synth(int argc, char **argv) {
         for (int k = 0; k < nmix && !quick; k++) has_pub |= synth_published(t->name, mixers[k], &pv, NULL);
         int rb = t == &synth_task_regbench;
         printf("\n%s (%s x 100, best over %d lr setting%s%s)\n%-16s", t->name, synth_metric_name(t), prot[i].nlr,
-               plural(prot[i].nlr), rb ? "; tvd: mean TVD of those best runs, 0..1, lower is better" : "", "mixer");
+               plural_s(prot[i].nlr), rb ? "; tvd: mean TVD of those best runs, 0..1, lower is better" : "", "mixer");
         for (int g = 0; g < ngrid[i]; g++) printf(" %14.14s", labels[g]);
         printf(" %8s%s%s\n", "mean", rb ? "      tvd" : "", has_pub ? "  published" : "");
         double ys[MAX_MIXERS][MAX_SETTINGS], tvds[MAX_MIXERS][MAX_SETTINGS], xs[MAX_SETTINGS];

@@ -5,6 +5,7 @@
 
 #include "core/common.h"
 #include "model/config.h"
+#include "model/presets.h"
 #include "tools/commands.h"
 #include "train/trainer.h"
 

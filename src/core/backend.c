@@ -1,4 +1,4 @@
-// Backend lookup by name, and the ops of the backends whose memory is the host's.
+// The ops of the backends whose memory is the host's (ref, cpu), and what memory the host has left.
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -7,25 +7,6 @@
 
 #include "backend.h"
 #include "common.h"
-
-#ifdef MN_HAVE_CUDA
-const Backend *backend_cuda(void);
-#endif
-
-const Backend *backend_by_name(const char *name) {
-    if (!strcmp(name, "cpu")) return backend_cpu();
-    if (!strcmp(name, "ref")) return backend_ref();
-    if (!strcmp(name, "cuda")) {
-#ifdef MN_HAVE_CUDA
-        return backend_cuda();
-#else
-        mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': this build has no CUDA support (build with nvcc present, CUDA=1)");
-        return NULL;
-#endif
-    }
-    mn_error(MN_ERR_ARG, "unknown backend '%s' (cpu, ref, cuda)", name);
-    return NULL;
-}
 
 int host_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t n) {
     (void)be;

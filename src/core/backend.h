@@ -246,11 +246,6 @@ static inline double mn_posemb(int t, int i, int D) {
     return i < h ? sin(a) : cos(a);
 }
 
-const Backend *backend_ref(void);  // float64 reference: plain loops, the ground truth
-const Backend *backend_cpu(void);  // float32 CPU: BLAS + OpenMP
-// The backend named "cpu", "ref" or "cuda"; NULL + mn_error if unknown or not built.
-const Backend *backend_by_name(const char *name);
-
 // What the host can still give this process, in bytes: the kernel's MemAvailable, or less where a
 // memory cgroup (a container's limit) or the address-space limit (ulimit -v) leaves less;
 // SIZE_MAX when none of them can be read. The mem_available op of the host backends.

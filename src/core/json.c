@@ -1,6 +1,8 @@
 #include "json.h"
 
+#include <float.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -238,5 +240,37 @@ int json_numbers(const Json *j, double *out, size_t n, const char *what) {
     if (!j) return mn_error(MN_ERR_FORMAT, "%s: missing", what);
     if (flatten(j, out, n, &at)) return mn_error(MN_ERR_FORMAT, "%s (line %d): expected numbers", what, j->line);
     if (at != n) return mn_error(MN_ERR_FORMAT, "%s (line %d): expected %zu numbers, found %zu", what, j->line, n, at);
+    return MN_OK;
+}
+
+// Checked to be a whole number within the int range before the conversion (which is undefined
+// behaviour outside it).
+int json_int(const Json *v, const char *key, const char *where, int *out) {
+    if (v->type != JSON_NUMBER && v->type != JSON_BOOL)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be a number", where, v->line, key);
+    double x = v->number;
+    if (!(x == floor(x) && fabs(x) <= 1e9))  // (NaN fails the comparison)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be an integer of at most 1e9 in size, got %g", where, v->line,
+                        key, x);
+    *out = (int)x;
+    return MN_OK;
+}
+
+// Refused unless finite and within the float range: converting a larger double is undefined
+// behaviour, and an infinity would be saved as a config that cannot be read.
+int json_float(const Json *v, const char *key, const char *where, float *out) {
+    if (v->type != JSON_NUMBER)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be a number", where, v->line, key);
+    if (!isfinite(v->number) || fabs(v->number) > FLT_MAX)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" = %g is not a finite number in the float range", where, v->line, key,
+                        v->number);
+    *out = (float)v->number;
+    return MN_OK;
+}
+
+int json_flag(const Json *v, const char *key, const char *where, int *out) {
+    if ((v->type != JSON_BOOL && v->type != JSON_NUMBER) || !(v->number == 0 || v->number == 1))
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be true or false", where, v->line, key);
+    *out = v->number == 1;
     return MN_OK;
 }

@@ -31,4 +31,11 @@ const Json *json_get(const Json *obj, const char *key);
 // naming `what` unless exactly n numbers are found.
 int json_numbers(const Json *j, double *out, size_t n, const char *what);
 
+// A member's value v (named `key` in messages) read as an int (a whole number of at most 1e9 in
+// size), a float (finite, in the float range) or a flag (true / false, or the numbers 0 and 1);
+// otherwise MN_ERR_FORMAT "<where>:<line>: ..." naming the key, and *out untouched.
+int json_int(const Json *v, const char *key, const char *where, int *out);
+int json_float(const Json *v, const char *key, const char *where, float *out);
+int json_flag(const Json *v, const char *key, const char *where, int *out);
+
 #endif

@@ -1,6 +1,7 @@
 /*
  * What bpe.c shares with the trainer (bpe_train.c): GPT-2's byte alphabet,
- * the two hash maps, and the file writer. Not part of the public interface.
+ * the two hash maps, and the file writer (bpe_write.c). Not part of the public
+ * interface.
  */
 #ifndef MN_BPE_INTERNAL_H
 #define MN_BPE_INTERNAL_H

@@ -30,7 +30,7 @@
 #define MN_MIXER_H
 
 #include "core/backend.h"
-#include "model/config.h"
+#include "core/model_config.h"
 
 typedef struct Mixer Mixer;
 

@@ -7,6 +7,7 @@
 
 #include "core/common.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "synth/regbench.h"
 #include "train/optim.h"
 

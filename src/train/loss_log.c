@@ -10,7 +10,8 @@
 
 #include "core/atomic_file.h"
 #include "core/common.h"
-#include "eval/plot.h"
+#include "core/csv.h"
+#include "core/plot.h"
 
 static const char *const columns[LOSS_LOG_COLUMNS] = {"step", "loss", "lr", "grad_norm", "tokens", "seconds", "val_loss"};
 static const char header[] = "step,loss,lr,grad_norm,tokens,seconds,val_loss\n";

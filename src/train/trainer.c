@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backends/registry.h"
 #include "core/atomic_file.h"
 #include "core/common.h"
 #include "data/loader.h"

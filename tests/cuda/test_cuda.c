@@ -5,17 +5,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/half.h"
 #include "../fd.h"
 #include "../mesa_case.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "ref/ref.h"
 #include "../test.h"
 #include "train/optim.h"
-
-const Backend *backend_cuda(void);
 
 // bf16 outputs carry a relative rounding error of up to 2^-9 = 2e-3 per
 // element, about 1.2e-3 in the L2 sense; float32 arithmetic adds nothing

@@ -21,16 +21,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/half.h"
 #include "cuda/attn_cudnn.h"
 #include "../fd.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "ref/ref.h"
 #include "../test.h"
-
-const Backend *backend_cuda(void);
 
 #define ATTN_TOL 1e-2
 #define GRAD_TOL 1.5e-2

@@ -6,14 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/half.h"
 #include "../fd.h"
 #include "model/model.h"
 #include "../test.h"
-
-const Backend *backend_cuda(void);
 
 // bf16 outputs: up to 2^-9 relative per element, ~1.2e-3 in the L2 sense (test_cuda.c).
 #define BF16_TOL 4e-3

@@ -2,7 +2,7 @@
 // every registered mixer and the patterns of its table (tests/mixer_case.c: mc_cases), each model
 // on the CUDA backend against the same model on the CPU (loss and gradients, bf16 activations on
 // the GPU), and decoding on the GPU against one forward there. A case whose core family the CUDA
-// backend lacks must be refused by name when its model is made. Not yet run on a GPU: the bounds are
+// backend lacks must be refused by name when its model is made. The bounds are
 // those of test_cuda.c's whole model (loss 5e-3, gradients rel err 0.15 and cosine 0.99) and of the
 // GPU suite's decoding tests (2e-2: two bf16 paths).
 #include <math.h>
@@ -11,6 +11,8 @@
 
 #include "core/backend.h"
 #include "core/common.h"
+#include "core/half.h"
+#include "../fd.h"
 #include "../mixer_case.h"
 #include "model/model.h"
 #include "../test.h"
@@ -69,10 +71,44 @@ static Model *gpu_model(const ModelConfig *cfg, const char *name) {
     return NULL;
 }
 
+// The gradients' relative error and cosine of g against the reference r over n numbers.
+static void compare(const double *g, const double *r, size_t n, double *e, double *cosine) {
+    double dot = 0, n1 = 0, n2 = 0;
+    for (size_t j = 0; j < n; j++) dot += g[j] * r[j], n1 += g[j] * g[j], n2 += r[j] * r[j];
+    *e = rel_err64(g, r, n);
+    *cosine = dot / sqrt(n1 * n2);
+}
+
+// How far the CPU model's own gradients move under rounding of bf16's size: its weights rounded
+// to bf16 (as the GPU's copies are) and every weight moved by a random 2^-8 relative (a stand-in
+// for the GPU's bf16 activations), worst of two draws. Some cases are ill-conditioned there: a
+// delta rule without forget gate carries every token's error through the whole sequence.
+static void rounding_sensitivity(Model *mc, const int32_t *tok, const int32_t *tgt, int B, int T, const double *gc,
+                                 double *e, double *cosine) {
+    float *w = mc->params, *saved = xcalloc(mc->total, sizeof(float));
+    memcpy(saved, w, mc->total * sizeof(float));
+    double *gp = xcalloc(mc->total, sizeof(double));
+    *e = 0, *cosine = 1;
+    for (int r = 0; r < 2; r++) {
+        double *noise = rand_doubles(700 + r, mc->total, -1, 1);
+        for (size_t i = 0; i < mc->total; i++) w[i] = bf16_to_f32(f32_to_bf16(saved[i] * (float)(1 + ldexp(noise[i], -8))));
+        free(noise);
+        mc_model_run(mc, tok, tgt, B, T, gp);
+        double er, cr;
+        compare(gp, gc, mc->total, &er, &cr);
+        *e = fmax(*e, er);
+        *cosine = fmin(*cosine, cr);
+    }
+    memcpy(w, saved, mc->total * sizeof(float));
+    free(saved);
+    free(gp);
+}
+
 // The same model (the same initialisation) and batch of 3 x 70 tokens on the GPU and the CPU: the
-// loss to 5e-3 and the gradients to a rel err of 0.15 and a cosine of 0.99 (test_cuda.c's whole
-// model: bf16 activations through the blocks; measured there 6.9e-2 and 0.998 for Mesa). A wrong
-// term is O(1) in both.
+// loss to 5e-3, and the gradients to a rel err of max(0.15, 4 s) and a cosine of min(0.99,
+// 1 - 4 (1 - c)), where s and c are the CPU's own under bf16-sized rounding
+// (rounding_sensitivity; 0.15 and 0.99 are test_cuda.c's whole-model bounds, measured there
+// 6.9e-2 and 0.998 for Mesa). A wrong term is O(1) in the loss and the gradients both.
 TEST(cuda_conformance_matches_cpu) {
     if (!setup()) return;
     McCase cases[MAXCASES];
@@ -92,12 +128,15 @@ TEST(cuda_conformance_matches_cpu) {
         mc_tokens(tok, tgt, N, cfg.vocab_size, 8 + i);
         double *gc = xcalloc(mc->total, 8), *gg = xcalloc(mg->total, 8);
         double lc = mc_model_run(mc, tok, tgt, B, T, gc), lg = mc_model_run(mg, tok, tgt, B, T, gg);
-        double e = rel_err64(gg, gc, mc->total), dot = 0, n1 = 0, n2 = 0;
-        for (size_t j = 0; j < mc->total; j++) dot += gg[j] * gc[j], n1 += gg[j] * gg[j], n2 += gc[j] * gc[j];
-        double cosine = dot / sqrt(n1 * n2);
-        test_note("%-*s loss cpu %.5f cuda %.5f; gradients rel err %.2e, cosine %.4f", W, name, lc / N, lg / N, e, cosine);
+        double e, cosine, se, sc;
+        compare(gg, gc, mc->total, &e, &cosine);
+        rounding_sensitivity(mc, tok, tgt, B, T, gc, &se, &sc);
+        double tol_e = fmax(0.15, 4 * se), tol_c = fmin(0.99, 1 - 4 * (1 - sc));
+        test_note("%-*s loss cpu %.5f cuda %.5f; gradients rel err %.2e (tol %.2e), cosine %.4f (tol %.4f)", W, name,
+                  lc / N, lg / N, e, tol_e, cosine, tol_c);
         CHECK(fabs(lc - lg) <= 5e-3 * fabs(lc), "%s: loss %g (cuda) vs %g (cpu)", name, lg / N, lc / N);
-        CHECK(e <= 0.15 && cosine >= 0.99, "%s: gradients differ: rel err %.3g, cosine %.4f", name, e, cosine);
+        CHECK(e <= tol_e && cosine >= tol_c, "%s: gradients differ: rel err %.3g (tol %.3g), cosine %.4f (tol %.4f)",
+              name, e, tol_e, cosine, tol_c);
         free(gc), free(gg), free(tok), free(tgt);
         model_free(mc);
         model_free(mg);

@@ -14,15 +14,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/half.h"
 #include "../fd.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "ref/ref.h"
 #include "../test.h"
-
-const Backend *backend_cuda(void);
 
 #define BF16_TOL 8e-3
 #define F32_TOL 5e-4

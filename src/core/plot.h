@@ -1,8 +1,8 @@
 /*
  * Result files for people: SVG line plots (loss curves, per-position NLL
- * curves) and CSV tables, written by hand with no dependency.
+ * curves), written by hand with no dependency; their tables are csv.h's.
  *
- * Both writers are atomic (temporary file, fsync, rename; see
+ * The writers are atomic (temporary file, fsync, rename; see
  * core/atomic_file.h), so a plot refreshed during training is never seen
  * half-written.
  */
@@ -55,13 +55,5 @@ int plot_svg(const char *path, const PlotOpts *opts, const PlotSeries *series, i
 // Draws the panels side by side in one SVG (each as plot_svg would draw it),
 // under a common title (may be NULL). Errors: as plot_svg's, naming the panel.
 int plot_svg_panels(const char *path, const char *title, const PlotPanel *panels, int npanels);
-
-// Writes a CSV table: a header line of the ncol column names, then nrow lines
-// with data[c][r] in column c. Names containing , " or a newline are quoted
-// (RFC 4180). Numbers use the fewest significant digits (15, 16 or 17) that
-// read back as the same double, so 0.1 is written "0.1" and every value
-// survives a round trip exactly; NaN and infinities are written nan, inf,
-// -inf, which strtod, Python and pandas read.
-int csv_write(const char *path, const char *const *columns, int ncol, const double *const *data, int nrow);
 
 #endif
