@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/half.h"
@@ -16,8 +17,6 @@
 #include "../mixer_case.h"
 #include "model/model.h"
 #include "../test.h"
-
-const Backend *backend_cuda(void);
 
 static const Backend *G;
 
