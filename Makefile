@@ -115,8 +115,10 @@ endif
 .PHONY: all test test-cuda clean fuzz fuzz-build
 all: $(BUILD)/libmesanet.a $(BUILD)/mesanet $(BUILD)/run_tests $(if $(CU_OBJ),$(BUILD)/run_tests_cuda)
 
+# Made afresh each time: an archive updated in place would keep the objects of renamed files.
 $(BUILD)/libmesanet.a: $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
+	@rm -f $@
 	$(AR) rcs $@ $^
 
 $(BUILD)/mesanet: $(TOOL_OBJ) $(BENCH_OBJ) $(BUILD)/libmesanet.a

@@ -135,7 +135,7 @@ int bench_parse_shapes(const char *s, BenchShape *out, int max) {
 static double round_bf16(double x) { return bf16_to_f32(f32_to_bf16((float)x)); }
 static double keep(double x) { return x; }
 
-void bench_mesa_inputs(BenchMesaInputs *h, MnMesaDims d, uint64_t seed, double gmean, double lambda, int bf16) {
+void bench_mesa_inputs(BenchMesaInputs *h, MnSeqDims d, uint64_t seed, double gmean, double lambda, int bf16) {
     double (*rnd)(double) = bf16 ? round_bf16 : keep;
     MnRng r;
     mn_rng_seed(&r, seed);

@@ -18,12 +18,12 @@ int bench_decode(int argc, char **argv);
 // lambda the same; q, k, v and dout rounded to bf16 when bf16 is set (what a
 // GPU holds), so that an exact solve of them is the right reference.
 typedef struct {
-    MnMesaDims d;
+    MnSeqDims d;
     size_t nk, nv, ng;  // B*T*H*Dk, B*T*H*Dv, B*T*H
     double *q, *k, *v, *g, *beta, *lambda, *dout;
 } BenchMesaInputs;
 
-void bench_mesa_inputs(BenchMesaInputs *h, MnMesaDims d, uint64_t seed, double gmean, double lambda, int bf16);
+void bench_mesa_inputs(BenchMesaInputs *h, MnSeqDims d, uint64_t seed, double gmean, double lambda, int bf16);
 void bench_mesa_inputs_free(BenchMesaInputs *h);
 
 // A model of a config (preset or JSON) on a backend, with random weights: the vocabulary size

@@ -33,18 +33,18 @@ typedef struct {
 
 static int run_fwd(void *p) {
     Ctx *c = p;
-    return c->be->attn_fwd(c->be, &c->d, &c->f);
+    return c->be->attn->fwd(c->be, &c->d, &c->f);
 }
 
 static int run_fwd_bwd(void *p) {
     Ctx *c = p;
-    int rc = c->be->attn_fwd(c->be, &c->d, &c->f);
-    return rc ? rc : c->be->attn_bwd(c->be, &c->d, &c->b);
+    int rc = c->be->attn->fwd(c->be, &c->d, &c->f);
+    return rc ? rc : c->be->attn->bwd(c->be, &c->d, &c->b);
 }
 
 static int run_decode(void *p) {
     Ctx *c = p;
-    return c->be->attn_decode(c->be, &c->d, c->n, c->cap, c->dq, c->dkc, c->dvc, c->dout);
+    return c->be->attn->decode(c->be, &c->d, c->n, c->cap, c->dq, c->dkc, c->dvc, c->dout);
 }
 
 // n random numbers in [-1, 1) on the backend
@@ -105,7 +105,7 @@ int bench_attn(int argc, char **argv) {
     if (!reps) reps = cuda ? 10 : 3;
     const Backend *be = backend_by_name(backend);
     if (!be) die("%s", mn_last_error());
-    if (!be->attn_fwd || !be->attn_bwd || !be->attn_decode) die("the %s backend has no attention core", backend);
+    if (!be->attn->fwd || !be->attn->bwd || !be->attn->decode) die("the %s backend has no attention core", backend);
 
     int B = sh[0], T = sh[1], H = sh[2], D = sh[3];
     Ctx c = {be, {B, T, H, kv, D, window, (float)(1 / sqrt((double)D))}};

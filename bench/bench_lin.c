@@ -93,7 +93,7 @@ static double fwd_flops_per_token(MnLinRule rule, int C, int Dk, int Dv) {
 // --- CPU --------------------------------------------------------------------------------------
 
 typedef struct {
-    MnMesaDims d;
+    MnSeqDims d;
     float *q, *k, *v, *g, *beta, *o, *dout, *dq, *dk, *dv, *dg, *dbeta;
 } CpuInputs;
 
@@ -103,7 +103,7 @@ static float *to_float(const double *x, size_t n) {
     return y;
 }
 
-static void cpu_inputs_init(CpuInputs *in, MnMesaDims d, float gmean) {
+static void cpu_inputs_init(CpuInputs *in, MnSeqDims d, float gmean) {
     BenchMesaInputs h;
     bench_mesa_inputs(&h, d, 42, gmean, 1, 0);
     in->d = d;
@@ -159,14 +159,14 @@ static int bench_lin_cpu(int B, int T, int H, const char *dims, const char *chun
     printf("%4s %-9s %-10s %3s | %9s %6s | %9s %6s\n", "D", "variant", "form", "C", "fwd ms", "eff", "f+b ms", "eff");
     for (int di = 0; di < nd; di++) {
         CpuInputs in;
-        cpu_inputs_init(&in, (MnMesaDims){B, T, H, dlist[di], dlist[di]}, gmean);
+        cpu_inputs_init(&in, (MnSeqDims){B, T, H, dlist[di], dlist[di]}, gmean);
         size_t ntok = (size_t)B * T * H;
         for (int vi = 0; vi < nv; vi++)
             for (int form = MN_FORM_CHUNK; form <= MN_FORM_RECURRENT; form++) {
                 if (!(form == MN_FORM_CHUNK ? want_chunk : want_rec)) continue;
                 for (int ci = 0; ci < (form == MN_FORM_CHUNK ? nc : 1); ci++) {
                     MnLinOpts o = mn_lin_opts_default(vars[vi]->rule);
-                    o.form = (MnMesaForm)form;
+                    o.form = (MnForm)form;
                     o.chunk = form == MN_FORM_CHUNK ? clist[ci] : 0;
                     double tf[reps], tb[reps];
                     cpu_forward(&in, vars[vi], &o);  // warm-up
@@ -243,7 +243,7 @@ typedef struct {
 
 static Exact exact_first(const BenchMesaInputs *h, const Variant *var, int H2, const double *s0, double *sT,
                          int want_grads) {
-    MnMesaDims d = h->d, s = {1, d.T, H2, d.Dk, d.Dv};
+    MnSeqDims d = h->d, s = {1, d.T, H2, d.Dk, d.Dv};
     size_t nk = (size_t)d.T * H2 * d.Dk, nv = (size_t)d.T * H2 * d.Dv, ng = (size_t)d.T * H2;
     double *q = slice_first(h->q, d.T, d.H, H2, d.Dk), *k = slice_first(h->k, d.T, d.H, H2, d.Dk);
     double *v = slice_first(h->v, d.T, d.H, H2, d.Dv), *dout = slice_first(h->dout, d.T, d.H, H2, d.Dv);
@@ -273,7 +273,7 @@ static void exact_free(Exact *e) {
 
 typedef struct {
     const Backend *be;
-    MnMesaDims d;
+    MnSeqDims d;
     MnLinOpts o;
     MnLinFwd f;
     MnLinBwd b;
@@ -281,19 +281,19 @@ typedef struct {
 
 static int run_fwd(void *p) {
     Run *r = p;
-    return r->be->lin_fwd(r->be, &r->d, &r->o, &r->f);
+    return r->be->lin->fwd(r->be, &r->d, &r->o, &r->f);
 }
 
 static int run_fwd_bwd(void *p) {
     Run *r = p;
-    MN_TRY(r->be->lin_fwd(r->be, &r->d, &r->o, &r->f));
-    return r->be->lin_bwd(r->be, &r->d, &r->o, &r->b);
+    MN_TRY(r->be->lin->fwd(r->be, &r->d, &r->o, &r->f));
+    return r->be->lin->bwd(r->be, &r->d, &r->o, &r->b);
 }
 
 static double mem_gb(const Backend *be) { return be->device_mem_used ? be->device_mem_used(be) / 1e9 : NAN; }
 
 static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Variant **vars, int nv, int reps,
-                          float gmean, MnMesaForm form) {
+                          float gmean, MnForm form) {
     BenchShape shapes[8];
     int ns = bench_parse_shapes(shapes_s, shapes, 8);
     if (ns <= 0) die("--shapes: expected BxTxHxD[,BxTxHxD...]");
@@ -301,7 +301,7 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
     if (nb < 0) die("--decode: expected comma-separated positive batch sizes, or \"\"");
     const Backend *be = backend_by_name("cuda");
     if (!be) die("%s", mn_last_error());
-    if (!be->lin_fwd || !be->lin_bwd) die("the cuda backend has no gated linear-attention cores");
+    if (!be->lin->fwd || !be->lin->bwd) die("the cuda backend has no gated linear-attention cores");
     double ceiling = bench_gemm_tflops(be, 8192);
     printf("gated linear-attention cores on the GPU (cuda backend), bf16 q k v, form %s; bf16 matrix product 8192^3 in "
            "the same run: %.0f TFLOP/s\n", form == MN_FORM_CHUNK ? "chunk" : form == MN_FORM_RECURRENT ? "recurrent" : "auto",
@@ -313,7 +313,7 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
            "f+b ms", "f+b strm", "err o", "err dq", "err dk", "err dv", "mem GB");
     for (int si = 0; si < ns; si++) {
         BenchShape sh = shapes[si];
-        MnMesaDims d = {sh.B, sh.T, sh.H, sh.D, sh.D};
+        MnSeqDims d = {sh.B, sh.T, sh.H, sh.D, sh.D};
         BenchMesaInputs h;
         bench_mesa_inputs(&h, d, 11 + si, gmean, 1, 1);
         int H2 = sh.H < 2 ? sh.H : 2;
@@ -360,8 +360,8 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
     for (int bi = 0; bi < nb; bi++) {
         int B = bs[bi], H = 16, D = 128, T0 = 512, H2 = 2;
         BenchMesaInputs pre, one;
-        bench_mesa_inputs(&pre, (MnMesaDims){B, T0, H, D, D}, 5, gmean, 1, 1);
-        bench_mesa_inputs(&one, (MnMesaDims){B, 1, H, D, D}, 6, gmean, 1, 1);
+        bench_mesa_inputs(&pre, (MnSeqDims){B, T0, H, D, D}, 5, gmean, 1, 1);
+        bench_mesa_inputs(&one, (MnSeqDims){B, 1, H, D, D}, 6, gmean, 1, 1);
         size_t nstate = (size_t)B * H * D * D;
         void *q = up(be, pre.q, pre.nk, MEM_ACT), *k = up(be, pre.k, pre.nk, MEM_ACT), *v = up(be, pre.v, pre.nv, MEM_ACT);
         void *g = up(be, pre.g, pre.ng, MEM_F32), *b = up(be, pre.beta, pre.ng, MEM_F32);
@@ -377,7 +377,7 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
             MnLinFwd f1 = {q1, k1, v1, var->gated ? g1 : NULL, var->beta ? b1 : NULL, s, o1, s};
             r.f = f1;
             // the state after the prefill, one step untimed for the accuracy, then the timed steps
-            if (be->lin_fwd(be, &pre.d, &lo, &f) || run_fwd(&r)) die("%s", mn_last_error());
+            if (be->lin->fwd(be, &pre.d, &lo, &f) || run_fwd(&r)) die("%s", mn_last_error());
             double *sT = xcalloc((size_t)H2 * D * D, 8);
             Exact e0 = exact_first(&pre, var, H2, NULL, sT, 0);
             Exact e1 = exact_first(&one, var, H2, sT, NULL, 0);
@@ -431,8 +431,8 @@ int bench_lin(int argc, char **argv) {
     if (!reps) reps = strcmp(backend, "cuda") ? 3 : 10;
     if (!strcmp(backend, "cpu")) return bench_lin_cpu(B, T, H, dims, chunks, forms, vars, nv, reps, gmean);
     if (!strcmp(backend, "cuda")) {
-        MnMesaForm f = !strcmp(form, "auto") ? MN_FORM_AUTO : !strcmp(form, "chunk") ? MN_FORM_CHUNK
-                     : !strcmp(form, "recurrent") ? MN_FORM_RECURRENT : (MnMesaForm)-1;
+        MnForm f = !strcmp(form, "auto") ? MN_FORM_AUTO : !strcmp(form, "chunk") ? MN_FORM_CHUNK
+                     : !strcmp(form, "recurrent") ? MN_FORM_RECURRENT : (MnForm)-1;
         if ((int)f < 0) {
             fprintf(stderr, "mesanet bench lin: --form: expected auto, chunk or recurrent, got '%s'\n", form);
             return 1;

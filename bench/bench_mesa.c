@@ -23,7 +23,7 @@
 
 // Layer-like random inputs (spec section 7).
 typedef struct {
-    MnMesaDims d;
+    MnSeqDims d;
     float *q, *k, *v, *g, *beta, *lambda, *o, *x, *dout, *dq, *dk, *dv, *dg, *dbeta, *dlambda;
     int *steps_f, *steps_b;
 } Inputs;
@@ -34,7 +34,7 @@ static float *to_float(const double *x, size_t n) {
     return y;
 }
 
-static void inputs_init(Inputs *in, MnMesaDims d, float lambda, float gmean) {
+static void inputs_init(Inputs *in, MnSeqDims d, float lambda, float gmean) {
     BenchMesaInputs h;
     bench_mesa_inputs(&h, d, 42, gmean, lambda, 0);
     size_t ntok = h.ng, nk = h.nk, nv = h.nv;
@@ -101,7 +101,7 @@ static Timing time_case(Inputs *in, const MnSolver *s, int reps) {
         run_backward(in, s);
         tb[i] = tf[i] + mn_now() - t;
     }
-    const MnMesaDims *d = &in->d;
+    const MnSeqDims *d = &in->d;
     size_t ntok = (size_t)d->B * d->T * d->H;
     double kk = (double)d->Dk * d->Dk, vk = (double)d->Dv * d->Dk;
     Timing r = {bench_median(tf, reps), bench_median(tb, reps), mean_steps(in->steps_f, ntok),
@@ -153,13 +153,13 @@ int bench_mesa(int argc, char **argv) {
     int first = 1;
     for (int di = 0; di < nd; di++) {
         Inputs in;
-        inputs_init(&in, (MnMesaDims){B, T, H, dlist[di], dlist[di]}, lambda, gmean);
+        inputs_init(&in, (MnSeqDims){B, T, H, dlist[di], dlist[di]}, lambda, gmean);
         for (int form = MN_FORM_CHUNK; form <= MN_FORM_RECURRENT; form++) {
             if (!strstr(forms, form == MN_FORM_CHUNK ? "chunk" : "recurrent")) continue;
             for (int ci = 0; ci < (form == MN_FORM_CHUNK ? nc : 1); ci++)
                 for (int mode = 0; mode < 2; mode++) {
                     MnSolver s = mn_solver_default();
-                    s.form = (MnMesaForm)form;
+                    s.form = (MnForm)form;
                     s.chunk = form == MN_FORM_CHUNK ? clist[ci] : 64;
                     s.max_steps = steps;
                     s.tol = mode ? tol : 0;

@@ -29,9 +29,9 @@ static void *up(const Backend *be, const double *x, size_t n, MemKind k) {
 // The exact float64 forward on (b = 0, h < 2, t < 512) of the inputs, from
 // the given initial states (or zero): o [t][h][Dv] and the final states.
 static void exact_first(const BenchMesaInputs *h, const double *h0, const double *g0, double *o, double *hT, double *gT) {
-    MnMesaDims d = h->d;
+    MnSeqDims d = h->d;
     int T = d.T < 512 ? d.T : 512, H = d.H < 2 ? d.H : 2;
-    MnMesaDims s = {1, T, H, d.Dk, d.Dv};
+    MnSeqDims s = {1, T, H, d.Dk, d.Dv};
     size_t nk = (size_t)T * H * d.Dk, nv = (size_t)T * H * d.Dv, ng = (size_t)T * H;
     double *q = xcalloc(nk, 8), *k = xcalloc(nk, 8), *v = xcalloc(nv, 8), *g = xcalloc(ng, 8), *b = xcalloc(ng, 8);
     double *x = xcalloc(nk, 8);
@@ -51,7 +51,7 @@ static void exact_first(const BenchMesaInputs *h, const double *h0, const double
 
 // Relative L2 error of the GPU's o [B,T,H,Dv] against `exact` [t][h][Dv] on (b = 0, h < 2, t < 512).
 static double rel_error_first(const Backend *be, const BenchMesaInputs *h, const void *go, const double *exact) {
-    MnMesaDims d = h->d;
+    MnSeqDims d = h->d;
     int T = d.T < 512 ? d.T : 512, H = d.H < 2 ? d.H : 2;
     double *all = xcalloc(h->nv, 8), num = 0, den = 0;
     if (be->download(be, all, go, h->nv, MEM_ACT)) die("%s", mn_last_error());
@@ -77,7 +77,7 @@ static double accuracy(const Backend *be, const BenchMesaInputs *h, const void *
 
 // The same for a decode step: `one` (T = 1) after the prefill `pre`.
 static double decode_accuracy(const Backend *be, const BenchMesaInputs *pre, const BenchMesaInputs *one, const void *go) {
-    MnMesaDims d = pre->d;
+    MnSeqDims d = pre->d;
     size_t ns = (size_t)2 * d.Dk * d.Dk;
     double *o = xcalloc(pre->nv, 8), *hs = xcalloc(ns, 8), *gs = xcalloc(ns, 8);
     exact_first(pre, NULL, NULL, o, hs, gs);
@@ -113,7 +113,7 @@ double bench_gemm_tflops(const Backend *be, int n) {
 
 typedef struct {
     const Backend *be;
-    MnMesaDims d;
+    MnSeqDims d;
     MnSolver s;
     MnMesaFwd f;
     MnMesaBwd b;
@@ -121,13 +121,13 @@ typedef struct {
 
 static int run_fwd(void *p) {
     Run *r = p;
-    return r->be->mesa_fwd(r->be, &r->d, &r->s, &r->f);
+    return r->be->mesa->fwd(r->be, &r->d, &r->s, &r->f);
 }
 
 static int run_fwd_bwd(void *p) {
     Run *r = p;
-    MN_TRY(r->be->mesa_fwd(r->be, &r->d, &r->s, &r->f));
-    return r->be->mesa_bwd(r->be, &r->d, &r->s, &r->b);
+    MN_TRY(r->be->mesa->fwd(r->be, &r->d, &r->s, &r->f));
+    return r->be->mesa->bwd(r->be, &r->d, &r->s, &r->b);
 }
 
 int bench_mesa_gpu(int argc, char **argv) {
@@ -165,7 +165,7 @@ int bench_mesa_gpu(int argc, char **argv) {
            "f+b ms", "steps", "rel err", "f+b strm");
     for (int si = 0; si < ns; si++) {
         BenchShape sh = shapes[si];
-        MnMesaDims d = {sh.B, sh.T, sh.H, sh.D, sh.D};
+        MnSeqDims d = {sh.B, sh.T, sh.H, sh.D, sh.D};
         BenchMesaInputs h;
         bench_mesa_inputs(&h, d, 11 + si, 3, 1, 1);
         void *q = up(be, h.q, h.nk, MEM_ACT), *k = up(be, h.k, h.nk, MEM_ACT), *v = up(be, h.v, h.nv, MEM_ACT);
@@ -219,8 +219,8 @@ int bench_mesa_gpu(int argc, char **argv) {
     for (int bi = 0; bi < nb; bi++) {
         int B = bs[bi], H = 16, D = 128, T0 = 512;
         BenchMesaInputs pre, one;
-        bench_mesa_inputs(&pre, (MnMesaDims){B, T0, H, D, D}, 5, 3, 1, 1);
-        bench_mesa_inputs(&one, (MnMesaDims){B, 1, H, D, D}, 6, 3, 1, 1);
+        bench_mesa_inputs(&pre, (MnSeqDims){B, T0, H, D, D}, 5, 3, 1, 1);
+        bench_mesa_inputs(&one, (MnSeqDims){B, 1, H, D, D}, 6, 3, 1, 1);
         size_t ns_h = (size_t)B * H * D * D;
         void *q = up(be, pre.q, pre.nk, MEM_ACT), *k = up(be, pre.k, pre.nk, MEM_ACT), *v = up(be, pre.v, pre.nv, MEM_ACT);
         void *g = up(be, pre.g, pre.ng, MEM_F32), *b = up(be, pre.beta, pre.ng, MEM_F32), *lam = up(be, pre.lambda, (size_t)H * D, MEM_F32);
@@ -228,7 +228,7 @@ int bench_mesa_gpu(int argc, char **argv) {
         void *hs = be->alloc(be, ns_h, MEM_F32), *gs = be->alloc(be, ns_h, MEM_F32);
         MnSolver s = mn_solver_default();
         MnMesaFwd f = {q, k, v, g, b, lam, NULL, NULL, NULL, o, x, hs, gs, NULL};
-        if (be->mesa_fwd(be, &pre.d, &s, &f)) die("%s", mn_last_error());
+        if (be->mesa->fwd(be, &pre.d, &s, &f)) die("%s", mn_last_error());
         void *q1 = up(be, one.q, one.nk, MEM_ACT), *k1 = up(be, one.k, one.nk, MEM_ACT), *v1 = up(be, one.v, one.nv, MEM_ACT);
         void *g1 = up(be, one.g, one.ng, MEM_F32), *b1 = up(be, one.beta, one.ng, MEM_F32);
         void *o1 = be->alloc(be, one.nv, MEM_ACT), *x1 = be->alloc(be, one.nk, MEM_ACT);
@@ -242,7 +242,7 @@ int bench_mesa_gpu(int argc, char **argv) {
             r.f = f1;
             // the states after the prefill again (the timed steps of the last mode moved them on), then
             // the CG steps and the accuracy of one step, untimed
-            if (be->mesa_fwd(be, &pre.d, &s, &f) || run_fwd(&r)) die("%s", mn_last_error());
+            if (be->mesa->fwd(be, &pre.d, &s, &f) || run_fwd(&r)) die("%s", mn_last_error());
             double err = decode_accuracy(be, &pre, &one, o1);
             if (be->download_i32(be, hst1, st1, one.ng)) die("%s", mn_last_error());
             r.f.steps = NULL;  // timed as a stream of steps, as fla's do_bench times its decode step

@@ -40,14 +40,14 @@ const char *mn_last_error(void);
 
 typedef enum { MN_CG_INIT_ZERO = 0, MN_CG_INIT_JACOBI = 1, MN_CG_INIT_GIVEN = 2 } MnCgInit;
 typedef enum { MN_PRECOND_NONE = 0, MN_PRECOND_JACOBI = 1 } MnPrecond;
-typedef enum { MN_FORM_AUTO = 0, MN_FORM_CHUNK = 1, MN_FORM_RECURRENT = 2 } MnMesaForm;
+typedef enum { MN_FORM_AUTO = 0, MN_FORM_CHUNK = 1, MN_FORM_RECURRENT = 2 } MnForm;
 
 typedef struct {
     int max_steps;      // CG steps at most (the paper trains with 30)
     float tol;          // 0: always max_steps; > 0: stop a system when ||r|| <= tol ||q||
     MnPrecond precond;  // plain CG or Jacobi-preconditioned CG
     MnCgInit init;      // initial guess: zero, q / diag(H + Lambda), or given (x0)
-    MnMesaForm form;    // chunkwise-parallel or recurrent; AUTO picks the faster
+    MnForm form;    // chunkwise-parallel or recurrent; AUTO picks the faster
     int chunk;          // chunk size C of the chunkwise form (0: the backend's best)
     int check;          // nonzero: fail with MN_ERR_NUMERIC on non-finite inputs or outputs
 } MnSolver;
@@ -58,7 +58,7 @@ MnSolver mn_solver_default(void);
 typedef struct {
     int B, T, H;  // sequences, tokens per sequence, heads
     int Dk, Dv;   // query/key size and value size per head
-} MnMesaDims;
+} MnSeqDims;
 
 typedef struct {
     const float *q;       // [B,T,H,Dk] queries
@@ -94,8 +94,8 @@ typedef struct {
 // Forward and backward (implicit differentiation: a second CG solve with the
 // same matrices; spec section 4). dh0 is the gradient with respect to H_0 as a
 // general matrix (not symmetrised), as in fla.
-int mn_mesa_forward(const MnMesaDims *dims, const MnSolver *solver, const MnMesaFwd *io);
-int mn_mesa_backward(const MnMesaDims *dims, const MnSolver *solver, const MnMesaBwd *io);
+int mn_mesa_forward(const MnSeqDims *dims, const MnSolver *solver, const MnMesaFwd *io);
+int mn_mesa_backward(const MnSeqDims *dims, const MnSolver *solver, const MnMesaBwd *io);
 
 // ---------------------------------------------------------------------------
 // The gated linear-attention family (../shared/spec/mixers.md sections 1-2)
@@ -113,7 +113,7 @@ typedef enum { MN_LIN_GLA = 0, MN_LIN_DELTA = 1 } MnLinRule;
 typedef struct {
     MnLinRule rule;
     float scale;      // read-out scale (1, or Dk^-1/2 for the Gated DeltaNet paper's layer)
-    MnMesaForm form;  // chunkwise or recurrent; AUTO picks the faster
+    MnForm form;  // chunkwise or recurrent; AUTO picks the faster
     int chunk;        // chunk size C of the chunkwise form (0: the backend's best)
 } MnLinOpts;
 
@@ -137,8 +137,8 @@ typedef struct {
 } MnLinBwd;
 
 MnLinOpts mn_lin_opts_default(MnLinRule rule);  // scale 1, AUTO form and chunk
-int mn_lin_forward(const MnMesaDims *dims, const MnLinOpts *opts, const MnLinFwd *io);
-int mn_lin_backward(const MnMesaDims *dims, const MnLinOpts *opts, const MnLinBwd *io);
+int mn_lin_forward(const MnSeqDims *dims, const MnLinOpts *opts, const MnLinFwd *io);
+int mn_lin_backward(const MnSeqDims *dims, const MnLinOpts *opts, const MnLinBwd *io);
 
 #ifdef __cplusplus
 }

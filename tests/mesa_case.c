@@ -20,7 +20,7 @@ static void l2norm_rows(double *x, size_t rows, size_t dim) {
     }
 }
 
-void mesa_case_init(MesaCase *c, MnMesaDims d, uint64_t seed, int with_states, double gmean) {
+void mesa_case_init(MesaCase *c, MnSeqDims d, uint64_t seed, int with_states, double gmean) {
     MnRng r;
     mn_rng_seed(&r, seed);
     c->d = d;

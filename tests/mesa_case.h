@@ -9,7 +9,7 @@
 #include "mesanet.h"
 
 typedef struct {
-    MnMesaDims d;
+    MnSeqDims d;
     size_t nq, nv, ng, nl, nh, ngs;        // element counts: q/k, v, g/beta, lambda, H states, G states
     double *q, *k, *v, *g, *beta, *lambda;  // inputs
     double *h0, *g0;                        // initial states (NULL unless requested)
@@ -18,7 +18,7 @@ typedef struct {
 
 // gamma = sigmoid(N(gmean, 1)), beta = sigmoid(N(0,1)), lambda in [0.25, 1.25),
 // q and k L2-normalised, v ~ N(0,1). With states: symmetric PSD h0, random g0.
-void mesa_case_init(MesaCase *c, MnMesaDims d, uint64_t seed, int with_states, double gmean);
+void mesa_case_init(MesaCase *c, MnSeqDims d, uint64_t seed, int with_states, double gmean);
 void mesa_case_free(MesaCase *c);
 
 float *to_f32(const double *x, size_t n);   // NULL in, NULL out

@@ -307,30 +307,34 @@ void mc_check_tiny_trains(Model *m, const char *name, int width) {
 // ------------------------------------------------------------------- core families
 
 const unsigned mc_fam[MC_FAMS] = {MC_FAM_MESA, MC_FAM_LIN, MC_FAM_ATTN};
-const char *const mc_fam_name[MC_FAMS] = {"mesa_fwd/mesa_bwd", "lin_fwd/lin_bwd", "attn_fwd/attn_bwd/attn_decode/rope"};
+const char *const mc_fam_name[MC_FAMS] = {"mesa", "lin", "attn"};
 
 static unsigned fam_seen;  // the families called since it was zeroed (the wrappers below)
 
-static int fam_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io) {
+static int fam_mesa_fwd(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io) {
     fam_seen |= MC_FAM_MESA;
-    return backend_cpu()->mesa_fwd(be, d, s, io);
+    return backend_cpu()->mesa->fwd(be, d, s, io);
 }
 
-static int fam_lin_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io) {
+static int fam_lin_fwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinFwd *io) {
     fam_seen |= MC_FAM_LIN;
-    return backend_cpu()->lin_fwd(be, d, o, io);
+    return backend_cpu()->lin->fwd(be, d, o, io);
 }
 
 static int fam_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd *io) {
     fam_seen |= MC_FAM_ATTN;
-    return backend_cpu()->attn_fwd(be, d, io);
+    return backend_cpu()->attn->fwd(be, d, io);
 }
 
 unsigned mc_families(const ModelConfig *c, unsigned *per_block) {
     Backend w = *backend_cpu();
-    w.mesa_fwd = fam_mesa_fwd;
-    w.lin_fwd = fam_lin_fwd;
-    w.attn_fwd = fam_attn_fwd;
+    MesaOps mesa = *w.mesa;
+    LinOps lin = *w.lin;
+    AttnOps attn = *w.attn;
+    mesa.fwd = fam_mesa_fwd;
+    lin.fwd = fam_lin_fwd;
+    attn.fwd = fam_attn_fwd;
+    w.mesa = &mesa, w.lin = &lin, w.attn = &attn;
     Model *m = mc_make(c, &w);
     int n = mc_pattern_len(c->mixer), B = 1, T = 4;
     size_t nd = (size_t)B * T * c->dim;
@@ -356,17 +360,17 @@ unsigned mc_families(const ModelConfig *c, unsigned *per_block) {
 Backend mc_without(const Backend *be, unsigned fams, const char *name) {
     Backend b = *be;
     b.name = name;
-    if (fams & MC_FAM_MESA) b.mesa_fwd = NULL, b.mesa_bwd = NULL;
-    if (fams & MC_FAM_LIN) b.lin_fwd = NULL, b.lin_bwd = NULL;
-    if (fams & MC_FAM_ATTN) b.attn_fwd = NULL, b.attn_bwd = NULL, b.attn_decode = NULL, b.rope = NULL;
+    if (fams & MC_FAM_MESA) b.mesa = NULL;
+    if (fams & MC_FAM_LIN) b.lin = NULL;
+    if (fams & MC_FAM_ATTN) b.attn = NULL;
     return b;
 }
 
 unsigned mc_lacking(const Backend *be) {
     unsigned f = 0;
-    if (!be->mesa_fwd || !be->mesa_bwd) f |= MC_FAM_MESA;
-    if (!be->lin_fwd || !be->lin_bwd) f |= MC_FAM_LIN;
-    if (!be->attn_fwd || !be->attn_bwd || !be->attn_decode || !be->rope) f |= MC_FAM_ATTN;
+    if (!be->mesa || !be->mesa->fwd || !be->mesa->bwd) f |= MC_FAM_MESA;
+    if (!be->lin || !be->lin->fwd || !be->lin->bwd) f |= MC_FAM_LIN;
+    if (!be->attn || !be->attn->fwd || !be->attn->bwd || !be->attn->decode || !be->attn->rope) f |= MC_FAM_ATTN;
     return f;
 }
 

@@ -65,14 +65,14 @@ static AttnOut attn_run(const Backend *be, const AttnCase *c, int bwd) {
     void *q = up(be, c->q, c->nq, MEM_ACT), *k = up(be, c->k, c->nkv, MEM_ACT), *v = up(be, c->v, c->nkv, MEM_ACT);
     void *o = up(be, NULL, c->nq, MEM_ACT), *lse = up(be, NULL, c->nrow, MEM_F32);
     AttnFwd f = {q, k, v, o, lse};
-    CHECK(!be->attn_fwd(be, &c->d, &f), "%s attn_fwd: %s", be->name, mn_last_error());
+    CHECK(!be->attn->fwd(be, &c->d, &f), "%s attn_fwd: %s", be->name, mn_last_error());
     r.o = down(be, o, c->nq, MEM_ACT);
     r.lse = down(be, lse, c->nrow, MEM_F32);
     if (bwd) {
         void *dout = up(be, c->dout, c->nq, MEM_ACT), *dq = up(be, NULL, c->nq, MEM_ACT);
         void *dk = up(be, NULL, c->nkv, MEM_ACT), *dv = up(be, NULL, c->nkv, MEM_ACT);
         AttnBwd b = {q, k, v, o, lse, dout, dq, dk, dv};
-        CHECK(!be->attn_bwd(be, &c->d, &b), "%s attn_bwd: %s", be->name, mn_last_error());
+        CHECK(!be->attn->bwd(be, &c->d, &b), "%s attn_bwd: %s", be->name, mn_last_error());
         r.dq = down(be, dq, c->nq, MEM_ACT);
         r.dk = down(be, dk, c->nkv, MEM_ACT);
         r.dv = down(be, dv, c->nkv, MEM_ACT);
@@ -92,21 +92,21 @@ TEST(attn_ref_hand_case) {
     const Backend *be = backend_ref();
     AttnDims d = {1, 3, 1, 1, 2, 0, 1.0f};
     AttnFwd f = {q, k, v, o, lse};
-    CHECK(!be->attn_fwd(be, &d, &f), "%s", mn_last_error());
+    CHECK(!be->attn->fwd(be, &d, &f), "%s", mn_last_error());
     double wo[] = {1, 0, 0.25, 0.75, 1.25, 1.25}, wl[] = {0, log(4), log(4)};
     CHECK_REL("o (full)", rel_err64(o, wo, 6), 1e-15);
     CHECK_REL("lse (full)", rel_err64(lse, wl, 3), 1e-15);
     d.window = 2;
-    CHECK(!be->attn_fwd(be, &d, &f), "%s", mn_last_error());
+    CHECK(!be->attn->fwd(be, &d, &f), "%s", mn_last_error());
     double wo2[] = {1, 0, 0.25, 0.75, 4.0 / 3, 5.0 / 3}, wl2[] = {0, log(4), log(3)};
     CHECK_REL("o (window 2)", rel_err64(o, wo2, 6), 1e-15);
     CHECK_REL("lse (window 2)", rel_err64(lse, wl2, 3), 1e-15);
     d.window = 0;
     d.T = 0;
-    CHECK(be->attn_fwd(be, &d, &f) == MN_ERR_ARG, "T = 0 accepted");
+    CHECK(be->attn->fwd(be, &d, &f) == MN_ERR_ARG, "T = 0 accepted");
     d.T = 3, d.Hkv = 2;
-    CHECK(be->attn_fwd(be, &d, &f) == MN_ERR_ARG, "Hkv not dividing H accepted");
-    CHECK(backend_cpu()->attn_fwd(backend_cpu(), &d, &f) == MN_ERR_ARG, "cpu: Hkv not dividing H accepted");
+    CHECK(be->attn->fwd(be, &d, &f) == MN_ERR_ARG, "Hkv not dividing H accepted");
+    CHECK(backend_cpu()->attn->fwd(backend_cpu(), &d, &f) == MN_ERR_ARG, "cpu: Hkv not dividing H accepted");
 }
 
 // L = sum(o dout) on the reference, for finite differences.
@@ -115,7 +115,7 @@ static double attn_loss(void *ctx) {
     const AttnCase *c = fd_case;
     double *o = xcalloc(c->nq, 8);
     AttnFwd f = {c->q, c->k, c->v, o, NULL};
-    backend_ref()->attn_fwd(backend_ref(), &c->d, &f);
+    backend_ref()->attn->fwd(backend_ref(), &c->d, &f);
     double L = 0;
     for (size_t i = 0; i < c->nq; i++) L += o[i] * c->dout[i];
     free(o);
@@ -258,7 +258,7 @@ static void decode_case(const Backend *be, int w, double tol) {
         size_t nc = (size_t)B * cap * Hkv * D, nqd = (size_t)B * H * D;
         void *bq = up(be, qd, nqd, MEM_ACT), *bk = up(be, kc, nc, MEM_ACT), *bv = up(be, vc, nc, MEM_ACT);
         void *bo = up(be, NULL, nqd, MEM_ACT);
-        CHECK(!be->attn_decode(be, &c.d, n, cap, bq, bk, bv, bo), "%s attn_decode: %s", be->name, mn_last_error());
+        CHECK(!be->attn->decode(be, &c.d, n, cap, bq, bk, bv, bo), "%s attn_decode: %s", be->name, mn_last_error());
         double *got = down(be, bo, nqd, MEM_ACT);
         double e = rel_err64(got, want, nqd);
         test_note("%s decode window %d %s: rel err %.1e", be->name, w, order ? "shuffled" : "ring order", e);
@@ -266,7 +266,7 @@ static void decode_case(const Backend *be, int w, double tol) {
         free(got);
         be->free(be, bq); be->free(be, bk); be->free(be, bv); be->free(be, bo);
     }
-    CHECK(be->attn_decode(be, &c.d, cap + 1, cap, qd, kc, vc, want) == MN_ERR_ARG, "n > cap accepted");
+    CHECK(be->attn->decode(be, &c.d, cap + 1, cap, qd, kc, vc, want) == MN_ERR_ARG, "n > cap accepted");
     free(kc); free(vc); free(qd); free(want);
     attn_out_free(&r);
     attn_case_free(&c);
@@ -294,10 +294,10 @@ TEST(attn_rope) {
         const Backend *be = bes[i];
         void *bx = up(be, x, 8, MEM_ACT), *bp = be->alloc(be, 2, MEM_I32);
         be->upload_i32(be, bp, pos, 2);
-        CHECK(!be->rope(be, bx, bp, 2, 1, 4, 100.0f, 0), "%s rope: %s", be->name, mn_last_error());
+        CHECK(!be->attn->rope(be, bx, bp, 2, 1, 4, 100.0f, 0), "%s rope: %s", be->name, mn_last_error());
         double *got = down(be, bx, 8, MEM_ACT);
         CHECK_REL(i ? "cpu rope hand case" : "ref rope hand case", rel_err64(got, want, 8), i ? 1e-6 : 1e-15);
-        CHECK(be->rope(be, bx, bp, 2, 1, 3, 100.0f, 0) == MN_ERR_ARG, "%s: odd D accepted", be->name);
+        CHECK(be->attn->rope(be, bx, bp, 2, 1, 3, 100.0f, 0) == MN_ERR_ARG, "%s: odd D accepted", be->name);
         free(got);
         be->free(be, bx); be->free(be, bp);
     }
@@ -313,9 +313,9 @@ TEST(attn_rope) {
         const Backend *be = bes[i];
         void *bx = up(be, xr, nx, MEM_ACT), *bp = be->alloc(be, N, MEM_I32);
         be->upload_i32(be, bp, ps, N);
-        CHECK(!be->rope(be, bx, bp, N, H, D, 10000.0f, 0), "%s", mn_last_error());
+        CHECK(!be->attn->rope(be, bx, bp, N, H, D, 10000.0f, 0), "%s", mn_last_error());
         fwd[i] = down(be, bx, nx, MEM_ACT);
-        CHECK(!be->rope(be, bx, bp, N, H, D, 10000.0f, 1), "%s", mn_last_error());
+        CHECK(!be->attn->rope(be, bx, bp, N, H, D, 10000.0f, 1), "%s", mn_last_error());
         double *back = down(be, bx, nx, MEM_ACT);
         CHECK_REL(i ? "cpu rope inverse o rope" : "ref rope inverse o rope", rel_err64(back, xr, nx), i ? 1e-6 : 1e-14);
         free(back);

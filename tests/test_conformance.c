@@ -129,7 +129,7 @@ static void forms_layer(const McCase *k, int i, const char *name) {
         size_t nd = (size_t)B * T * cfg.dim;
         double *u = rand_doubles(50 + i, nd, -1, 1), *dy = rand_doubles(60 + i, nd, -1, 1);
         double *y[2], *du[2], *g[2];
-        const MnMesaForm forms[2] = {MN_FORM_RECURRENT, MN_FORM_CHUNK};
+        const MnForm forms[2] = {MN_FORM_RECURRENT, MN_FORM_CHUNK};
         for (int f = 0; f < 2; f++) {
             y[f] = xcalloc(nd, 8), du[f] = xcalloc(nd, 8), g[f] = xcalloc(c->total, 8);
             c->mixers[0].solver.form = forms[f];
@@ -167,7 +167,7 @@ static void forms_model(const McCase *k, int i, const char *name) {
     int32_t tok[63], tgt[63];
     mc_tokens(tok, tgt, 63, cfg.vocab_size, 70 + i);
     double *g[2] = {xcalloc(c->total, 8), xcalloc(c->total, 8)}, l[2];
-    const MnMesaForm forms[2] = {MN_FORM_RECURRENT, MN_FORM_CHUNK};
+    const MnForm forms[2] = {MN_FORM_RECURRENT, MN_FORM_CHUNK};
     for (int f = 0; f < 2; f++) {
         c->solver.form = forms[f];
         c->solver.chunk = 8;

@@ -499,8 +499,10 @@ TEST(gdn_paper_bad_configs_are_refused) {
 // linear-attention core refuses both: conformance_refused.)
 TEST(gdn_paper_refused_on_a_backend_without_the_gate) {
     Backend no = *backend_cpu();
+    LinOps lin = *no.lin;
+    lin.gdn_gate_fwd = NULL, lin.gdn_gate_bwd = NULL;
     no.name = "bare";
-    no.gdn_gate_fwd = NULL, no.gdn_gate_bwd = NULL;
+    no.lin = &lin;
     const char *mixers[] = {"gdn-paper", "deltanet-paper"};
     for (int i = 0; i < 2; i++) {
         Case k = {mixers[i], 1, 1, 0, 0};

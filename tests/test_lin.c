@@ -13,7 +13,7 @@
 #include "test.h"
 
 typedef struct {
-    MnMesaDims d;
+    MnSeqDims d;
     MnLinOpts o;
     size_t nq, nv, ng, ns;                // element counts: q/k, v, g/beta, states
     double *q, *k, *v, *g, *beta, *s0;    // inputs (g, beta, s0 may be NULL)
@@ -47,7 +47,7 @@ static void lin_case_round(LinCase *c) {
 
 // q, k L2-normalised (as the layer makes them), v in [-1, 1), g in [-0.5, -0.01)
 // (gamma in (0.6, 0.99)), beta in [blo, bhi), s0 in [-0.5, 0.5).
-static void lin_case_init(LinCase *c, MnMesaDims d, MnLinRule rule, unsigned long long seed, int with_g,
+static void lin_case_init(LinCase *c, MnSeqDims d, MnLinRule rule, unsigned long long seed, int with_g,
                           int with_beta, int with_s0, double blo, double bhi) {
     memset(c, 0, sizeof *c);
     c->d = d;
@@ -119,7 +119,7 @@ TEST(lin_ref_matches_hand_computed) {
     // Without g and beta (gamma = beta = 1):
     // GLA:   S1 = [2, 0], o1 = 2;  S2 = [6, 4], o2 = 2
     // DELTA: S1 = [2, 0], o1 = 2;  u2 = 4 - 2 = 2, S2 = [4, 2], o2 = 2
-    MnMesaDims d = {1, 2, 1, 2, 1};
+    MnSeqDims d = {1, 2, 1, 2, 1};
     double q[] = {1, 1, 1, -1}, k[] = {1, 0, 1, 1}, v[] = {2, 4}, g[] = {log(0.5), log(0.5)}, beta[] = {0.5, 0.25};
     struct {
         MnLinRule rule;
@@ -143,7 +143,7 @@ TEST(lin_ref_backward_matches_finite_differences) {
     // Central differences with h = 1e-6 on O(1) values: truncation ~h^2 = 1e-12,
     // rounding ~1e-16 / 1e-6 = 1e-10 relative; 1e-7 leaves a wide margin while any
     // wrong term (O(1) relative) fails by orders of magnitude.
-    MnMesaDims d = {1, 5, 3, 3, 2};
+    MnSeqDims d = {1, 5, 3, 3, 2};
     for (int rule = 0; rule < 2; rule++)
         for (int gated = 0; gated < 4; gated++) {  // bit 0: g given, bit 1: beta given
             LinCase c;
@@ -166,7 +166,7 @@ TEST(lin_ref_backward_matches_finite_differences) {
 
 // Prefill of T tokens, then decode of one token from the state, equals one forward over T + 1.
 TEST(lin_ref_prefill_then_decode_is_exact) {
-    MnMesaDims d = {2, 9, 1, 4, 3}, d1 = d, d2 = d;
+    MnSeqDims d = {2, 9, 1, 4, 3}, d1 = d, d2 = d;
     d1.T = 8;
     d2.T = 1;
     for (int rule = 0; rule < 2; rule++) {
@@ -225,7 +225,7 @@ static int finite_f(const float *x, size_t n) {
 
 // Runs the CPU core (form, chunk) forward and backward on c and measures its
 // relative errors against the reference; *finite is cleared on any non-finite output.
-static LinErrs cpu_vs_ref(const LinCase *c, MnMesaForm form, int chunk, int *finite) {
+static LinErrs cpu_vs_ref(const LinCase *c, MnForm form, int chunk, int *finite) {
     LinErrs e;
     double *o = xcalloc(c->nv, 8), *sT = xcalloc(c->ns, 8);
     ref_fwd(c, o, sT);
@@ -280,7 +280,7 @@ TEST(lin_cpu_matches_ref_awkward_sizes) {
     // float32 rounding (6e-8 a step) adds up to ~1e-6 relative over these lengths;
     // 1e-5 leaves a margin of ~10 while any algebra error is O(1).
     struct {
-        MnMesaDims d;
+        MnSeqDims d;
         int chunk;
     } sizes[] = {
         {{1, 1, 3, 8, 5}, 0},     // T = 1
@@ -299,7 +299,7 @@ TEST(lin_cpu_matches_ref_awkward_sizes) {
                     lin_case_init(&c, sizes[si].d, (MnLinRule)rule, 500 + si * 8 + rule * 4 + gated, gated & 1,
                                   gated >> 1, gated & 1, 0.1, 1.0);
                     c.o.scale = gated ? 0.5f : 1.0f;
-                    MnMesaForm form = fi ? MN_FORM_CHUNK : MN_FORM_RECURRENT;
+                    MnForm form = fi ? MN_FORM_CHUNK : MN_FORM_RECURRENT;
                     int finite;
                     LinErrs e = cpu_vs_ref(&c, form, sizes[si].chunk, &finite);
                     char what[128];
@@ -315,7 +315,7 @@ TEST(lin_cpu_matches_ref_awkward_sizes) {
 // Prefill of T tokens then decode of one token from the final state equals one
 // forward over T + 1. With B = 1 the first T tokens of [1, T+1, H, D] are a prefix.
 TEST(lin_cpu_prefill_then_decode) {
-    MnMesaDims d = {1, 101, 2, 16, 8}, d1 = d, d2 = d;
+    MnSeqDims d = {1, 101, 2, 16, 8}, d1 = d, d2 = d;
     d1.T = 100;
     d2.T = 1;
     for (int rule = 0; rule < 2; rule++) {
@@ -366,7 +366,7 @@ TEST(lin_cpu_hard_inputs) {
     for (int kind = 0; kind < 4; kind++)
         for (int rule = 0; rule < 2; rule++) {
             if (kind >= BETA2 && rule == MN_LIN_GLA) continue;
-            MnMesaDims d = {1, kind == NOGATE ? 1000 : 500, 1, 16, 16};
+            MnSeqDims d = {1, kind == NOGATE ? 1000 : 500, 1, 16, 16};
             LinCase c;
             int b2 = kind >= BETA2;
             lin_case_init(&c, d, (MnLinRule)rule, 900 + kind * 2 + rule, 1, 1, 1, b2 ? 1.9 : 0.1, b2 ? 2.0 : 1.0);
@@ -391,7 +391,7 @@ TEST(lin_cpu_hard_inputs) {
 // upload / download), with AUTO form and chunk: ref matches ref_lin_* exactly, cpu
 // to the float32 tolerance above.
 TEST(lin_backend_ops) {
-    MnMesaDims d = {2, 70, 3, 8, 6};
+    MnSeqDims d = {2, 70, 3, 8, 6};
     const Backend *bes[2] = {backend_ref(), backend_cpu()};
     for (int rule = 0; rule < 2; rule++) {
         LinCase c;
@@ -403,7 +403,7 @@ TEST(lin_backend_ops) {
         ref_bwd(&c, &r);
         for (int bi = 0; bi < 2; bi++) {
             const Backend *be = bes[bi];
-            if (!be->lin_fwd || !be->lin_bwd) {
+            if (!be->lin->fwd || !be->lin->bwd) {
                 CHECK(0, "%s: lin ops missing", be->name);
                 continue;
             }
@@ -423,10 +423,10 @@ TEST(lin_backend_ops) {
             }
             MnLinOpts opts = c.o;
             MnLinFwd f = {t[Q].buf, t[K].buf, t[V].buf, t[G].buf, t[BETA].buf, t[S0].buf, t[O].buf, t[ST].buf};
-            CHECK(!be->lin_fwd(be, &d, &opts, &f), "%s forward: %s", be->name, mn_last_error());
+            CHECK(!be->lin->fwd(be, &d, &opts, &f), "%s forward: %s", be->name, mn_last_error());
             MnLinBwd b = {t[Q].buf, t[K].buf, t[V].buf, t[G].buf, t[BETA].buf, t[S0].buf, t[DOUT].buf, t[DST].buf,
                           t[DQ].buf, t[DK].buf, t[DV].buf, t[DG].buf, t[DBETA].buf, t[DS0].buf};
-            CHECK(!be->lin_bwd(be, &d, &opts, &b), "%s backward: %s", be->name, mn_last_error());
+            CHECK(!be->lin->bwd(be, &d, &opts, &b), "%s backward: %s", be->name, mn_last_error());
             const double *want[] = {o, sT, r.dq, r.dk, r.dv, r.dg, r.dbeta, r.ds0};
             const char *names[] = {"o", "sT", "dq", "dk", "dv", "dg", "dbeta", "ds0"};
             for (int i = 0; i < 8; i++) {
@@ -447,7 +447,7 @@ TEST(lin_backend_ops) {
 }
 
 TEST(lin_rejects_bad_arguments) {
-    MnMesaDims d = {1, 4, 1, 2, 2}, bad = d;
+    MnSeqDims d = {1, 4, 1, 2, 2}, bad = d;
     bad.T = 0;
     float q[8] = {0}, k[8] = {0}, v[8] = {0}, o[8], g[4] = {0}, dq[8], dk[8], dv[8];
     MnLinOpts opts = mn_lin_opts_default(MN_LIN_DELTA);

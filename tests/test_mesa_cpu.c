@@ -102,7 +102,7 @@ static const Shape shapes[] = {
     {2, 50, 2, 12, 6, 64}, {1, 130, 1, 32, 32, 64}, {2, 33, 2, 7, 3, 5},
 };
 
-static const char *form_name(MnMesaForm f) { return f == MN_FORM_CHUNK ? "chunk" : "recurrent"; }
+static const char *form_name(MnForm f) { return f == MN_FORM_CHUNK ? "chunk" : "recurrent"; }
 
 // Float32 vs the float64 exact solve. Inputs are drawn as the layer makes
 // them: lambda >= 0.25 and ||H_t|| <~ beta/(1-gamma) ~ 10, so cond(A) <~ 50 and
@@ -113,8 +113,8 @@ static const char *form_name(MnMesaForm f) { return f == MN_FORM_CHUNK ? "chunk"
 // these draws, so 2e-5 leaves a factor of 10.
 #define BWD_TOL 2e-5
 
-static void compare_case(const Shape *sh, MnMesaForm form, int with_states, int variant) {
-    MnMesaDims d = {sh->B, sh->T, sh->H, sh->Dk, sh->Dv};
+static void compare_case(const Shape *sh, MnForm form, int with_states, int variant) {
+    MnSeqDims d = {sh->B, sh->T, sh->H, sh->Dk, sh->Dv};
     MesaCase c;
     mesa_case_init(&c, d, 1000 + (uint64_t)variant * 7 + (uint64_t)sh->T, with_states, 3.0);
     Result ref, got;
@@ -168,12 +168,12 @@ TEST(mesa_cpu_recurrent_matches_reference) {
 // Float32 tolerance mode: every system meets its tolerance (residual checked
 // in float64 against the exact states) with fewer steps than fixed mode.
 TEST(mesa_cpu_tolerance_mode) {
-    MnMesaDims d = {2, 96, 2, 48, 16};
+    MnSeqDims d = {2, 96, 2, 48, 16};
     MesaCase c;
     mesa_case_init(&c, d, 77, 0, 3.0);
     for (int f = 1; f <= 2; f++) {
         MnSolver s = mn_solver_default();
-        s.form = (MnMesaForm)f;
+        s.form = (MnForm)f;
         s.max_steps = 200;
         s.tol = 1e-4f;
         s.chunk = 32;
@@ -215,7 +215,7 @@ TEST(mesa_cpu_tolerance_mode) {
 // Prefill T1 tokens with the chunkwise form, then decode the rest one token at
 // a time (recurrent form, states updated in place): equals one long forward.
 TEST(mesa_cpu_decode_after_prefill_equals_forward) {
-    MnMesaDims d = {2, 75, 3, 16, 12};
+    MnSeqDims d = {2, 75, 3, 16, 12};
     MesaCase c;
     mesa_case_init(&c, d, 5, 0, 3.0);
     MnSolver s = mn_solver_default();
@@ -242,7 +242,7 @@ TEST(mesa_cpu_decode_after_prefill_equals_forward) {
                             (float)src[i][((size_t)b * d.T + t0 + t) * per_tok * width[i] + e];
         float *lam = to_f32(c.lambda, c.nl);
         float *oo = xcalloc((size_t)B * n * H * dv, 4), *xx = xcalloc((size_t)B * n * H * dk, 4);
-        MnMesaDims dd = {B, n, H, dk, dv};
+        MnSeqDims dd = {B, n, H, dk, dv};
         MnSolver s2 = s;
         s2.form = t0 == 0 ? MN_FORM_CHUNK : MN_FORM_AUTO;
         MnMesaFwd fw = {.q = buf[0], .k = buf[1], .v = buf[2], .g = buf[3], .beta = buf[4], .lambda = lam,
@@ -267,7 +267,7 @@ TEST(mesa_cpu_decode_after_prefill_equals_forward) {
 // lower bound. cond(A) = (250 + 0.25)/0.25 ~ 1000 here, so float32 answers can
 // be ~1000 * 6e-8 = 6e-5 off: 5e-4 allows for it; the point is finite, sane output.
 TEST(mesa_cpu_hard_inputs) {
-    MnMesaDims d = {1, 520, 2, 16, 8};
+    MnSeqDims d = {1, 520, 2, 16, 8};
     MesaCase c;
     mesa_case_init(&c, d, 9, 0, 3.0);
     for (size_t i = 0; i < c.ng; i++) c.g[i] = 0;                 // gamma = 1
@@ -279,7 +279,7 @@ TEST(mesa_cpu_hard_inputs) {
     for (int f = 1; f <= 2; f++)
         for (int pre = 0; pre < 2; pre++) {
             MnSolver s = mn_solver_default();
-            s.form = (MnMesaForm)f;
+            s.form = (MnForm)f;
             s.max_steps = 100;
             s.precond = pre ? MN_PRECOND_JACOBI : MN_PRECOND_NONE;
             s.check = 1;
@@ -300,14 +300,14 @@ TEST(mesa_cpu_hard_inputs) {
 }
 
 TEST(mesa_cpu_rejects_bad_arguments) {
-    MnMesaDims d = {1, 4, 1, 2, 2};
+    MnSeqDims d = {1, 4, 1, 2, 2};
     float q[8] = {1, 0, 0, 1, 1, 1, 0.5f, 0}, o[8], x[8], g[4] = {0}, beta[4] = {0.5f, 0.5f, 0.5f, 0.5f};
     float lambda[2] = {1, 1}, bad_lambda[2] = {1, 0};
     MnSolver s = mn_solver_default();
     MnMesaFwd ok = {.q = q, .k = q, .v = q, .g = g, .beta = beta, .lambda = lambda, .o = o, .x = x};
     CHECK(mn_mesa_forward(&d, &s, &ok) == MN_OK, "valid call failed: %s", mn_last_error());
     const char *want[] = {"T must be > 0", "Dk must be > 0", "B must be > 0"};
-    MnMesaDims bad[] = {{1, 0, 1, 2, 2}, {1, 4, 1, -3, 2}, {-1, 4, 1, 2, 2}};
+    MnSeqDims bad[] = {{1, 0, 1, 2, 2}, {1, 4, 1, -3, 2}, {-1, 4, 1, 2, 2}};
     for (int i = 0; i < 3; i++) {
         CHECK(mn_mesa_forward(&bad[i], &s, &ok) == MN_ERR_ARG, "bad dims %d accepted", i);
         CHECK(strstr(mn_last_error(), want[i]), "message '%s' lacks '%s'", mn_last_error(), want[i]);
@@ -336,14 +336,14 @@ TEST(mesa_cpu_rejects_bad_arguments) {
 
 // NaN inputs: the solver stops (bounded steps, no hang) and check mode reports them.
 TEST(mesa_cpu_nan_inputs_are_reported) {
-    MnMesaDims d = {1, 70, 2, 8, 8};
+    MnSeqDims d = {1, 70, 2, 8, 8};
     MesaCase c;
     mesa_case_init(&c, d, 3, 0, 3.0);
     c.q[5 * 8 + 3] = NAN;
     c.k[20 * 8 + 1] = NAN;
     for (int f = 1; f <= 2; f++) {
         MnSolver s = mn_solver_default();
-        s.form = (MnMesaForm)f;
+        s.form = (MnForm)f;
         s.max_steps = 1000;
         s.chunk = 16;
         Result got;

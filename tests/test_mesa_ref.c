@@ -18,7 +18,7 @@ TEST(mesa_ref_matches_golden) {
         CHECK(0, "%s", mn_last_error());
         return;
     }
-    MnMesaDims d = {1, (int)json_get(j, "T")->number, 1, (int)json_get(j, "Dk")->number,
+    MnSeqDims d = {1, (int)json_get(j, "T")->number, 1, (int)json_get(j, "Dk")->number,
                     (int)json_get(j, "Dv")->number};
     size_t T = (size_t)d.T, dk = (size_t)d.Dk, dv = (size_t)d.Dv;
     struct {
@@ -99,7 +99,7 @@ static void numeric_grad(MesaCase *c, double *p, size_t n, double *out, int symm
 }
 
 TEST(mesa_ref_backward_matches_finite_differences) {
-    MnMesaDims d = {2, 7, 2, 4, 3};
+    MnSeqDims d = {2, 7, 2, 4, 3};
     MesaCase c;
     mesa_case_init(&c, d, 11, 1, 1.0);
     double *o = xcalloc(c.nv, 8), *x = xcalloc(c.nq, 8);
@@ -143,7 +143,7 @@ TEST(mesa_ref_backward_matches_finite_differences) {
 }
 
 TEST(mesa_ref_cg_with_dk_steps_is_exact) {
-    MnMesaDims d = {2, 13, 2, 8, 5};
+    MnSeqDims d = {2, 13, 2, 8, 5};
     MesaCase c;
     mesa_case_init(&c, d, 5, 1, 3.0);
     double *o = xcalloc(c.nv, 8), *x = xcalloc(c.nq, 8), *o2 = xcalloc(c.nv, 8), *x2 = xcalloc(c.nq, 8);
@@ -173,7 +173,7 @@ TEST(mesa_ref_cg_with_dk_steps_is_exact) {
 
 TEST(mesa_ref_cg_tolerance_mode) {
     // Larger systems, where a tolerance stops well before Dk steps.
-    MnMesaDims d = {1, 40, 2, 48, 4};
+    MnSeqDims d = {1, 40, 2, 48, 4};
     MesaCase c;
     mesa_case_init(&c, d, 7, 0, 3.0);
     size_t ntok = c.ng;

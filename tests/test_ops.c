@@ -400,11 +400,11 @@ typedef struct {
 
 static double gate_loss(void *p) {
     GateCtx *c = p;
-    R->mesa_gates_fwd(R, c->g, c->beta, c->a, c->b, c->n, c->hmax);
+    R->gates_fwd(R, c->g, c->beta, c->a, c->b, c->n, c->hmax);
     return dot64(c->g, c->wg, c->n) + dot64(c->beta, c->wb, c->n);
 }
 
-TEST(op_mesa_gates) {
+TEST(op_gates) {
     backends();
     size_t n = 40;
     // hmax = 8 with a in [-2, 8]: the bound log(1 - beta/8) is active for large a (both branches tested)
@@ -416,16 +416,16 @@ TEST(op_mesa_gates) {
     test_note("forget-gate bound active for %d of %zu gates", bounded, n);
     CHECK(bounded > 3 && bounded < (int)n - 3, "both branches of the bound must be exercised (%d bounded)", bounded);
     double *da = xcalloc(n, 8), *db = xcalloc(n, 8);
-    R->mesa_gates_bwd(R, da, db, c.wg, c.wb, c.a, c.b, n, c.hmax);
+    R->gates_bwd(R, da, db, c.wg, c.wb, c.a, c.b, n, c.hmax);
     fd_check("gates da", gate_loss, &c, c.a, da, n, FD_TOL);
     fd_check("gates db (through beta and the bound)", gate_loss, &c, c.b, db, n, FD_TOL);
     float *a = floats_of(c.a, n), *b = floats_of(c.b, n), *wg = floats_of(c.wg, n), *wb = floats_of(c.wb, n);
     float *g = xcalloc(n, 4), *beta = xcalloc(n, 4), *fda = xcalloc(n, 4), *fdb = xcalloc(n, 4);
     gate_loss(&c);
-    C->mesa_gates_fwd(C, g, beta, a, b, n, c.hmax);
+    C->gates_fwd(C, g, beta, a, b, n, c.hmax);
     cmp("gates g", g, c.g, n, F32_TOL);
     cmp("gates beta", beta, c.beta, n, F32_TOL);
-    C->mesa_gates_bwd(C, fda, fdb, wg, wb, a, b, n, c.hmax);
+    C->gates_bwd(C, fda, fdb, wg, wb, a, b, n, c.hmax);
     cmp("gates da", fda, da, n, F32_TOL);
     cmp("gates db", fdb, db, n, F32_TOL);
     free(c.a); free(c.b); free(c.wg); free(c.wb); free(c.g); free(c.beta); free(da); free(db);
@@ -439,7 +439,7 @@ typedef struct {
 
 static double sp_loss(void *p) {
     SpCtx *c = p;
-    R->softplus_fwd(R, c->y, c->p, c->n, 0.25f);
+    R->mesa->softplus_fwd(R, c->y, c->p, c->n, 0.25f);
     return dot64(c->y, c->wy, c->n);
 }
 
@@ -448,13 +448,13 @@ TEST(op_softplus) {
     size_t n = 25;
     SpCtx c = {n, rand_doubles(110, n, -8, 8), rand_doubles(111, n, -1, 1), xcalloc(n, 8)};
     double *dp = xcalloc(n, 8);
-    R->softplus_bwd(R, dp, c.wy, c.p, n);
+    R->mesa->softplus_bwd(R, dp, c.wy, c.p, n);
     fd_check("softplus dp", sp_loss, &c, c.p, dp, n, FD_TOL);
     float *p = floats_of(c.p, n), *wy = floats_of(c.wy, n), *y = xcalloc(n, 4), *fdp = xcalloc(n, 4);
     sp_loss(&c);
-    C->softplus_fwd(C, y, p, n, 0.25f);
+    C->mesa->softplus_fwd(C, y, p, n, 0.25f);
     cmp("softplus y", y, c.y, n, F32_TOL);
-    C->softplus_bwd(C, fdp, wy, p, n);
+    C->mesa->softplus_bwd(C, fdp, wy, p, n);
     cmp("softplus dp", fdp, dp, n, F32_TOL);
     free(c.p); free(c.wy); free(c.y); free(dp); free(p); free(wy); free(y); free(fdp);
 }

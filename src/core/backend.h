@@ -59,6 +59,52 @@ typedef struct {
     void *dq, *dk, *dv;               // gradients, shapes of q, k, v (overwritten)
 } AttnBwd;
 
+// The sequence-mixer cores, one sub-table a family. Buffers are the backend's: q, k, v, x, o MEM_ACT
+// or wider; g, beta, lambda, states MEM_F32; steps MEM_I32, so that counting them never waits for
+// the device.
+
+// The Mesa layer (docs/spec/mesa-layer.md sections 1-4): CG solves of (H_t + Lambda) x = q_t.
+typedef struct {
+    int (*fwd)(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io);
+    int (*bwd)(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaBwd *io);
+    // Its ridge: lambda = softplus(p) + lo;  dp += dlambda * sigmoid(p)
+    int (*softplus_fwd)(const Backend *be, void *y, const void *p, size_t n, float lo);
+    int (*softplus_bwd)(const Backend *be, void *dp, const void *dy, const void *p, size_t n);
+    int (*supports)(const Backend *be, const MnSeqDims *d);  // MN_ERR_UNSUPPORTED naming the size, or NULL
+} MesaOps;
+
+// The gated linear-attention family (MnLinRule: the GLA rule or the delta rule).
+typedef struct {
+    int (*fwd)(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinFwd *io);
+    int (*bwd)(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinBwd *io);
+    // The Gated DeltaNet paper's (Mamba2's) forget gate, per token n and head h of a [N,H] (MEM_ACT):
+    // g[n,h] = -exp(A_log[h]) softplus(a[n,h] + dt_bias[h]) (g MEM_F32; A_log, dt_bias MEM_PARAM [H]).
+    // NULL where the backend lacks it (gdn-paper is then refused; the other mixers run).
+    int (*gdn_gate_fwd)(const Backend *be, void *g, const void *a, const void *A_log, const void *dt_bias, int N, int H);
+    // da (=, MEM_ACT) = dg (-exp(A_log)) sigmoid(a + dt_bias);  dA_log += sum_n dg g;  ddt_bias += sum_n da
+    // (dA_log, ddt_bias: MEM_F32 [H]; g recomputed from a).
+    int (*gdn_gate_bwd)(const Backend *be, void *da, void *dA_log, void *ddt_bias, const void *dg, const void *a,
+                        const void *A_log, const void *dt_bias, int N, int H);
+    int (*supports)(const Backend *be, const MnSeqDims *d);  // MN_ERR_UNSUPPORTED naming the size, or NULL
+} LinOps;
+
+// Softmax attention (AttnDims above).
+typedef struct {
+    int (*fwd)(const Backend *be, const AttnDims *d, const AttnFwd *io);
+    int (*bwd)(const Backend *be, const AttnDims *d, const AttnBwd *io);
+    // Decoding with a key/value cache: o[b,h] = softmax_s(scale q[b,h] . k[b,s,h/g]) v[b,s,h/g] over
+    // the cache's first n slots (s < n <= cap; no mask: the cache holds only the visible tokens, and
+    // the softmax does not depend on their order, so a sliding window's ring buffer needs none).
+    // q, o [B,H,D]; kc, vc [B,cap,Hkv,D] (all MEM_ACT).
+    int (*decode)(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc, const void *vc,
+                  void *o);
+    // Rotary position embedding in place on x [N, H, D] (MEM_ACT; pairs (i, i + D/2), fla's and
+    // Hugging Face Llama's "rotate half" layout): rotates by pos[n] theta^(-2i/D); inverse = 1
+    // rotates back (the backward). pos [N] MEM_I32.
+    int (*rope)(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
+    int (*supports)(const Backend *be, const AttnDims *d);  // MN_ERR_UNSUPPORTED naming the size, or NULL
+} AttnOps;
+
 struct Backend {
     const char *name;
     void *ctx;  // backend-private (cuda: stream, cuBLAS handles)
@@ -153,54 +199,23 @@ struct Backend {
     int (*xent)(const Backend *be, void *logits, void *losses, const void *targets, int N, int V, float cap,
                 float grad_scale);
 
-    // --- gates and parameters of the recurrent mixers (elementwise) -----------------------
-    // Gates from the projections a, b [N,H]: beta = sigmoid(b), log gamma = g =
-    // min(logsigmoid(a), log(1 - beta / hmax)) (the forget-gate bound; hmax = 0: none). MEM_F32.
-    int (*mesa_gates_fwd)(const Backend *be, void *g, void *beta, const void *a, const void *b, size_t n, float hmax);
+    // --- gates of the recurrent mixers (elementwise; the shared parameterisation's, mixers/shell.h) ---
+    // From the projections a, b [N,H]: beta = sigmoid(b), log gamma = g = min(logsigmoid(a),
+    // log(1 - beta / hmax)) (the forget-gate bound; hmax = 0: none). MEM_F32.
+    int (*gates_fwd)(const Backend *be, void *g, void *beta, const void *a, const void *b, size_t n, float hmax);
     // da, db (=) from dg, dbeta
-    int (*mesa_gates_bwd)(const Backend *be, void *da, void *db, const void *dg, const void *dbeta, const void *a,
-                          const void *b, size_t n, float hmax);
+    int (*gates_bwd)(const Backend *be, void *da, void *db, const void *dg, const void *dbeta, const void *a,
+                     const void *b, size_t n, float hmax);
     // x *= s elementwise (MEM_F32): the delta rules' beta = 2 sigmoid(.) with negative eigenvalues
     // (mixers/shell.c), and its gradient.
     int (*scale_f32)(const Backend *be, void *x, size_t n, float s);
-    // lambda = softplus(p) + lo;  dp += dlambda * sigmoid(p)
-    int (*softplus_fwd)(const Backend *be, void *y, const void *p, size_t n, float lo);
-    int (*softplus_bwd)(const Backend *be, void *dp, const void *dy, const void *p, size_t n);
-    // The Gated DeltaNet paper's (Mamba2's) forget gate, per token n and head h of a [N,H] (MEM_ACT):
-    // g[n,h] = -exp(A_log[h]) softplus(a[n,h] + dt_bias[h]) (g MEM_F32; A_log, dt_bias MEM_PARAM [H]).
-    int (*gdn_gate_fwd)(const Backend *be, void *g, const void *a, const void *A_log, const void *dt_bias, int N, int H);
-    // da (=, MEM_ACT) = dg (-exp(A_log)) sigmoid(a + dt_bias);  dA_log += sum_n dg g;  ddt_bias += sum_n da
-    // (dA_log, ddt_bias: MEM_F32 [H]; g recomputed from a).
-    int (*gdn_gate_bwd)(const Backend *be, void *da, void *dA_log, void *ddt_bias, const void *dg, const void *a,
-                        const void *A_log, const void *dt_bias, int N, int H);
-    // --- sequence-mixer cores: one forward/backward pair a family ---------------------------
-    // What a backend sets here is what it runs; a NULL pair makes the model refuse that family's
-    // mixers on the backend, naming them (their create). Buffers are this backend's: q, k, v, x,
-    // o MEM_ACT or wider; g, beta, lambda, states MEM_F32; steps MEM_I32, so that counting them
-    // never waits for the device.
-    //
-    //   mesa_fwd / mesa_bwd   mesa                                   (MnMesaFwd / MnMesaBwd: spec
-    //                                                                 sections 1-4, CG solves)
-    //   lin_fwd / lin_bwd     mamba2, gla, deltanet, gdn, gdn-paper,  (MnLinFwd / MnLinBwd: the
-    //                         deltanet-paper                          GLA rule or the delta rule)
-    //   attn_* and rope       mha, swa                               (AttnFwd / AttnBwd)
-    int (*mesa_fwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io);
-    int (*mesa_bwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
-    int (*lin_fwd)(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io);
-    int (*lin_bwd)(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io);
-    int (*attn_fwd)(const Backend *be, const AttnDims *d, const AttnFwd *io);
-    int (*attn_bwd)(const Backend *be, const AttnDims *d, const AttnBwd *io);
-    // Decoding with a key/value cache: o[b,h] = softmax_s(scale q[b,h] . k[b,s,h/g]) v[b,s,h/g] over
-    // the cache's first n slots (s < n <= cap; no mask: the cache holds only the visible tokens, and
-    // the softmax does not depend on their order, so a sliding window's ring buffer needs none).
-    // q, o [B,H,D]; kc, vc [B,cap,Hkv,D] (all MEM_ACT).
-    int (*attn_decode)(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc,
-                       const void *vc, void *o);
-    // Rotary position embedding in place on x [N, H, D] (MEM_ACT; pairs (i, i + D/2), fla's and
-    // Hugging Face Llama's "rotate half" layout): rotates by pos[n] theta^(-2i/D); inverse = 1
-    // rotates back (the backward). pos [N] MEM_I32.
-    int (*rope)(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
-
+    // --- sequence-mixer cores: one sub-table a family (below) ---------------------------------
+    // What a backend points to here is what it runs; NULL makes the model refuse that family's
+    // mixers on the backend, naming them (their create); a sub-table's `supports` (NULL: every
+    // shape) refuses a layer's sizes the backend's kernels do not take, also when the model is made.
+    const MesaOps *mesa;  // mesa
+    const LinOps *lin;    // mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper
+    const AttnOps *attn;  // mha, swa
     // --- optimiser -----------------------------------------------------------------------
     // AdamW on n parameters with gradients gscale g (gscale: the clipping factor, 1 for none; folded
     // in here rather than a pass of its own over the gradients): m, v (MEM_F32) moments; decoupled

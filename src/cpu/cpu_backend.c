@@ -419,7 +419,7 @@ static int c_xent(const Backend *be, void *logits_, void *losses_, const void *t
 
 static inline float log_sigmoidf(float a) { return a >= 0 ? -log1pf(expf(-a)) : a - log1pf(expf(a)); }
 
-static int c_mesa_gates_fwd(const Backend *be, void *g_, void *beta_, const void *a_, const void *b_, size_t n,
+static int c_gates_fwd(const Backend *be, void *g_, void *beta_, const void *a_, const void *b_, size_t n,
                             float hmax) {
     float *g = g_, *beta = beta_;
     const float *a = a_, *b = b_;
@@ -431,7 +431,7 @@ static int c_mesa_gates_fwd(const Backend *be, void *g_, void *beta_, const void
     return MN_OK;
 }
 
-static int c_mesa_gates_bwd(const Backend *be, void *da_, void *db_, const void *dg_, const void *dbeta_,
+static int c_gates_bwd(const Backend *be, void *da_, void *db_, const void *dg_, const void *dbeta_,
                             const void *a_, const void *b_, size_t n, float hmax) {
     float *da = da_, *db = db_;
     const float *dg = dg_, *dbeta = dbeta_, *a = a_, *b = b_;
@@ -496,19 +496,19 @@ static int c_gdn_gate_bwd(const Backend *be, void *da_, void *dA_log_, void *ddt
     return MN_OK;
 }
 
-static int c_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io) {
+static int c_mesa_fwd(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io) {
     return mn_mesa_forward(d, s, io);
 }
 
-static int c_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io) {
+static int c_mesa_bwd(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaBwd *io) {
     return mn_mesa_backward(d, s, io);
 }
 
-static int c_lin_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io) {
+static int c_lin_fwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinFwd *io) {
     return mn_lin_forward(d, o, io);
 }
 
-static int c_lin_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io) {
+static int c_lin_bwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinBwd *io) {
     return mn_lin_backward(d, o, io);
 }
 
@@ -545,6 +545,14 @@ static int c_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
     return MN_OK;
 }
 
+// The sequence-mixer families, all of them (every shape).
+static const MesaOps cpu_mesa = {.fwd = c_mesa_fwd, .bwd = c_mesa_bwd, .softplus_fwd = c_softplus_fwd,
+                                 .softplus_bwd = c_softplus_bwd};
+static const LinOps cpu_lin = {.fwd = c_lin_fwd, .bwd = c_lin_bwd, .gdn_gate_fwd = c_gdn_gate_fwd,
+                               .gdn_gate_bwd = c_gdn_gate_bwd};
+static const AttnOps cpu_attn_ops = {.fwd = cpu_attn_fwd, .bwd = cpu_attn_bwd, .decode = cpu_attn_decode,
+                                     .rope = cpu_rope};
+
 static const Backend cpu_backend = {
     .name = "cpu",
     .elem_size = c_elem_size, .alloc = c_alloc, .free = c_free, .zero = c_zero, .copy = c_copy, .copy_rows = c_copy_rows,
@@ -560,14 +568,8 @@ static const Backend cpu_backend = {
     .pool_last_fwd = c_pool_last_fwd, .pool_last_bwd = c_pool_last_bwd,
     .add = c_add, .conv_fwd = c_conv_fwd, .conv_bwd = c_conv_bwd,
     .embed_fwd = c_embed_fwd, .embed_bwd = c_embed_bwd, .xent = c_xent,
-    .mesa_gates_fwd = c_mesa_gates_fwd, .mesa_gates_bwd = c_mesa_gates_bwd,
-    .scale_f32 = c_scale_f32,
-    .softplus_fwd = c_softplus_fwd, .softplus_bwd = c_softplus_bwd,
-    .gdn_gate_fwd = c_gdn_gate_fwd, .gdn_gate_bwd = c_gdn_gate_bwd,
-    // sequence-mixer cores: mesa; mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper
-    .mesa_fwd = c_mesa_fwd, .mesa_bwd = c_mesa_bwd,
-    .lin_fwd = c_lin_fwd, .lin_bwd = c_lin_bwd,
-    .attn_fwd = cpu_attn_fwd, .attn_bwd = cpu_attn_bwd, .attn_decode = cpu_attn_decode, .rope = cpu_rope,  // mha, swa
+    .gates_fwd = c_gates_fwd, .gates_bwd = c_gates_bwd, .scale_f32 = c_scale_f32,
+    .mesa = &cpu_mesa, .lin = &cpu_lin, .attn = &cpu_attn_ops,
     .adamw = c_adamw, .sumsq = c_sumsq,
 };
 

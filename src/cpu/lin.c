@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "core/common.h"
-#include "core/mesa_args.h"
+#include "core/seq_args.h"
 #include "lin_cpu.h"
 #include "workspace.h"
 
@@ -27,37 +27,31 @@ enum { LIN_DEFAULT_CHUNK = 64 };
 // 0.58 ms against the recurrent form; T = 1024 on 2 threads: fwd+bwd 44 / 80 ms
 // for GLA, 88 / 110 ms for the delta rule), and at T = 1 the recurrent backward
 // is the faster (0.05 / 0.09 ms).
-static MnMesaForm pick_form(const MnMesaDims *d, const MnLinOpts *o) {
+static MnForm pick_form(const MnSeqDims *d, const MnLinOpts *o) {
     if (o->form != MN_FORM_AUTO) return o->form;
     return d->T < 4 ? MN_FORM_RECURRENT : MN_FORM_CHUNK;
 }
 
-static int check_common(const char *fn, const MnMesaDims *d, const MnLinOpts *o, const void *io, const float *q,
+static int check_common(const char *fn, const MnSeqDims *d, const MnLinOpts *o, const void *io, const float *q,
                         const float *k, const float *v) {
-    MN_TRY(mesa_check_dims(d));
-    if (!o) return mn_error(MN_ERR_ARG, "%s: opts is NULL", fn);
-    if (!io) return mn_error(MN_ERR_ARG, "%s: io is NULL", fn);
-    if (o->rule != MN_LIN_GLA && o->rule != MN_LIN_DELTA) return mn_error(MN_ERR_ARG, "%s: unknown rule %d", fn, (int)o->rule);
-    if (o->form != MN_FORM_AUTO && o->form != MN_FORM_CHUNK && o->form != MN_FORM_RECURRENT)
-        return mn_error(MN_ERR_ARG, "%s: unknown form %d", fn, (int)o->form);
-    if (o->chunk < 0) return mn_error(MN_ERR_ARG, "%s: chunk = %d, must be >= 0", fn, o->chunk);
+    MN_TRY(lin_check_args(fn, d, o, io));
     if (!q || !k || !v) return mn_error(MN_ERR_ARG, "%s: q, k and v are required", fn);
     return MN_OK;
 }
 
-static MesaPair pair_of(const MnMesaDims *d, int bh, int C) {
+static MesaPair pair_of(const MnSeqDims *d, int bh, int C) {
     MesaPair p = {d->T, d->H, d->Dk, d->Dv, C, (size_t)(bh / d->H) * d->T * d->H + (size_t)(bh % d->H), bh % d->H};
     return p;
 }
 
-static int threads_for(const MnMesaDims *d) { return mn_max(1, mn_min(omp_get_max_threads(), d->B * d->H)); }
+static int threads_for(const MnSeqDims *d) { return mn_max(1, mn_min(omp_get_max_threads(), d->B * d->H)); }
 
-int mn_lin_forward(const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io) {
+int mn_lin_forward(const MnSeqDims *d, const MnLinOpts *o, const MnLinFwd *io) {
     const char *fn = "mn_lin_forward";
     MN_TRY(check_common(fn, d, o, io, io ? io->q : NULL, io ? io->k : NULL, io ? io->v : NULL));
     if (!io->o) return mn_error(MN_ERR_ARG, "%s: o is NULL", fn);
     int C = o->chunk ? o->chunk : LIN_DEFAULT_CHUNK;
-    MnMesaForm form = pick_form(d, o);
+    MnForm form = pick_form(d, o);
     size_t per = form == MN_FORM_CHUNK ? lin_chunk_fwd_floats(d, C) : lin_rec_fwd_floats(d);
     int nt = threads_for(d);
     float *work = cpu_workspace((size_t)nt * per);
@@ -74,14 +68,14 @@ int mn_lin_forward(const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io) 
     return MN_OK;
 }
 
-int mn_lin_backward(const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io) {
+int mn_lin_backward(const MnSeqDims *d, const MnLinOpts *o, const MnLinBwd *io) {
     const char *fn = "mn_lin_backward";
     MN_TRY(check_common(fn, d, o, io, io ? io->q : NULL, io ? io->k : NULL, io ? io->v : NULL));
     if (!io->dout || !io->dq || !io->dk || !io->dv) return mn_error(MN_ERR_ARG, "%s: dout, dq, dk and dv are required", fn);
     if (io->g && !io->dg) return mn_error(MN_ERR_ARG, "%s: dg is NULL while g is given", fn);
     if (io->beta && !io->dbeta) return mn_error(MN_ERR_ARG, "%s: dbeta is NULL while beta is given", fn);
     int C = o->chunk ? o->chunk : LIN_DEFAULT_CHUNK;
-    MnMesaForm form = pick_form(d, o);
+    MnForm form = pick_form(d, o);
     size_t per = form == MN_FORM_CHUNK ? lin_chunk_bwd_floats(d, C) : lin_rec_bwd_floats(d, C);
     int nt = threads_for(d);
     float *work = cpu_workspace((size_t)nt * per);

@@ -150,7 +150,7 @@ static double dot64(const float *a, const float *b, size_t n) {
     return s;
 }
 
-size_t lin_chunk_fwd_floats(const MnMesaDims *d, int C) {
+size_t lin_chunk_fwd_floats(const MnSeqDims *d, int C) {
     return chunk_floats(C, d->Dk, d->Dv) + (size_t)d->Dv * d->Dk;
 }
 
@@ -170,7 +170,7 @@ void lin_chunk_forward(const MesaPair *p, const MnLinOpts *o, const MnLinFwd *io
     if (io->sT) memcpy(io->sT + (size_t)bh * dv * dk, s, sizeof(float) * dv * dk);
 }
 
-size_t lin_chunk_bwd_floats(const MnMesaDims *d, int C) {
+size_t lin_chunk_bwd_floats(const MnSeqDims *d, int C) {
     size_t nchunks = (size_t)(d->T + C - 1) / C, ss = (size_t)d->Dv * d->Dk;
     return chunk_floats(C, d->Dk, d->Dv) + (nchunks + 1) * ss + ss;
 }

@@ -15,13 +15,13 @@
 
 // Floats of per-thread scratch each form needs (C: the chunk size; the
 // recurrent backward keeps a state every C tokens and recomputes the rest).
-size_t lin_rec_fwd_floats(const MnMesaDims *d);
-size_t lin_rec_bwd_floats(const MnMesaDims *d, int C);
+size_t lin_rec_fwd_floats(const MnSeqDims *d);
+size_t lin_rec_bwd_floats(const MnSeqDims *d, int C);
 void lin_rec_forward(const MesaPair *p, const MnLinOpts *o, const MnLinFwd *io, int bh, float *work);
 void lin_rec_backward(const MesaPair *p, const MnLinOpts *o, const MnLinBwd *io, int bh, float *work);
 
-size_t lin_chunk_fwd_floats(const MnMesaDims *d, int C);
-size_t lin_chunk_bwd_floats(const MnMesaDims *d, int C);
+size_t lin_chunk_fwd_floats(const MnSeqDims *d, int C);
+size_t lin_chunk_bwd_floats(const MnSeqDims *d, int C);
 void lin_chunk_forward(const MesaPair *p, const MnLinOpts *o, const MnLinFwd *io, int bh, float *work);
 void lin_chunk_backward(const MesaPair *p, const MnLinOpts *o, const MnLinBwd *io, int bh, float *work);
 

@@ -43,7 +43,7 @@ static void step(MnLinRule rule, float *s, float gamma, float beta, const float 
     update_rows(s, gamma, 1, u, k, q, out, dk, dv);
 }
 
-size_t lin_rec_fwd_floats(const MnMesaDims *d) { return (size_t)d->Dv * d->Dk + (size_t)d->Dv; }
+size_t lin_rec_fwd_floats(const MnSeqDims *d) { return (size_t)d->Dv * d->Dk + (size_t)d->Dv; }
 
 void lin_rec_forward(const MesaPair *p, const MnLinOpts *o, const MnLinFwd *io, int bh, float *work) {
     int dk = p->Dk, dv = p->Dv;
@@ -60,7 +60,7 @@ void lin_rec_forward(const MesaPair *p, const MnLinOpts *o, const MnLinFwd *io, 
     if (io->sT) memcpy(io->sT + (size_t)bh * dv * dk, s, sizeof(float) * dv * dk);
 }
 
-size_t lin_rec_bwd_floats(const MnMesaDims *d, int C) {
+size_t lin_rec_bwd_floats(const MnSeqDims *d, int C) {
     size_t ss = (size_t)d->Dv * d->Dk, nseg = (size_t)(d->T + C - 1) / C;
     return (nseg + 1) * ss + ((size_t)C + 1) * ss + ss + 3 * (size_t)d->Dv + 2 * (size_t)d->Dk;
 }

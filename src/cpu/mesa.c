@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "core/common.h"
-#include "core/mesa_args.h"
+#include "core/seq_args.h"
 #include "mesa_cpu.h"
 #include "workspace.h"
 
@@ -15,7 +15,7 @@
 // "Mesa layer on the CPU"): the chunkwise form was faster at every head size
 // measured (16 to 128) once a sequence fills a few chunks; the recurrent form
 // wins for short inputs, where a chunk would be mostly empty (decode, T = 1).
-static MnMesaForm pick_form(const MnMesaDims *d, const MnSolver *s, int C) {
+static MnForm pick_form(const MnSeqDims *d, const MnSolver *s, int C) {
     if (s->form != MN_FORM_AUTO) return s->form;
     return d->T < C / 2 ? MN_FORM_RECURRENT : MN_FORM_CHUNK;
 }
@@ -26,7 +26,7 @@ static MnMesaForm pick_form(const MnMesaDims *d, const MnSolver *s, int C) {
 // as long as the matrix products stay efficient: 16 measured best at Dk = 64;
 // at Dk = 128, 16 and 32 tie within noise and 32 keeps the products larger
 // (README, "Mesa layer on the CPU").
-static int default_chunk(const MnMesaDims *d) { return d->Dk <= 64 ? 16 : 32; }
+static int default_chunk(const MnSeqDims *d) { return d->Dk <= 64 ? 16 : 32; }
 
 static int require(const void *p, const char *fn, const char *name) {
     return p ? MN_OK : mn_error(MN_ERR_ARG, "%s: %s is NULL", fn, name);
@@ -40,7 +40,7 @@ static int check_finite(const char *fn, const char *name, const float *x, size_t
     return MN_OK;
 }
 
-static int check_lambda(const char *fn, const MnMesaDims *d, const float *lambda) {
+static int check_lambda(const char *fn, const MnSeqDims *d, const float *lambda) {
     for (size_t i = 0; i < (size_t)d->H * d->Dk; i++)
         if (!(lambda[i] > 0))
             return mn_error(MN_ERR_ARG, "%s: lambda[%zu] = %g, must be > 0 (H + Lambda must be positive definite)", fn,
@@ -48,7 +48,7 @@ static int check_lambda(const char *fn, const MnMesaDims *d, const float *lambda
     return MN_OK;
 }
 
-static int check_gates(const char *fn, const MnMesaDims *d, const float *g, const float *beta) {
+static int check_gates(const char *fn, const MnSeqDims *d, const float *g, const float *beta) {
     size_t n = (size_t)d->B * d->T * d->H;
     for (size_t i = 0; i < n; i++) {
         if (!(g[i] <= 0)) return mn_error(MN_ERR_NUMERIC, "%s: g[%zu] = %g, the log forget gate must be <= 0", fn, i, (double)g[i]);
@@ -62,13 +62,13 @@ typedef struct {
     size_t nqk, nv, ng, nh, ngs;  // element counts of q/k, v, g/beta, H states, G states
 } Counts;
 
-static Counts counts(const MnMesaDims *d) {
+static Counts counts(const MnSeqDims *d) {
     size_t ntok = (size_t)d->B * d->T * d->H;
     Counts c = {ntok * d->Dk, ntok * d->Dv, ntok, (size_t)d->B * d->H * d->Dk * d->Dk, (size_t)d->B * d->H * d->Dv * d->Dk};
     return c;
 }
 
-static int check_inputs(const char *fn, const MnMesaDims *d, const float *q, const float *k, const float *v,
+static int check_inputs(const char *fn, const MnSeqDims *d, const float *q, const float *k, const float *v,
                         const float *g, const float *beta, const float *h0, const float *g0) {
     Counts c = counts(d);
     MN_TRY(check_finite(fn, "q", q, c.nqk));
@@ -79,17 +79,17 @@ static int check_inputs(const char *fn, const MnMesaDims *d, const float *q, con
     return check_finite(fn, "g0", g0, c.ngs);
 }
 
-static MesaPair pair_of(const MnMesaDims *d, int bh, int C) {
+static MesaPair pair_of(const MnSeqDims *d, int bh, int C) {
     MesaPair p = {d->T, d->H, d->Dk, d->Dv, C, (size_t)(bh / d->H) * d->T * d->H + (size_t)(bh % d->H), bh % d->H};
     return p;
 }
 
-static int threads_for(const MnMesaDims *d) { return mn_max(1, mn_min(omp_get_max_threads(), d->B * d->H)); }
+static int threads_for(const MnSeqDims *d) { return mn_max(1, mn_min(omp_get_max_threads(), d->B * d->H)); }
 
-int mn_mesa_forward(const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io) {
+int mn_mesa_forward(const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io) {
     const char *fn = "mn_mesa_forward";
-    MN_TRY(mesa_check_dims(d));
-    MN_TRY(mesa_check_solver(s));
+    MN_TRY(seq_check_dims(d));
+    MN_TRY(seq_check_solver(s));
     if (!io) return mn_error(MN_ERR_ARG, "%s: io is NULL", fn);
     MN_TRY(require(io->q, fn, "q"));
     MN_TRY(require(io->k, fn, "k"));
@@ -104,7 +104,7 @@ int mn_mesa_forward(const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io)
     if (s->check) MN_TRY(check_inputs(fn, d, io->q, io->k, io->v, io->g, io->beta, io->h0, io->g0));
 
     int C = s->chunk ? s->chunk : default_chunk(d);
-    MnMesaForm form = pick_form(d, s, C);
+    MnForm form = pick_form(d, s, C);
     size_t per = form == MN_FORM_CHUNK ? mesa_chunk_fwd_floats(d, C) : mesa_rec_fwd_floats(d);
     int nt = threads_for(d);
     float *work = cpu_workspace((size_t)nt * per);
@@ -127,10 +127,10 @@ int mn_mesa_forward(const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io)
     return MN_OK;
 }
 
-int mn_mesa_backward(const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io) {
+int mn_mesa_backward(const MnSeqDims *d, const MnSolver *s, const MnMesaBwd *io) {
     const char *fn = "mn_mesa_backward";
-    MN_TRY(mesa_check_dims(d));
-    MN_TRY(mesa_check_solver(s));
+    MN_TRY(seq_check_dims(d));
+    MN_TRY(seq_check_solver(s));
     if (!io) return mn_error(MN_ERR_ARG, "%s: io is NULL", fn);
     const struct {
         const void *p;
@@ -148,7 +148,7 @@ int mn_mesa_backward(const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io
     }
 
     int C = s->chunk ? s->chunk : default_chunk(d);
-    MnMesaForm form = pick_form(d, s, C);
+    MnForm form = pick_form(d, s, C);
     size_t per = form == MN_FORM_CHUNK ? mesa_chunk_bwd_floats(d, C) : mesa_rec_bwd_floats(d, C);
     int nt = threads_for(d), npairs = d->B * d->H;
     // One dlambda partial per pair, summed in a fixed order: results do not

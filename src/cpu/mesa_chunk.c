@@ -141,7 +141,7 @@ static void advance_states(Chunk *c, float *h, float *g) {
     state_advance(g, *c->cd.decay, c->v, c->kw, n, c->Dv, c->Dk);
 }
 
-size_t mesa_chunk_fwd_floats(const MnMesaDims *d, int C) {
+size_t mesa_chunk_fwd_floats(const MnSeqDims *d, int C) {
     return chunk_floats(C, d->Dk, d->Dv) + (size_t)d->Dk * d->Dk + (size_t)d->Dv * d->Dk;
 }
 
@@ -170,7 +170,7 @@ void mesa_chunk_forward(const MesaPair *p, const MnSolver *s, const MnMesaFwd *i
     if (io->gT) memcpy(io->gT + (size_t)bh * dv * dk, g, sizeof(float) * dv * dk);
 }
 
-size_t mesa_chunk_bwd_floats(const MnMesaDims *d, int C) {
+size_t mesa_chunk_bwd_floats(const MnSeqDims *d, int C) {
     size_t nchunks = (size_t)(d->T + C - 1) / C;
     size_t hh = (size_t)d->Dk * d->Dk, gg = (size_t)d->Dv * d->Dk;
     return chunk_floats(C, d->Dk, d->Dv) + (nchunks + 1) * (hh + gg) + gg + hh + (size_t)d->T;

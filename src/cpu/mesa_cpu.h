@@ -32,14 +32,14 @@ static inline int mesa_needs_diagonal(const MnSolver *s) {
     return s->precond == MN_PRECOND_JACOBI || s->init == MN_CG_INIT_JACOBI;
 }
 
-size_t mesa_chunk_fwd_floats(const MnMesaDims *d, int C);
-size_t mesa_chunk_bwd_floats(const MnMesaDims *d, int C);
+size_t mesa_chunk_fwd_floats(const MnSeqDims *d, int C);
+size_t mesa_chunk_bwd_floats(const MnSeqDims *d, int C);
 void mesa_chunk_forward(const MesaPair *p, const MnSolver *s, const MnMesaFwd *io, int bh, float *work);
 void mesa_chunk_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *io, int bh, float *work,
                          float *dlambda_part);
 
-size_t mesa_rec_fwd_floats(const MnMesaDims *d);
-size_t mesa_rec_bwd_floats(const MnMesaDims *d, int C);
+size_t mesa_rec_fwd_floats(const MnSeqDims *d);
+size_t mesa_rec_bwd_floats(const MnSeqDims *d, int C);
 void mesa_rec_forward(const MesaPair *p, const MnSolver *s, const MnMesaFwd *io, int bh, float *work);
 void mesa_rec_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *io, int bh, float *work,
                        float *dlambda_part);

@@ -51,7 +51,7 @@ static void update_states(float *h, float *g, const float *k, const float *v, fl
     decay_rank1(g, gamma, beta, v, k, dv, dk);
 }
 
-size_t mesa_rec_fwd_floats(const MnMesaDims *d) {
+size_t mesa_rec_fwd_floats(const MnSeqDims *d) {
     return (size_t)d->Dk * d->Dk + (size_t)d->Dv * d->Dk + d->Dk + cg_work_floats(1, d->Dk);
 }
 
@@ -73,7 +73,7 @@ void mesa_rec_forward(const MesaPair *p, const MnSolver *s, const MnMesaFwd *io,
     if (io->gT) memcpy(io->gT + (size_t)bh * dv * dk, g, sizeof(float) * dv * dk);
 }
 
-size_t mesa_rec_bwd_floats(const MnMesaDims *d, int C) {
+size_t mesa_rec_bwd_floats(const MnSeqDims *d, int C) {
     size_t hg = (size_t)d->Dk * d->Dk + (size_t)d->Dv * d->Dk;
     size_t nseg = (size_t)(d->T + SEGMENT - 1) / SEGMENT;
     int D = d->Dk > d->Dv ? d->Dk : d->Dv;

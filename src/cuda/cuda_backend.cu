@@ -19,15 +19,24 @@
 
 #include "cuda_ops.cuh"
 
-extern "C" int cuda_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io);
-extern "C" int cuda_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
-extern "C" int cuda_lin_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io);
-extern "C" int cuda_lin_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io);
+extern "C" int cuda_mesa_fwd(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io);
+extern "C" int cuda_mesa_bwd(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaBwd *io);
+extern "C" int cuda_lin_fwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinFwd *io);
+extern "C" int cuda_lin_bwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinBwd *io);
 extern "C" int cuda_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd *io);
 extern "C" int cuda_attn_bwd(const Backend *be, const AttnDims *d, const AttnBwd *io);
 extern "C" int cuda_attn_decode(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc,
                                 const void *vc, void *o);
 extern "C" int cuda_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
+extern "C" int cuda_mesa_supports(const Backend *be, const MnSeqDims *d);
+extern "C" int cuda_lin_supports(const Backend *be, const MnSeqDims *d);
+
+// The sequence-mixer families: mesa (mesa_cuda.cu); the linear-attention family (lin_cuda.cu and
+// lin_chunk*.cu); attention (attn_cudnn.cu, or attn_cuda.cu without cuDNN). Aggregates in the
+// order of backend.h's sub-tables.
+static const MesaOps cuda_mesa = {cuda_mesa_fwd, cuda_mesa_bwd, g_softplus_fwd, g_softplus_bwd, cuda_mesa_supports};
+static const LinOps cuda_lin = {cuda_lin_fwd, cuda_lin_bwd, g_gdn_gate_fwd, g_gdn_gate_bwd, cuda_lin_supports};
+static const AttnOps cuda_attn = {cuda_attn_fwd, cuda_attn_bwd, cuda_attn_decode, cuda_rope, NULL};
 
 // ------------------------------------------------------------------ recorded launches
 
@@ -197,23 +206,12 @@ extern "C" const Backend *backend_cuda(void) {
     b.embed_fwd = g_embed_fwd;
     b.embed_bwd = g_embed_bwd;
     b.xent = g_xent;
-    b.mesa_gates_fwd = g_gates_fwd;
-    b.mesa_gates_bwd = g_gates_bwd;
+    b.gates_fwd = g_gates_fwd;
+    b.gates_bwd = g_gates_bwd;
     b.scale_f32 = g_scale_f32;
-    b.softplus_fwd = g_softplus_fwd;
-    b.softplus_bwd = g_softplus_bwd;
-    b.gdn_gate_fwd = g_gdn_gate_fwd;
-    b.gdn_gate_bwd = g_gdn_gate_bwd;
-    // sequence-mixer cores: mesa (mesa_cuda.cu); mamba2, gla, deltanet, gdn, gdn-paper,
-    // deltanet-paper (lin_cuda.cu)
-    b.mesa_fwd = cuda_mesa_fwd;
-    b.mesa_bwd = cuda_mesa_bwd;
-    b.lin_fwd = cuda_lin_fwd;
-    b.lin_bwd = cuda_lin_bwd;
-    b.attn_fwd = cuda_attn_fwd;
-    b.attn_bwd = cuda_attn_bwd;
-    b.attn_decode = cuda_attn_decode;
-    b.rope = cuda_rope;
+    b.mesa = &cuda_mesa;
+    b.lin = &cuda_lin;
+    b.attn = &cuda_attn;
     b.adamw = g_adamw;
     b.sumsq = g_sumsq;
 #ifdef MN_HAVE_NCCL

@@ -7,8 +7,8 @@
 
 #include "lin_chunk_fused.cuh"
 
-extern "C" int cuda_lin_chunk_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io);
-extern "C" int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io);
+extern "C" int cuda_lin_chunk_fwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinFwd *io);
+extern "C" int cuda_lin_chunk_bwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinBwd *io);
 
 // Gates of every chunk: one thread per chunk (C sequential steps of the cumulative sum).
 __global__ void lc_gates_kernel(const LcDims d, const float *g, const float *beta, const LcGates gt) {
@@ -29,7 +29,7 @@ __global__ void lc_gates_kernel(const LcDims d, const float *g, const float *bet
     }
 }
 
-static int lc_dims(LcDims *ld_, const MnMesaDims *d, const MnLinOpts *o, const char *fn) {
+static int lc_dims(LcDims *ld_, const MnSeqDims *d, const MnLinOpts *o, const char *fn) {
     int C = o->chunk ? o->chunk : LC_CMAX;
     memset(ld_, 0, sizeof *ld_);
     if (C > LC_CMAX)
@@ -47,7 +47,7 @@ static int lc_dims(LcDims *ld_, const MnMesaDims *d, const MnLinOpts *o, const c
     return MN_OK;
 }
 
-int cuda_lin_chunk_fwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts *o, const MnLinFwd *io) {
+int cuda_lin_chunk_fwd(const Backend *be, const MnSeqDims *dm, const MnLinOpts *o, const MnLinFwd *io) {
     CudaCtx *c = cuda_ctx(be);
     LcDims d;
     MN_TRY(lc_dims(&d, dm, o, "cuda lin forward (chunk)"));
@@ -56,7 +56,7 @@ int cuda_lin_chunk_fwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts 
     return lc_forward(be, c, &d, delta, o->scale, io);
 }
 
-int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *dm, const MnLinOpts *o, const MnLinBwd *io) {
+int cuda_lin_chunk_bwd(const Backend *be, const MnSeqDims *dm, const MnLinOpts *o, const MnLinBwd *io) {
     CudaCtx *c = cuda_ctx(be);
     LcDims d;
     MN_TRY(lc_dims(&d, dm, o, "cuda lin backward (chunk)"));

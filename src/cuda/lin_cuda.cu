@@ -64,11 +64,11 @@
 #include "cuda_common.cuh"
 
 extern "C" {
-#include "core/mesa_args.h"
+#include "core/seq_args.h"
 }
 
-extern "C" int cuda_lin_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io);
-extern "C" int cuda_lin_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io);
+extern "C" int cuda_lin_fwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinFwd *io);
+extern "C" int cuda_lin_bwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinBwd *io);
 
 #define RW 4           // rows of S per warp
 #define NCMAX 8        // columns per lane, at most: Dk <= 256
@@ -409,15 +409,15 @@ static __global__ void to_bf16_kernel(bf16 *y, const float *x, size_t n) {
 
 // ------------------------------------------------------------------------------ host side
 
-extern "C" int cuda_lin_chunk_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io);
-extern "C" int cuda_lin_chunk_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io);
+extern "C" int cuda_lin_chunk_fwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinFwd *io);
+extern "C" int cuda_lin_chunk_bwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinBwd *io);
 
 // AUTO: the chunkwise form from one whole chunk on. Its cost is about fixed, ~15-40 launches plus
 // 2-5 per chunk, whatever the chunk's fill; the recurrent form's is T dependent steps, each a few
 // microseconds of latency whatever the batch. At T = 64 both cost about the same; past it the chunks win
 // (on the tensor cores, T / 64 sequential steps instead of T); below it the recurrent kernels are as
 // fast and exact in float32 (no TF32 products), and they alone serve decoding (T = 1, graphs).
-static int use_chunk(const MnMesaDims *d, const MnLinOpts *o) {
+static int use_chunk(const MnSeqDims *d, const MnLinOpts *o) {
     if (o->form == MN_FORM_CHUNK) return 1;
     return o->form == MN_FORM_AUTO && d->T >= 64 && o->chunk <= 64;
 }
@@ -425,22 +425,23 @@ static int use_chunk(const MnMesaDims *d, const MnLinOpts *o) {
 // Columns per lane for a head of Dk: 1, 2, 4 or 8.
 static int cols_per_lane(int Dk) { return Dk <= 32 ? 1 : Dk <= 64 ? 2 : Dk <= 128 ? 4 : 8; }
 
-static int check_common(const char *fn, const MnMesaDims *d, const MnLinOpts *o, const void *io) {
-    MN_TRY(mesa_check_dims(d));
-    if (!o) return mn_error(MN_ERR_ARG, "%s: opts is NULL", fn);
-    if (!io) return mn_error(MN_ERR_ARG, "%s: io is NULL", fn);
-    if (o->rule != MN_LIN_GLA && o->rule != MN_LIN_DELTA) return mn_error(MN_ERR_ARG, "%s: unknown rule %d", fn, (int)o->rule);
-    if (o->form != MN_FORM_AUTO && o->form != MN_FORM_CHUNK && o->form != MN_FORM_RECURRENT)
-        return mn_error(MN_ERR_ARG, "%s: unknown form %d", fn, (int)o->form);
-    if (o->chunk < 0) return mn_error(MN_ERR_ARG, "%s: chunk = %d, must be >= 0", fn, o->chunk);
+extern "C" int cuda_lin_supports(const Backend *be, const MnSeqDims *d);
+
+static int check_common(const char *fn, const MnSeqDims *d, const MnLinOpts *o, const void *io) {
+    MN_TRY(lin_check_args(fn, d, o, io));
+    return cuda_lin_supports(NULL, d);
+}
+
+// The shapes the kernels take (LinOps.supports): heads up to LIN_MAXD.
+extern "C" int cuda_lin_supports(const Backend *be, const MnSeqDims *d) {
     if (d->Dk > LIN_MAXD || d->Dv > LIN_MAXD)
-        return mn_error(MN_ERR_UNSUPPORTED, "%s: head sizes Dk = %d, Dv = %d: the CUDA kernels take at most %d", fn, d->Dk,
-                        d->Dv, LIN_MAXD);
-    if ((size_t)d->B * d->H > 0x7fffffffu) return mn_error(MN_ERR_UNSUPPORTED, "%s: B * H too large", fn);
+        return mn_error(MN_ERR_UNSUPPORTED, "cuda lin: head sizes Dk = %d, Dv = %d: the CUDA kernels take at most %d",
+                        d->Dk, d->Dv, LIN_MAXD);
+    if ((size_t)d->B * d->H > 0x7fffffffu) return mn_error(MN_ERR_UNSUPPORTED, "cuda lin: B * H too large");
     return MN_OK;
 }
 
-extern "C" int cuda_lin_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io) {
+extern "C" int cuda_lin_fwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinFwd *io) {
     const char *fn = "cuda lin forward";
     MN_TRY(check_common(fn, d, o, io));
     if (!io->q || !io->k || !io->v || !io->o) return mn_error(MN_ERR_ARG, "%s: q, k, v and o are required", fn);
@@ -466,7 +467,7 @@ static int stretch_for(int T) {
     return C;
 }
 
-extern "C" int cuda_lin_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io) {
+extern "C" int cuda_lin_bwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinBwd *io) {
     const char *fn = "cuda lin backward";
     MN_TRY(check_common(fn, d, o, io));
     if (!io->q || !io->k || !io->v) return mn_error(MN_ERR_ARG, "%s: q, k and v are required", fn);

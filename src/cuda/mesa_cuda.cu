@@ -52,7 +52,7 @@
 #include "mma.cuh"  // the PTX wrappers: shared-memory addresses, ldmatrix, cp.async, L2 prefetches
 
 extern "C" {
-#include "core/mesa_args.h"
+#include "core/seq_args.h"
 }
 
 #define CH 64                 // chunk size on the GPU
@@ -128,7 +128,7 @@ static __device__ __forceinline__ size_t tok_index(const Geo *g, int pair, int t
 
 // ------------------------------------------------------------------------ the host side
 
-static int make_geo(Geo *g, const MnMesaDims *d, const MnSolver *s) {
+static int make_geo(Geo *g, const MnSeqDims *d, const MnSolver *s) {
     if (d->Dk > MAXD || d->Dv > MAXD)
         return mn_error(MN_ERR_UNSUPPORTED, "cuda mesa: head sizes up to %d (got Dk=%d, Dv=%d)", MAXD, d->Dk, d->Dv);
     g->B = d->B;
@@ -331,17 +331,24 @@ static int backward_parts(const Backend *be, const Part *part, int np, const MnM
 }
 
 #if MAXD > 64
-extern "C" int cuda_mesa_fwd_d64(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io);
-extern "C" int cuda_mesa_bwd_d64(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io);
+extern "C" int cuda_mesa_fwd_d64(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io);
+extern "C" int cuda_mesa_bwd_d64(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaBwd *io);
 
 // Whether the build for head sizes up to 64 (mesa_cuda_d64.cu) takes the problem: chunked, and
 // both head sizes padded to at most 64.
-static int narrow_heads(const MnMesaDims *d) { return d->T > 1 && d->Dk <= 64 && d->Dv <= 64; }
+static int narrow_heads(const MnSeqDims *d) { return d->T > 1 && d->Dk <= 64 && d->Dv <= 64; }
+
+// The shapes the kernels take (MesaOps.supports): heads up to MAXD.
+extern "C" int cuda_mesa_supports(const Backend *be, const MnSeqDims *d) {
+    if (d->Dk > MAXD || d->Dv > MAXD)
+        return mn_error(MN_ERR_UNSUPPORTED, "cuda mesa: head sizes up to %d (got Dk=%d, Dv=%d)", MAXD, d->Dk, d->Dv);
+    return MN_OK;
+}
 #endif
 
-extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io) {
-    MN_TRY(mesa_check_dims(d));
-    MN_TRY(mesa_check_solver(s));
+extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io) {
+    MN_TRY(seq_check_dims(d));
+    MN_TRY(seq_check_solver(s));
 #if MAXD > 64
     if (narrow_heads(d)) return cuda_mesa_fwd_d64(be, d, s, io);
 #endif
@@ -386,9 +393,9 @@ extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnMesaDims *d, 
     return MN_OK;
 }
 
-extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io) {
-    MN_TRY(mesa_check_dims(d));
-    MN_TRY(mesa_check_solver(s));
+extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaBwd *io) {
+    MN_TRY(seq_check_dims(d));
+    MN_TRY(seq_check_solver(s));
 #if MAXD > 64
     if (narrow_heads(d)) return cuda_mesa_bwd_d64(be, d, s, io);
 #endif

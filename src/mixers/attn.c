@@ -198,7 +198,7 @@ static int attend_token(Mixer *m, Attn *s, const Dims *z, int B, int t, int T, l
     char *qt = m->scratch->p, *ot = at(be, qt, (size_t)B * Q);
     AttnDims ad = {B, 1, z->H, z->Hkv, z->Dh, z->window, z->scale};
     be->copy_rows(be, qt, Q, at(be, s->q, (size_t)t * Q), TQ, (size_t)B, Q, MEM_ACT);
-    MN_TRY(be->attn_decode(be, &ad, (int)n, s->ccap, qt, s->kc, s->vc, ot));
+    MN_TRY(be->attn->decode(be, &ad, (int)n, s->ccap, qt, s->kc, s->vc, ot));
     be->copy_rows(be, at(be, s->o, (size_t)t * Q), TQ, ot, Q, (size_t)B, Q, MEM_ACT);
     return MN_OK;
 }
@@ -227,9 +227,9 @@ static int attend_with_cache(Mixer *m, Attn *s, const Dims *z, int B, int T) {
     long seen = s->seen;
     if (!z->window && seen + T > s->ccap) MN_TRY(cache_grow(m, s, seen + T, seen));
     AttnDims ad = {B, T, z->H, z->Hkv, z->Dh, z->window, z->scale};
-    if (seen == 0 && (T > 1 || !be->attn_decode)) {
+    if (seen == 0 && (T > 1 || !be->attn->decode)) {
         AttnFwd io = {s->q, s->k, s->v, s->o, s->lse};
-        MN_TRY(be->attn_fwd(be, &ad, &io));
+        MN_TRY(be->attn->fwd(be, &ad, &io));
         // only the last `window` tokens stay in swa's ring
         int first = z->window && T > z->window ? T - z->window : 0;
         cache_put(be, s, z, B, first, T, T, seen);
@@ -238,7 +238,7 @@ static int attend_with_cache(Mixer *m, Attn *s, const Dims *z, int B, int T) {
         long n = seen + 1;
         if (z->window && n > z->window) n = z->window;
         ad.T = 1;
-        MN_TRY(be->attn_decode(be, &ad, (int)n, s->ccap, s->q, s->kc, s->vc, s->o));
+        MN_TRY(be->attn->decode(be, &ad, (int)n, s->ccap, s->q, s->kc, s->vc, s->o));
     } else {
         MN_TRY(prefill_after(m, s, z, B, T));
     }
@@ -265,11 +265,11 @@ static int attn_forward(Mixer *m, void *y, const void *u, int B, int T, int use_
     MN_TRY(be->linear_fwd(be, s->q, u, w[W_Q], NULL, N, z.D, z.Q));
     MN_TRY(be->linear_fwd(be, s->k, u, w[W_K], NULL, N, z.D, z.KV));
     MN_TRY(be->linear_fwd(be, s->v, u, w[W_V], NULL, N, z.D, z.KV));
-    MN_TRY(be->rope(be, s->q, s->pos, N, z.H, z.Dh, z.theta, 0));
-    MN_TRY(be->rope(be, s->k, s->pos, N, z.Hkv, z.Dh, z.theta, 0));
+    MN_TRY(be->attn->rope(be, s->q, s->pos, N, z.H, z.Dh, z.theta, 0));
+    MN_TRY(be->attn->rope(be, s->k, s->pos, N, z.Hkv, z.Dh, z.theta, 0));
     AttnDims ad = {B, T, z.H, z.Hkv, z.Dh, z.window, z.scale};
     AttnFwd io = {s->q, s->k, s->v, s->o, s->lse};
-    MIXER_TIMED(m, &m->core_seconds, use_state ? attend_with_cache(m, s, &z, B, T) : be->attn_fwd(be, &ad, &io));
+    MIXER_TIMED(m, &m->core_seconds, use_state ? attend_with_cache(m, s, &z, B, T) : be->attn->fwd(be, &ad, &io));
     return be->linear_fwd(be, y, s->o, w[W_O], NULL, N, z.Q, z.D);
 }
 
@@ -286,10 +286,10 @@ static int attn_backward(Mixer *m, void *du, const void *dy) {
     MN_TRY(be->linear_bwd(be, d_o, dw[W_O], NULL, dy, s->o, w[W_O], N, z.Q, z.D, 0));
     AttnDims ad = {B, T, z.H, z.Hkv, z.Dh, z.window, z.scale};
     AttnBwd io = {s->q, s->k, s->v, s->o, s->lse, d_o, d_q, d_k, d_v};
-    MIXER_TIMED(m, &m->core_seconds, be->attn_bwd(be, &ad, &io));
+    MIXER_TIMED(m, &m->core_seconds, be->attn->bwd(be, &ad, &io));
     // positions: the forward's (0..T-1), still in s->pos
-    MN_TRY(be->rope(be, d_q, s->pos, N, z.H, z.Dh, z.theta, 1));
-    MN_TRY(be->rope(be, d_k, s->pos, N, z.Hkv, z.Dh, z.theta, 1));
+    MN_TRY(be->attn->rope(be, d_q, s->pos, N, z.H, z.Dh, z.theta, 1));
+    MN_TRY(be->attn->rope(be, d_k, s->pos, N, z.Hkv, z.Dh, z.theta, 1));
     const void *u = s->u;
     MN_TRY(be->linear_bwd(be, du, dw[W_Q], NULL, d_q, u, w[W_Q], N, z.D, z.Q, 0));
     MN_TRY(be->linear_bwd(be, du, dw[W_K], NULL, d_k, u, w[W_K], N, z.D, z.KV, 1));
@@ -391,11 +391,11 @@ static void swa_preset(ModelConfig *c) { c->window = c->seq_len / 2 < 1024 ? c->
 
 static int attn_create(Mixer *m) {
     const Backend *be = m->be;
-    if (!be->attn_fwd || !be->attn_bwd || !be->attn_decode || !be->rope || !be->copy_rows)
-        return mn_error(MN_ERR_UNSUPPORTED,
-                        "mixer %s is not available on the %s backend yet (it has no attention kernels: "
-                        "attn_fwd, attn_bwd, attn_decode, rope)",
-                        m->ops->name, be->name);
+    if (!be->attn || !be->attn->fwd || !be->attn->bwd || !be->attn->decode || !be->attn->rope || !be->copy_rows)
+        return mixer_unsupported(m, "it has no attention kernels");
+    Dims z = dims_of(m);
+    AttnDims ad = {1, 1, z.H, z.Hkv, z.Dh, z.window, z.scale};
+    if (be->attn->supports) MN_TRY(mixer_supports(m, be->attn->supports(be, &ad)));
     MN_TRY(m->ops->validate(m->cfg, m->ops->name));
     Attn *s = calloc(1, sizeof(Attn));
     if (!s) return mn_error(MN_ERR_NOMEM, "out of memory");

@@ -129,7 +129,7 @@ typedef struct {
     // temporaries; the [N,Q] and [N,V] ones are views into the model's shared scratch (the
     // forward's and the backward's overlap: no call needs the other's)
     void *qs, *ks;        // [N,Q] after SiLU
-    void *junk, *zero;    // [N*H] f32: the unused log gate of mesa_gates_fwd, zeros for its backward
+    void *junk, *zero;    // [N*H] f32: the unused log gate of gates_fwd, zeros for its backward
     void *d_gated, *d_z, *d_on, *d_o, *d_v, *d_vt;  // [N,V]
     void *d_q, *d_k, *d_t;                           // [N,Q]
     void *d_a, *d_b, *d_junk;                        // [N,H]
@@ -236,12 +236,12 @@ static int paper_forward(Mixer *m, void *y, const void *u, int B, int T, int use
     MN_TRY(be->linear_fwd(be, s->kp, u, w[at->k_proj], NULL, N, z.D, z.Q));
     MN_TRY(be->linear_fwd(be, s->vp, u, w[at->v_proj], NULL, N, z.D, z.V));
     MN_TRY(be->linear_fwd(be, s->b, u, w[at->b_proj], NULL, N, z.D, z.H));
-    // gates: beta = s sigmoid(b) (mesa_gates_fwd's log gate of b is left unused), log alpha
-    MN_TRY(be->mesa_gates_fwd(be, s->junk, s->beta, s->b, s->b, nh, 0));
+    // gates: beta = s sigmoid(b) (gates_fwd's log gate of b is left unused), log alpha
+    MN_TRY(be->gates_fwd(be, s->junk, s->beta, s->b, s->b, nh, 0));
     if (c->neg_eigen) MN_TRY(be->scale_f32(be, s->beta, nh, 2));
     if (s->kind->gate) {
         MN_TRY(be->linear_fwd(be, s->a, u, w[at->a_proj], NULL, N, z.D, z.H));
-        MN_TRY(be->gdn_gate_fwd(be, s->g, s->a, w[at->A_log], w[at->dt_bias], N, z.H));
+        MN_TRY(be->lin->gdn_gate_fwd(be, s->g, s->a, w[at->A_log], w[at->dt_bias], N, z.H));
     }
     // short convolutions (carrying their last inputs when decoding) and SiLU; q, k L2-normalised
     struct {
@@ -259,11 +259,11 @@ static int paper_forward(Mixer *m, void *y, const void *u, int B, int T, int use
     MN_TRY(be->l2norm_fwd(be, s->q, s->qinv, s->qs, N, z.Q, z.Dk, 1e-6f));
     MN_TRY(be->l2norm_fwd(be, s->k, s->kinv, s->ks, N, z.Q, z.Dk, 1e-6f));
     // the delta rule
-    MnMesaDims d = {B, T, z.H, z.Dk, z.Dv};
+    MnSeqDims d = {B, T, z.H, z.Dk, z.Dv};
     MnLinOpts o = lin_opts(m);
     MnLinFwd io = {.q = s->q, .k = s->k, .v = s->v, .g = s->kind->gate ? s->g : NULL, .beta = s->beta,
                    .s0 = use_state ? s->S : NULL, .o = s->o, .sT = use_state ? s->S : NULL};
-    MIXER_TIMED(m, &m->core_seconds, be->lin_fwd(be, &d, &o, &io));
+    MIXER_TIMED(m, &m->core_seconds, be->lin->fwd(be, &d, &o, &io));
     // output norm, gate, projection
     int wlen = c->shared_onorm ? z.Dv : z.V;
     MN_TRY(be->rmsnorm_fwd(be, s->on, s->onrstd, s->o, w[at->o_norm], N, z.V, z.Dv, wlen, c->norm_eps));
@@ -298,18 +298,18 @@ static int paper_backward(Mixer *m, void *du, const void *dy) {
     }
     MN_TRY(be->rmsnorm_bwd(be, s->d_o, dw[at->o_norm], d_on, s->o, w[at->o_norm], s->onrstd, N, z.V, z.Dv, wlen, 0));
     // the delta rule
-    MnMesaDims d = {B, T, z.H, z.Dk, z.Dv};
+    MnSeqDims d = {B, T, z.H, z.Dk, z.Dv};
     MnLinOpts o = lin_opts(m);
     MnLinBwd io = {.q = s->q, .k = s->k, .v = s->v, .g = s->kind->gate ? s->g : NULL, .beta = s->beta,
                    .dout = s->d_o, .dq = s->d_q, .dk = s->d_k, .dv = s->d_v,
                    .dg = s->kind->gate ? s->d_g : NULL, .dbeta = s->d_beta};
-    MIXER_TIMED(m, &m->core_seconds, be->lin_bwd(be, &d, &o, &io));
+    MIXER_TIMED(m, &m->core_seconds, be->lin->bwd(be, &d, &o, &io));
     // gates
     if (c->neg_eigen) MN_TRY(be->scale_f32(be, s->d_beta, nh, 2));
     be->zero(be, s->zero, nh, MEM_F32);
-    MN_TRY(be->mesa_gates_bwd(be, s->d_junk, s->d_b, s->zero, s->d_beta, s->b, s->b, nh, 0));
+    MN_TRY(be->gates_bwd(be, s->d_junk, s->d_b, s->zero, s->d_beta, s->b, s->b, nh, 0));
     if (s->kind->gate)
-        MN_TRY(be->gdn_gate_bwd(be, s->d_a, dw[at->A_log], dw[at->dt_bias], s->d_g, s->a, w[at->A_log], w[at->dt_bias],
+        MN_TRY(be->lin->gdn_gate_bwd(be, s->d_a, dw[at->A_log], dw[at->dt_bias], s->d_g, s->a, w[at->A_log], w[at->dt_bias],
                                 N, z.H));
     // v back through SiLU and its convolution (d_vt: d of v's projection)
     MN_TRY(be->silu_bwd(be, s->d_vt, s->d_v, s->vc, (size_t)N * z.V));
@@ -390,8 +390,12 @@ static void paper_destroy(Mixer *m) {
 static int paper_create(Mixer *m) {
     const PaperKind *k = m->ops == &mixer_gdn_paper ? &kind_gdn : &kind_delta;
     const Backend *be = m->be;
-    if (!be->lin_fwd || !be->lin_bwd || !be->scale_f32 || (k->gate && (!be->gdn_gate_fwd || !be->gdn_gate_bwd)))
-        return mn_error(MN_ERR_UNSUPPORTED, "mixer %s is not available on the %s backend yet", k->name, be->name);
+    if (!be->lin || !be->lin->fwd || !be->lin->bwd || !be->scale_f32)
+        return mixer_unsupported(m, "it has no linear-attention core");
+    if (k->gate && (!be->lin->gdn_gate_fwd || !be->lin->gdn_gate_bwd))
+        return mixer_unsupported(m, "it has no gdn_gate op");
+    MnSeqDims d = mixer_layer_dims(m);
+    if (be->lin->supports) MN_TRY(mixer_supports(m, be->lin->supports(be, &d)));
     Paper *s = calloc(1, sizeof(Paper));
     if (!s) return mn_error(MN_ERR_NOMEM, "out of memory");
     s->kind = k;

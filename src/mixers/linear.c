@@ -61,12 +61,12 @@ static int lin_forward(Mixer *m, void *y, const void *u, int B, int T, int use_s
     if (use_state) MN_TRY(shell_check_state(m, sh, B));
     if (N > sh->cap) MN_TRY(shell_alloc_buffers(m, sh, N));
     MN_TRY(shell_in_fwd(m, sh, u, B, T, use_state));
-    MnMesaDims d = shell_dims(sh, m->cfg, B, T);
+    MnSeqDims d = shell_dims(sh, m->cfg, B, T);
     MnLinOpts o = {.rule = s->kind->rule, .scale = 1, .form = m->solver.form, .chunk = m->solver.chunk};
     MnLinFwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .g = s->kind->gate ? sh->g : NULL,
                    .beta = s->kind->beta ? sh->beta : NULL, .s0 = use_state ? s->S : NULL, .o = sh->o,
                    .sT = use_state ? s->S : NULL};
-    MIXER_TIMED(m, &m->core_seconds, be->lin_fwd(be, &d, &o, &io));
+    MIXER_TIMED(m, &m->core_seconds, be->lin->fwd(be, &d, &o, &io));
     return shell_out_fwd(m, sh, y);
 }
 
@@ -76,12 +76,12 @@ static int lin_backward(Mixer *m, void *du, const void *dy) {
     Shell *sh = &s->sh;
     if (!sh->cap) return mn_error(MN_ERR_ARG, "%s: backward before any forward", m->ops->name);
     MN_TRY(shell_out_bwd(m, sh, dy));
-    MnMesaDims d = shell_dims(sh, m->cfg, sh->B, sh->T);
+    MnSeqDims d = shell_dims(sh, m->cfg, sh->B, sh->T);
     MnLinOpts o = {.rule = s->kind->rule, .scale = 1, .form = m->solver.form, .chunk = m->solver.chunk};
     MnLinBwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .g = s->kind->gate ? sh->g : NULL,
                    .beta = s->kind->beta ? sh->beta : NULL, .dout = sh->d_o, .dq = sh->d_q, .dk = sh->d_k,
                    .dv = sh->d_v, .dg = s->kind->gate ? sh->d_g : NULL, .dbeta = s->kind->beta ? sh->d_beta : NULL};
-    MIXER_TIMED(m, &m->core_seconds, be->lin_bwd(be, &d, &o, &io));
+    MIXER_TIMED(m, &m->core_seconds, be->lin->bwd(be, &d, &o, &io));
     return shell_in_bwd(m, sh, du);
 }
 
@@ -109,8 +109,10 @@ static int lin_create(Mixer *m) {
     if (!k) return mn_error(MN_ERR_ARG, "mixer %s: not of the linear-attention family", m->ops->name);
     const Backend *be = m->be;
     ShellKind sk = shell_kind(m->cfg, k);
-    if (!be->lin_fwd || !be->lin_bwd || (sk.beta_scale != 1 && !be->scale_f32))
-        return mn_error(MN_ERR_UNSUPPORTED, "mixer %s is not available on the %s backend yet", k->name, be->name);
+    if (!be->lin || !be->lin->fwd || !be->lin->bwd || (sk.beta_scale != 1 && !be->scale_f32))
+        return mixer_unsupported(m, "it has no linear-attention core");
+    MnSeqDims d = mixer_layer_dims(m);
+    if (be->lin->supports) MN_TRY(mixer_supports(m, be->lin->supports(be, &d)));
     Lin *s = calloc(1, sizeof(Lin));
     if (!s) return mn_error(MN_ERR_NOMEM, "out of memory");
     s->kind = k;

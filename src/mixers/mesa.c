@@ -124,13 +124,13 @@ static int mesa_forward(Mixer *m, void *y, const void *u, int B, int T, int use_
     // q, k, v and the gates
     MN_TRY(shell_in_fwd(m, sh, u, B, T, use_state));
     // the ridge
-    MN_TRY(be->softplus_fwd(be, s->lambda, m->w[sh->at.core], (size_t)z.Q, m->cfg->lambda_min));
+    MN_TRY(be->mesa->softplus_fwd(be, s->lambda, m->w[sh->at.core], (size_t)z.Q, m->cfg->lambda_min));
     // the core
-    MnMesaDims d = shell_dims(sh, m->cfg, B, T);
+    MnSeqDims d = shell_dims(sh, m->cfg, B, T);
     MnMesaFwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .g = sh->g, .beta = sh->beta, .lambda = s->lambda,
                     .h0 = use_state ? s->hs : NULL, .g0 = use_state ? s->gs : NULL, .o = sh->o, .x = s->x,
                     .hT = use_state ? s->hs : NULL, .gT = use_state ? s->gs : NULL, .steps = s->steps};
-    MIXER_TIMED(m, &m->core_seconds, be->mesa_fwd(be, &d, &m->solver, &io));
+    MIXER_TIMED(m, &m->core_seconds, be->mesa->fwd(be, &d, &m->solver, &io));
     size_t nh = (size_t)N * z.H;
     void *calls = (char *)s->steps_acc + (size_t)sh->cap * z.H * be->elem_size(be, MEM_I32);
     MN_TRY(be->tally_i32(be, s->steps_acc, calls, s->steps, nh));
@@ -146,12 +146,12 @@ static int mesa_backward(Mixer *m, void *du, const void *dy) {
     // output projection, gate, norm
     MN_TRY(shell_out_bwd(m, sh, dy));
     // the core (implicit differentiation)
-    MnMesaDims d = shell_dims(sh, m->cfg, sh->B, sh->T);
+    MnSeqDims d = shell_dims(sh, m->cfg, sh->B, sh->T);
     MnMesaBwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .g = sh->g, .beta = sh->beta, .lambda = s->lambda, .x = s->x,
                     .o = sh->o, .dout = sh->d_o, .dq = sh->d_q, .dk = sh->d_k, .dv = sh->d_v, .dg = sh->d_g,
                     .dbeta = sh->d_beta, .dlambda = s->d_lambda};
-    MIXER_TIMED(m, &m->core_seconds, be->mesa_bwd(be, &d, &m->solver, &io));
-    MN_TRY(be->softplus_bwd(be, m->dw[sh->at.core], s->d_lambda, m->w[sh->at.core], (size_t)z.Q));
+    MIXER_TIMED(m, &m->core_seconds, be->mesa->bwd(be, &d, &m->solver, &io));
+    MN_TRY(be->mesa->softplus_bwd(be, m->dw[sh->at.core], s->d_lambda, m->w[sh->at.core], (size_t)z.Q));
     // the gates, q, k, v and the projections into du
     return shell_in_bwd(m, sh, du);
 }
@@ -184,8 +184,10 @@ static void mesa_destroy(Mixer *m) {
 
 static int mesa_create(Mixer *m) {
     const Backend *be = m->be;
-    if (!be->mesa_fwd || !be->mesa_bwd)
-        return mn_error(MN_ERR_UNSUPPORTED, "mixer %s is not available on the %s backend yet", m->ops->name, be->name);
+    if (!be->mesa || !be->mesa->fwd || !be->mesa->bwd || !be->mesa->softplus_fwd || !be->mesa->softplus_bwd)
+        return mixer_unsupported(m, "it has no Mesa core");
+    MnSeqDims d = mixer_layer_dims(m);
+    if (be->mesa->supports) MN_TRY(mixer_supports(m, be->mesa->supports(be, &d)));
     Mesa *s = calloc(1, sizeof(Mesa));
     if (!s) return mn_error(MN_ERR_NOMEM, "out of memory");
     ShellParam lambda;

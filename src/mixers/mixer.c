@@ -94,3 +94,21 @@ size_t mixer_bufs_bytes(const Backend *be, const MixerBuf *b, int n) {
         bytes += b[i].per_token * be->elem_size(be, b[i].kind);
     return bytes;
 }
+
+int mixer_unsupported(const Mixer *m, const char *why) {
+    return mn_error(MN_ERR_UNSUPPORTED, "mixer %s is not available on the %s backend yet (%s)", m->ops->name, m->be->name,
+                    why);
+}
+
+int mixer_supports(const Mixer *m, int status) {
+    if (!status) return MN_OK;
+    char why[512];
+    snprintf(why, sizeof why, "%s", mn_last_error());  // (mn_error may not read its own buffer)
+    return mn_error(status, "mixer %s on the %s backend: %s", m->ops->name, m->be->name, why);
+}
+
+MnSeqDims mixer_layer_dims(const Mixer *m) {
+    const ModelConfig *c = m->cfg;
+    MnSeqDims d = {1, 1, c->n_heads, c->head_dim, c->head_v_dim ? c->head_v_dim : c->head_dim};
+    return d;
+}

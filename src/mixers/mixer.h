@@ -146,6 +146,15 @@ int mixer_clock(const Mixer *m, double *t);
 // where activations are (re)allocated: a recorded decode step holds the scratch's address.
 int mixer_scratch_reserve(Mixer *m, size_t n);
 
+// MN_ERR_UNSUPPORTED: "mixer NAME is not available on the BACKEND backend yet (why)", for a create
+// whose backend lacks the mixer's core family (why: "it has no Mesa core").
+int mixer_unsupported(const Mixer *m, const char *why);
+// A family's supports() status for this layer's sizes, its message prefixed with the mixer and
+// the backend where it refuses them.
+int mixer_supports(const Mixer *m, int status);
+// The layer's sizes (one sequence of one token; heads and head sizes from the config), for supports().
+MnSeqDims mixer_layer_dims(const Mixer *m);
+
 // A table of activation buffers: where each goes, its elements per token (and fixed ones besides),
 // its kind. Allocated for N tokens (all or none: NULL + MN_ERR_NOMEM after freeing the others),
 // freed (pointers set to NULL), or counted in bytes per token (the fixed elements left out).

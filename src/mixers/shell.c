@@ -179,7 +179,7 @@ int shell_in_fwd(Mixer *m, Shell *s, const void *u, int B, int T, int use_state)
     if (s->kind.gate || s->kind.beta) {
         const void *a = s->kind.gate ? s->a : s->b, *b = s->kind.beta ? s->b : s->a;
         size_t nh = (size_t)N * z.H;
-        MN_TRY(be->mesa_gates_fwd(be, s->g, s->beta, a, b, nh, hmax(m, s)));
+        MN_TRY(be->gates_fwd(be, s->g, s->beta, a, b, nh, hmax(m, s)));
         if (s->kind.beta && s->kind.beta_scale != 1) MN_TRY(be->scale_f32(be, s->beta, nh, s->kind.beta_scale));
     }
     return MN_OK;
@@ -238,7 +238,7 @@ int shell_in_bwd(Mixer *m, Shell *s, void *du) {
         if (!s->kind.beta) be->zero(be, s->d_beta, nh, MEM_F32);
         if (s->kind.beta && s->kind.beta_scale != 1) MN_TRY(be->scale_f32(be, s->d_beta, nh, s->kind.beta_scale));
         const void *a = s->kind.gate ? s->a : s->b, *b = s->kind.beta ? s->b : s->a;
-        MN_TRY(be->mesa_gates_bwd(be, s->d_a, s->d_b, s->d_g, s->d_beta, a, b, nh, hmax(m, s)));
+        MN_TRY(be->gates_bwd(be, s->d_a, s->d_b, s->d_g, s->d_beta, a, b, nh, hmax(m, s)));
     }
     // q and k back through L2 norm, SiLU and the convolution (in place where a buffer is spent)
     struct {
@@ -262,9 +262,9 @@ int shell_in_bwd(Mixer *m, Shell *s, void *du) {
     return MN_OK;
 }
 
-MnMesaDims shell_dims(const Shell *s, const ModelConfig *c, int B, int T) {
+MnSeqDims shell_dims(const Shell *s, const ModelConfig *c, int B, int T) {
     (void)s;
-    MnMesaDims d = {B, T, c->n_heads, c->head_dim, c->head_dim};
+    MnSeqDims d = {B, T, c->n_heads, c->head_dim, c->head_dim};
     return d;
 }
 

@@ -111,7 +111,7 @@ int shell_out_bwd(Mixer *m, Shell *s, const void *dy);
 int shell_in_bwd(Mixer *m, Shell *s, void *du);
 
 // The core's dims (Dk = Dv per head) of B sequences of T tokens.
-MnMesaDims shell_dims(const Shell *s, const ModelConfig *c, int B, int T);
+MnSeqDims shell_dims(const Shell *s, const ModelConfig *c, int B, int T);
 
 // Zeroes the recurrent state of B sequences: the convolutions' tails and the core's n states
 // (MEM_F32, states[i] of counts[i] floats per sequence), reallocated when B changes.

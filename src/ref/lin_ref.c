@@ -20,12 +20,12 @@
 #include <string.h>
 
 #include "core/common.h"
-#include "core/mesa_args.h"
+#include "core/seq_args.h"
 #include "ref.h"
 
-static int lin_check(const char *fn, const MnMesaDims *d, const MnLinOpts *o, const void *q, const void *k,
+static int lin_check(const char *fn, const MnSeqDims *d, const MnLinOpts *o, const void *q, const void *k,
                      const void *v) {
-    MN_TRY(mesa_check_dims(d));
+    MN_TRY(seq_check_dims(d));
     if (!o) return mn_error(MN_ERR_ARG, "%s: opts is NULL", fn);
     if (o->rule != MN_LIN_GLA && o->rule != MN_LIN_DELTA) return mn_error(MN_ERR_ARG, "%s: unknown rule %d", fn, (int)o->rule);
     if (!q || !k || !v) return mn_error(MN_ERR_ARG, "%s: q, k and v are required", fn);
@@ -50,7 +50,7 @@ static void step(MnLinRule rule, double gamma, double beta, const double *k, con
     }
 }
 
-int ref_lin_forward(const MnMesaDims *d, const MnLinOpts *opts, const LinFwd64 *io) {
+int ref_lin_forward(const MnSeqDims *d, const MnLinOpts *opts, const LinFwd64 *io) {
     const char *fn = "ref_lin_forward";
     if (!io) return mn_error(MN_ERR_ARG, "%s: io is NULL", fn);
     MN_TRY(lin_check(fn, d, opts, io->q, io->k, io->v));
@@ -74,7 +74,7 @@ int ref_lin_forward(const MnMesaDims *d, const MnLinOpts *opts, const LinFwd64 *
     return MN_OK;
 }
 
-int ref_lin_backward(const MnMesaDims *d, const MnLinOpts *opts, const LinBwd64 *io) {
+int ref_lin_backward(const MnSeqDims *d, const MnLinOpts *opts, const LinBwd64 *io) {
     const char *fn = "ref_lin_backward";
     if (!io) return mn_error(MN_ERR_ARG, "%s: io is NULL", fn);
     MN_TRY(lin_check(fn, d, opts, io->q, io->k, io->v));

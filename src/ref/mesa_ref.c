@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "core/common.h"
-#include "core/mesa_args.h"
+#include "core/seq_args.h"
 #include "ref.h"
 
 int ref_cholesky(double *a, int n) {
@@ -104,8 +104,8 @@ static int solve(const double *h, const double *lambda, int n, const double *q, 
 }
 
 // Index helpers for the [B,T,H,D] and [B,H,...] layouts.
-static size_t tok(const MnMesaDims *d, int b, int t, int h) { return ((size_t)b * d->T + t) * d->H + h; }
-static size_t head(const MnMesaDims *d, int b, int h) { return (size_t)b * d->H + h; }
+static size_t tok(const MnSeqDims *d, int b, int t, int h) { return ((size_t)b * d->T + t) * d->H + h; }
+static size_t head(const MnSeqDims *d, int b, int h) { return (size_t)b * d->H + h; }
 
 // One token of the state recurrences: H = gamma H + beta k k^T, G = gamma G + beta v k^T.
 static void update_states(double *hs, double *gs, const double *k, const double *v, double gamma, double beta,
@@ -116,15 +116,15 @@ static void update_states(double *hs, double *gs, const double *k, const double 
         for (int j = 0; j < dk; j++) gs[i * dk + j] = gamma * gs[i * dk + j] + beta * v[i] * k[j];
 }
 
-static void init_states(const MnMesaDims *d, int b, int h, const double *h0, const double *g0, double *hs,
+static void init_states(const MnSeqDims *d, int b, int h, const double *h0, const double *g0, double *hs,
                         double *gs) {
     size_t hh = (size_t)d->Dk * d->Dk, gg = (size_t)d->Dv * d->Dk;
     for (size_t i = 0; i < hh; i++) hs[i] = h0 ? h0[head(d, b, h) * hh + i] : 0;
     for (size_t i = 0; i < gg; i++) gs[i] = g0 ? g0[head(d, b, h) * gg + i] : 0;
 }
 
-int ref_mesa_forward(const MnMesaDims *d, const MnSolver *solver, const MesaFwd64 *io) {
-    MN_TRY(mesa_check_dims(d));
+int ref_mesa_forward(const MnSeqDims *d, const MnSolver *solver, const MesaFwd64 *io) {
+    MN_TRY(seq_check_dims(d));
     if (!io->q || !io->k || !io->v || !io->g || !io->beta || !io->lambda || !io->o || !io->x)
         return mn_error(MN_ERR_ARG, "mesa reference forward: a required tensor is NULL");
     int dk = d->Dk, dv = d->Dv;
@@ -151,8 +151,8 @@ int ref_mesa_forward(const MnMesaDims *d, const MnSolver *solver, const MesaFwd6
     return status;
 }
 
-int ref_mesa_backward(const MnMesaDims *d, const MnSolver *solver, const MesaBwd64 *io) {
-    MN_TRY(mesa_check_dims(d));
+int ref_mesa_backward(const MnSeqDims *d, const MnSolver *solver, const MesaBwd64 *io) {
+    MN_TRY(seq_check_dims(d));
     if (!io->q || !io->k || !io->v || !io->g || !io->beta || !io->lambda || !io->x || !io->o || !io->dout ||
         !io->dq || !io->dk || !io->dv || !io->dg || !io->dbeta || !io->dlambda)
         return mn_error(MN_ERR_ARG, "mesa reference backward: a required tensor is NULL");

@@ -40,8 +40,8 @@ typedef struct {
 
 // solver == NULL: exact solve by Cholesky per token (the reference of the
 // spec); otherwise float64 CG with that solver's settings.
-int ref_mesa_forward(const MnMesaDims *d, const MnSolver *solver, const MesaFwd64 *io);
-int ref_mesa_backward(const MnMesaDims *d, const MnSolver *solver, const MesaBwd64 *io);
+int ref_mesa_forward(const MnSeqDims *d, const MnSolver *solver, const MesaFwd64 *io);
+int ref_mesa_backward(const MnSeqDims *d, const MnSolver *solver, const MesaBwd64 *io);
 
 // ---------------------------------------------------------------------------
 // The gated linear-attention family (GLA / Mamba2, DeltaNet / Gated DeltaNet),
@@ -58,8 +58,8 @@ typedef struct {
 } LinBwd64;
 
 // The opts' form and chunk are ignored (there is one form); rule and scale are used.
-int ref_lin_forward(const MnMesaDims *d, const MnLinOpts *opts, const LinFwd64 *io);
-int ref_lin_backward(const MnMesaDims *d, const MnLinOpts *opts, const LinBwd64 *io);
+int ref_lin_forward(const MnSeqDims *d, const MnLinOpts *opts, const LinFwd64 *io);
+int ref_lin_backward(const MnSeqDims *d, const MnLinOpts *opts, const LinBwd64 *io);
 
 // ---------------------------------------------------------------------------
 // The attention family (attn_ref.c): the backend slots of core/backend.h

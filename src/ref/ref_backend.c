@@ -293,7 +293,7 @@ static int r_xent(const Backend *be, void *logits_, void *losses_, const void *t
 // log sigmoid(a) without overflow.
 static double log_sigmoid(double a) { return a >= 0 ? -log1p(exp(-a)) : a - log1p(exp(a)); }
 
-static int r_mesa_gates_fwd(const Backend *be, void *g_, void *beta_, const void *a_, const void *b_, size_t n,
+static int r_gates_fwd(const Backend *be, void *g_, void *beta_, const void *a_, const void *b_, size_t n,
                             float hmax) {
     double *g = g_, *beta = beta_;
     const double *a = a_, *b = b_;
@@ -305,7 +305,7 @@ static int r_mesa_gates_fwd(const Backend *be, void *g_, void *beta_, const void
     return MN_OK;
 }
 
-static int r_mesa_gates_bwd(const Backend *be, void *da_, void *db_, const void *dg_, const void *dbeta_,
+static int r_gates_bwd(const Backend *be, void *da_, void *db_, const void *dg_, const void *dbeta_,
                             const void *a_, const void *b_, size_t n, float hmax) {
     double *da = da_, *db = db_;
     const double *dg = dg_, *dbeta = dbeta_, *a = a_, *b = b_;
@@ -372,13 +372,13 @@ static int r_gdn_gate_bwd(const Backend *be, void *da_, void *dA_log_, void *ddt
 #define D64(p) ((const double *)(const void *)(p))
 #define W64(p) ((double *)(void *)(p))
 
-static int r_mesa_fwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaFwd *io) {
+static int r_mesa_fwd(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io) {
     MesaFwd64 f = {D64(io->q), D64(io->k), D64(io->v), D64(io->g), D64(io->beta), D64(io->lambda), D64(io->h0),
                    D64(io->g0), D64(io->x0), W64(io->o), W64(io->x), W64(io->hT), W64(io->gT), io->steps};
     return ref_mesa_forward(d, NULL, &f);
 }
 
-static int r_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s, const MnMesaBwd *io) {
+static int r_mesa_bwd(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaBwd *io) {
     MesaBwd64 b = {D64(io->q),    D64(io->k),    D64(io->v),    D64(io->g),     D64(io->beta),  D64(io->lambda),
                    D64(io->h0),   D64(io->g0),   D64(io->x),    D64(io->o),     D64(io->dout),  D64(io->dhT),
                    D64(io->dgT),  W64(io->dq),   W64(io->dk),   W64(io->dv),    W64(io->dg),    W64(io->dbeta),
@@ -387,12 +387,12 @@ static int r_mesa_bwd(const Backend *be, const MnMesaDims *d, const MnSolver *s,
     return ref_mesa_backward(d, NULL, &b);
 }
 
-static int r_lin_fwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinFwd *io) {
+static int r_lin_fwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinFwd *io) {
     LinFwd64 f = {D64(io->q), D64(io->k), D64(io->v), D64(io->g), D64(io->beta), D64(io->s0), W64(io->o), W64(io->sT)};
     return ref_lin_forward(d, o, &f);
 }
 
-static int r_lin_bwd(const Backend *be, const MnMesaDims *d, const MnLinOpts *o, const MnLinBwd *io) {
+static int r_lin_bwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, const MnLinBwd *io) {
     LinBwd64 b = {D64(io->q),  D64(io->k),  D64(io->v),  D64(io->g),  D64(io->beta),  D64(io->s0),  D64(io->dout),
                   D64(io->dsT), W64(io->dq), W64(io->dk), W64(io->dv), W64(io->dg), W64(io->dbeta), W64(io->ds0)};
     return ref_lin_backward(d, o, &b);
@@ -478,6 +478,13 @@ static int r_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
     return MN_OK;
 }
 
+// The sequence-mixer families, all of them (every shape).
+static const MesaOps ref_mesa = {.fwd = r_mesa_fwd, .bwd = r_mesa_bwd, .softplus_fwd = r_softplus_fwd,
+                                 .softplus_bwd = r_softplus_bwd};
+static const LinOps ref_lin = {.fwd = r_lin_fwd, .bwd = r_lin_bwd, .gdn_gate_fwd = r_gdn_gate_fwd,
+                               .gdn_gate_bwd = r_gdn_gate_bwd};
+static const AttnOps ref_attn = {.fwd = ref_attn_fwd, .bwd = ref_attn_bwd, .decode = ref_attn_decode, .rope = ref_rope};
+
 static const Backend ref_backend = {
     .name = "ref",
     .elem_size = r_elem_size, .alloc = r_alloc, .free = r_free, .zero = r_zero, .copy = r_copy, .copy_rows = r_copy_rows,
@@ -493,14 +500,8 @@ static const Backend ref_backend = {
     .pool_last_fwd = r_pool_last_fwd, .pool_last_bwd = r_pool_last_bwd,
     .add = r_add, .conv_fwd = r_conv_fwd, .conv_bwd = r_conv_bwd,
     .embed_fwd = r_embed_fwd, .embed_bwd = r_embed_bwd, .xent = r_xent,
-    .mesa_gates_fwd = r_mesa_gates_fwd, .mesa_gates_bwd = r_mesa_gates_bwd,
-    .scale_f32 = r_scale_f32,
-    .softplus_fwd = r_softplus_fwd, .softplus_bwd = r_softplus_bwd,
-    .gdn_gate_fwd = r_gdn_gate_fwd, .gdn_gate_bwd = r_gdn_gate_bwd,
-    // sequence-mixer cores: mesa; mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper
-    .mesa_fwd = r_mesa_fwd, .mesa_bwd = r_mesa_bwd,
-    .lin_fwd = r_lin_fwd, .lin_bwd = r_lin_bwd,
-    .attn_fwd = ref_attn_fwd, .attn_bwd = ref_attn_bwd, .attn_decode = ref_attn_decode, .rope = ref_rope,  // mha, swa
+    .gates_fwd = r_gates_fwd, .gates_bwd = r_gates_bwd, .scale_f32 = r_scale_f32,
+    .mesa = &ref_mesa, .lin = &ref_lin, .attn = &ref_attn,
     .adamw = r_adamw, .sumsq = r_sumsq,
 };
 

@@ -266,11 +266,11 @@ TEST(cuda_op_conv_embed_xent_gates) {
     size_t n = 500;
     double *a = input(70, n, -2, 8, MEM_ACT), *b = input(71, n, -3, 3, MEM_ACT), *dg = input(72, n, -1, 1, MEM_F32);
     double *dbt = input(73, n, -1, 1, MEM_F32), *gg = xcalloc(n, 8), *bt = xcalloc(n, 8), *da = xcalloc(n, 8), *db = xcalloc(n, 8);
-    R->mesa_gates_fwd(R, gg, bt, a, b, n, 8);
-    R->mesa_gates_bwd(R, da, db, dg, dbt, a, b, n, 8);
+    R->gates_fwd(R, gg, bt, a, b, n, 8);
+    R->gates_bwd(R, da, db, dg, dbt, a, b, n, 8);
     void *ga = to_gpu(a, n, MEM_ACT), *gb = to_gpu(b, n, MEM_ACT), *gdg = to_gpu(dg, n, MEM_F32), *gdbt = to_gpu(dbt, n, MEM_F32);
     void *ggl = G->alloc(G, n, MEM_F32), *gbt = G->alloc(G, n, MEM_F32), *gda = G->alloc(G, n, MEM_ACT), *gdb = G->alloc(G, n, MEM_ACT);
-    CHECK(!G->mesa_gates_fwd(G, ggl, gbt, ga, gb, n, 8) && !G->mesa_gates_bwd(G, gda, gdb, gdg, gdbt, ga, gb, n, 8), "%s",
+    CHECK(!G->gates_fwd(G, ggl, gbt, ga, gb, n, 8) && !G->gates_bwd(G, gda, gdb, gdg, gdbt, ga, gb, n, 8), "%s",
           mn_last_error());
     cmp("gates log gamma", ggl, gg, n, MEM_F32, F32_TOL);
     cmp("gates beta", gbt, bt, n, MEM_F32, F32_TOL);
@@ -349,7 +349,7 @@ TEST(cuda_mesa_matches_reference) {
                   // states of 81 and 63 floats: fetched 4 bytes at a time, wide and narrow
                   {1, 1, 2, 9, 7, 1, 1, 1, 1}, {45, 1, 3, 9, 7, 1, 0, 1, 1}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        MnMesaDims d = {shapes[si].B, shapes[si].T, shapes[si].H, shapes[si].Dk, shapes[si].Dv};
+        MnSeqDims d = {shapes[si].B, shapes[si].T, shapes[si].H, shapes[si].Dk, shapes[si].Dv};
         MesaCase c;
         mesa_case_init(&c, d, 300 + si, shapes[si].states, 3.0);
         for (size_t i = 0; i < c.nq; i++) {
@@ -378,7 +378,7 @@ TEST(cuda_mesa_matches_reference) {
         int32_t *steps = xcalloc(c.ng, sizeof(int32_t));
         void *gsteps = G->alloc(G, c.ng, MEM_I32);
         MnMesaFwd gf = {gq, gk, gv, ggl, gb, gl, gh0, gg0, NULL, go, gx, ghT, ggT, gsteps};
-        CHECK(!G->mesa_fwd(G, &d, &s, &gf), "%s", mn_last_error());
+        CHECK(!G->mesa->fwd(G, &d, &s, &gf), "%s", mn_last_error());
         CHECK(!G->download_i32(G, steps, gsteps, c.ng), "%s", mn_last_error());
         G->free(G, gsteps);
         double ms = 0;
@@ -408,7 +408,7 @@ TEST(cuda_mesa_matches_reference) {
         void *gdh0 = G->alloc(G, c.nh, MEM_F32), *gdg0 = G->alloc(G, c.ngs, MEM_F32);
         MnMesaBwd gbw = {gq, gk, gv, ggl, gb, gl, gh0, gg0, gx, go, gdo, gdhT, gdgT, gdq, gdk, gdv, gdg, gdbt, gdl,
                          c.h0 ? gdh0 : NULL, c.g0 ? gdg0 : NULL, NULL};
-        CHECK(!G->mesa_bwd(G, &d, &s, &gbw), "%s", mn_last_error());
+        CHECK(!G->mesa->bwd(G, &d, &s, &gbw), "%s", mn_last_error());
         cmp("mesa dq", gdq, dq, c.nq, MEM_ACT, 5e-3);
         cmp("mesa dk", gdk, dk, c.nq, MEM_ACT, 5e-3);
         cmp("mesa dv", gdv, dv, c.nv, MEM_ACT, 5e-3);
@@ -451,7 +451,7 @@ TEST(cuda_mesa_matches_reference) {
 // order varies from run to run (float32 rounding, about 1e-7 of the sum).
 TEST(cuda_mesa_chunked_graph_matches_eager) {
     if (!setup()) return;
-    MnMesaDims d = {2, 1100, 9, 128, 128};  // 18 pairs x 18 chunks: more blocks than a wave on any GPU
+    MnSeqDims d = {2, 1100, 9, 128, 128};  // 18 pairs x 18 chunks: more blocks than a wave on any GPU
     MesaCase c;
     mesa_case_init(&c, d, 77, 1, 3.0);
     void *in[] = {to_gpu(c.q, c.nq, MEM_ACT), to_gpu(c.k, c.nq, MEM_ACT), to_gpu(c.v, c.nv, MEM_ACT),
@@ -469,7 +469,7 @@ TEST(cuda_mesa_chunked_graph_matches_eager) {
     MnMesaBwd bw = {in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], out[1], out[0], in[8], NULL, NULL, out[4],
                     out[5], out[6], out[7], out[8], out[9], out[10], out[11], NULL};
     // eager (which also sizes the scratch buffer: a recording must not allocate)
-    CHECK(!G->mesa_fwd(G, &d, &s, &fw) && !G->mesa_bwd(G, &d, &s, &bw) && !G->sync(G), "%s", mn_last_error());
+    CHECK(!G->mesa->fwd(G, &d, &s, &fw) && !G->mesa->bwd(G, &d, &s, &bw) && !G->sync(G), "%s", mn_last_error());
     double *eager[NOUT];
     for (int i = 0; i < NOUT; i++) {
         eager[i] = from_gpu(out[i], n[i], k[i]);
@@ -477,7 +477,7 @@ TEST(cuda_mesa_chunked_graph_matches_eager) {
     }
     void *graph = NULL;
     CHECK(!G->graph_begin(G), "%s", mn_last_error());
-    int rf = G->mesa_fwd(G, &d, &s, &fw), rb = rf ? rf : G->mesa_bwd(G, &d, &s, &bw);
+    int rf = G->mesa->fwd(G, &d, &s, &fw), rb = rf ? rf : G->mesa->bwd(G, &d, &s, &bw);
     int re = G->graph_end(G, &graph);  // (ends the capture whatever happened inside it)
     CHECK(!rf && !rb && !re && graph, "recording a chunked call: %s", mn_last_error());
     CHECK(graph && !G->graph_run(G, graph) && !G->sync(G), "%s", mn_last_error());

@@ -41,7 +41,7 @@ static const Backend *G;
 static int setup(void) {
     G = backend_cuda();
     if (!G) test_fail(__FILE__, __LINE__, "no CUDA backend: %s", mn_last_error());
-    if (G && (!G->attn_fwd || !G->attn_bwd || !G->attn_decode || !G->rope)) {
+    if (G && (!G->attn->fwd || !G->attn->bwd || !G->attn->decode || !G->attn->rope)) {
         test_fail(__FILE__, __LINE__, "the CUDA backend has no attn_fwd / attn_bwd / attn_decode / rope");
         return 0;
     }
@@ -128,7 +128,7 @@ static void run_case_on(const Shape *s, unsigned long long seed, const char *fwd
     void *gdq = gpu_junk(nq, MEM_ACT), *gdk = gpu_junk(nk, MEM_ACT), *gdv = gpu_junk(nk, MEM_ACT);
     AttnFwd f = {gq, gk, gv, go, glse};
     if (fwd_sel) set_path(fwd_sel);
-    int rc = G->attn_fwd(G, &d, &f);
+    int rc = G->attn->fwd(G, &d, &f);
     const char *fwd_path = cuda_attn_path();
     if (!rc) rc = G->sync(G);
     if (refused && cudnn_refused(rc)) {
@@ -150,7 +150,7 @@ static void run_case_on(const Shape *s, unsigned long long seed, const char *fwd
         CHECK(!ref_attn_bwd(NULL, &d, &rb), "%s", mn_last_error());
         AttnBwd b = {gq, gk, gv, go, glse, gdout, gdq, gdk, gdv};
         if (bwd_sel) set_path(bwd_sel);
-        rc = G->attn_bwd(G, &d, &b);
+        rc = G->attn->bwd(G, &d, &b);
         const char *bwd_path = cuda_attn_path();
         if (!rc) rc = G->sync(G);
         if (refused && cudnn_refused(rc)) {
@@ -237,7 +237,7 @@ TEST(cuda_attn_paths_match_reference) {
     AttnDims d = {1, 4, 1, 1, 64, 0, 0.125f};
     void *x = G->alloc(G, 4 * 64, MEM_ACT), *l = G->alloc(G, 4, MEM_F32);
     AttnFwd f = {x, x, x, x, l};
-    int rc = G->attn_fwd(G, &d, &f);
+    int rc = G->attn->fwd(G, &d, &f);
     CHECK(rc == MN_ERR_ARG && strstr(mn_last_error(), "MESANET_ATTN"), "MESANET_ATTN=fast: rc %d: %s", rc,
           mn_last_error());
     G->free(G, x);
@@ -268,7 +268,7 @@ TEST(cuda_attn_decode_matches_reference) {
         CHECK(!ref_attn_decode(NULL, &d, s->n, s->cap, q, kc, vc, o), "%s", mn_last_error());
         void *gq = to_gpu(q, nq, MEM_ACT), *gk = to_gpu(kc, nc, MEM_ACT), *gv = to_gpu(vc, nc, MEM_ACT);
         void *go = gpu_junk(nq, MEM_ACT);
-        int rc = G->attn_decode(G, &d, s->n, s->cap, gq, gk, gv, go);
+        int rc = G->attn->decode(G, &d, s->n, s->cap, gq, gk, gv, go);
         if (!rc) rc = G->sync(G);
         char tag[96];
         snprintf(tag, sizeof tag, "decode B%d H%d Hkv%d D%d n%d cap%d", s->B, s->H, s->Hkv, s->D, s->n, s->cap);
@@ -300,7 +300,7 @@ TEST(cuda_rope_matches_reference) {
             memcpy(r, x, n * 8);
             CHECK(!ref_rope(NULL, r, pos, N, H, D, 10000.0f, inverse), "%s", mn_last_error());
             void *gx = to_gpu(x, n, MEM_ACT);
-            int rc = G->rope(G, gx, gpos, N, H, D, 10000.0f, inverse);
+            int rc = G->attn->rope(G, gx, gpos, N, H, D, 10000.0f, inverse);
             if (!rc) rc = G->sync(G);
             char tag[64];
             snprintf(tag, sizeof tag, "rope N%d H%d D%d inverse %d", N, H, D, inverse);
@@ -308,7 +308,7 @@ TEST(cuda_rope_matches_reference) {
             double *h = from_gpu(gx, n, MEM_ACT);
             cmp(tag, "x", h, r, n, 6e-3);
             if (!inverse) {  // back again
-                rc = G->rope(G, gx, gpos, N, H, D, 10000.0f, 1);
+                rc = G->attn->rope(G, gx, gpos, N, H, D, 10000.0f, 1);
                 if (!rc) rc = G->sync(G);
                 CHECK(!rc, "%s: %s", tag, mn_last_error());
                 double *back = from_gpu(gx, n, MEM_ACT);
@@ -332,12 +332,12 @@ TEST(cuda_attn_refuses) {
         size_t n = (size_t)4 * Ds[i];
         void *x = G->alloc(G, n, MEM_ACT), *l = G->alloc(G, 4, MEM_F32);
         AttnFwd f = {x, x, x, x, l};
-        int rc = G->attn_fwd(G, &d, &f);
+        int rc = G->attn->fwd(G, &d, &f);
         CHECK(rc == MN_ERR_UNSUPPORTED, "D = %d: attn_fwd returned %d, not MN_ERR_UNSUPPORTED", Ds[i], rc);
         char want[32];
         snprintf(want, sizeof want, "D = %d", Ds[i]);
         CHECK(strstr(mn_last_error(), want), "D = %d: the error does not name the size: %s", Ds[i], mn_last_error());
-        rc = G->attn_decode(G, &d, 1, 4, x, x, x, x);
+        rc = G->attn->decode(G, &d, 1, 4, x, x, x, x);
         CHECK(rc == MN_ERR_UNSUPPORTED, "D = %d: attn_decode returned %d", Ds[i], rc);
         G->free(G, x);
         G->free(G, l);

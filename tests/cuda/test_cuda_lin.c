@@ -32,7 +32,7 @@ static const Backend *G;
 static int setup(void) {
     G = backend_cuda();
     if (!G) test_fail(__FILE__, __LINE__, "no CUDA backend: %s", mn_last_error());
-    if (G && (!G->lin_fwd || !G->lin_bwd)) {
+    if (G && (!G->lin->fwd || !G->lin->bwd)) {
         test_fail(__FILE__, __LINE__, "the CUDA backend has no lin_fwd / lin_bwd");
         return 0;
     }
@@ -81,7 +81,7 @@ typedef struct {
 
 // One problem on the host: inputs rounded to what the GPU holds.
 typedef struct {
-    MnMesaDims d;
+    MnSeqDims d;
     MnLinOpts o;
     size_t nq, nv, ng, ns;
     double *q, *k, *v, *g, *beta, *s0, *dout, *dsT;
@@ -89,7 +89,7 @@ typedef struct {
 
 static void case_init(Case *c, const Shape *s, MnLinRule rule, unsigned long long seed) {
     memset(c, 0, sizeof *c);
-    MnMesaDims d = {s->B, s->T, s->H, s->Dk, s->Dv};
+    MnSeqDims d = {s->B, s->T, s->H, s->Dk, s->Dv};
     c->d = d;
     c->o = mn_lin_opts_default(rule);
     c->o.form = MN_FORM_RECURRENT;
@@ -158,8 +158,8 @@ static int gpu_outs(const Case *c, const MnLinOpts *o, Outs *r, unsigned long lo
              G->upload(G, gdq, junk, c->nq, MEM_ACT) || G->upload(G, gdk, junk, c->nq, MEM_ACT);
     MnLinFwd f = {gq, gk, gv, gg, gb, gs0, go, gsT};
     MnLinBwd b = {gq, gk, gv, gg, gb, gs0, gdout, gdsT, gdq, gdk, gdv, gdg, gdb, gds0};
-    if (!rc) rc = G->lin_fwd(G, &c->d, o, &f);
-    if (!rc) rc = G->lin_bwd(G, &c->d, o, &b);
+    if (!rc) rc = G->lin->fwd(G, &c->d, o, &f);
+    if (!rc) rc = G->lin->bwd(G, &c->d, o, &b);
     if (!rc) rc = G->sync(G);
     if (!rc) {
         r->o = from_gpu(go, c->nv, MEM_ACT); r->sT = from_gpu(gsT, c->ns, MEM_F32);
@@ -198,7 +198,7 @@ static void case_tag(char *tag, size_t n, const Shape *s, MnLinRule rule, const 
 }
 
 // Forward and backward of one case on both, compared, in the given form (chunk size: 0 the default).
-static void run_case_form(const Shape *s, MnLinRule rule, unsigned long long seed, MnMesaForm form, int chunk, double tb,
+static void run_case_form(const Shape *s, MnLinRule rule, unsigned long long seed, MnForm form, int chunk, double tb,
                           double tf) {
     Case c;
     case_init(&c, s, rule, seed);
@@ -375,7 +375,7 @@ TEST(cuda_lin_prefill_decode_matches_forward) {
         void *gg = to_gpu(c.g, c.ng, MEM_F32), *gb = to_gpu(c.beta, c.ng, MEM_F32), *gs0 = to_gpu(c.s0, c.ns, MEM_F32);
         void *go = gpu_zeros(c.nv, MEM_ACT), *gsT = gpu_zeros(c.ns, MEM_F32);
         MnLinFwd f = {gq, gk, gv, gg, gb, gs0, go, gsT};
-        CHECK(!G->lin_fwd(G, &c.d, &c.o, &f), "%s", mn_last_error());
+        CHECK(!G->lin->fwd(G, &c.d, &c.o, &f), "%s", mn_last_error());
         double *o_all = from_gpu(go, c.nv, MEM_ACT), *sT_all = from_gpu(gsT, c.ns, MEM_F32);
         // the reference, for the record
         double *o_ref = xcalloc(c.nv, 8), *sT_ref = xcalloc(c.ns, 8);
@@ -384,7 +384,7 @@ TEST(cuda_lin_prefill_decode_matches_forward) {
         CHECK(rel_err64(o_all, o_ref, c.nv) <= BF16_TOL, "rule %d: one forward vs reference: %.3g", rule,
               rel_err64(o_all, o_ref, c.nv));
         // prefill of T0 tokens from s0 into a state buffer
-        MnMesaDims dp = {B, T0, H, Dk, Dv}, d1 = {B, 1, H, Dk, Dv};
+        MnSeqDims dp = {B, T0, H, Dk, Dv}, d1 = {B, 1, H, Dk, Dv};
         double *pq = tokens_of(c.q, B, s.T, H, Dk, 0, T0), *pk = tokens_of(c.k, B, s.T, H, Dk, 0, T0);
         double *pv = tokens_of(c.v, B, s.T, H, Dv, 0, T0), *pg = tokens_of(c.g, B, s.T, H, 1, 0, T0);
         double *pb = tokens_of(c.beta, B, s.T, H, 1, 0, T0);
@@ -393,7 +393,7 @@ TEST(cuda_lin_prefill_decode_matches_forward) {
         void *hb = to_gpu(pb, (size_t)B * T0 * H, MEM_F32), *ho = gpu_zeros((size_t)B * T0 * H * Dv, MEM_ACT);
         void *S = gpu_zeros(c.ns, MEM_F32);
         MnLinFwd fp = {hq, hk, hv, hg, hb, gs0, ho, S};
-        CHECK(!G->lin_fwd(G, &dp, &c.o, &fp), "%s", mn_last_error());
+        CHECK(!G->lin->fwd(G, &dp, &c.o, &fp), "%s", mn_last_error());
         double *o_pre = from_gpu(ho, (size_t)B * T0 * H * Dv, MEM_ACT), *o_pre_all = tokens_of(o_all, B, s.T, H, Dv, 0, T0);
         double e = rel_err64(o_pre, o_pre_all, (size_t)B * T0 * H * Dv);
         test_note("rule %d: prefill of %d vs one forward: rel err %.2e", rule, T0, e);
@@ -414,7 +414,7 @@ TEST(cuda_lin_prefill_decode_matches_forward) {
                       !G->upload(G, db1, xb, (size_t)B * H, MEM_F32),
                   "%s", mn_last_error());
             MnLinFwd f1 = {dq1, dk1, dv1, dg1, db1, S, do1, S};
-            CHECK(!G->lin_fwd(G, &d1, &c.o, &f1), "%s", mn_last_error());
+            CHECK(!G->lin->fwd(G, &d1, &c.o, &f1), "%s", mn_last_error());
             double *o1 = from_gpu(do1, (size_t)B * H * Dv, MEM_ACT);
             for (int b = 0; b < B; b++)
                 memcpy(o_steps + ((size_t)b * n + t) * H * Dv, o1 + (size_t)b * H * Dv, sizeof(double) * H * Dv);
@@ -437,7 +437,7 @@ TEST(cuda_lin_prefill_decode_matches_forward) {
             MnLinFwd f1 = {dq1, dk1, dv1, dg1, db1, S2, do1, S2};
             void *graph = NULL;
             CHECK(!G->graph_begin(G), "%s", mn_last_error());
-            int rf1 = G->lin_fwd(G, &d1, &c.o, &f1);
+            int rf1 = G->lin->fwd(G, &d1, &c.o, &f1);
             int re = G->graph_end(G, &graph);  // (ends the capture whatever happened inside it)
             CHECK(!rf1 && !re && graph, "recording a decoding step: %s", mn_last_error());
             CHECK(graph && !G->graph_run(G, graph) && !G->sync(G), "%s", mn_last_error());
@@ -460,35 +460,35 @@ TEST(cuda_lin_prefill_decode_matches_forward) {
 // Head sizes over 256 are refused with MN_ERR_UNSUPPORTED and a message; argument errors as on the CPU.
 TEST(cuda_lin_refuses) {
     if (!setup()) return;
-    MnMesaDims d = {1, 2, 1, 8, 8};
+    MnSeqDims d = {1, 2, 1, 8, 8};
     size_t n = 2 * 8;
     void *q = gpu_zeros(4 * n * 40, MEM_ACT), *o = gpu_zeros(4 * n * 40, MEM_ACT);
     MnLinOpts opts = mn_lin_opts_default(MN_LIN_DELTA);
     MnLinFwd f = {q, q, q, NULL, NULL, NULL, o, NULL};
-    MnMesaDims big = {1, 2, 1, 320, 8}, bigv = {1, 2, 1, 8, 320};
-    CHECK(G->lin_fwd(G, &big, &opts, &f) == MN_ERR_UNSUPPORTED, "Dk = 320 refused");
+    MnSeqDims big = {1, 2, 1, 320, 8}, bigv = {1, 2, 1, 8, 320};
+    CHECK(G->lin->fwd(G, &big, &opts, &f) == MN_ERR_UNSUPPORTED, "Dk = 320 refused");
     CHECK(strstr(mn_last_error(), "256") != NULL, "the message names the limit: %s", mn_last_error());
-    CHECK(G->lin_fwd(G, &bigv, &opts, &f) == MN_ERR_UNSUPPORTED, "Dv = 320 refused");
+    CHECK(G->lin->fwd(G, &bigv, &opts, &f) == MN_ERR_UNSUPPORTED, "Dv = 320 refused");
     MnLinBwd b = {q, q, q, NULL, NULL, NULL, o, NULL, o, o, o, NULL, NULL, NULL};
-    CHECK(G->lin_bwd(G, &big, &opts, &b) == MN_ERR_UNSUPPORTED, "Dk = 320 refused (backward)");
+    CHECK(G->lin->bwd(G, &big, &opts, &b) == MN_ERR_UNSUPPORTED, "Dk = 320 refused (backward)");
     MnLinOpts wide = opts;  // the chunkwise form takes chunks of at most 64
     wide.form = MN_FORM_CHUNK;
     wide.chunk = 128;
-    CHECK(G->lin_fwd(G, &d, &wide, &f) == MN_ERR_UNSUPPORTED, "chunk 128 refused by the chunkwise form");
+    CHECK(G->lin->fwd(G, &d, &wide, &f) == MN_ERR_UNSUPPORTED, "chunk 128 refused by the chunkwise form");
     CHECK(strstr(mn_last_error(), "64") != NULL, "the message names the limit: %s", mn_last_error());
-    CHECK(G->lin_bwd(G, &d, &wide, &b) == MN_ERR_UNSUPPORTED, "chunk 128 refused (backward)");
+    CHECK(G->lin->bwd(G, &d, &wide, &b) == MN_ERR_UNSUPPORTED, "chunk 128 refused (backward)");
     f.o = NULL;
-    CHECK(G->lin_fwd(G, &d, &opts, &f) == MN_ERR_ARG, "o NULL refused");
+    CHECK(G->lin->fwd(G, &d, &opts, &f) == MN_ERR_ARG, "o NULL refused");
     f.o = o;
     MnLinBwd bg = b;
     bg.g = (const float *)q;  // g given without dg
-    CHECK(G->lin_bwd(G, &d, &opts, &bg) == MN_ERR_ARG, "dg NULL with g refused");
+    CHECK(G->lin->bwd(G, &d, &opts, &bg) == MN_ERR_ARG, "dg NULL with g refused");
     MnLinOpts bad = opts;
     bad.rule = (MnLinRule)7;
-    CHECK(G->lin_fwd(G, &d, &bad, &f) == MN_ERR_ARG, "unknown rule refused");
-    CHECK(!G->lin_fwd(G, &d, &opts, &f) && !G->sync(G), "a valid call after the refusals: %s", mn_last_error());
+    CHECK(G->lin->fwd(G, &d, &bad, &f) == MN_ERR_ARG, "unknown rule refused");
+    CHECK(!G->lin->fwd(G, &d, &opts, &f) && !G->sync(G), "a valid call after the refusals: %s", mn_last_error());
     wide.chunk = 0;
-    CHECK(!G->lin_fwd(G, &d, &wide, &f) && !G->sync(G), "a chunkwise call of 2 tokens: %s", mn_last_error());
+    CHECK(!G->lin->fwd(G, &d, &wide, &f) && !G->sync(G), "a chunkwise call of 2 tokens: %s", mn_last_error());
     G->free(G, q);
     G->free(G, o);
 }

@@ -77,7 +77,7 @@ static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, i
     for (size_t i = 0; i < ns; i++) { if (s0) s0[i] = 0.5 * rnd(&seed); if (dsT) dsT[i] = rnd(&seed); }
     bf16 *bq = to_bf(q, nq), *bk = to_bf(k, nq), *bv = to_bf(v, nv), *bdo = to_bf(dout, nv);
     float *fg = to_f(g, ntok), *fb = to_f(beta, ntok), *fs0 = to_f(s0, ns), *fdsT = to_f(dsT, ns);
-    MnMesaDims d = {B, T, H, Dk, Dv};
+    MnSeqDims d = {B, T, H, Dk, Dv};
     MnLinOpts o = {(MnLinRule)rule, (float)(1 / sqrt((double)Dk)), MN_FORM_CHUNK, chunk};
     double *o_ = (double *)calloc(nv, 8), *sT = (double *)calloc(ns, 8), *dq = (double *)calloc(nq, 8), *dk = (double *)calloc(nq, 8), *dv = (double *)calloc(nv, 8);
     double *dg = (double *)calloc(ntok, 8), *db = (double *)calloc(ntok, 8), *ds0 = (double *)calloc(ns, 8);

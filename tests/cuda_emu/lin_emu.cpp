@@ -74,7 +74,7 @@ static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, i
     if (beta) for (size_t i = 0; i < ntok; i++) beta[i] = fb[i];
     if (s0) for (size_t i = 0; i < ns; i++) s0[i] = fs0[i];
     if (dsT) for (size_t i = 0; i < ns; i++) dsT[i] = fdsT[i];
-    MnMesaDims d = {B, T, H, Dk, Dv};
+    MnSeqDims d = {B, T, H, Dk, Dv};
     MnLinOpts o = {(MnLinRule)rule, (float)(1 / sqrt((double)Dk)), MN_FORM_RECURRENT, 0};
     double *o_ = (double *)calloc(nv, 8), *sT = (double *)calloc(ns, 8), *dq = (double *)calloc(nq, 8), *dk = (double *)calloc(nq, 8), *dv = (double *)calloc(nv, 8);
     double *dg = (double *)calloc(ntok, 8), *db = (double *)calloc(ntok, 8), *ds0 = (double *)calloc(ns, 8);

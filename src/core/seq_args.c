@@ -1,26 +1,26 @@
-#include "mesa_args.h"
+#include "seq_args.h"
 
 #include <stdint.h>
 
 #include "common.h"
 
-int mesa_check_dims(const MnMesaDims *d) {
-    if (!d) return mn_error(MN_ERR_ARG, "mesa: dims is NULL");
+int seq_check_dims(const MnSeqDims *d) {
+    if (!d) return mn_error(MN_ERR_ARG, "sequence dims: NULL");
     const struct {
         const char *name;
         int value;
     } f[] = {{"B", d->B}, {"T", d->T}, {"H", d->H}, {"Dk", d->Dk}, {"Dv", d->Dv}};
     for (int i = 0; i < 5; i++)
-        if (f[i].value <= 0) return mn_error(MN_ERR_ARG, "mesa: %s must be > 0, got %d", f[i].name, f[i].value);
+        if (f[i].value <= 0) return mn_error(MN_ERR_ARG, "sequence dims: %s must be > 0, got %d", f[i].name, f[i].value);
     if (d->Dk > 4096 || d->Dv > 4096)
-        return mn_error(MN_ERR_ARG, "mesa: head sizes above 4096 are not supported (Dk=%d, Dv=%d)", d->Dk, d->Dv);
+        return mn_error(MN_ERR_ARG, "sequence dims: head sizes above 4096 are not supported (Dk=%d, Dv=%d)", d->Dk, d->Dv);
     double n = (double)d->B * d->T * d->H * (d->Dk > d->Dv ? d->Dk : d->Dv);
     if (n > (double)INT64_MAX / 8)
-        return mn_error(MN_ERR_ARG, "mesa: B*T*H*D = %.3g elements is too large", n);
+        return mn_error(MN_ERR_ARG, "sequence dims: B*T*H*D = %.3g elements is too large", n);
     return MN_OK;
 }
 
-int mesa_check_solver(const MnSolver *s) {
+int seq_check_solver(const MnSolver *s) {
     if (!s) return mn_error(MN_ERR_ARG, "mesa: solver is NULL");
     if (s->max_steps < 0) return mn_error(MN_ERR_ARG, "mesa: solver max_steps must be >= 0, got %d", s->max_steps);
     if (!(s->tol >= 0)) return mn_error(MN_ERR_ARG, "mesa: solver tol must be >= 0, got %g", (double)s->tol);
@@ -39,4 +39,15 @@ MnSolver mn_solver_default(void) {
     MnSolver s = {.max_steps = 30, .tol = 0, .precond = MN_PRECOND_NONE, .init = MN_CG_INIT_ZERO,
                   .form = MN_FORM_AUTO, .chunk = 0, .check = 0};
     return s;
+}
+
+int lin_check_args(const char *fn, const MnSeqDims *d, const MnLinOpts *o, const void *io) {
+    MN_TRY(seq_check_dims(d));
+    if (!o) return mn_error(MN_ERR_ARG, "%s: opts is NULL", fn);
+    if (!io) return mn_error(MN_ERR_ARG, "%s: io is NULL", fn);
+    if (o->rule != MN_LIN_GLA && o->rule != MN_LIN_DELTA) return mn_error(MN_ERR_ARG, "%s: unknown rule %d", fn, (int)o->rule);
+    if (o->form != MN_FORM_AUTO && o->form != MN_FORM_CHUNK && o->form != MN_FORM_RECURRENT)
+        return mn_error(MN_ERR_ARG, "%s: unknown form %d", fn, (int)o->form);
+    if (o->chunk < 0) return mn_error(MN_ERR_ARG, "%s: chunk = %d, must be >= 0", fn, o->chunk);
+    return MN_OK;
 }
