@@ -29,7 +29,7 @@ enum {
 const char *mn_last_error(void);
 
 // ---------------------------------------------------------------------------
-// The Mesa layer core (paper section 3; ../shared/spec/mesa-layer.md)
+// The Mesa layer core (paper section 3; docs/spec/mesa-layer.md)
 //
 // Per head and sequence, with states H (Dk x Dk) and G (Dv x Dk):
 //     H_t = gamma_t H_{t-1} + beta_t k_t k_t^T
@@ -98,7 +98,7 @@ int mn_mesa_forward(const MnSeqDims *dims, const MnSolver *solver, const MnMesaF
 int mn_mesa_backward(const MnSeqDims *dims, const MnSolver *solver, const MnMesaBwd *io);
 
 // ---------------------------------------------------------------------------
-// The gated linear-attention family (../shared/spec/mixers.md sections 1-2)
+// The gated linear-attention family (docs/spec/mixers.md sections 1-2)
 //
 // Per head and sequence, with one state S (Dv x Dk) and read-out o_t = scale S_t q_t:
 //     MN_LIN_GLA:    S_t = gamma_t S_{t-1} + beta_t v_t k_t^T                 (GLA; Mamba2: beta = 1)

@@ -1,7 +1,7 @@
 // The conformance battery: every registered mixer (mixer_all, walked, so that a mixer is covered the
 // day it is registered) in the variants of its settings that matter, and patterns of them
 // (mixer_case.c: mc_rows), through the checks every mixer passes: those of
-// ../shared/spec/mixers.md section 8, and more:
+// docs/spec/mixers.md section 8, and more:
 //   conformance_forms            recurrent (token by token) == chunkwise / parallel
 //   conformance_layer_gradients  the layer's backward == finite differences (float64)
 //   conformance_model_gradients  the whole model's backward == finite differences (float64)

@@ -35,7 +35,7 @@ enum { MN_GROUP_ID_BYTES = 256 };  // room for a group identifier (NCCL's: 128 b
 
 typedef struct Backend Backend;
 
-// Causal softmax attention per head (../shared/spec/mixers.md section 7), optionally within a window
+// Causal softmax attention per head (docs/spec/mixers.md section 7), optionally within a window
 // and with grouped key/value heads (query head h reads key/value head h / (H / Hkv)):
 //   o[b,t,h] = sum_{s in S(t)} softmax_s(scale q[b,t,h] . k[b,s,h']) v[b,s,h'],
 //   S(t) = {s <= t} (window 0), or {t - window < s <= t}.

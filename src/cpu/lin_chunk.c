@@ -1,6 +1,6 @@
 /*
  * The gated linear-attention family, chunkwise form, float32
- * (../shared/spec/mixers.md section 2; reference/gdn-longhorn-notes.md A.3.5, A.4).
+ * (docs/spec/mixers.md section 2; docs/spec/reference/gdn-longhorn-notes.md A.3.5, A.4).
  *
  * Per chunk of n <= C tokens with entry state S (Dv x Dk), chunk-local cumulative
  * log decay b, gamma = e^b (ChunkDecay's head), lambda = e^{b_n - b} (tail), the

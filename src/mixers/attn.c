@@ -1,5 +1,5 @@
 /*
- * Softmax attention: the Transformer++ baselines (../shared/spec/mixers.md section 7). `mha` is
+ * Softmax attention: the Transformer++ baselines (docs/spec/mixers.md section 7). `mha` is
  * causal multi-head attention with rotary position embeddings (RoPE) and optionally grouped
  * key/value heads; `swa` is the same within the last `window` tokens (the current one included):
  *

@@ -2,7 +2,7 @@
  * The Gated DeltaNet paper's own layer (`gdn-paper`) and DeltaNet's (`deltanet-paper`), as fla has
  * them (fla/layers/gated_deltanet.py GatedDeltaNet, fla/layers/delta_net.py DeltaNet with its
  * defaults), so that fla's GatedDeltaNetForCausalLM and DeltaNetForCausalLM checkpoints map one to
- * one (../shared/spec/mixers.md section 2, last bullet):
+ * one (docs/spec/mixers.md section 2, last bullet):
  *
  *   q = L2norm(SiLU(conv(W_q u))),  k = L2norm(SiLU(conv(W_k u))),  v = SiLU(conv(W_v u))
  *   log alpha = -exp(A_log) softplus(W_a u + dt_bias)       (gdn-paper; deltanet-paper: alpha = 1)

@@ -1,6 +1,6 @@
 /*
  * The gated linear-attention family as mixers, in the MesaNet paper's shared parameterisation
- * ("paper" mode; ../shared/spec/mixers.md sections 1, 2): the projections, convolutions, gates and
+ * ("paper" mode; docs/spec/mixers.md sections 1, 2): the projections, convolutions, gates and
  * output norm of the Mesa layer (shell.h), and per head one state S (Dv x Dk) read out as
  * o_t = S_t q_t:
  *

@@ -1,5 +1,5 @@
 /*
- * The MesaNet paper's shared parameterisation ("paper" mode; ../shared/spec/mixers.md section 1):
+ * The MesaNet paper's shared parameterisation ("paper" mode; docs/spec/mixers.md section 1):
  * the part of a recurrent layer around its core, the same for Mesa, Mamba2, GLA, DeltaNet and
  * Gated DeltaNet, so that only the state update differs between them.
  *

@@ -1,7 +1,7 @@
 /*
  * The autoencoder head (ModelConfig.head = "autoencoder"): MAD's AutoEncoder
  * (mad/model/auto_encoder.py, global_pool "last"), for MAD's compression task
- * (../shared/spec/reference/benchmarks-notes.md 1.3). The blocks run as in the
+ * (docs/spec/reference/benchmarks-notes.md 1.3). The blocks run as in the
  * language model; the residual stream leaving the last block at the last
  * position (MAD's encoding, x[:, -1]: no final norm there, the decoder opens
  * with one) is given to every position t of the sequence plus MAD's fixed

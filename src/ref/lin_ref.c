@@ -1,6 +1,6 @@
 /*
  * The gated linear-attention family, float64 reference (include/mesanet.h;
- * ../shared/spec/mixers.md sections 1-2): the recurrence one token at a time,
+ * docs/spec/mixers.md sections 1-2): the recurrence one token at a time,
  * per (sequence, head) pair, with S of Dv x Dk:
  *
  *     GLA:    S_t = gamma_t S_{t-1} + beta_t v_t k_t^T

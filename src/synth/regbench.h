@@ -2,8 +2,8 @@
  * RegBench: in-context language learning with random probabilistic finite automata (Akyurek et
  * al., ICML 2024, code berlino/seq_icl src/dataloaders/dfa.py; the MesaNet paper uses it). Each
  * example is one random automaton; several strings sampled from it, joined by '|', form one
- * sequence, and a model must infer the language in context. Spec: shared/spec/benchmarks.md
- * (RegBench) and shared/spec/reference/benchmarks-notes.md section 2.
+ * sequence, and a model must infer the language in context. Spec: docs/spec/benchmarks.md
+ * (RegBench) and docs/spec/reference/benchmarks-notes.md section 2.
  *
  * Vocabulary (20 tokens, sorted character order as seq_icl): '.' (pad) = 0, letters 'a'..'r' =
  * 1..18, '|' (separator) = 19. An automaton's letters are 0..17 (token = letter + 1).

@@ -1,6 +1,6 @@
 /*
  * Training and scoring a model on a synthetic task (synth.h), by the task's
- * protocol (../shared/spec/benchmarks.md, reference/benchmarks-notes.md):
+ * protocol (docs/spec/benchmarks.md, docs/spec/reference/benchmarks-notes.md):
  * model size, batch, epochs, learning-rate grid, early stop. One run is one
  * (task, setting, mixer, learning rate, weight decay); `mesanet synth` sweeps
  * them and keeps the best per setting.
@@ -94,7 +94,7 @@ int synth_expand(const char *name, const SynthTask **out, int max);
 // Published numbers: the MesaNet paper's Table 1 (MAD) per column; MQAR: attention only, read
 // from Zoology's Fig. 2 (about 1.0 at every width and length; the other models of that figure are
 // not mixers here, and the notes' other MQAR numbers are plot readings under another protocol).
-// RegBench: none (its papers publish plots, not values: shared/spec/reference/benchmarks-notes.md
+// RegBench: none (its papers publish plots, not values: docs/spec/reference/benchmarks-notes.md
 // 2.5). For a task and a mixer, *value (percent) and *column when listed, else 0 returned.
 int synth_published(const char *task, const char *mixer, double *value, const char **column);
 // The source of the published numbers (MAD's), for reports.

@@ -1,7 +1,7 @@
 /*
  * Synthetic benchmarks: deterministic, seeded generators of token sequences
- * with per-position targets (../shared/spec/benchmarks.md and
- * reference/benchmarks-notes.md): MQAR (Zoology), MAD's six tasks, parity,
+ * with per-position targets (docs/spec/benchmarks.md and
+ * docs/spec/reference/benchmarks-notes.md): MQAR (Zoology), MAD's six tasks, parity,
  * S-NIAH.
  *
  * An example is `inputs[T]` (int32 ids in [0, vocab)) and `targets[T]`
