@@ -1,6 +1,6 @@
 /*
- * The attention family's float32 CPU cores (core/backend.h's attn_fwd,
- * attn_bwd, attn_decode, rope slots; attn.c): flash-attention style tiles with
+ * The attention family's float32 CPU cores (core/backend.h's AttnOps: fwd,
+ * bwd, decode, rope; attn.c): flash-attention style tiles with
  * an online softmax, O(T) memory per head, key tiles outside a sliding window
  * skipped, tile products through BLAS, OpenMP over (sequence, head, tile).
  */

@@ -1,6 +1,6 @@
 /*
  * Causal softmax attention (full, or within a sliding window; grouped key/value heads) and RoPE on
- * the GPU, for the mha / swa mixers: the backend slots attn_fwd, attn_bwd, attn_decode and rope of
+ * the GPU, for the mha / swa mixers: the backend's attention sub-table (AttnOps: fwd, bwd, decode, rope) of
  * core/backend.h, as src/cpu/attn.c and the float64 reference src/ref/attn_ref.c.
  * q, k, v, o, dout, dq, dk, dv bf16 (MEM_ACT); lse, and every sum, float32.
  *

@@ -11,7 +11,7 @@
  * dg, dbeta, ds0 float32 (MEM_F32). Every sum runs in float32. Head sizes up
  * to 256 (larger: MN_ERR_UNSUPPORTED). Form: MN_FORM_RECURRENT runs these
  * kernels; MN_FORM_CHUNK the chunkwise form on the tensor cores
- * (lin_chunk_cuda.cu, chunks of at most 64); MN_FORM_AUTO the chunkwise one
+ * (lin_chunk*.cu, chunks of at most 64); MN_FORM_AUTO the chunkwise one
  * from T >= 64 tokens (see use_chunk), these kernels below that and for
  * decoding (T = 1, recordable into a CUDA graph).
  *

@@ -20,7 +20,7 @@
  * mha's grows with the sequence (capacity in chunks of ATTN_CACHE_CHUNK tokens, reallocated as
  * needed): 2 Hkv D numbers per token and layer; swa's is a ring buffer of `window` slots (token
  * p in slot p mod window), fixed: 2 window Hkv D numbers per layer. The cores are the backend's
- * attn_fwd / attn_bwd / attn_decode and rope; a backend without them refuses these mixers.
+ * attention sub-table (AttnOps: fwd, bwd, decode, rope); a backend without it refuses these mixers.
  */
 #include <math.h>
 #include <stdio.h>
