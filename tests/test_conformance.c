@@ -398,6 +398,43 @@ TEST(conformance_trains) {
     }
 }
 
+// ------------------------------------------------------------------- memory estimate
+
+// The memory estimate (model_activation_bytes) comes from the blocks' declarations (the model's
+// buffers, each mixer's activation_bytes and scratch_elems, the feed-forward part's): the bytes a
+// training step holds for each token more, measured on a backend that counts its allocations, are
+// the estimate's exactly. (Measured between two batch sizes: the fixed buffers, which the estimate
+// leaves out, cancel.)
+TEST(conformance_memory_estimate) {
+    load_cases();
+    Backend counted = mc_counted_cpu();
+    for (int i = 0; i < ncases; i++) {
+        char name[128];
+        name_of(i, name, sizeof name);
+        ModelConfig cfg = mc_case_config(&cases[i], &trn, 2);
+        size_t held[2];
+        const int T[2] = {16, 24};
+        for (int r = 0; r < 2; r++) {
+            size_t before = mc_counted_bytes();
+            Model *m = mc_make(&cfg, &counted);
+            model_init_params(m, 3);
+            size_t n = (size_t)2 * T[r];
+            int32_t *tok = xcalloc(n, sizeof(int32_t)), *tgt = xcalloc(n, sizeof(int32_t));
+            mc_tokens(tok, tgt, n, cfg.vocab_size, 5);
+            double loss;
+            CHECK(!model_forward(m, tok, tgt, 2, T[r], 1.0f, &loss) && !model_backward(m), "%s: %s", name, mn_last_error());
+            held[r] = mc_counted_bytes() - before;
+            free(tok);
+            free(tgt);
+            model_free(m);
+        }
+        double per = (double)(held[1] - held[0]) / (2.0 * (T[1] - T[0]));
+        size_t want = model_activation_bytes(&cfg, &counted, 1);
+        test_note("%-*s %.0f bytes a token held, %zu estimated", W, name, per, want);
+        CHECK(per == (double)want, "%s: a token holds %.1f bytes, the estimate says %zu", name, per, want);
+    }
+}
+
 // ------------------------------------------------------------------- refusals
 
 // The CPU backend without one family of cores (renamed "bare"): a model with a block on that family

@@ -21,12 +21,9 @@ MnLinOpts mn_lin_opts_default(MnLinRule rule) {
 // inverse, the masks) stays below the state terms for head sizes >= 64.
 enum { LIN_DEFAULT_CHUNK = 64 };
 
-// AUTO: the recurrent form only for decoding (T < 4). Measured on one core of
-// the 2-core Zen 5 of the README (B = H = 4, Dk = Dv = 64, both rules), the
-// chunkwise form is faster from T = 4 up (T = 16: fwd 0.09 / 0.13 ms, bwd 0.29 /
-// 0.58 ms against the recurrent form; T = 1024 on 2 threads: fwd+bwd 44 / 80 ms
-// for GLA, 88 / 110 ms for the delta rule), and at T = 1 the recurrent backward
-// is the faster (0.05 / 0.09 ms).
+// AUTO: the recurrent form only for decoding (T < 4): the chunkwise form was the
+// faster from T = 4 up, for both rules, and the recurrent backward at T = 1
+// (docs/results.md, "Gated linear-attention cores on the CPU").
 static MnForm pick_form(const MnSeqDims *d, const MnLinOpts *o) {
     if (o->form != MN_FORM_AUTO) return o->form;
     return d->T < 4 ? MN_FORM_RECURRENT : MN_FORM_CHUNK;
@@ -39,12 +36,24 @@ static int check_common(const char *fn, const MnSeqDims *d, const MnLinOpts *o, 
     return MN_OK;
 }
 
-static MesaPair pair_of(const MnSeqDims *d, int bh, int C) {
-    MesaPair p = {d->T, d->H, d->Dk, d->Dv, C, (size_t)(bh / d->H) * d->T * d->H + (size_t)(bh % d->H), bh % d->H};
-    return p;
+typedef struct {
+    const MnLinOpts *o;
+    const MnLinFwd *fwd;
+    const MnLinBwd *bwd;
+    MnForm form;
+} LinRun;
+
+static void fwd_pair(void *ctx, const SeqPair *p, int bh, float *work) {
+    const LinRun *r = ctx;
+    if (r->form == MN_FORM_CHUNK) lin_chunk_forward(p, r->o, r->fwd, bh, work);
+    else lin_rec_forward(p, r->o, r->fwd, bh, work);
 }
 
-static int threads_for(const MnSeqDims *d) { return mn_max(1, mn_min(omp_get_max_threads(), d->B * d->H)); }
+static void bwd_pair(void *ctx, const SeqPair *p, int bh, float *work) {
+    const LinRun *r = ctx;
+    if (r->form == MN_FORM_CHUNK) lin_chunk_backward(p, r->o, r->bwd, bh, work);
+    else lin_rec_backward(p, r->o, r->bwd, bh, work);
+}
 
 int mn_lin_forward(const MnSeqDims *d, const MnLinOpts *o, const MnLinFwd *io) {
     const char *fn = "mn_lin_forward";
@@ -53,19 +62,8 @@ int mn_lin_forward(const MnSeqDims *d, const MnLinOpts *o, const MnLinFwd *io) {
     int C = o->chunk ? o->chunk : LIN_DEFAULT_CHUNK;
     MnForm form = pick_form(d, o);
     size_t per = form == MN_FORM_CHUNK ? lin_chunk_fwd_floats(d, C) : lin_rec_fwd_floats(d);
-    int nt = threads_for(d);
-    float *work = cpu_workspace((size_t)nt * per);
-    if (!work) return MN_ERR_NOMEM;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int bh = 0; bh < d->B * d->H; bh++) {
-        MesaPair p = pair_of(d, bh, C);
-        float *mine = work + (size_t)omp_get_thread_num() * per;
-        if (form == MN_FORM_CHUNK)
-            lin_chunk_forward(&p, o, io, bh, mine);
-        else
-            lin_rec_forward(&p, o, io, bh, mine);
-    }
-    return MN_OK;
+    LinRun r = {o, io, NULL, form};
+    return cpu_for_pairs(d, C, per, 0, NULL, fwd_pair, &r);
 }
 
 int mn_lin_backward(const MnSeqDims *d, const MnLinOpts *o, const MnLinBwd *io) {
@@ -77,17 +75,6 @@ int mn_lin_backward(const MnSeqDims *d, const MnLinOpts *o, const MnLinBwd *io) 
     int C = o->chunk ? o->chunk : LIN_DEFAULT_CHUNK;
     MnForm form = pick_form(d, o);
     size_t per = form == MN_FORM_CHUNK ? lin_chunk_bwd_floats(d, C) : lin_rec_bwd_floats(d, C);
-    int nt = threads_for(d);
-    float *work = cpu_workspace((size_t)nt * per);
-    if (!work) return MN_ERR_NOMEM;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int bh = 0; bh < d->B * d->H; bh++) {
-        MesaPair p = pair_of(d, bh, C);
-        float *mine = work + (size_t)omp_get_thread_num() * per;
-        if (form == MN_FORM_CHUNK)
-            lin_chunk_backward(&p, o, io, bh, mine);
-        else
-            lin_rec_backward(&p, o, io, bh, mine);
-    }
-    return MN_OK;
+    LinRun r = {o, NULL, io, form};
+    return cpu_for_pairs(d, C, per, 0, NULL, bwd_pair, &r);
 }

@@ -77,16 +77,16 @@ static float *chunk_init(LinChunk *c, float *mem, int C, int Dk, int Dv) {
     return mem + C;
 }
 
-static void gather(float *dst, const float *src, const MesaPair *p, int t0, int n, int d) {
+static void gather(float *dst, const float *src, const SeqPair *p, int t0, int n, int d) {
     for (int t = 0; t < n; t++) memcpy(dst + (size_t)t * d, src + pair_tok(p, t0 + t) * d, sizeof(float) * d);
 }
 
-static void scatter(float *dst, const float *src, const MesaPair *p, int t0, int n, int d) {
+static void scatter(float *dst, const float *src, const SeqPair *p, int t0, int n, int d) {
     for (int t = 0; t < n; t++) memcpy(dst + pair_tok(p, t0 + t) * d, src + (size_t)t * d, sizeof(float) * d);
 }
 
 // Loads a chunk: Qs, K, V, beta, the decays.
-static void load_chunk(LinChunk *c, const MesaPair *p, int t0, int n, float scale, const float *q, const float *k,
+static void load_chunk(LinChunk *c, const SeqPair *p, int t0, int n, float scale, const float *q, const float *k,
                        const float *v, const float *g, const float *beta) {
     gather(c->q, q, p, t0, n, c->Dk);
     for (size_t e = 0; e < (size_t)n * c->Dk; e++) c->q[e] *= scale;
@@ -154,7 +154,7 @@ size_t lin_chunk_fwd_floats(const MnSeqDims *d, int C) {
     return chunk_floats(C, d->Dk, d->Dv) + (size_t)d->Dv * d->Dk;
 }
 
-void lin_chunk_forward(const MesaPair *p, const MnLinOpts *o, const MnLinFwd *io, int bh, float *work) {
+void lin_chunk_forward(const SeqPair *p, const MnLinOpts *o, const MnLinFwd *io, int bh, float *work) {
     LinChunk c;
     int dk = p->Dk, dv = p->Dv;
     float *s = chunk_init(&c, work, p->C, dk, dv);
@@ -175,7 +175,7 @@ size_t lin_chunk_bwd_floats(const MnSeqDims *d, int C) {
     return chunk_floats(C, d->Dk, d->Dv) + (nchunks + 1) * ss + ss;
 }
 
-void lin_chunk_backward(const MesaPair *p, const MnLinOpts *o, const MnLinBwd *io, int bh, float *work) {
+void lin_chunk_backward(const SeqPair *p, const MnLinOpts *o, const MnLinBwd *io, int bh, float *work) {
     LinChunk c;
     int dk = p->Dk, dv = p->Dv, T = p->T, C = p->C, nchunks = (T + C - 1) / C;
     size_t ss = (size_t)dv * dk;

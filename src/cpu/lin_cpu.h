@@ -3,7 +3,7 @@
  * DeltaNet / Gated DeltaNet; include/mesanet.h), in two forms. Each call
  * processes one (sequence, head) pair; lin.c validates the arguments, picks
  * the form and runs the pairs in parallel. `bh` = b * H + h indexes the pair,
- * whose strided view is the Mesa core's MesaPair (mesa_cpu.h).
+ * whose strided view is the Mesa core's SeqPair (mesa_cpu.h).
  */
 #ifndef MN_LIN_CPU_H
 #define MN_LIN_CPU_H
@@ -17,13 +17,13 @@
 // recurrent backward keeps a state every C tokens and recomputes the rest).
 size_t lin_rec_fwd_floats(const MnSeqDims *d);
 size_t lin_rec_bwd_floats(const MnSeqDims *d, int C);
-void lin_rec_forward(const MesaPair *p, const MnLinOpts *o, const MnLinFwd *io, int bh, float *work);
-void lin_rec_backward(const MesaPair *p, const MnLinOpts *o, const MnLinBwd *io, int bh, float *work);
+void lin_rec_forward(const SeqPair *p, const MnLinOpts *o, const MnLinFwd *io, int bh, float *work);
+void lin_rec_backward(const SeqPair *p, const MnLinOpts *o, const MnLinBwd *io, int bh, float *work);
 
 size_t lin_chunk_fwd_floats(const MnSeqDims *d, int C);
 size_t lin_chunk_bwd_floats(const MnSeqDims *d, int C);
-void lin_chunk_forward(const MesaPair *p, const MnLinOpts *o, const MnLinFwd *io, int bh, float *work);
-void lin_chunk_backward(const MesaPair *p, const MnLinOpts *o, const MnLinBwd *io, int bh, float *work);
+void lin_chunk_forward(const SeqPair *p, const MnLinOpts *o, const MnLinFwd *io, int bh, float *work);
+void lin_chunk_backward(const SeqPair *p, const MnLinOpts *o, const MnLinBwd *io, int bh, float *work);
 
 // The pair's entry state: s0's block, or zero.
 static inline void lin_load_state(float *s, const float *s0, int bh, int dk, int dv) {

@@ -45,7 +45,7 @@ static void step(MnLinRule rule, float *s, float gamma, float beta, const float 
 
 size_t lin_rec_fwd_floats(const MnSeqDims *d) { return (size_t)d->Dv * d->Dk + (size_t)d->Dv; }
 
-void lin_rec_forward(const MesaPair *p, const MnLinOpts *o, const MnLinFwd *io, int bh, float *work) {
+void lin_rec_forward(const SeqPair *p, const MnLinOpts *o, const MnLinFwd *io, int bh, float *work) {
     int dk = p->Dk, dv = p->Dv;
     float *s = work, *u = s + (size_t)dv * dk;
     lin_load_state(s, io->s0, bh, dk, dv);
@@ -65,7 +65,7 @@ size_t lin_rec_bwd_floats(const MnSeqDims *d, int C) {
     return (nseg + 1) * ss + ((size_t)C + 1) * ss + ss + 3 * (size_t)d->Dv + 2 * (size_t)d->Dk;
 }
 
-void lin_rec_backward(const MesaPair *p, const MnLinOpts *o, const MnLinBwd *io, int bh, float *work) {
+void lin_rec_backward(const SeqPair *p, const MnLinOpts *o, const MnLinBwd *io, int bh, float *work) {
     int dk = p->Dk, dv = p->Dv, T = p->T, C = p->C, nseg = (T + C - 1) / C;
     size_t ss = (size_t)dv * dk;
     MnLinRule rule = o->rule;

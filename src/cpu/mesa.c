@@ -11,8 +11,8 @@
 #include "mesa_cpu.h"
 #include "workspace.h"
 
-// The form AUTO runs, from `mesanet bench mesa` on this machine's CPU (README,
-// "Mesa layer on the CPU"): the chunkwise form was faster at every head size
+// The form AUTO runs, from `mesanet bench mesa` (docs/results.md, "Mesa layer
+// on the CPU"): the chunkwise form was faster at every head size
 // measured (16 to 128) once a sequence fills a few chunks; the recurrent form
 // wins for short inputs, where a chunk would be mostly empty (decode, T = 1).
 static MnForm pick_form(const MnSeqDims *d, const MnSolver *s, int C) {
@@ -25,7 +25,7 @@ static MnForm pick_form(const MnSeqDims *d, const MnSolver *s, int C) {
 // 4 C^2 Dk (the intra-chunk products), so small chunks waste the least work
 // as long as the matrix products stay efficient: 16 measured best at Dk = 64;
 // at Dk = 128, 16 and 32 tie within noise and 32 keeps the products larger
-// (README, "Mesa layer on the CPU").
+// (docs/results.md, "Mesa layer on the CPU").
 static int default_chunk(const MnSeqDims *d) { return d->Dk <= 64 ? 16 : 32; }
 
 static int require(const void *p, const char *fn, const char *name) {
@@ -79,12 +79,27 @@ static int check_inputs(const char *fn, const MnSeqDims *d, const float *q, cons
     return check_finite(fn, "g0", g0, c.ngs);
 }
 
-static MesaPair pair_of(const MnSeqDims *d, int bh, int C) {
-    MesaPair p = {d->T, d->H, d->Dk, d->Dv, C, (size_t)(bh / d->H) * d->T * d->H + (size_t)(bh % d->H), bh % d->H};
-    return p;
+typedef struct {
+    const MnSolver *s;
+    const MnMesaFwd *fwd;
+    const MnMesaBwd *bwd;
+    MnForm form;
+    float *parts;  // [B*H, Dk] the pairs' dlambda partials
+    int Dk;
+} MesaRun;
+
+static void fwd_pair(void *ctx, const SeqPair *p, int bh, float *work) {
+    const MesaRun *r = ctx;
+    if (r->form == MN_FORM_CHUNK) mesa_chunk_forward(p, r->s, r->fwd, bh, work);
+    else mesa_rec_forward(p, r->s, r->fwd, bh, work);
 }
 
-static int threads_for(const MnSeqDims *d) { return mn_max(1, mn_min(omp_get_max_threads(), d->B * d->H)); }
+static void bwd_pair(void *ctx, const SeqPair *p, int bh, float *work) {
+    const MesaRun *r = ctx;
+    float *part = r->parts + (size_t)bh * r->Dk;
+    if (r->form == MN_FORM_CHUNK) mesa_chunk_backward(p, r->s, r->bwd, bh, work, part);
+    else mesa_rec_backward(p, r->s, r->bwd, bh, work, part);
+}
 
 int mn_mesa_forward(const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io) {
     const char *fn = "mn_mesa_forward";
@@ -106,18 +121,8 @@ int mn_mesa_forward(const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io) 
     int C = s->chunk ? s->chunk : default_chunk(d);
     MnForm form = pick_form(d, s, C);
     size_t per = form == MN_FORM_CHUNK ? mesa_chunk_fwd_floats(d, C) : mesa_rec_fwd_floats(d);
-    int nt = threads_for(d);
-    float *work = cpu_workspace((size_t)nt * per);
-    if (!work) return MN_ERR_NOMEM;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int bh = 0; bh < d->B * d->H; bh++) {
-        MesaPair p = pair_of(d, bh, C);
-        float *mine = work + (size_t)omp_get_thread_num() * per;
-        if (form == MN_FORM_CHUNK)
-            mesa_chunk_forward(&p, s, io, bh, mine);
-        else
-            mesa_rec_forward(&p, s, io, bh, mine);
-    }
+    MesaRun r = {s, io, NULL, form, NULL, d->Dk};
+    MN_TRY(cpu_for_pairs(d, C, per, 0, NULL, fwd_pair, &r));
     if (s->check) {
         Counts c = counts(d);
         MN_TRY(check_finite(fn, "output o", io->o, c.nv));
@@ -150,22 +155,12 @@ int mn_mesa_backward(const MnSeqDims *d, const MnSolver *s, const MnMesaBwd *io)
     int C = s->chunk ? s->chunk : default_chunk(d);
     MnForm form = pick_form(d, s, C);
     size_t per = form == MN_FORM_CHUNK ? mesa_chunk_bwd_floats(d, C) : mesa_rec_bwd_floats(d, C);
-    int nt = threads_for(d), npairs = d->B * d->H;
+    int npairs = d->B * d->H;
     // One dlambda partial per pair, summed in a fixed order: results do not
     // depend on how the pairs were scheduled (resumed runs stay bit-exact).
-    float *work = cpu_workspace((size_t)nt * per + (size_t)npairs * d->Dk);
-    if (!work) return MN_ERR_NOMEM;
-    float *parts = work + (size_t)nt * per;
-    memset(parts, 0, sizeof(float) * (size_t)npairs * d->Dk);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int bh = 0; bh < npairs; bh++) {
-        MesaPair p = pair_of(d, bh, C);
-        float *mine = work + (size_t)omp_get_thread_num() * per, *part = parts + (size_t)bh * d->Dk;
-        if (form == MN_FORM_CHUNK)
-            mesa_chunk_backward(&p, s, io, bh, mine, part);
-        else
-            mesa_rec_backward(&p, s, io, bh, mine, part);
-    }
+    MesaRun r = {s, NULL, io, form, NULL, d->Dk};
+    MN_TRY(cpu_for_pairs(d, C, per, (size_t)npairs * d->Dk, &r.parts, bwd_pair, &r));
+    float *parts = r.parts;
     memset(io->dlambda, 0, sizeof(float) * (size_t)d->H * d->Dk);
     for (int bh = 0; bh < npairs; bh++)
         for (int i = 0; i < d->Dk; i++) io->dlambda[(size_t)(bh % d->H) * d->Dk + i] += parts[(size_t)bh * d->Dk + i];

@@ -70,16 +70,16 @@ static float *chunk_init(Chunk *c, float *mem, int C, int Dk, int Dv) {
 }
 
 // Copies rows t0..t0+n-1 of one pair's [B,T,H,d] tensor into dst (n x d).
-static void gather(float *dst, const float *src, const MesaPair *p, int t0, int n, int d) {
+static void gather(float *dst, const float *src, const SeqPair *p, int t0, int n, int d) {
     for (int t = 0; t < n; t++) memcpy(dst + (size_t)t * d, src + pair_tok(p, t0 + t) * d, sizeof(float) * d);
 }
 
-static void scatter(float *dst, const float *src, const MesaPair *p, int t0, int n, int d) {
+static void scatter(float *dst, const float *src, const SeqPair *p, int t0, int n, int d) {
     for (int t = 0; t < n; t++) memcpy(dst + pair_tok(p, t0 + t) * d, src + (size_t)t * d, sizeof(float) * d);
 }
 
 // Loads a chunk's k, v, gates and decays; kb = beta k, vb = beta v.
-static void load_chunk(Chunk *c, const MesaPair *p, int t0, int n, const float *k, const float *v, const float *g,
+static void load_chunk(Chunk *c, const SeqPair *p, int t0, int n, const float *k, const float *v, const float *g,
                        const float *beta) {
     gather(c->k, k, p, t0, n, c->Dk);
     gather(c->v, v, p, t0, n, c->Dv);
@@ -145,7 +145,7 @@ size_t mesa_chunk_fwd_floats(const MnSeqDims *d, int C) {
     return chunk_floats(C, d->Dk, d->Dv) + (size_t)d->Dk * d->Dk + (size_t)d->Dv * d->Dk;
 }
 
-void mesa_chunk_forward(const MesaPair *p, const MnSolver *s, const MnMesaFwd *io, int bh, float *work) {
+void mesa_chunk_forward(const SeqPair *p, const MnSolver *s, const MnMesaFwd *io, int bh, float *work) {
     Chunk c;
     int dk = p->Dk, dv = p->Dv;
     float *h = chunk_init(&c, work, p->C, dk, dv), *g = h + (size_t)dk * dk;
@@ -182,7 +182,7 @@ static float sum_product(const float *a, const float *b, size_t n) {
     return (float)s;
 }
 
-void mesa_chunk_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *io, int bh, float *work,
+void mesa_chunk_backward(const SeqPair *p, const MnSolver *s, const MnMesaBwd *io, int bh, float *work,
                          float *dlambda_part) {
     Chunk c;
     int dk = p->Dk, dv = p->Dv, T = p->T, C = p->C;

@@ -10,15 +10,8 @@
 #include <string.h>
 
 #include "mesanet.h"
+#include "pairs.h"
 
-// Strided views of one (sequence, head) pair inside [B,T,H,D] tensors.
-typedef struct {
-    int T, H, Dk, Dv, C;
-    size_t tok0;  // index of token 0 of this pair in [B,T,H] units: b*T*H + h
-    int h;
-} MesaPair;
-
-static inline size_t pair_tok(const MesaPair *p, int t) { return p->tok0 + (size_t)t * p->H; }
 
 // The states entering the sequence of pair bh: the given ones, or zero.
 static inline void mesa_load_states(float *h, float *g, const float *h0, const float *g0, int bh, int dk, int dv) {
@@ -34,14 +27,14 @@ static inline int mesa_needs_diagonal(const MnSolver *s) {
 
 size_t mesa_chunk_fwd_floats(const MnSeqDims *d, int C);
 size_t mesa_chunk_bwd_floats(const MnSeqDims *d, int C);
-void mesa_chunk_forward(const MesaPair *p, const MnSolver *s, const MnMesaFwd *io, int bh, float *work);
-void mesa_chunk_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *io, int bh, float *work,
+void mesa_chunk_forward(const SeqPair *p, const MnSolver *s, const MnMesaFwd *io, int bh, float *work);
+void mesa_chunk_backward(const SeqPair *p, const MnSolver *s, const MnMesaBwd *io, int bh, float *work,
                          float *dlambda_part);
 
 size_t mesa_rec_fwd_floats(const MnSeqDims *d);
 size_t mesa_rec_bwd_floats(const MnSeqDims *d, int C);
-void mesa_rec_forward(const MesaPair *p, const MnSolver *s, const MnMesaFwd *io, int bh, float *work);
-void mesa_rec_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *io, int bh, float *work,
+void mesa_rec_forward(const SeqPair *p, const MnSolver *s, const MnMesaFwd *io, int bh, float *work);
+void mesa_rec_backward(const SeqPair *p, const MnSolver *s, const MnMesaBwd *io, int bh, float *work,
                        float *dlambda_part);
 
 #endif

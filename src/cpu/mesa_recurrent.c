@@ -55,7 +55,7 @@ size_t mesa_rec_fwd_floats(const MnSeqDims *d) {
     return (size_t)d->Dk * d->Dk + (size_t)d->Dv * d->Dk + d->Dk + cg_work_floats(1, d->Dk);
 }
 
-void mesa_rec_forward(const MesaPair *p, const MnSolver *s, const MnMesaFwd *io, int bh, float *work) {
+void mesa_rec_forward(const SeqPair *p, const MnSolver *s, const MnMesaFwd *io, int bh, float *work) {
     int dk = p->Dk, dv = p->Dv;
     float *h = work, *g = h + (size_t)dk * dk, *diag = g + (size_t)dv * dk;
     CgWork cg;
@@ -80,7 +80,7 @@ size_t mesa_rec_bwd_floats(const MnSeqDims *d, int C) {
     return (nseg + 1) * hg + SEGMENT * hg + hg + 8 * (size_t)D + cg_work_floats(1, d->Dk) + (size_t)d->T;
 }
 
-void mesa_rec_backward(const MesaPair *p, const MnSolver *s, const MnMesaBwd *io, int bh, float *work,
+void mesa_rec_backward(const SeqPair *p, const MnSolver *s, const MnMesaBwd *io, int bh, float *work,
                        float *dlambda_part) {
     int dk = p->Dk, dv = p->Dv, T = p->T, D = dk > dv ? dk : dv;
     size_t hh = (size_t)dk * dk, gg = (size_t)dv * dk, hg = hh + gg;

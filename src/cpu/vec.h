@@ -42,8 +42,8 @@ static inline void matvec_t(float *restrict y, const float *restrict a, const fl
 
 // y = A x for a symmetric n x n A whose size is a compile-time constant once
 // inlined: y lives in registers, split over two accumulators so that the
-// multiply-adds of consecutive rows do not wait on each other. 2.7x the
-// generic loop at n = 64 (48 -> 132 GFLOP/s on one Zen 5 core).
+// multiply-adds of consecutive rows do not wait on each other (2.7x the
+// generic loop at n = 64 on one Zen 5 core).
 static inline __attribute__((always_inline)) void symv_fixed(float *restrict y, const float *restrict a,
                                                              const float *restrict x, const int n) {
     float y0[n], y1[n];
