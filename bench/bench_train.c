@@ -87,8 +87,10 @@ int bench_train(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     size_t embed = (size_t)c.vocab_size * c.dim;
     double dense_flops = 6.0 * (double)(m->count - (c.tie_embeddings ? 0 : embed)) * (double)N * steps;
-    printf("training %s (%zu parameters) on %s, %d threads, batch %d x %d tokens, CG steps %d (mean used %.1f)\n", config,
-           m->count, be->name, omp_get_max_threads(), batch * g.size, seq, c.cg_steps, cg_mean);
+    printf("training %s (%zu parameters) on %s, %d threads, batch %d x %d tokens", config, m->count, be->name,
+           omp_get_max_threads(), batch * g.size, seq);
+    if (model_uses_cg(&c)) printf(", CG steps %d (mean used %.1f)", c.cg_steps, cg_mean);
+    printf("\n");
     if (g.size > 1)
         printf("  data-parallel: %d ranks of %d sequences, gradients summed %s, %s\n", g.size, batch,
                g.be ? "by NCCL" : "through the host", serial || !g.be ? "after the backward pass" : "beside the backward pass");
