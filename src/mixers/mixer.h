@@ -65,6 +65,10 @@ typedef enum {
     FFN_NONE,    // nothing: the block is the mixer and its residual
 } FfnKind;
 
+// A block that up-projects inside its mixer (xLSTM's mLSTM block, Longhorn's Mamba block) has
+// FFN_NONE; one with an MLP after its mixer (the sLSTM block: GELU-gated, 4/3 D) names its kind
+// and width. Both norms are RMSNorm with a weight w; a block whose norms differ (Griffin's 1 + w)
+// adds the kind here, with the op that computes it.
 typedef struct {
     FfnKind ffn;
     int ffn_bias;                             // 1: biases on the feed-forward projections
