@@ -91,6 +91,35 @@ TEST(train_eval_every_zero_validates_at_the_end) {
     tmp_remove(&t);
 }
 
+// A run of a model without CG (gdn) resumes with its config named again, as demo.sh's second run
+// does: the config the options make is compared with the run's, CG steps left out of it.
+TEST(train_resume_without_cg_with_the_config_given) {
+    TmpDir t;
+    tmp_make(&t);
+    char data[256], out[256], cfg[256];
+    snprintf(data, sizeof data, "%s/data", t.dir);
+    snprintf(out, sizeof out, "%s/run", t.dir);
+    snprintf(cfg, sizeof cfg, "%s/gdn.json", t.dir);
+    write_toy_shards(data);
+    FILE *f = fopen(cfg, "w");
+    CHECK(f != NULL, "cannot write %s", cfg);
+    if (!f) return;
+    fputs("{\"preset\": \"tiny\", \"mixer\": \"gdn\"}", f);
+    fclose(f);
+    FILE *devnull = fopen("/dev/null", "w");
+    TrainOptions o = toy_train_options(data, out);
+    o.config = cfg;
+    o.cg_steps = 0;
+    o.stop_at = 4;
+    CHECK(!train_run(&o, devnull), "first part: %s", mn_last_error());
+    o.stop_at = 0;
+    CHECK(!train_run(&o, devnull), "resumed with --config: %s", mn_last_error());
+    fclose(devnull);
+    double l[64];
+    CHECK(read_losses(out, l, 64) == 12, "the resumed run did not reach step 12");
+    tmp_remove(&t);
+}
+
 TEST(train_checkpoint_round_trip_is_exact) {
     TmpDir t;
     tmp_make(&t);

@@ -174,7 +174,7 @@ __device__ __forceinline__ void conv_dw_run(float *dw, const bf16 *dy, const bf1
     for (int q = 0; q < taps; q++) {
         int j = q - (taps - K);
         if (j < 0) continue;
-        colsum_flush(part, acc[q], width, C, dw + j, K);
+        colsum_flush(part, acc[q], width, C, dw + (size_t)blockIdx.y * C * K + j, K);  // dw: the strips' sums
         __syncthreads();  // part is reused
     }
 }
@@ -198,12 +198,14 @@ int g_conv_bwd(const Backend *be, void *dx, void *dw, const void *dy, const void
     int tiles;
     long strips, per = strip_rows((long)B * T, C, vec, &tiles, &strips);
     dim3 grid((unsigned)tiles, (unsigned)strips);
+    float *parts = (float *)cuda_scratch(be, sizeof(float) * (size_t)strips * C * K);
+    if (!parts) return MN_ERR_NOMEM;
     if (K <= 4)
-        conv_bwd_dw_kernel4<<<grid, 32 * COLSUM_WARPS, 0, s>>>((float *)dw, (const bf16 *)dy, (const bf16 *)x, B, T, C, K,
+        conv_bwd_dw_kernel4<<<grid, 32 * COLSUM_WARPS, 0, s>>>(parts, (const bf16 *)dy, (const bf16 *)x, B, T, C, K,
                                                                (const bf16 *)sin, per, vec);
     else
-        conv_bwd_dw_kernel8<<<grid, 32 * COLSUM_WARPS, 0, s>>>((float *)dw, (const bf16 *)dy, (const bf16 *)x, B, T, C, K,
+        conv_bwd_dw_kernel8<<<grid, 32 * COLSUM_WARPS, 0, s>>>(parts, (const bf16 *)dy, (const bf16 *)x, B, T, C, K,
                                                                (const bf16 *)sin, per, vec);
     LAUNCH_CHECK();
-    return MN_OK;
+    return colsum_finish(be, (float *)dw, parts, strips, (size_t)C * K);
 }

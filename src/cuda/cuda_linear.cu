@@ -6,8 +6,8 @@
 
 // ------------------------------------------------------------------------ column sums
 
-__global__ void colsum_kernel(float *out, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L, int group,
-                              long per_strip, int vec) {
+__global__ void colsum_kernel(float *parts, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L,
+                              int group, long per_strip, int vec) {
     __shared__ float part[COLSUM_WARPS][256];
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, width = vec ? 8 : 1, tile = 32 * width;
     int c0 = blockIdx.x * tile + lane * width;
@@ -29,7 +29,21 @@ __global__ void colsum_kernel(float *out, const bf16 *dy, const bf16 *x, const f
             for (int k = 0; k < 8; k++)
                 if (k < width) acc[k] += a[k];
         }
-    colsum_flush(part, acc, width, L, out, 1);
+    colsum_flush(part, acc, width, L, parts + (size_t)blockIdx.y * L, 1);
+}
+
+__global__ void colsum_finish_kernel(float *out, const float *parts, long strips, size_t n) {
+    GRID_LOOP(i, n) {
+        float s = 0;
+        for (long k = 0; k < strips; k++) s += parts[(size_t)k * n + i];
+        out[i] += s;
+    }
+}
+
+int colsum_finish(const Backend *be, float *out, const float *parts, long strips, size_t n) {
+    colsum_finish_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>(out, parts, strips, n);
+    LAUNCH_CHECK();
+    return MN_OK;
 }
 
 // The grid of a column-sum kernel: tiles of 32 pieces of columns by strips of rows (about 1024
@@ -49,10 +63,12 @@ int colsum(const Backend *be, float *out, const bf16 *dy, const bf16 *x, const f
            int group) {
     int vec = L % 8 == 0 && rows_vec(group, dy, x, x, x), tiles;
     long strips, per = strip_rows(rows, L, vec, &tiles, &strips);
+    float *parts = (float *)cuda_scratch(be, sizeof(float) * (size_t)strips * L);
+    if (!parts) return MN_ERR_NOMEM;
     colsum_kernel<<<dim3((unsigned)tiles, (unsigned)strips), 32 * COLSUM_WARPS, 0, cuda_ctx(be)->stream>>>(
-        out, dy, x, rstd, rows, L, group, per, vec);
+        parts, dy, x, rstd, rows, L, group, per, vec);
     LAUNCH_CHECK();
-    return MN_OK;
+    return colsum_finish(be, out, parts, strips, (size_t)L);
 }
 
 // ---------------------------------------------------------------------- dense layers

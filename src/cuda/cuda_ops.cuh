@@ -70,12 +70,15 @@ static inline int rows_vec(int n, const void *a, const void *b, const void *c, c
 // out[c] += sum_r dy[r L + c] (times x[r L + c] rstd[(r L + c) / group] when x is given). A block
 // takes a strip of rows and 32 pieces of columns (256 columns, or 32 without 16-byte pieces):
 // lane l of warp w reads piece l of rows w, w + 8, .. (coalesced across the warp), the warps'
-// sums meet in smem, and one atomic per column adds the block's sum. (A thread per column walking
-// all rows, with one load in flight, was bound by the loads' latency.)
+// sums meet in smem, and the block writes its strip's sums; a second pass (colsum_finish) adds
+// the strips' sums in their order, so that a run repeated gives the same bits (atomics would add
+// them in whatever order the blocks finish). (A thread per column walking all rows, with one load
+// in flight, was bound by the loads' latency.)
 #define COLSUM_WARPS 8
 
 // The block's column sums out of the warps' partial sums acc (width columns a lane) through
-// part: out[c stride] += the block's sum of column c, for the block's columns below L.
+// part: out[c stride] = the block's sum of column c, for the block's columns below L (out: this
+// strip's row of the sums).
 __device__ __forceinline__ void colsum_flush(float part[COLSUM_WARPS][256], const float acc[8], int width, int L,
                                              float *out, int stride) {
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, tile = 32 * width;
@@ -88,10 +91,12 @@ __device__ __forceinline__ void colsum_flush(float part[COLSUM_WARPS][256], cons
         if (c >= L) continue;
         float sum = 0;
         for (int w = 0; w < COLSUM_WARPS; w++) sum += part[w][i];
-        atomicAdd(&out[(size_t)c * stride], sum);
+        out[(size_t)c * stride] = sum;
     }
 }
 
+// out[i] += sum over the strips s, in order, of parts[s n + i], for i < n (cuda_linear.cu).
+int colsum_finish(const Backend *be, float *out, const float *parts, long strips, size_t n);
 // The grid of a column-sum kernel (cuda_linear.cu). Returns the rows per strip.
 long strip_rows(long rows, int cols, int vec, int *tiles, long *strips);
 // out[c] += the column sums of dy (times x rstd where x is given) over `rows` rows of L columns.

@@ -151,7 +151,7 @@ static int resume_settings(const TrainOptions *o, int ranks, const Model *m, con
         ModelConfig given;
         char diff[256], more[300], run_name[1100];
         TrainOptions same = *o;
-        same.cg_steps = m->cfg.cg_steps;
+        same.cg_steps = model_uses_cg(&m->cfg) ? m->cfg.cg_steps : 0;  // (refused where no layer uses CG)
         MN_TRY(run_config(&same, set, m->cfg.vocab_size, &given));
         if (config_diff(&given, &m->cfg, diff, sizeof diff)) {
             snprintf(more, sizeof more, " (%s)", diff);
