@@ -130,7 +130,7 @@ $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libmesanet.a
 # GPU tests: their own binary, since they need a device (make test-cuda).
 CUDA_TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/cuda/*.c)) \
                  $(BUILD)/tests/main.o $(BUILD)/tests/fd.o $(BUILD)/tests/mesa_case.o \
-                 $(BUILD)/tests/mixer_case.o $(BUILD)/tests/tmpdir.o $(BUILD)/tests/toy.o
+                 $(BUILD)/tests/mixer_case.o $(BUILD)/tests/tmpdir.o $(BUILD)/tests/toy.o $(BUILD)/tests/tool_run.o
 $(BUILD)/run_tests_cuda: $(CUDA_TEST_OBJ) $(BUILD)/libmesanet.a
 	$(CC) $(CFLAGS) -o $@ $(CUDA_TEST_OBJ) $(BUILD)/libmesanet.a $(LDLIBS)
 

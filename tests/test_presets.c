@@ -14,6 +14,7 @@
 #include "model/presets.h"
 #include "test.h"
 #include "tmpdir.h"
+#include "tool_run.h"
 
 static const char *const sizes[] = {"demo", "125m", "400m"};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
@@ -184,22 +185,12 @@ TEST(presets_unknown_names_are_refused) {
           mn_last_error());
 }
 
-// The mesanet binary beside this test binary (the Makefile builds both into one directory).
-static int tool_path(char *exe, size_t n) {
-    ssize_t k = readlink("/proc/self/exe", exe, n - 16);
-    if (k <= 0) return 0;
-    exe[k] = 0;
-    char *slash = strrchr(exe, '/');
-    if (!slash) return 0;
-    strcpy(slash + 1, "mesanet");
-    return !access(exe, X_OK);
-}
-
 // `mesanet info --matched SIZE` prints one line per mixer with its preset's name and count.
 TEST(presets_info_matched_table) {
-    char exe[1024], cmd[1200], out[8192];
-    CHECK(tool_path(exe, sizeof exe), "the mesanet binary is not built beside this test binary");
-    if (!exe[0] || access(exe, X_OK)) return;
+    char cmd[1200], out[8192];
+    const char *exe = tool_run_path();
+    CHECK(exe != NULL, "the mesanet binary is not built beside this test binary");
+    if (!exe) return;
     for (size_t i = 0; i < NSIZES; i++) {
         snprintf(cmd, sizeof cmd, "%s info --matched %s 2>&1", exe, sizes[i]);
         FILE *p = popen(cmd, "r");

@@ -572,21 +572,10 @@ TEST(synth_run_cli_damaged_results_refused) {
 // ---------------------------------------------------------------------------
 // --jobs processes end with the sweep.
 
-static const char *mesanet_path(void) {
-    static char exe[1024];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 16);
-    if (n <= 0) return NULL;
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (!slash) return NULL;
-    strcpy(slash + 1, "mesanet");
-    return access(exe, X_OK) ? NULL : exe;
-}
-
 // Starts `mesanet synth mqar --mixers gdn,mha,gla --quick --jobs 2 --out OUT <extra>` with its output
 // in OUT.log, SIGINT at its default; returns its pid (-1 if it could not start).
 static pid_t start_sweep(const char *out, const char *extra) {
-    const char *exe = mesanet_path();
+    const char *exe = tool_run_path();
     if (!exe) return -1;
     char log[512];
     snprintf(log, sizeof log, "%s.log", out);

@@ -8,7 +8,7 @@
 
 #include "test.h"
 
-static const char *tool_path(void) {
+const char *tool_run_path(void) {
     static char exe[1024];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 16);
     if (n <= 0) return NULL;
@@ -29,7 +29,7 @@ char *read_text(const char *path) {
 
 static ToolRun run_with(TmpDir *td, const char *args, int merged) {
     ToolRun r = {-1, NULL, NULL};
-    const char *exe = tool_path();
+    const char *exe = tool_run_path();
     char out[128], err[128], cmd[8192];
     snprintf(out, sizeof out, "%s/stdout.txt", td->dir);
     snprintf(err, sizeof err, "%s/stderr.txt", td->dir);

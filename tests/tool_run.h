@@ -17,6 +17,8 @@ ToolRun tool_run(TmpDir *td, const char *args);
 // them (r.err is empty).
 ToolRun tool_run_merged(TmpDir *td, const char *args);
 void tool_run_free(ToolRun *r);
+// The mesanet binary beside this test binary, or NULL where it is not built.
+const char *tool_run_path(void);
 // A file's whole text, NUL-terminated; an empty string where it cannot be read (free it).
 char *read_text(const char *path);
 

@@ -12,6 +12,7 @@
 #include "../src/core/common.h"
 #include "../src/data/shard.h"
 #include "test.h"
+#include "tool_run.h"
 
 // A token stream with structure a model can learn: documents of a repeating
 // random pattern, each preceded by BOS = 63.
@@ -58,15 +59,10 @@ TrainOptions toy_train_options(const char *data, const char *out) {
 // `mesanet train` itself (data parallelism runs the tool again as its ranks), from the build
 // directory of this test binary; its output goes to `log`. Returns the exit status.
 int run_tool(const char *args, const char *log) {
-    char exe[512], cmd[2048];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return -1;
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (!slash) return -1;
-    snprintf(slash + 1, sizeof exe - (size_t)(slash + 1 - exe), "mesanet");
-    if (access(exe, X_OK)) {
-        test_fail(__FILE__, __LINE__, "%s: not built (make all builds it beside this test binary)", exe);
+    char cmd[2048];
+    const char *exe = tool_run_path();
+    if (!exe) {
+        test_fail(__FILE__, __LINE__, "mesanet: not built (make all builds it beside this test binary)");
         return -1;
     }
     snprintf(cmd, sizeof cmd, "%s %s >%s 2>&1", exe, args, log);

@@ -1,9 +1,8 @@
-// Matrix products in tiles of a fixed grid, each a single-threaded BLAS call (blas.h says why).
+// Matrix products in pieces cut by a rule of their sizes, each a single-threaded BLAS call (blas.h says why).
 #include "blas.h"
 
 #include <cblas.h>
 #include <omp.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 // A tile is worth a call of its own from this much work on (flops), and from this many rows or
@@ -118,12 +117,4 @@ void gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const floa
 __attribute__((constructor)) static void blas_one_thread(void) {
     if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
 }
-
-const char *blas_name(void) {
-    static char name[96];
-    snprintf(name, sizeof name, "OpenBLAS %s", openblas_get_corename());
-    return name;
-}
-#else
-const char *blas_name(void) { return "CBLAS"; }
 #endif

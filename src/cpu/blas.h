@@ -27,7 +27,4 @@ typedef struct {
 } GemmTiles;
 void gemm_tiles(int m, int n, int k, GemmTiles *t);
 
-// The BLAS library's name and the kernels it picked ("OpenBLAS Haswell"), for reports.
-const char *blas_name(void);
-
 #endif

@@ -396,7 +396,6 @@ static int attn_create(Mixer *m) {
     Dims z = dims_of(m);
     AttnDims ad = {1, 1, z.H, z.Hkv, z.Dh, z.window, z.scale};
     if (be->attn->supports) MN_TRY(mixer_supports(m, be->attn->supports(be, &ad)));
-    MN_TRY(m->ops->validate(m->cfg, m->ops->name));
     Attn *s = calloc(1, sizeof(Attn));
     if (!s) return mn_error(MN_ERR_NOMEM, "out of memory");
     m->priv = s;

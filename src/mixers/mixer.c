@@ -80,11 +80,13 @@ void mixer_bufs_free(const Backend *be, const MixerBuf *b, int n) {
 }
 
 int mixer_bufs_alloc(const Backend *be, const MixerBuf *b, int n, size_t N) {
-    for (int i = 0; i < n; i++)
-        if (!(*b[i].p = be->alloc(be, b[i].per_token * N + b[i].fixed ? b[i].per_token * N + b[i].fixed : 1, b[i].kind))) {
+    for (int i = 0; i < n; i++) {
+        size_t count = b[i].per_token * N + b[i].fixed;
+        if (!(*b[i].p = be->alloc(be, count ? count : 1, b[i].kind))) {
             mixer_bufs_free(be, b, n);
             return MN_ERR_NOMEM;
         }
+    }
     return MN_OK;
 }
 

@@ -103,7 +103,8 @@ static unsigned used_fields(const ModelConfig *c) {
     return used;
 }
 
-static int applies(const ModelConfig *c, const Field *f) { return !f->uses || (f->uses & used_fields(c)); }
+// Whether field f is read by a model whose blocks read the mixer fields `used` (used_fields).
+static int applies(unsigned used, const Field *f) { return !f->uses || (f->uses & used); }
 
 // The mixers that read field f, for messages ("swa" or "mha, swa").
 static void readers(const Field *f, char *out, size_t n) {
@@ -129,8 +130,9 @@ void config_normalize(ModelConfig *c) {
     if (mixer_pattern_check(c->mixer, 0) < 0) return;  // (validation names the pattern's fault)
     ModelConfig d;
     config_default(&d);
+    unsigned used = used_fields(c);
     for (size_t k = 0; k < NFIELDS; k++)
-        if (!applies(c, &fields[k])) memcpy((char *)c + fields[k].offset, (const char *)&d + fields[k].offset, fields[k].size);
+        if (!applies(used, &fields[k])) memcpy((char *)c + fields[k].offset, (const char *)&d + fields[k].offset, fields[k].size);
 }
 
 static void field_text(const ModelConfig *c, const Field *f, char *buf, size_t n);
@@ -141,10 +143,10 @@ static void field_text(const ModelConfig *c, const Field *f, char *buf, size_t n
 static int check_fields_apply(const ModelConfig *c, const char *where) {
     ModelConfig d;
     config_default(&d);
-    const unsigned switches = CF_NEG_EIGEN | CF_HEAD_V_DIM | CF_KV_HEADS | CF_OUTPUT_GATE;
+    const unsigned switches = CF_NEG_EIGEN | CF_HEAD_V_DIM | CF_KV_HEADS | CF_OUTPUT_GATE, used = used_fields(c);
     for (size_t k = 0; k < NFIELDS; k++) {
         const Field *f = &fields[k];
-        if (!(f->uses & switches) || applies(c, f) || same_value(c, &d, f)) continue;
+        if (!(f->uses & switches) || applies(used, f) || same_value(c, &d, f)) continue;
         char value[96], who[256];
         field_text(c, f, value, sizeof value);
         readers(f, who, sizeof who);
@@ -199,7 +201,7 @@ static int config_from_json(ModelConfig *c, const Json *j, const char *where, in
     }
     for (int i = 0; i < j->count && strict && mixer_pattern_check(c->mixer, 0) > 0; i++) {
         const Field *fd = find_field(j->items[i].key);
-        if (!fd || applies(c, fd)) continue;
+        if (!fd || applies(used_fields(c), fd)) continue;
         char who[256];
         readers(fd, who, sizeof who);
         return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" does not apply to mixer \"%s\": only %s read it", where,
@@ -274,11 +276,12 @@ int config_save(const ModelConfig *c, const char *path) {
     FILE *f = af.f;
     config_to_hf(f, c);  // what Hugging Face and fla read; our complete config follows
     fprintf(f, "  \"mesanet\": {\n");
+    unsigned used = used_fields(c);
     size_t last = 0;  // the fields the model reads (config_normalize left the others at their defaults)
     for (size_t k = 0; k < NFIELDS; k++)
-        if (applies(c, &fields[k])) last = k;
+        if (applies(used, &fields[k])) last = k;
     for (size_t k = 0; k < NFIELDS; k++) {
-        if (!applies(c, &fields[k])) continue;
+        if (!applies(used, &fields[k])) continue;
         char value[96];  // room for the longest string field and its quotes
         field_text(c, &fields[k], value, sizeof value);  // strings: validated names, nothing to escape
         fprintf(f, "    \"%s\": %s%s\n", fields[k].key, value, k < last ? "," : "");
@@ -289,10 +292,11 @@ int config_save(const ModelConfig *c, const char *path) {
 
 void config_mixer_fields(const ModelConfig *c, char *out, size_t n) {
     size_t len = 0;
+    unsigned used = used_fields(c);
     out[0] = 0;
     for (size_t k = 0; k < NFIELDS && len < n; k++) {
         const Field *f = &fields[k];
-        if (!f->uses || f->uses == CF_FFN || !applies(c, f)) continue;
+        if (!f->uses || f->uses == CF_FFN || !applies(used, f)) continue;
         char value[96];
         field_text(c, f, value, sizeof value);
         snprintf(out + len, n - len, "%s%s %s", len ? ", " : "", f->key, value);
@@ -301,10 +305,11 @@ void config_mixer_fields(const ModelConfig *c, char *out, size_t n) {
 }
 
 int config_diff(const ModelConfig *a, const ModelConfig *b, char *out, size_t n) {
+    unsigned ua = used_fields(a), ub = used_fields(b);
     for (size_t k = 0; k < NFIELDS; k++) {
         const Field *f = &fields[k];
         // a field that neither model reads does not make them differ (mixer, which decides it, is first)
-        if (same_value(a, b, f) || (!applies(a, f) && !applies(b, f))) continue;
+        if (same_value(a, b, f) || (!applies(ua, f) && !applies(ub, f))) continue;
         char va[96], vb[96];
         field_text(a, f, va, sizeof va);
         field_text(b, f, vb, sizeof vb);

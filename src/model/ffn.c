@@ -24,7 +24,7 @@ int ffn_declare(const ModelConfig *c, const BlockShape *b, const char *prefix, P
     f->norm = f->gate = f->up = f->down = f->gate_b = f->up_b = f->down_b = -1;
     if (f->kind == FFN_NONE) return MN_OK;
     f->bias = b->ffn_bias;
-    f->F = b->ffn_hidden ? b->ffn_hidden(c) : c->mlp_hidden;
+    f->F = ffn_width(c, b);
     if (f->F < 1) return mn_error(MN_ERR_ARG, "the feed-forward width is %d, expected at least 1", f->F);
     int64_t D = c->dim, F = f->F;
     double resid = pow((double)c->n_layers, -c->resid_scale);
@@ -42,8 +42,9 @@ int ffn_declare(const ModelConfig *c, const BlockShape *b, const char *prefix, P
     return MN_OK;
 }
 
-size_t ffn_act_elems(const Ffn *f) { return f->kind == FFN_NONE ? 0 : 3 * (size_t)f->F; }
-size_t ffn_f32_elems(const Ffn *f) { return f->kind == FFN_NONE ? 0 : 1; }
+int ffn_width(const ModelConfig *c, const BlockShape *b) {
+    return b->ffn == FFN_NONE ? 0 : b->ffn_hidden ? b->ffn_hidden(c) : c->mlp_hidden;
+}
 
 static const void *param_or_null(void *const *p, int i) { return i < 0 ? NULL : p[i]; }
 static void *grad_or_null(void *const *g, int i) { return i < 0 ? NULL : g[i]; }

@@ -40,10 +40,8 @@ typedef struct {
 // fla's, or Llama's norm under the llama architecture.
 int ffn_declare(const ModelConfig *c, const BlockShape *b, const char *prefix, ParamSpec *s, int *n, int max, Ffn *f);
 
-// Elements per token of a block's kept activations (MEM_ACT, and MEM_F32), and of its share of
-// the shared temporaries' [N, F] part (MEM_ACT).
-size_t ffn_act_elems(const Ffn *f);
-size_t ffn_f32_elems(const Ffn *f);
+// The hidden width of a block of shape b: 0 without a feed-forward part.
+int ffn_width(const ModelConfig *c, const BlockShape *b);
 
 // out[N, D] = u + FFN(RMSNorm(u)) with the block's parameters p (the model's per-tensor views).
 int ffn_forward(const Backend *be, const Ffn *f, void *const *p, const FfnActs *a, const FfnShared *s, const void *u,

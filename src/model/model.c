@@ -172,7 +172,7 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         m->mixers[l].scratch = &m->scratch;
         if ((st = ops->create(&m->mixers[l]))) goto fail;
     }
-    if ((st = declare_all(cfg, m->specs, &m->nparams, m->blocks, &m->embed, &m->norm_f, &m->head, &m->ae))) goto fail;
+    if ((st = declare_all(&m->cfg, m->specs, &m->nparams, m->blocks, &m->embed, &m->norm_f, &m->head, &m->ae))) goto fail;
     for (int l = 0; l < cfg->n_layers; l++) {
         const Ffn *f = &m->blocks[l].ffn;
         m->ffn_sum += (size_t)f->F;
@@ -320,8 +320,7 @@ static size_t activation_bytes_per_token(const ModelConfig *c, const Backend *be
     for (int l = 0; l < c->n_layers; l++) {
         const MixerOps *ops = mixer_at(c, l);
         if (!ops) continue;  // (a valid config has none such)
-        const BlockShape *b = &ops->block;
-        size_t F = b->ffn == FFN_NONE ? 0 : (size_t)(b->ffn_hidden ? b->ffn_hidden(c) : c->mlp_hidden);
+        size_t F = (size_t)ffn_width(c, &ops->block);
         fsum += F;
         fmax = F > fmax ? F : fmax;
         mixers += ops->activation_bytes(c, be);
