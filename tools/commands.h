@@ -51,9 +51,6 @@ int parse_args(int argc, char **argv, const char *usage, const Option *opts, int
 // wrong as `mesanet cmd: ...` and returns 1. parse_args runs it first.
 int options_check(const char *cmd, const Option *opts, int nopts);
 
-// "s" unless n is 1, for counts in messages: "%d step%s", n, plural_s(n).
-static inline const char *plural_s(long long n) { return n == 1 ? "" : "s"; }
-
 // Prints `mesanet cmd: message` to stderr and exits with status 1.
 void cmd_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
 

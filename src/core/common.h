@@ -65,6 +65,8 @@ uint64_t mn_rng_u64(MnRng *r);
 double mn_rng_uniform(MnRng *r);  // in [0, 1)
 double mn_rng_normal(MnRng *r);   // N(0, 1), Box-Muller
 
+// "s" unless n is 1, for counts in messages: "%d step%s", n, plural_s(n).
+static inline const char *plural_s(long long n) { return n == 1 ? "" : "s"; }
 static inline int mn_min(int a, int b) { return a < b ? a : b; }
 static inline int mn_max(int a, int b) { return a > b ? a : b; }
 

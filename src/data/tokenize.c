@@ -214,8 +214,7 @@ int tokenize_run(const TokenizeOptions *o, FILE *log) {
     }
     if (!s) s = ensure_both_splits(&c, o->valid_frac);
     if (s) goto done;
-    fprintf(log, "tokenize: %d file%s, %d document%s, %.1f MB\n", c.nfiles, c.nfiles == 1 ? "" : "s", c.n,
-            c.n == 1 ? "" : "s", (double)bytes / 1e6);
+    fprintf(log, "tokenize: %d file%s, %d document%s, %.1f MB\n", c.nfiles, plural_s(c.nfiles), c.n, plural_s(c.n), (double)bytes / 1e6);
     char enc[4096], merges[4096];
     snprintf(enc, sizeof enc, "%s/encoder.json", o->out_dir);
     snprintf(merges, sizeof merges, "%s/vocab.bpe", o->out_dir);
@@ -266,7 +265,7 @@ int tokenize_run(const TokenizeOptions *o, FILE *log) {
             }
         if (!s)
             fprintf(log, "tokenize: %s: %d document%s, %zu tokens (%.2f bytes/token) -> %s (%.1f s)\n", names[split],
-                    ndocs, ndocs == 1 ? "" : "s", n, n ? (double)split_bytes / (double)n : 0.0, path, mn_now() - t);
+                    ndocs, plural_s(ndocs), n, n ? (double)split_bytes / (double)n : 0.0, path, mn_now() - t);
         free(ids);
         ids = NULL;
     }

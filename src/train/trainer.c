@@ -322,10 +322,10 @@ int train_run(const TrainOptions *o, FILE *log) {
     }
     LrSchedule sched = {o->lr, o->warmup, o->steps, o->lr_final};
     fprintf(log, "train: %s model, %zu parameters, %s backend; %d x %d tokens x %d accumulation per step, %d step%s\n",
-            m->cfg.arch, m->count, be->name, set.batch * ranks, set.seq, set.accum, o->steps, o->steps == 1 ? "" : "s");
+            m->cfg.arch, m->count, be->name, set.batch * ranks, set.seq, set.accum, o->steps, plural_s(o->steps));
     if (ranks > 1)
         fprintf(log, "train: data-parallel over %d ranks of %d sequence%s each, gradients summed %s\n", ranks, set.batch,
-                set.batch == 1 ? "" : "s",
+                plural_s(set.batch),
                 g->be ? "by the backend's collective (NCCL)" : "through the host");
     double t_start = mn_now(), t_last = t_start, t_first = 0, elapsed0 = st.elapsed, tok_rate = 0;
     int last_saved = st.step, done_here = 0;
