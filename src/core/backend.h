@@ -105,6 +105,87 @@ typedef struct {
     int (*supports)(const Backend *be, const AttnDims *d);  // MN_ERR_UNSUPPORTED naming the size, or NULL
 } AttnOps;
 
+// The mLSTM core (docs/spec/mixers.md section 4; docs/spec/reference/xlstm-notes.md 2.2-2.6): per head
+// a state (C [Dv,Dk], n [Dk], m), stabilised, from m_0 = 0 (or the given state):
+//   m_t = max(f_t + m_{t-1}, i_t);   a_t = exp(f_t + m_{t-1} - m_t),  b_t = exp(i_t - m_t)
+//   C_t = a_t C_{t-1} + b_t v_t k_t^T;   n_t = a_t n_{t-1} + b_t k_t
+//   h_t = s C_t q_t / (max(|s n_t^T q_t|, exp(-m_t)) + eps)
+// with f_t = log sigmoid(f~_t) <= 0 and i_t = i~_t given (MlstmOps.gates_fwd makes them from the
+// pre-activations) and s the q.k scale. Every form computes this m_t exactly (the chunkwise one
+// from its carried m), so forms agree to rounding even where eps matters. m gets no gradient
+// (xlstm-notes.md 1.3: the output does not depend on it, eps aside).
+typedef struct {
+    float scale;  // s (Dk^-1/2)
+    float eps;    // added to the denominator (1e-6, NX-AI's)
+    MnForm form;  // chunkwise or recurrent; AUTO picks the faster
+    int chunk;    // chunk size of the chunkwise form (0: the backend's best)
+} MlstmOpts;
+
+typedef struct {
+    const void *q, *k;           // [B,T,H,Dk] MEM_ACT
+    const void *v;               // [B,T,H,Dv] MEM_ACT
+    const void *fg, *ig;         // [B,T,H] MEM_F32: log forget gate f_t <= 0, input gate pre-activation i_t
+    const void *c0, *n0, *m0;    // initial state [B,H,Dv,Dk], [B,H,Dk], [B,H] MEM_F32, or all NULL (zero)
+    void *h;                     // [B,T,H,Dv] MEM_ACT
+    void *nq, *m;                // [B,T,H] MEM_F32: s n_t^T q_t and m_t, kept for the backward (NULL: not kept)
+    void *cT, *nT, *mT;          // final state, or all NULL (may alias the initial)
+} MlstmFwd;
+
+typedef struct {
+    const void *q, *k, *v, *fg, *ig;  // the forward's (from a zero state)
+    const void *h, *nq, *m;           // the forward's outputs
+    const void *dh;                   // [B,T,H,Dv] MEM_ACT
+    void *dq, *dk, *dv;               // MEM_ACT, shapes of q, k, v (=)
+    void *dfg, *dig;                  // [B,T,H] MEM_F32 (=)
+} MlstmBwd;
+
+typedef struct {
+    int (*fwd)(const Backend *be, const MnSeqDims *d, const MlstmOpts *o, const MlstmFwd *io);
+    int (*bwd)(const Backend *be, const MnSeqDims *d, const MlstmOpts *o, const MlstmBwd *io);
+    // The gates from their pre-activations a (forget), b (input) [n] MEM_ACT, soft-capped by c
+    // (c = 0: no cap; xLSTM-7B's 15): fg = logsigmoid(c tanh(a / c)), ig = c tanh(b / c) (MEM_F32);
+    // bwd: da, db (=, MEM_ACT) from dfg, dig.
+    int (*gates_fwd)(const Backend *be, void *fg, void *ig, const void *a, const void *b, size_t n, float cap);
+    int (*gates_bwd)(const Backend *be, void *da, void *db, const void *dfg, const void *dig, const void *a,
+                     const void *b, size_t n, float cap);
+    int (*supports)(const Backend *be, const MnSeqDims *d);  // MN_ERR_UNSUPPORTED naming the size, or NULL
+} MlstmOps;
+
+// The sLSTM core (docs/spec/mixers.md section 5; xlstm-notes.md 1.3-1.4): D = H Dh scalar cells
+// in H heads, mixed within a head through the recurrent kernel R. Per step, gates g in order
+// i, f, z, o:
+//   r[g,h,j] = x_t[g,h,j] + sum_i h_{t-1}[h,i] R[h,i,g,j]
+//   m_t = max(logsigmoid(r_f) + m_{t-1}, r_i)   (m_t = r_i where n_{t-1} = 0: the first step)
+//   i' = exp(r_i - m_t),  f' = exp(logsigmoid(r_f) + m_{t-1} - m_t)
+//   c_t = f' c_{t-1} + i' tanh(r_z);  n_t = f' n_{t-1} + i';  h_t = sigmoid(r_o) c_t / n_t
+// (NX-AI's vanilla and CUDA sLSTM, min(1, .) clamps on i', f' included).
+typedef struct {
+    int B, T, H, Dh;  // sequences, tokens, heads, cells per head (D = H Dh)
+    float clip;       // the backward clips the gradient flowing back through R h_{t-1} to [-clip, clip]; 0: none
+} SlstmDims;
+
+typedef struct {
+    const void *x;      // [B,T,4,D] MEM_ACT: the input pre-activations (biases included), gates i, f, z, o
+    const void *r;      // [H,Dh,4,Dh] MEM_PARAM: the recurrent kernel
+    const void *s0;     // [B,4,D] MEM_F32: initial (h, c, n, m), or NULL (zero)
+    void *h;            // [B,T,D] MEM_ACT
+    void *cache;        // [B,T,4,D] MEM_F32: (h, c, n, m) of every step, for the backward (NULL: not kept)
+    void *sT;           // [B,4,D] MEM_F32 final (h, c, n, m), or NULL (may alias s0)
+} SlstmFwd;
+
+typedef struct {
+    const void *x, *r, *cache;  // the forward's (from a zero state)
+    const void *dh;             // [B,T,D] MEM_ACT
+    void *dx;                   // [B,T,4,D] MEM_ACT (=)
+    void *dr;                   // [H,Dh,4,Dh] MEM_F32 (+=)
+} SlstmBwd;
+
+typedef struct {
+    int (*fwd)(const Backend *be, const SlstmDims *d, const SlstmFwd *io);
+    int (*bwd)(const Backend *be, const SlstmDims *d, const SlstmBwd *io);
+    int (*supports)(const Backend *be, const SlstmDims *d);  // MN_ERR_UNSUPPORTED naming the size, or NULL
+} SlstmOps;
+
 struct Backend {
     const char *name;
     void *ctx;  // backend-private (cuda: stream, cuBLAS handles)
@@ -153,6 +234,12 @@ struct Backend {
                        int wlen, float eps);
     int (*rmsnorm_bwd)(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w,
                        const void *rstd, int N, int D, int group, int wlen, int accum);
+    // LayerNorm over groups of `group` features, without bias (xLSTM's LayerNorm and its per-head
+    // GroupNorm): y = (x - mean) rstd w, w of wlen = group or D; mean, rstd [N * D/group] MEM_F32.
+    int (*layernorm_fwd)(const Backend *be, void *y, void *mean, void *rstd, const void *x, const void *w, int N,
+                         int D, int group, int wlen, float eps);
+    int (*layernorm_bwd)(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w,
+                         const void *mean, const void *rstd, int N, int D, int group, int wlen, int accum);
     // L2 normalisation over groups: y = x / ||x||, inv[N * D/group] (MEM_F32) = 1/||x||.
     int (*l2norm_fwd)(const Backend *be, void *y, void *inv, const void *x, int N, int D, int group, float eps);
     int (*l2norm_bwd)(const Backend *be, void *dx, const void *dy, const void *y, const void *inv, int N, int D,
@@ -176,6 +263,17 @@ struct Backend {
     // h = silu(g) (.) u (SwiGLU; also the output gate).
     int (*swiglu_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
     int (*swiglu_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
+    // A block-diagonal projection (xLSTM's headwise q/k/v and sLSTM gate projections): x [N,nb,bin],
+    // w [nb,bout,bin] MEM_PARAM, y [N,nb,bout]: y[n,b,o] = sum_i w[b,o,i] x[n,b,i].
+    int (*headwise_fwd)(const Backend *be, void *y, const void *x, const void *w, int N, int nb, int bin, int bout);
+    // dx (=, or += with accum) = dy w;  dw += dy^T x (per block)
+    int (*headwise_bwd)(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w, int N,
+                        int nb, int bin, int bout, int accum);
+    // y[n,c] = a[n,c] + s[c] b[n,c] over rows of C (s MEM_PARAM [C]; y may alias a): xLSTM's learnable skip.
+    int (*scale_add_fwd)(const Backend *be, void *y, const void *a, const void *s, const void *b, int N, int C);
+    // db (=, or += with accum) = dy (.) s;  ds += sum_n dy (.) b   (da = dy is the caller's)
+    int (*scale_add_bwd)(const Backend *be, void *db, void *ds, const void *dy, const void *b, const void *s, int N,
+                         int C, int accum);
     // x += y
     int (*add)(const Backend *be, void *x, const void *y, size_t n);
     // x = cap tanh(x / cap) in place (the soft cap of decoded logits; training's is inside xent)
@@ -216,6 +314,8 @@ struct Backend {
     const MesaOps *mesa;  // mesa
     const LinOps *lin;    // mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper
     const AttnOps *attn;  // mha, swa
+    const MlstmOps *mlstm;  // mlstm, mlstm-block, the xlstm architecture's layers
+    const SlstmOps *slstm;  // slstm-block
     // --- optimiser -----------------------------------------------------------------------
     // AdamW on n parameters with gradients gscale g (gscale: the clipping factor, 1 for none; folded
     // in here rather than a pass of its own over the gradients): m, v (MEM_F32) moments; decoupled
