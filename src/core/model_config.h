@@ -48,6 +48,8 @@ typedef struct {
     float rope_theta;     // the attention mixers' (mha, swa) RoPE base (10000)
     int window;           // swa's window: each token attends to the last `window` tokens, itself included (1024)
     int n_kv_heads;       // the attention mixers' key/value heads (grouped-query attention); 0: n_heads
+    char norm[12];        // the backbone's norms: "rmsnorm" (RMSNorm with a weight) or "layernorm" (LayerNorm with a
+                          // weight, no bias: the xLSTM paper's blocks)
     char head[16];        // "lm" (the language model's logits at every position; "" reads as "lm") or
                           // "autoencoder" (MAD's AutoEncoder: every position decoded from the last position's
                           // state, model/autoencoder.c; untied, no logit cap, dim >= 4)

@@ -38,6 +38,7 @@ void config_default(ModelConfig *c) {
     c->rope_theta = 10000;
     c->window = 1024;
     strcpy(c->head, "lm");
+    strcpy(c->norm, "rmsnorm");
 }
 
 // Field table: the JSON keys, where they go, and the values a model can be built with (checked
@@ -87,6 +88,7 @@ static const Field fields[] = {
     MIXER_FIELD(window, F_INT, 0, 1 << 24, "swa's window", CF_WINDOW),
     MIXER_FIELD(n_kv_heads, F_INT, 0, 1024, "the key/value heads (0: n_heads)", CF_KV_HEADS),
     FIELD(head, F_STR, 0, 0, "the output head"),
+    FIELD(norm, F_STR, 0, 0, "the backbone's norm"),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 
@@ -336,8 +338,11 @@ int config_validate(const ModelConfig *c, const char *where) {
     for (size_t k = 0; k < NFIELDS; k++)
         if (fields[k].type != F_STR) MN_TRY(check_range(c, &fields[k], where));
     if (!memchr(c->mixer, 0, sizeof c->mixer) || !memchr(c->arch, 0, sizeof c->arch) ||
-        !memchr(c->head, 0, sizeof c->head))
-        return mn_error(MN_ERR_ARG, "%s: mixer, arch or head is not a terminated string", where);
+        !memchr(c->head, 0, sizeof c->head) || !memchr(c->norm, 0, sizeof c->norm))
+        return mn_error(MN_ERR_ARG, "%s: mixer, arch, head or norm is not a terminated string", where);
+    if (strcmp(c->norm, "rmsnorm") && strcmp(c->norm, "layernorm"))
+        return mn_error(MN_ERR_ARG, "%s: norm = \"%s\", expected \"rmsnorm\" or \"layernorm\" (with a weight, no bias)",
+                        where, c->norm);
     if (c->head[0] && strcmp(c->head, "lm") && strcmp(c->head, "autoencoder"))
         return mn_error(MN_ERR_ARG, "%s: head = \"%s\", expected \"lm\" (a language model) or \"autoencoder\" (MAD's "
                                     "compression model)",

@@ -24,6 +24,7 @@ int ffn_declare(const ModelConfig *c, const BlockShape *b, const char *prefix, P
     f->norm = f->gate = f->up = f->down = f->gate_b = f->up_b = f->down_b = -1;
     if (f->kind == FFN_NONE) return MN_OK;
     f->bias = b->ffn_bias;
+    f->norm_kind = norm_kind(c);
     f->F = ffn_width(c, b);
     if (f->F < 1) return mn_error(MN_ERR_ARG, "the feed-forward width is %d, expected at least 1", f->F);
     int64_t D = c->dim, F = f->F;
@@ -56,7 +57,7 @@ int ffn_forward(const Backend *be, const Ffn *f, void *const *p, const FfnActs *
         be->copy(be, out, u, nd, MEM_ACT);
         return MN_OK;
     }
-    MN_TRY(be->rmsnorm_fwd(be, s->v, a->rstd, u, p[f->norm], N, D, D, D, eps));
+    MN_TRY(norm_fwd(be, f->norm_kind, s->v, a->rstd, u, p[f->norm], N, D, eps));
     MN_TRY(be->linear_fwd(be, a->gate, s->v, p[f->gate], param_or_null(p, f->gate_b), N, D, f->F));
     MN_TRY(be->linear_fwd(be, a->up, s->v, p[f->up], param_or_null(p, f->up_b), N, D, f->F));
     if (f->kind == FFN_GEGLU) MN_TRY(be->geglu_fwd(be, a->act, a->gate, a->up, nf));
@@ -71,11 +72,11 @@ int ffn_backward(const Backend *be, const Ffn *f, void *const *p, void *const *g
     size_t nf = (size_t)N * f->F;
     // the normalised input again (one buffer serves every block: cheap to recompute, [N, D] a
     // block to keep); dx flows to u directly and through the FFN
-    MN_TRY(be->rmsnorm_fwd(be, s->v, a->rstd, u, p[f->norm], N, D, D, D, eps));
+    MN_TRY(norm_fwd(be, f->norm_kind, s->v, a->rstd, u, p[f->norm], N, D, eps));
     MN_TRY(be->linear_bwd(be, s->dact, g[f->down], grad_or_null(g, f->down_b), dx, a->act, p[f->down], N, f->F, D, 0));
     if (f->kind == FFN_GEGLU) MN_TRY(be->geglu_bwd(be, s->dgate, s->dup, s->dact, a->gate, a->up, nf));
     else MN_TRY(be->swiglu_bwd(be, s->dgate, s->dup, s->dact, a->gate, a->up, nf));
     MN_TRY(be->linear_bwd(be, s->dv, g[f->gate], grad_or_null(g, f->gate_b), s->dgate, s->v, p[f->gate], N, D, f->F, 0));
     MN_TRY(be->linear_bwd(be, s->dv, g[f->up], grad_or_null(g, f->up_b), s->dup, s->v, p[f->up], N, D, f->F, 1));
-    return be->rmsnorm_bwd(be, dx, g[f->norm], s->dv, u, p[f->norm], a->rstd, N, D, D, D, 1);
+    return norm_bwd(be, f->norm_kind, dx, g[f->norm], s->dv, u, p[f->norm], a->rstd, N, D, 1);
 }

@@ -15,10 +15,12 @@
 
 #include "core/backend.h"
 #include "mixers/mixer.h"
+#include "model/norm.h"
 
 typedef struct {
     FfnKind kind;
     int bias;                                       // biases on the projections
+    NormKind norm_kind;                             // its norm's (the config's)
     int F;                                          // hidden width
     int norm, gate, up, down, gate_b, up_b, down_b; // tensor indices into the model's specs (-1: none)
 } Ffn;
@@ -26,7 +28,7 @@ typedef struct {
 // One block's activations kept from the forward: [N, F] MEM_ACT each, [N] MEM_F32.
 typedef struct {
     void *gate, *up, *act;  // the projections and their gated product
-    void *rstd;             // the norm's 1/rms
+    void *rstd;             // [NORM_STATS N] the norm's statistics
 } FfnActs;
 
 // Temporaries shared by the blocks: [N, D] MEM_ACT the normalised input and its gradient, [N, F]

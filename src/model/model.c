@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "model/norm.h"
 
 // A view `elems` elements into a backend buffer.
 static void *at(const Model *m, void *base, size_t elems, MemKind k) {
@@ -225,9 +226,9 @@ static void model_buffers(Model *m, size_t L, size_t D, size_t V, size_t fsum, s
     MixerBuf d[MODEL_BUFS] = {
         {&m->tokens, 1, 0, MEM_I32},     {&m->targets, 1, 0, MEM_I32},    {&m->x, (L + 1) * D, 0, MEM_ACT},
         {&m->mid, L * D, 0, MEM_ACT},    {&m->n1, D, 0, MEM_ACT},         {&m->n2, D, 0, MEM_ACT},
-        {&m->r1, L, 0, MEM_F32},         {&m->r2, L, 0, MEM_F32},         {&m->gate, fsum, 0, MEM_ACT},
+        {&m->r1, L * NORM_STATS, 0, MEM_F32}, {&m->r2, L * NORM_STATS, 0, MEM_F32},         {&m->gate, fsum, 0, MEM_ACT},
         {&m->up, fsum, 0, MEM_ACT},      {&m->act, fsum, 0, MEM_ACT},     {&m->xf, D, 0, MEM_ACT},
-        {&m->rf, 1, 0, MEM_F32},         {&m->logits, V, 0, MEM_ACT},     {&m->losses, 1, 0, MEM_F32},
+        {&m->rf, NORM_STATS, 0, MEM_F32},         {&m->logits, V, 0, MEM_ACT},     {&m->losses, 1, 0, MEM_F32},
         {&m->dx, D, 0, MEM_ACT},         {&m->dn, D, 0, MEM_ACT},         {&m->dact, fmax, 0, MEM_ACT},
         {&m->dgate, fmax, 0, MEM_ACT},   {&m->dup, fmax, 0, MEM_ACT},
     };
@@ -416,7 +417,7 @@ static int check_tokens(const Model *m, const int32_t *tokens, const int32_t *ta
 static FfnActs ffn_acts(const Model *m, int l, size_t N) {
     const BlockParams *bp = &m->blocks[l];
     FfnActs a = {at(m, m->gate, bp->ffn_off * N, MEM_ACT), at(m, m->up, bp->ffn_off * N, MEM_ACT),
-                 at(m, m->act, bp->ffn_off * N, MEM_ACT), at(m, m->r2, l * N, MEM_F32)};
+                 at(m, m->act, bp->ffn_off * N, MEM_ACT), at(m, m->r2, l * N * NORM_STATS, MEM_F32)};
     return a;
 }
 
@@ -435,9 +436,9 @@ static int forward_blocks(Model *m, int B, int T, int use_state) {
         const BlockParams *bp = &m->blocks[l];
         void *x = at(m, m->x, l * N * D, MEM_ACT), *xn = at(m, m->x, (l + 1) * N * D, MEM_ACT);
         void *mid = at(m, m->mid, l * N * D, MEM_ACT), *n1 = m->n1;
-        void *r1 = at(m, m->r1, l * N, MEM_F32);
+        void *r1 = at(m, m->r1, l * N * NORM_STATS, MEM_F32);
         // u = x + Mixer(RMSNorm(x))
-        MN_TRY(be->rmsnorm_fwd(be, n1, r1, x, m->p[bp->attn_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
+        MN_TRY(norm_fwd(be, norm_kind(c), n1, r1, x, m->p[bp->attn_norm], (int)N, (int)D, c->norm_eps));
         Mixer *mx = &m->mixers[l];
         mx->solver = m->solver;
         mx->profile = m->profile;
@@ -449,7 +450,7 @@ static int forward_blocks(Model *m, int B, int T, int use_state) {
     }
     if (m->ae.on) return MN_OK;  // the autoencoder head decodes x_L itself (ae_forward)
     void *xl = at(m, m->x, (size_t)c->n_layers * N * D, MEM_ACT);
-    return be->rmsnorm_fwd(be, m->xf, m->rf, xl, m->p[m->norm_f], (int)N, (int)D, (int)D, (int)D, c->norm_eps);
+    return norm_fwd(be, norm_kind(c), m->xf, m->rf, xl, m->p[m->norm_f], (int)N, (int)D, c->norm_eps);
 }
 
 static float embed_scale(const ModelConfig *c) { return c->embed_scale ? sqrtf((float)c->dim) : 1.0f; }
@@ -513,8 +514,7 @@ int model_backward(Model *m) {
         MN_TRY(be->linear_bwd(be, m->dn, m->g[m->head], NULL, m->logits, m->xf, m->p[m->head], (int)N, (int)D,
                               c->vocab_size, 0));
         void *xl = at(m, m->x, (size_t)c->n_layers * N * D, MEM_ACT);
-        MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[m->norm_f], m->dn, xl, m->p[m->norm_f], m->rf, (int)N, (int)D, (int)D,
-                               (int)D, 0));
+        MN_TRY(norm_bwd(be, norm_kind(c), m->dx, m->g[m->norm_f], m->dn, xl, m->p[m->norm_f], m->rf, (int)N, (int)D, 0));
     }
     MN_TRY(grads_done(m, block_offset(m, c->n_layers), m->total));  // the final norm (or the autoencoder head)
                                                                     // and an untied head
@@ -522,19 +522,19 @@ int model_backward(Model *m) {
     for (int l = c->n_layers - 1; l >= 0; l--) {
         const BlockParams *bp = &m->blocks[l];
         void *x = at(m, m->x, l * N * D, MEM_ACT), *mid = at(m, m->mid, l * N * D, MEM_ACT);
-        void *r1 = at(m, m->r1, l * N, MEM_F32);
+        void *r1 = at(m, m->r1, l * N * NORM_STATS, MEM_F32);
         // FFN: dx (the gradient of x') flows to u directly and through the FFN
         FfnActs a = ffn_acts(m, l, N);
         MN_TRY(ffn_backward(be, &bp->ffn, m->p, m->g, &a, &sh, mid, m->dx, (int)N, (int)D, c->norm_eps));
         // mixer: dx (now the gradient of u) flows to x directly and through the mixer, whose
         // input (n1) must hold its forward's values again
-        MN_TRY(be->rmsnorm_fwd(be, m->n1, r1, x, m->p[bp->attn_norm], (int)N, (int)D, (int)D, (int)D, c->norm_eps));
+        MN_TRY(norm_fwd(be, norm_kind(c), m->n1, r1, x, m->p[bp->attn_norm], (int)N, (int)D, c->norm_eps));
         Mixer *mx = &m->mixers[l];
         mx->solver = m->solver;
         mx->profile = m->profile;
         MIXER_TIMED(mx, &m->mixer_seconds, mx->ops->backward(mx, m->dn, m->dx));
-        MN_TRY(be->rmsnorm_bwd(be, m->dx, m->g[bp->attn_norm], m->dn, x, m->p[bp->attn_norm], r1, (int)N, (int)D,
-                               (int)D, (int)D, 1));
+        MN_TRY(norm_bwd(be, norm_kind(c), m->dx, m->g[bp->attn_norm], m->dn, x, m->p[bp->attn_norm], r1, (int)N,
+                        (int)D, 1));
         MN_TRY(grads_done(m, block_offset(m, l), block_offset(m, l + 1)));
     }
     MN_TRY(be->embed_bwd(be, m->g[m->embed], m->dx, m->tokens, (int)N, (int)D, embed_scale(c)));
