@@ -185,6 +185,12 @@ TEST(mixers_bad_configs_are_refused) {
         {"", 4, 0, "name 1 of the pattern is empty"},
         {"gdn, mesa", 4, 0, "unknown mixer ' mesa'"},
         {"gdn,mesa,gla", 2, 0, "a pattern of 3 mixers for 2 blocks"},
+        {"gdn*3,mesa", 3, 0, "a pattern of 4 mixers for 3 blocks"},
+        {"gdn*0,mesa", 4, 0, "item 1 \"gdn*0\" repeats a name by \"*N\" with N from 1 to 200"},
+        {"gdn*,mesa", 4, 0, "item 1 \"gdn*\" repeats"},
+        {"gdn*2x", 4, 0, "item 1 \"gdn*2x\" repeats"},
+        {"gdn*999", 4, 0, "repeats a name"},
+        {"*2", 4, 0, "name 1 of the pattern is empty"},
         {"mesa,gla", 2, 1, "neg_eigen = true does not apply to mixer \"mesa,gla\": only deltanet, gdn, gdn-paper, deltanet-paper read it"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -207,6 +213,13 @@ TEST(mixers_bad_configs_are_refused) {
         CHECK(!config_validate(&d, "cfg"), "\"%s\": %s", good[i], mn_last_error());
     }
     ModelConfig d = c;
+    // "name*k" repeats a name: block l of 7 gets gdn, gdn, mesa, gla, gla, gla, then gdn again
+    strcpy(d.mixer, "gdn*2,mesa,gla*3");
+    d.n_layers = 7;
+    CHECK(mixer_pattern_check(d.mixer, 7) == 6, "gdn*2,mesa,gla*3 spans 6 blocks: %s", mn_last_error());
+    const char *rep[7] = {"gdn", "gdn", "mesa", "gla", "gla", "gla", "gdn"};
+    for (int l = 0; l < 7; l++)
+        CHECK(!strcmp(mixer_at(&d, l)->name, rep[l]), "block %d: %s, expected %s", l, mixer_at(&d, l)->name, rep[l]);
     strcpy(d.mixer, "mamba2,gla,deltanet");
     d.n_layers = 5;
     Model *m = mc_make(&d, backend_cpu());
@@ -235,9 +248,11 @@ TEST(mixers_bad_configs_are_refused) {
     TmpDir t;
     tmp_make(&t);
     const char *path = tmp_path(&t, "c.json");
-    const char *long_json = "{\"preset\": \"tiny\", \"mixer\": \"gdn,mesa,gdn,mesa,gdn,mesa,gdn,mesa,gdn,mesa,gdn,mesa,gdn,mesa,gdn\"}";
+    char long_json[400] = "{\"preset\": \"tiny\", \"mixer\": \"gdn";
+    for (int i = 0; i < 40; i++) strcat(long_json, ",mesa");
+    strcat(long_json, "\"}");
     write_bytes(path, long_json, strlen(long_json));
-    CHECK(config_load(&d, path) != MN_OK && strstr(mn_last_error(), "\"mixer\" must be a string shorter than 64"),
+    CHECK(config_load(&d, path) != MN_OK && strstr(mn_last_error(), "\"mixer\" must be a string shorter than 160"),
           "'%s'", mn_last_error());
     const char *ok_json = "{\"preset\": \"demo\", \"mixer\": \"gdn\"}";
     write_bytes(path, ok_json, strlen(ok_json));

@@ -22,21 +22,46 @@ static const MixerOps *find(const char *name, size_t len) {
 
 const MixerOps *mixer_find(const char *name) { return find(name, strlen(name)); }
 
+// One item of a pattern at p: a name, or "name*count" (count 1 to CONFIG_MAX_LAYERS); *next is
+// the following item's start (NULL after the last). NULL with an error for a bad item.
+static const MixerOps *pattern_item(const char *pattern, const char *p, int index, int *count, const char **next) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    *next = e ? e + 1 : NULL;
+    *count = 1;
+    const char *star = memchr(p, '*', len);
+    size_t name_len = star ? (size_t)(star - p) : len;
+    if (!name_len) {
+        mn_error(MN_ERR_ARG, "mixer \"%s\": name %d of the pattern is empty (names are separated by single commas)",
+                 pattern, index + 1);
+        return NULL;
+    }
+    if (star) {
+        long k = 0;
+        const char *d = star + 1;
+        for (; d < p + len && *d >= '0' && *d <= '9' && k <= CONFIG_MAX_LAYERS; d++) k = k * 10 + (*d - '0');
+        if (d == star + 1 || d != p + len || k < 1 || k > CONFIG_MAX_LAYERS) {
+            mn_error(MN_ERR_ARG, "mixer \"%s\": item %d \"%.*s\" repeats a name by \"*N\" with N from 1 to %d "
+                                 "(\"mlstm-block*7,slstm-block\")",
+                     pattern, index + 1, (int)(len > 64 ? 64 : len), p, CONFIG_MAX_LAYERS);
+            return NULL;
+        }
+        *count = (int)k;
+    }
+    return find(p, name_len);
+}
+
 int mixer_pattern_check(const char *pattern, int n_layers) {
-    int n = 0;
-    for (const char *p = pattern;; n++) {
-        const char *e = strchr(p, ',');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (!len) {
-            mn_error(MN_ERR_ARG, "mixer \"%s\": name %d of the pattern is empty (names are separated by single commas)",
-                     pattern, n + 1);
+    int n = 0, count;
+    const char *next;
+    for (const char *p = pattern; p; p = next) {
+        if (!pattern_item(pattern, p, n, &count, &next)) return -1;
+        n += count;
+        if (n > CONFIG_MAX_LAYERS) {
+            mn_error(MN_ERR_ARG, "mixer \"%s\": a pattern of more than %d blocks", pattern, CONFIG_MAX_LAYERS);
             return -1;
         }
-        if (!find(p, len)) return -1;
-        if (!e) break;
-        p = e + 1;
     }
-    n++;
     if (n_layers > 0 && n > n_layers) {
         mn_error(MN_ERR_ARG, "mixer \"%s\": a pattern of %d mixers for %d blocks (block i gets the (i mod %d)-th; "
                              "a pattern is at most as long as the model is deep)",
@@ -47,12 +72,16 @@ int mixer_pattern_check(const char *pattern, int n_layers) {
 }
 
 const MixerOps *mixer_at(const ModelConfig *c, int layer) {
-    int n = mixer_pattern_check(c->mixer, 0);
+    int n = mixer_pattern_check(c->mixer, 0), count;
     if (n < 0) return NULL;
-    const char *p = c->mixer;
-    for (int i = 0; i < layer % n; i++) p = strchr(p, ',') + 1;
-    const char *e = strchr(p, ',');
-    return find(p, e ? (size_t)(e - p) : strlen(p));
+    int i = layer % n, index = 0;
+    const char *next;
+    for (const char *p = c->mixer; p; p = next, index++) {
+        const MixerOps *ops = pattern_item(c->mixer, p, index, &count, &next);
+        if (i < count) return ops;
+        i -= count;
+    }
+    return NULL;  // not reached: the pattern's blocks number n
 }
 
 int mixer_scratch_reserve(Mixer *m, size_t n) {

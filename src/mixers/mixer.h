@@ -175,9 +175,10 @@ size_t mixer_bufs_bytes(const Backend *be, const MixerBuf *b, int n);
 const MixerOps *mixer_find(const char *name);
 
 // A config's `mixer` field is one name or a pattern of names separated by commas, repeated over
-// the blocks: block i gets the (i mod n)-th of n ("gdn,mesa": GDN, Mesa, GDN, Mesa, ...).
-// mixer_pattern_check: the number of names, or -1 with an error (an unknown or empty name, more
-// names than n_layers blocks; n_layers <= 0: not checked).
+// the blocks: block i gets the (i mod n)-th of n ("gdn,mesa": GDN, Mesa, GDN, Mesa, ...); "name*k"
+// stands for k of that name ("mlstm-block*7,slstm-block": xLSTM[7:1]).
+// mixer_pattern_check: the number of blocks the pattern spans, or -1 with an error (an unknown or
+// empty name, a bad count, more than n_layers blocks; n_layers <= 0: not checked).
 int mixer_pattern_check(const char *pattern, int n_layers);
 // The mixer of block `layer`, or NULL with an error (an invalid pattern).
 const MixerOps *mixer_at(const ModelConfig *c, int layer);
