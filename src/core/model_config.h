@@ -48,6 +48,7 @@ typedef struct {
     float rope_theta;     // the attention mixers' (mha, swa) RoPE base (10000)
     int window;           // swa's window: each token attends to the last `window` tokens, itself included (1024)
     int n_kv_heads;       // the attention mixers' key/value heads (grouped-query attention); 0: n_heads
+    int slstm_heads;      // slstm-block's heads (4): dim / slstm_heads cells each
     char norm[12];        // the backbone's norms: "rmsnorm" (RMSNorm with a weight) or "layernorm" (LayerNorm with a
                           // weight, no bias: the xLSTM paper's blocks)
     char head[16];        // "lm" (the language model's logits at every position; "" reads as "lm") or
@@ -65,6 +66,10 @@ typedef enum {
     INIT_FORGET_BIAS,  // per-head forget-gate biases: gamma = sigmoid(bias) spread over heads from 0.9 to 0.999
     INIT_A_LOG,        // fla's (Mamba2's) A_log: log U(0, 16), drawn per element
     INIT_DT_BIAS,      // fla's dt_bias: softplus^-1(dt), dt log-uniform in [1e-3, 1e-1] (floor 1e-4), drawn per element
+    INIT_LINSPACE_3_6, // from 3 to 6 evenly over the elements (xLSTM's mLSTM forget-gate biases)
+    INIT_SLSTM_BIAS,   // an sLSTM's biases [4, H, Dh], gates i, f, z, o: 0 but the forget gate's, NX-AI's
+                       // "powerlaw_blockdependent": 5 - 12 (j / (Dh - 1))^(0.3 + 1.3 l / (L - 1)) for cell j of
+                       // block l of L
 } InitKind;
 
 // What a tensor is for, for counting parameters by part (info) and for the matched presets.

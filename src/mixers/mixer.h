@@ -56,6 +56,7 @@ enum {
     CF_WINDOW = 1 << 8,       // window: sliding-window attention
     CF_KV_HEADS = 1 << 9,     // n_kv_heads: grouped key/value heads
     CF_FFN = 1 << 10,         // mlp_hidden: set for a mixer whose block's feed-forward part takes that width
+    CF_SLSTM = 1 << 11,       // slstm_heads
 };
 
 // What follows the mixer in its block (model/ffn.c).
@@ -192,5 +193,9 @@ extern const MixerOps mixer_mamba2, mixer_gla, mixer_deltanet, mixer_gdn;
 extern const MixerOps mixer_gdn_paper, mixer_deltanet_paper;
 // Softmax attention with RoPE, full causal and sliding-window (attn.c).
 extern const MixerOps mixer_mha, mixer_swa;
+// mLSTM in the paper's parameterisation (mlstm.c).
+extern const MixerOps mixer_mlstm;
+// The xLSTM paper's blocks (mlstm_block.c, slstm_block.c).
+extern const MixerOps mixer_mlstm_block, mixer_slstm_block;
 
 #endif

@@ -179,7 +179,8 @@ int shell_in_fwd(Mixer *m, Shell *s, const void *u, int B, int T, int use_state)
     if (s->kind.gate || s->kind.beta) {
         const void *a = s->kind.gate ? s->a : s->b, *b = s->kind.beta ? s->b : s->a;
         size_t nh = (size_t)N * z.H;
-        MN_TRY(be->gates_fwd(be, s->g, s->beta, a, b, nh, hmax(m, s)));
+        if (s->kind.mlstm) MN_TRY(be->mlstm->gates_fwd(be, s->g, s->beta, a, b, nh, 0));
+        else MN_TRY(be->gates_fwd(be, s->g, s->beta, a, b, nh, hmax(m, s)));
         if (s->kind.beta && s->kind.beta_scale != 1) MN_TRY(be->scale_f32(be, s->beta, nh, s->kind.beta_scale));
     }
     return MN_OK;
@@ -238,7 +239,8 @@ int shell_in_bwd(Mixer *m, Shell *s, void *du) {
         if (!s->kind.beta) be->zero(be, s->d_beta, nh, MEM_F32);
         if (s->kind.beta && s->kind.beta_scale != 1) MN_TRY(be->scale_f32(be, s->d_beta, nh, s->kind.beta_scale));
         const void *a = s->kind.gate ? s->a : s->b, *b = s->kind.beta ? s->b : s->a;
-        MN_TRY(be->gates_bwd(be, s->d_a, s->d_b, s->d_g, s->d_beta, a, b, nh, hmax(m, s)));
+        if (s->kind.mlstm) MN_TRY(be->mlstm->gates_bwd(be, s->d_a, s->d_b, s->d_g, s->d_beta, a, b, nh, 0));
+        else MN_TRY(be->gates_bwd(be, s->d_a, s->d_b, s->d_g, s->d_beta, a, b, nh, hmax(m, s)));
     }
     // q and k back through L2 norm, SiLU and the convolution (in place where a buffer is spent)
     struct {

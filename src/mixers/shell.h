@@ -48,6 +48,9 @@ typedef struct {
     int beta;                 // W_b, b_b: the input gate (0: beta = 1, the core gets beta = NULL)
     float beta_scale;         // s of beta = s sigmoid(.): 1, or 2 (the delta rules' negative eigenvalues)
     int bound;                // 1: log gamma bounded with h_max = the config's gate_bound (Mesa); 0: none
+    int mlstm;                // 1: mLSTM's gates (MlstmOps.gates_fwd): g = logsigmoid(W_a u + b_a) and, in
+                              // place of beta, the input gate's pre-activation W_b u + b_b (exponentiated by
+                              // the core, which stabilises it)
     const ShellParam *core;   // the core's own tensors, and their number
     int n_core;
 } ShellKind;

@@ -37,6 +37,7 @@ void config_default(ModelConfig *c) {
     c->cg_steps = 30;
     c->rope_theta = 10000;
     c->window = 1024;
+    c->slstm_heads = 4;
     strcpy(c->head, "lm");
     strcpy(c->norm, "rmsnorm");
 }
@@ -87,6 +88,7 @@ static const Field fields[] = {
     MIXER_FIELD(rope_theta, F_FLOAT, 1, 1e9, "the RoPE base", CF_ROPE),
     MIXER_FIELD(window, F_INT, 0, 1 << 24, "swa's window", CF_WINDOW),
     MIXER_FIELD(n_kv_heads, F_INT, 0, 1024, "the key/value heads (0: n_heads)", CF_KV_HEADS),
+    MIXER_FIELD(slstm_heads, F_INT, 1, 1024, "slstm-block's heads", CF_SLSTM),
     FIELD(head, F_STR, 0, 0, "the output head"),
     FIELD(norm, F_STR, 0, 0, "the backbone's norm"),
 };

@@ -280,6 +280,14 @@ static double forget_bias(int h, int H) {
     return log((1 - one_minus) / one_minus);
 }
 
+// Element e of an sLSTM's biases [4, H, Dh] in block s->block of L (INIT_SLSTM_BIAS).
+static double slstm_bias(const ParamSpec *s, size_t e, int L) {
+    size_t Dh = (size_t)s->shape[2], per_gate = s->numel / 4;
+    if (e / per_gate != 1) return 0;  // only the forget gate's
+    double j = (double)(e % Dh), r = L > 1 ? (double)s->block / (L - 1) : 0;
+    return 5 - 12 * pow(Dh > 1 ? j / (double)(Dh - 1) : 0, 0.3 + 1.3 * r);
+}
+
 int model_init_params(Model *m, uint64_t seed) {
     enum { CHUNK = 1 << 20 };
     double *buf = malloc(sizeof(double) * CHUNK);
@@ -297,6 +305,8 @@ int model_init_params(Model *m, uint64_t seed) {
                 case INIT_CONST: buf[j] = s->init_value; break;
                 case INIT_FORGET_BIAS: buf[j] = forget_bias((int)(off + j), (int)s->numel); break;
                 case INIT_A_LOG: buf[j] = log(16 * (1 - mn_rng_uniform(&r))); break;  // A in (0, 16]
+                case INIT_LINSPACE_3_6: buf[j] = s->numel > 1 ? 3 + 3.0 * (double)(off + j) / (double)(s->numel - 1) : 3; break;
+                case INIT_SLSTM_BIAS: buf[j] = slstm_bias(s, off + j, m->cfg.n_layers); break;
                 case INIT_DT_BIAS: {
                     double dt = exp(log(1e-3) + mn_rng_uniform(&r) * (log(1e-1) - log(1e-3)));
                     dt = dt < 1e-4 ? 1e-4 : dt;

@@ -53,6 +53,21 @@ int config_param_count(const ModelConfig *c, size_t *total, size_t *mixers, size
     return MN_OK;
 }
 
+// For blocks without a feed-forward part of mlp_hidden's width (mlstm-block): the number of blocks
+// whose total parameter count is nearest to target (the xLSTM paper's way: 24 mLSTM blocks where
+// Llama has 12). The count is affine in the depth.
+static int match_depth(ModelConfig *c, size_t target) {
+    size_t p0, p1;
+    MN_TRY(config_param_count(c, &p0, NULL, NULL));
+    c->n_layers++;
+    MN_TRY(config_param_count(c, &p1, NULL, NULL));
+    c->n_layers--;
+    double per = (double)(p1 - p0), add = floor(((double)target - (double)p0) / per + 0.5);
+    int layers = c->n_layers + (int)add;
+    c->n_layers = layers < 1 ? 1 : layers > CONFIG_MAX_LAYERS ? CONFIG_MAX_LAYERS : layers;
+    return MN_OK;
+}
+
 int config_matched(ModelConfig *c, const char *size, const char *mixer) {
     int known = 0;
     for (int i = 0; config_matched_sizes[i]; i++) known |= !strcmp(config_matched_sizes[i], size);
@@ -74,6 +89,7 @@ int config_matched(ModelConfig *c, const char *size, const char *mixer) {
     c->mlp_hidden += CONFIG_MATCH_STEP;
     MN_TRY(config_param_count(c, &p1, NULL, NULL));
     c->mlp_hidden -= CONFIG_MATCH_STEP;
+    if (p1 == p0) return match_depth(c, target);  // no feed-forward part of mlp_hidden's width
     double slope = (double)(p1 - p0), steps = floor(((double)target - (double)p0) / slope + 0.5);
     if (c->mlp_hidden + steps * CONFIG_MATCH_STEP < CONFIG_MATCH_STEP)
         return mn_error(MN_ERR_ARG, "%s-%s: the mixer's parameters exceed the reference's by more than its MLPs hold",

@@ -16,7 +16,8 @@ int config_preset(ModelConfig *c, const char *name);
 
 // Parameter-matched presets, for comparisons one to one at equal size as the MesaNet paper's:
 // "SIZE-MIXER" with SIZE one of config_matched_sizes (demo, 125m, 400m) and MIXER one mixer name
-// (mesa, mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper, mha, swa), e.g. "125m-gdn", "demo-gla",
+// (mesa, mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper, mha, swa, mlstm, mlstm-block,
+// slstm-block), e.g. "125m-gdn", "demo-gla",
 // "400m-gdn-paper"; usable wherever a preset is (--config 125m-gdn, {"preset": "125m-gdn"}).
 // It is the SIZE preset's backbone (width, depth, heads, vocabulary, norms) with every block's mixer
 // replaced (gdn-paper with its own output gate, output_gate = 1, as fla's GatedDeltaNet), and one
@@ -24,7 +25,10 @@ int config_preset(ModelConfig *c, const char *name);
 // is nearest that of the Mesa model of that size (SIZE itself; "SIZE-mesa" is SIZE). The count
 // is affine in mlp_hidden (3 D n_layers parameters per unit: SwiGLU's gate, up and down), so the
 // matched count is within half a step, 3 D n_layers CONFIG_MATCH_STEP / 2 parameters, of Mesa's
-// (125m: 442,368, 0.34%). Counts with vocab_size 0 (demo: from the data) use 4096, as `info` shows.
+// (125m: 442,368, 0.34%). A block without such a part (mlstm-block) moves the depth instead, to the
+// number of blocks whose count is nearest (the xLSTM paper's 24 blocks against Llama's 12); the
+// xLSTM blocks' presets (MixerOps.preset) also set their heads, LayerNorm and widths. Counts
+// with vocab_size 0 (demo: from the data) use 4096, as `info` shows.
 enum { CONFIG_MATCH_STEP = 32 };
 extern const char *const config_matched_sizes[];  // NULL-terminated
 // The matched preset of `mixer` at `size` into c, or MN_ERR_ARG (an unknown size or mixer).
