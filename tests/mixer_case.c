@@ -306,8 +306,8 @@ void mc_check_tiny_trains(Model *m, const char *name, int width) {
 
 // ------------------------------------------------------------------- core families
 
-const unsigned mc_fam[MC_FAMS] = {MC_FAM_MESA, MC_FAM_LIN, MC_FAM_ATTN};
-const char *const mc_fam_name[MC_FAMS] = {"mesa", "lin", "attn"};
+const unsigned mc_fam[MC_FAMS] = {MC_FAM_MESA, MC_FAM_LIN, MC_FAM_ATTN, MC_FAM_MLSTM, MC_FAM_SLSTM};
+const char *const mc_fam_name[MC_FAMS] = {"mesa", "lin", "attn", "mlstm", "slstm"};
 
 static unsigned fam_seen;  // the families called since it was zeroed (the wrappers below)
 
@@ -326,6 +326,16 @@ static int fam_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd *io)
     return backend_cpu()->attn->fwd(be, d, io);
 }
 
+static int fam_mlstm_fwd(const Backend *be, const MnSeqDims *d, const MlstmOpts *o, const MlstmFwd *io) {
+    fam_seen |= MC_FAM_MLSTM;
+    return backend_cpu()->mlstm->fwd(be, d, o, io);
+}
+
+static int fam_slstm_fwd(const Backend *be, const SlstmDims *d, const SlstmFwd *io) {
+    fam_seen |= MC_FAM_SLSTM;
+    return backend_cpu()->slstm->fwd(be, d, io);
+}
+
 unsigned mc_families(const ModelConfig *c, unsigned *per_block) {
     Backend w = *backend_cpu();
     MesaOps mesa = *w.mesa;
@@ -335,6 +345,18 @@ unsigned mc_families(const ModelConfig *c, unsigned *per_block) {
     lin.fwd = fam_lin_fwd;
     attn.fwd = fam_attn_fwd;
     w.mesa = &mesa, w.lin = &lin, w.attn = &attn;
+    MlstmOps mlstm;
+    SlstmOps slstm;
+    if (w.mlstm) {
+        mlstm = *w.mlstm;
+        mlstm.fwd = fam_mlstm_fwd;
+        w.mlstm = &mlstm;
+    }
+    if (w.slstm) {
+        slstm = *w.slstm;
+        slstm.fwd = fam_slstm_fwd;
+        w.slstm = &slstm;
+    }
     Model *m = mc_make(c, &w);
     int n = mc_pattern_len(c->mixer), B = 1, T = 4;
     size_t nd = (size_t)B * T * c->dim;
@@ -363,6 +385,8 @@ Backend mc_without(const Backend *be, unsigned fams, const char *name) {
     if (fams & MC_FAM_MESA) b.mesa = NULL;
     if (fams & MC_FAM_LIN) b.lin = NULL;
     if (fams & MC_FAM_ATTN) b.attn = NULL;
+    if (fams & MC_FAM_MLSTM) b.mlstm = NULL;
+    if (fams & MC_FAM_SLSTM) b.slstm = NULL;
     return b;
 }
 
@@ -371,6 +395,9 @@ unsigned mc_lacking(const Backend *be) {
     if (!be->mesa || !be->mesa->fwd || !be->mesa->bwd) f |= MC_FAM_MESA;
     if (!be->lin || !be->lin->fwd || !be->lin->bwd) f |= MC_FAM_LIN;
     if (!be->attn || !be->attn->fwd || !be->attn->bwd || !be->attn->decode || !be->attn->rope) f |= MC_FAM_ATTN;
+    if (!be->mlstm || !be->mlstm->fwd || !be->mlstm->bwd || !be->mlstm->gates_fwd || !be->mlstm->gates_bwd)
+        f |= MC_FAM_MLSTM;
+    if (!be->slstm || !be->slstm->fwd || !be->slstm->bwd) f |= MC_FAM_SLSTM;
     return f;
 }
 
@@ -447,12 +474,17 @@ static const McCase rows[] = {
     {"swa", .window = 3},
     {"swa", .kv = 1, .window = 5},
     {"swa", .window = 13},
+    // mLSTM: the paper's parameterisation with and without the output gate; the xLSTM paper's blocks
+    {"mlstm"},
+    {"mlstm", .gate = 1, .onorm = 1},
     // patterns: the blocks of different mixers meet in one model
     {"gdn,mesa", .gate = 1, .bound = 3},
     {"mesa,gla,deltanet", .onorm = 1, .neg = 1},
     {"mha,swa", .kv = 1, .window = 4},
     {"gdn,mha", .neg = 1},
     {"gdn-paper,swa", .gate = 1, .expand_v = 2, .window = 4, .fla = 1},
+    {"mlstm-block,slstm-block"},
+    {"mlstm,mesa", .gate = 1},
 };
 
 const McCase *mc_rows(int *n) {

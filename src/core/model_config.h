@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 typedef struct {
-    char mixer[160];      // the blocks' sequence mixers: a name ("mesa", "mamba2", "gla", "deltanet", "gdn", "mha",
+    char mixer[256];      // the blocks' sequence mixers: a name ("mesa", "mamba2", "gla", "deltanet", "gdn", "mha",
                           // "swa", "mlstm", ...) or a pattern repeated over the blocks ("gdn,mesa": block i gets
                           // the (i mod 2)-th; "name*N" stands for N of them: "mlstm-block*7,slstm-block")
     char arch[8];         // "paper", "fla" or "llama"

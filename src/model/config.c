@@ -337,8 +337,14 @@ static int check_range(const ModelConfig *c, const Field *f, const char *where) 
 }
 
 int config_validate(const ModelConfig *c, const char *where) {
+    // every field's range, but a field no block reads may keep its default outside it (mlp_hidden's
+    // 0 where no block has a feed-forward part of its width)
+    unsigned used = mixer_pattern_check(c->mixer, 0) > 0 ? used_fields(c) : ~0u;
+    ModelConfig d;
+    config_default(&d);
     for (size_t k = 0; k < NFIELDS; k++)
-        if (fields[k].type != F_STR) MN_TRY(check_range(c, &fields[k], where));
+        if (fields[k].type != F_STR && (applies(used, &fields[k]) || !same_value(c, &d, &fields[k])))
+            MN_TRY(check_range(c, &fields[k], where));
     if (!memchr(c->mixer, 0, sizeof c->mixer) || !memchr(c->arch, 0, sizeof c->arch) ||
         !memchr(c->head, 0, sizeof c->head) || !memchr(c->norm, 0, sizeof c->norm))
         return mn_error(MN_ERR_ARG, "%s: mixer, arch, head or norm is not a terminated string", where);
