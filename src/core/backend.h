@@ -260,6 +260,10 @@ struct Backend {
     // Optional: NULL where the backend has none (a block with that MLP is then refused on it).
     int (*geglu_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
     int (*geglu_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
+    // h = sigmoid(g) (.) u (xLSTM-7B's output gate); dg, du (=). Optional (NULL: the layer is refused).
+    int (*sigmoid_gate_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
+    int (*sigmoid_gate_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u,
+                            size_t n);
     // h = silu(g) (.) u (SwiGLU; also the output gate).
     int (*swiglu_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
     int (*swiglu_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);

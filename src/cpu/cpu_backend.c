@@ -282,6 +282,27 @@ static int c_swiglu_bwd(const Backend *be, void *dg_, void *du_, const void *dh_
     return MN_OK;
 }
 
+static int c_sigmoid_gate_fwd(const Backend *be, void *h_, const void *g_, const void *u_, size_t n) {
+    float *h = h_;
+    const float *g = g_, *u = u_;
+#pragma omp parallel for schedule(static, PAR_CHUNK) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) h[i] = sigmoidf(g[i]) * u[i];
+    return MN_OK;
+}
+
+static int c_sigmoid_gate_bwd(const Backend *be, void *dg_, void *du_, const void *dh_, const void *g_, const void *u_,
+                              size_t n) {
+    float *dg = dg_, *du = du_;
+    const float *dh = dh_, *g = g_, *u = u_;
+#pragma omp parallel for schedule(static, PAR_CHUNK) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float s = sigmoidf(g[i]);
+        dg[i] = dh[i] * u[i] * s * (1 - s);
+        du[i] = dh[i] * s;
+    }
+    return MN_OK;
+}
+
 static int c_add(const Backend *be, void *x_, const void *y_, size_t n) {
     float *x = x_;
     const float *y = y_;
@@ -563,6 +584,7 @@ static const Backend cpu_backend = {
     .rmsnorm_fwd = c_rmsnorm_fwd, .rmsnorm_bwd = c_rmsnorm_bwd,
     .l2norm_fwd = c_l2norm_fwd, .l2norm_bwd = c_l2norm_bwd,
     .silu_fwd = c_silu_fwd, .silu_bwd = c_silu_bwd, .swiglu_fwd = c_swiglu_fwd, .swiglu_bwd = c_swiglu_bwd,
+    .sigmoid_gate_fwd = c_sigmoid_gate_fwd, .sigmoid_gate_bwd = c_sigmoid_gate_bwd,
     .softcap = c_softcap, .gelu_fwd = c_gelu_fwd, .gelu_bwd = c_gelu_bwd,
     .geglu_fwd = c_geglu_fwd, .geglu_bwd = c_geglu_bwd,
     .pool_last_fwd = c_pool_last_fwd, .pool_last_bwd = c_pool_last_bwd,

@@ -198,6 +198,8 @@ extern "C" const Backend *backend_cuda(void) {
     b.pool_last_bwd = g_pool_last_bwd;
     b.swiglu_fwd = g_swiglu_fwd;
     b.swiglu_bwd = g_swiglu_bwd;
+    b.sigmoid_gate_fwd = g_sigmoid_gate_fwd;
+    b.sigmoid_gate_bwd = g_sigmoid_gate_bwd;
     b.geglu_fwd = g_geglu_fwd;
     b.geglu_bwd = g_geglu_bwd;
     b.add = g_add;

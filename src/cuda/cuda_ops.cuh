@@ -146,6 +146,8 @@ int g_silu_fwd(const Backend *be, void *y, const void *x, size_t n);
 int g_silu_bwd(const Backend *be, void *dx, const void *dy, const void *x, size_t n);
 int g_swiglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n);
 int g_swiglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
+int g_sigmoid_gate_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n);
+int g_sigmoid_gate_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
 int g_geglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n);
 int g_geglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
 int g_add(const Backend *be, void *x, const void *y, size_t n);

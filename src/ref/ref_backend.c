@@ -181,6 +181,25 @@ static int r_swiglu_bwd(const Backend *be, void *dg_, void *du_, const void *dh_
     return MN_OK;
 }
 
+static int r_sigmoid_gate_fwd(const Backend *be, void *h_, const void *g_, const void *u_, size_t n) {
+    double *h = h_;
+    const double *g = g_, *u = u_;
+    for (size_t i = 0; i < n; i++) h[i] = sigmoid(g[i]) * u[i];
+    return MN_OK;
+}
+
+static int r_sigmoid_gate_bwd(const Backend *be, void *dg_, void *du_, const void *dh_, const void *g_, const void *u_,
+                              size_t n) {
+    double *dg = dg_, *du = du_;
+    const double *dh = dh_, *g = g_, *u = u_;
+    for (size_t i = 0; i < n; i++) {
+        double s = sigmoid(g[i]);
+        dg[i] = dh[i] * u[i] * s * (1 - s);
+        du[i] = dh[i] * s;
+    }
+    return MN_OK;
+}
+
 static int r_add(const Backend *be, void *x_, const void *y_, size_t n) {
     double *x = x_;
     const double *y = y_;
@@ -495,6 +514,7 @@ static const Backend ref_backend = {
     .rmsnorm_fwd = r_rmsnorm_fwd, .rmsnorm_bwd = r_rmsnorm_bwd,
     .l2norm_fwd = r_l2norm_fwd, .l2norm_bwd = r_l2norm_bwd,
     .silu_fwd = r_silu_fwd, .silu_bwd = r_silu_bwd, .swiglu_fwd = r_swiglu_fwd, .swiglu_bwd = r_swiglu_bwd,
+    .sigmoid_gate_fwd = r_sigmoid_gate_fwd, .sigmoid_gate_bwd = r_sigmoid_gate_bwd,
     .softcap = r_softcap, .gelu_fwd = r_gelu_fwd, .gelu_bwd = r_gelu_bwd,
     .geglu_fwd = r_geglu_fwd, .geglu_bwd = r_geglu_bwd,
     .pool_last_fwd = r_pool_last_fwd, .pool_last_bwd = r_pool_last_bwd,
