@@ -19,7 +19,8 @@ typedef struct {
     const char *name;
     int vocab, dim, layers, heads, head_dim, seq_len, fla;
     const char *about;
-    const char *xlstm;  // the xLSTM paper's models: their pattern of blocks (NULL: a Mesa preset)
+    const char *xlstm;  // the xLSTM paper's models: their pattern of blocks (NULL: a Mesa preset); "mlstm-large":
+                        // Hugging Face's xLSTMForCausalLM (the xlstm architecture)
 } Preset;
 
 static const Preset presets[] = {
@@ -39,6 +40,9 @@ static const Preset presets[] = {
     {"xlstm-350m", 50304, 1024, 48, 4, 512, 2048, 0, "xLSTM[7:1] at 350M (408.4M): sLSTM at 3, 5, 7, 40, 42, 44",
      "mlstm-block*3,slstm-block,mlstm-block,slstm-block,mlstm-block,slstm-block,mlstm-block*32,slstm-block,"
      "mlstm-block,slstm-block,mlstm-block,slstm-block,mlstm-block*3"},
+    // Hugging Face's xLSTMForCausalLM (the xLSTM-7B design) at 160M: 4 heads, q/k half as wide as
+    // the model, v as wide; SwiGLU of 2.667 D rounded up to 64 (transformers' defaults)
+    {"xlstm-7b-160m", 50304, 768, 12, 4, 96, 2048, 0, "Hugging Face's xLSTMForCausalLM design at 160M", "mlstm-large"},
 };
 
 // The xLSTM paper's backbone around its blocks (xlstm-notes.md 3.5): LayerNorm (eps 1e-5, no
@@ -52,6 +56,21 @@ static void config_xlstm(ModelConfig *c, const char *pattern) {
     c->logit_cap = 0;
     c->slstm_heads = 4;
     c->mlp_hidden = (13 * c->dim / 10 + 63) / 64 * 64;
+}
+
+// transformers' xLSTMForCausalLM (its config's defaults; docs/spec/reference/xlstm-formats.md):
+// RMSNorm (eps 1e-6) before both halves of a block and after the blocks, untied head, logits
+// capped at 30, gates at 15, v heads twice as wide as q and k, SwiGLU of 2.667 D rounded up to 64.
+static void config_xlstm_large(ModelConfig *c) {
+    snprintf(c->mixer, sizeof c->mixer, "mlstm-large");
+    snprintf(c->arch, sizeof c->arch, "xlstm");
+    c->head_v_dim = 2 * c->head_dim;
+    c->gate_cap = 15;
+    c->norm_eps = 1e-6f;
+    c->embed_scale = 0;
+    c->tie_embeddings = 0;
+    c->logit_cap = 30;
+    c->mlp_hidden = (int)ceil(2.667 * c->dim / 64) * 64;
 }
 
 // The sizes that have parameter-matched presets "SIZE-MIXER" (presets.h).
@@ -136,7 +155,8 @@ int config_preset(ModelConfig *c, const char *name) {
             c->seq_len = p->seq_len;
             c->gate_bound = (float)p->seq_len;
             if (p->fla) config_fla(c);
-            if (p->xlstm) config_xlstm(c, p->xlstm);
+            if (p->xlstm && !strcmp(p->xlstm, "mlstm-large")) config_xlstm_large(c);
+            else if (p->xlstm) config_xlstm(c, p->xlstm);
             config_normalize(c);
             return MN_OK;
         }
