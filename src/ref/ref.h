@@ -73,4 +73,13 @@ int ref_attn_decode(const Backend *be, const AttnDims *d, int n, int cap, const 
                     const void *vc, void *o);
 int ref_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
 
+// ---------------------------------------------------------------------------
+// The sLSTM core (slstm_ref.c): the backend slots of core/backend.h's SlstmOps
+// themselves, on double buffers; ref_slstm is the sub-table (supports NULL).
+
+int ref_slstm_check(const char *fn, const SlstmDims *d);  // MN_ERR_ARG, named, for bad dims
+int ref_slstm_fwd(const Backend *be, const SlstmDims *d, const SlstmFwd *io);
+int ref_slstm_bwd(const Backend *be, const SlstmDims *d, const SlstmBwd *io);
+extern const SlstmOps ref_slstm;
+
 #endif
