@@ -171,30 +171,43 @@ static int read_block_map(const Obj *top, int L, int have_mlstm, unsigned char *
     return MN_OK;
 }
 
-// The mixer pattern of the block kinds: its shortest period (a pattern repeats over the blocks),
-// written as runs ("mlstm-block*3,slstm-block,...").
-static int block_pattern(const unsigned char *kind, int L, char *out, size_t cap, const char *where) {
-    int p = 1;
-    for (;; p++) {
-        int ok = 1;
+// The smallest period p of the block kinds (kind[i] = kind[i mod p]), among those that divide L
+// where `divides`.
+static int kind_period(const unsigned char *kind, int L, int divides) {
+    for (int p = 1;; p++) {
+        int ok = !divides || L % p == 0;
         for (int i = p; i < L && ok; i++) ok = kind[i] == kind[i % p];
-        if (ok) break;
+        if (ok) return p;
     }
-    char buf[8192] = "";
+}
+
+// The first p block kinds as mixer runs ("mlstm-block*3,slstm-block,..."), or the length needed.
+static size_t kind_runs(const unsigned char *kind, int p, char *buf, size_t cap) {
     size_t len = 0;
     for (int i = 0; i < p;) {
         int k = 1;
         while (i + k < p && kind[i + k] == kind[i]) k++;
         const char *name = kind[i] ? "slstm-block" : "mlstm-block";
-        if (len < sizeof buf)
-            len += (size_t)snprintf(buf + len, sizeof buf - len, k > 1 ? "%s%s*%d" : "%s%s", i ? "," : "", name, k);
+        char item[48];
+        int w = snprintf(item, sizeof item, k > 1 ? "%s%s*%d" : "%s%s", i ? "," : "", name, k);
+        if (len + (size_t)w < cap) memcpy(buf + len, item, (size_t)w + 1);
+        len += (size_t)w;
         i += k;
     }
-    if (len >= cap)
-        return mn_error(MN_ERR_FORMAT, "%s: the blocks' pattern (slstm_at) is %zu characters as mixer runs (\"%.60s...\"); "
-                                       "mesanet's mixer field holds %zu", where, len, buf, cap - 1);
-    memcpy(out, buf, len + 1);
-    return MN_OK;
+    return len;
+}
+
+// The mixer pattern of the block kinds, as runs: the blocks' whole sequence repeated exactly (its
+// smallest period that divides the depth: "mlstm-block" for all mLSTM, "mlstm-block*3,slstm-block,
+// mlstm-block*16,slstm-block,mlstm-block*3" for the paper's 125M model), or, where that exceeds the
+// field, its smallest period (a pattern repeats over the blocks).
+static int block_pattern(const unsigned char *kind, int L, char *out, size_t cap, const char *where) {
+    size_t len = kind_runs(kind, kind_period(kind, L, 1), out, cap);
+    if (len < cap) return MN_OK;
+    len = kind_runs(kind, kind_period(kind, L, 0), out, cap);
+    if (len < cap) return MN_OK;
+    return mn_error(MN_ERR_FORMAT, "%s: the blocks' pattern (slstm_at) is %zu characters as mixer runs; mesanet's mixer "
+                                   "field holds %zu", where, len, cap - 1);
 }
 
 int nxai_config_read(ModelConfig *c, const Json *j, const char *where) {
