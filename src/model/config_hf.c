@@ -541,7 +541,9 @@ static double py_round_factor(int hidden, int want, int *m) {
 // The head of a config.json as transformers' xLSTMConfig writes it (the xlstm architecture), with
 // both names of the width and of the depth (transformers defaults hidden_size and num_hidden_layers
 // to 4096 and 32, never to embedding_dim and num_blocks) and factors that give back our widths in
-// its arithmetic.
+// its arithmetic. A soft cap of 0 (none) is written null, which transformers' forward reads as no
+// cap; transformers 5.17's strict config types both caps float and refuses null, so such a model
+// loads there only with caps (bench/results/xlstm-checkpoints-h200.txt).
 static void save_hf_xlstm(FILE *f, const ModelConfig *c) {
     int dv = c->head_v_dim ? c->head_v_dim : c->head_dim, qk = c->n_heads * c->head_dim, v = c->n_heads * dv, m;
     char qkf[40], vf[40], ff[40], eps[40], gcap[40] = "null", lcap[40] = "null";
