@@ -468,7 +468,7 @@ TEST(gdn_paper_bad_configs_are_refused) {
         {"{\"model_type\": \"delta_net\", \"num_heads\": 3}", "must be positive multiples of num_heads = 3"},
         {"{\"model_type\": \"gated_deltanet\", \"hidden_act\": \"gelu\"}", "hidden_act must be \"swish\""},
         {"{\"preset\": \"tiny\", \"mixer\": \"gdn\", \"head_v_dim\": 32}",
-         ":1: \"head_v_dim\" does not apply to mixer \"gdn\": only gdn-paper, deltanet-paper read it"},
+         ":1: \"head_v_dim\" does not apply to mixer \"gdn\": only gdn-paper, deltanet-paper, mlstm-large read it"},
     };
     TmpDir t;
     tmp_make(&t);
