@@ -18,6 +18,7 @@ static const Command commands[] = {
     {"generate", cmd_generate, "generate text from a trained model with its recurrent state"},
     {"info", cmd_info, "parameters per component and decoding state of a config or run"},
     {"logits", cmd_logits, "dump a model's logits for given tokens (checks against other implementations)"},
+    {"export", cmd_export, "write a checkpoint in another layout: ours / Hugging Face's, or NX-AI's xLSTM package's"},
     {"synth", cmd_synth, "train and score mixers on the synthetic tasks (MQAR, MAD, parity, S-NIAH)"},
     {"bench", cmd_bench, "time the layers against this machine's matrix-product rate"},
 };

@@ -3,6 +3,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -273,4 +274,12 @@ int json_flag(const Json *v, const char *key, const char *where, int *out) {
         return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be true or false", where, v->line, key);
     *out = v->number == 1;
     return MN_OK;
+}
+
+void json_float_text(char *buf, size_t n, double v, int single) {
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, n, "%.*g", digits, v);
+        if (single ? strtof(buf, NULL) == (float)v : strtod(buf, NULL) == v) break;
+    }
+    if (!strpbrk(buf, ".eEn")) snprintf(buf + strlen(buf), n - strlen(buf), ".0");
 }

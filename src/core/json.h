@@ -38,4 +38,8 @@ int json_int(const Json *v, const char *key, const char *where, int *out);
 int json_float(const Json *v, const char *key, const char *where, float *out);
 int json_flag(const Json *v, const char *key, const char *where, int *out);
 
+// The shortest decimal that reads back as v (as a float where `single`), written as a JSON number
+// Python reads as a float ("64.0", not "64": configs checked by type want a float), into buf[n].
+void json_float_text(char *buf, size_t n, double v, int single);
+
 #endif

@@ -17,6 +17,7 @@
 #include "core/json.h"
 #include "mixers/mixer.h"
 #include "model/config_hf.h"
+#include "model/format_nxai.h"
 #include "model/presets.h"
 
 void config_default(ModelConfig *c) {
@@ -254,8 +255,10 @@ int config_load(ModelConfig *c, const char *spec) {
     free(text);
     MN_TRY(parsed);
     const Json *ours = json_get(j, "mesanet");
-    int st = ours ? config_from_json(c, ours, spec, 0)
-                  : json_get(j, "model_type") ? config_from_hf(c, j, spec) : config_from_json(c, j, spec, 1);
+    int st = ours                         ? config_from_json(c, ours, spec, 0)
+             : json_get(j, "model_type") ? config_from_hf(c, j, spec)
+             : nxai_config_is(j)         ? nxai_config_read(c, j, spec)
+                                         : config_from_json(c, j, spec, 1);
     json_free(j);
     return st;
 }
@@ -369,12 +372,13 @@ int config_validate(const ModelConfig *c, const char *where) {
     if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla") && strcmp(c->arch, "llama") && strcmp(c->arch, "xlstm"))
         return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\", \"fla\", \"llama\" or \"xlstm\"", where,
                         c->arch);
-    if (!strcmp(c->arch, "xlstm") &&
-        (strcmp(c->mixer, "mlstm-large") || c->embed_scale || strcmp(c->norm, "rmsnorm") || strcmp(c->head, "lm")))
+    if (!strcmp(c->arch, "xlstm") && (strcmp(c->mixer, "mlstm-large") || c->embed_scale || c->tie_embeddings ||
+                                      strcmp(c->norm, "rmsnorm") || strcmp(c->head, "lm")))
         return mn_error(MN_ERR_ARG, "%s: arch \"xlstm\" (Hugging Face's xLSTMForCausalLM) has mixer \"mlstm-large\" in "
-                                    "every block, RMSNorm, no embedding scale and a language-model head; got mixer "
-                                    "\"%s\", norm \"%s\", embed_scale %d, head \"%s\"",
-                        where, c->mixer, c->norm, c->embed_scale, c->head);
+                                    "every block, RMSNorm, no embedding scale, an untied head (transformers 5 never "
+                                    "ties it) and a language-model head; got mixer \"%s\", norm \"%s\", embed_scale %d, "
+                                    "tie_embeddings %d, head \"%s\"",
+                        where, c->mixer, c->norm, c->embed_scale, c->tie_embeddings, c->head);
     if (!strcmp(c->arch, "llama") &&
         ((strcmp(c->mixer, "mha") && strcmp(c->mixer, "swa")) || c->embed_scale || c->logit_cap != 0))
         return mn_error(MN_ERR_ARG, "%s: arch \"llama\" (Hugging Face's LlamaForCausalLM, or MistralForCausalLM) has mixer "

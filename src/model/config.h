@@ -15,10 +15,10 @@ void config_default(ModelConfig *c);
 // The fields beyond the backbone's that the config's mixers read, with their values, for `info`
 // ("rope_theta 10000, window 128"; "" when none).
 void config_mixer_fields(const ModelConfig *c, char *out, size_t n);
-// Reads a JSON config (ours, or a Hugging Face config.json that config_hf.h reads; unknown keys and
-// impossible values are refused, naming the file and key, every number range-checked before it
-// is converted), or, if nothing exists at `spec`, a preset name. A directory or another kind of
-// file is refused saying so.
+// Reads a JSON config (ours, a Hugging Face config.json that config_hf.h reads, or NX-AI's
+// xLSTMLMModel config.json that format_nxai.h reads; unknown keys and impossible values are
+// refused, naming the file and key, every number range-checked before it is converted), or, if
+// nothing exists at `spec`, a preset name. A directory or another kind of file is refused saying so.
 int config_load(ModelConfig *c, const char *spec);
 // Writes config.json atomically; refuses an invalid config, so that every saved config loads
 // again with the same value in every field. Its Hugging Face part is config_to_hf's (config_hf.h).

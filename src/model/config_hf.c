@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -290,6 +291,128 @@ static int config_from_hf_llama(ModelConfig *c, const Json *j, const char *where
     return config_validate(c, where);
 }
 
+// Python's float floor division a // b (CPython's float_floor_div, step by step), for the widths
+// transformers rounds in floats.
+static double py_floordiv(double a, double b) {
+    double mod = fmod(a, b), div = (a - mod) / b;
+    if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1.0;
+    if (div == 0) return copysign(0.0, a / b);
+    double q = floor(div);
+    return div - q > 0.5 ? q + 1.0 : q;
+}
+
+// transformers' round_up_to_next_multiple_of(x, m) = int(((x + m - 1) // m) * m) on a Python float x,
+// or -1 beyond the int range.
+static int py_round_up(double x, int m) {
+    double r = py_floordiv(x + m - 1, (double)m) * m;
+    return r >= 0 && r < 2147483647.0 ? (int)r : -1;
+}
+
+// A soft cap of transformers' xLSTM config: null (none, 0) or a positive number.
+static int hf_cap(const Json *j, const char *key, float fallback, const char *where, float *out) {
+    const Json *v = json_get(j, key);
+    *out = fallback;
+    if (v && v->type == JSON_NULL) *out = 0;
+    if (!v || v->type == JSON_NULL) return MN_OK;
+    MN_TRY(json_float(v, key, where, out));
+    if (!(*out > 0) || *out > 1e6f)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" = %g, expected null (no cap) or a positive number of at most 1e6",
+                        where, v->line, key, (double)*out);
+    return MN_OK;
+}
+
+// A flag that must have the value `want` (absent: the default, which is `want`), or MN_ERR_FORMAT
+// saying why.
+static int hf_flag_is(const Json *j, const char *key, int want, const char *why, const char *where) {
+    int v;
+    MN_TRY(hf_flag(j, key, want, where, &v));
+    if (v != want)
+        return mn_error(MN_ERR_FORMAT, "%s: \"%s\" = %s, expected %s: %s", where, key, v ? "true" : "false",
+                        want ? "true" : "false", why);
+    return MN_OK;
+}
+
+// Two keys of the same meaning (transformers' hidden_size / embedding_dim, num_hidden_layers /
+// num_blocks): the first where present, else the second, else the default; both present must agree.
+static int hf_int_pair(const Json *j, const char *a, const char *b, int fallback, int min, int max, const char *what,
+                       const char *where, int *out) {
+    int va, vb;
+    const Json *ja = json_get(j, a), *jb = json_get(j, b);
+    int has_a = ja && ja->type != JSON_NULL, has_b = jb && jb->type != JSON_NULL;
+    MN_TRY(hf_int(j, a, fallback, min, max, where, &va));
+    MN_TRY(hf_int(j, b, va, min, max, where, &vb));
+    if (has_a && has_b && va != vb)
+        return mn_error(MN_ERR_FORMAT, "%s: \"%s\" = %d but \"%s\" = %d: %s, which mesanet does not have (it has one "
+                                       "value for both)", where, a, va, b, vb, what);
+    *out = has_a ? va : vb;
+    return MN_OK;
+}
+
+// A config.json of transformers' xLSTMForCausalLM (model_type "xlstm", the xLSTM-7B design), without
+// our "mesanet" block: the xlstm architecture (mixer mlstm-large in every block), with transformers'
+// defaults for absent keys and its own arithmetic for the widths (docs/spec/reference/xlstm-formats.md
+// 1.1-1.2): q and k int(hidden_size * qk_dim_factor) wide, v int(hidden_size * v_dim_factor), split
+// over num_heads; the SwiGLU width hidden_size * ffn_proj_factor rounded up in Python floats. What
+// mesanet computes otherwise is refused by name: biases, a tied head (transformers 5 does not tie
+// it), another cell epsilon, no final norm, an embedding of another width. weight_mode "fused"
+// reads (its tensors are split on loading: model/weights.c).
+static int config_from_hf_xlstm(ModelConfig *c, const Json *j, const char *where) {
+    config_default(c);
+    strcpy(c->arch, "xlstm");
+    strcpy(c->mixer, "mlstm-large");
+    c->embed_scale = 0;
+    c->tie_embeddings = 0;
+    // transformers: hidden_size defaults to 4096 and never falls back to embedding_dim (its default
+    // trap); a config that gives only embedding_dim means that width, so it is read so here
+    MN_TRY(hf_int_pair(j, "hidden_size", "embedding_dim", 4096, 1, 65536,
+                       "an embedding of another width than the blocks", where, &c->dim));
+    MN_TRY(hf_int_pair(j, "num_blocks", "num_hidden_layers", 32, -BIG, BIG,
+                       "a number of blocks other than the cache's layers", where, &c->n_layers));
+    MN_TRY(hf_int(j, "vocab_size", 50304, -BIG, BIG, where, &c->vocab_size));
+    MN_TRY(hf_int(j, "num_heads", 8, 1, 65536, where, &c->n_heads));
+    double qkf, vf, ffnf;
+    MN_TRY(hf_double(j, "qk_dim_factor", 0.5, where, &qkf));
+    MN_TRY(hf_double(j, "v_dim_factor", 1.0, where, &vf));
+    int qk = py_int_mul(c->dim, qkf), v = py_int_mul(c->dim, vf);  // transformers: int(), no rounding
+    if (qk < 1 || v < 1 || qk % c->n_heads || v % c->n_heads)
+        return mn_error(MN_ERR_FORMAT, "%s: the q/k width int(hidden_size * qk_dim_factor) = %d and the v width "
+                                       "int(hidden_size * v_dim_factor) = %d must be positive multiples of num_heads = %d",
+                        where, qk, v, c->n_heads);
+    c->head_dim = qk / c->n_heads;
+    c->head_v_dim = v / c->n_heads == c->head_dim ? 0 : v / c->n_heads;
+    int mult;
+    MN_TRY(hf_double(j, "ffn_proj_factor", 2.667, where, &ffnf));
+    MN_TRY(hf_int(j, "ffn_round_up_to_multiple_of", 64, 1, 1 << 20, where, &mult));
+    c->mlp_hidden = py_round_up((double)c->dim * ffnf, mult);
+    if (c->mlp_hidden < 1)
+        return mn_error(MN_ERR_FORMAT, "%s: the feed-forward width hidden_size * ffn_proj_factor = %d * %g rounded up to "
+                                       "%d is out of range", where, c->dim, ffnf, mult);
+    MN_TRY(hf_cap(j, "gate_soft_cap", 15, where, &c->gate_cap));
+    MN_TRY(hf_cap(j, "output_logit_soft_cap", 30, where, &c->logit_cap));
+    MN_TRY(hf_float(j, "norm_eps", 1e-6f, where, &c->norm_eps));
+    const Json *eps = json_get(j, "eps");
+    if (eps && eps->type != JSON_NULL) {
+        float e;
+        MN_TRY(json_float(eps, "eps", where, &e));
+        if (e != 1e-6f)
+            return mn_error(MN_ERR_FORMAT, "%s:%d: \"eps\" = %g (the mLSTM cell's denominator epsilon), expected 1e-06: "
+                                           "mesanet's is fixed", where, eps->line, (double)e);
+    }
+    MN_TRY(hf_flag_is(j, "use_bias", 0, "biases on the projections and norms, which mesanet does not have", where));
+    MN_TRY(hf_flag_is(j, "tie_word_embeddings", 0,
+                      "transformers 5 does not tie xLSTM's head (its lm_head stays its own tensor) while 4.x did, so "
+                      "the model is ambiguous; untie it (save lm_head.weight) first", where));
+    MN_TRY(hf_flag_is(j, "add_out_norm", 1,
+                      "transformers ignores it (its out_norm is always there) but NX-AI's xlstm_large honours it, so "
+                      "the model is ambiguous; mesanet's has the norm", where));
+    const Json *mode = json_get(j, "weight_mode");
+    if (mode && mode->type != JSON_NULL &&
+        (mode->type != JSON_STRING || (strcmp(mode->string, "single") && strcmp(mode->string, "fused"))))
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"weight_mode\" must be \"single\" or \"fused\"", where, mode->line);
+    config_normalize(c);
+    return config_validate(c, where);
+}
+
 int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
     const Json *type = json_get(j, "model_type");
     if (type && type->type == JSON_STRING && !strcmp(type->string, "gated_deltanet"))
@@ -300,10 +423,11 @@ int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
         return config_from_hf_transformer(c, j, where);
     if (type && type->type == JSON_STRING && (!strcmp(type->string, "llama") || !strcmp(type->string, "mistral")))
         return config_from_hf_llama(c, j, where);
+    if (type && type->type == JSON_STRING && !strcmp(type->string, "xlstm")) return config_from_hf_xlstm(c, j, where);
     if (!type || type->type != JSON_STRING || strcmp(type->string, "mesa_net"))
         return mn_error(MN_ERR_FORMAT,
                         "%s: neither a mesanet config nor a Hugging Face config with model_type \"mesa_net\", "
-                        "\"gated_deltanet\", \"delta_net\", \"transformer\", \"llama\" or \"mistral\"",
+                        "\"gated_deltanet\", \"delta_net\", \"transformer\", \"llama\", \"mistral\" or \"xlstm\"",
                         where);
     return config_from_hf_mesa(c, j, where);
 }
@@ -402,11 +526,56 @@ static void save_hf_mesa(FILE *f, const ModelConfig *c) {
     }
 }
 
+// The factor f (and the multiple m) with which transformers' round_up_to_next_multiple_of(hidden * f,
+// m) gives back the width `want`: m the largest power of two up to 64 dividing it, f = want / hidden
+// nudged until the Python arithmetic lands on it.
+static double py_round_factor(int hidden, int want, int *m) {
+    *m = 64;
+    while (want % *m) *m /= 2;
+    double f = (double)want / hidden;
+    for (int i = 0; i < 8 && py_round_up(hidden * f, *m) < want; i++) f = nextafter(f, INFINITY);
+    for (int i = 0; i < 8 && py_round_up(hidden * f, *m) > want; i++) f = nextafter(f, 0);
+    return f;
+}
+
+// The head of a config.json as transformers' xLSTMConfig writes it (the xlstm architecture), with
+// both names of the width and of the depth (transformers defaults hidden_size and num_hidden_layers
+// to 4096 and 32, never to embedding_dim and num_blocks) and factors that give back our widths in
+// its arithmetic. A soft cap of 0 (none) is written null, which transformers' forward reads as no
+// cap; transformers 5.17's strict config types both caps float and refuses null, so such a model
+// loads there only with caps (bench/results/xlstm-checkpoints-h200.txt).
+static void save_hf_xlstm(FILE *f, const ModelConfig *c) {
+    int dv = c->head_v_dim ? c->head_v_dim : c->head_dim, qk = c->n_heads * c->head_dim, v = c->n_heads * dv, m;
+    char qkf[40], vf[40], ff[40], eps[40], gcap[40] = "null", lcap[40] = "null";
+    json_float_text(qkf, sizeof qkf, py_ratio(qk, c->dim, c->dim, qk), 0);
+    json_float_text(vf, sizeof vf, py_ratio(v, c->dim, c->dim, v), 0);
+    json_float_text(ff, sizeof ff, py_round_factor(c->dim, c->mlp_hidden, &m), 0);
+    json_float_text(eps, sizeof eps, (double)c->norm_eps, 1);
+    if (c->gate_cap > 0) json_float_text(gcap, sizeof gcap, (double)c->gate_cap, 1);
+    if (c->logit_cap > 0) json_float_text(lcap, sizeof lcap, (double)c->logit_cap, 1);
+    fprintf(f, "{\n  \"model_type\": \"xlstm\",\n  \"architectures\": [\"xLSTMForCausalLM\"],\n");
+    fprintf(f, "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"embedding_dim\": %d,\n", c->vocab_size, c->dim, c->dim);
+    fprintf(f, "  \"num_hidden_layers\": %d,\n  \"num_blocks\": %d,\n  \"num_heads\": %d,\n", c->n_layers, c->n_layers,
+            c->n_heads);
+    fprintf(f, "  \"qk_dim_factor\": %s,\n  \"v_dim_factor\": %s,\n", qkf, vf);
+    fprintf(f, "  \"ffn_proj_factor\": %s,\n  \"ffn_round_up_to_multiple_of\": %d,\n", ff, m);
+    fprintf(f, "  \"gate_soft_cap\": %s,\n  \"output_logit_soft_cap\": %s,\n", gcap, lcap);
+    fprintf(f, "  \"norm_eps\": %s,\n  \"eps\": 1e-06,\n  \"use_bias\": false,\n  \"add_out_norm\": true,\n", eps);
+    fprintf(f, "  \"norm_reduction_force_float32\": true,\n  \"tie_word_embeddings\": false,\n"
+               "  \"weight_mode\": \"single\",\n");
+    fprintf(f, "  \"mode\": \"inference\",\n  \"chunk_size\": 64,\n  \"chunkwise_kernel\": \"chunkwise--native_autograd\",\n"
+               "  \"sequence_kernel\": \"native_sequence__native\",\n  \"step_kernel\": \"native\",\n");
+    fprintf(f, "  \"return_last_states\": true,\n  \"autocast_kernel_dtype\": \"bfloat16\",\n"
+               "  \"inference_state_dtype\": \"float32\",\n  \"max_inference_chunksize\": 16384,\n");
+    fprintf(f, "  \"use_cache\": true,\n  \"torch_dtype\": \"float32\",\n");
+}
+
 void config_to_hf(FILE *f, const ModelConfig *c) {
     int fla = !strcmp(c->arch, "fla"), gdn = !strcmp(c->mixer, "gdn-paper"), delta = !strcmp(c->mixer, "deltanet-paper");
     int mha = !strcmp(c->mixer, "mha"), swa = !strcmp(c->mixer, "swa");
     if (fla && (gdn || delta)) save_hf_delta(f, c, gdn);
     else if (!strcmp(c->arch, "llama")) save_hf_llama(f, c);
+    else if (!strcmp(c->arch, "xlstm")) save_hf_xlstm(f, c);
     else if (fla && (mha || swa) && c->n_heads * c->head_dim == c->dim) save_hf_transformer(f, c, swa);
     else save_hf_mesa(f, c);
     fprintf(f, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", c->vocab_size > 50256 ? 50256 : c->vocab_size - 1,

@@ -11,6 +11,8 @@
 #include "core/atomic_file.h"
 #include "core/common.h"
 #include "core/safetensors.h"
+#include "model/format_nxai.h"
+#include "model/weights.h"
 
 static void join(char *out, size_t n, const char *dir, const char *file) { snprintf(out, n, "%s/%s", dir, file); }
 
@@ -109,12 +111,16 @@ static int read_slab(StFile *f, const char *path, const Model *m, void *slab, co
     return MN_OK;
 }
 
+// weights_read's sink: tensor i into the model's parameters.
+static int upload_param(void *ctx, int i, const float *data) {
+    Model *m = ctx;
+    const ParamSpec *p = &m->specs[i];
+    return m->be->upload_f32(m->be, (char *)m->params + p->offset * m->be->elem_size(m->be, MEM_PARAM), data, p->numel,
+                             MEM_PARAM);
+}
+
 int checkpoint_load_weights(const char *path, Model *m) {
-    StFile *f;
-    MN_TRY(st_open(path, &f));
-    int s = read_slab(f, path, m, m->params, "", MEM_PARAM);
-    st_close(f);
-    return s;
+    return weights_read(path, &m->cfg, m->specs, m->nparams, upload_param, m);
 }
 
 int checkpoint_load_model(const char *run, const Backend *be, Model **out) {
@@ -134,6 +140,72 @@ int checkpoint_load_model(const char *run, const Backend *be, Model **out) {
     }
     *out = m;
     return MN_OK;
+}
+
+// weights_read's sink for checkpoint_export: tensor i into a host copy.
+static int keep_host(void *ctx, int i, const float *data) {
+    void **c = ctx;
+    const ParamSpec *specs = c[0];
+    float **vals = c[1];
+    memcpy(vals[i], data, sizeof(float) * specs[i].numel);
+    return MN_OK;
+}
+
+// Whether two paths name one directory (out need not exist).
+static int same_dir(const char *a, const char *b) {
+    char ra[4096], rb[4096];
+    return realpath(a, ra) && realpath(b, rb) && !strcmp(ra, rb);
+}
+
+int checkpoint_export(const char *run, const char *out, const char *format, const char *layout) {
+    int nxai = format && !strcmp(format, "nxai");
+    if (!format || (!nxai && strcmp(format, "hf")))
+        return mn_error(MN_ERR_ARG, "export: format \"%s\", expected \"hf\" (our checkpoint folder: Hugging Face's "
+                                    "layout for the fla, llama and xlstm architectures) or \"nxai\" (NX-AI's "
+                                    "xLSTMLMModel)", format ? format : "");
+    if (layout && !nxai) return mn_error(MN_ERR_ARG, "export: an sLSTM layout applies to the nxai format only");
+    char dir[4096], path[4200];
+    MN_TRY(checkpoint_dir(run, dir, sizeof dir));
+    if (same_dir(dir, out) || same_dir(run, out))
+        return mn_error(MN_ERR_ARG, "export: %s is the checkpoint's own directory; give another", out);
+    join(path, sizeof path, dir, "config.json");
+    if (access(path, R_OK)) return mn_error(MN_ERR_IO, "%s: missing (not a checkpoint directory?)", path);
+    ModelConfig cfg;
+    MN_TRY(config_load(&cfg, path));
+    if (nxai) MN_TRY(nxai_check(&cfg));
+    ParamSpec *specs;
+    int n;
+    MN_TRY(model_specs(&cfg, &specs, &n));
+    float **vals = calloc((size_t)n, sizeof(float *));
+    int s = vals ? MN_OK : mn_error(MN_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n && !s; i++)
+        if (!(vals[i] = malloc(sizeof(float) * (specs[i].numel ? specs[i].numel : 1))))
+            s = mn_error(MN_ERR_NOMEM, "out of memory for the weights (%s)", specs[i].name);
+    void *ctx[2] = {specs, vals};
+    join(path, sizeof path, dir, "model.safetensors");
+    if (!s) s = weights_read(path, &cfg, specs, n, keep_host, ctx);
+    if (!s && nxai) s = nxai_write(out, &cfg, specs, n, vals, layout ? layout : "vanilla");
+    if (!s && !nxai) {
+        StTensor *t = calloc((size_t)n, sizeof(StTensor));
+        StMeta meta[] = {{"format", "pt"}, {"producer", "mesanet"}, {"arch", cfg.arch}};
+        s = t ? mn_mkdirs(out) : mn_error(MN_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < n && !s; i++) {
+            t[i].name = specs[i].name;
+            t[i].dtype = ST_F32;
+            t[i].ndim = specs[i].ndim;
+            for (int d = 0; d < specs[i].ndim; d++) t[i].shape[d] = specs[i].shape[d];
+            t[i].data = vals[i];
+        }
+        join(path, sizeof path, out, "config.json");
+        if (!s) s = config_save(&cfg, path);
+        join(path, sizeof path, out, "model.safetensors");
+        if (!s) s = st_write(path, t, n, meta, 3);
+        free(t);
+    }
+    for (int i = 0; vals && i < n; i++) free(vals[i]);
+    free(vals);
+    free(specs);
+    return s;
 }
 
 int checkpoint_save_state(const char *dir, const Model *m, const AdamW *o, const TrainState *t) {

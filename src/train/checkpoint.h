@@ -15,7 +15,8 @@
  *                                system has no hard links), so that the run directory itself
  *                                loads in fla / Hugging Face as it always did
  * Loading a directory follows checkpoints/latest where there is one, and otherwise reads the
- * directory's own files (an older run, or a directory of weights such as fla's).
+ * directory's own files (an older run, or a directory of weights such as fla's, transformers' or
+ * NX-AI's xlstm package's: model/weights.h).
  *
  * For tests of the above, MESANET_CHECKPOINT_STOP=<point>[@<step>] makes a save stop with an
  * error at that point (at every save, or at the save of that step), leaving the files as a kill
@@ -70,8 +71,15 @@ int checkpoint_save_model(const char *dir, const Model *m, int step);
 // Loads config.json and model.safetensors of the checkpoint dir resolves to (checkpoint_dir) onto
 // backend be. A missing, truncated or mismatched file is refused with a message naming it.
 int checkpoint_load_model(const char *dir, const Backend *be, Model **out);
-// Loads weights from a safetensors file into an existing model (names and shapes must match).
+// Loads weights from a safetensors file into an existing model (names and shapes must match; the
+// layouts of model/weights.h: ours, transformers' xLSTM spellings, NX-AI's xLSTMLMModel).
 int checkpoint_load_weights(const char *path, Model *m);
+// Writes the checkpoint `run` resolves to (any layout checkpoint_load_model reads: ours, Hugging
+// Face's, NX-AI's) into the directory out, on the host (no backend): format "hf" as our checkpoint
+// folder (config.json and model.safetensors by our names: Hugging Face's own layout for the fla,
+// llama and xlstm architectures), "nxai" as NX-AI's xLSTMLMModel folder (model/format_nxai.h) with
+// the sLSTM layout `layout` ("vanilla", the default where NULL, or "cuda").
+int checkpoint_export(const char *run, const char *out, const char *format, const char *layout);
 
 // The optimizer state into dir itself.
 int checkpoint_save_state(const char *dir, const Model *m, const AdamW *o, const TrainState *t);
