@@ -13,7 +13,7 @@
  * mLSTM's minimal chunkwise flops (C = 64) per token and head, 4 Dk Dv + C (Dk + Dv), over the
  * forward's time. bench/xlstm_kernels_bench.py times NX-AI's kernels (mlstm_kernels' TFLA Triton
  * kernels, the xlstm package's sLSTM CUDA kernel, FlashRNN) at the same shapes and prints the same
- * tables.
+ * tables; bench/xlstm_peers.sh runs both, and the whole models' comparisons, in one go on a GPU.
  *
  * Inputs, in the ranges the layers see (one seed a shape): q and k rows of unit L2 norm, v and the
  * output gradient dh ~ N(0, 1), log forget gates f = logsigmoid(N(--gmean, 1)), input gates
