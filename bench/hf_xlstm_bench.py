@@ -124,7 +124,20 @@ def nxai_125m_model(slstm_backend="cuda"):
 
 
 def build(name, mode="train", slstm_backend="cuda"):
-    """(model, loss(model, tokens) -> scalar, logits(model, tokens) -> [B, T, V])."""
+    """(model, loss(model, tokens) -> scalar, logits(model, tokens) -> [B, T, V]); the output of the
+    sLSTM's CUDA build (at the model's construction) goes to stderr."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)  # file descriptors: torch's extension builder runs the compiler as a child process
+    try:
+        return build_(name, mode, slstm_backend)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def build_(name, mode, slstm_backend):
     import torch.nn.functional as F
 
     def ce(logits, tok):
@@ -293,19 +306,26 @@ def bench_decode(name, batches, prompt, tokens, reps, ours=None):
 
 
 def print_params(binary):
-    """Each model's parameter count (built on the CPU; no GPU needed) beside ours."""
+    """Each model's parameter count (built without storage where it can, else on the CPU; no GPU
+    needed) beside ours."""
     import torch
-    with torch.device("meta"):
-        for name in DEFAULT_MODELS:
-            ours = ours_params(binary, MODELS[name])
+    for name in DEFAULT_MODELS:
+        ours = ours_params(binary, MODELS[name])
+        model = None
+        for device in ("meta", "cpu"):
             try:
-                model = build(name, "train", slstm_backend="vanilla")[0]  # the same tensors, no CUDA build
+                with torch.device(device):
+                    model = build(name, "train", slstm_backend="vanilla")[0]  # the same tensors, no CUDA build
+                break
             except Exception as e:  # noqa: BLE001
-                print(f"{name}: cannot build: {type(e).__name__}: {str(e)[:300]}")
-                continue
-            n = sum(p.numel() for p in model.parameters())
-            same = "" if ours is None else (" (the same)" if ours == n else f" (DIFFERENT by {n - ours:+d})")
-            print(f"{name}: {n} parameters; ours ({MODELS[name]}): {ours if ours is not None else 'n/a'}{same}")
+                err = e
+        if model is None:
+            print(f"{name}: cannot build: {type(err).__name__}: {str(err)[:300]}", flush=True)
+            continue
+        n = sum(p.numel() for p in model.parameters())
+        same = "" if ours is None else (" (the same)" if ours == n else f" (DIFFERENT by {n - ours:+d})")
+        print(f"{name}: {n} parameters; ours ({MODELS[name]}): {ours if ours is not None else 'n/a'}{same}", flush=True)
+        del model
 
 
 def main():

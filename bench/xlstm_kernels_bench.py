@@ -56,6 +56,7 @@ Options: --mlstm BxTxHxDk[xDv],... (default 8x2048x16x128,16x2048x8x64), --slstm
 --gmean G (3), --err-heads N (2), --err-T N (2048; 0: all tokens), --self-check.
 """
 import argparse
+import contextlib
 import functools
 import importlib
 import os
@@ -83,6 +84,21 @@ def peer(module, what):
               f"  (copy the peer's package folder into .peers/: see the top of bench/xlstm_kernels_bench.py)",
               flush=True)
         return None
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Sends file descriptor 1 to 2 for a while: the peers' extension builds print there (their
+    compiler commands and output belong in the log, not in the tables)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def parse_shapes(s, allow_dv):
@@ -327,7 +343,8 @@ def bench_slstm_xlstm(cellmod, shape, reps, gmean, seed, Hn, Tn):
     x, R, dh = slstm_inputs(B, T, H, Dh, seed, gmean)
     cfg = cellmod.sLSTMCellConfig(hidden_size=D, num_heads=H, backend="cuda", batch_size=B,
                                   bias_init="standard", recurrent_weight_init="zeros")
-    cell = cellmod.sLSTMCell(cfg).cuda()
+    with stdout_to_stderr():  # the CUDA extension is built here (once per batch, hidden size and heads)
+        cell = cellmod.sLSTMCell(cfg).cuda()
     with torch.no_grad():
         cell._recurrent_kernel_.copy_(R.reshape(H, Dh, 4 * Dh))  # the cuda backend's layout is mesanet's
         cell._bias_.zero_()
@@ -375,6 +392,9 @@ def bench_slstm_flashrnn(frmod, backend, shape, reps, gmean, seed, Hn, Tn):
         wx.grad = rf.grad = b.grad = None
         call().backward(grad[0])
 
+    with stdout_to_stderr():  # the first call builds (and for cuda_fused tunes) the CUDA extension
+        fwd_bwd()
+        torch.cuda.synchronize()
     tf, tb, strm, mem, db_fwd = timings(fwd, fwd_bwd, reps)
     dz = torch.zeros_like(dh)
     dz[0, :Tn] = dh[0, :Tn]
