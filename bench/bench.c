@@ -20,6 +20,7 @@ int cmd_bench(int argc, char **argv) {
         {"mesa-gpu", bench_mesa_gpu, "the Mesa core on the GPU at the anchors' shapes (see bench/fla_bench.py)"},
         {"train", bench_train, "training throughput, memory and time in the Mesa layer of a model config"},
         {"decode", bench_decode, "generation throughput of a model config: eager and recorded (CUDA graph) steps"},
+        {"xlstm", bench_xlstm, "the xLSTM cores (mLSTM, sLSTM): fwd, fwd+bwd, errors, on the CPU or the GPU"},
     };
     size_t n = sizeof benches / sizeof benches[0];
     if (argc >= 2)
