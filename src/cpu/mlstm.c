@@ -22,9 +22,9 @@
  * them to rounding. The floor exp(-m) is formed in float from the float m, as stored, so that the
  * backward sees the forward's (+inf, and h = 0, where m < -88).
  *
- * Backward (either form asked: one algorithm), from a zero state with m held constant (the
- * forward's m_t per token, the carried m at chunk ends), the parallel form's gradient
- * (src/ref/mlstm_ref.c) evaluated chunk by chunk. With do_t = [dh_t / den_t, dnq_t] and
+ * Backward (either form asked: one algorithm), from a zero state: the exact gradient of
+ * src/ref/mlstm_ref.c, evaluated chunk by chunk: first with m held constant (the forward's m_t per
+ * token, the carried m at chunk ends), then m's own path. With do_t = [dh_t / den_t, dnq_t] and
  * E_tj = exp(cs_t - cs_j + i_j - m_t):
  *   pass 1: the chunk-start states (Caug, m) again, as the forward;
  *   pass 2, chunks in reverse, carrying dS = s sum_{t > e} exp(cs_t - cs_e - m_t + M_e) do_t q_t^T
@@ -40,6 +40,10 @@
  *   j <= e of the sum of dL/d log E_tj), taken from the state rather than as a running sum over
  *   the sequence, which would gather the rounding of every later token's terms (they cancel in
  *   part); at T <= 1000 the two measured alike.
+ *   m's path (xlstm-notes aside: h_t depends on m_t through eps alone): dL/dm_t = -(dh_t . h_t) eps
+ *   / den_t, carried back through m_t = max(f_t + m_{t-1}, i_t) by one reverse scan over the pair's
+ *   tokens: g_t = dL/dm_t + what m_{t+1} passed down; where i_t won (i_t >= f_t + m_{t-1}, from the
+ *   stored m; m_{-1} = 0) dig_t += g_t and nothing passes on, else dfg_t += g_t and g_t passes on.
  */
 #include <math.h>
 #include <string.h>
@@ -89,6 +93,7 @@ typedef struct {
     float *v, *out, *dov, *vw;     // [C x (Dv+1)]: Vt, [num, nq] (forward) / Do (backward), diag(s w') Do, diag(wl) Vt
     float *gq, *gk, *gv;           // [C x Dk], [C x Dk], [C x Dv]: dQ, dK, dV
     float *e, *w, *p;              // [C x C]: E, W = s E (.) Q K^T, P
+    double *dm;                    // [C] (backward): dL/dm
 } Chunk;
 
 static void chunk_carve(Chunk *c, Carve *cv, int C, int dk, int dv, int backward) {
@@ -119,6 +124,7 @@ static void chunk_carve(Chunk *c, Carve *cv, int C, int dk, int dv, int backward
         c->gv = take(cv, (size_t)C * dv);
         c->e = take(cv, cc);
         c->p = take(cv, cc);
+        c->dm = take64(cv, C);
     }
 }
 
@@ -323,20 +329,23 @@ static void chunk_backward(const SeqPair *p, const MlstmOpts *o, const MlstmBwd 
 
     // pass 2
     memset(ds, 0, sizeof(float) * sa);
+    double carry = 0;  // dL/dm passed down from m_{t0+n} to m_{t0+n-1}
     for (int ci = nch - 1; ci >= 0; ci--) {
         int t0 = ci * C, n = mn_min(C, T - t0);
         const float *cp = states + (size_t)ci * sa, *ce = cp + sa;
         float mp = ms[ci], me = ms[ci + 1];
         load_chunk(&c, p, t0, n, Q, K, V, F, I);
         double g = c.b[n - 1];
-        // do_t = [dh_t / den_t, dnq_t]
+        // do_t = [dh_t / den_t, dnq_t]; dL/dm_t = -(dh_t . h_t) eps / den_t
         for (int t = 0; t < n; t++) {
             size_t ti = pair_tok(p, t0 + t);
             const float *dh = DH + ti * dv, *h = Hh + ti * dv;
             float nq = NQ[ti], mt = M[ti], floor_ = expf(-mt), den = fmaxf(fabsf(nq), floor_) + eps;
             float *dot_ = c.out + (size_t)t * dv1;
+            double dhh = dot64(dh, h, dv);
             for (int r = 0; r < dv; r++) dot_[r] = dh[r] / den;
-            dot_[dv] = fabsf(nq) > floor_ ? (float)(-dot64(dh, h, dv) / den) * (nq > 0 ? 1 : -1) : 0;
+            dot_[dv] = fabsf(nq) > floor_ ? (float)(-dhh / den) * (nq > 0 ? 1 : -1) : 0;
+            c.dm[t] = -dhh * eps / den;
             c.mt[t] = mt;
             c.wq[t] = s * (float)exp((double)mp + c.b[t] - mt);
             c.wl[t] = (float)exp(g + c.ib[t] - me);
@@ -368,8 +377,18 @@ static void chunk_backward(const SeqPair *p, const MlstmOpts *o, const MlstmBwd 
             memcpy(wf(io->dv) + ti * dv, c.gv + (size_t)t * dv, sizeof(float) * dv);
             double kdk = dot64(c.k + (size_t)t * dk, dkk, dk);
             acc += dot64(c.q + (size_t)t * dk, dq, dk) - kdk;
-            wf(io->dig)[ti] = (float)kdk;
-            wf(io->dfg)[ti] = (float)acc;
+            double dig = kdk, dfg = acc;
+            // m's path: m_{t-1} (the stored one; 0 before the first token) decides which argument won
+            double mprev = t0 + t > 0 ? M[pair_tok(p, t0 + t - 1)] : 0;
+            carry += c.dm[t];
+            if ((double)I[ti] >= (double)F[ti] + mprev) {
+                dig += carry;
+                carry = 0;
+            } else {
+                dfg += carry;
+            }
+            wf(io->dig)[ti] = (float)dig;
+            wf(io->dfg)[ti] = (float)dfg;
         }
         // dS to the previous chunk's end
         state_advance(ds, (float)exp(g + (double)mp - me), c.dov, c.q, n, dv1, dk);
