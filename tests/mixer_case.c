@@ -198,6 +198,7 @@ void mc_check_layer_cpu_vs_ref(Model *r, Model *c, int B, int T, uint64_t su, ui
     // (float32 rounds every op of the layer, not once: 10 covers the ~15 ops measured, and a wrong
     // term is still off by 1e-2 and more)
     double ey = rel_err64(ys[1], ys[0], nd), edu = rel_err64(dus[1], dus[0], nd), eg = 0, worst_ratio = 0;
+    const char *worst_name = "";
     for (int t = r->blocks[0].first; t < r->blocks[0].first + r->blocks[0].count; t++) {
         double et = rel_err64(gc + r->specs[t].offset, gr + r->specs[t].offset, r->specs[t].numel);
         double tol = fmax(tol_bwd, 10 * sens[t]);
@@ -205,10 +206,13 @@ void mc_check_layer_cpu_vs_ref(Model *r, Model *c, int B, int T, uint64_t su, ui
             test_fail(__FILE__, __LINE__, "%s: %s: cpu vs ref rel err %.3g > %.3g (the layer's sensitivity %.2g)", name,
                       r->specs[t].name, et, tol, sens[t]);
         eg = fmax(eg, et);
-        worst_ratio = fmax(worst_ratio, et / fmax(sens[t], 1e-300));
+        if (et / fmax(sens[t], 1e-300) > worst_ratio) {
+            worst_ratio = et / fmax(sens[t], 1e-300);
+            worst_name = r->specs[t].name + 15;  // past "model.layers.0."
+        }
     }
-    test_note("%-*s cpu vs ref: y %.2e, du %.2e, parameter gradients (worst) %.2e; sensitivity y %.1e du %.1e", width,
-              name, ey, edu, eg, sy, sdu);
+    test_note("%-*s cpu vs ref: y %.2e, du %.2e, parameter gradients (worst) %.2e; sensitivity y %.1e du %.1e; "
+              "worst gradient/sensitivity %.1f (%s)", width, name, ey, edu, eg, sy, sdu, worst_ratio, worst_name);
     char what[128];
     snprintf(what, sizeof what, "%s y", name);
     CHECK_REL(what, ey, fmax(1e-5, 10 * sy));
