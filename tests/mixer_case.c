@@ -92,6 +92,9 @@ void mc_check_layer_gradients(Model *m, const char *name, const char *du_what) {
     MixCtx c = {&m->mixers[0], B, T, D, rand_doubles(1, N * D, -1, 1), rand_doubles(2, N * D, -1, 1),
                 xcalloc(N * D, 8)};
     mix_loss(&c);
+    // the loss's scale for the differences' rounding floor (fd_noise_floor): its terms' magnitudes
+    double scale = 0;
+    for (size_t i = 0; i < N * D; i++) scale += fabs(c.y[i] * c.wy[i]);
     double *du = xcalloc(N * D, 8);
     model_zero_grad(m);
     CHECK(!c.mx->ops->backward(c.mx, du, c.wy), "%s: %s", name, mn_last_error());
@@ -101,7 +104,17 @@ void mc_check_layer_gradients(Model *m, const char *name, const char *du_what) {
     fd_check(what, mix_loss, &c, c.u, du, N * D, 1e-6);
     for (int t = m->blocks[0].first; t < m->blocks[0].first + m->blocks[0].count; t++) {  // past "model.layers.0."
         snprintf(what, sizeof what, "%s: %s", name, m->specs[t].name + 15);
-        fd_check(what, mix_loss, &c, m->p[t], m->g[t], m->specs[t].numel, 1e-6);
+        // Where the rounding of the differences would exceed the tolerance (a gradient tiny against
+        // the loss: mLSTM's input-gate bias, which the output's normalisation nearly cancels), a
+        // step of 1e-4 cuts it 100-fold; the layers are smooth, so the step's own error (h^2) stays
+        // near 1e-8. The tolerance is then the larger of 1e-6 and that step's floor.
+        double h = 1e-6, floor = fd_noise_floor(m->g[t], m->specs[t].numel, scale, h);
+        if (floor > 1e-6) {
+            h = 1e-4;
+            floor = fd_noise_floor(m->g[t], m->specs[t].numel, scale, h);
+            test_note("%s: step %g (the differences' rounding floor %.1e at 1e-6)", what, h, floor * 100);
+        }
+        fd_check_step(what, mix_loss, &c, m->p[t], m->g[t], m->specs[t].numel, fmax(1e-6, floor), h);
     }
     free(c.u); free(c.wy); free(c.y); free(du);
 }
@@ -199,8 +212,27 @@ void mc_check_layer_cpu_vs_ref(Model *r, Model *c, int B, int T, uint64_t su, ui
     // term is still off by 1e-2 and more)
     double ey = rel_err64(ys[1], ys[0], nd), edu = rel_err64(dus[1], dus[0], nd), eg = 0, worst_ratio = 0;
     const char *worst_name = "";
+    // A tensor's error is taken against its gradient's norm, or against 1% of the layer's largest
+    // tensor gradient norm where its own is smaller: a gradient that the layer structurally cancels
+    // (mLSTM's input-gate bias: shifting every input gate changes the output only through the
+    // normaliser's floor and eps, so its gradient is a sum of terms that cancel to ~1e-5 of their
+    // size) is resolved by float32 only to its rounding of the terms; rounding the core's float32
+    // inputs alone moves it by 24 to 250 times the sensitivity measured above (float64 core on the
+    // CPU layer's inputs), while its terms are as accurate as every other tensor's.
+    double gmax = 0;
     for (int t = r->blocks[0].first; t < r->blocks[0].first + r->blocks[0].count; t++) {
-        double et = rel_err64(gc + r->specs[t].offset, gr + r->specs[t].offset, r->specs[t].numel);
+        double g = 0;
+        for (size_t i = 0; i < r->specs[t].numel; i++) g += gr[r->specs[t].offset + i] * gr[r->specs[t].offset + i];
+        gmax = fmax(gmax, sqrt(g));
+    }
+    for (int t = r->blocks[0].first; t < r->blocks[0].first + r->blocks[0].count; t++) {
+        double d = 0, g = 0;
+        for (size_t i = 0; i < r->specs[t].numel; i++) {
+            double a = gc[r->specs[t].offset + i], b = gr[r->specs[t].offset + i];
+            d += (a - b) * (a - b);
+            g += b * b;
+        }
+        double et = sqrt(d) / fmax(fmax(sqrt(g), 1e-2 * gmax), 1e-300);
         double tol = fmax(tol_bwd, 10 * sens[t]);
         if (!(et <= tol))
             test_fail(__FILE__, __LINE__, "%s: %s: cpu vs ref rel err %.3g > %.3g (the layer's sensitivity %.2g)", name,
