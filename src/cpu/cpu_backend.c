@@ -12,6 +12,8 @@
 #include "blas.h"
 #include "core/backend.h"
 #include "core/common.h"
+#include "mlstm_cpu.h"
+#include "slstm_cpu.h"
 #include "vec.h"
 #include "vmath.h"
 
@@ -569,7 +571,8 @@ static const Backend cpu_backend = {
     .add = c_add, .conv_fwd = c_conv_fwd, .conv_bwd = c_conv_bwd,
     .embed_fwd = c_embed_fwd, .embed_bwd = c_embed_bwd, .xent = c_xent,
     .gates_fwd = c_gates_fwd, .gates_bwd = c_gates_bwd, .scale_f32 = c_scale_f32,
-    .mesa = &cpu_mesa, .lin = &cpu_lin, .attn = &cpu_attn_ops,
+    .mesa = &cpu_mesa, .lin = &cpu_lin, .attn = &cpu_attn_ops, .mlstm = &cpu_mlstm,
+    .slstm = &cpu_slstm,
     .adamw = c_adamw, .sumsq = c_sumsq,
 };
 

@@ -73,4 +73,44 @@ int ref_attn_decode(const Backend *be, const AttnDims *d, int n, int cap, const 
                     const void *vc, void *o);
 int ref_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
 
+// ---------------------------------------------------------------------------
+// The mLSTM core (mlstm_ref.c; core/backend.h's MlstmOps), float64. Same shapes and NULL
+// conventions as MlstmFwd / MlstmBwd; the opts' form and chunk are ignored.
+
+typedef struct {
+    const double *q, *k, *v, *fg, *ig, *c0, *n0, *m0;
+    double *h, *nq, *m, *cT, *nT, *mT;
+} MlstmFwd64;
+
+typedef struct {
+    const double *q, *k, *v, *fg, *ig, *dh;
+    double *dq, *dk, *dv, *dfg, *dig;
+} MlstmBwd64;
+
+// The stabilised recurrence, from the given state or zero.
+int ref_mlstm_forward(const MnSeqDims *d, const MlstmOpts *o, const MlstmFwd64 *io);
+// The parallel (quadratic) form, from a zero state (c0 and cT must be NULL): m_t the row maximum
+// with the m_0 = 0 path included, so that it equals the recurrence to rounding, eps included.
+int ref_mlstm_parallel(const MnSeqDims *d, const MlstmOpts *o, const MlstmFwd64 *io);
+// Without the stabiliser, from a zero state: h only (nq, m and the states must be NULL), with the
+// floor 1 in place of exp(-m_t); equal to the others for eps = 0 while exp(i_t) etc. do not overflow.
+int ref_mlstm_unstabilised(const MnSeqDims *d, const MlstmOpts *o, const MlstmFwd64 *io);
+// The backward from a zero state, m held constant (stop-gradient): dq, dk, dv, dfg, dig (=).
+int ref_mlstm_backward(const MnSeqDims *d, const MlstmOpts *o, const MlstmBwd64 *io);
+// fg = logsigmoid(cap tanh(a / cap)), ig = cap tanh(b / cap) (cap 0: no cap); da, db (=) from dfg, dig.
+void ref_mlstm_gates_fwd(double *fg, double *ig, const double *a, const double *b, size_t n, double cap);
+void ref_mlstm_gates_bwd(double *da, double *db, const double *dfg, const double *dig, const double *a,
+                         const double *b, size_t n, double cap);
+// The backend's table of these (ref_backend.c).
+extern const MlstmOps ref_mlstm;
+
+// ---------------------------------------------------------------------------
+// The sLSTM core (slstm_ref.c): the backend slots of core/backend.h's SlstmOps
+// themselves, on double buffers; ref_slstm is the sub-table (supports NULL).
+
+int ref_slstm_check(const char *fn, const SlstmDims *d);  // MN_ERR_ARG, named, for bad dims
+int ref_slstm_fwd(const Backend *be, const SlstmDims *d, const SlstmFwd *io);
+int ref_slstm_bwd(const Backend *be, const SlstmDims *d, const SlstmBwd *io);
+extern const SlstmOps ref_slstm;
+
 #endif

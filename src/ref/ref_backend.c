@@ -501,7 +501,8 @@ static const Backend ref_backend = {
     .add = r_add, .conv_fwd = r_conv_fwd, .conv_bwd = r_conv_bwd,
     .embed_fwd = r_embed_fwd, .embed_bwd = r_embed_bwd, .xent = r_xent,
     .gates_fwd = r_gates_fwd, .gates_bwd = r_gates_bwd, .scale_f32 = r_scale_f32,
-    .mesa = &ref_mesa, .lin = &ref_lin, .attn = &ref_attn,
+    .mesa = &ref_mesa, .lin = &ref_lin, .attn = &ref_attn, .mlstm = &ref_mlstm,
+    .slstm = &ref_slstm,
     .adamw = r_adamw, .sumsq = r_sumsq,
 };
 
