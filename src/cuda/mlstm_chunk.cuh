@@ -104,20 +104,26 @@ static __device__ __forceinline__ void ml_tok_load(MlTok *s, const MlWalk &k, si
     s->me = !FWD && t0 > 0 ? k.m[tok0 + (size_t)(t0 - 1) * k.H] : 0.0f;
 }
 
-// Scalar arrays of a chunk in shared memory: sc[ML_SC_*][64].
-#define ML_SC_A 0   // a_y = i_y - b_y (-inf past T)
-#define ML_SC_M 1   // M_y = m_y - b_y (+inf past T in the saved-m walks)
-#define ML_SC_W 2   // w_x
-#define ML_SC_U 3   // u_y
-#define ML_SC_RS 4  // the per-token scale
-#define ML_SC_EX 5  // the extra term
-#define ML_SC_MX 6  // m_x (forward)
-#define ML_SC_N 8
+// Scalar arrays of a chunk in shared memory: sc[ML_SC_*][64], by token (x as a row, y as a column):
+// the weights' exponents and every per-token factor of the products, so that the products' epilogues
+// read them without testing which walk they are in.
+#define ML_SC_RE 0  // row exponent: M_x (forward direction) or a_x (reverse)
+#define ML_SC_CE 1  // column exponent: a_y or M_y; W_xy = exp(CE_y - RE_x) (forward), exp(RE_x - CE_y) (reverse)
+#define ML_SC_W 2   // w_x, the state term's weight
+#define ML_SC_U 3   // u_y, the update's weight (times rb_y rc_y: the scale of C's rows in the update)
+#define ML_SC_RA 4  // ra_x (1 where the walk has none)
+#define ML_SC_RB 5  // rb_y
+#define ML_SC_RC 6  // rc_y
+#define ML_SC_EA 7  // ae_x (0 where there is no extra term)
+#define ML_SC_EB 8  // be_y
+#define ML_SC_MX 9  // m_x (forward)
+#define ML_SC_XE 10 // u_y rc_y be_y: the extra row's update weight
+#define ML_SC_N 12
 
 // Warp 0: the chunk's gate scalars into sc (and exp(m_e - M_L) into *dec); the forward's m_e (the
 // stabiliser before the chunk) in, the chunk's last m out.
-static __device__ __forceinline__ float ml_gates(const MlTok &s, float me, int t0, int T, float *sc, float *dec,
-                                                 const int REV, const int FWD) {
+static __device__ __forceinline__ float ml_gates(const MlTok &s, float me, int t0, int T, int rs_side, int ex_side,
+                                                 float *sc, float *dec, const int REV, const int FWD) {
     const int lane = threadIdx.x & 31;
     if (!FWD) me = s.me;
     float x = s.f[0] + s.f[1], inc = x;
@@ -152,13 +158,20 @@ static __device__ __forceinline__ float ml_gates(const MlTok &s, float me, int t
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         const int y = 2 * lane + j;
-        sc[ML_SC_A * ML_C + y] = a[j];
-        sc[ML_SC_M * ML_C + y] = M[j];
+        const float rb = rs_side == 2 ? s.rs[j] : 1.0f, rc = rs_side == 3 ? s.rs[j] : 1.0f;
+        const float be = ex_side == 2 ? s.ex[j] : ex_side == 1 ? 1.0f : 0.0f;
+        const float u = REV ? expf(me - M[j]) : expf(a[j] - ML);
+        sc[ML_SC_RE * ML_C + y] = REV ? a[j] : M[j];
+        sc[ML_SC_CE * ML_C + y] = REV ? M[j] : a[j];
         sc[ML_SC_W * ML_C + y] = REV ? expf(a[j] - ML) : expf(me - M[j]);
-        sc[ML_SC_U * ML_C + y] = REV ? expf(me - M[j]) : expf(a[j] - ML);
-        sc[ML_SC_RS * ML_C + y] = s.rs[j];
-        sc[ML_SC_EX * ML_C + y] = s.ex[j];
+        sc[ML_SC_U * ML_C + y] = u * rb * rc;
+        sc[ML_SC_RA * ML_C + y] = rs_side == 1 ? s.rs[j] : 1.0f;
+        sc[ML_SC_RB * ML_C + y] = rb;
+        sc[ML_SC_RC * ML_C + y] = rc;
+        sc[ML_SC_EA * ML_C + y] = ex_side == 1 ? s.ex[j] : ex_side == 2 ? 1.0f : 0.0f;
+        sc[ML_SC_EB * ML_C + y] = be;
         sc[ML_SC_MX * ML_C + y] = b[j] + M[j];
+        sc[ML_SC_XE * ML_C + y] = u * rc * be;
     }
     if (lane == 0) *dec = expf(me - ML);
     return bL + ML;
@@ -211,7 +224,7 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
         cp_async_commit();
         if (w == 0) {
             ml_tok_load(&tk, k, tok0, ch * ML_C, FWD);
-            me = ml_gates(tk, me, ch * ML_C, T, scb, dec, REV, FWD);
+            me = ml_gates(tk, me, ch * ML_C, T, k.rs_side, k.ex_side, scb, dec, REV, FWD);
         }
     }
     for (int it = 0; it < NCH; it++) {
@@ -257,39 +270,42 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
         // the weights: P = W Sc rc (zero outside the mask), and the forward's row sums of W Sc
         float rsum[2] = {0.0f, 0.0f};
         const int xr[2] = {16 * w + lr, 16 * w + lr + 8};
+        float re[2], ra[2], ea[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            re[h] = sc[ML_SC_RE * ML_C + xr[h]];
+            ra[h] = sc[ML_SC_RA * ML_C + xr[h]];
+            ea[h] = sc[ML_SC_EA * ML_C + xr[h]];
+        }
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
             if (nt / 2 < plo || nt / 2 > phi) continue;
+            const int y0 = 8 * nt + lc;
+            const float2 ce = *(const float2 *)(sc + ML_SC_CE * ML_C + y0), rb = *(const float2 *)(sc + ML_SC_RB * ML_C + y0);
+            const float2 eb = *(const float2 *)(sc + ML_SC_EB * ML_C + y0), rc = *(const float2 *)(sc + ML_SC_RC * ML_C + y0);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int x = xr[e >> 1], y = 8 * nt + lc + (e & 1);
-                const int keep = REV ? y >= x : y <= x;
-                float v = sacc[nt][e];
-                if (k.rs_side == 1) v *= sc[ML_SC_RS * ML_C + x];
-                if (k.rs_side == 2) v *= sc[ML_SC_RS * ML_C + y];
-                if (k.ex_side == 1) v += sc[ML_SC_EX * ML_C + x];
-                if (k.ex_side == 2) v += sc[ML_SC_EX * ML_C + y];
-                const float W = keep ? __expf(REV ? sc[ML_SC_A * ML_C + x] - sc[ML_SC_M * ML_C + y]
-                                                  : sc[ML_SC_A * ML_C + y] - sc[ML_SC_M * ML_C + x])
-                                     : 0.0f;
-                v *= W;
-                if (FWD) rsum[e >> 1] += v;
-                if (k.rs_side == 3) v *= sc[ML_SC_RS * ML_C + y];
-                sacc[nt][e] = v;
+                const int h = e >> 1, x = xr[h], y = y0 + (e & 1), keep = REV ? y >= x : y <= x;
+                const float cy = (e & 1) ? ce.y : ce.x, by = (e & 1) ? rb.y : rb.x, ey = (e & 1) ? eb.y : eb.x;
+                const float ry = (e & 1) ? rc.y : rc.x;
+                const float W = keep ? __expf(REV ? re[h] - cy : cy - re[h]) : 0.0f;
+                const float v = W * fmaf(sacc[nt][e] * ra[h], by, ea[h] * ey);
+                if (FWD) rsum[h] += v;
+                sacc[nt][e] = v * ry;
             }
         }
         // the state term's row weights, and the extra row
 #pragma unroll
-        for (int ct = 0; ct < DCS / 8; ct++)
+        for (int h = 0; h < 2; h++) {
+            const float wx = sc[ML_SC_W * ML_C + xr[h]];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int x = xr[e >> 1], c = 8 * ct + lc + (e & 1);
-                float v = oacc[ct][e];
-                if (k.rs_side == 1) v *= sc[ML_SC_RS * ML_C + x];
-                if (k.ex_side == 1) v += sc[ML_SC_EX * ML_C + x] * xe[c];
-                if (k.ex_side == 2) v += xe[c];
-                oacc[ct][e] = v * sc[ML_SC_W * ML_C + x];
-            }
+            for (int ct = 0; ct < DCS / 8; ct++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int c = 8 * ct + lc + j;
+                    oacc[ct][2 * h + j] = wx * fmaf(oacc[ct][2 * h + j], ra[h], k.ex_side ? ea[h] * xe[c] : 0.0f);
+                }
+        }
         // + P C
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
@@ -371,10 +387,7 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
             ldsm_x4_t(af, Ct + (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LDC + 16 * wm + ((lane >> 3) & 1) * 8);
             float us[4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int y = 16 * kk + lc + (j & 1) + 8 * (j >> 1);
-                us[j] = sc[ML_SC_U * ML_C + y] * (k.rs_side >= 2 ? sc[ML_SC_RS * ML_C + y] : 1.0f);
-            }
+            for (int j = 0; j < 4; j++) us[j] = sc[ML_SC_U * ML_C + 16 * kk + lc + (j & 1) + 8 * (j >> 1)];
             af[0] = ml_scale2(af[0], us[0], us[1]);
             af[1] = ml_scale2(af[1], us[0], us[1]);
             af[2] = ml_scale2(af[2], us[2], us[3]);
@@ -394,24 +407,23 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
                 const int c = 16 * wm + lr + 8 * h, d = dbase + 8 * nt + lc;
                 *(uint32_t *)(Xs + c * LDA + d) = pack_bf16(xacc[nt][2 * h], xacc[nt][2 * h + 1]);
             }
+        // the extra row (Xe) and the forward's n: column sums over the chunk, four partial sums each
         if (k.ex_side)
             for (int c = tid; c < DCS; c += ML_THREADS) {
-                float a = 0.0f;
-                for (int y = 0; y < ML_C; y++) {
-                    float u = sc[ML_SC_U * ML_C + y];
-                    if (k.rs_side == 3) u *= sc[ML_SC_RS * ML_C + y];
-                    if (k.ex_side == 2) u *= sc[ML_SC_EX * ML_C + y];
-                    a = fmaf(u, ld(Ct, (size_t)y * LDC + c), a);
-                }
-                xe[c] = dc * xe[c] + a;
+                float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+                for (int y = 0; y < ML_C; y++) a[y & 3] = fmaf(sc[ML_SC_XE * ML_C + y], ld(Ct, (size_t)y * LDC + c), a[y & 3]);
+                xe[c] = dc * xe[c] + ((a[0] + a[1]) + (a[2] + a[3]));
             }
         if (FWD)
             for (int d = tid; d < DA; d += ML_THREADS) {
-                float a = 0.0f;
-                for (int y = 0; y < ML_C; y++) a = fmaf(sc[ML_SC_U * ML_C + y], ld(Bt, (size_t)y * LDA + d), a);
-                nv[d] = dc * nv[d] + a;
+                float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+                for (int y = 0; y < ML_C; y++) a[y & 3] = fmaf(sc[ML_SC_U * ML_C + y], ld(Bt, (size_t)y * LDA + d), a[y & 3]);
+                nv[d] = dc * nv[d] + ((a[0] + a[1]) + (a[2] + a[3]));
             }
-        if (w == 0 && more) me = ml_gates(tk, me, nch * ML_C, T, scb + (buf ^ 1) * ML_SC_N * ML_C, dec + (buf ^ 1), REV, FWD);
+        if (w == 0 && more)
+            me = ml_gates(tk, me, nch * ML_C, T, k.rs_side, k.ex_side, scb + (buf ^ 1) * ML_SC_N * ML_C, dec + (buf ^ 1), REV, FWD);
         __syncthreads();
     }
     if (FWD) {

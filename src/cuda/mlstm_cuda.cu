@@ -14,7 +14,7 @@
  * and m: mlstm_prep_kernel (rinv = 1 / den and dnq per token), the three walks of mlstm_chunk.cuh (dq;
  * dk and dv in reverse, from the forward's inputs again: no chunk states are kept), and
  * mlstm_gates_kernel (dig = k . dk, dfg = the reverse cumulative sum of q . dq - k . dk, from the walks'
- * float32 per-slice dot products: deterministic, no atomics).
+ * float32 per-slice dot products; a block per pair: deterministic, no atomics).
  *
  * Heads: Dk, Dv from 1 to 256, padded with zeros to the kernels' 64, 128 or 256; rows of a multiple
  * of 8 elements (16-byte aligned) are copied by cp.async, others through registers (slower).
@@ -206,34 +206,41 @@ static __global__ void mlstm_prep_kernel(const bf16 *h, const bf16 *dh, const fl
     }
 }
 
-// A warp per pair, windows of 32 tokens from the last: dig = sum of the slices' k . dk, dfg = the
-// reverse cumulative sum of q . dq - k . dk.
-static __global__ void mlstm_gates_kernel(const float *pq, const float *pk, int sq, int sk, float *dfg, float *dig,
-                                          int B, int T, int H) {
-    const int lane = threadIdx.x & 31;
-    const size_t pair = blockIdx.x * (size_t)(blockDim.x >> 5) + (threadIdx.x >> 5), ntok = (size_t)B * T * H;
-    if (pair >= (size_t)B * H) return;
-    const size_t tok0 = (pair / H) * T * H + pair % H;
-    float carry = 0.0f;
-    for (int base = T - 1; base >= 0; base -= 32) {
-        const int t = base - lane, ok = t >= 0;
-        const size_t ti = tok0 + (size_t)(ok ? t : 0) * H;
+// A block of ML_GT threads per pair, each a run of ceil(T / ML_GT) consecutive tokens: dig = the
+// slices' sum of k . dk; dfg = the reverse cumulative sum of q . dq - k . dk (the runs' totals summed
+// from the last run by a block scan, then each run walked backwards). Deterministic: a fixed order.
+#define ML_GT 256
+static __global__ void __launch_bounds__(ML_GT) mlstm_gates_kernel(const float *pq, const float *pk, int sq, int sk,
+                                                                   float *dfg, float *dig, int B, int T, int H) {
+    __shared__ float wsum[ML_GT / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, R = (T + ML_GT - 1) / ML_GT;
+    const size_t pair = blockIdx.x, ntok = (size_t)B * T * H, tok0 = (pair / H) * T * H + pair % H;
+    const int t0 = threadIdx.x * R, t1 = min(T, t0 + R);
+    float loc = 0.0f;
+    for (int t = t0; t < t1; t++) {
+        const size_t ti = tok0 + (size_t)t * H;
         float a = 0.0f, b = 0.0f;
-        if (ok) {
-            for (int s = 0; s < sq; s++) a += pq[s * ntok + ti];
-            for (int s = 0; s < sk; s++) b += pk[s * ntok + ti];
-        }
-        float x = a - b;  // lanes hold tokens base, base - 1, ..: an inclusive prefix sum over lanes
+        for (int s = 0; s < sq; s++) a += pq[s * ntok + ti];
+        for (int s = 0; s < sk; s++) b += pk[s * ntok + ti];
+        dig[ti] = b;
+        loc += a - b;
+    }
+    float v = loc;  // the sum of this lane's run and the warp's later ones
 #pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            float v = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += v;
-        }
-        if (ok) {
-            dfg[ti] = carry + x;
-            dig[ti] = b;
-        }
-        carry += __shfl_sync(0xffffffffu, x, 31);
+    for (int o = 1; o < 32; o <<= 1) {
+        const float u = __shfl_down_sync(0xffffffffu, v, o);
+        if (lane + o < 32) v += u;
+    }
+    if (lane == 0) wsum[warp] = v;
+    __syncthreads();
+    float acc = v - loc;
+    for (int w2 = warp + 1; w2 < ML_GT / 32; w2++) acc += wsum[w2];
+    for (int t = t1 - 1; t >= t0; t--) {
+        const size_t ti = tok0 + (size_t)t * H;
+        float a = 0.0f;
+        for (int s = 0; s < sq; s++) a += pq[s * ntok + ti];
+        acc += a - dig[ti];
+        dfg[ti] = acc;
     }
 }
 
@@ -358,7 +365,7 @@ extern "C" int cuda_mlstm_bwd(const Backend *be, const MnSeqDims *d, const Mlstm
     v.out = (bf16 *)io->dv;
     MN_TRY(ml_launch(c, 2, &v));
     float *dfg = (float *)io->dfg, *dig = (float *)io->dig;
-    mlstm_gates_kernel<<<(unsigned)((pairs + 3) / 4), 128, 0, c->stream>>>(pq, pk, sk, sk, dfg, dig, d->B, d->T, d->H);
+    mlstm_gates_kernel<<<(unsigned)pairs, ML_GT, 0, c->stream>>>(pq, pk, sk, sk, dfg, dig, d->B, d->T, d->H);
     LAUNCH_CHECK();
     return MN_OK;
 }

@@ -2,6 +2,9 @@
  * The sLSTM core on the GPU (core/backend.h's SlstmOps; docs/spec/mixers.md section 5,
  * xlstm-notes.md 1.3-1.4): x, h, dh, dx bf16; R, the states, the cache and dR float32.
  *
+ * On Hopper (compute capability 9) the walks run as slstm_cluster.cu's kernels: a head over a cluster of
+ * blocks, R wholly in registers (MESANET_SLSTM=single picks the kernels below there too). Below:
+ *
  * Forward: one persistent kernel (slstm_fwd_kernel) over all T steps, a block per (head, 8 sequences):
  * the head's R stays on chip the whole time, as mma.sync A fragments (bf16) in registers and shared
  * memory (what does not fit, at Dh > 192, is read from the L2 every step: fragment-ordered, 512
@@ -23,15 +26,15 @@
  * Heads up to 256 cells (supports refuses more, naming the size); any B, T, H.
  */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "cuda_common.cuh"
-#include "mma.cuh"
+#include "slstm_cuda.cuh"
 
 extern "C" int cuda_slstm_fwd(const Backend *be, const SlstmDims *d, const SlstmFwd *io);
 extern "C" int cuda_slstm_bwd(const Backend *be, const SlstmDims *d, const SlstmBwd *io);
 extern "C" int cuda_slstm_supports(const Backend *be, const SlstmDims *d);
 
-#define SL_NB 8        // sequences a block
 #define SL_MAXD 256    // cells a head, at most
 #define SL_FRAG 512    // bytes of a warp's fragment (32 lanes x four 32-bit registers)
 
@@ -56,8 +59,6 @@ typedef struct {
     int B, T, H, Dh, nw, nf, nsm;
     float clip;
 } SlBwd;
-
-static __device__ __forceinline__ float sl_logsigmoid(float x) { return fminf(x, 0.0f) - log1pf(__expf(-fabsf(x))); }
 
 // Fragment f of this lane: registers (f < RREG, reg), shared memory (f < RREG + nsm) or global memory.
 static __device__ __forceinline__ uint4 sl_frag(const uint4 *sm, const uint4 *gl, int f, int RREG, int nsm, int lane) {
@@ -422,11 +423,22 @@ static SlShape sl_shape(const CudaCtx *c, int Dh, int bwd) {
     return s;
 }
 
+// The Hopper kernels (slstm_cluster.cu) unless MESANET_SLSTM=single or an older GPU.
+static int sl_use_cluster(const CudaCtx *c) {
+    const char *e = getenv("MESANET_SLSTM");
+    return c->cc_major >= 9 && !(e && !strcmp(e, "single"));
+}
+
 extern "C" int cuda_slstm_fwd(const Backend *be, const SlstmDims *d, const SlstmFwd *io) {
     const char *fn = "cuda slstm forward";
     MN_TRY(sl_check(fn, d));
     if (!io || !io->x || !io->r || !io->h) return mn_error(MN_ERR_ARG, "%s: x, r and h are required", fn);
     CudaCtx *c = cuda_ctx(be);
+    if (sl_use_cluster(c)) {
+        uint4 *frag = (uint4 *)cuda_scratch(be, slc_frag_count(d->H, d->Dh) * sizeof(uint4));
+        if (!frag) return MN_ERR_NOMEM;
+        return slc_forward(c, frag, d, io);
+    }
     const SlShape s = sl_shape(c, d->Dh, 0);
     const int KS = SL_KS[s.v], MTW = KS >= 4 ? KS / 4 : 1;
     const size_t nfr = (size_t)d->H * s.nw * s.nf * 32;
@@ -453,8 +465,9 @@ extern "C" int cuda_slstm_bwd(const Backend *be, const SlstmDims *d, const Slstm
     CudaCtx *c = cuda_ctx(be);
     const int B = d->B, T = d->T, H = d->H, Dh = d->Dh, D = H * Dh;
     const SlShape s = sl_shape(c, Dh, 1);
-    const int KS = SL_KS[s.v];
-    const size_t nfr = (size_t)H * s.nw * s.nf * 32, nr = (size_t)H * Dh * 4 * Dh, n = (size_t)B * T * D;
+    const int KS = SL_KS[s.v], cl = sl_use_cluster(c);
+    const size_t nfr = cl ? slc_frag_count(H, Dh) : (size_t)H * s.nw * s.nf * 32, nr = (size_t)H * Dh * 4 * Dh;
+    const size_t n = (size_t)B * T * D;
     // scratch: fragments, R in bf16, hb = bf16(h_{t-1}), G (float32), dG (bf16); 256-byte aligned parts
     const size_t o_rb = nfr * sizeof(uint4), o_hb = o_rb + (nr * 2 + 255) / 256 * 256, o_G = o_hb + (n * 2 + 255) / 256 * 256,
                  o_dG = o_G + 4 * n * 4, total = o_dG + 4 * n * 2;
@@ -464,7 +477,7 @@ extern "C" int cuda_slstm_bwd(const Backend *be, const SlstmDims *d, const Slstm
     bf16 *rb = (bf16 *)(ws + o_rb), *hb = (bf16 *)(ws + o_hb), *dG = (bf16 *)(ws + o_dG);
     float *G = (float *)(ws + o_G);
     const float *R = (const float *)io->r, *cache = (const float *)io->cache;
-    slstm_frag_kernel<<<grid_for(nfr, 256), 256, 0, c->stream>>>(frag, rb, R, H, Dh, s.nw, s.nf, KS, 1, 1);
+    slstm_frag_kernel<<<grid_for(nfr, 256), 256, 0, c->stream>>>(frag, rb, R, H, Dh, cl ? 0 : s.nw, s.nf, KS, 1, 1);
     LAUNCH_CHECK();
     slstm_bprep_kernel<<<grid_for(n, 256), 256, 0, c->stream>>>(hb, G, cache, (const bf16 *)io->x, B, T, H, Dh);
     LAUNCH_CHECK();
@@ -474,12 +487,16 @@ extern "C" int cuda_slstm_bwd(const Backend *be, const SlstmDims *d, const Slstm
                                           4 * Dh, (long long)Dh * 4 * Dh, hb, CUDA_R_16BF, D, (long long)Dh, &one, G,
                                           CUDA_R_32F, 4 * D, (long long)4 * Dh, H, CUBLAS_COMPUTE_32F,
                                           CUBLAS_GEMM_DEFAULT));
-    SlBwd a = {G, frag, cache, (const bf16 *)io->dh, (bf16 *)io->dx, dG, B, T, H, Dh, s.nw, s.nf, s.nsm, d->clip};
-    SlBwdKernel k = sl_bwd_kernels[s.v];
-    CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s.smem));
-    dim3 grid((unsigned)H, (unsigned)((B + SL_NB - 1) / SL_NB));
-    k<<<grid, s.nw * 32, s.smem, c->stream>>>(a);
-    LAUNCH_CHECK();
+    if (cl) {
+        MN_TRY(slc_backward_walk(c, frag, d, R, G, cache, (const bf16 *)io->dh, (bf16 *)io->dx, dG));
+    } else {
+        SlBwd a = {G, frag, cache, (const bf16 *)io->dh, (bf16 *)io->dx, dG, B, T, H, Dh, s.nw, s.nf, s.nsm, d->clip};
+        SlBwdKernel k = sl_bwd_kernels[s.v];
+        CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s.smem));
+        dim3 grid((unsigned)H, (unsigned)((B + SL_NB - 1) / SL_NB));
+        k<<<grid, s.nw * 32, s.smem, c->stream>>>(a);
+        LAUNCH_CHECK();
+    }
     // dR_h [Dh][4Dh] += hb_h^T dG_h: column-major dR^T [4Dh x Dh] += dG_h^T [4Dh x BT] hb_h [BT x Dh]
     CUBLAS_TRY(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, 4 * Dh, Dh, B * T, &one, dG, CUDA_R_16BF,
                                           4 * D, (long long)4 * Dh, hb, CUDA_R_16BF, D, (long long)Dh, &one, io->dr,

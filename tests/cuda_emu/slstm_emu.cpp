@@ -113,6 +113,7 @@ static void ref_bwd(int B, int T, int H, int Dh, double clip, const double *x, c
 
 static void run(int idx, int B, int T, int H, int Dh, int state, double clip, double rscale, size_t smem, unsigned long long seed) {
     emu_ctx.smem_optin = smem;
+    const char *path = getenv("MESANET_SLSTM") ? "single " : "cluster";
     int D = H * Dh;
     size_t nx = (size_t)B * T * 4 * D, nh = (size_t)B * T * D, nr = (size_t)H * Dh * 4 * Dh, ns = (size_t)B * 4 * D;
     double *x = dalloc(nx), *R = dalloc(nr), *dh = dalloc(nh), *s0 = state ? dalloc(ns) : NULL;
@@ -135,7 +136,7 @@ static void run(int idx, int B, int T, int H, int Dh, int state, double clip, do
     SlstmFwd io = {bx, fR, fs0, gh, gc, gsT};
     if (cuda_slstm_fwd(NULL, &d, &io)) { printf("fwd failed: %s\n", mn_last_error()); exit(1); }
     char tag[128];
-    snprintf(tag, sizeof tag, "%d B%d T%d H%d Dh%d%s clip %g smem %zuK", idx, B, T, H, Dh, state ? " s0" : "", clip, smem / 1024);
+    snprintf(tag, sizeof tag, "%s %d B%d T%d H%d Dh%d%s clip %g smem %zuK", path, idx, B, T, H, Dh, state ? " s0" : "", clip, smem / 1024);
     check(tag, "h", relb(gh, h, nh), 2e-2);
     check(tag, "cache", relf(gc, cache, 4 * nh), 2e-2);
     check(tag, "sT", relf(gsT, sT, ns), 2e-2);
@@ -162,13 +163,17 @@ int main(void) {
         {2, 6, 1, 64, 1, 0, 1, 227 << 10},    // an initial state
         {2, 6, 1, 64, 0, 0, 1, 227 << 10},
         {1, 4, 1, 192, 0, 0, 1, 227 << 10},   // fragments in registers and shared memory
-        {1, 3, 2, 200, 0, 0, 1, 64 << 10},    // most fragments from global memory
+        {1, 3, 2, 200, 0, 0, 1, 64 << 10},    // most fragments from global memory (single-block kernels)
+        {3, 5, 1, 100, 0, 0, 1, 227 << 10},   // a cluster of 2
     };
     const char *only = getenv("EMU_ONLY");
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        if (only && (size_t)atoi(only) != i) continue;
-        const auto &s = shapes[i];
-        run((int)i, s.B, s.T, s.H, s.Dh, s.state, s.clip, s.rscale, s.smem, 2000 + 11 * i);
+    for (int pass = 0; pass < 2; pass++) {  // the cluster kernels (Hopper), then the single-block ones
+        if (pass) setenv("MESANET_SLSTM", "single", 1);
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+            if (only && (size_t)atoi(only) != i) continue;
+            const auto &s = shapes[i];
+            run((int)i, s.B, s.T, s.H, s.Dh, s.state, s.clip, s.rscale, s.smem, 2000 + 11 * i);
+        }
     }
     printf("%d fails\n", fails);
     return fails != 0;
