@@ -242,6 +242,19 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
         __syncthreads();
         const bf16 *At = stg + buf * STAGE, *Bt = At + ML_C * LDA, *Ct = Bt + ML_C * LDA;
         const float *sc = scb + buf * ML_SC_N * ML_C;
+        // the dot products' other factor (q for dq, k for dk) fetched now, used after the products
+        uint32_t dw[8][2];  // (DCS / 8 used)
+        const int dwpair = !FWD && k.dotw && (k.Dc & 1) == 0;
+        if (dwpair)
+#pragma unroll
+            for (int ct = 0; ct < DCS / 8; ct++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int x = 16 * w + lr + 8 * h, c = c0s + 8 * ct + lc;
+                    dw[ct][h] = t0 + x < T && c < k.Dc
+                                    ? *(const uint32_t *)(k.dotw + (tok0 + (size_t)(t0 + x) * H) * k.Dc + c)
+                                    : 0u;
+                }
         // scores and the state term, one pass over k
         float sacc[8][4], oacc[8][4];
 #pragma unroll
@@ -362,7 +375,8 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
                     st(k.out, o, v0);
                     if (two) st(k.out, o + 1, v1);
                 }
-                if (k.dotw) dots[h] += v0 * ld(k.dotw, o) + (two ? v1 * ld(k.dotw, o + 1) : 0.0f);
+                if (dwpair) dots[h] += v0 * ml_lo(dw[ct][h]) + v1 * ml_hi(dw[ct][h]);
+                else if (k.dotw) dots[h] += v0 * ld(k.dotw, o) + (two ? v1 * ld(k.dotw, o + 1) : 0.0f);
             }
         if (k.dotw) {
 #pragma unroll

@@ -4,8 +4,9 @@
  * blocks (CS = 1, 2 or 4 by the head's size; each block CL cells of the 8 sequences it takes), so
  * that each block's share of R fits in its registers as mma.sync A fragments: nothing of R is read
  * from memory after the start. Per step the blocks exchange what the others need through
- * distributed shared memory (st.shared::cluster into every block of the cluster) and meet at one
- * cluster barrier:
+ * distributed shared memory: st.async into every block of the cluster, each counting its bytes on the
+ * receiver's mbarrier, three slots deep (a block can then be at most a step ahead of another, so a slot is
+ * never written before all have read it: no barrier across the cluster per step):
  *
  *   forward   a warp per 16 gate columns (4 cells x gates i, f, z, o) of its block's cells: r =
  *             R^T h_{t-1} (K = the head's cells), the four gates of a (cell, sequence) gathered by
@@ -40,18 +41,38 @@ static __device__ __forceinline__ uint32_t slc_map(const void *p, unsigned rank)
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
     return r;
 }
-static __device__ __forceinline__ void slc_st16(uint32_t a, uint16_t v) {
-    asm volatile("st.shared::cluster.u16 [%0], %1;" ::"r"(a), "h"(v) : "memory");
+// mbarriers: init (count arrivals a phase), made visible to the cluster; thread 0's arrival with the
+// bytes a phase expects; a wait for the phase of the given parity; remote stores that count their
+// bytes on the receiver's mbarrier (st.async: no fence needed, the mbarrier's phase orders them).
+static __device__ __forceinline__ void slc_mbar_init(void *m, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(m)), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
-static __device__ __forceinline__ void slc_st64(uint32_t a, uint32_t lo, uint32_t hi) {
-    asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(a), "r"(lo), "r"(hi) : "memory");
+static __device__ __forceinline__ void slc_mbar_expect(void *m, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(m)), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void slc_mbar_wait(void *m, unsigned parity) {
+    asm volatile("{\n\t.reg .pred P1;\n\tLAB_WAIT:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n\t"
+                 "@P1 bra DONE;\n\tbra LAB_WAIT;\n\tDONE:\n\t}" ::"r"(smem_addr(m)), "r"(parity) : "memory");
+}
+static __device__ __forceinline__ void slc_st_async32(uint32_t a, uint32_t v, uint32_t mbar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(a), "r"(v), "r"(mbar)
+                 : "memory");
+}
+static __device__ __forceinline__ void slc_st_async64(uint32_t a, uint32_t lo, uint32_t hi, uint32_t mbar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(a), "r"(lo),
+                 "r"(hi), "r"(mbar) : "memory");
 }
 #else
 static __device__ __forceinline__ unsigned slc_rank(void) { return 0; }
 static __device__ __forceinline__ void slc_sync(void) { __syncthreads(); }
 static __device__ __forceinline__ uint32_t slc_map(const void *p, unsigned rank) { return smem_addr(p); }
-static __device__ __forceinline__ void slc_st16(uint32_t a, uint16_t v) {}
-static __device__ __forceinline__ void slc_st64(uint32_t a, uint32_t lo, uint32_t hi) {}
+static __device__ __forceinline__ void slc_mbar_init(void *m, unsigned count) {}
+static __device__ __forceinline__ void slc_mbar_expect(void *m, unsigned bytes) {}
+static __device__ __forceinline__ void slc_mbar_wait(void *m, unsigned parity) {}
+static __device__ __forceinline__ void slc_st_async32(uint32_t a, uint32_t v, uint32_t mbar) {}
+static __device__ __forceinline__ void slc_st_async64(uint32_t a, uint32_t lo, uint32_t hi, uint32_t mbar) {}
 #endif
 // 4 bytes from global to shared memory in the background (`bytes` 4 or 0: zero-filled).
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int bytes) {
@@ -71,7 +92,6 @@ static __device__ __forceinline__ void slc_stage_bf16(uint32_t *dst, const bf16 
 static __device__ __forceinline__ float slc_pick(uint32_t u, size_t i) {
     return __uint_as_float((i & 1) ? (u & 0xffff0000u) : (u << 16));
 }
-static __device__ __forceinline__ uint16_t slc_bits(float v) { return (uint16_t)(pack_bf16(v, 0.0f) & 0xffffu); }
 
 // ------------------------------------------------------------------------------ forward
 
@@ -91,10 +111,11 @@ static __device__ __forceinline__ void slc_x_stage(const SlcFwd &a, uint32_t *sl
 static __device__ __forceinline__ void slc_fwd_body(const SlcFwd a, const int CS, const int CL, const int KS) {
     extern __shared__ __align__(16) unsigned char sl_smem[];
     const int NT = CL * 8, LDH = CS * CL + 8, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const unsigned rank = slc_rank();
+    const unsigned rank = slc_rank(), SLOT = SL_NB * CS * CL * 2;  // bytes landing in a slot a step
     const int hd = blockIdx.x / CS, b0 = blockIdx.y * SL_NB, Dh = a.Dh, D = a.H * Dh, T = a.T;
-    bf16 *hs = (bf16 *)sl_smem;                         // [2][SL_NB][LDH]: h_{t-1}, all the head's cells
-    uint32_t *xs = (uint32_t *)(hs + 2 * SL_NB * LDH);  // [3][4][NT]: staged x
+    uint64_t *mb = (uint64_t *)sl_smem;                 // [3] mbarriers of the h slots
+    bf16 *hs = (bf16 *)(sl_smem + 32);                  // [3][SL_NB][LDH]: h_{t-1} of all the head's cells
+    uint32_t *xs = (uint32_t *)(hs + 3 * SL_NB * LDH);  // [3][4][NT]: staged x
     const uint4 *fg = a.frag + ((size_t)(hd * CS + rank) * (CL / 4) + w) * KS * 32;
     uint4 fr[16];
 #pragma unroll
@@ -102,22 +123,36 @@ static __device__ __forceinline__ void slc_fwd_body(const SlcFwd a, const int CS
     // this lane's (cell, sequence): the accumulator element of its gate index gd
     const int gd = (lane >> 2) & 3, bl = 2 * (lane & 3) + (gd & 1), b = b0 + bl;
     const int cell = rank * CL + 4 * w + (lane >> 4) + 2 * (gd >> 1), ok = cell < Dh && b < a.B;
-    for (int e = threadIdx.x; e < 2 * SL_NB * LDH; e += NT) st(hs, e, 0.0f);
+    const size_t hbase = (size_t)b * T * D + (size_t)hd * Dh + cell;          // h of step t: + t D
+    const size_t cbase = (size_t)b * T * 4 * D + (size_t)hd * Dh + cell;      // its cache: + 4 t D
     float c = 0.0f, n = 0.0f, m = 0.0f, h = 0.0f;
     if (ok && a.s0) {
         const float *s = a.s0 + (size_t)b * 4 * D + (size_t)hd * Dh + cell;
         h = s[0], c = s[D], n = s[2 * D], m = s[3 * D];
     }
-    slc_sync();  // the tiles zeroed (and every block running) before any h lands
-    const uint32_t hoff = (uint32_t)(bl * LDH + cell) * 2;
-    for (int r = 0; r < CS; r++) slc_st16(slc_map(hs, r) + hoff, slc_bits(h));
+    if (threadIdx.x == 0)
+        for (int j = 0; j < 3; j++) slc_mbar_init(mb + j, 1);
     slc_x_stage(a, xs, NT, b, 0, cell, ok);
     slc_x_stage(a, xs + 4 * NT, NT, b, 1 < T ? 1 : 0, cell, ok && 1 < T);
-    slc_sync();
+    slc_sync();  // the mbarriers initialised, every block running
+    // h (bf16) of cells 2 j, 2 j + 1 of a sequence to slot `sl` of every block: lanes 0..15 with their
+    // neighbours 16 above (the same sequence, the next cell)
+    const uint32_t hoff = (uint32_t)(bl * LDH + cell) * 2;
+#define SLC_SEND_H(sl)                                                                                        \
+    do {                                                                                                      \
+        const float ho = __shfl_down_sync(0xffffffffu, h, 16);                                                \
+        if (lane < 16)                                                                                        \
+            for (int q = 0; q < CS; q++)                                                                      \
+                slc_st_async32(slc_map(hs, q) + hoff + (uint32_t)((sl) * SL_NB * LDH) * 2, pack_bf16(h, ho),  \
+                               slc_map(mb + (sl), q));                                                        \
+    } while (0)
+    if (threadIdx.x == 0) slc_mbar_expect(mb, SLOT);
+    SLC_SEND_H(0);
     for (int t = 0; t < T; t++) {
-        const bf16 *hc = hs + (t & 1) * SL_NB * LDH;
+        const int sl = t % 3;
+        if (threadIdx.x == 0 && t + 1 < T) slc_mbar_expect(mb + (t + 1) % 3, SLOT);
         cp_async_wait1();
-        const uint32_t *xw = xs + (t % 3) * 4 * NT;
+        const uint32_t *xw = xs + sl * 4 * NT;
         float xv[4];
 #pragma unroll
         for (int g = 0; g < 4; g++) {
@@ -126,6 +161,8 @@ static __device__ __forceinline__ void slc_fwd_body(const SlcFwd a, const int CS
         }
         if (t + 2 < T) slc_x_stage(a, xs + ((t + 2) % 3) * 4 * NT, NT, b, t + 2, cell, ok);
         else cp_async_commit();
+        slc_mbar_wait(mb + sl, (unsigned)(t / 3) & 1u);
+        const bf16 *hc = hs + sl * SL_NB * LDH;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
@@ -151,20 +188,18 @@ static __device__ __forceinline__ void slc_fwd_body(const SlcFwd a, const int CS
         const float z = tanhf(r[2]), o = sigmoidf_(r[3]);
         c = fp * c + ip * z, n = fp * n + ip, m = mt;
         h = ok ? o * c / n : 0.0f;
+        if (t + 1 < T) SLC_SEND_H((t + 1) % 3);
         if (ok) {
-            const size_t bt = (size_t)b * T + t;
-            st(a.h, bt * D + (size_t)hd * Dh + cell, h);
+            const size_t hi = hbase + (size_t)t * D;
+            st(a.h, hi, h);
             if (a.cache) {
-                float *cp = a.cache + bt * 4 * D + (size_t)hd * Dh + cell;
-                cp[0] = h, cp[D] = c, cp[2 * D] = n, cp[3 * D] = m;
+                float *cq = a.cache + cbase + (size_t)t * 4 * D;
+                cq[0] = h, cq[D] = c, cq[2 * D] = n, cq[3 * D] = m;
             }
         }
-        if (t + 1 < T) {
-            const uint32_t off = hoff + (uint32_t)(((t + 1) & 1) * SL_NB * LDH) * 2;
-            for (int q = 0; q < CS; q++) slc_st16(slc_map(hs, q) + off, slc_bits(h));
-        }
-        slc_sync();
     }
+#undef SLC_SEND_H
+    slc_sync();  // no block leaves while stores to it may be in flight
     if (ok && a.sT) {
         float *s = a.sT + (size_t)b * 4 * D + (size_t)hd * Dh + cell;
         s[0] = h, s[D] = c, s[2 * D] = n, s[3 * D] = m;
@@ -197,25 +232,30 @@ static __device__ __forceinline__ void slc_in_stage(const SlcBwd &a, uint32_t *s
 static __device__ __forceinline__ void slc_bwd_body(const SlcBwd a, const int CS, const int CL, const int KPW) {
     extern __shared__ __align__(16) unsigned char sl_smem[];
     const int NT = CL * 8, MTL = CL / 16, LDG = 4 * CS * CL + 8, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    const unsigned rank = slc_rank();
+    const unsigned rank = slc_rank(), SLOT = SL_NB * CS * CL * 8;  // bytes landing in a dg slot a step
     const int hd = blockIdx.x / CS, b0 = blockIdx.y * SL_NB, Dh = a.Dh, D = a.H * Dh, T = a.T;
-    uint32_t *stg = (uint32_t *)sl_smem;         // [3][11][NT]: staged inputs
-    float *part = (float *)(stg + 3 * 11 * NT);  // [4][CL][SL_NB]: dh_rec's quarters
-    bf16 *dgs = (bf16 *)(part + 4 * CL * SL_NB); // [2][SL_NB][LDG]: dg, gate columns 4 cell + g of the head
+    uint64_t *mb = (uint64_t *)sl_smem;             // [3] mbarriers of the dg slots
+    uint32_t *stg = (uint32_t *)(sl_smem + 32);     // [3][11][NT]: staged inputs
+    float *part = (float *)(stg + 3 * 11 * NT);     // [4][CL][SL_NB]: dh_rec's quarters
+    bf16 *dgs = (bf16 *)(part + 4 * CL * SL_NB);    // [3][SL_NB][LDG]: dg, gate columns 4 cell + g of the head
     const int mt = w % MTL, kq = w / MTL;
     const uint4 *fg = a.frag + ((size_t)(hd * CS + rank) * (CL / 4) + w) * KPW * 32;
     uint4 fr[16];
 #pragma unroll
     for (int f = 0; f < KPW; f++) fr[f] = fg[f * 32 + lane];
     const int il = tid >> 3, bl = tid & 7, i = rank * CL + il, b = b0 + bl, ok = i < Dh && b < a.B;
-    const size_t ndh = (size_t)a.B * T * D;
     slc_in_stage(a, stg + ((T - 1) % 3) * 11 * NT, NT, b, T - 1, i, ok);
     if (T >= 2) slc_in_stage(a, stg + ((T - 2) % 3) * 11 * NT, NT, b, T - 2, i, ok);
     else cp_async_commit();
+    if (tid == 0)
+        for (int j = 0; j < 3; j++) slc_mbar_init(mb + j, 1);
     float dc = 0.0f, dn = 0.0f;
-    slc_sync();  // every block running before any dg lands
+    slc_sync();  // the mbarriers initialised, every block running
     const uint32_t goff = (uint32_t)(bl * LDG + 4 * i) * 2;
-    for (int t = T - 1; t >= 0; t--) {
+    const size_t xbase = (size_t)b * T * 4 * D + (size_t)hd * Dh + i, gbase = ((size_t)b * T * a.H + hd) * 4 * Dh + i;
+    for (int k = 0; k < T; k++) {  // walk step k: time t = T - 1 - k; dg_t into slot k % 3
+        const int t = T - 1 - k;
+        if (tid == 0 && t > 0) slc_mbar_expect(mb + k % 3, SLOT);
         cp_async_wait1();
         const uint32_t *sv = stg + (t % 3) * 11 * NT + tid;
         float r[4], s[6];
@@ -227,8 +267,10 @@ static __device__ __forceinline__ void slc_bwd_body(const SlcBwd a, const int CS
         if (t >= 2) slc_in_stage(a, stg + ((t - 2) % 3) * 11 * NT, NT, b, t - 2, i, ok);
         else cp_async_commit();
         float dr = 0.0f;
-        if (t < T - 1) {  // dh_rec = R dg_{t+1}: this warp's 16 cells x its quarter of the gate columns
-            const bf16 *gb = dgs + ((t + 1) & 1) * SL_NB * LDG;
+        if (k > 0) {  // dh_rec = R dg_{t+1}: this warp's 16 cells x its quarter of the gate columns
+            const int sl = (k - 1) % 3;
+            slc_mbar_wait(mb + sl, (unsigned)((k - 1) / 3) & 1u);
+            const bf16 *gb = dgs + sl * SL_NB * LDG;
             float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int f = 0; f < KPW; f++) {
@@ -258,18 +300,18 @@ static __device__ __forceinline__ void slc_bwd_body(const SlcBwd a, const int CS
             g3 = (1.0f - o) * h * dy;
             dc *= fp;
             dn *= fp;
-            const size_t bt = (size_t)b * T + t;
-            bf16 *dx = a.dx + bt * 4 * D + (size_t)hd * Dh + i, *dG = a.dG + (bt * a.H + hd) * 4 * Dh + i;
+        }
+        if (t > 0) {
+            const uint32_t off = goff + (uint32_t)((k % 3) * SL_NB * LDG) * 2, lo = pack_bf16(g0, g1), hi = pack_bf16(g2, g3);
+            for (int q = 0; q < CS; q++) slc_st_async64(slc_map(dgs, q) + off, lo, hi, slc_map(mb + k % 3, q));
+        }
+        if (ok) {
+            bf16 *dx = a.dx + xbase + (size_t)t * 4 * D, *dG = a.dG + gbase + (size_t)t * a.H * 4 * Dh;
             st(dx, 0, g0), st(dx, D, g1), st(dx, 2 * (size_t)D, g2), st(dx, 3 * (size_t)D, g3);
             st(dG, 0, g0), st(dG, Dh, g1), st(dG, 2 * (size_t)Dh, g2), st(dG, 3 * (size_t)Dh, g3);
         }
-        if (t > 0) {
-            const uint32_t off = goff + (uint32_t)((t & 1) * SL_NB * LDG) * 2, lo = pack_bf16(g0, g1), hi = pack_bf16(g2, g3);
-            for (int q = 0; q < CS; q++) slc_st64(slc_map(dgs, q) + off, lo, hi);
-        }
-        slc_sync();
     }
-    (void)ndh;
+    slc_sync();  // no block leaves while stores to it may be in flight
 }
 
 // ------------------------------------------------------------------------- kernels, fragments
@@ -360,7 +402,7 @@ int slc_forward(CudaCtx *c, uint4 *frag, const SlstmDims *d, const SlstmFwd *io)
     LAUNCH_CHECK();
     SlcFwd a = {(const bf16 *)io->x, frag, (const float *)io->s0, (bf16 *)io->h, (float *)io->cache, (float *)io->sT,
                 d->B, d->T, d->H, d->Dh};
-    const size_t smem = (size_t)2 * SL_NB * (CS * CL + 8) * 2 + (size_t)3 * 4 * CL * 8 * 4;
+    const size_t smem = 32 + (size_t)3 * SL_NB * (CS * CL + 8) * 2 + (size_t)3 * 4 * CL * 8 * 4;
     SlcFwdKernel k = slc_fwd_kernels[v];
     CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     cudaLaunchAttribute attr;
@@ -376,7 +418,7 @@ int slc_backward_walk(CudaCtx *c, uint4 *frag, const SlstmDims *d, const float *
     slc_frag_kernel<<<grid_for(nfr, 256), 256, 0, c->stream>>>(frag, R, d->H, d->Dh, CS, CL, 1);
     LAUNCH_CHECK();
     SlcBwd a = {G, cache, frag, dh, dx, dG, d->B, d->T, d->H, d->Dh, d->clip};
-    const size_t smem = (size_t)3 * 11 * CL * 8 * 4 + (size_t)4 * CL * SL_NB * 4 + (size_t)2 * SL_NB * (4 * CS * CL + 8) * 2;
+    const size_t smem = 32 + (size_t)3 * 11 * CL * 8 * 4 + (size_t)4 * CL * SL_NB * 4 + (size_t)3 * SL_NB * (4 * CS * CL + 8) * 2;
     SlcBwdKernel k = slc_bwd_kernels[v];
     CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     cudaLaunchAttribute attr;

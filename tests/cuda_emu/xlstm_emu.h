@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 #include <stdio.h>
+#include <sched.h>
 extern "C" {
 #include "core/half.h"
 #include "core/common.h"
@@ -137,11 +138,54 @@ static inline uintptr_t slc_map(const void *p, unsigned rank) {
     if (off < 0 || off >= (ptrdiff_t)sizeof emu_dsmem_c[0]) { fprintf(stderr, "mapa of a non-shared address\n"); abort(); }
     return (uintptr_t)(emu_dsmem_c[rank] + off);
 }
-static inline void slc_st16(uintptr_t a, uint16_t v) { emu_align((void *)a, 2, "st.shared::cluster.u16"); memcpy((void *)a, &v, 2); }
-static inline void slc_st64(uintptr_t a, uint32_t lo, uint32_t hi) {
-    emu_align((void *)a, 8, "st.shared::cluster.v2");
+// mbarriers (8 bytes of shared memory: tx count, phase bit, arrivals a phase, arrivals pending) under
+// one lock; a wait spins (yielding) until the phase of the other parity is the current one.
+struct EmuMbar { int32_t tx; uint8_t phase, count; int16_t pending; };
+static pthread_mutex_t emu_mbar_lock = PTHREAD_MUTEX_INITIALIZER;
+static inline void emu_mbar_check(EmuMbar *m) {
+    if (m->pending == 0 && m->tx == 0) {
+        m->phase ^= 1;
+        m->pending = m->count;
+    }
+}
+static inline void slc_mbar_init(void *p, unsigned count) {
+    emu_align(p, 8, "mbarrier");
+    EmuMbar *m = (EmuMbar *)p;
+    pthread_mutex_lock(&emu_mbar_lock);
+    m->tx = 0, m->phase = 0, m->count = (uint8_t)count, m->pending = (int16_t)count;
+    pthread_mutex_unlock(&emu_mbar_lock);
+}
+static inline void slc_mbar_expect(void *p, unsigned bytes) {
+    EmuMbar *m = (EmuMbar *)p;
+    pthread_mutex_lock(&emu_mbar_lock);
+    m->tx += (int32_t)bytes;
+    m->pending--;
+    emu_mbar_check(m);
+    pthread_mutex_unlock(&emu_mbar_lock);
+}
+static inline void slc_mbar_wait(void *p, unsigned parity) {
+    EmuMbar *m = (EmuMbar *)p;
+    for (;;) {
+        pthread_mutex_lock(&emu_mbar_lock);
+        int done = m->phase != parity;
+        pthread_mutex_unlock(&emu_mbar_lock);
+        if (done) return;
+        sched_yield();
+    }
+}
+static inline void emu_st_async(uintptr_t a, const void *v, unsigned bytes, uintptr_t mbar) {
+    emu_align((void *)a, bytes, "st.async");
+    EmuMbar *m = (EmuMbar *)mbar;
+    pthread_mutex_lock(&emu_mbar_lock);
+    memcpy((void *)a, v, bytes);
+    m->tx -= (int32_t)bytes;
+    emu_mbar_check(m);
+    pthread_mutex_unlock(&emu_mbar_lock);
+}
+static inline void slc_st_async32(uintptr_t a, uint32_t v, uintptr_t mbar) { emu_st_async(a, &v, 4, mbar); }
+static inline void slc_st_async64(uintptr_t a, uint32_t lo, uint32_t hi, uintptr_t mbar) {
     uint32_t v[2] = {lo, hi};
-    memcpy((void *)a, v, 8);
+    emu_st_async(a, v, 8, mbar);
 }
 static inline float emu_shfl(float v, int src) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
