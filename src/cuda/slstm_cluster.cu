@@ -6,7 +6,8 @@
  * from memory after the start. Per step the blocks exchange what the others need through
  * distributed shared memory: st.async into every block of the cluster, each counting its bytes on the
  * receiver's mbarrier, three slots deep (a block can then be at most a step ahead of another, so a slot is
- * never written before all have read it: no barrier across the cluster per step):
+ * never written before all have read it: no barrier across the cluster per step); a cluster of one
+ * (heads up to 64 cells) is a plain block with shared stores and a block barrier a step:
  *
  *   forward   a warp per 16 gate columns (4 cells x gates i, f, z, o) of its block's cells: r =
  *             R^T h_{t-1} (K = the head's cells), the four gates of a (cell, sequence) gathered by
@@ -130,27 +131,29 @@ static __device__ __forceinline__ void slc_fwd_body(const SlcFwd a, const int CS
         const float *s = a.s0 + (size_t)b * 4 * D + (size_t)hd * Dh + cell;
         h = s[0], c = s[D], n = s[2 * D], m = s[3 * D];
     }
-    if (threadIdx.x == 0)
+    if (CS > 1 && threadIdx.x == 0)
         for (int j = 0; j < 3; j++) slc_mbar_init(mb + j, 1);
     slc_x_stage(a, xs, NT, b, 0, cell, ok);
     slc_x_stage(a, xs + 4 * NT, NT, b, 1 < T ? 1 : 0, cell, ok && 1 < T);
-    slc_sync();  // the mbarriers initialised, every block running
+    if (CS > 1) slc_sync();  // the mbarriers initialised, every block running
     // h (bf16) of cells 2 j, 2 j + 1 of a sequence to slot `sl` of every block: lanes 0..15 with their
     // neighbours 16 above (the same sequence, the next cell)
     const uint32_t hoff = (uint32_t)(bl * LDH + cell) * 2;
+// (a cluster of one: plain shared stores, a block barrier before the slot is read)
 #define SLC_SEND_H(sl)                                                                                        \
     do {                                                                                                      \
         const float ho = __shfl_down_sync(0xffffffffu, h, 16);                                                \
-        if (lane < 16)                                                                                        \
+        if (lane < 16 && CS == 1) *(uint32_t *)(hs + (sl) * SL_NB * LDH + bl * LDH + cell) = pack_bf16(h, ho);  \
+        else if (lane < 16)                                                                                   \
             for (int q = 0; q < CS; q++)                                                                      \
                 slc_st_async32(slc_map(hs, q) + hoff + (uint32_t)((sl) * SL_NB * LDH) * 2, pack_bf16(h, ho),  \
                                slc_map(mb + (sl), q));                                                        \
     } while (0)
-    if (threadIdx.x == 0) slc_mbar_expect(mb, SLOT);
+    if (CS > 1 && threadIdx.x == 0) slc_mbar_expect(mb, SLOT);
     SLC_SEND_H(0);
     for (int t = 0; t < T; t++) {
         const int sl = t % 3;
-        if (threadIdx.x == 0 && t + 1 < T) slc_mbar_expect(mb + (t + 1) % 3, SLOT);
+        if (CS > 1 && threadIdx.x == 0 && t + 1 < T) slc_mbar_expect(mb + (t + 1) % 3, SLOT);
         cp_async_wait1();
         const uint32_t *xw = xs + sl * 4 * NT;
         float xv[4];
@@ -161,15 +164,18 @@ static __device__ __forceinline__ void slc_fwd_body(const SlcFwd a, const int CS
         }
         if (t + 2 < T) slc_x_stage(a, xs + ((t + 2) % 3) * 4 * NT, NT, b, t + 2, cell, ok);
         else cp_async_commit();
-        slc_mbar_wait(mb + sl, (unsigned)(t / 3) & 1u);
+        if (CS > 1) slc_mbar_wait(mb + sl, (unsigned)(t / 3) & 1u);
+        else __syncthreads();
         const bf16 *hc = hs + sl * SL_NB * LDH;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ac2[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two chains of products
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             const bf16 *hr = hc + (lane >> 2) * LDH + 16 * ks + 2 * (lane & 3);
             const uint32_t r[4] = {fr[ks].x, fr[ks].y, fr[ks].z, fr[ks].w};
-            mma_bf16(acc, r, *(const uint32_t *)hr, *(const uint32_t *)(hr + 8));
+            mma_bf16((ks & 1) ? ac2 : acc, r, *(const uint32_t *)hr, *(const uint32_t *)(hr + 8));
         }
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[e] += ac2[e];
         float r[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {  // round k: gate (gd + k) & 3 of this lane's element, from its lane
@@ -199,7 +205,7 @@ static __device__ __forceinline__ void slc_fwd_body(const SlcFwd a, const int CS
         }
     }
 #undef SLC_SEND_H
-    slc_sync();  // no block leaves while stores to it may be in flight
+    if (CS > 1) slc_sync();  // no block leaves while stores to it may be in flight
     if (ok && a.sT) {
         float *s = a.sT + (size_t)b * 4 * D + (size_t)hd * Dh + cell;
         s[0] = h, s[D] = c, s[2 * D] = n, s[3 * D] = m;
@@ -247,15 +253,15 @@ static __device__ __forceinline__ void slc_bwd_body(const SlcBwd a, const int CS
     slc_in_stage(a, stg + ((T - 1) % 3) * 11 * NT, NT, b, T - 1, i, ok);
     if (T >= 2) slc_in_stage(a, stg + ((T - 2) % 3) * 11 * NT, NT, b, T - 2, i, ok);
     else cp_async_commit();
-    if (tid == 0)
+    if (CS > 1 && tid == 0)
         for (int j = 0; j < 3; j++) slc_mbar_init(mb + j, 1);
     float dc = 0.0f, dn = 0.0f;
-    slc_sync();  // the mbarriers initialised, every block running
+    if (CS > 1) slc_sync();  // the mbarriers initialised, every block running
     const uint32_t goff = (uint32_t)(bl * LDG + 4 * i) * 2;
     const size_t xbase = (size_t)b * T * 4 * D + (size_t)hd * Dh + i, gbase = ((size_t)b * T * a.H + hd) * 4 * Dh + i;
     for (int k = 0; k < T; k++) {  // walk step k: time t = T - 1 - k; dg_t into slot k % 3
         const int t = T - 1 - k;
-        if (tid == 0 && t > 0) slc_mbar_expect(mb + k % 3, SLOT);
+        if (CS > 1 && tid == 0 && t > 0) slc_mbar_expect(mb + k % 3, SLOT);
         cp_async_wait1();
         const uint32_t *sv = stg + (t % 3) * 11 * NT + tid;
         float r[4], s[6];
@@ -269,15 +275,18 @@ static __device__ __forceinline__ void slc_bwd_body(const SlcBwd a, const int CS
         float dr = 0.0f;
         if (k > 0) {  // dh_rec = R dg_{t+1}: this warp's 16 cells x its quarter of the gate columns
             const int sl = (k - 1) % 3;
-            slc_mbar_wait(mb + sl, (unsigned)((k - 1) / 3) & 1u);
+            if (CS > 1) slc_mbar_wait(mb + sl, (unsigned)((k - 1) / 3) & 1u);
+            else __syncthreads();
             const bf16 *gb = dgs + sl * SL_NB * LDG;
-            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c5[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two chains of products
 #pragma unroll
             for (int f = 0; f < KPW; f++) {
                 const bf16 *gr = gb + (lane >> 2) * LDG + 16 * (kq * KPW + f) + 2 * (lane & 3);
                 const uint32_t q4[4] = {fr[f].x, fr[f].y, fr[f].z, fr[f].w};
-                mma_bf16(c4, q4, *(const uint32_t *)gr, *(const uint32_t *)(gr + 8));
+                mma_bf16((f & 1) ? c5 : c4, q4, *(const uint32_t *)gr, *(const uint32_t *)(gr + 8));
             }
+#pragma unroll
+            for (int e = 0; e < 4; e++) c4[e] += c5[e];
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 part[(kq * CL + 16 * mt + (lane >> 2) + 8 * (e >> 1)) * SL_NB + 2 * (lane & 3) + (e & 1)] = c4[e];
@@ -303,7 +312,12 @@ static __device__ __forceinline__ void slc_bwd_body(const SlcBwd a, const int CS
         }
         if (t > 0) {
             const uint32_t off = goff + (uint32_t)((k % 3) * SL_NB * LDG) * 2, lo = pack_bf16(g0, g1), hi = pack_bf16(g2, g3);
-            for (int q = 0; q < CS; q++) slc_st_async64(slc_map(dgs, q) + off, lo, hi, slc_map(mb + k % 3, q));
+            if (CS == 1) {
+                uint32_t *p = (uint32_t *)(dgs + (k % 3) * SL_NB * LDG + bl * LDG + 4 * i);
+                p[0] = lo, p[1] = hi;
+            } else {
+                for (int q = 0; q < CS; q++) slc_st_async64(slc_map(dgs, q) + off, lo, hi, slc_map(mb + k % 3, q));
+            }
         }
         if (ok) {
             bf16 *dx = a.dx + xbase + (size_t)t * 4 * D, *dG = a.dG + gbase + (size_t)t * a.H * 4 * Dh;
@@ -311,7 +325,7 @@ static __device__ __forceinline__ void slc_bwd_body(const SlcBwd a, const int CS
             st(dG, 0, g0), st(dG, Dh, g1), st(dG, 2 * (size_t)Dh, g2), st(dG, 3 * (size_t)Dh, g3);
         }
     }
-    slc_sync();  // no block leaves while stores to it may be in flight
+    if (CS > 1) slc_sync();  // no block leaves while stores to it may be in flight
 }
 
 // ------------------------------------------------------------------------- kernels, fragments
@@ -390,7 +404,7 @@ static cudaLaunchConfig_t slc_config(cudaLaunchAttribute *attr, const CudaCtx *c
     attr->val.clusterDim.y = 1;
     attr->val.clusterDim.z = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = SLC_CS[v] > 1 ? 1 : 0;  // (a cluster of one: a plain launch, no cluster instructions)
     return cfg;
 }
 
