@@ -242,8 +242,8 @@ static __device__ __forceinline__ void slc_bwd_body(const SlcBwd a, const int CS
     const int hd = blockIdx.x / CS, b0 = blockIdx.y * SL_NB, Dh = a.Dh, D = a.H * Dh, T = a.T;
     uint64_t *mb = (uint64_t *)sl_smem;             // [3] mbarriers of the dg slots
     uint32_t *stg = (uint32_t *)(sl_smem + 32);     // [3][11][NT]: staged inputs
-    float *part = (float *)(stg + 3 * 11 * NT);     // [4][CL][SL_NB]: dh_rec's quarters
-    bf16 *dgs = (bf16 *)(part + 4 * CL * SL_NB);    // [3][SL_NB][LDG]: dg, gate columns 4 cell + g of the head
+    float *part = (float *)(stg + 3 * 11 * NT);     // [2][4][CL][SL_NB]: dh_rec's quarters, by the step's parity
+    bf16 *dgs = (bf16 *)(part + 8 * CL * SL_NB);    // [3][SL_NB][LDG]: dg, gate columns 4 cell + g of the head
     const int mt = w % MTL, kq = w / MTL;
     const uint4 *fg = a.frag + ((size_t)(hd * CS + rank) * (CL / 4) + w) * KPW * 32;
     uint4 fr[16];
@@ -287,12 +287,14 @@ static __device__ __forceinline__ void slc_bwd_body(const SlcBwd a, const int CS
             }
 #pragma unroll
             for (int e = 0; e < 4; e++) c4[e] += c5[e];
+            // (two tiles: the one written here was last read two steps ago, before the last step's barrier)
+            float *pt = part + (k & 1) * 4 * CL * SL_NB;
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                part[(kq * CL + 16 * mt + (lane >> 2) + 8 * (e >> 1)) * SL_NB + 2 * (lane & 3) + (e & 1)] = c4[e];
+                pt[(kq * CL + 16 * mt + (lane >> 2) + 8 * (e >> 1)) * SL_NB + 2 * (lane & 3) + (e & 1)] = c4[e];
             __syncthreads();
 #pragma unroll
-            for (int q = 0; q < 4; q++) dr += part[(q * CL + il) * SL_NB + bl];
+            for (int q = 0; q < 4; q++) dr += pt[(q * CL + il) * SL_NB + bl];
             if (a.clip > 0.0f) dr = fminf(fmaxf(dr, -a.clip), a.clip);
         }
         // the pointwise backward (s: h, n, m of step t; c, n, m of step t - 1)
@@ -432,7 +434,7 @@ int slc_backward_walk(CudaCtx *c, uint4 *frag, const SlstmDims *d, const float *
     slc_frag_kernel<<<grid_for(nfr, 256), 256, 0, c->stream>>>(frag, R, d->H, d->Dh, CS, CL, 1);
     LAUNCH_CHECK();
     SlcBwd a = {G, cache, frag, dh, dx, dG, d->B, d->T, d->H, d->Dh, d->clip};
-    const size_t smem = 32 + (size_t)3 * 11 * CL * 8 * 4 + (size_t)4 * CL * SL_NB * 4 + (size_t)3 * SL_NB * (4 * CS * CL + 8) * 2;
+    const size_t smem = 32 + (size_t)3 * 11 * CL * 8 * 4 + (size_t)8 * CL * SL_NB * 4 + (size_t)3 * SL_NB * (4 * CS * CL + 8) * 2;
     SlcBwdKernel k = slc_bwd_kernels[v];
     CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     cudaLaunchAttribute attr;
