@@ -32,6 +32,9 @@ Model *mc_make(const ModelConfig *c, const Backend *be) {
 double mc_base_bias_lambda(const ParamSpec *s) {
     if (s->init == INIT_A_LOG) return -1.2;
     if (s->init == INIT_DT_BIAS) return 0;
+    // weights that start at zero (xLSTM's gate projections, the sLSTM's recurrent kernel) about 0,
+    // as trained ones are: about 1 each, a gate would sum its hundreds of inputs into saturation
+    if (s->init == INIT_CONST && s->init_value == 0 && s->ndim >= 2) return 0;
     if (strstr(s->name, "bias") || strstr(s->name, "lambda")) return 0.5;
     return s->init == INIT_NORMAL ? 0 : 1;
 }
@@ -149,28 +152,73 @@ double mc_layer_steps_vs_forward(Model *m, int B, int T, uint64_t seed) {
     return e;
 }
 
+// x (.) (1 + 2^-24 e), e ~ N(0, 1) per element: a float32 rounding's worth of change.
+static void nudge(double *x, size_t n, uint64_t seed) {
+    MnRng r;
+    mn_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) x[i] *= 1 + 0x1p-24 * mn_rng_normal(&r);
+}
+
+// The layer's own sensitivity to float32 rounding: how much the reference's output, input gradient
+// and each parameter gradient move when its input and weights are nudged by a rounding's worth
+// (nudge). A float32 computation cannot agree with float64 better than that; ill-conditioned
+// quantities (an input gate's bias gradient, a sum of terms that nearly cancel) move by far more
+// than 6e-8. Into ey, edu, eg[nparams].
+static void layer_sensitivity(Model *r, int B, int T, const double *u, const double *wy, const double *y0,
+                              const double *du0, const double *g0, double *ey, double *edu, double *eg) {
+    size_t nd = (size_t)B * T * r->cfg.dim;
+    double *un = xcalloc(nd, 8), *p = xcalloc(r->total, 8), *pn = xcalloc(r->total, 8);
+    double *y = xcalloc(nd, 8), *du = xcalloc(nd, 8), *g = xcalloc(r->total, 8);
+    memcpy(un, u, nd * 8);
+    nudge(un, nd, 77);
+    r->be->download(r->be, p, r->params, r->total, MEM_PARAM);
+    memcpy(pn, p, r->total * 8);
+    nudge(pn, r->total, 78);
+    r->be->upload(r->be, r->params, pn, r->total, MEM_PARAM);
+    mc_layer_run(r, 0, un, wy, B, T, y, du, g);
+    r->be->upload(r->be, r->params, p, r->total, MEM_PARAM);
+    *ey = rel_err64(y, y0, nd);
+    *edu = rel_err64(du, du0, nd);
+    for (int t = 0; t < r->nparams; t++)
+        eg[t] = rel_err64(g + r->specs[t].offset, g0 + r->specs[t].offset, r->specs[t].numel);
+    free(un); free(p); free(pn); free(y); free(du); free(g);
+}
+
 void mc_check_layer_cpu_vs_ref(Model *r, Model *c, int B, int T, uint64_t su, uint64_t sdy, double tol_bwd,
                                const char *name, int width) {
     size_t nd = (size_t)B * T * r->cfg.dim;
     double *u = rand_doubles(su, nd, -1, 1), *wy = rand_doubles(sdy, nd, -1, 1);
     double *ys[2] = {xcalloc(nd, 8), xcalloc(nd, 8)}, *dus[2] = {xcalloc(nd, 8), xcalloc(nd, 8)};
-    double *gr = xcalloc(r->total, 8), *gc = xcalloc(c->total, 8);
+    double *gr = xcalloc(r->total, 8), *gc = xcalloc(c->total, 8), *sens = xcalloc((size_t)r->nparams, 8);
     mc_layer_run(r, 0, u, wy, B, T, ys[0], dus[0], gr);
     mc_layer_run(c, 0, u, wy, B, T, ys[1], dus[1], gc);
-    double ey = rel_err64(ys[1], ys[0], nd), edu = rel_err64(dus[1], dus[0], nd), eg = 0;
+    double sy, sdu;
+    layer_sensitivity(r, B, T, u, wy, ys[0], dus[0], gr, &sy, &sdu, sens);
+    // the tolerance: the fixed one, or 10 times the layer's own sensitivity where that is larger
+    // (float32 rounds every op of the layer, not once: 10 covers the ~15 ops measured, and a wrong
+    // term is still off by 1e-2 and more)
+    double ey = rel_err64(ys[1], ys[0], nd), edu = rel_err64(dus[1], dus[0], nd), eg = 0, worst_ratio = 0;
+    const char *worst_name = "";
     for (int t = r->blocks[0].first; t < r->blocks[0].first + r->blocks[0].count; t++) {
         double et = rel_err64(gc + r->specs[t].offset, gr + r->specs[t].offset, r->specs[t].numel);
-        if (!(et <= tol_bwd))
-            test_fail(__FILE__, __LINE__, "%s: %s: cpu vs ref rel err %.3g > %.3g", name, r->specs[t].name, et, tol_bwd);
+        double tol = fmax(tol_bwd, 10 * sens[t]);
+        if (!(et <= tol))
+            test_fail(__FILE__, __LINE__, "%s: %s: cpu vs ref rel err %.3g > %.3g (the layer's sensitivity %.2g)", name,
+                      r->specs[t].name, et, tol, sens[t]);
         eg = fmax(eg, et);
+        if (et / fmax(sens[t], 1e-300) > worst_ratio) {
+            worst_ratio = et / fmax(sens[t], 1e-300);
+            worst_name = r->specs[t].name + 15;  // past "model.layers.0."
+        }
     }
-    test_note("%-*s cpu vs ref: y %.2e, du %.2e, parameter gradients (worst) %.2e", width, name, ey, edu, eg);
+    test_note("%-*s cpu vs ref: y %.2e, du %.2e, parameter gradients (worst) %.2e; sensitivity y %.1e du %.1e; "
+              "worst gradient/sensitivity %.1f (%s)", width, name, ey, edu, eg, sy, sdu, worst_ratio, worst_name);
     char what[128];
     snprintf(what, sizeof what, "%s y", name);
-    CHECK_REL(what, ey, 1e-5);
+    CHECK_REL(what, ey, fmax(1e-5, 10 * sy));
     snprintf(what, sizeof what, "%s du", name);
-    CHECK_REL(what, edu, tol_bwd);
-    free(u); free(wy); free(ys[0]); free(ys[1]); free(dus[0]); free(dus[1]); free(gr); free(gc);
+    CHECK_REL(what, edu, fmax(tol_bwd, 10 * sdu));
+    free(u); free(wy); free(ys[0]); free(ys[1]); free(dus[0]); free(dus[1]); free(gr); free(gc); free(sens);
 }
 
 // ------------------------------------------------------------------- the whole model
@@ -306,8 +354,8 @@ void mc_check_tiny_trains(Model *m, const char *name, int width) {
 
 // ------------------------------------------------------------------- core families
 
-const unsigned mc_fam[MC_FAMS] = {MC_FAM_MESA, MC_FAM_LIN, MC_FAM_ATTN};
-const char *const mc_fam_name[MC_FAMS] = {"mesa", "lin", "attn"};
+const unsigned mc_fam[MC_FAMS] = {MC_FAM_MESA, MC_FAM_LIN, MC_FAM_ATTN, MC_FAM_MLSTM, MC_FAM_SLSTM};
+const char *const mc_fam_name[MC_FAMS] = {"mesa", "lin", "attn", "mlstm", "slstm"};
 
 static unsigned fam_seen;  // the families called since it was zeroed (the wrappers below)
 
@@ -326,6 +374,16 @@ static int fam_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd *io)
     return backend_cpu()->attn->fwd(be, d, io);
 }
 
+static int fam_mlstm_fwd(const Backend *be, const MnSeqDims *d, const MlstmOpts *o, const MlstmFwd *io) {
+    fam_seen |= MC_FAM_MLSTM;
+    return backend_cpu()->mlstm->fwd(be, d, o, io);
+}
+
+static int fam_slstm_fwd(const Backend *be, const SlstmDims *d, const SlstmFwd *io) {
+    fam_seen |= MC_FAM_SLSTM;
+    return backend_cpu()->slstm->fwd(be, d, io);
+}
+
 unsigned mc_families(const ModelConfig *c, unsigned *per_block) {
     Backend w = *backend_cpu();
     MesaOps mesa = *w.mesa;
@@ -335,6 +393,18 @@ unsigned mc_families(const ModelConfig *c, unsigned *per_block) {
     lin.fwd = fam_lin_fwd;
     attn.fwd = fam_attn_fwd;
     w.mesa = &mesa, w.lin = &lin, w.attn = &attn;
+    MlstmOps mlstm;
+    SlstmOps slstm;
+    if (w.mlstm) {
+        mlstm = *w.mlstm;
+        mlstm.fwd = fam_mlstm_fwd;
+        w.mlstm = &mlstm;
+    }
+    if (w.slstm) {
+        slstm = *w.slstm;
+        slstm.fwd = fam_slstm_fwd;
+        w.slstm = &slstm;
+    }
     Model *m = mc_make(c, &w);
     int n = mc_pattern_len(c->mixer), B = 1, T = 4;
     size_t nd = (size_t)B * T * c->dim;
@@ -363,6 +433,8 @@ Backend mc_without(const Backend *be, unsigned fams, const char *name) {
     if (fams & MC_FAM_MESA) b.mesa = NULL;
     if (fams & MC_FAM_LIN) b.lin = NULL;
     if (fams & MC_FAM_ATTN) b.attn = NULL;
+    if (fams & MC_FAM_MLSTM) b.mlstm = NULL;
+    if (fams & MC_FAM_SLSTM) b.slstm = NULL;
     return b;
 }
 
@@ -371,6 +443,9 @@ unsigned mc_lacking(const Backend *be) {
     if (!be->mesa || !be->mesa->fwd || !be->mesa->bwd) f |= MC_FAM_MESA;
     if (!be->lin || !be->lin->fwd || !be->lin->bwd) f |= MC_FAM_LIN;
     if (!be->attn || !be->attn->fwd || !be->attn->bwd || !be->attn->decode || !be->attn->rope) f |= MC_FAM_ATTN;
+    if (!be->mlstm || !be->mlstm->fwd || !be->mlstm->bwd || !be->mlstm->gates_fwd || !be->mlstm->gates_bwd)
+        f |= MC_FAM_MLSTM;
+    if (!be->slstm || !be->slstm->fwd || !be->slstm->bwd) f |= MC_FAM_SLSTM;
     return f;
 }
 
@@ -447,12 +522,17 @@ static const McCase rows[] = {
     {"swa", .window = 3},
     {"swa", .kv = 1, .window = 5},
     {"swa", .window = 13},
+    // mLSTM: the paper's parameterisation with and without the output gate; the xLSTM paper's blocks
+    {"mlstm"},
+    {"mlstm", .gate = 1, .onorm = 1},
     // patterns: the blocks of different mixers meet in one model
     {"gdn,mesa", .gate = 1, .bound = 3},
     {"mesa,gla,deltanet", .onorm = 1, .neg = 1},
     {"mha,swa", .kv = 1, .window = 4},
     {"gdn,mha", .neg = 1},
     {"gdn-paper,swa", .gate = 1, .expand_v = 2, .window = 4, .fla = 1},
+    {"mlstm-block,slstm-block"},
+    {"mlstm,mesa", .gate = 1},
 };
 
 const McCase *mc_rows(int *n) {

@@ -196,6 +196,38 @@ TEST(op_silu_swiglu) {
     free(fdg); free(fdu);
 }
 
+static double sigmoid_gate_loss(void *p) {
+    ActCtx *c = p;
+    R->sigmoid_gate_fwd(R, c->y, c->g, c->u, c->n);
+    return dot64(c->y, c->wy, c->n);
+}
+
+// xLSTM-7B's output gate, sigmoid(g) u: finite differences on 37 elements, the CPU against the
+// reference on 4099 (past its parallel chunks of 4096), F32_TOL as the other element-wise ops.
+TEST(op_sigmoid_gate) {
+    backends();
+    for (int pass = 0; pass < 2; pass++) {
+        size_t n = pass ? 4099 : 37;
+        ActCtx c = {n, rand_doubles(56, n, -6, 6), rand_doubles(57, n, -2, 2), rand_doubles(58, n, -1, 1), xcalloc(n, 8)};
+        double *dg = xcalloc(n, 8), *du = xcalloc(n, 8);
+        R->sigmoid_gate_bwd(R, dg, du, c.wy, c.g, c.u, n);
+        if (!pass) {
+            fd_check("sigmoid gate dg", sigmoid_gate_loss, &c, c.g, dg, n, FD_TOL);
+            fd_check("sigmoid gate du", sigmoid_gate_loss, &c, c.u, du, n, FD_TOL);
+        }
+        float *g = floats_of(c.g, n), *u = floats_of(c.u, n), *wy = floats_of(c.wy, n), *y = xcalloc(n, 4);
+        float *fdg = xcalloc(n, 4), *fdu = xcalloc(n, 4);
+        sigmoid_gate_loss(&c);
+        C->sigmoid_gate_fwd(C, y, g, u, n);
+        cmp("sigmoid gate y", y, c.y, n, F32_TOL);
+        C->sigmoid_gate_bwd(C, fdg, fdu, wy, g, u, n);
+        cmp("sigmoid gate dg", fdg, dg, n, F32_TOL);
+        cmp("sigmoid gate du", fdu, du, n, F32_TOL);
+        free(c.g); free(c.u); free(c.wy); free(c.y); free(dg); free(du); free(g); free(u); free(wy); free(y);
+        free(fdg); free(fdu);
+    }
+}
+
 static double geglu_loss(void *p) {
     ActCtx *c = p;
     R->geglu_fwd(R, c->y, c->g, c->u, c->n);

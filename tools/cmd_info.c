@@ -96,8 +96,8 @@ int cmd_info(int argc, char **argv) {
            pattern > 1 ? "mixer pattern" : "mixer", c.mixer, c.dim, c.n_layers, plural_s(c.n_layers), c.n_heads,
            plural_s(c.n_heads), c.head_dim, c.mlp_hidden,
            c.vocab_size, vocab_from_data ? " (from the data; 4096 shown)" : "");
-    printf("  embedding x sqrt(D): %s, tied head: %s, logit cap: %g\n", c.embed_scale ? "yes" : "no",
-           c.tie_embeddings ? "yes" : "no", (double)c.logit_cap);
+    printf("  embedding x sqrt(D): %s, tied head: %s, logit cap: %g, norms: %s (eps %g)\n", c.embed_scale ? "yes" : "no",
+           c.tie_embeddings ? "yes" : "no", (double)c.logit_cap, c.norm, (double)c.norm_eps);
     if (!strcmp(c.head, "autoencoder"))
         printf("  head: autoencoder (MAD's: every position decoded from the last position's state; no decoding)\n");
     char mixer_fields[512];

@@ -112,8 +112,10 @@ typedef struct {
 //   h_t = s C_t q_t / (max(|s n_t^T q_t|, exp(-m_t)) + eps)
 // with f_t = log sigmoid(f~_t) <= 0 and i_t = i~_t given (MlstmOps.gates_fwd makes them from the
 // pre-activations) and s the q.k scale. Every form computes this m_t exactly (the chunkwise one
-// from its carried m), so forms agree to rounding even where eps matters. m gets no gradient
-// (xlstm-notes.md 1.3: the output does not depend on it, eps aside).
+// from its carried m), so forms agree to rounding even where eps matters. The backward is the
+// exact gradient of this function, m's path included: the output depends on m_t through eps alone
+// (xlstm-notes.md 1.3's stop-gradient is exact for eps = 0 only), dL/dm_t = -(dh_t . h_t) eps / den_t,
+// carried back through m_t's max to the winning gate.
 typedef struct {
     float scale;  // s (Dk^-1/2)
     float eps;    // added to the denominator (1e-6, NX-AI's)
@@ -260,6 +262,10 @@ struct Backend {
     // Optional: NULL where the backend has none (a block with that MLP is then refused on it).
     int (*geglu_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
     int (*geglu_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
+    // h = sigmoid(g) (.) u (xLSTM-7B's output gate); dg, du (=). Optional (NULL: the layer is refused).
+    int (*sigmoid_gate_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
+    int (*sigmoid_gate_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u,
+                            size_t n);
     // h = silu(g) (.) u (SwiGLU; also the output gate).
     int (*swiglu_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
     int (*swiglu_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);

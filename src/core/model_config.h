@@ -18,10 +18,10 @@
 #include <stdint.h>
 
 typedef struct {
-    char mixer[160];      // the blocks' sequence mixers: a name ("mesa", "mamba2", "gla", "deltanet", "gdn", "mha",
+    char mixer[256];      // the blocks' sequence mixers: a name ("mesa", "mamba2", "gla", "deltanet", "gdn", "mha",
                           // "swa", "mlstm", ...) or a pattern repeated over the blocks ("gdn,mesa": block i gets
                           // the (i mod 2)-th; "name*N" stands for N of them: "mlstm-block*7,slstm-block")
-    char arch[8];         // "paper", "fla" or "llama"
+    char arch[8];         // "paper", "fla", "llama" or "xlstm" (the tensor names and config.json of model/names.h)
     int vocab_size;       // V
     int dim;              // D, the residual stream width
     int n_layers;         // blocks
@@ -49,6 +49,7 @@ typedef struct {
     int window;           // swa's window: each token attends to the last `window` tokens, itself included (1024)
     int n_kv_heads;       // the attention mixers' key/value heads (grouped-query attention); 0: n_heads
     int slstm_heads;      // slstm-block's heads (4): dim / slstm_heads cells each
+    float gate_cap;       // mlstm-large's soft cap of its gates' pre-activations, c tanh(x / c) (0: none)
     char norm[12];        // the backbone's norms: "rmsnorm" (RMSNorm with a weight) or "layernorm" (LayerNorm with a
                           // weight, no bias: the xLSTM paper's blocks)
     char head[16];        // "lm" (the language model's logits at every position; "" reads as "lm") or

@@ -136,6 +136,91 @@ static int c_rmsnorm_bwd(const Backend *be, void *dx_, void *dw_, const void *dy
     return MN_OK;
 }
 
+// The sum of a row with 16 partial sums (vdot's reason: they vectorise where one running sum
+// cannot), a fixed order for a given n.
+static inline float vsum(const float *restrict a, int n) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += a[i + j];
+    float s = 0;
+    for (; i < n; i++) s += a[i];
+    for (int j = 0; j < 8; j++) acc[j] += acc[j + 8];
+    for (int j = 0; j < 4; j++) acc[j] += acc[j + 4];
+    return s + (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
+// LayerNorm without bias: the row centred into y, its variance from the centred values (two
+// passes: no cancellation where the mean is large beside the spread), then scaled in place.
+static int c_layernorm_fwd(const Backend *be, void *y_, void *mean_, void *rstd_, const void *x_, const void *w_, int N,
+                           int D, int group, int wlen, float eps) {
+    float *y = y_, *mean = mean_, *rstd = rstd_;
+    const float *x = x_, *w = w_;
+    long rows = (long)N * (D / group);
+#pragma omp parallel for if ((size_t)N * D > PAR_MIN)
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * group, *wr = w + (wlen == group ? 0 : (size_t)(r % (D / group)) * group);
+        float *yr = y + (size_t)r * group, mu = vsum(xr, group) / group;
+        for (int i = 0; i < group; i++) yr[i] = xr[i] - mu;
+        float rs = 1.0f / sqrtf(vdot(yr, yr, group) / group + eps);
+        mean[r] = mu;
+        rstd[r] = rs;
+        for (int i = 0; i < group; i++) yr[i] *= rs * wr[i];
+    }
+    return MN_OK;
+}
+
+// With xh = (x - mean) rstd and g = dy w: dx = rstd (g - mean(g) - xh mean(g xh));  dw += sum dy xh.
+static int c_layernorm_bwd(const Backend *be, void *dx_, void *dw_, const void *dy_, const void *x_, const void *w_,
+                           const void *mean_, const void *rstd_, int N, int D, int group, int wlen, int accum) {
+    float *dx = dx_, *dw = dw_;
+    const float *dy = dy_, *x = x_, *w = w_, *mean = mean_, *rstd = rstd_;
+    long rows = (long)N * (D / group);
+#pragma omp parallel for if ((size_t)N * D > PAR_MIN)
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * group, *dyr = dy + (size_t)r * group;
+        const float *wr = w + (wlen == group ? 0 : (size_t)(r % (D / group)) * group);
+        float mu = mean[r], rs = rstd[r], sg[16] = {0}, sgx[16] = {0};  // partial sums (vdot's reason)
+        int i = 0;
+        for (; i + 16 <= group; i += 16)
+            for (int j = 0; j < 16; j++) {
+                float g = dyr[i + j] * wr[i + j];
+                sg[j] += g;
+                sgx[j] += g * (xr[i + j] - mu);
+            }
+        for (; i < group; i++) {
+            float g = dyr[i] * wr[i];
+            sg[0] += g;
+            sgx[0] += g * (xr[i] - mu);
+        }
+        float a = 0, b = 0;
+        for (int j = 0; j < 16; j++) a += sg[j], b += sgx[j];
+        float c1 = a / group, c2 = b * rs * rs / group;  // mean(g), mean(g xh) / rstd
+        float *dxr = dx + (size_t)r * group;
+        for (i = 0; i < group; i++) dxr[i] = (accum ? dxr[i] : 0) + rs * (dyr[i] * wr[i] - c1 - (xr[i] - mu) * c2);
+    }
+    // dw: partial sums over fixed blocks of tokens, added in order (as rmsnorm's)
+    if (dw) {
+        enum { BLOCK = 256 };
+        int nblocks = (N + BLOCK - 1) / BLOCK;
+        double *part = mn_calloc((size_t)nblocks * wlen, sizeof(double));
+        if (!part) return MN_ERR_NOMEM;
+#pragma omp parallel for if ((size_t)N * D > PAR_MIN)
+        for (int blk = 0; blk < nblocks; blk++) {
+            double *pb = part + (size_t)blk * wlen;
+            for (int n = blk * BLOCK; n < mn_min(N, (blk + 1) * BLOCK); n++)
+                for (int c = 0; c < D; c++) {
+                    size_t i = (size_t)n * D + c, r = i / group;
+                    pb[wlen == D ? c : c % group] += (double)dy[i] * ((x[i] - mean[r]) * rstd[r]);
+                }
+        }
+        for (int blk = 0; blk < nblocks; blk++)
+            for (int i = 0; i < wlen; i++) dw[i] += (float)part[(size_t)blk * wlen + i];
+        mn_free(part);
+    }
+    return MN_OK;
+}
+
 static int c_l2norm_fwd(const Backend *be, void *y_, void *inv_, const void *x_, int N, int D, int group, float eps) {
     float *y = y_, *inv = inv_;
     const float *x = x_;
@@ -281,6 +366,164 @@ static int c_swiglu_bwd(const Backend *be, void *dg_, void *du_, const void *dh_
         dg[i] = dh[i] * u[i] * s * (1 + g[i] * (1 - s));
         du[i] = dh[i] * g[i] * s;
     }
+    return MN_OK;
+}
+
+static int c_sigmoid_gate_fwd(const Backend *be, void *h_, const void *g_, const void *u_, size_t n) {
+    float *h = h_;
+    const float *g = g_, *u = u_;
+#pragma omp parallel for schedule(static, PAR_CHUNK) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) h[i] = sigmoidf(g[i]) * u[i];
+    return MN_OK;
+}
+
+static int c_sigmoid_gate_bwd(const Backend *be, void *dg_, void *du_, const void *dh_, const void *g_, const void *u_,
+                              size_t n) {
+    float *dg = dg_, *du = du_;
+    const float *dh = dh_, *g = g_, *u = u_;
+#pragma omp parallel for schedule(static, PAR_CHUNK) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float s = sigmoidf(g[i]);
+        dg[i] = dh[i] * u[i] * s * (1 - s);
+        du[i] = dh[i] * s;
+    }
+    return MN_OK;
+}
+
+// The block-diagonal projection. Blocks of up to HW_SMALL weights (xLSTM's 4 x 4 q/k/v) as loops
+// over the tokens, each output a fixed sequence of multiply-adds; larger ones (the sLSTM's gate
+// projections) as one product a block, through gemm (blas.h: the same bits for any thread count).
+#define HW_SMALL 256
+
+// One token's row of nb blocks: y_b = W_b x_b. Inlined with constant sizes for 4 x 4 blocks, so
+// that the inner loops unroll.
+static inline __attribute__((always_inline)) void hw_row(float *restrict y, const float *restrict x,
+                                                         const float *restrict w, int nb, const int bin,
+                                                         const int bout) {
+    for (int b = 0; b < nb; b++)
+        for (int o = 0; o < bout; o++) {
+            const float *wo = w + ((size_t)b * bout + o) * bin, *xb = x + (size_t)b * bin;
+            float s = 0;
+            for (int i = 0; i < bin; i++) s += wo[i] * xb[i];
+            y[(size_t)b * bout + o] = s;
+        }
+}
+
+// dx_b = W_b^T dy_b (= or +=) for one token's row.
+static inline __attribute__((always_inline)) void hw_row_t(float *restrict dx, const float *restrict dy,
+                                                           const float *restrict w, int nb, const int bin,
+                                                           const int bout, int accum) {
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i < bin; i++) {
+            const float *wb = w + (size_t)b * bout * bin + i, *dyb = dy + (size_t)b * bout;
+            float s = 0;
+            for (int o = 0; o < bout; o++) s += dyb[o] * wb[(size_t)o * bin];
+            float *d = dx + (size_t)b * bin + i;
+            *d = accum ? *d + s : s;
+        }
+}
+
+static int c_headwise_fwd(const Backend *be, void *y_, const void *x_, const void *w_, int N, int nb, int bin,
+                          int bout) {
+    float *y = y_;
+    const float *x = x_, *w = w_;
+    if ((long)bin * bout > HW_SMALL) {
+        for (int b = 0; b < nb; b++)  // y_b [N, bout] = x_b [N, bin] W_b^T
+            gemm(0, 1, N, bout, bin, 1, x + (size_t)b * bin, nb * bin, w + (size_t)b * bout * bin, bin, 0,
+                 y + (size_t)b * bout, nb * bout);
+        return MN_OK;
+    }
+#pragma omp parallel for if ((size_t)N * nb * bin * bout > PAR_MIN)
+    for (long n = 0; n < N; n++) {
+        float *yr = y + (size_t)n * nb * bout;
+        const float *xr = x + (size_t)n * nb * bin;
+        if (bin == 4 && bout == 4) hw_row(yr, xr, w, nb, 4, 4);
+        else hw_row(yr, xr, w, nb, bin, bout);
+    }
+    return MN_OK;
+}
+
+static int c_headwise_bwd(const Backend *be, void *dx_, void *dw_, const void *dy_, const void *x_, const void *w_,
+                          int N, int nb, int bin, int bout, int accum) {
+    float *dx = dx_, *dw = dw_;
+    const float *dy = dy_, *x = x_, *w = w_;
+    if ((long)bin * bout > HW_SMALL) {
+        for (int b = 0; b < nb; b++) {
+            const float *dyb = dy + (size_t)b * bout, *xb = x + (size_t)b * bin;
+            if (dx)  // dx_b [N, bin] = dy_b [N, bout] W_b
+                gemm(0, 0, N, bin, bout, 1, dyb, nb * bout, w + (size_t)b * bout * bin, bin, accum ? 1 : 0,
+                     dx + (size_t)b * bin, nb * bin);
+            if (dw)  // dW_b [bout, bin] += dy_b^T x_b
+                gemm(1, 0, bout, bin, N, 1, dyb, nb * bout, xb, nb * bin, 1, dw + (size_t)b * bout * bin, bin);
+        }
+        return MN_OK;
+    }
+    if (dx)
+#pragma omp parallel for if ((size_t)N * nb * bin * bout > PAR_MIN)
+        for (long n = 0; n < N; n++) {
+            float *dxr = dx + (size_t)n * nb * bin;
+            const float *dyr = dy + (size_t)n * nb * bout;
+            if (bin == 4 && bout == 4) hw_row_t(dxr, dyr, w, nb, 4, 4, accum);
+            else hw_row_t(dxr, dyr, w, nb, bin, bout, accum);
+        }
+    // dw: the blocks in runs of up to 1024 weights, a run's sums over all tokens in order, in double
+    // (N terms each), whatever thread takes the run.
+    if (dw) {
+        int wb = bin * bout, per = wb >= 1024 ? 1 : 1024 / wb, runs = (nb + per - 1) / per;
+#pragma omp parallel for if ((size_t)N * nb * wb > PAR_MIN)
+        for (int run = 0; run < runs; run++) {
+            int b0 = run * per, b1 = mn_min(nb, b0 + per);
+            double acc[1024];
+            for (int j = 0; j < (b1 - b0) * wb; j++) acc[j] = 0;
+            for (size_t n = 0; n < (size_t)N; n++)
+                for (int b = b0; b < b1; b++) {
+                    const float *dyb = dy + (n * nb + b) * bout, *xb = x + (n * nb + b) * bin;
+                    double *ab = acc + (size_t)(b - b0) * wb;
+                    for (int o = 0; o < bout; o++)
+                        for (int i = 0; i < bin; i++) ab[o * bin + i] += (double)dyb[o] * xb[i];
+                }
+            for (int j = 0; j < (b1 - b0) * wb; j++) dw[(size_t)b0 * wb + j] += (float)acc[j];
+        }
+    }
+    return MN_OK;
+}
+
+// The learnable skip y = a + s b (y may alias a: no restrict).
+static int c_scale_add_fwd(const Backend *be, void *y_, const void *a_, const void *s_, const void *b_, int N, int C) {
+    float *y = y_;
+    const float *a = a_, *s = s_, *b = b_;
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN)
+    for (long n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) y[(size_t)n * C + c] = a[(size_t)n * C + c] + s[c] * b[(size_t)n * C + c];
+    return MN_OK;
+}
+
+// ds first, then db: db may alias dy.
+static int c_scale_add_bwd(const Backend *be, void *db_, void *ds_, const void *dy_, const void *b_, const void *s_,
+                           int N, int C, int accum) {
+    float *db = db_, *ds = ds_;
+    const float *dy = dy_, *b = b_, *s = s_;
+    if (ds) {  // partial sums over fixed blocks of tokens, added in order (as rmsnorm's dw)
+        enum { BLOCK = 256 };
+        int nblocks = (N + BLOCK - 1) / BLOCK;
+        double *part = mn_calloc((size_t)nblocks * C, sizeof(double));
+        if (!part) return MN_ERR_NOMEM;
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN)
+        for (int blk = 0; blk < nblocks; blk++) {
+            double *pb = part + (size_t)blk * C;
+            for (int n = blk * BLOCK; n < mn_min(N, (blk + 1) * BLOCK); n++)
+                for (int c = 0; c < C; c++) pb[c] += (double)dy[(size_t)n * C + c] * b[(size_t)n * C + c];
+        }
+        for (int blk = 0; blk < nblocks; blk++)
+            for (int c = 0; c < C; c++) ds[c] += (float)part[(size_t)blk * C + c];
+        mn_free(part);
+    }
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN)
+    for (long n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            size_t i = (size_t)n * C + c;
+            db[i] = (accum ? db[i] : 0) + dy[i] * s[c];
+        }
     return MN_OK;
 }
 
@@ -563,11 +806,15 @@ static const Backend cpu_backend = {
     .sync = c_sync, .mem_available = host_mem_available_op,
     .linear_fwd = c_linear_fwd, .linear_bwd = c_linear_bwd,
     .rmsnorm_fwd = c_rmsnorm_fwd, .rmsnorm_bwd = c_rmsnorm_bwd,
+    .layernorm_fwd = c_layernorm_fwd, .layernorm_bwd = c_layernorm_bwd,
     .l2norm_fwd = c_l2norm_fwd, .l2norm_bwd = c_l2norm_bwd,
     .silu_fwd = c_silu_fwd, .silu_bwd = c_silu_bwd, .swiglu_fwd = c_swiglu_fwd, .swiglu_bwd = c_swiglu_bwd,
+    .sigmoid_gate_fwd = c_sigmoid_gate_fwd, .sigmoid_gate_bwd = c_sigmoid_gate_bwd,
     .softcap = c_softcap, .gelu_fwd = c_gelu_fwd, .gelu_bwd = c_gelu_bwd,
     .geglu_fwd = c_geglu_fwd, .geglu_bwd = c_geglu_bwd,
     .pool_last_fwd = c_pool_last_fwd, .pool_last_bwd = c_pool_last_bwd,
+    .headwise_fwd = c_headwise_fwd, .headwise_bwd = c_headwise_bwd,
+    .scale_add_fwd = c_scale_add_fwd, .scale_add_bwd = c_scale_add_bwd,
     .add = c_add, .conv_fwd = c_conv_fwd, .conv_bwd = c_conv_bwd,
     .embed_fwd = c_embed_fwd, .embed_bwd = c_embed_bwd, .xent = c_xent,
     .gates_fwd = c_gates_fwd, .gates_bwd = c_gates_bwd, .scale_f32 = c_scale_f32,

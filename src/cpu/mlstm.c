@@ -22,24 +22,44 @@
  * them to rounding. The floor exp(-m) is formed in float from the float m, as stored, so that the
  * backward sees the forward's (+inf, and h = 0, where m < -88).
  *
- * Backward (either form asked: one algorithm), from a zero state with m held constant (the
- * forward's m_t per token, the carried m at chunk ends), the parallel form's gradient
- * (src/ref/mlstm_ref.c) evaluated chunk by chunk. With do_t = [dh_t / den_t, dnq_t] and
- * E_tj = exp(cs_t - cs_j + i_j - m_t):
+ * Backward (either form asked: one algorithm), from a zero state: the exact gradient of
+ * src/ref/mlstm_ref.c, evaluated chunk by chunk: first with m held constant (the forward's m_t per
+ * token, the carried m at chunk ends), then m's own path. With do_t = [dh_t / den_t, dnq_t],
+ * E_tj = exp(cs_t - cs_j + i_j - m_t) and R_tj = dL/d log E_tj:
  *   pass 1: the chunk-start states (Caug, m) again, as the forward;
  *   pass 2, chunks in reverse, carrying dS = s sum_{t > e} exp(cs_t - cs_e - m_t + M_e) do_t q_t^T
  *   ([Dv+1, Dk], e the chunk's last token, M_e the carried m there; every exponent <= 0):
- *     P = s E (.) (Do Vt^T)                           (dL/d(q_t . k_j) inside the chunk)
  *     W = s E (.) (Q K^T)                             (the forward's)
- *     dQ = P K + diag(s w') Do Caug_prev,             w'_t = exp(M_prev + b_t - m_t)
- *     dK = P^T Q + diag(wl) Vt dS,                    wl_j = exp(g - b_j + i_j - M_e) <= 1
+ *     G = Do Vt^T, P = s E (.) G                      (dL/dW, dL/d(q_t . k_j) inside the chunk)
+ *     R = G (.) W                                     (in double, from the float G and W)
+ *     dQ = diag(s w') Do Caug_prev + P K,             w'_t = exp(M_prev + b_t - m_t)
+ *     dK = diag(wl) Vt dS + P^T Q,                    wl_j = exp(g - b_j + i_j - M_e) <= 1
  *     dV = W^T dNum + diag(wl) K dS[:Dv]^T
- *     dig = k . dk;  dfg_t = sum_{u >= t in the chunk} (q_u . dq_u - k_u . dk_u) + <dS, Caug_end>
+ *     dig_j = sum_t R_tj + k_j . dK'_j                (dK' the state term alone: the later chunks' R_tj)
+ *     dcs_t = sum_j R_tj + q_t . dQ'_t - dig_t        (dQ' likewise: the earlier chunks' R_tj)
+ *     dfg_t = sum_{u >= t in the chunk} dcs_u + <dS, Caug_end>
  *     dS <- exp(g + M_prev - M_e) dS + (diag(s w') Do)^T Q
- *   The last term of dfg is the sum of the later tokens' q . dq - k . dk (the part over t > e,
- *   j <= e of the sum of dL/d log E_tj), taken from the state rather than as a running sum over
- *   the sequence, which would gather the rounding of every later token's terms (they cancel in
- *   part); at T <= 1000 the two measured alike.
+ *   The last term of dfg is the sum of the later tokens' dcs (the part over t > e, j <= e of the
+ *   sum of R_tj), taken from the state rather than as a running sum over the sequence, which would
+ *   gather the rounding of every later token's terms (they cancel in part); at T <= 1000 the two
+ *   measured alike.
+ *   m's path (xlstm-notes aside: h_t depends on m_t through eps alone): dL/dm_t = -(dh_t . h_t) eps
+ *   / den_t, carried back through m_t = max(f_t + m_{t-1}, i_t) by one reverse scan over the pair's
+ *   tokens: g_t = dL/dm_t + what m_{t+1} passed down; where i_t won (i_t >= f_t + m_{t-1}, from the
+ *   stored m; m_{-1} = 0) dig_t += g_t and nothing passes on, else dfg_t += g_t and g_t passes on.
+ *   The input gates' sum: an input-gate bias's gradient is sum_j dig_j, structurally small (moving
+ *   every i alike moves m alike and leaves h, eps included, but at tokens on the floor), a sum of
+ *   terms that cancel to ~1e-2 and below of their size, so float32 rounding of the terms shows in it
+ *   as ~1e-7 of the terms (k . dk and the R_tj alike: up to 570 x the reference's own sensitivity in
+ *   tests/test_mlstm.c's mlstm_cpu_matches_ref). But the same sum is also sum_t rho_t, rho_t =
+ *   sum_j R_tj = do_t . [num_t, nq_t] = (dh_t . h_t) eps / den_t (dh_t . h_t on the floor), each
+ *   formed from the forward's outputs without cancellation, and cancelling m's path exactly where
+ *   that is exact. So the pair's sum is set to it: the difference, the rounding of the R_tj, is
+ *   spread over the tokens in proportion to the size of their terms (sum_t |R_tj| + |k_j| |dK'_j|),
+ *   a change within each token's own rounding. That leaves sum_j dig_j within 4.5 x the sensitivity
+ *   there, about the rounding of dig's float32 outputs. (Inside a layer whose output is normalised
+ *   per head, dh_t . h_t is itself ~0 and the float32 rounding of the core's inputs moves the sum by
+ *   1e-5 to 3e-4: the exact float64 core on a float32 layer's inputs is as far off as this one.)
  */
 #include <math.h>
 #include <string.h>
@@ -89,6 +109,8 @@ typedef struct {
     float *v, *out, *dov, *vw;     // [C x (Dv+1)]: Vt, [num, nq] (forward) / Do (backward), diag(s w') Do, diag(wl) Vt
     float *gq, *gk, *gv;           // [C x Dk], [C x Dk], [C x Dv]: dQ, dK, dV
     float *e, *w, *p;              // [C x C]: E, W = s E (.) Q K^T, P
+    double *rrow, *rcol, *rabs;    // [C] (backward): R's row and column sums, the column sums of |R|
+    double *xq, *xk, *dm;          // [C] (backward): the state terms q . dq', k . dk', dL/dm
 } Chunk;
 
 static void chunk_carve(Chunk *c, Carve *cv, int C, int dk, int dv, int backward) {
@@ -119,6 +141,12 @@ static void chunk_carve(Chunk *c, Carve *cv, int C, int dk, int dv, int backward
         c->gv = take(cv, (size_t)C * dv);
         c->e = take(cv, cc);
         c->p = take(cv, cc);
+        c->rrow = take64(cv, C);
+        c->rcol = take64(cv, C);
+        c->rabs = take64(cv, C);
+        c->xq = take64(cv, C);
+        c->xk = take64(cv, C);
+        c->dm = take64(cv, C);
     }
 }
 
@@ -289,6 +317,7 @@ static size_t chunk_bwd_floats(const MnSeqDims *d, int C) {
     take(&cv, (nch + 1) * sa);
     take(&cv, nch + 1);
     take(&cv, sa);
+    take64(&cv, 2 * (size_t)d->T);
     chunk_carve(&c, &cv, C, d->Dk, d->Dv, 1);
     return cv.used;
 }
@@ -304,6 +333,7 @@ static void chunk_backward(const SeqPair *p, const MlstmOpts *o, const MlstmBwd 
     size_t sa = (size_t)dv1 * dk;
     Carve cv = {work, 0};
     float *states = take(&cv, (size_t)(nch + 1) * sa), *ms = take(&cv, (size_t)nch + 1), *ds = take(&cv, sa);
+    double *dig_raw = take64(&cv, 2 * (size_t)T), *dig_scale = dig_raw + T;
     Chunk c;
     chunk_carve(&c, &cv, C, dk, dv, 1);
     const float *Q = cf(io->q), *K = cf(io->k), *V = cf(io->v), *F = cf(io->fg), *I = cf(io->ig);
@@ -323,57 +353,96 @@ static void chunk_backward(const SeqPair *p, const MlstmOpts *o, const MlstmBwd 
 
     // pass 2
     memset(ds, 0, sizeof(float) * sa);
+    double carry = 0;  // dL/dm passed down from m_{t0+n} to m_{t0+n-1}
+    double sum_rho = 0, sum_r = 0, sum_scale = 0;
     for (int ci = nch - 1; ci >= 0; ci--) {
         int t0 = ci * C, n = mn_min(C, T - t0);
         const float *cp = states + (size_t)ci * sa, *ce = cp + sa;
         float mp = ms[ci], me = ms[ci + 1];
         load_chunk(&c, p, t0, n, Q, K, V, F, I);
         double g = c.b[n - 1];
-        // do_t = [dh_t / den_t, dnq_t]
+        // do_t = [dh_t / den_t, dnq_t]; dL/dm_t = -(dh_t . h_t) eps / den_t
         for (int t = 0; t < n; t++) {
             size_t ti = pair_tok(p, t0 + t);
             const float *dh = DH + ti * dv, *h = Hh + ti * dv;
             float nq = NQ[ti], mt = M[ti], floor_ = expf(-mt), den = fmaxf(fabsf(nq), floor_) + eps;
             float *dot_ = c.out + (size_t)t * dv1;
+            double dhh = dot64(dh, h, dv);
             for (int r = 0; r < dv; r++) dot_[r] = dh[r] / den;
-            dot_[dv] = fabsf(nq) > floor_ ? (float)(-dot64(dh, h, dv) / den) * (nq > 0 ? 1 : -1) : 0;
+            dot_[dv] = fabsf(nq) > floor_ ? (float)(-dhh / den) * (nq > 0 ? 1 : -1) : 0;
+            c.dm[t] = -dhh * eps / den;
+            sum_rho += fabsf(nq) > floor_ ? -c.dm[t] : dhh;  // the row's sum of R
             c.mt[t] = mt;
             c.wq[t] = s * (float)exp((double)mp + c.b[t] - mt);
             c.wl[t] = (float)exp(g + c.ib[t] - me);
         }
         float *Do = c.out;
-        // E, W = s E (.) Q K^T, P = s E (.) Do Vt^T
+        // E; W = s E (.) Q K^T; G = Do Vt^T (dL/dW), then R = G (.) W (dL/d log E, in double) and P = s E (.) G
         for (int t = 0; t < n; t++) decay_row(&c, c.e + (size_t)t * n, t, c.mt[t], 0);
         gemm(0, 1, n, n, dk, s, c.q, dk, c.k, dk, 0, c.w, n);
-        gemm(0, 1, n, n, dv1, s, Do, dv1, c.v, dv1, 0, c.p, n);
-        for (size_t e = 0; e < (size_t)n * n; e++) {
-            c.w[e] *= c.e[e];
-            c.p[e] *= c.e[e];
+        gemm(0, 1, n, n, dv1, 1, Do, dv1, c.v, dv1, 0, c.p, n);
+        for (int j = 0; j < n; j++) c.rcol[j] = c.rabs[j] = 0;
+        for (int t = 0; t < n; t++) {
+            float *w = c.w + (size_t)t * n, *pr = c.p + (size_t)t * n;
+            const float *e = c.e + (size_t)t * n;
+            double row = 0;
+            for (int j = 0; j <= t; j++) {
+                w[j] *= e[j];
+                double r = (double)pr[j] * w[j];
+                row += r;
+                c.rcol[j] += r;
+                c.rabs[j] += fabs(r);
+                pr[j] *= s * e[j];
+            }
+            for (int j = t + 1; j < n; j++) w[j] = pr[j] = 0;
+            c.rrow[t] = row;
         }
         scale_rows(c.dov, Do, c.wq, n, dv1);   // diag(s w') Do
         scale_rows(c.vw, c.v, c.wl, n, dv1);   // diag(wl) Vt
         scale_rows(c.kw, c.k, c.wl, n, dk);    // diag(wl) K
-        gemm(0, 0, n, dk, n, 1, c.p, n, c.k, dk, 0, c.gq, dk);            // dQ = P K
-        gemm(0, 0, n, dk, dv1, 1, c.dov, dv1, cp, dk, 1, c.gq, dk);       //    + diag(s w') Do Caug_prev
-        gemm(1, 0, n, dk, n, 1, c.p, n, c.q, dk, 0, c.gk, dk);            // dK = P^T Q
-        gemm(0, 0, n, dk, dv1, 1, c.vw, dv1, ds, dk, 1, c.gk, dk);        //    + diag(wl) Vt dS
+        // the state terms first, each dotted with its token's q or k on its own
+        gemm(0, 0, n, dk, dv1, 1, c.dov, dv1, cp, dk, 0, c.gq, dk);       // dQ = diag(s w') Do Caug_prev
+        gemm(0, 0, n, dk, dv1, 1, c.vw, dv1, ds, dk, 0, c.gk, dk);        // dK = diag(wl) Vt dS
+        for (int t = 0; t < n; t++) {
+            const float *k = c.k + (size_t)t * dk, *gk = c.gk + (size_t)t * dk;
+            c.xq[t] = dot64(c.q + (size_t)t * dk, c.gq + (size_t)t * dk, dk);
+            c.xk[t] = dot64(k, gk, dk);
+            c.rabs[t] += sqrt((double)vdot(k, k, dk) * vdot(gk, gk, dk));  // |k| |dk'|: the scale of k . dk''s rounding
+        }
+        gemm(0, 0, n, dk, n, 1, c.p, n, c.k, dk, 1, c.gq, dk);            //    + P K
+        gemm(1, 0, n, dk, n, 1, c.p, n, c.q, dk, 1, c.gk, dk);            //    + P^T Q
         gemm(1, 0, n, dv, n, 1, c.w, n, Do, dv1, 0, c.gv, dv);            // dV = W^T dNum
         gemm(0, 1, n, dv, dk, 1, c.kw, dk, ds, dk, 1, c.gv, dv);          //    + diag(wl) K dS[:Dv]^T
         double acc = dot64(ds, ce, sa);  // the later chunks' share of dfg
         for (int t = n - 1; t >= 0; t--) {
             size_t ti = pair_tok(p, t0 + t);
-            const float *dq = c.gq + (size_t)t * dk, *dkk = c.gk + (size_t)t * dk;
-            memcpy(wf(io->dq) + ti * dk, dq, sizeof(float) * dk);
-            memcpy(wf(io->dk) + ti * dk, dkk, sizeof(float) * dk);
+            memcpy(wf(io->dq) + ti * dk, c.gq + (size_t)t * dk, sizeof(float) * dk);
+            memcpy(wf(io->dk) + ti * dk, c.gk + (size_t)t * dk, sizeof(float) * dk);
             memcpy(wf(io->dv) + ti * dv, c.gv + (size_t)t * dv, sizeof(float) * dv);
-            double kdk = dot64(c.k + (size_t)t * dk, dkk, dk);
-            acc += dot64(c.q + (size_t)t * dk, dq, dk) - kdk;
-            wf(io->dig)[ti] = (float)kdk;
-            wf(io->dfg)[ti] = (float)acc;
+            double dig = c.rcol[t] + c.xk[t];
+            acc += c.rrow[t] + c.xq[t] - dig;
+            sum_r += dig;
+            sum_scale += dig_scale[t0 + t] = c.rabs[t];
+            double dfg = acc;
+            // m's path: m_{t-1} (the stored one; 0 before the first token) decides which argument won
+            double mprev = t0 + t > 0 ? M[pair_tok(p, t0 + t - 1)] : 0;
+            carry += c.dm[t];
+            if ((double)I[ti] >= (double)F[ti] + mprev) {
+                dig += carry;
+                carry = 0;
+            } else {
+                dfg += carry;
+            }
+            dig_raw[t0 + t] = dig;
+            wf(io->dfg)[ti] = (float)dfg;
         }
         // dS to the previous chunk's end
         state_advance(ds, (float)exp(g + (double)mp - me), c.dov, c.q, n, dv1, dk);
     }
+    // dig: sum_j dig_j (R's part) = sum_t rho_t exactly; what the rounding left of the difference, spread
+    // over the tokens in proportion to the size of their terms
+    double fix = sum_scale > 0 ? (sum_rho - sum_r) / sum_scale : 0;
+    for (int t = 0; t < T; t++) wf(io->dig)[pair_tok(p, t)] = (float)(dig_raw[t] + fix * dig_scale[t]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -200,6 +200,8 @@ extern "C" const Backend *backend_cuda(void) {
     b.rmsnorm_bwd = g_rmsnorm_bwd;
     b.l2norm_fwd = g_l2norm_fwd;
     b.l2norm_bwd = g_l2norm_bwd;
+    b.layernorm_fwd = g_layernorm_fwd;
+    b.layernorm_bwd = g_layernorm_bwd;
     b.silu_fwd = g_silu_fwd;
     b.softcap = g_softcap;
     b.silu_bwd = g_silu_bwd;
@@ -209,8 +211,14 @@ extern "C" const Backend *backend_cuda(void) {
     b.pool_last_bwd = g_pool_last_bwd;
     b.swiglu_fwd = g_swiglu_fwd;
     b.swiglu_bwd = g_swiglu_bwd;
+    b.sigmoid_gate_fwd = g_sigmoid_gate_fwd;
+    b.sigmoid_gate_bwd = g_sigmoid_gate_bwd;
     b.geglu_fwd = g_geglu_fwd;
     b.geglu_bwd = g_geglu_bwd;
+    b.headwise_fwd = g_headwise_fwd;
+    b.headwise_bwd = g_headwise_bwd;
+    b.scale_add_fwd = g_scale_add_fwd;
+    b.scale_add_bwd = g_scale_add_bwd;
     b.add = g_add;
     b.conv_fwd = g_conv_fwd;
     b.conv_bwd = g_conv_bwd;

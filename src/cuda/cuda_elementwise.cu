@@ -1,5 +1,5 @@
 /*
- * Element-wise ops: soft cap, SiLU, SwiGLU, GELU, add, float32 scaling, and the autoencoder
+ * Element-wise ops: soft cap, SiLU, SwiGLU, GELU, the sigmoid gate, add, float32 scaling, and the autoencoder
  * head's pooling.
  */
 #include "cuda_ops.cuh"
@@ -54,12 +54,13 @@ __device__ __forceinline__ float gelu_grad_(float x) {
 }
 
 // The two-input element-wise ops: out = f(a, b).
-enum { BIN_ADD, BIN_SILU_BWD, BIN_SWIGLU, BIN_GEGLU };
+enum { BIN_ADD, BIN_SILU_BWD, BIN_SWIGLU, BIN_GEGLU, BIN_SIGMOID_GATE };
 
 __device__ __forceinline__ float binary_op(int op, float a, float b) {
     if (op == BIN_ADD) return a + b;
     if (op == BIN_SWIGLU) return a * sigmoidf_(a) * b;  // a = g, b = u
     if (op == BIN_GEGLU) return gelu_(a) * b;           // a = g, b = u
+    if (op == BIN_SIGMOID_GATE) return sigmoidf_(a) * b; // a = g, b = u
     float s = sigmoidf_(b);                              // SiLU's backward: a = dy, b = x
     return a * s * (1 + b * (1 - s));
 }
@@ -82,9 +83,12 @@ static int binary(const Backend *be, void *out, const void *a, const void *b, si
     return MN_OK;
 }
 
-// The gated products' backward, h = act(g) u: dg = dh u act'(g), du = dh act(g); act SiLU or GELU.
+// The gated products' backward, h = act(g) u: dg = dh u act'(g), du = dh act(g); act SiLU, GELU
+// or the sigmoid (GATE_*).
+enum { GATE_SILU, GATE_GELU, GATE_SIGMOID };
+
 __global__ void gated_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n, int vec,
-                                 int gelu) {
+                                 int act) {
     PIECE_LOOP(i, n) {
         float d[8], v[8], w[8], a[8], b[8];
         int m = piece_get(dh, i, n, vec, d);
@@ -92,9 +96,13 @@ __global__ void gated_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 
         piece_get(u, i, n, vec, w);
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            if (gelu) {
+            if (act == GATE_GELU) {
                 a[k] = d[k] * w[k] * gelu_grad_(v[k]);
                 b[k] = d[k] * gelu_(v[k]);
+            } else if (act == GATE_SIGMOID) {
+                float s = sigmoidf_(v[k]);
+                a[k] = d[k] * w[k] * s * (1 - s);
+                b[k] = d[k] * s;
             } else {
                 float s = sigmoidf_(v[k]);
                 a[k] = d[k] * w[k] * s * (1 + v[k] * (1 - s));
@@ -181,21 +189,27 @@ int g_swiglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_
     return binary(be, h, g, u, n, BIN_SWIGLU);
 }
 static int gated_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n,
-                     int gelu) {
+                     int act) {
     gated_bwd_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>(
         (bf16 *)dg, (bf16 *)du, (const bf16 *)dh, (const bf16 *)g, (const bf16 *)u, n,
-        aligned16(dg, du, dh, g) && aligned16(u, u, u, u), gelu);
+        aligned16(dg, du, dh, g) && aligned16(u, u, u, u), act);
     LAUNCH_CHECK();
     return MN_OK;
 }
 int g_swiglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
-    return gated_bwd(be, dg, du, dh, g, u, n, 0);
+    return gated_bwd(be, dg, du, dh, g, u, n, GATE_SILU);
+}
+int g_sigmoid_gate_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n) {
+    return binary(be, h, g, u, n, BIN_SIGMOID_GATE);
+}
+int g_sigmoid_gate_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
+    return gated_bwd(be, dg, du, dh, g, u, n, GATE_SIGMOID);
 }
 int g_geglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n) {
     return binary(be, h, g, u, n, BIN_GEGLU);
 }
 int g_geglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
-    return gated_bwd(be, dg, du, dh, g, u, n, 1);
+    return gated_bwd(be, dg, du, dh, g, u, n, GATE_GELU);
 }
 int g_add(const Backend *be, void *x, const void *y, size_t n) { return binary(be, x, x, y, n, BIN_ADD); }
 

@@ -6,8 +6,8 @@
 
 // ------------------------------------------------------------------------ column sums
 
-__global__ void colsum_kernel(float *parts, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L,
-                              int group, long per_strip, int vec) {
+__global__ void colsum_kernel(float *parts, const bf16 *dy, const bf16 *x, const float *mean, const float *rstd,
+                              long rows, int L, int group, long per_strip, int vec) {
     __shared__ float part[COLSUM_WARPS][256];
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, width = vec ? 8 : 1, tile = 32 * width;
     int c0 = blockIdx.x * tile + lane * width;
@@ -20,10 +20,10 @@ __global__ void colsum_kernel(float *parts, const bf16 *dy, const bf16 *x, const
             piece_load(dy + e, vec, a);
             if (x) {
                 piece_load(x + e, vec, b);
-                float rs = rstd[e / group];
+                float mu = mean ? mean[e / group] : 0.0f, rs = rstd ? rstd[e / group] : 1.0f;
 #pragma unroll
                 for (int k = 0; k < 8; k++)
-                    if (k < width) a[k] *= b[k] * rs;
+                    if (k < width) a[k] *= (b[k] - mu) * rs;
             }
 #pragma unroll
             for (int k = 0; k < 8; k++)
@@ -59,16 +59,21 @@ long strip_rows(long rows, int cols, int vec, int *tiles, long *strips) {
     return per;
 }
 
-int colsum(const Backend *be, float *out, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L,
-           int group) {
+int colsum_centred(const Backend *be, float *out, const bf16 *dy, const bf16 *x, const float *mean, const float *rstd,
+                   long rows, int L, int group) {
     int vec = L % 8 == 0 && rows_vec(group, dy, x, x, x), tiles;
     long strips, per = strip_rows(rows, L, vec, &tiles, &strips);
     float *parts = (float *)cuda_scratch(be, sizeof(float) * (size_t)strips * L);
     if (!parts) return MN_ERR_NOMEM;
     colsum_kernel<<<dim3((unsigned)tiles, (unsigned)strips), 32 * COLSUM_WARPS, 0, cuda_ctx(be)->stream>>>(
-        parts, dy, x, rstd, rows, L, group, per, vec);
+        parts, dy, x, mean, rstd, rows, L, group, per, vec);
     LAUNCH_CHECK();
     return colsum_finish(be, out, parts, strips, (size_t)L);
+}
+
+int colsum(const Backend *be, float *out, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L,
+           int group) {
+    return colsum_centred(be, out, dy, x, NULL, rstd, rows, L, group);
 }
 
 // ---------------------------------------------------------------------- dense layers

@@ -102,6 +102,10 @@ long strip_rows(long rows, int cols, int vec, int *tiles, long *strips);
 // out[c] += the column sums of dy (times x rstd where x is given) over `rows` rows of L columns.
 int colsum(const Backend *be, float *out, const bf16 *dy, const bf16 *x, const float *rstd, long rows, int L,
            int group);
+// The same with x centred: dy (x - mean) rstd, mean and rstd per group of x (either NULL: 0, 1).
+// LayerNorm's weight gradient; dy x alone (both NULL) the learnable skip's.
+int colsum_centred(const Backend *be, float *out, const bf16 *dy, const bf16 *x, const float *mean, const float *rstd,
+                   long rows, int L, int group);
 
 // ------------------------------------------------------------ the ops of the table, by file
 
@@ -135,6 +139,10 @@ int g_rmsnorm_bwd(const Backend *be, void *dx, void *dw, const void *dy, const v
                   const void *rstd, int N, int D, int group, int wlen, int accum);
 int g_l2norm_fwd(const Backend *be, void *y, void *inv, const void *x, int N, int D, int group, float eps);
 int g_l2norm_bwd(const Backend *be, void *dx, const void *dy, const void *y, const void *inv, int N, int D, int group);
+int g_layernorm_fwd(const Backend *be, void *y, void *mean, void *rstd, const void *x, const void *w, int N, int D,
+                    int group, int wlen, float eps);
+int g_layernorm_bwd(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w,
+                    const void *mean, const void *rstd, int N, int D, int group, int wlen, int accum);
 
 // element-wise (cuda_elementwise.cu)
 int g_softcap(const Backend *be, void *x, size_t n, float cap);
@@ -146,6 +154,8 @@ int g_silu_fwd(const Backend *be, void *y, const void *x, size_t n);
 int g_silu_bwd(const Backend *be, void *dx, const void *dy, const void *x, size_t n);
 int g_swiglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n);
 int g_swiglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
+int g_sigmoid_gate_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n);
+int g_sigmoid_gate_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
 int g_geglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n);
 int g_geglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
 int g_add(const Backend *be, void *x, const void *y, size_t n);
@@ -174,6 +184,21 @@ int g_softplus_bwd(const Backend *be, void *dp, const void *dy, const void *p, s
 int g_gdn_gate_fwd(const Backend *be, void *g, const void *a, const void *A_log, const void *dt_bias, int N, int H);
 int g_gdn_gate_bwd(const Backend *be, void *da, void *dA_log, void *ddt_bias, const void *dg, const void *a,
                    const void *A_log, const void *dt_bias, int N, int H);
+
+// the xLSTM blocks' ops (cuda_xlstm_ops.cu): the block-diagonal projection, the learnable skip
+int g_headwise_fwd(const Backend *be, void *y, const void *x, const void *w, int N, int nb, int bin, int bout);
+int g_headwise_bwd(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w, int N, int nb,
+                   int bin, int bout, int accum);
+int g_scale_add_fwd(const Backend *be, void *y, const void *a, const void *s, const void *b, int N, int C);
+int g_scale_add_bwd(const Backend *be, void *db, void *ds, const void *dy, const void *b, const void *s, int N, int C,
+                    int accum);
+// and the mLSTM gates (the slots MlstmOps.gates_fwd / gates_bwd): fg = logsigmoid(cap tanh(a / cap)),
+// ig = cap tanh(b / cap) (cap = 0: fg = logsigmoid(a), ig = b); a, b, da, db MEM_ACT, fg, ig, dfg,
+// dig MEM_F32. C linkage: tests/cuda/ calls them directly.
+extern "C" int g_mlstm_gates_fwd(const Backend *be, void *fg, void *ig, const void *a, const void *b, size_t n,
+                                 float cap);
+extern "C" int g_mlstm_gates_bwd(const Backend *be, void *da, void *db, const void *dfg, const void *dig, const void *a,
+                                 const void *b, size_t n, float cap);
 
 // the optimiser (cuda_optim.cu)
 int g_adamw(const Backend *be, void *p, const void *g, void *m, void *v, size_t n, float gs, float lr, float b1,

@@ -57,6 +57,7 @@ enum {
     CF_KV_HEADS = 1 << 9,     // n_kv_heads: grouped key/value heads
     CF_FFN = 1 << 10,         // mlp_hidden: set for a mixer whose block's feed-forward part takes that width
     CF_SLSTM = 1 << 11,       // slstm_heads
+    CF_GATE_CAP = 1 << 12,    // gate_cap: mlstm-large's soft cap of its gates
 };
 
 // What follows the mixer in its block (model/ffn.c).
@@ -197,5 +198,7 @@ extern const MixerOps mixer_mha, mixer_swa;
 extern const MixerOps mixer_mlstm;
 // The xLSTM paper's blocks (mlstm_block.c, slstm_block.c).
 extern const MixerOps mixer_mlstm_block, mixer_slstm_block;
+// xLSTM-7B's mLSTM layer (mlstm_large.c), the xlstm architecture's.
+extern const MixerOps mixer_mlstm_large;
 
 #endif

@@ -89,6 +89,7 @@ static const Field fields[] = {
     MIXER_FIELD(window, F_INT, 0, 1 << 24, "swa's window", CF_WINDOW),
     MIXER_FIELD(n_kv_heads, F_INT, 0, 1024, "the key/value heads (0: n_heads)", CF_KV_HEADS),
     MIXER_FIELD(slstm_heads, F_INT, 1, 1024, "slstm-block's heads", CF_SLSTM),
+    MIXER_FIELD(gate_cap, F_FLOAT, 0, 1e6, "mlstm-large's gate soft cap (0: none)", CF_GATE_CAP),
     FIELD(head, F_STR, 0, 0, "the output head"),
     FIELD(norm, F_STR, 0, 0, "the backbone's norm"),
 };
@@ -337,8 +338,14 @@ static int check_range(const ModelConfig *c, const Field *f, const char *where) 
 }
 
 int config_validate(const ModelConfig *c, const char *where) {
+    // every field's range, but a field no block reads may keep its default outside it (mlp_hidden's
+    // 0 where no block has a feed-forward part of its width)
+    unsigned used = mixer_pattern_check(c->mixer, 0) > 0 ? used_fields(c) : ~0u;
+    ModelConfig d;
+    config_default(&d);
     for (size_t k = 0; k < NFIELDS; k++)
-        if (fields[k].type != F_STR) MN_TRY(check_range(c, &fields[k], where));
+        if (fields[k].type != F_STR && (applies(used, &fields[k]) || !same_value(c, &d, &fields[k])))
+            MN_TRY(check_range(c, &fields[k], where));
     if (!memchr(c->mixer, 0, sizeof c->mixer) || !memchr(c->arch, 0, sizeof c->arch) ||
         !memchr(c->head, 0, sizeof c->head) || !memchr(c->norm, 0, sizeof c->norm))
         return mn_error(MN_ERR_ARG, "%s: mixer, arch, head or norm is not a terminated string", where);
@@ -359,8 +366,15 @@ int config_validate(const ModelConfig *c, const char *where) {
         snprintf(why, sizeof why, "%s", mn_last_error());  // (mn_error may not read its own buffer)
         return mn_error(MN_ERR_ARG, "%s: %s", where, why);
     }
-    if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla") && strcmp(c->arch, "llama"))
-        return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\", \"fla\" or \"llama\"", where, c->arch);
+    if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla") && strcmp(c->arch, "llama") && strcmp(c->arch, "xlstm"))
+        return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\", \"fla\", \"llama\" or \"xlstm\"", where,
+                        c->arch);
+    if (!strcmp(c->arch, "xlstm") &&
+        (strcmp(c->mixer, "mlstm-large") || c->embed_scale || strcmp(c->norm, "rmsnorm") || strcmp(c->head, "lm")))
+        return mn_error(MN_ERR_ARG, "%s: arch \"xlstm\" (Hugging Face's xLSTMForCausalLM) has mixer \"mlstm-large\" in "
+                                    "every block, RMSNorm, no embedding scale and a language-model head; got mixer "
+                                    "\"%s\", norm \"%s\", embed_scale %d, head \"%s\"",
+                        where, c->mixer, c->norm, c->embed_scale, c->head);
     if (!strcmp(c->arch, "llama") &&
         ((strcmp(c->mixer, "mha") && strcmp(c->mixer, "swa")) || c->embed_scale || c->logit_cap != 0))
         return mn_error(MN_ERR_ARG, "%s: arch \"llama\" (Hugging Face's LlamaForCausalLM, or MistralForCausalLM) has mixer "

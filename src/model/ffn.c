@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "model/names.h"
 
 // One tensor of the block, named prefix + name; its index, or -1 (and an error) when the table is full.
 static int add(ParamSpec *s, int *n, int max, const char *prefix, const char *name, int ndim, int64_t a, int64_t b,
@@ -29,15 +30,22 @@ int ffn_declare(const ModelConfig *c, const BlockShape *b, const char *prefix, P
     if (f->F < 1) return mn_error(MN_ERR_ARG, "the feed-forward width is %d, expected at least 1", f->F);
     int64_t D = c->dim, F = f->F;
     double resid = pow((double)c->n_layers, -c->resid_scale);
-    int llama = !strcmp(c->arch, "llama");
-    f->norm = add(s, n, max, prefix, llama ? "post_attention_layernorm.weight" : "mlp_norm.weight", 1, D, 0,
-                  INIT_CONST, 1, 0);
-    f->gate = add(s, n, max, prefix, "mlp.gate_proj.weight", 2, F, D, INIT_NORMAL, 1 / sqrt((double)D), 1);
-    if (f->bias) f->gate_b = add(s, n, max, prefix, "mlp.gate_proj.bias", 1, F, 0, INIT_CONST, 0, 0);
-    f->up = add(s, n, max, prefix, "mlp.up_proj.weight", 2, F, D, INIT_NORMAL, 1 / sqrt((double)D), 1);
-    if (f->bias) f->up_b = add(s, n, max, prefix, "mlp.up_proj.bias", 1, F, 0, INIT_CONST, 0, 0);
-    f->down = add(s, n, max, prefix, "mlp.down_proj.weight", 2, D, F, INIT_NORMAL, resid / sqrt((double)F), 1);
-    if (f->bias) f->down_b = add(s, n, max, prefix, "mlp.down_proj.bias", 1, D, 0, INIT_CONST, 0, 0);
+    const ArchNames *an = arch_names(c);
+    char w[96], bn[96];
+    snprintf(w, sizeof w, "%s.weight", an->ffn_norm);
+    f->norm = add(s, n, max, prefix, w, 1, D, 0, INIT_CONST, 1, 0);
+    snprintf(w, sizeof w, "%s.weight", an->ffn_gate);
+    snprintf(bn, sizeof bn, "%s.bias", an->ffn_gate);
+    f->gate = add(s, n, max, prefix, w, 2, F, D, INIT_NORMAL, 1 / sqrt((double)D), 1);
+    if (f->bias) f->gate_b = add(s, n, max, prefix, bn, 1, F, 0, INIT_CONST, 0, 0);
+    snprintf(w, sizeof w, "%s.weight", an->ffn_up);
+    snprintf(bn, sizeof bn, "%s.bias", an->ffn_up);
+    f->up = add(s, n, max, prefix, w, 2, F, D, INIT_NORMAL, 1 / sqrt((double)D), 1);
+    if (f->bias) f->up_b = add(s, n, max, prefix, bn, 1, F, 0, INIT_CONST, 0, 0);
+    snprintf(w, sizeof w, "%s.weight", an->ffn_down);
+    snprintf(bn, sizeof bn, "%s.bias", an->ffn_down);
+    f->down = add(s, n, max, prefix, w, 2, D, F, INIT_NORMAL, resid / sqrt((double)F), 1);
+    if (f->bias) f->down_b = add(s, n, max, prefix, bn, 1, D, 0, INIT_CONST, 0, 0);
     if (f->norm < 0 || f->gate < 0 || f->up < 0 || f->down < 0 || (f->bias && (f->gate_b < 0 || f->up_b < 0 || f->down_b < 0)))
         return MN_ERR_ARG;
     return MN_OK;

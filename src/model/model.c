@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "model/names.h"
 #include "model/norm.h"
 
 // A view `elems` elements into a backend buffer.
@@ -37,17 +38,16 @@ static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *
     int max = MODEL_MAX_PARAMS;
     int64_t vd[2] = {V, D}, d1[1] = {D};
     // Embedding N(0, 1/D): with the sqrt(D) scale the residual stream starts at variance 1.
-    // Tensor names: fla's, or Hugging Face Llama's for the llama architecture.
-    int llama = !strcmp(c->arch, "llama");
-    *embed = param_add(s, n, max, llama ? "model.embed_tokens.weight" : "model.embeddings.weight", 2, vd, INIT_NORMAL,
-                       1 / sqrt((double)D), 0);
+    // Tensor names: the architecture's home implementation's (names.h).
+    const ArchNames *an = arch_names(c);
+    *embed = param_add(s, n, max, an->embed, 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 0);
     set_roles(s, 0, *n, ROLE_EMBED);
     size_t ffn_off = 0;
     for (int l = 0; l < c->n_layers; l++) {
         char pre[64], name[96];
-        snprintf(pre, sizeof pre, "model.layers.%d.", l);
+        snprintf(pre, sizeof pre, an->block, l);
         BlockParams *b = &blocks[l];
-        snprintf(name, sizeof name, "%s%s.weight", pre, llama ? "input_layernorm" : "attn_norm");
+        snprintf(name, sizeof name, "%s%s.weight", pre, an->mixer_norm);
         b->attn_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
         if (b->attn_norm < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
         set_roles(s, b->attn_norm, *n, ROLE_NORM);
@@ -73,7 +73,7 @@ static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *
         *norm_f = ae->norm0, *head = ae->wout;
         return MN_OK;
     }
-    *norm_f = param_add(s, n, max, "model.norm.weight", 1, d1, INIT_CONST, 1, 0);
+    *norm_f = param_add(s, n, max, an->final_norm, 1, d1, INIT_CONST, 1, 0);
     *head = c->tie_embeddings ? *embed : param_add(s, n, max, "lm_head.weight", 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 1);
     if (*norm_f < 0 || *head < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
     s[*norm_f].role = ROLE_NORM;

@@ -19,6 +19,8 @@ typedef struct {
     const char *name;
     int vocab, dim, layers, heads, head_dim, seq_len, fla;
     const char *about;
+    const char *xlstm;  // the xLSTM paper's models: their pattern of blocks (NULL: a Mesa preset); "mlstm-large":
+                        // Hugging Face's xLSTMForCausalLM (the xlstm architecture)
 } Preset;
 
 static const Preset presets[] = {
@@ -29,7 +31,47 @@ static const Preset presets[] = {
     {"1b", 50304, 2048, 16, 16, 128, 2048, 0, "~975M, the paper's large size class"},
     {"fla-162m", 50304, 768, 12, 6, 128, 2048, 1, "fla's MesaNetForCausalLM, hidden 768, 12 layers (162M)"},
     {"fla-412m", 50304, 1024, 24, 8, 128, 2048, 1, "fla's MesaNetForCausalLM, hidden 1024, 24 layers (412M)"},
+    // The xLSTM paper's language models (its Table 5, App. D.2; NX-AI's xLSTMLMModel): mLSTM blocks
+    // of 4 heads over 2 D, sLSTM blocks at the paper's positions, LayerNorm, untied, unscaled.
+    {"xlstm-125m", 50304, 768, 24, 4, 384, 2048, 0, "xLSTM[7:1] at 125M (163.7M): sLSTM blocks at 3 and 20",
+     "mlstm-block*3,slstm-block,mlstm-block*16,slstm-block,mlstm-block*3"},
+    {"xlstm10-125m", 50304, 768, 24, 4, 384, 2048, 0, "xLSTM[1:0] at 125M (163.8M): mLSTM blocks only",
+     "mlstm-block"},
+    {"xlstm-350m", 50304, 1024, 48, 4, 512, 2048, 0, "xLSTM[7:1] at 350M (408.4M): sLSTM at 3, 5, 7, 40, 42, 44",
+     "mlstm-block*3,slstm-block,mlstm-block,slstm-block,mlstm-block,slstm-block,mlstm-block*32,slstm-block,"
+     "mlstm-block,slstm-block,mlstm-block,slstm-block,mlstm-block*3"},
+    // Hugging Face's xLSTMForCausalLM (the xLSTM-7B design) at 160M: 4 heads, q/k half as wide as
+    // the model, v as wide; SwiGLU of 2.667 D rounded up to 64 (transformers' defaults)
+    {"xlstm-7b-160m", 50304, 768, 12, 4, 96, 2048, 0, "Hugging Face's xLSTMForCausalLM design at 160M", "mlstm-large"},
 };
+
+// The xLSTM paper's backbone around its blocks (xlstm-notes.md 3.5): LayerNorm (eps 1e-5, no
+// bias), untied head, no embedding scale, no logit cap; sLSTM MLPs of 1.3 D rounded up to 64.
+static void config_xlstm(ModelConfig *c, const char *pattern) {
+    snprintf(c->mixer, sizeof c->mixer, "%s", pattern);
+    snprintf(c->norm, sizeof c->norm, "layernorm");
+    c->norm_eps = 1e-5f;
+    c->embed_scale = 0;
+    c->tie_embeddings = 0;
+    c->logit_cap = 0;
+    c->slstm_heads = 4;
+    c->mlp_hidden = (13 * c->dim / 10 + 63) / 64 * 64;
+}
+
+// transformers' xLSTMForCausalLM (its config's defaults; docs/spec/reference/xlstm-formats.md):
+// RMSNorm (eps 1e-6) before both halves of a block and after the blocks, untied head, logits
+// capped at 30, gates at 15, v heads twice as wide as q and k, SwiGLU of 2.667 D rounded up to 64.
+static void config_xlstm_large(ModelConfig *c) {
+    snprintf(c->mixer, sizeof c->mixer, "mlstm-large");
+    snprintf(c->arch, sizeof c->arch, "xlstm");
+    c->head_v_dim = 2 * c->head_dim;
+    c->gate_cap = 15;
+    c->norm_eps = 1e-6f;
+    c->embed_scale = 0;
+    c->tie_embeddings = 0;
+    c->logit_cap = 30;
+    c->mlp_hidden = (int)ceil(2.667 * c->dim / 64) * 64;
+}
 
 // The sizes that have parameter-matched presets "SIZE-MIXER" (presets.h).
 const char *const config_matched_sizes[] = {"demo", "125m", "400m", NULL};
@@ -113,6 +155,8 @@ int config_preset(ModelConfig *c, const char *name) {
             c->seq_len = p->seq_len;
             c->gate_bound = (float)p->seq_len;
             if (p->fla) config_fla(c);
+            if (p->xlstm && !strcmp(p->xlstm, "mlstm-large")) config_xlstm_large(c);
+            else if (p->xlstm) config_xlstm(c, p->xlstm);
             config_normalize(c);
             return MN_OK;
         }

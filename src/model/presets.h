@@ -10,7 +10,8 @@
 
 #include "core/model_config.h"
 
-// A named preset ("tiny", "demo", "125m", "400m", "1b", "fla-162m", "fla-412m"), a parameter-matched
+// A named preset ("tiny", "demo", "125m", "400m", "1b", "fla-162m", "fla-412m", and the xLSTM
+// paper's "xlstm-125m", "xlstm10-125m", "xlstm-350m", and Hugging Face's "xlstm-7b-160m"), a parameter-matched
 // preset "SIZE-MIXER" (below), or MN_ERR_ARG listing the accepted forms.
 int config_preset(ModelConfig *c, const char *name);
 
@@ -38,8 +39,8 @@ int config_matched(ModelConfig *c, const char *size, const char *mixer);
 int config_param_count(const ModelConfig *c, size_t *total, size_t *mixers, size_t *mlps);
 // The accepted config names, for --help texts.
 #define CONFIG_NAMES_HELP                                                                          \
-    "a preset (tiny, demo, 125m, 400m, 1b, fla-162m, fla-412m), a parameter-matched preset SIZE-MIXER " \
-    "(SIZE demo, 125m or 400m; MIXER mesa, mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper, mha, swa; "   \
+    "a preset (tiny, demo, 125m, 400m, 1b, fla-162m, fla-412m, xlstm-125m, xlstm10-125m, xlstm-350m, xlstm-7b-160m), a parameter-matched preset SIZE-MIXER " \
+    "(SIZE demo, 125m or 400m; MIXER mesa, mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper, mha, swa, mlstm, mlstm-block, slstm-block, mlstm-large; "   \
     "e.g. 125m-gdn: SIZE's backbone with that mixer, MLP width set to match Mesa's parameter count), "  \
     "or a JSON file"
 

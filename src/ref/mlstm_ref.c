@@ -14,14 +14,23 @@
  *   unstabilised (zero state; equals the others for eps = 0 where it does not overflow):
  *     C_t = e^{f_t} C_{t-1} + e^{i_t} v_t k_t^T (n likewise),  h_t = s C_t q_t / (max(|s n_t . q_t|, 1) + eps)
  *
- * The backward is the parallel form's, m held constant (a stop-gradient, as the paper; for eps = 0 the
- * output does not depend on m at all, so it is then the true gradient):
+ * The backward is the exact gradient of the function computed, the stabiliser's path included. First
+ * the parallel form's with m held constant (the paper's stop-gradient):
  *     dnum_t = dh_t / den_t;  dnq_t = -(dh_t . h_t) / den_t sign(nq_t) [|nq_t| > exp(-m_t)]
  *     P_tj = s E_tj (dnum_t . v_j + dnq_t)                 (dL/d(q_t . k_j))
  *     dq_t = sum_{j<=t} P_tj k_j;  dk_j = sum_{t>=j} P_tj q_t;  dv_j = s sum_{t>=j} E_tj (q_t . k_j) dnum_t
  *     R_tj = P_tj (q_t . k_j)                               (dL/d log E_tj)
  *     dig_j = sum_{t>=j} R_tj  (= k_j . dk_j);  dcs_t = sum_{j<=t} R_tj - sum_{u>=t} R_ut  (= q_t . dq_t - k_t . dk_t)
  *     dfg_t = sum_{u>=t} dcs_u
+ * Then m's own: num_t, nq_t and the floor all scale as exp(-m_t), so h_t = num_u / (max(|nq_u|, 1) e^{-m_t}
+ * + eps) in unstabilised terms (num_u, nq_u free of m) and
+ *     dL/dm_t = -(dh_t . h_t) eps / den_t       (0 for eps = 0: the stop-gradient is then exact)
+ * carried back through m_t = max(f_t + m_{t-1}, i_t) from m_{-1} = 0 by a reverse scan with
+ * g_t = dL/dm_t + (what m_{t+1} passed down): where i_t won (i_t >= f_t + m_{t-1}, ties to i)
+ * dig_t += g_t and nothing passes further; else dfg_t += g_t and g_t passes to m_{t-1}. Without it
+ * the gradient is off by ~eps / den relative, which matters where the true value is structurally
+ * small: adding a constant to every i_j changes h only through the floor and eps, so an input
+ * gate's bias gradient is a near-cancelling sum.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -181,8 +190,8 @@ int ref_mlstm_backward(const MnSeqDims *d, const MlstmOpts *o, const MlstmBwd64 
     int T = d->T, H = d->H, dk = d->Dk, dv = d->Dv;
     double s = o->scale, eps = o->eps;
     size_t tt = (size_t)T * T;
-    double *cs = xcalloc(5 * (size_t)T + 3 * tt + dv, sizeof(double)), *m = cs + T, *nq = m + T, *den = nq + T,
-           *dnq = den + T, *e = dnq + T, *qk = e + tt, *p = qk + tt, *h = p + tt;
+    double *cs = xcalloc(7 * (size_t)T + 3 * tt + dv, sizeof(double)), *m = cs + T, *nq = m + T, *den = nq + T,
+           *dnq = den + T, *dm = dnq + T, *mprev = dm + T, *e = mprev + T, *qk = e + tt, *p = qk + tt, *h = p + tt;
     MlstmFwd64 w = {.q = io->q, .k = io->k, .v = io->v, .fg = io->fg, .ig = io->ig};
     for (int bh = 0; bh < d->B * H; bh++) {
         size_t tok0 = (size_t)(bh / H) * T * H + (size_t)(bh % H);
@@ -204,6 +213,7 @@ int ref_mlstm_backward(const MnSeqDims *d, const MlstmOpts *o, const MlstmBwd64 
             double floor_ = exp(-m[t]), dhh = 0;
             for (int r = 0; r < dv; r++) dhh += io->dh[TOK(t) * dv + r] * h[r] / den[t];
             dnq[t] = fabs(a) > floor_ ? -dhh / den[t] * (a > 0 ? 1 : -1) : 0;
+            dm[t] = -dhh * eps / den[t];  // dL/dm_t (h[] holds num_t, so dhh = dh_t . h_t)
         }
         // P_tj and the token gradients
         for (int t = 0; t < T; t++)
@@ -232,6 +242,21 @@ int ref_mlstm_backward(const MnSeqDims *d, const MlstmOpts *o, const MlstmBwd64 
             io->dig[TOK(t)] = col;
             acc += row - col;
             io->dfg[TOK(t)] = acc;
+        }
+        // m's path: the recurrence's m_{t-1} (the forward's, from m_{-1} = 0) decides which argument won
+        double mr = 0, g = 0;
+        for (int t = 0; t < T; t++) {
+            mprev[t] = mr;
+            mr = fmax(io->fg[TOK(t)] + mr, io->ig[TOK(t)]);
+        }
+        for (int t = T - 1; t >= 0; t--) {
+            g += dm[t];
+            if (io->ig[TOK(t)] >= io->fg[TOK(t)] + mprev[t]) {
+                io->dig[TOK(t)] += g;
+                g = 0;
+            } else {
+                io->dfg[TOK(t)] += g;
+            }
         }
 #undef TOK
     }

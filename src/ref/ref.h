@@ -104,7 +104,6 @@ void ref_mlstm_gates_bwd(double *da, double *db, const double *dfg, const double
 // The backend's table of these (ref_backend.c).
 extern const MlstmOps ref_mlstm;
 
-// ---------------------------------------------------------------------------
 // The sLSTM core (slstm_ref.c): the backend slots of core/backend.h's SlstmOps
 // themselves, on double buffers; ref_slstm is the sub-table (supports NULL).
 

@@ -112,6 +112,51 @@ static int r_rmsnorm_bwd(const Backend *be, void *dx_, void *dw_, const void *dy
     return MN_OK;
 }
 
+// LayerNorm without bias over groups (torch's LayerNorm / GroupNorm): the biased variance, taken
+// about the mean (two passes).
+static int r_layernorm_fwd(const Backend *be, void *y_, void *mean_, void *rstd_, const void *x_, const void *w_, int N,
+                           int D, int group, int wlen, float eps) {
+    double *y = y_, *mean = mean_, *rstd = rstd_;
+    const double *x = x_, *w = w_;
+    for (size_t r = 0; r < (size_t)N * D / group; r++) {
+        const double *xr = x + r * group;
+        double mu = 0, var = 0;
+        for (int i = 0; i < group; i++) mu += xr[i];
+        mu /= group;
+        for (int i = 0; i < group; i++) var += (xr[i] - mu) * (xr[i] - mu);
+        double rs = 1 / sqrt(var / group + eps);
+        mean[r] = mu;
+        rstd[r] = rs;
+        const double *wr = w + (wlen == group ? 0 : (r % (D / group)) * group);
+        for (int i = 0; i < group; i++) y[r * group + i] = (xr[i] - mu) * rs * wr[i];
+    }
+    return MN_OK;
+}
+
+// With xh = (x - mean) rstd and g = dy w: dx = rstd (g - mean(g) - xh mean(g xh));  dw += dy xh.
+static int r_layernorm_bwd(const Backend *be, void *dx_, void *dw_, const void *dy_, const void *x_, const void *w_,
+                           const void *mean_, const void *rstd_, int N, int D, int group, int wlen, int accum) {
+    double *dx = dx_, *dw = dw_;
+    const double *dy = dy_, *x = x_, *w = w_, *mean = mean_, *rstd = rstd_;
+    for (size_t r = 0; r < (size_t)N * D / group; r++) {
+        const double *xr = x + r * group, *dyr = dy + r * group;
+        size_t woff = wlen == group ? 0 : (r % (D / group)) * group;
+        double rs = rstd[r], mu = mean[r], sg = 0, sgx = 0;
+        for (int i = 0; i < group; i++) {
+            double g = dyr[i] * w[woff + i];
+            sg += g;
+            sgx += g * (xr[i] - mu) * rs;
+        }
+        for (int i = 0; i < group; i++) {
+            double xh = (xr[i] - mu) * rs;
+            double g = rs * (dyr[i] * w[woff + i] - sg / group - xh * sgx / group);
+            dx[r * group + i] = (accum ? dx[r * group + i] : 0) + g;
+            if (dw) dw[woff + i] += dyr[i] * xh;
+        }
+    }
+    return MN_OK;
+}
+
 static int r_l2norm_fwd(const Backend *be, void *y_, void *inv_, const void *x_, int N, int D, int group, float eps) {
     double *y = y_, *inv = inv_;
     const double *x = x_;
@@ -178,6 +223,82 @@ static int r_swiglu_bwd(const Backend *be, void *dg_, void *du_, const void *dh_
         dg[i] = dh[i] * u[i] * silu_grad(g[i]);
         du[i] = dh[i] * g[i] * sigmoid(g[i]);
     }
+    return MN_OK;
+}
+
+static int r_sigmoid_gate_fwd(const Backend *be, void *h_, const void *g_, const void *u_, size_t n) {
+    double *h = h_;
+    const double *g = g_, *u = u_;
+    for (size_t i = 0; i < n; i++) h[i] = sigmoid(g[i]) * u[i];
+    return MN_OK;
+}
+
+static int r_sigmoid_gate_bwd(const Backend *be, void *dg_, void *du_, const void *dh_, const void *g_, const void *u_,
+                              size_t n) {
+    double *dg = dg_, *du = du_;
+    const double *dh = dh_, *g = g_, *u = u_;
+    for (size_t i = 0; i < n; i++) {
+        double s = sigmoid(g[i]);
+        dg[i] = dh[i] * u[i] * s * (1 - s);
+        du[i] = dh[i] * s;
+    }
+    return MN_OK;
+}
+
+// The block-diagonal projection: y[n,b,o] = sum_i w[b,o,i] x[n,b,i].
+static int r_headwise_fwd(const Backend *be, void *y_, const void *x_, const void *w_, int N, int nb, int bin,
+                          int bout) {
+    double *y = y_;
+    const double *x = x_, *w = w_;
+    for (size_t n = 0; n < (size_t)N; n++)
+        for (int b = 0; b < nb; b++)
+            for (int o = 0; o < bout; o++) {
+                double s = 0;
+                for (int i = 0; i < bin; i++) s += w[((size_t)b * bout + o) * bin + i] * x[(n * nb + b) * bin + i];
+                y[(n * nb + b) * bout + o] = s;
+            }
+    return MN_OK;
+}
+
+static int r_headwise_bwd(const Backend *be, void *dx_, void *dw_, const void *dy_, const void *x_, const void *w_,
+                          int N, int nb, int bin, int bout, int accum) {
+    double *dx = dx_, *dw = dw_;
+    const double *dy = dy_, *x = x_, *w = w_;
+    for (size_t n = 0; n < (size_t)N; n++)
+        for (int b = 0; b < nb; b++) {
+            const double *dyr = dy + (n * nb + b) * bout, *xr = x + (n * nb + b) * bin;
+            double *dxr = dx + (n * nb + b) * bin;
+            for (int i = 0; i < bin; i++) {
+                double s = 0;
+                for (int o = 0; o < bout; o++) s += dyr[o] * w[((size_t)b * bout + o) * bin + i];
+                dxr[i] = (accum ? dxr[i] : 0) + s;
+            }
+            if (dw)
+                for (int o = 0; o < bout; o++)
+                    for (int i = 0; i < bin; i++) dw[((size_t)b * bout + o) * bin + i] += dyr[o] * xr[i];
+        }
+    return MN_OK;
+}
+
+// The learnable skip: y = a + s b over rows of C (y may alias a).
+static int r_scale_add_fwd(const Backend *be, void *y_, const void *a_, const void *s_, const void *b_, int N, int C) {
+    double *y = y_;
+    const double *a = a_, *s = s_, *b = b_;
+    for (size_t n = 0; n < (size_t)N; n++)
+        for (int c = 0; c < C; c++) y[n * C + c] = a[n * C + c] + s[c] * b[n * C + c];
+    return MN_OK;
+}
+
+static int r_scale_add_bwd(const Backend *be, void *db_, void *ds_, const void *dy_, const void *b_, const void *s_,
+                           int N, int C, int accum) {
+    double *db = db_, *ds = ds_;
+    const double *dy = dy_, *b = b_, *s = s_;
+    for (size_t n = 0; n < (size_t)N; n++)
+        for (int c = 0; c < C; c++) {
+            size_t i = n * C + c;
+            if (ds) ds[c] += dy[i] * b[i];
+            db[i] = (accum ? db[i] : 0) + dy[i] * s[c];
+        }
     return MN_OK;
 }
 
@@ -493,11 +614,15 @@ static const Backend ref_backend = {
     .sync = r_sync, .mem_available = host_mem_available_op,
     .linear_fwd = r_linear_fwd, .linear_bwd = r_linear_bwd,
     .rmsnorm_fwd = r_rmsnorm_fwd, .rmsnorm_bwd = r_rmsnorm_bwd,
+    .layernorm_fwd = r_layernorm_fwd, .layernorm_bwd = r_layernorm_bwd,
     .l2norm_fwd = r_l2norm_fwd, .l2norm_bwd = r_l2norm_bwd,
     .silu_fwd = r_silu_fwd, .silu_bwd = r_silu_bwd, .swiglu_fwd = r_swiglu_fwd, .swiglu_bwd = r_swiglu_bwd,
+    .sigmoid_gate_fwd = r_sigmoid_gate_fwd, .sigmoid_gate_bwd = r_sigmoid_gate_bwd,
     .softcap = r_softcap, .gelu_fwd = r_gelu_fwd, .gelu_bwd = r_gelu_bwd,
     .geglu_fwd = r_geglu_fwd, .geglu_bwd = r_geglu_bwd,
     .pool_last_fwd = r_pool_last_fwd, .pool_last_bwd = r_pool_last_bwd,
+    .headwise_fwd = r_headwise_fwd, .headwise_bwd = r_headwise_bwd,
+    .scale_add_fwd = r_scale_add_fwd, .scale_add_bwd = r_scale_add_bwd,
     .add = r_add, .conv_fwd = r_conv_fwd, .conv_bwd = r_conv_bwd,
     .embed_fwd = r_embed_fwd, .embed_bwd = r_embed_bwd, .xent = r_xent,
     .gates_fwd = r_gates_fwd, .gates_bwd = r_gates_bwd, .scale_f32 = r_scale_f32,

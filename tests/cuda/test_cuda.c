@@ -169,6 +169,13 @@ TEST(cuda_op_norms_and_activations) {
     cmp("swiglu h", gh, h, n, MEM_ACT, BF16_TOL);
     cmp("swiglu dg", gda, da, n, MEM_ACT, BF16_TOL);
     cmp("swiglu du", gdu, du, n, MEM_ACT, BF16_TOL);
+    R->sigmoid_gate_fwd(R, h, a, u, n);
+    R->sigmoid_gate_bwd(R, da, du, d, a, u, n);
+    G->sigmoid_gate_fwd(G, gh, ga, gu, n);
+    G->sigmoid_gate_bwd(G, gda, gdu, gd, ga, gu, n);
+    cmp("sigmoid gate h", gh, h, n, MEM_ACT, BF16_TOL);
+    cmp("sigmoid gate dg", gda, da, n, MEM_ACT, BF16_TOL);
+    cmp("sigmoid gate du", gdu, du, n, MEM_ACT, BF16_TOL);
     R->silu_fwd(R, h, a, n);
     R->silu_bwd(R, da, d, a, n);
     G->silu_fwd(G, gh, ga, n);
