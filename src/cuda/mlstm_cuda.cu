@@ -10,11 +10,13 @@
  * is a hint: the kernels' chunk is 64 (the forms agree to rounding whatever the chunk). Both forms
  * compute the recurrence's m exactly, so they agree where eps matters too.
  *
- * The backward (one form: the chunkwise algorithm is exact for any T) runs, with the forward's h, nq
- * and m: mlstm_prep_kernel (rinv = 1 / den and dnq per token), the three walks of mlstm_chunk.cuh (dq;
+ * The backward (one form: the chunkwise algorithm is exact for any T) is the exact gradient, m's path
+ * included (core/backend.h), with the forward's h, nq and m: mlstm_prep_kernel (rinv = 1 / den, dnq and
+ * dL/dm per token), the three walks of mlstm_chunk.cuh (m held at the forward's; dq;
  * dk and dv in reverse, from the forward's inputs again: no chunk states are kept), and
  * mlstm_gates_kernel (dig = k . dk, dfg = the reverse cumulative sum of q . dq - k . dk, from the walks'
- * float32 per-slice dot products; a block per pair: deterministic, no atomics).
+ * float32 per-slice dot products, plus m's path carried back through m_t's max to the winning gate; a
+ * block per pair: deterministic, no atomics).
  *
  * Heads: Dk, Dv from 1 to 256, padded with zeros to the kernels' 64, 128 or 256; rows of a multiple
  * of 8 elements (16-byte aligned) are copied by cp.async, others through registers (slower).
@@ -189,9 +191,10 @@ MR_KERNEL(8)
 
 // ------------------------------------------------------------------------------ the backward
 
-// A warp per token: rinv = 1 / den, dnq = -(dh . h) / den sign(nq) [|nq| > exp(-m)].
+// A warp per token: rinv = 1 / den, dnq = -(dh . h) / den sign(nq) [|nq| > exp(-m)], and m's path
+// dm = dL/dm_t = -(dh . h) eps / den (h depends on m_t through eps alone).
 static __global__ void mlstm_prep_kernel(const bf16 *h, const bf16 *dh, const float *nq, const float *m, float *rinv,
-                                         float *dnq, size_t ntok, int Dv, float eps) {
+                                         float *dnq, float *dm, size_t ntok, int Dv, float eps) {
     const int lane = threadIdx.x & 31;
     const size_t warps = (size_t)gridDim.x * (blockDim.x >> 5);
     for (size_t t = blockIdx.x * (size_t)(blockDim.x >> 5) + (threadIdx.x >> 5); t < ntok; t += warps) {
@@ -202,28 +205,45 @@ static __global__ void mlstm_prep_kernel(const bf16 *h, const bf16 *dh, const fl
             const float a = nq[t], fl = expf(-m[t]), den = fmaxf(fabsf(a), fl) + eps;
             rinv[t] = 1.0f / den;
             dnq[t] = fabsf(a) > fl ? -s / den * (a > 0 ? 1.0f : -1.0f) : 0.0f;
+            dm[t] = -s * eps / den;
         }
     }
 }
 
 // A block of ML_GT threads per pair, each a run of ceil(T / ML_GT) consecutive tokens: dig = the
 // slices' sum of k . dk; dfg = the reverse cumulative sum of q . dq - k . dk (the runs' totals summed
-// from the last run by a block scan, then each run walked backwards). Deterministic: a fixed order.
+// from the last run by a block scan, then each run walked backwards). Then m's path: g_t = dm_t + what
+// m_{t+1} passed down; where i_t won m_t = max(f_t + m_{t-1}, i_t) (i_t >= f_t + m_{t-1}, m_{-1} = 0,
+// the CPU's rule) dig_t += g_t and nothing passes on, else dfg_t += g_t and g_t passes on: per run an
+// affine map of what enters it from the right, the maps composed from the last run by thread 0.
+// Deterministic: a fixed order.
 #define ML_GT 256
+static __device__ __forceinline__ int ml_i_won(const float *fg, const float *ig, const float *m, size_t tok0, int t,
+                                               int H) {
+    const size_t ti = tok0 + (size_t)t * H;
+    const double mp = t > 0 ? (double)m[ti - H] : 0.0;
+    return (double)ig[ti] >= (double)fg[ti] + mp;
+}
+
 static __global__ void __launch_bounds__(ML_GT) mlstm_gates_kernel(const float *pq, const float *pk, int sq, int sk,
-                                                                   float *dfg, float *dig, int B, int T, int H) {
-    __shared__ float wsum[ML_GT / 32];
+                                                                   const float *dm, const float *fg, const float *ig,
+                                                                   const float *m, float *dfg, float *dig, int B,
+                                                                   int T, int H) {
+    __shared__ float wsum[ML_GT / 32], ma[ML_GT], mb[ML_GT], pin[ML_GT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, R = (T + ML_GT - 1) / ML_GT;
     const size_t pair = blockIdx.x, ntok = (size_t)B * T * H, tok0 = (pair / H) * T * H + pair % H;
     const int t0 = threadIdx.x * R, t1 = min(T, t0 + R);
-    float loc = 0.0f;
-    for (int t = t0; t < t1; t++) {
+    float loc = 0.0f, A = 0.0f, Bm = 1.0f;  // m's path through the run: passed out = A + Bm (passed in)
+    for (int t = t1 - 1; t >= t0; t--) {
         const size_t ti = tok0 + (size_t)t * H;
         float a = 0.0f, b = 0.0f;
         for (int s = 0; s < sq; s++) a += pq[s * ntok + ti];
         for (int s = 0; s < sk; s++) b += pk[s * ntok + ti];
         dig[ti] = b;
         loc += a - b;
+        const int f = !ml_i_won(fg, ig, m, tok0, t, H);
+        A = f ? dm[ti] + A : 0.0f;
+        Bm = f ? Bm : 0.0f;
     }
     float v = loc;  // the sum of this lane's run and the warp's later ones
 #pragma unroll
@@ -232,15 +252,34 @@ static __global__ void __launch_bounds__(ML_GT) mlstm_gates_kernel(const float *
         if (lane + o < 32) v += u;
     }
     if (lane == 0) wsum[warp] = v;
+    ma[threadIdx.x] = A;
+    mb[threadIdx.x] = Bm;
     __syncthreads();
+    if (threadIdx.x == 0) {
+        float p = 0.0f;
+        for (int j = ML_GT - 1; j >= 0; j--) {
+            pin[j] = p;
+            p = ma[j] + mb[j] * p;
+        }
+    }
     float acc = v - loc;
     for (int w2 = warp + 1; w2 < ML_GT / 32; w2++) acc += wsum[w2];
+    __syncthreads();
+    float p = pin[threadIdx.x];
     for (int t = t1 - 1; t >= t0; t--) {
         const size_t ti = tok0 + (size_t)t * H;
         float a = 0.0f;
         for (int s = 0; s < sq; s++) a += pq[s * ntok + ti];
-        acc += a - dig[ti];
-        dfg[ti] = acc;
+        const float di = dig[ti], g = dm[ti] + p;
+        acc += a - di;
+        if (ml_i_won(fg, ig, m, tok0, t, H)) {
+            dig[ti] = di + g;
+            dfg[ti] = acc;
+            p = 0.0f;
+        } else {
+            dfg[ti] = acc + g;
+            p = g;
+        }
     }
 }
 
@@ -330,12 +369,12 @@ extern "C" int cuda_mlstm_bwd(const Backend *be, const MnSeqDims *d, const Mlstm
     const size_t ntok = (size_t)d->B * d->T * d->H;
     const int pairs = d->B * d->H;
     const int dcs_k = ml_dcs(c, ml_da(d->Dv), pairs, d->Dk), sk = (d->Dk + dcs_k - 1) / dcs_k;
-    float *ws = (float *)cuda_scratch(be, sizeof(float) * ntok * (2 + 2 * (size_t)sk));
+    float *ws = (float *)cuda_scratch(be, sizeof(float) * ntok * (3 + 2 * (size_t)sk));
     if (!ws) return MN_ERR_NOMEM;
-    float *rinv = ws, *dnq = ws + ntok, *pq = dnq + ntok, *pk = pq + (size_t)sk * ntok;
+    float *rinv = ws, *dnq = ws + ntok, *dm = dnq + ntok, *pq = dm + ntok, *pk = pq + (size_t)sk * ntok;
     const bf16 *h = (const bf16 *)io->h, *dh = (const bf16 *)io->dh;
     const float *nq = (const float *)io->nq, *m = (const float *)io->m;
-    mlstm_prep_kernel<<<grid_for(ntok, 8), 256, 0, c->stream>>>(h, dh, nq, m, rinv, dnq, ntok, d->Dv, o->eps);
+    mlstm_prep_kernel<<<grid_for(ntok, 8), 256, 0, c->stream>>>(h, dh, nq, m, rinv, dnq, dm, ntok, d->Dv, o->eps);
     LAUNCH_CHECK();
     MlWalk k = {};
     k.fg = (const float *)io->fg;
@@ -365,7 +404,8 @@ extern "C" int cuda_mlstm_bwd(const Backend *be, const MnSeqDims *d, const Mlstm
     v.out = (bf16 *)io->dv;
     MN_TRY(ml_launch(c, 2, &v));
     float *dfg = (float *)io->dfg, *dig = (float *)io->dig;
-    mlstm_gates_kernel<<<(unsigned)pairs, ML_GT, 0, c->stream>>>(pq, pk, sk, sk, dfg, dig, d->B, d->T, d->H);
+    const float *fg = (const float *)io->fg, *ig = (const float *)io->ig;
+    mlstm_gates_kernel<<<(unsigned)pairs, ML_GT, 0, c->stream>>>(pq, pk, sk, sk, dm, fg, ig, m, dfg, dig, d->B, d->T, d->H);
     LAUNCH_CHECK();
     return MN_OK;
 }

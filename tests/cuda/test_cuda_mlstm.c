@@ -1,9 +1,11 @@
 // The mLSTM core on the GPU (src/cuda/mlstm_cuda.cu, mlstm_chunk.cuh: the backend's mlstm->fwd, bwd)
 // against the CPU backend's (src/cpu/mlstm.c, float32), through the op tables, on awkward shapes:
 // T not a multiple of the chunk (1, 67, 130, 200), B 2, H 3, heads of 16, 17, 24, 64, 128, 256 and
-// Dk != Dv, hard gates (input gates up to +-20, forget gates near 1: sigmoid(6 +- 2)). Both get the
-// same inputs, q, k, v, dh rounded to bf16 first (what the GPU holds); each backward gets its own
-// forward's h, nq, m. Every GPU output is poisoned with NaN before the call (an element never written
+// Dk != Dv, hard gates (input gates up to +-20, forget gates near 1: sigmoid(6 +- 2)), and eps 0.5 and
+// 0.05, where the backward's exact gradient through the stabiliser m (core/backend.h: dL/dm_t =
+// -(dh_t . h_t) eps / den_t, back through m_t's max to the winning gate) is a large part of dfg and dig
+// (the CPU emulation without it: dfg off by 0.76, dig by 0.39). Both get the same inputs, q, k, v, dh
+// rounded to bf16 first (what the GPU holds); each backward gets its own forward's h, nq, m. Every GPU output is poisoned with NaN before the call (an element never written
 // shows as NaN, which fails every comparison).
 //
 // Tolerances (relative L2 over the tensor). The GPU's products take bf16 operands with float32 sums:
@@ -77,10 +79,12 @@ static double *down(const Backend *be, const void *p, size_t n, MemKind k) {
 
 typedef struct {
     int B, T, H, Dk, Dv, hard;
+    double eps;  // 0: NX-AI's 1e-6
 } MShape;
 
 typedef struct {
     MnSeqDims d;
+    float eps;
     size_t nq, nv, nt, ns, np;  // elements of q/k, v/h, the gates, C, the pairs
     double *q, *k, *v, *fg, *ig, *dh, *c0, *n0, *m0;
 } MCase;
@@ -89,6 +93,7 @@ static void mcase_init(MCase *c, const MShape *s, unsigned long long seed) {
     memset(c, 0, sizeof *c);
     MnSeqDims d = {s->B, s->T, s->H, s->Dk, s->Dv};
     c->d = d;
+    c->eps = s->eps > 0 ? (float)s->eps : 1e-6f;
     c->nt = (size_t)s->B * s->T * s->H;
     c->nq = c->nt * s->Dk;
     c->nv = c->nt * s->Dv;
@@ -130,7 +135,7 @@ static void mouts_free(MOuts *r) {
 }
 
 static MlstmOpts mopts(const MCase *c, MnForm form) {
-    MlstmOpts o = {(float)(1.0 / sqrt((double)c->d.Dk)), 1e-6f, form, 0};
+    MlstmOpts o = {(float)(1.0 / sqrt((double)c->d.Dk)), c->eps, form, 0};
     return o;
 }
 
@@ -235,6 +240,8 @@ TEST(cuda_mlstm_matches_cpu) {
         {1, 200, 1, 256, 48, 0},  // the widest contraction (256), Dv 48
         {2, 1, 2, 32, 32, 0},     // a single token (AUTO would decode it)
         {1, 64, 3, 128, 64, 1},   // one whole chunk, Dv < Dk
+        {2, 130, 2, 32, 32, 1, 0.5},  // eps 0.5: m's path in the backward is then O(1) of dfg, dig
+        {1, 67, 1, 64, 64, 0, 0.05},  //         and eps 0.05
     };
     memset(worst, 0, sizeof worst);
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -246,8 +253,8 @@ TEST(cuda_mlstm_matches_cpu) {
             CHECK(!run_on(cpu, &c, MN_FORM_CHUNK, state, &want), "cpu: %s", mn_last_error());
             for (int form = MN_FORM_CHUNK; form <= MN_FORM_RECURRENT; form++) {
                 char tag[96];
-                snprintf(tag, sizeof tag, "%s B%d T%d H%d Dk%d Dv%d%s%s", form == MN_FORM_CHUNK ? "chunk" : "rec  ", s->B,
-                         s->T, s->H, s->Dk, s->Dv, s->hard ? " hard" : "", state ? " s0" : "");
+                snprintf(tag, sizeof tag, "%s B%d T%d H%d Dk%d Dv%d%s%s eps %g", form == MN_FORM_CHUNK ? "chunk" : "rec  ",
+                         s->B, s->T, s->H, s->Dk, s->Dv, s->hard ? " hard" : "", state ? " s0" : "", (double)c.eps);
                 MOuts got;
                 int rc = run_on(G, &c, (MnForm)form, state, &got);
                 CHECK(!rc, "%s: %s", tag, mn_last_error());

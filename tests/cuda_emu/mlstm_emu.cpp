@@ -112,12 +112,28 @@ static void ref_bwd(int B, int T, int H, int Dk, int Dv, double s, double eps, c
         }
         double r = 0;
         for (int t = T - 1; t >= 0; t--) dfg[TK(t)] = r += dcs[t];
+        // m's path: dL/dm_t = -(dh_t . h_t) eps / den_t back through m_t = max(f_t + m_{t-1}, i_t)
+        double carry = 0;
+        for (int t = T - 1; t >= 0; t--) {
+            double hd = 0, nq = 0;
+            for (int r2 = 0; r2 < Dv; r2++) h[r2] = 0;
+            for (int j = 0; j <= t; j++) {
+                double x = s * E[(size_t)t * T + j] * QK[(size_t)t * T + j];
+                nq += x;
+                for (int r2 = 0; r2 < Dv; r2++) h[r2] += x * v[TK(j) * Dv + r2];
+            }
+            for (int r2 = 0; r2 < Dv; r2++) hd += h[r2] / den[t] * dh[TK(t) * Dv + r2];
+            carry += -hd * eps / den[t];
+            double mp = t > 0 ? m[t - 1] : 0;
+            if (ig[TK(t)] >= fg[TK(t)] + mp) { dig[TK(t)] += carry; carry = 0; }
+            else dfg[TK(t)] += carry;
+        }
 #undef TK
     }
     free(cs); free(m); free(E); free(QK); free(den); free(dnq); free(h); free(P); free(dcs);
 }
 
-static void run(int idx, int B, int T, int H, int Dk, int Dv, int hard, int state, int sms, unsigned long long seed) {
+static void run(int idx, int B, int T, int H, int Dk, int Dv, int hard, int state, int sms, double eps_, unsigned long long seed) {
     emu_ctx.sm_count = sms;
     size_t nt = (size_t)B * T * H, nq = nt * Dk, nv = nt * Dv, pairs = (size_t)B * H, ns = pairs * Dv * Dk;
     double *q = dalloc(nq), *k = dalloc(nq), *v = dalloc(nv), *dh = dalloc(nv), *fg = dalloc(nt), *ig = dalloc(nt);
@@ -138,7 +154,7 @@ static void run(int idx, int B, int T, int H, int Dk, int Dv, int hard, int stat
     bf16 *bq = to_bf(q, nq), *bk = to_bf(k, nq), *bv = to_bf(v, nv), *bdh = to_bf(dh, nv);
     float *ffg = to_f(fg, nt), *fig = to_f(ig, nt), *fc0 = state ? to_f(c0, ns) : NULL, *fn0 = state ? to_f(n0, pairs * Dk) : NULL,
           *fm0 = state ? to_f(m0, pairs) : NULL;
-    double s = 1 / sqrt((double)Dk), eps = 1e-6;
+    double s = 1 / sqrt((double)Dk), eps = eps_;
     double *h = dalloc(nv), *rnq = dalloc(nt), *rm = dalloc(nt), *cT = dalloc(ns), *nT = dalloc(pairs * Dk), *mT = dalloc(pairs);
     ref_fwd(B, T, H, Dk, Dv, s, eps, q, k, v, fg, ig, c0, n0, m0, h, rnq, rm, cT, nT, mT);
     MnSeqDims d = {B, T, H, Dk, Dv};
@@ -149,8 +165,8 @@ static void run(int idx, int B, int T, int H, int Dk, int Dv, int hard, int stat
         float *gnq = nan_f(nt), *gm = nan_f(nt), *gcT = nan_f(ns), *gnT = nan_f(pairs * Dk), *gmT = nan_f(pairs);
         MlstmFwd io = {bq, bk, bv, ffg, fig, fc0, fn0, fm0, gh, gnq, gm, gcT, gnT, gmT};
         if (cuda_mlstm_fwd(NULL, &d, &o, &io)) { printf("fwd failed: %s\n", mn_last_error()); exit(1); }
-        snprintf(tag, sizeof tag, "%d %s B%d T%d H%d Dk%d Dv%d%s%s", idx, form == 1 ? "chunk" : "rec  ", B, T, H, Dk, Dv,
-                 hard ? " hard" : "", state ? " s0" : "");
+        snprintf(tag, sizeof tag, "%d %s B%d T%d H%d Dk%d Dv%d%s%s eps %g", idx, form == 1 ? "chunk" : "rec  ", B, T, H, Dk,
+                 Dv, hard ? " hard" : "", state ? " s0" : "", eps);
         check(tag, "h", relb(gh, h, nv), 2e-2);
         check(tag, "nq", relf(gnq, rnq, nt), 2e-2);
         check(tag, "m", relf(gm, rm, nt), 1e-5);
@@ -179,19 +195,20 @@ static void run(int idx, int B, int T, int H, int Dk, int Dv, int hard, int stat
 }
 
 int main(void) {
-    struct { int B, T, H, Dk, Dv, hard, state, sms; } shapes[] = {
-        {1, 130, 2, 64, 64, 0, 0, 132},   // 3 chunks, the last short; DCS 32
-        {2, 67, 1, 17, 24, 1, 0, 132},    // odd Dk (loads through registers), hard gates
-        {1, 70, 1, 128, 128, 0, 1, 1},    // DCS 64, an initial state
-        {1, 40, 1, 256, 40, 0, 0, 132},   // DA 256 (forward, dv), Dv 40
-        {1, 129, 3, 32, 48, 1, 0, 1},     // H 3, DCS 64 at 48 columns
-        {1, 64, 1, 128, 64, 0, 1, 132},   // one whole chunk, a state, Dk != Dv
+    struct { int B, T, H, Dk, Dv, hard, state, sms; double eps; } shapes[] = {
+        {1, 130, 2, 64, 64, 0, 0, 132, 1e-6},   // 3 chunks, the last short; DCS 32
+        {2, 67, 1, 17, 24, 1, 0, 132, 1e-6},    // odd Dk (loads through registers), hard gates
+        {1, 70, 1, 128, 128, 0, 1, 1, 1e-6},    // DCS 64, an initial state
+        {1, 40, 1, 256, 40, 0, 0, 132, 1e-6},   // DA 256 (forward, dv), Dv 40
+        {1, 129, 3, 32, 48, 1, 0, 1, 1e-6},     // H 3, DCS 64 at 48 columns
+        {1, 64, 1, 128, 64, 0, 1, 132, 1e-6},   // one whole chunk, a state, Dk != Dv
+        {1, 130, 2, 32, 32, 1, 0, 132, 0.5},    // a large eps: m's path in the backward
     };
     const char *only = getenv("EMU_ONLY");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         if (only && (size_t)atoi(only) != i) continue;
         const auto &s = shapes[i];
-        run((int)i, s.B, s.T, s.H, s.Dk, s.Dv, s.hard, s.state, s.sms, 1000 + 7 * i);
+        run((int)i, s.B, s.T, s.H, s.Dk, s.Dv, s.hard, s.state, s.sms, s.eps, 1000 + 7 * i);
     }
     printf("%d fails\n", fails);
     return fails != 0;
