@@ -14,8 +14,12 @@
 #              paths, the fused kernels (the default) and the cuBLAS one (MESANET_LIN=cublas). EXTRA
 #              "f32": float32 operands instead of TF32.
 #   attn       src/cuda/attn_cuda.cu's kernels (the host side cut; attn_emu.cpp mirrors it)
+#   mlstm      src/cuda/mlstm_chunk.cuh and mlstm_cuda.cu whole, kernels and host side (xlstm_emu.h),
+#              against a float64 reference in mlstm_emu.cpp
+#   slstm      src/cuda/slstm_cuda.cu and slstm_cluster.cu whole, cuBLAS's products as loops, a cluster's
+#              blocks run together with their barrier and remote stores (xlstm_emu.h)
 #
-# Usage: scripts/cuda_emulate.sh lin|lin_chunk|attn [BUILD dir of a CPU build, default build-emu] [EXTRA]
+# Usage: scripts/cuda_emulate.sh lin|lin_chunk|attn|mlstm|slstm [BUILD dir of a CPU build, default build-emu] [EXTRA]
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-}
@@ -46,8 +50,22 @@ attn)
         -e '/^\/\/ ---- host side/,$d' \
         -e 's/extern __shared__/extern/' \
         -e 's/static __global__ void/static void/' ;;
+mlstm)
+    src="src/cuda/mlstm_chunk.cuh src/cuda/mlstm_cuda.cu"
+    opt="-O2 -fno-strict-aliasing"
+    set -- -e 's|#include "cuda_common.cuh"|#include "xlstm_emu.h"|' \
+        -e '/#include "mma.cuh"/d' -e '/#include "mlstm_chunk.cuh"/d' \
+        -e 's/extern __shared__ __align__(16) unsigned char \([a-z_]*\)\[\];/unsigned char *\1 = emu_dsmem_c[emu_cta];/' \
+        -e 's/\([A-Za-z_0-9]*\)<<<\(.*\)>>>(\(.*\));/emu_launch(\1, \2, \3);/' ;;
+slstm)
+    src="src/cuda/slstm_cuda.cuh src/cuda/slstm_cluster.cu src/cuda/slstm_cuda.cu"
+    opt="-O2 -fno-strict-aliasing"
+    set -- -e 's|#include "cuda_common.cuh"|#include "xlstm_emu.h"|' \
+        -e '/#include "mma.cuh"/d' -e '/#include "slstm_cuda.cuh"/d' -e '/-- device-only: begin/,/-- device-only: end/d' \
+        -e 's/extern __shared__ __align__(16) unsigned char \([a-z_]*\)\[\];/unsigned char *\1 = emu_dsmem_c[emu_cta];/' \
+        -e 's/\([A-Za-z_0-9]*\)<<<\(.*\)>>>(\(.*\));/emu_launch(\1, \2, \3);/' ;;
 *)
-    echo "usage: scripts/cuda_emulate.sh lin|lin_chunk|attn [BUILD dir] [EXTRA]" >&2
+    echo "usage: scripts/cuda_emulate.sh lin|lin_chunk|attn|mlstm|slstm [BUILD dir] [EXTRA]" >&2
     exit 2 ;;
 esac
 extra=${3:-}

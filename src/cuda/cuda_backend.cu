@@ -12,7 +12,7 @@
  *
  * This file holds the table, the device context and the recorded launches (CUDA graphs); the ops
  * are in one file per group (cuda_ops.cuh lists them), the sequence-mixer cores in their own
- * (mesa_cuda.cu, lin_cuda.cu, lin_chunk*.cu, attn_cuda.cu, attn_cudnn.cu).
+ * (mesa_cuda.cu, lin_cuda.cu, lin_chunk*.cu, attn_cuda.cu, attn_cudnn.cu, mlstm_cuda.cu, slstm_cuda.cu).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +30,12 @@ extern "C" int cuda_attn_decode(const Backend *be, const AttnDims *d, int n, int
 extern "C" int cuda_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
 extern "C" int cuda_mesa_supports(const Backend *be, const MnSeqDims *d);
 extern "C" int cuda_lin_supports(const Backend *be, const MnSeqDims *d);
+extern "C" int cuda_mlstm_fwd(const Backend *be, const MnSeqDims *d, const MlstmOpts *o, const MlstmFwd *io);
+extern "C" int cuda_mlstm_bwd(const Backend *be, const MnSeqDims *d, const MlstmOpts *o, const MlstmBwd *io);
+extern "C" int cuda_mlstm_supports(const Backend *be, const MnSeqDims *d);
+extern "C" int cuda_slstm_fwd(const Backend *be, const SlstmDims *d, const SlstmFwd *io);
+extern "C" int cuda_slstm_bwd(const Backend *be, const SlstmDims *d, const SlstmBwd *io);
+extern "C" int cuda_slstm_supports(const Backend *be, const SlstmDims *d);
 
 // The sequence-mixer families: mesa (mesa_cuda.cu); the linear-attention family (lin_cuda.cu and
 // lin_chunk*.cu); attention (attn_cudnn.cu, or attn_cuda.cu without cuDNN). Aggregates in the
@@ -37,6 +43,11 @@ extern "C" int cuda_lin_supports(const Backend *be, const MnSeqDims *d);
 static const MesaOps cuda_mesa = {cuda_mesa_fwd, cuda_mesa_bwd, g_softplus_fwd, g_softplus_bwd, cuda_mesa_supports};
 static const LinOps cuda_lin = {cuda_lin_fwd, cuda_lin_bwd, g_gdn_gate_fwd, g_gdn_gate_bwd, cuda_lin_supports};
 static const AttnOps cuda_attn = {cuda_attn_fwd, cuda_attn_bwd, cuda_attn_decode, cuda_rope, NULL};
+// The xLSTM family's cores (mlstm_cuda.cu, mlstm_chunk.cuh; slstm_cuda.cu). The mLSTM gates
+// (gates_fwd / gates_bwd: g_mlstm_gates_fwd, g_mlstm_gates_bwd) come from another branch and are
+// wired when it merges; until then they are NULL and the model refuses the mLSTM mixers by name.
+static const MlstmOps cuda_mlstm = {cuda_mlstm_fwd, cuda_mlstm_bwd, NULL, NULL, cuda_mlstm_supports};
+static const SlstmOps cuda_slstm = {cuda_slstm_fwd, cuda_slstm_bwd, cuda_slstm_supports};
 
 // ------------------------------------------------------------------ recorded launches
 
@@ -220,6 +231,8 @@ extern "C" const Backend *backend_cuda(void) {
     b.mesa = &cuda_mesa;
     b.lin = &cuda_lin;
     b.attn = &cuda_attn;
+    b.mlstm = &cuda_mlstm;
+    b.slstm = &cuda_slstm;
     b.adamw = g_adamw;
     b.sumsq = g_sumsq;
 #ifdef MN_HAVE_NCCL
