@@ -43,10 +43,10 @@ extern "C" int cuda_slstm_supports(const Backend *be, const SlstmDims *d);
 static const MesaOps cuda_mesa = {cuda_mesa_fwd, cuda_mesa_bwd, g_softplus_fwd, g_softplus_bwd, cuda_mesa_supports};
 static const LinOps cuda_lin = {cuda_lin_fwd, cuda_lin_bwd, g_gdn_gate_fwd, g_gdn_gate_bwd, cuda_lin_supports};
 static const AttnOps cuda_attn = {cuda_attn_fwd, cuda_attn_bwd, cuda_attn_decode, cuda_rope, NULL};
-// The xLSTM family's cores (mlstm_cuda.cu, mlstm_chunk.cuh; slstm_cuda.cu). The mLSTM gates
-// (gates_fwd / gates_bwd: g_mlstm_gates_fwd, g_mlstm_gates_bwd) come from another branch and are
-// wired when it merges; until then they are NULL and the model refuses the mLSTM mixers by name.
-static const MlstmOps cuda_mlstm = {cuda_mlstm_fwd, cuda_mlstm_bwd, NULL, NULL, cuda_mlstm_supports};
+// The xLSTM family's cores (mlstm_cuda.cu, mlstm_chunk.cuh; slstm_cuda.cu, slstm_cluster.cu) and
+// the mLSTM gates (cuda_xlstm_ops.cu).
+static const MlstmOps cuda_mlstm = {cuda_mlstm_fwd, cuda_mlstm_bwd, g_mlstm_gates_fwd, g_mlstm_gates_bwd,
+                                    cuda_mlstm_supports};
 static const SlstmOps cuda_slstm = {cuda_slstm_fwd, cuda_slstm_bwd, cuda_slstm_supports};
 
 // ------------------------------------------------------------------ recorded launches
