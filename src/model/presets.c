@@ -60,7 +60,8 @@ static void config_xlstm(ModelConfig *c, const char *pattern) {
 
 // transformers' xLSTMForCausalLM (its config's defaults; docs/spec/reference/xlstm-formats.md):
 // RMSNorm (eps 1e-6) before both halves of a block and after the blocks, untied head, logits
-// capped at 30, gates at 15, v heads twice as wide as q and k, SwiGLU of 2.667 D rounded up to 64.
+// capped at 30, gates at 15, v heads twice as wide as q and k, SwiGLU of 2.667 D "rounded up" to 64
+// as transformers does it: (x + 63) // 64 * 64 on a float, so 2048.26 gives 2048.
 static void config_xlstm_large(ModelConfig *c) {
     snprintf(c->mixer, sizeof c->mixer, "mlstm-large");
     snprintf(c->arch, sizeof c->arch, "xlstm");
@@ -70,7 +71,7 @@ static void config_xlstm_large(ModelConfig *c) {
     c->embed_scale = 0;
     c->tie_embeddings = 0;
     c->logit_cap = 30;
-    c->mlp_hidden = (int)ceil(2.667 * c->dim / 64) * 64;
+    c->mlp_hidden = (int)floor((2.667 * c->dim + 63) / 64) * 64;  // transformers' round_up_to_next_multiple_of
 }
 
 // The sizes that have parameter-matched presets "SIZE-MIXER" (presets.h).

@@ -149,7 +149,12 @@ TEST(cuda_conformance_matches_cpu) {
 // Decoding on the GPU: 2 sequences of 80 tokens as a prefill of 50, single tokens (recorded into
 // CUDA graphs where the blocks allow: model.h), a prefill of 5 after 60 tokens and single tokens
 // again, the logits at every decoded position against one forward's on the GPU: 2e-2, the bound of
-// the GPU suite's decoding tests (two bf16 paths; a lost state hand-off is O(1)).
+// the GPU suite's decoding tests (two bf16 paths; a lost state hand-off is O(1)). A model with an
+// mLSTM block: 4e-2. Its chunkwise kernels take one bf16 product per product, as TFLA and fla do
+// (docs/cuda.md; 2.3e-3 on h at bench xlstm's inputs, TFLA's 2.35e-3), where the delta rules'
+// split products into two or three; this test's exp(i)-weighted scores of both signs amplify that
+// rounding (1.7e-2 to 3.6e-2 measured on an H200) where the float32 CPU decodes these models as
+// closely as the others (1.1e-6 to 1.8e-6 against 0.8e-6 to 3.2e-6).
 TEST(cuda_conformance_decode) {
     if (!setup()) return;
     McCase cases[MAXCASES];
@@ -164,8 +169,9 @@ TEST(cuda_conformance_decode) {
         int32_t tok[160];
         mc_tokens(tok, NULL, 160, cfg.vocab_size, 3 + i);
         double worst = mc_decode_vs_forward(m, tok, 2, 80, 50, 60, 5, cfg.logit_cap, name, NULL);
-        test_note("%-*s decoded logits vs one forward on the GPU: worst rel err %.2e", W, name, worst);
-        CHECK(worst <= 2e-2, "%s: decoded logits differ by %.3g", name, worst);
+        double tol = mc_families(&cfg, NULL) & MC_FAM_MLSTM ? 4e-2 : 2e-2;
+        test_note("%-*s decoded logits vs one forward on the GPU: worst rel err %.2e (tolerance %g)", W, name, worst, tol);
+        CHECK(worst <= tol, "%s: decoded logits differ by %.3g (tolerance %g)", name, worst, tol);
         model_free(m);
     }
 }
