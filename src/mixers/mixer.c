@@ -85,6 +85,25 @@ const MixerOps *mixer_at(const ModelConfig *c, int layer) {
     return NULL;  // not reached: the pattern's blocks number n
 }
 
+int mixer_declare_table(const char *prefix, const MixerParam *p, int np, ParamSpec *out, int *n, int max) {
+    for (int i = 0; i < np; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "%s%s", prefix, p[i].name);
+        if (param_add(out, n, max, name, p[i].ndim, p[i].shape, p[i].init, p[i].value, p[i].decay) < 0)
+            return mn_error(MN_ERR_ARG, "too many parameter tensors");
+    }
+    return MN_OK;
+}
+
+int mixer_fill_ones(const Backend *be, void *p, size_t n) {
+    enum { CH = 4096 };
+    double one[CH];
+    for (int i = 0; i < CH; i++) one[i] = 1;
+    for (size_t off = 0; off < n; off += CH)
+        MN_TRY(be->upload(be, (char *)p + off * be->elem_size(be, MEM_ACT), one, n - off < CH ? n - off : CH, MEM_ACT));
+    return MN_OK;
+}
+
 int mixer_scratch_reserve(Mixer *m, size_t n) {
     MixerScratch *s = m->scratch;
     if (!s) return mn_error(MN_ERR_ARG, "mixer: no shared scratch (mixers are made by model_create)");

@@ -173,6 +173,21 @@ int mixer_bufs_alloc(const Backend *be, const MixerBuf *b, int n, size_t N);
 void mixer_bufs_free(const Backend *be, const MixerBuf *b, int n);
 size_t mixer_bufs_bytes(const Backend *be, const MixerBuf *b, int n);
 
+// One tensor of a mixer's declaration table: its name after the block's prefix, shape,
+// initialisation and weight decay (mixer_declare_table appends a table's tensors in order).
+typedef struct {
+    const char *name;
+    int ndim;
+    int64_t shape[4];
+    InitKind init;
+    double value;
+    int decay;
+} MixerParam;
+int mixer_declare_table(const char *prefix, const MixerParam *p, int np, ParamSpec *out, int *n, int max);
+
+// Sets n MEM_ACT elements of p to 1 (a bias added through scale_add's learnable-scale form).
+int mixer_fill_ones(const Backend *be, void *p, size_t n);
+
 // The mixer named `name`, or NULL with an error listing the known ones.
 const MixerOps *mixer_find(const char *name);
 

@@ -54,14 +54,7 @@ static int inner(const ModelConfig *c) { return c->n_heads * c->head_dim; }
 static int mb_declare(const ModelConfig *c, const char *prefix, ParamSpec *out, int *n, int max) {
     int64_t D = c->dim, Di = inner(c), H = c->n_heads, K = c->conv_size;
     double small = sqrt(2.0 / (5.0 * (double)D)), wang = 2.0 / ((double)c->n_layers * sqrt((double)D));
-    struct {
-        const char *name;
-        int ndim;
-        int64_t shape[3];
-        InitKind init;
-        double value;
-        int decay;
-    } p[NPARAM] = {
+    const MixerParam p[NPARAM] = {
         [UP_X] = {"xlstm.proj_up_x.weight", 2, {Di, D}, INIT_NORMAL, small, 1},
         [UP_Z] = {"xlstm.proj_up_z.weight", 2, {Di, D}, INIT_NORMAL, small, 1},
         [CONV_W] = {"xlstm.conv1d.weight", 3, {Di, 1, K}, INIT_NORMAL, 1 / sqrt((double)K), 1},
@@ -77,13 +70,7 @@ static int mb_declare(const ModelConfig *c, const char *prefix, ParamSpec *out, 
         [SKIP] = {"xlstm.learnable_skip", 1, {Di}, INIT_CONST, 1, 0},
         [DOWN] = {"xlstm.proj_down.weight", 2, {D, Di}, INIT_NORMAL, wang, 1},
     };
-    for (int i = 0; i < NPARAM; i++) {
-        char name[96];
-        snprintf(name, sizeof name, "%s%s", prefix, p[i].name);
-        if (param_add(out, n, max, name, p[i].ndim, p[i].shape, p[i].init, p[i].value, p[i].decay) < 0)
-            return mn_error(MN_ERR_ARG, "too many parameter tensors");
-    }
-    return MN_OK;
+    return mixer_declare_table(prefix, p, NPARAM, out, n, max);
 }
 
 static int mb_validate(const ModelConfig *c, const char *where) {
@@ -130,15 +117,6 @@ static void scratch_views(Mixer *m, MlstmBlock *s, size_t N) {
     s->d_fpre = p + 15 * di + N * (size_t)m->cfg->n_heads * es;
 }
 
-static int fill_ones(const Backend *be, void *p, size_t n) {
-    enum { CH = 4096 };
-    double one[CH];
-    for (int i = 0; i < CH; i++) one[i] = 1;
-    for (size_t off = 0; off < n; off += CH)
-        MN_TRY(be->upload(be, (char *)p + off * be->elem_size(be, MEM_ACT), one, n - off < CH ? n - off : CH, MEM_ACT));
-    return MN_OK;
-}
-
 static int ensure_capacity(Mixer *m, int N) {
     MlstmBlock *s = m->priv;
     MN_TRY(mixer_scratch_reserve(m, (size_t)N * mb_scratch_elems(m->cfg)));
@@ -150,7 +128,7 @@ static int ensure_capacity(Mixer *m, int N) {
     s->cap = 0;
     MN_TRY(mixer_bufs_alloc(m->be, d, MB_BUFS, (size_t)N));
     s->d_ig = (char *)s->d_fg + (size_t)N * m->cfg->n_heads * m->be->elem_size(m->be, MEM_F32);
-    MN_TRY(fill_ones(m->be, s->ones, (size_t)N * Di));
+    MN_TRY(mixer_fill_ones(m->be, s->ones, (size_t)N * Di));
     s->cap = N;
     return MN_OK;
 }

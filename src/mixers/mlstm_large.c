@@ -44,14 +44,7 @@ static int dv(const ModelConfig *c) { return c->head_v_dim ? c->head_v_dim : c->
 static int ml_declare(const ModelConfig *c, const char *prefix, ParamSpec *out, int *n, int max) {
     int64_t D = c->dim, H = c->n_heads, QK = H * dk(c), V = H * dv(c);
     double small = sqrt(2.0 / (5.0 * (double)D)), out_std = 2.0 / ((double)c->n_layers * sqrt((double)D));
-    struct {
-        const char *name;
-        int ndim;
-        int64_t shape[2];
-        InitKind init;
-        double value;
-        int decay;
-    } p[NPARAM] = {
+    const MixerParam p[NPARAM] = {
         // transformers' initialisation: the gates' weights zero, input gates shut (-10), forget
         // gates open from 3 to 6
         [WQ] = {"mlstm_layer.q.weight", 2, {QK, D}, INIT_NORMAL, small, 1},
@@ -65,13 +58,7 @@ static int ml_declare(const ModelConfig *c, const char *prefix, ParamSpec *out, 
         [HNORM] = {"mlstm_layer.multihead_norm.weight", 1, {V}, INIT_CONST, 1, 0},
         [WOUT] = {"mlstm_layer.out_proj.weight", 2, {D, V}, INIT_NORMAL, out_std, 1},
     };
-    for (int i = 0; i < NPARAM; i++) {
-        char name[96];
-        snprintf(name, sizeof name, "%s%s", prefix, p[i].name);
-        if (param_add(out, n, max, name, p[i].ndim, p[i].shape, p[i].init, p[i].value, p[i].decay) < 0)
-            return mn_error(MN_ERR_ARG, "too many parameter tensors");
-    }
-    return MN_OK;
+    return mixer_declare_table(prefix, p, NPARAM, out, n, max);
 }
 
 enum { ML_BUFS = 14 };

@@ -46,14 +46,7 @@ static int cells(const ModelConfig *c) { return c->dim / c->slstm_heads; }
 static int sb_declare(const ModelConfig *c, const char *prefix, ParamSpec *out, int *n, int max) {
     int64_t D = c->dim, H = c->slstm_heads, Dh = cells(c), K = c->conv_size;
     double small = sqrt(2.0 / (5.0 * (double)D));
-    struct {
-        const char *name;
-        int ndim;
-        int64_t shape[4];
-        InitKind init;
-        double value;
-        int decay;
-    } p[NPARAM] = {
+    const MixerParam p[NPARAM] = {
         [CONV_W] = {"xlstm.conv1d.weight", 3, {D, 1, K}, INIT_NORMAL, 1 / sqrt((double)K), 1},
         [CONV_B] = {"xlstm.conv1d.bias", 1, {D}, INIT_CONST, 0, 0},
         [GATE_I] = {"xlstm.igate.weight", 3, {H, Dh, Dh}, INIT_NORMAL, small, 1},
@@ -64,13 +57,7 @@ static int sb_declare(const ModelConfig *c, const char *prefix, ParamSpec *out, 
         [BIAS] = {"xlstm.slstm_cell.bias", 3, {4, H, Dh}, INIT_SLSTM_BIAS, 0, 0},
         [GNORM] = {"xlstm.group_norm.weight", 1, {D}, INIT_CONST, 1, 0},
     };
-    for (int i = 0; i < NPARAM; i++) {
-        char name[96];
-        snprintf(name, sizeof name, "%s%s", prefix, p[i].name);
-        if (param_add(out, n, max, name, p[i].ndim, p[i].shape, p[i].init, p[i].value, p[i].decay) < 0)
-            return mn_error(MN_ERR_ARG, "too many parameter tensors");
-    }
-    return MN_OK;
+    return mixer_declare_table(prefix, p, NPARAM, out, n, max);
 }
 
 static int sb_validate(const ModelConfig *c, const char *where) {
@@ -111,15 +98,6 @@ static void scratch_views(Mixer *m, SlstmBlock *s, size_t N) {
     s->junk = p + 8 * nd;
 }
 
-static int fill_ones(const Backend *be, void *p, size_t n) {
-    enum { CH = 4096 };
-    double one[CH];
-    for (int i = 0; i < CH; i++) one[i] = 1;
-    for (size_t off = 0; off < n; off += CH)
-        MN_TRY(be->upload(be, (char *)p + off * be->elem_size(be, MEM_ACT), one, n - off < CH ? n - off : CH, MEM_ACT));
-    return MN_OK;
-}
-
 static int ensure_capacity(Mixer *m, int N) {
     SlstmBlock *s = m->priv;
     MN_TRY(mixer_scratch_reserve(m, (size_t)N * sb_scratch_elems(m->cfg)));
@@ -129,7 +107,7 @@ static int ensure_capacity(Mixer *m, int N) {
     mixer_bufs_free(m->be, d, SB_BUFS);
     s->cap = 0;
     MN_TRY(mixer_bufs_alloc(m->be, d, SB_BUFS, (size_t)N));
-    MN_TRY(fill_ones(m->be, s->ones, (size_t)N * 4 * m->cfg->dim));
+    MN_TRY(mixer_fill_ones(m->be, s->ones, (size_t)N * 4 * m->cfg->dim));
     s->cap = N;
     return MN_OK;
 }
