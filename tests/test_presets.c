@@ -265,3 +265,35 @@ TEST(presets_info_matched_table) {
     snprintf(cmd, sizeof cmd, "%s info 125m-gdn >/dev/null 2>&1", exe);
     CHECK(system(cmd) == 0, "info 125m-gdn refused");
 }
+
+// The xLSTM blocks' sizes that cannot be built are refused, naming the field and what it needs.
+TEST(presets_xlstm_bad_sizes_are_refused) {
+    struct {
+        const char *mixer;
+        int dim, heads, head_dim, slstm_heads;
+        const char *norm;
+        const char *msg;
+    } bad[] = {
+        {"mlstm-block", 64, 3, 5, 4, "layernorm", "inner width n_heads x head_dim = 3 x 5 must be a multiple of 4"},
+        {"slstm-block", 66, 4, 16, 4, "layernorm", "slstm-block's heads (slstm_heads = 4) must divide dim = 66"},
+        {"mlstm-block*3,slstm-block", 66, 4, 16, 4, "layernorm", "must divide dim = 66"},
+        {"mlstm-block", 64, 4, 16, 4, "groupnorm", "norm = \"groupnorm\", expected \"rmsnorm\" or \"layernorm\""},
+        {"mlstm-block*0", 64, 4, 16, 4, "layernorm", "repeats a name by \"*N\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ModelConfig c;
+        CHECK(!config_preset(&c, "tiny"), "%s", mn_last_error());
+        snprintf(c.mixer, sizeof c.mixer, "%s", bad[i].mixer);
+        c.dim = bad[i].dim, c.n_heads = bad[i].heads, c.head_dim = bad[i].head_dim, c.slstm_heads = bad[i].slstm_heads;
+        c.n_layers = 4;
+        snprintf(c.norm, sizeof c.norm, "%s", bad[i].norm);
+        int st = config_validate(&c, "cfg");
+        CHECK(st == MN_ERR_ARG && strstr(mn_last_error(), bad[i].msg), "%s: status %d, '%s' lacks '%s'", bad[i].mixer, st,
+              mn_last_error(), bad[i].msg);
+    }
+    // the xlstm architecture is transformers' xLSTM: mlstm-large blocks and RMSNorm only
+    ModelConfig c;
+    CHECK(!config_preset(&c, "xlstm-7b-160m"), "%s", mn_last_error());
+    snprintf(c.mixer, sizeof c.mixer, "mlstm-large,mesa");
+    CHECK(config_validate(&c, "cfg") == MN_ERR_ARG && strstr(mn_last_error(), "arch \"xlstm\""), "%s", mn_last_error());
+}
