@@ -52,6 +52,9 @@ typedef struct {
     const bf16 *dotw;           // [B,T,H,Dc]: out . dotw per token and slice into dotp (NULL: none)
     float *dotp;                // [slices][B*T*H]
     int B, T, H, Da, Dc;
+    int lda;                    // the row stride of a and b (0: Da); Da may be a column slice of wider rows
+    float *part;                // [B,T,H,Dc] float32 partial outputs (NULL: none): with part_out, out's values
+    int part_out;               // are stored there (nothing else written); without, added to out's first
     int vec_ab, vec_c;          // rows of a, b (c) can be copied 16 bytes at a time
     float scale, eps;
 } MlWalk;
@@ -63,22 +66,22 @@ static __device__ __forceinline__ uint32_t ml_scale2(uint32_t u, float s0, float
     return pack_bf16(ml_lo(u) * s0, ml_hi(u) * s1);
 }
 
-// Rows 0..63 (tokens t0 ..) and columns c0 .. c0 + W - 1 of src [B,T,H,D] into dst (row stride lds),
+// Rows 0..63 (tokens t0 ..) and columns c0 .. c0 + W - 1 of src [B,T,H,D] (rows ld_src apart) into dst (row stride lds),
 // zero past T and past D: 16-byte cp.async copies where vec (D % 8 == 0 and src 16-byte aligned),
 // else through registers.
-static __device__ __forceinline__ void ml_load(bf16 *dst, int lds, const bf16 *src, int D, int c0, const int W,
+static __device__ __forceinline__ void ml_load(bf16 *dst, int lds, const bf16 *src, int ld_src, int D, int c0, const int W,
                                                size_t tok0, int H, int t0, int T, int vec) {
     if (vec) {
         const int n8 = W / 8;
         for (int e = threadIdx.x; e < ML_C * n8; e += ML_THREADS) {
             const int y = e / n8, j = 8 * (e - y * n8), col = c0 + j, ok = t0 + y < T && col < D;
-            const bf16 *p = ok ? src + (tok0 + (size_t)(t0 + y) * H) * D + col : src;
+            const bf16 *p = ok ? src + (tok0 + (size_t)(t0 + y) * H) * ld_src + col : src;
             cp_async16(dst + y * lds + j, p, ok ? 16 : 0);
         }
     } else {
         for (int e = threadIdx.x; e < ML_C * W; e += ML_THREADS) {
             const int y = e / W, j = e - y * W, col = c0 + j;
-            float v = t0 + y < T && col < D ? ld(src, (tok0 + (size_t)(t0 + y) * H) * D + col) : 0.0f;
+            float v = t0 + y < T && col < D ? ld(src, (tok0 + (size_t)(t0 + y) * H) * ld_src + col) : 0.0f;
             st(dst, (size_t)y * lds + j, v);
         }
     }
@@ -218,9 +221,9 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
     MlTok tk;
     {
         const int ch = REV ? NCH - 1 : 0;
-        ml_load(stg, LDA, k.a, k.Da, 0, DA, tok0, H, ch * ML_C, T, k.vec_ab);
-        ml_load(stg + ML_C * LDA, LDA, k.b, k.Da, 0, DA, tok0, H, ch * ML_C, T, k.vec_ab);
-        ml_load(stg + 2 * ML_C * LDA, LDC, k.c, k.Dc, c0s, DCS, tok0, H, ch * ML_C, T, k.vec_c);
+        ml_load(stg, LDA, k.a, k.lda, k.Da, 0, DA, tok0, H, ch * ML_C, T, k.vec_ab);
+        ml_load(stg + ML_C * LDA, LDA, k.b, k.lda, k.Da, 0, DA, tok0, H, ch * ML_C, T, k.vec_ab);
+        ml_load(stg + 2 * ML_C * LDA, LDC, k.c, k.Dc, k.Dc, c0s, DCS, tok0, H, ch * ML_C, T, k.vec_c);
         cp_async_commit();
         if (w == 0) {
             ml_tok_load(&tk, k, tok0, ch * ML_C, FWD);
@@ -232,9 +235,9 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
         const int nch = REV ? ch - 1 : ch + 1;
         if (more) {
             bf16 *s = stg + (buf ^ 1) * STAGE;
-            ml_load(s, LDA, k.a, k.Da, 0, DA, tok0, H, nch * ML_C, T, k.vec_ab);
-            ml_load(s + ML_C * LDA, LDA, k.b, k.Da, 0, DA, tok0, H, nch * ML_C, T, k.vec_ab);
-            ml_load(s + 2 * ML_C * LDA, LDC, k.c, k.Dc, c0s, DCS, tok0, H, nch * ML_C, T, k.vec_c);
+            ml_load(s, LDA, k.a, k.lda, k.Da, 0, DA, tok0, H, nch * ML_C, T, k.vec_ab);
+            ml_load(s + ML_C * LDA, LDA, k.b, k.lda, k.Da, 0, DA, tok0, H, nch * ML_C, T, k.vec_ab);
+            ml_load(s + 2 * ML_C * LDA, LDC, k.c, k.Dc, k.Dc, c0s, DCS, tok0, H, nch * ML_C, T, k.vec_c);
             if (w == 0) ml_tok_load(&tk, k, tok0, nch * ML_C, FWD);
         }
         cp_async_commit();
@@ -367,8 +370,17 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
                 const int x = xr[h], c = c0s + 8 * ct + lc;
                 if (t0 + x >= T || c >= k.Dc) continue;
                 const size_t o = (tok0 + (size_t)(t0 + x) * H) * k.Dc + c;
-                const float v0 = oacc[ct][2 * h] * rscale[h], v1 = oacc[ct][2 * h + 1] * rscale[h];
+                float v0 = oacc[ct][2 * h] * rscale[h], v1 = oacc[ct][2 * h + 1] * rscale[h];
                 const int two = c + 1 < k.Dc;
+                if (k.part) {
+                    if (k.part_out) {
+                        k.part[o] = v0;
+                        if (two) k.part[o + 1] = v1;
+                        continue;
+                    }
+                    v0 += k.part[o];
+                    if (two) v1 += k.part[o + 1];
+                }
                 if (two && (k.Dc & 1) == 0) {
                     *(uint32_t *)(k.out + o) = pack_bf16(v0, v1);
                 } else {

@@ -18,8 +18,10 @@
  * float32 per-slice dot products, plus m's path carried back through m_t's max to the winning gate; a
  * block per pair: deterministic, no atomics).
  *
- * Heads: Dk, Dv from 1 to 256, padded with zeros to the kernels' 64, 128 or 256; rows of a multiple
- * of 8 elements (16-byte aligned) are copied by cp.async, others through registers (slower).
+ * Heads: Dk, Dv from 1 to 512. The walks' contraction (Da) is padded with zeros to the kernels' 64,
+ * 128 or 256; a Da over 256 runs as two walks over its column slices (ml_walk2: the backward; the
+ * forward with Dk > 256 takes the recurrent form); rows of a multiple of 8 elements (16-byte aligned)
+ * are copied by cp.async, others through registers (slower).
  */
 #include <math.h>
 
@@ -33,7 +35,8 @@ extern "C" int cuda_mlstm_fwd(const Backend *be, const MnSeqDims *d, const Mlstm
 extern "C" int cuda_mlstm_bwd(const Backend *be, const MnSeqDims *d, const MlstmOpts *o, const MlstmBwd *io);
 extern "C" int cuda_mlstm_supports(const Backend *be, const MnSeqDims *d);
 
-#define ML_MAXD 256
+#define ML_MAXD 512  // the walks' contraction takes 256 at once; above, two column slices (ml_walk2)
+#define ML_WALKD 256
 
 // ------------------------------------------------------------------------------ the walks
 
@@ -84,7 +87,8 @@ static int ml_launch(CudaCtx *c, int kind, MlWalk *k) {
     const int DA = ml_da(k->Da), pairs = k->B * k->H, DCS = ml_dcs(c, DA, pairs, k->Dc);
     MlKernel f = ml_kernel(kind, DA, DCS);
     if (!f) return mn_error(MN_ERR_UNSUPPORTED, "cuda mlstm: no walk kernel for %d x %d", DA, DCS);
-    k->vec_ab = ml_vec(k->Da, k->a) && ml_vec(k->Da, k->b);
+    if (!k->lda) k->lda = k->Da;
+    k->vec_ab = ml_vec(k->lda, k->a) && ml_vec(k->lda, k->b);
     k->vec_c = ml_vec(k->Dc, k->c);
     const size_t smem = ML_SMEM(DA, DCS);
     if (smem > c->smem_optin)
@@ -97,13 +101,30 @@ static int ml_launch(CudaCtx *c, int kind, MlWalk *k) {
     return MN_OK;
 }
 
+// The contraction size of the last slice ml_walk2 runs (the one that writes out and dotp).
+static int ml_da_last(int Da) { return Da <= ML_WALKD ? Da : Da - ML_WALKD; }
+
+// A backward walk whose contraction Da may exceed 256: out is linear in the products A B^T and in
+// the state over Da, so columns 0..255 of A and B run first into float32 partial outputs (no extra
+// term: ex dropped, be or ae then 0), the rest second with the extra term, adding the partials before
+// out's one rounding to bf16 and the dot products (dotp) of the sum. part: [B,T,H,Dc] float32 scratch.
+static int ml_walk2(CudaCtx *c, float *part, int kind, MlWalk *k) {
+    if (k->Da <= ML_WALKD) return ml_launch(c, kind, k);
+    MlWalk p = *k;
+    p.lda = k->Da, p.Da = ML_WALKD, p.ex = NULL, p.dotw = NULL, p.dotp = NULL, p.part = part, p.part_out = 1;
+    MN_TRY(ml_launch(c, kind, &p));
+    MlWalk r = *k;
+    r.lda = k->Da, r.Da = k->Da - ML_WALKD, r.a = k->a + ML_WALKD, r.b = k->b + ML_WALKD, r.part = part, r.part_out = 0;
+    return ml_launch(c, kind, &r);
+}
+
 // -------------------------------------------------------------------------- the recurrent form
 
 // A block per (pair, 16 rows of Dv): warp w holds rows 4 w .. 4 w + 3 of C, lane l the columns l,
 // l + 32, .. (NC of them), and n's columns likewise; m and nq are worked out by every warp.
 #define MR_RW 4
 #define MR_WARPS 4
-#define MR_NC 8
+#define MR_NC 16
 
 typedef struct {
     const bf16 *q, *k, *v;
@@ -188,6 +209,7 @@ MR_KERNEL(1)
 MR_KERNEL(2)
 MR_KERNEL(4)
 MR_KERNEL(8)
+MR_KERNEL(16)
 
 // ------------------------------------------------------------------------------ the backward
 
@@ -326,7 +348,8 @@ extern "C" int cuda_mlstm_fwd(const Backend *be, const MnSeqDims *d, const Mlstm
         n0 = cp;
         m0 = cp + pairs * d->Dk;
     }
-    if (o->form == MN_FORM_RECURRENT || (o->form == MN_FORM_AUTO && d->T < 16)) {
+    // Dk above 256: the recurrent form (the chunkwise forward's den needs the whole q . n at once)
+    if (o->form == MN_FORM_RECURRENT || (o->form == MN_FORM_AUTO && d->T < 16) || d->Dk > ML_WALKD) {
         MlRec a = {(const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, (const float *)io->fg,
                    (const float *)io->ig, (const float *)io->c0, n0, m0, (bf16 *)io->h, (float *)io->nq,
                    (float *)io->m, (float *)io->cT, (float *)io->nT, (float *)io->mT, d->T, d->H, d->Dk, d->Dv,
@@ -335,7 +358,8 @@ extern "C" int cuda_mlstm_fwd(const Backend *be, const MnSeqDims *d, const Mlstm
         if (d->Dk <= 32) mlstm_rec_kernel_1<<<grid, MR_WARPS * 32, 0, c->stream>>>(a);
         else if (d->Dk <= 64) mlstm_rec_kernel_2<<<grid, MR_WARPS * 32, 0, c->stream>>>(a);
         else if (d->Dk <= 128) mlstm_rec_kernel_4<<<grid, MR_WARPS * 32, 0, c->stream>>>(a);
-        else mlstm_rec_kernel_8<<<grid, MR_WARPS * 32, 0, c->stream>>>(a);
+        else if (d->Dk <= 256) mlstm_rec_kernel_8<<<grid, MR_WARPS * 32, 0, c->stream>>>(a);
+        else mlstm_rec_kernel_16<<<grid, MR_WARPS * 32, 0, c->stream>>>(a);
         LAUNCH_CHECK();
         return MN_OK;
     }
@@ -368,10 +392,12 @@ extern "C" int cuda_mlstm_bwd(const Backend *be, const MnSeqDims *d, const Mlstm
     CudaCtx *c = cuda_ctx(be);
     const size_t ntok = (size_t)d->B * d->T * d->H;
     const int pairs = d->B * d->H;
-    const int dcs_k = ml_dcs(c, ml_da(d->Dv), pairs, d->Dk), sk = (d->Dk + dcs_k - 1) / dcs_k;
-    float *ws = (float *)cuda_scratch(be, sizeof(float) * ntok * (3 + 2 * (size_t)sk));
+    const int dcs_k = ml_dcs(c, ml_da(ml_da_last(d->Dv)), pairs, d->Dk), sk = (d->Dk + dcs_k - 1) / dcs_k;
+    const size_t np = d->Dk > ML_WALKD || d->Dv > ML_WALKD ? (size_t)(d->Dk > d->Dv ? d->Dk : d->Dv) : 0;
+    float *ws = (float *)cuda_scratch(be, sizeof(float) * ntok * (3 + 2 * (size_t)sk + np));
     if (!ws) return MN_ERR_NOMEM;
     float *rinv = ws, *dnq = ws + ntok, *dm = dnq + ntok, *pq = dm + ntok, *pk = pq + (size_t)sk * ntok;
+    float *part = pk + (size_t)sk * ntok;  // ml_walk2's partial outputs where a contraction exceeds 256
     const bf16 *h = (const bf16 *)io->h, *dh = (const bf16 *)io->dh;
     const float *nq = (const float *)io->nq, *m = (const float *)io->m;
     mlstm_prep_kernel<<<grid_for(ntok, 8), 256, 0, c->stream>>>(h, dh, nq, m, rinv, dnq, dm, ntok, d->Dv, o->eps);
@@ -388,21 +414,21 @@ extern "C" int cuda_mlstm_bwd(const Backend *be, const MnSeqDims *d, const Mlstm
     q.Da = d->Dv, q.Dc = d->Dk;
     q.rs = rinv, q.rs_side = 1, q.ex = dnq, q.ex_side = 1;
     q.out = (bf16 *)io->dq, q.dotw = (const bf16 *)io->q, q.dotp = pq;
-    MN_TRY(ml_launch(c, 1, &q));
+    MN_TRY(ml_walk2(c, part, 1, &q));
     // dk: A = v, B = dh (rinv), C = q; be = dnq
     MlWalk kw = k;
     kw.a = (const bf16 *)io->v, kw.b = (const bf16 *)io->dh, kw.c = (const bf16 *)io->q;
     kw.Da = d->Dv, kw.Dc = d->Dk;
     kw.rs = rinv, kw.rs_side = 2, kw.ex = dnq, kw.ex_side = 2;
     kw.out = (bf16 *)io->dk, kw.dotw = (const bf16 *)io->k, kw.dotp = pk;
-    MN_TRY(ml_launch(c, 2, &kw));
+    MN_TRY(ml_walk2(c, part, 2, &kw));
     // dv: A = k, B = q, C = dh (rinv)
     MlWalk v = k;
     v.a = (const bf16 *)io->k, v.b = (const bf16 *)io->q, v.c = (const bf16 *)io->dh;
     v.Da = d->Dk, v.Dc = d->Dv;
     v.rs = rinv, v.rs_side = 3;
     v.out = (bf16 *)io->dv;
-    MN_TRY(ml_launch(c, 2, &v));
+    MN_TRY(ml_walk2(c, part, 2, &v));
     float *dfg = (float *)io->dfg, *dig = (float *)io->dig;
     const float *fg = (const float *)io->fg, *ig = (const float *)io->ig;
     mlstm_gates_kernel<<<(unsigned)pairs, ML_GT, 0, c->stream>>>(pq, pk, sk, sk, dm, fg, ig, m, dfg, dig, d->B, d->T, d->H);

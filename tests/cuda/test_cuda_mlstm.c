@@ -1,7 +1,8 @@
 // The mLSTM core on the GPU (src/cuda/mlstm_cuda.cu, mlstm_chunk.cuh: the backend's mlstm->fwd, bwd)
 // against the CPU backend's (src/cpu/mlstm.c, float32), through the op tables, on awkward shapes:
-// T not a multiple of the chunk (1, 67, 130, 200), B 2, H 3, heads of 16, 17, 24, 64, 128, 256 and
-// Dk != Dv, hard gates (input gates up to +-20, forget gates near 1: sigmoid(6 +- 2)), and eps 0.5 and
+// T not a multiple of the chunk (1, 67, 75, 130, 200), B 2, H 3, heads of 16, 17, 24, 64, 128, 256 and
+// Dk != Dv, heads above 256 (320 x 448, 384, 512, 64 x 384: the forward's recurrent form where Dk > 256,
+// the backward's walks in two slices of the contraction), hard gates (input gates up to +-20, forget gates near 1: sigmoid(6 +- 2)), and eps 0.5 and
 // 0.05, where the backward's exact gradient through the stabiliser m (core/backend.h: dL/dm_t =
 // -(dh_t . h_t) eps / den_t, back through m_t's max to the winning gate) is a large part of dfg and dig
 // (the CPU emulation without it: dfg off by 0.76, dig by 0.39). Both get the same inputs, q, k, v, dh
@@ -242,6 +243,10 @@ TEST(cuda_mlstm_matches_cpu) {
         {1, 64, 3, 128, 64, 1},   // one whole chunk, Dv < Dk
         {2, 130, 2, 32, 32, 1, 0.5},  // eps 0.5: m's path in the backward is then O(1) of dfg, dig
         {1, 67, 1, 64, 64, 0, 0.05},  //         and eps 0.05
+        {2, 75, 2, 320, 448, 0},      // heads above 256: Dk 320, Dv 448
+        {1, 130, 2, 384, 384, 1},     // the xLSTM 125M model's heads, hard gates
+        {1, 70, 1, 512, 512, 0},      // the 350M model's
+        {1, 67, 2, 64, 384, 0, 0.5},  // Dk 64 (the chunkwise forward), Dv 384 (dq, dk in two slices); eps 0.5
     };
     memset(worst, 0, sizeof worst);
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -282,9 +287,7 @@ static double *rows_of(const double *x, int B, int T, int H, int D, int t0, int 
 // cT, n0 / nT, m0 / mT aliasing one buffer each): a chunkwise prefill of 70 tokens, 5 tokens decoded
 // one call each (the recurrent form, as AUTO picks for T = 1), the remaining 55 as one more chunkwise
 // call from the state. h within BF16_TOL, the final states within C_TOL, NQ_TOL, M_TOL.
-TEST(cuda_mlstm_prefill_decode_matches_forward) {
-    if (!setup()) return;
-    const MShape s = {2, 130, 2, 64, 48, 1};
+static void prefill_decode(const MShape s) {
     MCase c;
     mcase_init(&c, &s, 7);
     MOuts full;
@@ -314,21 +317,29 @@ TEST(cuda_mlstm_prefill_decode_matches_forward) {
     }
     double *cT = down(G, C, c.ns, MEM_F32), *nT = down(G, n, c.np * Dk, MEM_F32), *mT = down(G, m, c.np, MEM_F32);
     memset(worst, 0, sizeof worst);
-    cmp("prefill 70 + 5 decoded + 55", 0, h, full.h, c.nv, BF16_TOL);
-    cmp("prefill 70 + 5 decoded + 55", 3, cT, full.cT, c.ns, C_TOL);
-    cmp("prefill 70 + 5 decoded + 55", 4, nT, full.nT, c.np * Dk, NQ_TOL);
-    cmp("prefill 70 + 5 decoded + 55", 5, mT, full.mT, c.np, M_TOL);
+    char tag[96];
+    snprintf(tag, sizeof tag, "prefill 70 + 5 decoded + 55, Dk %d Dv %d", Dk, Dv);
+    cmp(tag, 0, h, full.h, c.nv, BF16_TOL);
+    cmp(tag, 3, cT, full.cT, c.ns, C_TOL);
+    cmp(tag, 4, nT, full.nT, c.np * Dk, NQ_TOL);
+    cmp(tag, 5, mT, full.mT, c.np, M_TOL);
     free(h); free(cT); free(nT); free(mT);
     G->free(G, C); G->free(G, n); G->free(G, m);
     mouts_free(&full);
     mcase_free(&c);
 }
 
-// Heads over 256 are refused by supports, naming the size; 256 is taken.
+TEST(cuda_mlstm_prefill_decode_matches_forward) {
+    if (!setup()) return;
+    prefill_decode((MShape){2, 130, 2, 64, 48, 1});
+    prefill_decode((MShape){1, 130, 2, 384, 320, 0});  // heads above 256
+}
+
+// Heads over 512 are refused by supports, naming the size; 512 is taken.
 TEST(cuda_mlstm_refuses_wide_heads) {
     if (!setup()) return;
-    MnSeqDims ok = {1, 8, 1, 256, 256}, wide = {1, 8, 1, 64, 320};
-    CHECK(G->mlstm->supports(G, &ok) == MN_OK, "256 refused: %s", mn_last_error());
-    CHECK(G->mlstm->supports(G, &wide) == MN_ERR_UNSUPPORTED, "Dv 320 taken");
-    CHECK(strstr(mn_last_error(), "320") != NULL, "the message does not name the size: %s", mn_last_error());
+    MnSeqDims ok = {1, 8, 1, 512, 512}, wide = {1, 8, 1, 64, 576};
+    CHECK(G->mlstm->supports(G, &ok) == MN_OK, "512 refused: %s", mn_last_error());
+    CHECK(G->mlstm->supports(G, &wide) == MN_ERR_UNSUPPORTED, "Dv 576 taken");
+    CHECK(strstr(mn_last_error(), "576") != NULL, "the message does not name the size: %s", mn_last_error());
 }
