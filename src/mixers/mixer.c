@@ -1,4 +1,5 @@
 // The registry of sequence mixers, and the per-block patterns of configs.
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -93,6 +94,22 @@ int mixer_declare_table(const char *prefix, const MixerParam *p, int np, ParamSp
             return mn_error(MN_ERR_ARG, "too many parameter tensors");
     }
     return MN_OK;
+}
+
+MlstmOpts mixer_mlstm_opts(const Mixer *m, int dk) {
+    MlstmOpts o = {.scale = 1 / sqrtf((float)dk), .eps = 1e-6f, .form = m->solver.form, .chunk = m->solver.chunk};
+    return o;
+}
+
+int mixer_need_mlstm(const Mixer *m) {
+    const MlstmOps *o = m->be->mlstm;
+    if (!o || !o->fwd || !o->bwd || !o->gates_fwd || !o->gates_bwd) return mixer_unsupported(m, "it has no mLSTM core");
+    return MN_OK;
+}
+
+int mixer_check_decode(const Mixer *m, int state_B, int B) {
+    if (state_B == B) return MN_OK;
+    return mn_error(MN_ERR_ARG, "%s: decoding %d sequences, but the state was reset for %d", m->ops->name, B, state_B);
 }
 
 int mixer_fill_ones(const Backend *be, void *p, size_t n) {

@@ -185,6 +185,14 @@ typedef struct {
 } MixerParam;
 int mixer_declare_table(const char *prefix, const MixerParam *p, int np, ParamSpec *out, int *n, int max);
 
+// The mLSTM layers' shared core settings: q.k scaled by Dk^-1/2, NX-AI's (and transformers')
+// denominator eps 1e-6, the form and chunk of the mixer's solver settings.
+MlstmOpts mixer_mlstm_opts(const Mixer *m, int dk);
+// MN_ERR_UNSUPPORTED naming the mixer and the backend unless the backend has the whole mLSTM core.
+int mixer_need_mlstm(const Mixer *m);
+// MN_ERR_ARG unless a decoding call's B matches the B its state was reset for (state_B).
+int mixer_check_decode(const Mixer *m, int state_B, int B);
+
 // Sets n MEM_ACT elements of p to 1 (a bias added through scale_add's learnable-scale form).
 int mixer_fill_ones(const Backend *be, void *p, size_t n);
 

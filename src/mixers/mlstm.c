@@ -27,9 +27,6 @@ typedef struct {
     void *C, *n, *ms;  // decoding state [B,H,Dv,Dk], [B,H,Dk], [B,H] f32
 } Mlstm;
 
-// NX-AI's (and Hugging Face's) epsilon of the denominator.
-static const float MLSTM_EPS = 1e-6f;
-
 static ShellKind mlstm_kind(void) {
     ShellKind k = {.gate = 1, .beta = 1, .beta_scale = 1, .bound = 0, .mlstm = 1};
     return k;
@@ -67,12 +64,6 @@ static int ensure_capacity(Mixer *m, int N) {
     return N > s->sh.cap ? shell_alloc_buffers(m, &s->sh, N) : MN_OK;
 }
 
-static MlstmOpts opts(const Mixer *m) {
-    MlstmOpts o = {.scale = 1 / sqrtf((float)m->cfg->head_dim), .eps = MLSTM_EPS, .form = m->solver.form,
-                   .chunk = m->solver.chunk};
-    return o;
-}
-
 static int mlstm_forward(Mixer *m, void *y, const void *u, int B, int T, int use_state) {
     const Backend *be = m->be;
     Mlstm *s = m->priv;
@@ -81,7 +72,7 @@ static int mlstm_forward(Mixer *m, void *y, const void *u, int B, int T, int use
     MN_TRY(ensure_capacity(m, B * T));
     MN_TRY(shell_in_fwd(m, sh, u, B, T, use_state));
     MnSeqDims d = shell_dims(sh, m->cfg, B, T);
-    MlstmOpts o = opts(m);
+    MlstmOpts o = mixer_mlstm_opts(m, m->cfg->head_dim);
     MlstmFwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .fg = sh->g, .ig = sh->beta, .h = sh->o, .nq = s->nq, .m = s->m};
     if (use_state) {
         io.c0 = io.cT = s->C;
@@ -99,7 +90,7 @@ static int mlstm_backward(Mixer *m, void *du, const void *dy) {
     if (!sh->cap) return mn_error(MN_ERR_ARG, "%s: backward before any forward", m->ops->name);
     MN_TRY(shell_out_bwd(m, sh, dy));
     MnSeqDims d = shell_dims(sh, m->cfg, sh->B, sh->T);
-    MlstmOpts o = opts(m);
+    MlstmOpts o = mixer_mlstm_opts(m, m->cfg->head_dim);
     MlstmBwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .fg = sh->g, .ig = sh->beta, .h = sh->o, .nq = s->nq,
                    .m = s->m, .dh = sh->d_o, .dq = sh->d_q, .dk = sh->d_k, .dv = sh->d_v, .dfg = sh->d_g,
                    .dig = sh->d_beta};
@@ -148,8 +139,7 @@ static void mlstm_destroy(Mixer *m) {
 
 static int mlstm_create(Mixer *m) {
     const Backend *be = m->be;
-    if (!be->mlstm || !be->mlstm->fwd || !be->mlstm->bwd || !be->mlstm->gates_fwd || !be->mlstm->gates_bwd)
-        return mixer_unsupported(m, "it has no mLSTM core");
+    MN_TRY(mixer_need_mlstm(m));
     MnSeqDims d = mixer_layer_dims(m);
     if (be->mlstm->supports) MN_TRY(mixer_supports(m, be->mlstm->supports(be, &d)));
     Mlstm *s = calloc(1, sizeof(Mlstm));

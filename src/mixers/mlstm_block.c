@@ -138,12 +138,6 @@ static MnSeqDims core_dims(const ModelConfig *c, int B, int T) {
     return d;
 }
 
-static MlstmOpts core_opts(const Mixer *m) {
-    MlstmOpts o = {.scale = 1 / sqrtf((float)m->cfg->head_dim), .eps = 1e-6f, .form = m->solver.form,
-                   .chunk = m->solver.chunk};
-    return o;
-}
-
 static void *at_act(const Backend *be, void *p, size_t elems) { return (char *)p + elems * be->elem_size(be, MEM_ACT); }
 
 static int mb_forward(Mixer *m, void *y, const void *u, int B, int T, int use_state) {
@@ -151,9 +145,7 @@ static int mb_forward(Mixer *m, void *y, const void *u, int B, int T, int use_st
     const ModelConfig *c = m->cfg;
     MlstmBlock *s = m->priv;
     int N = B * T, D = c->dim, Di = inner(c), H = c->n_heads, K = c->conv_size, nb = Di / QKV_BLOCK;
-    if (use_state && s->state_B != B)
-        return mn_error(MN_ERR_ARG, "%s: decoding %d sequences, but the state was reset for %d", m->ops->name, B,
-                        s->state_B);
+    if (use_state) MN_TRY(mixer_check_decode(m, s->state_B, B));
     MN_TRY(ensure_capacity(m, N));
     scratch_views(m, s, (size_t)N);
     s->u = u;
@@ -178,7 +170,7 @@ static int mb_forward(Mixer *m, void *y, const void *u, int B, int T, int use_st
     MN_TRY(be->linear_fwd(be, s->fpre, s->qkv, w[F_W], w[F_B], N, 3 * Di, H));
     MN_TRY(be->mlstm->gates_fwd(be, s->fg, s->ig, s->fpre, s->ipre, (size_t)N * H, 0));
     MnSeqDims d = core_dims(c, B, T);
-    MlstmOpts o = core_opts(m);
+    MlstmOpts o = mixer_mlstm_opts(m, m->cfg->head_dim);
     MlstmFwd io = {.q = s->q, .k = s->k, .v = s->v, .fg = s->fg, .ig = s->ig, .h = s->h, .nq = s->nq, .m = s->m};
     if (use_state) {
         io.c0 = io.cT = s->C;
@@ -213,7 +205,7 @@ static int mb_backward(Mixer *m, void *du, const void *dy) {
     void *rstd = s->stats, *mean = (char *)s->stats + (size_t)N * H * be->elem_size(be, MEM_F32);
     MN_TRY(be->layernorm_bwd(be, s->d_h, dw[ONORM], s->d_t, s->h, w[ONORM], mean, rstd, N, Di, c->head_dim, Di, 0));
     MnSeqDims d = core_dims(c, B, T);
-    MlstmOpts o = core_opts(m);
+    MlstmOpts o = mixer_mlstm_opts(m, m->cfg->head_dim);
     MlstmBwd io = {.q = s->q, .k = s->k, .v = s->v, .fg = s->fg, .ig = s->ig, .h = s->h, .nq = s->nq, .m = s->m,
                    .dh = s->d_h, .dq = s->d_q, .dk = s->d_k, .dv = s->d_v, .dfg = s->d_fg, .dig = s->d_ig};
     MIXER_TIMED(m, &m->core_seconds, be->mlstm->bwd(be, &d, &o, &io));
@@ -298,8 +290,7 @@ static void mb_destroy(Mixer *m) {
 
 static int mb_create(Mixer *m) {
     const Backend *be = m->be;
-    if (!be->mlstm || !be->mlstm->fwd || !be->mlstm->bwd || !be->mlstm->gates_fwd || !be->mlstm->gates_bwd)
-        return mixer_unsupported(m, "it has no mLSTM core");
+    MN_TRY(mixer_need_mlstm(m));
     if (!be->layernorm_fwd || !be->headwise_fwd || !be->scale_add_fwd)
         return mixer_unsupported(m, "it lacks the block's LayerNorm, block-diagonal projection or skip ops");
     MnSeqDims d = mixer_layer_dims(m);

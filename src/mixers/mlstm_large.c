@@ -129,12 +129,6 @@ static MnSeqDims core_dims(const ModelConfig *c, int B, int T) {
     return d;
 }
 
-static MlstmOpts core_opts(const Mixer *m) {
-    MlstmOpts o = {.scale = 1 / sqrtf((float)dk(m->cfg)), .eps = 1e-6f, .form = m->solver.form,
-                   .chunk = m->solver.chunk};
-    return o;
-}
-
 static void *f32_at(const Backend *be, void *p, size_t elems) { return (char *)p + elems * be->elem_size(be, MEM_F32); }
 
 static int ml_forward(Mixer *m, void *y, const void *u, int B, int T, int use_state) {
@@ -142,9 +136,7 @@ static int ml_forward(Mixer *m, void *y, const void *u, int B, int T, int use_st
     const ModelConfig *c = m->cfg;
     MlstmLarge *s = m->priv;
     int N = B * T, D = c->dim, H = c->n_heads, QK = H * dk(c), V = H * dv(c);
-    if (use_state && s->state_B != B)
-        return mn_error(MN_ERR_ARG, "%s: decoding %d sequences, but the state was reset for %d", m->ops->name, B,
-                        s->state_B);
+    if (use_state) MN_TRY(mixer_check_decode(m, s->state_B, B));
     MN_TRY(ensure_capacity(m, N));
     scratch_views(m, s, (size_t)N);
     s->u = u;
@@ -159,7 +151,7 @@ static int ml_forward(Mixer *m, void *y, const void *u, int B, int T, int use_st
     MN_TRY(be->linear_fwd(be, s->fpre, u, w[WF], w[BF], N, D, H));
     MN_TRY(be->mlstm->gates_fwd(be, s->fg, s->ig, s->fpre, s->ipre, (size_t)N * H, c->gate_cap));
     MnSeqDims d = core_dims(c, B, T);
-    MlstmOpts o = core_opts(m);
+    MlstmOpts o = mixer_mlstm_opts(m, dk(m->cfg));
     MlstmFwd io = {.q = s->q, .k = s->k, .v = s->v, .fg = s->fg, .ig = s->ig, .h = s->h, .nq = s->nq, .m = s->m};
     if (use_state) {
         io.c0 = io.cT = s->C;
@@ -188,7 +180,7 @@ static int ml_backward(Mixer *m, void *du, const void *dy) {
     MN_TRY(be->layernorm_bwd(be, s->d_h, dw[HNORM], s->d_hn, s->h, w[HNORM], f32_at(be, s->stats, (size_t)N * H),
                              s->stats, N, V, dv(c), V, 0));
     MnSeqDims d = core_dims(c, B, T);
-    MlstmOpts o = core_opts(m);
+    MlstmOpts o = mixer_mlstm_opts(m, dk(m->cfg));
     MlstmBwd io = {.q = s->q, .k = s->k, .v = s->v, .fg = s->fg, .ig = s->ig, .h = s->h, .nq = s->nq, .m = s->m,
                    .dh = s->d_h, .dq = s->d_q, .dk = s->d_k, .dv = s->d_v, .dfg = s->d_fg, .dig = d_ig};
     MIXER_TIMED(m, &m->core_seconds, be->mlstm->bwd(be, &d, &o, &io));
@@ -255,8 +247,7 @@ static void ml_destroy(Mixer *m) {
 
 static int ml_create(Mixer *m) {
     const Backend *be = m->be;
-    if (!be->mlstm || !be->mlstm->fwd || !be->mlstm->bwd || !be->mlstm->gates_fwd || !be->mlstm->gates_bwd)
-        return mixer_unsupported(m, "it has no mLSTM core");
+    MN_TRY(mixer_need_mlstm(m));
     if (!be->layernorm_fwd || !be->sigmoid_gate_fwd) return mixer_unsupported(m, "it lacks LayerNorm or the sigmoid gate");
     MnSeqDims d = mixer_layer_dims(m);
     if (be->mlstm->supports) MN_TRY(mixer_supports(m, be->mlstm->supports(be, &d)));
