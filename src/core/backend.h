@@ -188,6 +188,58 @@ typedef struct {
     int (*supports)(const Backend *be, const SlstmDims *d);  // MN_ERR_UNSUPPORTED naming the size, or NULL
 } SlstmOps;
 
+// The diagonal recurrences (docs/spec/mixers.md sections 3 and 6; spec/reference/gdn-longhorn-notes.md
+// part B): per sequence, channel c < C and state slot j < N, a float32 state h[c,j] from h_0 (zero, or
+// the given state), element-wise:
+//   h_t[c,j] = a_t[c,j] h_{t-1}[c,j] + b_t[c,j],   y_t[c] = read-out of h_t[c,:]
+// One scan machinery serves every kind; the kind's gate arithmetic makes (a, b) and the read-out
+// inside the scan, so that the gates are never written to memory and read back.
+//
+//   SCAN_RGLRU (Griffin's RG-LRU, Hawk; N = 1), with r = sigmoid(r~), i = sigmoid(i~):
+//     log a_t = -8 r_t softplus(w[c]),  b_t = sqrt(1 - a_t^2) i_t x_t,  y_t = h_t
+//     and, where `reset` is set, t = 0 is the sequence's first position: a_0 = 0 (the state before it
+//     is dropped) and b_0 = i_0 x_0 (no input scaling) -- transformers' RecurrentGemma. The backward
+//     bounds d sqrt(u)/du at 1000 as transformers' SqrtBoundDerivative does (u >= 2.5e-7 exact).
+//   SCAN_LONGHORN (N = d_state, 16), with beta = sigmoid(r~ + w[c]), kappa_t = |k_t|^2:
+//     Delta_t = beta_t / (1 + beta_t kappa_t),  a_t[c,j] = 1 - Delta_t[c] k_t[j]^2,
+//     b_t[c,j] = Delta_t[c] x_t[c] k_t[j],  y_t[c] = sum_j h_t[c,j] q_t[j] + skip[c] x_t[c]
+typedef enum { SCAN_RGLRU, SCAN_LONGHORN } ScanKind;
+
+typedef struct {
+    ScanKind kind;
+    int B, T, C;  // sequences, tokens, channels
+    int N;        // state slots per channel: 1 (RG-LRU), d_state (Longhorn)
+    int reset;    // SCAN_RGLRU: t = 0 starts every sequence (see above); 0: it continues the given state
+} ScanDims;
+
+typedef struct {
+    const void *x;       // [B,T,C] MEM_ACT: the input
+    const void *r;       // [B,T,C] MEM_ACT: RG-LRU's recurrence-gate pre-activation; Longhorn's delta (beta's, before its bias)
+    const void *i;       // [B,T,C] MEM_ACT: RG-LRU's input-gate pre-activation; Longhorn: NULL
+    const void *k, *q;   // [B,T,N] MEM_ACT: Longhorn's key and query (B and C in Mamba's names); RG-LRU: NULL
+    const void *w;       // [C] MEM_PARAM: RG-LRU's Lambda; Longhorn's beta bias
+    const void *skip;    // [C] MEM_PARAM: Longhorn's D; RG-LRU: NULL
+    const void *s0;      // [B,C,N] MEM_F32: the initial state, or NULL (zero)
+    void *y;             // [B,T,C] MEM_ACT
+    void *sT;            // [B,C,N] MEM_F32: the final state, or NULL (may alias s0)
+} ScanFwd;
+
+typedef struct {
+    const void *x, *r, *i, *k, *q, *w, *skip;  // the forward's (from a zero state, `reset` as there)
+    const void *dy;                            // [B,T,C] MEM_ACT
+    void *dx, *dr, *di;                        // MEM_ACT, shapes of x, r, i (=; di NULL where i is)
+    void *dk, *dq;                             // [B,T,N] MEM_ACT (=), Longhorn
+    void *dw, *dskip;                          // [C] MEM_F32 (+=; dskip NULL where skip is)
+} ScanBwd;
+
+typedef struct {
+    // The backward recomputes what it needs of the forward (the states at its chunks' boundaries):
+    // the scans are bound by memory traffic, and rereading the inputs costs less than storing T states.
+    int (*fwd)(const Backend *be, const ScanDims *d, const ScanFwd *io);
+    int (*bwd)(const Backend *be, const ScanDims *d, const ScanBwd *io);
+    int (*supports)(const Backend *be, const ScanDims *d);  // MN_ERR_UNSUPPORTED naming the size, or NULL
+} ScanOps;
+
 struct Backend {
     const char *name;
     void *ctx;  // backend-private (cuda: stream, cuBLAS handles)
@@ -322,6 +374,7 @@ struct Backend {
     const AttnOps *attn;  // mha, swa
     const MlstmOps *mlstm;  // mlstm, mlstm-block, the xlstm architecture's layers
     const SlstmOps *slstm;  // slstm-block
+    const ScanOps *scan;    // longhorn, hawk, the recurrent_gemma architecture's recurrent layers
     // --- optimiser -----------------------------------------------------------------------
     // AdamW on n parameters with gradients gscale g (gscale: the clipping factor, 1 for none; folded
     // in here rather than a pass of its own over the gradients): m, v (MEM_F32) moments; decoupled
