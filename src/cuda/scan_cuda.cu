@@ -67,27 +67,30 @@ static __host__ __device__ int sc_stage_bytes(int nin, int kq, int ns) {
     return nin * SC_L * SC_CT * 2 + (kq ? 2 * SC_L * SC_N * 2 : 0) + ns * SC_CT * 4;
 }
 
-// Copies stage s (tokens s SC_L ..) into stage buffer `buf`: the nin arrays of `chan`, k and q where kq,
+// Copies stage s (tokens s SC_L ..) into stage buffer `buf`: the nin channel arrays a0 .., k and q where kq,
 // the checkpoint where ns. Channels past C and slots past N are zero; tokens past T are not copied.
-static __device__ void sc_issue(const ScanK *k, unsigned char *buf, const bf16 *const *chan, int nin, int kq, int ns,
-                                int s) {
+static __device__ void sc_issue(const ScanK *k, unsigned char *buf, const bf16 *a0, const bf16 *a1, const bf16 *a2,
+                                const bf16 *a3, int nin, int kq, int ns, int s) {
     const int b = blockIdx.y, c0 = blockIdx.x * SC_CT, t0 = s * SC_L;
     const int n = k->T - t0 < SC_L ? k->T - t0 : SC_L;
     const int tid = threadIdx.x;
-    bf16 *cb = (bf16 *)buf;
     // channel rows: SC_CT / 8 pieces a token
-    const int pieces = nin * n * (SC_CT / 8);
-    for (int p = tid; p < pieces; p += SC_CT) {
-        const int a = p / (n * (SC_CT / 8)), rem = p % (n * (SC_CT / 8)), tt = rem / (SC_CT / 8), g = rem % (SC_CT / 8);
-        bf16 *dst = cb + ((size_t)a * SC_L + tt) * SC_CT + 8 * g;
-        const size_t row = ((size_t)b * k->T + t0 + tt) * k->C;
-        const int c = c0 + 8 * g;
-        if (k->vec && c + 8 <= k->C) {
-            cp_async16(dst, chan[a] + row + c, 16);
-        } else {
-            for (int e = 0; e < 8; e++) {
-                if (c + e < k->C) dst[e] = chan[a][row + c + e];
-                else st(dst, e, 0.0f);
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        if (a >= nin) break;
+        const bf16 *src = a == 0 ? a0 : a == 1 ? a1 : a == 2 ? a2 : a3;
+        for (int p = tid; p < n * (SC_CT / 8); p += SC_CT) {
+            const int tt = p / (SC_CT / 8), g = p % (SC_CT / 8);
+            bf16 *dst = (bf16 *)buf + ((size_t)a * SC_L + tt) * SC_CT + 8 * g;
+            const size_t row = ((size_t)b * k->T + t0 + tt) * k->C;
+            const int c = c0 + 8 * g;
+            if (k->vec && c + 8 <= k->C) {
+                cp_async16(dst, src + row + c, 16);
+            } else {
+                for (int e = 0; e < 8; e++) {
+                    if (c + e < k->C) dst[e] = src[row + c + e];
+                    else st(dst, e, 0.0f);
+                }
             }
         }
     }
@@ -120,15 +123,17 @@ static __device__ void sc_issue(const ScanK *k, unsigned char *buf, const bf16 *
 
 // ------------------------------------------------------------------------------ RG-LRU
 
-// The gates of one token: a and the input's multiplier m = sqrt(1 - a^2) (1 and a = 0 at a reset).
-static __device__ __forceinline__ void rg_gates(float rt, float coef, int first, float *a, float *m) {
+// The gates of one token: a - 1 (exact where a is within float32's rounding of 1, so that a slow
+// channel keeps its memory: a = 1 - 1e-8 would round to 1) and the input's multiplier m = sqrt(1 - a^2)
+// = sqrt(-(a - 1)(a + 1)); at a reset a = 0 and m = 1.
+static __device__ __forceinline__ void rg_gates(float rt, float coef, int first, float *am1, float *m) {
     if (first) {
-        *a = 0.0f;
+        *am1 = -1.0f;
         *m = 1.0f;
     } else {
-        const float la = coef * sigmoidf_(rt);
-        *a = __expf(la);
-        *m = sqrtf(fmaxf(-expm1f(2.0f * la), 0.0f));  // 1 - a^2 without cancellation where a is near 1
+        const float e = expm1f(coef * sigmoidf_(rt));
+        *am1 = e;
+        *m = sqrtf(fmaxf(-e * (2.0f + e), 0.0f));
     }
 }
 
@@ -139,18 +144,17 @@ static __global__ void __launch_bounds__(SC_CT) rg_fwd_kernel(const ScanK k) {
     extern __shared__ __align__(16) unsigned char sc_smem[];
     grid_wait();
     const int b = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
-    const bf16 *chan[3] = {k.x, k.r, k.i};
     const int sb = sc_stage_bytes(3, 0, 0);
     const float coef = on ? -8.0f * softplusf_(k.w[c]) : 0.0f;
     float h = on && k.s0 ? k.s0[(size_t)b * k.C + c] : 0.0f;
     for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, chan, 3, 0, 0, i);
+        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.i, NULL, 3, 0, 0, i);
         cp_async_commit();
     }
     for (int s = 0; s < k.nst; s++) {
         cp_async_wait1();
         __syncthreads();
-        if (s + SC_ST - 1 < k.nst) sc_issue(&k, sc_smem + (s + SC_ST - 1) % SC_ST * sb, chan, 3, 0, 0, s + SC_ST - 1);
+        if (s + SC_ST - 1 < k.nst) sc_issue(&k, sc_smem + (s + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.i, NULL, 3, 0, 0, s + SC_ST - 1);
         cp_async_commit();
         if (k.ckpt) k.ckpt[((size_t)b * k.nst + s) * k.Cp + c] = h;
         const bf16 *xs = (const bf16 *)(sc_smem + s % SC_ST * sb), *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
@@ -158,9 +162,11 @@ static __global__ void __launch_bounds__(SC_CT) rg_fwd_kernel(const ScanK k) {
 #pragma unroll 4
         for (int tt = 0; tt < n; tt++) {
             const int o = tt * SC_CT + threadIdx.x;
-            float a, m;
-            rg_gates(ld(rs, o), coef, k.reset && t0 + tt == 0, &a, &m);
-            h = fmaf(a, h, m * sigmoidf_(ld(is, o)) * ld(xs, o));
+            const int first = k.reset && t0 + tt == 0;
+            float am1, m;
+            rg_gates(ld(rs, o), coef, first, &am1, &m);
+            const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
+            h = first ? bt : fmaf(am1, h, h + bt);  // a h + b
             if (k.y && on) st(k.y, ((size_t)b * k.T + t0 + tt) * k.C + c, h);
         }
     }
@@ -173,19 +179,18 @@ static __global__ void __launch_bounds__(SC_CT) rg_bwd_kernel(const ScanK k) {
     extern __shared__ __align__(16) unsigned char sc_smem[];
     grid_wait();
     const int b = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
-    const bf16 *chan[4] = {k.x, k.r, k.i, k.dy};
     const int sb = sc_stage_bytes(4, 0, 1);
     const float wc = on ? k.w[c] : 0.0f, sp = softplusf_(wc), coef = -8.0f * sp, sw = sigmoidf_(wc);
     float dhc = 0.0f, dw = 0.0f;  // a_{t+1} dh_{t+1}; the sequence's part of dw
     for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, chan, 4, 0, 1, k.nst - 1 - i);
+        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.i, k.dy, 4, 0, 1, k.nst - 1 - i);
         cp_async_commit();
     }
     for (int i = 0; i < k.nst; i++) {
         const int s = k.nst - 1 - i;
         cp_async_wait1();
         __syncthreads();
-        if (i + SC_ST - 1 < k.nst) sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, chan, 4, 0, 1, s - (SC_ST - 1));
+        if (i + SC_ST - 1 < k.nst) sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.i, k.dy, 4, 0, 1, s - (SC_ST - 1));
         cp_async_commit();
         const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
         const bf16 *dys = is + SC_L * SC_CT;
@@ -198,9 +203,11 @@ static __global__ void __launch_bounds__(SC_CT) rg_bwd_kernel(const ScanK k) {
             hp[tt] = h;
             if (tt < n) {
                 const int o = tt * SC_CT + threadIdx.x;
-                float a, m;
-                rg_gates(ld(rs, o), coef, k.reset && t0 + tt == 0, &a, &m);
-                h = fmaf(a, h, m * sigmoidf_(ld(is, o)) * ld(xs, o));
+                const int first = k.reset && t0 + tt == 0;
+                float am1, m;
+                rg_gates(ld(rs, o), coef, first, &am1, &m);
+                const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
+                h = first ? bt : fmaf(am1, h, h + bt);
             }
         }
 #pragma unroll
@@ -209,10 +216,11 @@ static __global__ void __launch_bounds__(SC_CT) rg_bwd_kernel(const ScanK k) {
                 const int o = tt * SC_CT + threadIdx.x;
                 const int first = k.reset && t0 + tt == 0;
                 const float x = ld(xs, o), ig = sigmoidf_(ld(is, o)), dh = ld(dys, o) + dhc;
-                float dr = 0.0f, a = 0.0f, m = 1.0f;
+                float dr = 0.0f, am1 = -1.0f, m = 1.0f;
                 if (!first) {
-                    const float rg = sigmoidf_(ld(rs, o)), la = coef * rg, u = fmaxf(-expm1f(2.0f * la), 0.0f);
-                    a = __expf(la);
+                    const float rg = sigmoidf_(ld(rs, o));
+                    am1 = expm1f(coef * rg);
+                    const float a = 1.0f + am1, u = fmaxf(-am1 * (2.0f + am1), 0.0f);
                     m = sqrtf(u);
                     const float dm = dh * ig * x;
                     const float du = dm * rsqrtf(fmaxf(4.0f * u, SC_MAXGRAD2));
@@ -226,7 +234,7 @@ static __global__ void __launch_bounds__(SC_CT) rg_bwd_kernel(const ScanK k) {
                     st(k.di, e, dh * m * x * ig * (1.0f - ig));
                     st(k.dr, e, dr);
                 }
-                dhc = a * dh;
+                dhc = fmaf(am1, dh, dh);  // a dh
             }
         }
     }
@@ -277,7 +285,6 @@ static __global__ void __launch_bounds__(SC_CT) lh_fwd_kernel(const ScanK k) {
     extern __shared__ __align__(16) unsigned char sc_smem[];
     grid_wait();
     const int b = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
-    const bf16 *chan[2] = {k.x, k.r};
     const int sb = sc_stage_bytes(2, 1, 0);
     LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
     const float wb = on ? k.w[c] : 0.0f, skip = on ? k.skip[c] : 0.0f;
@@ -285,13 +292,13 @@ static __global__ void __launch_bounds__(SC_CT) lh_fwd_kernel(const ScanK k) {
 #pragma unroll
     for (int j = 0; j < SC_N; j++) S[j] = on && k.s0 && j < k.N ? k.s0[((size_t)b * k.C + c) * k.N + j] : 0.0f;
     for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, chan, 2, 1, 0, i);
+        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, k.x, k.r, NULL, NULL, 2, 1, 0, i);
         cp_async_commit();
     }
     for (int s = 0; s < k.nst; s++) {
         cp_async_wait1();
         __syncthreads();
-        if (s + SC_ST - 1 < k.nst) sc_issue(&k, sc_smem + (s + SC_ST - 1) % SC_ST * sb, chan, 2, 1, 0, s + SC_ST - 1);
+        if (s + SC_ST - 1 < k.nst) sc_issue(&k, sc_smem + (s + SC_ST - 1) % SC_ST * sb, k.x, k.r, NULL, NULL, 2, 1, 0, s + SC_ST - 1);
         cp_async_commit();
         const bf16 *xs = (const bf16 *)(sc_smem + s % SC_ST * sb), *rs = xs + SC_L * SC_CT;
         const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
@@ -320,17 +327,21 @@ static __global__ void __launch_bounds__(SC_CT) lh_fwd_kernel(const ScanK k) {
 
 // Sum over the warp's lanes of 32 values a lane, lane l ending with the total of value l (a transposed
 // butterfly: 31 shuffles for 32 sums, against 160 for 32 separate reductions).
+#define SC_FOLD(W)                                                                    \
+    do {                                                                              \
+        const int hi_ = (lane & (W)) != 0;                                            \
+        _Pragma("unroll") for (int e = 0; e < (W); e++) {                             \
+            const float keep_ = hi_ ? v[e + (W)] : v[e], send_ = hi_ ? v[e] : v[e + (W)]; \
+            v[e] = keep_ + __shfl_xor_sync(0xffffffffu, send_, (W));                  \
+        }                                                                             \
+    } while (0)
 static __device__ __forceinline__ float warp_sum32(float v[32]) {
     const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int w = 16; w >= 1; w >>= 1) {
-        const int hi = (lane & w) != 0;
-#pragma unroll
-        for (int e = 0; e < w; e++) {
-            const float keep = hi ? v[e + w] : v[e], send = hi ? v[e] : v[e + w];
-            v[e] = keep + __shfl_xor_sync(0xffffffffu, send, w);
-        }
-    }
+    SC_FOLD(16);
+    SC_FOLD(8);
+    SC_FOLD(4);
+    SC_FOLD(2);
+    SC_FOLD(1);
     return v[0];
 }
 
@@ -339,7 +350,6 @@ static __global__ void __launch_bounds__(SC_CT) lh_bwd_kernel(const ScanK k) {
     grid_wait();
     const int b = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const bf16 *chan[3] = {k.x, k.r, k.dy};
     const int sb = sc_stage_bytes(3, 1, SC_N);
     LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
     float *sub = (float *)(f + 1);             // [SC_L / SC_SB][SC_N][SC_CT]: the states every SC_SB tokens
@@ -350,7 +360,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_bwd_kernel(const ScanK k) {
     for (int j = 0; j < SC_N; j++) dSc[j] = 0.0f;
     float dw = 0.0f, dskip = 0.0f;
     for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, chan, 3, 1, SC_N, k.nst - 1 - i);
+        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, k.nst - 1 - i);
         cp_async_commit();
     }
     for (int i = 0; i < k.nst; i++) {
@@ -358,7 +368,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_bwd_kernel(const ScanK k) {
         cp_async_wait1();
         __syncthreads();
         if (i + SC_ST - 1 < k.nst)
-            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, chan, 3, 1, SC_N, s - (SC_ST - 1));
+            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, s - (SC_ST - 1));
         cp_async_commit();
         const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT, *dys = rs + SC_L * SC_CT;
         const bf16 *kb = dys + SC_L * SC_CT;
@@ -507,6 +517,9 @@ static int sc_check(const char *fn, const ScanDims *d, const void *io) {
     if (d->kind != SCAN_RGLRU && d->kind != SCAN_LONGHORN) return mn_error(MN_ERR_ARG, "%s: unknown kind %d", fn, (int)d->kind);
     if (d->B < 1 || d->T < 1 || d->C < 1)
         return mn_error(MN_ERR_ARG, "%s: B = %d, T = %d, C = %d: each must be >= 1", fn, d->B, d->T, d->C);
+    if (d->reset != 0 && d->reset != 1) return mn_error(MN_ERR_ARG, "%s: reset must be 0 or 1, got %d", fn, d->reset);
+    if (d->reset && d->kind != SCAN_RGLRU)
+        return mn_error(MN_ERR_ARG, "%s: reset applies to SCAN_RGLRU only (Longhorn starts from s0 or zero)", fn);
     return cuda_scan_supports(NULL, d);
 }
 
