@@ -129,7 +129,8 @@ int bench_scan(int argc, char **argv) {
             void *x = rand_buf(be, nx, MEM_ACT, -1, 1, 1), *rr = rand_buf(be, nx, MEM_ACT, -2, 2, 2);
             void *dy = rand_buf(be, nx, MEM_ACT, -1, 1, 3), *w = rand_buf(be, (size_t)C, MEM_PARAM, -2, 2, 4);
             void *i = lh ? NULL : rand_buf(be, nx, MEM_ACT, -2, 2, 5);
-            void *k = lh ? rand_buf(be, nk, MEM_ACT, -1, 1, 6) : NULL, *q = lh ? rand_buf(be, nk, MEM_ACT, -1, 1, 7) : NULL;
+            void *k = lh ? rand_buf(be, nk, MEM_ACT, -1, 1, 6) : NULL;
+            void *q = lh ? rand_buf(be, nk, MEM_ACT, -1, 1, 7) : NULL;
             void *skip = lh ? rand_buf(be, (size_t)C, MEM_PARAM, -1, 1, 8) : NULL;
             void *y = be->alloc(be, nx, MEM_ACT), *dx = be->alloc(be, nx, MEM_ACT), *dr = be->alloc(be, nx, MEM_ACT);
             void *di = lh ? NULL : be->alloc(be, nx, MEM_ACT);

@@ -9,9 +9,9 @@ committed: copy its `fla/` folder into `.fla/` (git-ignored; bench/scan_peers.sh
 Triton kernels, not a dispatch to another backend).
 
 Timing: triton.testing.do_bench's median (ms). The bytes counted are those a call must move at least,
-as bench scan counts ours: the forward reads x and g and writes o (6 bytes a (b, t, c)); the
-forward+backward adds do, and the gradients dx, dg (and the backward's reads of g and o: 6 + 8 = 14,
-20 in all). "% copy" is over a bf16 copy of 1 GiB (read + write) timed by do_bench.
+as bench scan counts ours: the forward reads x and g and writes o (6 bytes a (b, t, c)); the backward
+reads g, o and do and writes dx and dg (10: 16 in all for forward+backward). "% copy" is over a bf16
+copy of 1 GiB (read + write) timed by do_bench.
 
 Inputs: x uniform in [-1, 1), g = log sigmoid(U(0, 6)) (forget gates in 0.5 .. 0.998), do uniform.
 
@@ -86,10 +86,10 @@ def main():
             tb = triton.testing.do_bench(fwd_bwd, return_mode="median")
             fin = bool(torch.isfinite(fwd()).all() and torch.isfinite(xl.grad).all() and torch.isfinite(gl.grad).all())
             n = B * T * C
-            bf, bb = 6.0 * n, 20.0 * n
+            bf, bb = 6.0 * n, 16.0 * n
             print(f"{'fla ' + name + '_hgrn':<22} {f'{B}x{T}x{C}':<16} | {tf:9.3f} {bf / tf / 1e6:8.0f} "
-                  f"{100 * bf / tf / 1e6 / gbs:6.1f}% | {tb:9.3f} {bb / tb / 1e6:8.0f} {100 * bb / tb / 1e6 / gbs:6.1f}% | "
-                  f"{'yes' if fin else 'NO'}", flush=True)
+                  f"{100 * bf / tf / 1e6 / gbs:6.1f}% | {tb:9.3f} {bb / tb / 1e6:8.0f} "
+                  f"{100 * bb / tb / 1e6 / gbs:6.1f}% | {'yes' if fin else 'NO'}", flush=True)
             del x, g, do, xl, gl
             torch.cuda.empty_cache()
 

@@ -152,7 +152,8 @@ static int run_on(const Backend *be, const SCase *c, SOuts *o) {
     if (!rc) rc = be->sync(be);
     if (!rc) {
         o->y = down(be, y, c->nx, MEM_ACT), o->sT = down(be, sT, c->ns, MEM_F32);
-        o->dx = down(be, dx, c->nx, MEM_ACT), o->dr = down(be, dr, c->nx, MEM_ACT), o->di = down(be, di, c->nx, MEM_ACT);
+        o->dx = down(be, dx, c->nx, MEM_ACT), o->dr = down(be, dr, c->nx, MEM_ACT);
+        o->di = down(be, di, c->nx, MEM_ACT);
         o->dk = down(be, dk, c->nk, MEM_ACT), o->dq = down(be, dq, c->nk, MEM_ACT);
         o->dw = down(be, dw, C, MEM_F32), o->dskip = down(be, dskip, C, MEM_F32);
     }
@@ -261,7 +262,8 @@ static void prefill_decode(const SShape *s, int T0) {
         ScanDims dn = *d;
         dn.T = n;
         dn.reset = d->reset && t0 == 0;
-        double *xs = rows_of(c.x, B, T, C, t0, n), *rs = rows_of(c.r, B, T, C, t0, n), *is = rows_of(c.i, B, T, C, t0, n);
+        double *xs = rows_of(c.x, B, T, C, t0, n), *rs = rows_of(c.r, B, T, C, t0, n);
+        double *is = rows_of(c.i, B, T, C, t0, n);
         double *ks = rows_of(c.k, B, T, N, t0, n), *qs = rows_of(c.q, B, T, N, t0, n);
         void *x = up(G, xs, (size_t)B * n * C, MEM_ACT), *r = up(G, rs, (size_t)B * n * C, MEM_ACT);
         void *i = up(G, is, (size_t)B * n * C, MEM_ACT), *k = up(G, ks, (size_t)B * n * N, MEM_ACT);
