@@ -19,6 +19,7 @@ int cmd_bench(int argc, char **argv) {
         {"attn", bench_attn, "the softmax-attention core (mha, swa): fwd, fwd+bwd, decode steps, on the CPU or the GPU"},
         {"mesa-gpu", bench_mesa_gpu, "the Mesa core on the GPU at the anchors' shapes (see bench/fla_bench.py)"},
         {"xlstm-gpu", bench_xlstm_gpu, "the xLSTM cores (mLSTM, sLSTM) on the GPU: forward, forward+backward, decode"},
+        {"scan", bench_scan, "the diagonal recurrences (RG-LRU, Longhorn) on the GPU against a device copy's rate"},
         {"train", bench_train, "training throughput, memory and time in the Mesa layer of a model config"},
         {"decode", bench_decode, "generation throughput of a model config: eager and recorded (CUDA graph) steps"},
         {"xlstm", bench_xlstm, "the xLSTM cores (mLSTM, sLSTM): fwd, fwd+bwd, errors, on the CPU or the GPU"},

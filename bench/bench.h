@@ -9,6 +9,7 @@ int bench_mesa(int argc, char **argv);
 int bench_train(int argc, char **argv);
 int bench_mesa_gpu(int argc, char **argv);
 int bench_xlstm_gpu(int argc, char **argv);
+int bench_scan(int argc, char **argv);
 int bench_lin(int argc, char **argv);
 int bench_attn(int argc, char **argv);
 int bench_decode(int argc, char **argv);

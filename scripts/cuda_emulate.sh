@@ -18,8 +18,10 @@
 #              against a float64 reference in mlstm_emu.cpp
 #   slstm      src/cuda/slstm_cuda.cu and slstm_cluster.cu whole, cuBLAS's products as loops, a cluster's
 #              blocks run together with their barrier and remote stores (xlstm_emu.h)
+#   scan       src/cuda/scan_cuda.cu whole, kernels and host side (xlstm_emu.h), RG-LRU and Longhorn
+#              against a float64 reference in scan_emu.cpp (itself checked against finite differences)
 #
-# Usage: scripts/cuda_emulate.sh lin|lin_chunk|attn|mlstm|slstm [BUILD dir of a CPU build, default build-emu] [EXTRA]
+# Usage: scripts/cuda_emulate.sh lin|lin_chunk|attn|mlstm|slstm|scan [BUILD dir of a CPU build, default build-emu] [EXTRA]
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-}
@@ -64,8 +66,14 @@ slstm)
         -e '/#include "mma.cuh"/d' -e '/#include "slstm_cuda.cuh"/d' -e '/-- device-only: begin/,/-- device-only: end/d' \
         -e 's/extern __shared__ __align__(16) unsigned char \([a-z_]*\)\[\];/unsigned char *\1 = emu_dsmem_c[emu_cta];/' \
         -e 's/\([A-Za-z_0-9]*\)<<<\(.*\)>>>(\(.*\));/emu_launch(\1, \2, \3);/' ;;
+scan)
+    src=src/cuda/scan_cuda.cu
+    opt="-O2 -fno-strict-aliasing"
+    set -- -e 's|#include "cuda_common.cuh"|#include "xlstm_emu.h"|' \
+        -e '/#include "mma.cuh"/d' \
+        -e 's/extern __shared__ __align__(16) unsigned char \([a-z_]*\)\[\];/unsigned char *\1 = emu_dsmem_c[emu_cta];/' ;;
 *)
-    echo "usage: scripts/cuda_emulate.sh lin|lin_chunk|attn|mlstm|slstm [BUILD dir] [EXTRA]" >&2
+    echo "usage: scripts/cuda_emulate.sh lin|lin_chunk|attn|mlstm|slstm|scan [BUILD dir] [EXTRA]" >&2
     exit 2 ;;
 esac
 extra=${3:-}

@@ -12,7 +12,7 @@
  *
  * This file holds the table, the device context and the recorded launches (CUDA graphs); the ops
  * are in one file per group (cuda_ops.cuh lists them), the sequence-mixer cores in their own
- * (mesa_cuda.cu, lin_cuda.cu, lin_chunk*.cu, attn_cuda.cu, attn_cudnn.cu, mlstm_cuda.cu, slstm_cuda.cu).
+ * (mesa_cuda.cu, lin_cuda.cu, lin_chunk*.cu, attn_cuda.cu, attn_cudnn.cu, mlstm_cuda.cu, slstm_cuda.cu, scan_cuda.cu).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +36,9 @@ extern "C" int cuda_mlstm_supports(const Backend *be, const MnSeqDims *d);
 extern "C" int cuda_slstm_fwd(const Backend *be, const SlstmDims *d, const SlstmFwd *io);
 extern "C" int cuda_slstm_bwd(const Backend *be, const SlstmDims *d, const SlstmBwd *io);
 extern "C" int cuda_slstm_supports(const Backend *be, const SlstmDims *d);
+extern "C" int cuda_scan_fwd(const Backend *be, const ScanDims *d, const ScanFwd *io);
+extern "C" int cuda_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io);
+extern "C" int cuda_scan_supports(const Backend *be, const ScanDims *d);
 
 // The sequence-mixer families: mesa (mesa_cuda.cu); the linear-attention family (lin_cuda.cu and
 // lin_chunk*.cu); attention (attn_cudnn.cu, or attn_cuda.cu without cuDNN). Aggregates in the
@@ -48,6 +51,8 @@ static const AttnOps cuda_attn = {cuda_attn_fwd, cuda_attn_bwd, cuda_attn_decode
 static const MlstmOps cuda_mlstm = {cuda_mlstm_fwd, cuda_mlstm_bwd, g_mlstm_gates_fwd, g_mlstm_gates_bwd,
                                     cuda_mlstm_supports};
 static const SlstmOps cuda_slstm = {cuda_slstm_fwd, cuda_slstm_bwd, cuda_slstm_supports};
+// The diagonal recurrences, RG-LRU and Longhorn (scan_cuda.cu).
+static const ScanOps cuda_scan = {cuda_scan_fwd, cuda_scan_bwd, cuda_scan_supports};
 
 // ------------------------------------------------------------------ recorded launches
 
@@ -233,6 +238,7 @@ extern "C" const Backend *backend_cuda(void) {
     b.attn = &cuda_attn;
     b.mlstm = &cuda_mlstm;
     b.slstm = &cuda_slstm;
+    b.scan = &cuda_scan;
     b.adamw = g_adamw;
     b.sumsq = g_sumsq;
 #ifdef MN_HAVE_NCCL

@@ -50,6 +50,7 @@ static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); re
 static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 #define __expf(x) expf(x)
 #define __logf(x) logf(x)
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 static pthread_mutex_t emu_atomic = PTHREAD_MUTEX_INITIALIZER;
 static inline float atomicAdd(float *p, float v) {
@@ -317,6 +318,18 @@ static void emu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cuda
 struct cudaLaunchAttribute { int id; struct { struct { unsigned x, y, z; } clusterDim; } val; };
 struct cudaLaunchConfig_t { dim3 gridDim, blockDim; size_t dynamicSmemBytes; cudaStream_t stream; cudaLaunchAttribute *attrs; unsigned numAttrs; };
 enum { cudaLaunchAttributeClusterDimension = 4 };
+// cuda_common.cuh's programmatic dependent launch: a plain launch here (grid_wait returns at once)
+typedef struct { cudaLaunchConfig_t cfg; } Launch;
+static inline const cudaLaunchConfig_t *launch_after(Launch *l, const CudaCtx *, dim3 grid, unsigned block, size_t smem,
+                                                     cudaStream_t stream) {
+    l->cfg.gridDim = grid;
+    l->cfg.blockDim = dim3(block);
+    l->cfg.dynamicSmemBytes = smem;
+    l->cfg.stream = stream;
+    l->cfg.attrs = NULL;
+    l->cfg.numAttrs = 0;
+    return &l->cfg;
+}
 template <typename... P, typename... A>
 static int cudaLaunchKernelEx(const cudaLaunchConfig_t *c, void (*k)(P...), A... args) {
     unsigned cs = 1;

@@ -1,0 +1,639 @@
+/*
+ * The diagonal recurrences on the GPU (core/backend.h's ScanOps: Griffin's RG-LRU, N = 1, and Longhorn's
+ * update, N = d_state <= 16). x, r, i, k, q, y, dy and the token gradients are bf16; w, skip, the states
+ * and every sum are float32.
+ *
+ * Layout of the work. A block takes SC_CT channels of one sequence, a thread a channel, and walks the
+ * whole sequence: its N state values stay in registers. The inputs arrive in stages of SC_L tokens by
+ * cp.async (16-byte pieces; element copies where C or a pointer is not aligned), SC_ST stages deep, so
+ * that two stages of loads are in flight while one is computed: the walk is bound by memory (RG-LRU) or
+ * by float32 issue (Longhorn's 4 operations a state element and token), not by its chain. Longhorn's k
+ * and q (shared by every channel of a sequence) are converted once a stage into float32 k, k^2 and q with
+ * kappa = |k|^2, which every thread reads by broadcast.
+ *
+ * The backward recomputes the forward's states (core/backend.h: they are not stored). A first pass (the
+ * forward kernel with ckpt set, y not written) stores the state at every stage's start, [B][stages][N][Cp]
+ * (Cp = C rounded up to the tile); the backward kernel walks the stages from the last, each stage's
+ * checkpoint arriving with its inputs: RG-LRU recomputes the stage's 32 states h_{t-1} into registers and
+ * walks back through them; Longhorn keeps 8 states of the stage (every SC_SB = 4 tokens) in shared memory
+ * and recomputes 4 tokens at a time into registers. The adjoint dS is carried in registers. Longhorn's dk
+ * and dq are sums over channels: a warp reduces its 32 channels' 32 values a token by a transposed
+ * butterfly (lane l ends with value l), the block's warps are added in shared memory, and lh_dkq_kernel adds
+ * the blocks' partials in a fixed order (with the kappa path, 2 k dkappa): deterministic, no atomics. dw and
+ * dskip likewise: a partial per sequence, added in order by sc_param_kernel.
+ *
+ * Decoding is the forward at T = 1 with s0 and sT: one launch, no scratch, recordable into a graph; sT may
+ * alias s0 (a thread reads its channel's state before it writes it).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+#include "mma.cuh"
+
+extern "C" int cuda_scan_fwd(const Backend *be, const ScanDims *d, const ScanFwd *io);
+extern "C" int cuda_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io);
+extern "C" int cuda_scan_supports(const Backend *be, const ScanDims *d);
+
+#define SC_CT 64   // channels a block, a thread each
+#define SC_L 32    // tokens a stage (and between the backward's checkpoints)
+#define SC_ST 3    // stages in the ring: two in flight while one is computed
+#define SC_N 16    // Longhorn's state slots in the kernels (N below is padded with zero k, q)
+#define SC_SB 4    // Longhorn backward: tokens recomputed into registers at a time
+#define SC_NW (SC_CT / 32)
+#define SC_RED 33  // Longhorn backward: a token's partial sums over a block's channels (dk, dq, dkappa)
+#define SC_MAXGRAD2 1e-6f  // transformers' SqrtBoundDerivative: 4u clipped at 1 / 1000^2
+
+typedef struct {
+    const bf16 *x, *r, *i, *dy;  // [B,T,C]
+    const bf16 *k, *q;           // [B,T,N]
+    const float *w, *skip;       // [C]
+    const float *s0;             // [B,C,N] or NULL
+    bf16 *y;                     // [B,T,C] or NULL (the checkpoint pass)
+    float *sT;                   // [B,C,N] or NULL
+    float *ckpt;                 // [B][nst][SC_N or 1][Cp]: the state at each stage's start, or NULL
+    bf16 *dx, *dr, *di;          // [B,T,C]
+    float *part;                 // [B][2][C]: dw, dskip partials of each sequence
+    float *red;                  // [B][T][tiles][SC_RED]: Longhorn's dk, dq, dkappa partials
+    int B, T, C, N, Cp, nst, tiles;
+    int reset;
+    int vec;     // channel rows by 16-byte cp.async (C % 8 == 0 and aligned pointers)
+    int kqvec;   // k, q rows by cp.async (N == 16, aligned)
+} ScanK;
+
+// Shared memory of a stage: the channel inputs [nin][SC_L][SC_CT] bf16, then k, q [2][SC_L][SC_N] bf16
+// (Longhorn), then the checkpoint [ns][SC_CT] float (the backward).
+static __host__ __device__ int sc_stage_bytes(int nin, int kq, int ns) {
+    return nin * SC_L * SC_CT * 2 + (kq ? 2 * SC_L * SC_N * 2 : 0) + ns * SC_CT * 4;
+}
+
+// Copies stage s (tokens s SC_L ..) into stage buffer `buf`: the nin channel arrays a0 .., k and q where kq,
+// the checkpoint where ns. Channels past C and slots past N are zero; tokens past T are not copied.
+static __device__ void sc_issue(const ScanK *k, unsigned char *buf, const bf16 *a0, const bf16 *a1, const bf16 *a2,
+                                const bf16 *a3, int nin, int kq, int ns, int s) {
+    const int b = blockIdx.y, c0 = blockIdx.x * SC_CT, t0 = s * SC_L;
+    const int n = k->T - t0 < SC_L ? k->T - t0 : SC_L;
+    const int tid = threadIdx.x;
+    // channel rows: SC_CT / 8 pieces a token
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        if (a >= nin) break;
+        const bf16 *src = a == 0 ? a0 : a == 1 ? a1 : a == 2 ? a2 : a3;
+        for (int p = tid; p < n * (SC_CT / 8); p += SC_CT) {
+            const int tt = p / (SC_CT / 8), g = p % (SC_CT / 8);
+            bf16 *dst = (bf16 *)buf + ((size_t)a * SC_L + tt) * SC_CT + 8 * g;
+            const size_t row = ((size_t)b * k->T + t0 + tt) * k->C;
+            const int c = c0 + 8 * g;
+            if (k->vec && c + 8 <= k->C) {
+                cp_async16(dst, src + row + c, 16);
+            } else {
+                for (int e = 0; e < 8; e++) {
+                    if (c + e < k->C) dst[e] = src[row + c + e];
+                    else st(dst, e, 0.0f);
+                }
+            }
+        }
+    }
+    unsigned char *after = buf + nin * SC_L * SC_CT * 2;
+    if (kq) {
+        bf16 *kb = (bf16 *)after;
+        for (int p = tid; p < 2 * n * 2; p += SC_CT) {  // (k or q, token, half of the 16 slots)
+            const int which = p / (2 * n), tt = p / 2 % n, h = p % 2;
+            const bf16 *src = (which ? k->q : k->k) + ((size_t)b * k->T + t0 + tt) * k->N;
+            bf16 *dst = kb + ((size_t)which * SC_L + tt) * SC_N + 8 * h;
+            if (k->kqvec) {
+                cp_async16(dst, src + 8 * h, 16);
+            } else {
+                for (int e = 0; e < 8; e++) {
+                    if (8 * h + e < k->N) dst[e] = src[8 * h + e];
+                    else st(dst, e, 0.0f);
+                }
+            }
+        }
+        after += 2 * SC_L * SC_N * 2;
+    }
+    if (ns) {  // the checkpoint: ns rows of SC_CT floats, always aligned (our scratch, Cp a multiple of SC_CT)
+        const float *src = k->ckpt + ((size_t)b * k->nst + s) * ns * k->Cp + c0;
+        for (int p = tid; p < ns * (SC_CT / 4); p += SC_CT) {
+            const int j = p / (SC_CT / 4), g = p % (SC_CT / 4);
+            cp_async16(after + ((size_t)j * SC_CT + 4 * g) * 4, src + (size_t)j * k->Cp + 4 * g, 16);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------ RG-LRU
+
+// The gates of one token: a - 1 (exact where a is within float32's rounding of 1, so that a slow
+// channel keeps its memory: a = 1 - 1e-8 would round to 1) and the input's multiplier m = sqrt(1 - a^2)
+// = sqrt(-(a - 1)(a + 1)); at a reset a = 0 and m = 1.
+// e^x - 1 for x <= 0: a cubic where |x| < 1/64 (truncation x^4 / 24: 2.4e-9 relative there), __expf
+// less 1 elsewhere (absolute error about 1e-7, float32's own at a < 1 - 1/64); expm1f's general
+// path costs three times the instructions in the walk.
+static __device__ __forceinline__ float expm1_neg(float x) {
+    return x > -0.015625f ? x * fmaf(x, fmaf(x, 1.0f / 6.0f, 0.5f), 1.0f) : __expf(x) - 1.0f;
+}
+
+static __device__ __forceinline__ void rg_gates(float rt, float coef, int first, float *am1, float *m) {
+    if (first) {
+        *am1 = -1.0f;
+        *m = 1.0f;
+    } else {
+        const float e = expm1_neg(coef * sigmoidf_(rt));
+        *am1 = e;
+        *m = sqrtf(fmaxf(-e * (2.0f + e), 0.0f));
+    }
+}
+
+static __device__ __forceinline__ float softplusf_(float w) { return w > 20.0f ? w : log1pf(__expf(w)); }
+
+// Forward (y), or the backward's first pass (ckpt): a thread a channel, h in a register.
+static __global__ void __launch_bounds__(SC_CT) rg_fwd_kernel(const ScanK k) {
+    extern __shared__ __align__(16) unsigned char sc_smem[];
+    grid_wait();
+    const int b = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
+    const int sb = sc_stage_bytes(3, 0, 0);
+    const float coef = on ? -8.0f * softplusf_(k.w[c]) : 0.0f;
+    float h = on && k.s0 ? k.s0[(size_t)b * k.C + c] : 0.0f;
+    for (int i = 0; i < SC_ST - 1; i++) {
+        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.i, NULL, 3, 0, 0, i);
+        cp_async_commit();
+    }
+    for (int s = 0; s < k.nst; s++) {
+        cp_async_wait1();
+        __syncthreads();
+        if (s + SC_ST - 1 < k.nst)
+            sc_issue(&k, sc_smem + (s + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.i, NULL, 3, 0, 0, s + SC_ST - 1);
+        cp_async_commit();
+        if (k.ckpt) k.ckpt[((size_t)b * k.nst + s) * k.Cp + c] = h;
+        const bf16 *xs = (const bf16 *)(sc_smem + s % SC_ST * sb), *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
+        const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
+#pragma unroll 4
+        for (int tt = 0; tt < n; tt++) {
+            const int o = tt * SC_CT + threadIdx.x;
+            const int first = k.reset && t0 + tt == 0;
+            float am1, m;
+            rg_gates(ld(rs, o), coef, first, &am1, &m);
+            const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
+            h = first ? bt : fmaf(am1, h, h + bt);  // a h + b
+            if (k.y && on) st(k.y, ((size_t)b * k.T + t0 + tt) * k.C + c, h);
+        }
+    }
+    if (k.sT && on) k.sT[(size_t)b * k.C + c] = h;
+}
+
+// Backward: the stages from the last; each stage's states h_{t-1} recomputed from its checkpoint into
+// registers, then walked back with the adjoint dh carried.
+static __global__ void __launch_bounds__(SC_CT) rg_bwd_kernel(const ScanK k) {
+    extern __shared__ __align__(16) unsigned char sc_smem[];
+    grid_wait();
+    const int b = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
+    const int sb = sc_stage_bytes(4, 0, 1);
+    const float wc = on ? k.w[c] : 0.0f, sp = softplusf_(wc), coef = -8.0f * sp, sw = sigmoidf_(wc);
+    float dhc = 0.0f, dw = 0.0f;  // a_{t+1} dh_{t+1}; the sequence's part of dw
+    for (int i = 0; i < SC_ST - 1; i++) {
+        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.i, k.dy, 4, 0, 1, k.nst - 1 - i);
+        cp_async_commit();
+    }
+    for (int i = 0; i < k.nst; i++) {
+        const int s = k.nst - 1 - i;
+        cp_async_wait1();
+        __syncthreads();
+        if (i + SC_ST - 1 < k.nst)
+            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.i, k.dy, 4, 0, 1, s - (SC_ST - 1));
+        cp_async_commit();
+        const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
+        const bf16 *dys = is + SC_L * SC_CT;
+        const float *cks = (const float *)(dys + SC_L * SC_CT);
+        const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
+        float hp[SC_L];  // h_{t-1} of the stage's tokens
+        float h = cks[threadIdx.x];
+#pragma unroll
+        for (int tt = 0; tt < SC_L; tt++) {
+            hp[tt] = h;
+            if (tt < n) {
+                const int o = tt * SC_CT + threadIdx.x;
+                const int first = k.reset && t0 + tt == 0;
+                float am1, m;
+                rg_gates(ld(rs, o), coef, first, &am1, &m);
+                const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
+                h = first ? bt : fmaf(am1, h, h + bt);
+            }
+        }
+#pragma unroll
+        for (int tt = SC_L - 1; tt >= 0; tt--) {
+            if (tt < n) {
+                const int o = tt * SC_CT + threadIdx.x;
+                const int first = k.reset && t0 + tt == 0;
+                const float x = ld(xs, o), ig = sigmoidf_(ld(is, o)), dh = ld(dys, o) + dhc;
+                float dr = 0.0f, am1 = -1.0f, m = 1.0f;
+                if (!first) {
+                    const float rg = sigmoidf_(ld(rs, o));
+                    am1 = expm1_neg(coef * rg);
+                    const float a = 1.0f + am1, u = fmaxf(-am1 * (2.0f + am1), 0.0f);
+                    m = sqrtf(u);
+                    const float dm = dh * ig * x;
+                    const float du = dm * rsqrtf(fmaxf(4.0f * u, SC_MAXGRAD2));
+                    const float dla = a * (dh * hp[tt] - 2.0f * a * du);  // d/dla of a h_{t-1} + sqrt(1 - a^2) i x
+                    dr = dla * coef * rg * (1.0f - rg);
+                    dw += dla * -8.0f * rg * sw;
+                }
+                if (on) {
+                    const size_t e = ((size_t)b * k.T + t0 + tt) * k.C + c;
+                    st(k.dx, e, dh * m * ig);
+                    st(k.di, e, dh * m * x * ig * (1.0f - ig));
+                    st(k.dr, e, dr);
+                }
+                dhc = fmaf(am1, dh, dh);  // a dh
+            }
+        }
+    }
+    if (on) k.part[(size_t)b * 2 * k.C + c] = dw;
+}
+
+// ------------------------------------------------------------------------------ Longhorn
+
+// A stage's k, q in float32 for every thread: k, k^2, q [SC_L][SC_N] and kappa [SC_L].
+typedef struct {
+    float k[SC_L][SC_N], k2[SC_L][SC_N], q[SC_L][SC_N], kap[SC_L];
+} LhKq;
+
+static __device__ void lh_convert(LhKq *f, const bf16 *kb, int n) {
+    const bf16 *qb = kb + SC_L * SC_N;
+    for (int e = threadIdx.x; e < n * SC_N; e += SC_CT) {
+        const float kv = ld(kb, e);
+        f->k[e / SC_N][e % SC_N] = kv;
+        f->k2[e / SC_N][e % SC_N] = kv * kv;
+        f->q[e / SC_N][e % SC_N] = ld(qb, e);
+    }
+    for (int tt = threadIdx.x; tt < n; tt += SC_CT) {
+        float s = 0.0f;
+        for (int j = 0; j < SC_N; j++) s = fmaf(ld(kb, tt * SC_N + j), ld(kb, tt * SC_N + j), s);
+        f->kap[tt] = s;
+    }
+}
+
+// beta and Delta of a token: Delta = beta / (1 + beta kappa); den = 1 + beta kappa.
+static __device__ __forceinline__ float lh_delta(float rt, float wb, float kap, float *beta, float *den) {
+    *beta = sigmoidf_(rt + wb);
+    *den = fmaf(*beta, kap, 1.0f);
+    return *beta / *den;
+}
+
+// S <- (1 - Delta k^2) S + Delta x k over the 16 slots; returns S q.
+static __device__ __forceinline__ float lh_step(float S[SC_N], const LhKq *f, int tt, float dl, float u) {
+    float y = 0.0f;
+#pragma unroll
+    for (int j = 0; j < SC_N; j++) {
+        S[j] = fmaf(fmaf(-dl, f->k2[tt][j], 1.0f), S[j], u * f->k[tt][j]);
+        y = fmaf(S[j], f->q[tt][j], y);
+    }
+    return y;
+}
+
+static __global__ void __launch_bounds__(SC_CT) lh_fwd_kernel(const ScanK k) {
+    extern __shared__ __align__(16) unsigned char sc_smem[];
+    grid_wait();
+    const int b = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
+    const int sb = sc_stage_bytes(2, 1, 0);
+    LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
+    const float wb = on ? k.w[c] : 0.0f, skip = on ? k.skip[c] : 0.0f;
+    float S[SC_N];
+#pragma unroll
+    for (int j = 0; j < SC_N; j++) S[j] = on && k.s0 && j < k.N ? k.s0[((size_t)b * k.C + c) * k.N + j] : 0.0f;
+    for (int i = 0; i < SC_ST - 1; i++) {
+        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, k.x, k.r, NULL, NULL, 2, 1, 0, i);
+        cp_async_commit();
+    }
+    for (int s = 0; s < k.nst; s++) {
+        cp_async_wait1();
+        __syncthreads();
+        if (s + SC_ST - 1 < k.nst)
+            sc_issue(&k, sc_smem + (s + SC_ST - 1) % SC_ST * sb, k.x, k.r, NULL, NULL, 2, 1, 0, s + SC_ST - 1);
+        cp_async_commit();
+        const bf16 *xs = (const bf16 *)(sc_smem + s % SC_ST * sb), *rs = xs + SC_L * SC_CT;
+        const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
+        lh_convert(f, rs + SC_L * SC_CT, n);
+        if (k.ckpt) {
+#pragma unroll
+            for (int j = 0; j < SC_N; j++) k.ckpt[(((size_t)b * k.nst + s) * SC_N + j) * k.Cp + c] = S[j];
+        }
+        __syncthreads();
+#pragma unroll 2
+        for (int tt = 0; tt < n; tt++) {
+            const int o = tt * SC_CT + threadIdx.x;
+            const float x = ld(xs, o);
+            float beta, den;
+            const float dl = lh_delta(ld(rs, o), wb, f->kap[tt], &beta, &den);
+            const float y = lh_step(S, f, tt, dl, dl * x);
+            if (k.y && on) st(k.y, ((size_t)b * k.T + t0 + tt) * k.C + c, fmaf(skip, x, y));
+        }
+    }
+    if (k.sT && on) {
+#pragma unroll
+        for (int j = 0; j < SC_N; j++)
+            if (j < k.N) k.sT[((size_t)b * k.C + c) * k.N + j] = S[j];
+    }
+}
+
+// Sum over the warp's lanes of 32 values a lane, lane l ending with the total of value l (a transposed
+// butterfly: 31 shuffles for 32 sums, against 160 for 32 separate reductions).
+#define SC_FOLD(W)                                                                    \
+    do {                                                                              \
+        const int hi_ = (lane & (W)) != 0;                                            \
+        _Pragma("unroll") for (int e = 0; e < (W); e++) {                             \
+            const float keep_ = hi_ ? v[e + (W)] : v[e], send_ = hi_ ? v[e] : v[e + (W)]; \
+            v[e] = keep_ + __shfl_xor_sync(0xffffffffu, send_, (W));                  \
+        }                                                                             \
+    } while (0)
+static __device__ __forceinline__ float warp_sum32(float v[32]) {
+    const int lane = threadIdx.x & 31;
+    SC_FOLD(16);
+    SC_FOLD(8);
+    SC_FOLD(4);
+    SC_FOLD(2);
+    SC_FOLD(1);
+    return v[0];
+}
+
+static __global__ void __launch_bounds__(SC_CT) lh_bwd_kernel(const ScanK k) {
+    extern __shared__ __align__(16) unsigned char sc_smem[];
+    grid_wait();
+    const int b = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int sb = sc_stage_bytes(3, 1, SC_N);
+    LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
+    float *sub = (float *)(f + 1);             // [SC_L / SC_SB][SC_N][SC_CT]: the states every SC_SB tokens
+    float *red = sub + SC_L / SC_SB * SC_N * SC_CT;  // [SC_NW][SC_L][SC_RED]: the warps' sums over channels
+    const float wb = on ? k.w[c] : 0.0f, skip = on ? k.skip[c] : 0.0f;
+    float dSc[SC_N];  // a_{t+1} dS_{t+1}
+#pragma unroll
+    for (int j = 0; j < SC_N; j++) dSc[j] = 0.0f;
+    float dw = 0.0f, dskip = 0.0f;
+    for (int i = 0; i < SC_ST - 1; i++) {
+        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, k.nst - 1 - i);
+        cp_async_commit();
+    }
+    for (int i = 0; i < k.nst; i++) {
+        const int s = k.nst - 1 - i;
+        cp_async_wait1();
+        __syncthreads();
+        if (i + SC_ST - 1 < k.nst)
+            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, s - (SC_ST - 1));
+        cp_async_commit();
+        const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT, *dys = rs + SC_L * SC_CT;
+        const bf16 *kb = dys + SC_L * SC_CT;
+        const float *cks = (const float *)(kb + 2 * SC_L * SC_N);
+        const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
+        lh_convert(f, kb, n);
+        __syncthreads();
+        // the states every SC_SB tokens from the stage's checkpoint (each thread its own column)
+        float S[SC_N];
+#pragma unroll
+        for (int j = 0; j < SC_N; j++) S[j] = cks[j * SC_CT + threadIdx.x];
+        for (int tt = 0; tt < n; tt++) {
+            if (tt % SC_SB == 0) {
+#pragma unroll
+                for (int j = 0; j < SC_N; j++) sub[(tt / SC_SB * SC_N + j) * SC_CT + threadIdx.x] = S[j];
+            }
+            const int o = tt * SC_CT + threadIdx.x;
+            float beta, den;
+            const float dl = lh_delta(ld(rs, o), wb, f->kap[tt], &beta, &den);
+            const float x = ld(xs, o), u = dl * x;
+#pragma unroll
+            for (int j = 0; j < SC_N; j++) S[j] = fmaf(fmaf(-dl, f->k2[tt][j], 1.0f), S[j], u * f->k[tt][j]);
+        }
+        // back through the stage, SC_SB tokens at a time
+        for (int g = (n - 1) / SC_SB; g >= 0; g--) {
+            float Sp[SC_SB + 1][SC_N];  // Sp[e] = the state before token g SC_SB + e; Sp[SC_SB] after the last
+#pragma unroll
+            for (int j = 0; j < SC_N; j++) Sp[0][j] = sub[(g * SC_N + j) * SC_CT + threadIdx.x];
+#pragma unroll
+            for (int e = 0; e < SC_SB; e++) {
+                const int tt = g * SC_SB + e, o = tt * SC_CT + threadIdx.x;
+                if (tt < n) {
+                    float beta, den;
+                    const float dl = lh_delta(ld(rs, o), wb, f->kap[tt], &beta, &den);
+                    const float u = dl * ld(xs, o);
+#pragma unroll
+                    for (int j = 0; j < SC_N; j++)
+                        Sp[e + 1][j] = fmaf(fmaf(-dl, f->k2[tt][j], 1.0f), Sp[e][j], u * f->k[tt][j]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < SC_N; j++) Sp[e + 1][j] = Sp[e][j];
+                }
+            }
+#pragma unroll
+            for (int e = SC_SB - 1; e >= 0; e--) {
+                const int tt = g * SC_SB + e, o = tt * SC_CT + threadIdx.x;
+                if (tt >= n) continue;  // uniform over the block
+                float beta, den;
+                const float x = ld(xs, o), dy = ld(dys, o);
+                const float dl = lh_delta(ld(rs, o), wb, f->kap[tt], &beta, &den);
+                float v[32], ddl = 0.0f, dxs = 0.0f;
+#pragma unroll
+                for (int j = 0; j < SC_N; j++) {
+                    const float kj = f->k[tt][j], sp = Sp[e][j];
+                    const float dS = fmaf(dy, f->q[tt][j], dSc[j]);
+                    const float ex = fmaf(-kj, sp, x);  // x - k S_{t-1}
+                    const float mk = dS * kj;
+                    ddl = fmaf(mk, ex, ddl);   // dDelta: dS (x k - k^2 S_{t-1})
+                    dxs += mk;
+                    v[j] = dS * dl * fmaf(-kj, sp, ex);  // dk through a, b: dS Delta (x - 2 k S_{t-1})
+                    v[SC_N + j] = Sp[e + 1][j] * dy;     // dq: S_t dy
+                    dSc[j] = fmaf(-dl, f->k2[tt][j], 1.0f) * dS;
+                }
+                const float dbeta = ddl / (den * den), dr = dbeta * beta * (1.0f - beta);
+                float dkap = -ddl * dl * dl;
+                if (on) {
+                    const size_t el = ((size_t)b * k.T + t0 + tt) * k.C + c;
+                    st(k.dx, el, fmaf(dl, dxs, skip * dy));
+                    st(k.dr, el, dr);
+                    dw += dr;
+                    dskip = fmaf(dy, x, dskip);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 32; j++) v[j] = 0.0f;
+                    dkap = 0.0f;
+                }
+                const float tot = warp_sum32(v);
+                dkap = warp_sum(dkap);
+                red[(warp * SC_L + tt) * SC_RED + lane] = tot;
+                if (lane == 0) red[(warp * SC_L + tt) * SC_RED + 32] = dkap;
+            }
+        }
+        __syncthreads();
+        // the block's sums over its warps, for lh_dkq_kernel
+        for (int e = threadIdx.x; e < n * SC_RED; e += SC_CT) {
+            float sum = 0.0f;
+            for (int w = 0; w < SC_NW; w++) sum += red[w * SC_L * SC_RED + e];
+            const int tt = e / SC_RED, col = e % SC_RED;
+            k.red[(((size_t)b * k.T + t0 + tt) * k.tiles + blockIdx.x) * SC_RED + col] = sum;
+        }
+    }
+    if (on) {
+        k.part[(size_t)b * 2 * k.C + c] = dw;
+        k.part[(size_t)b * 2 * k.C + k.C + c] = dskip;
+    }
+}
+
+// dk = the tiles' dk partials + 2 k dkappa; dq = the tiles' dq partials; in tile order. A thread a (b, t, j).
+static __global__ void lh_dkq_kernel(const bf16 *kin, const float *red, bf16 *dk, bf16 *dq, size_t ntok, int N,
+                                     int tiles) {
+    grid_wait();
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < ntok * N; e += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = e / N;
+        const int j = (int)(e % N);
+        const float *p = red + t * tiles * SC_RED;
+        float sk = 0.0f, sq = 0.0f, skap = 0.0f;
+        for (int g = 0; g < tiles; g++) {
+            sk += p[g * SC_RED + j];
+            sq += p[g * SC_RED + SC_N + j];
+            skap += p[g * SC_RED + 32];
+        }
+        st(dk, e, fmaf(2.0f * ld(kin, e), skap, sk));
+        st(dq, e, sq);
+    }
+}
+
+// dw (+= the sequences' partials in order), dskip likewise where given. A thread a channel.
+static __global__ void sc_param_kernel(const float *part, float *dw, float *dskip, int B, int C) {
+    grid_wait();
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+        float a = 0.0f, s = 0.0f;
+        for (int b = 0; b < B; b++) {
+            a += part[(size_t)b * 2 * C + c];
+            s += part[(size_t)b * 2 * C + C + c];
+        }
+        dw[c] += a;
+        if (dskip) dskip[c] += s;
+    }
+}
+
+// ------------------------------------------------------------------------------ host side
+
+extern "C" int cuda_scan_supports(const Backend *be, const ScanDims *d) {
+    (void)be;
+    if (d->kind == SCAN_RGLRU && d->N != 1)
+        return mn_error(MN_ERR_UNSUPPORTED, "cuda scan: RG-LRU with N = %d state slots, the kernels take 1", d->N);
+    if (d->kind == SCAN_LONGHORN && (d->N < 1 || d->N > SC_N))
+        return mn_error(MN_ERR_UNSUPPORTED, "cuda scan: Longhorn with d_state N = %d, the kernels take 1 to %d", d->N,
+                        SC_N);
+    if (d->B > 65535)
+        return mn_error(MN_ERR_UNSUPPORTED, "cuda scan: B = %d sequences, the kernels take at most 65535", d->B);
+    return MN_OK;
+}
+
+static int sc_check(const char *fn, const ScanDims *d, const void *io) {
+    if (!d || !io) return mn_error(MN_ERR_ARG, "%s: dims and io are required", fn);
+    if (d->kind != SCAN_RGLRU && d->kind != SCAN_LONGHORN)
+        return mn_error(MN_ERR_ARG, "%s: unknown kind %d (SCAN_RGLRU or SCAN_LONGHORN)", fn, (int)d->kind);
+    if (d->B < 1 || d->T < 1 || d->C < 1)
+        return mn_error(MN_ERR_ARG, "%s: B = %d, T = %d, C = %d: each must be >= 1", fn, d->B, d->T, d->C);
+    if (d->reset != 0 && d->reset != 1) return mn_error(MN_ERR_ARG, "%s: reset must be 0 or 1, got %d", fn, d->reset);
+    if (d->reset && d->kind != SCAN_RGLRU)
+        return mn_error(MN_ERR_ARG, "%s: reset applies to SCAN_RGLRU only (Longhorn starts from s0 or zero)", fn);
+    return cuda_scan_supports(NULL, d);
+}
+
+static int aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+
+// The fields every kernel shares; vec where the channel arrays allow 16-byte copies.
+static ScanK sc_args(const ScanDims *d, const void *x, const void *r, const void *i, const void *dy, const void *kk,
+                     const void *q, const void *w, const void *skip) {
+    ScanK k;
+    memset(&k, 0, sizeof k);
+    k.x = (const bf16 *)x, k.r = (const bf16 *)r, k.i = (const bf16 *)i, k.dy = (const bf16 *)dy;
+    k.k = (const bf16 *)kk, k.q = (const bf16 *)q;
+    k.w = (const float *)w, k.skip = (const float *)skip;
+    k.B = d->B, k.T = d->T, k.C = d->C, k.N = d->N;
+    k.tiles = (d->C + SC_CT - 1) / SC_CT;
+    k.Cp = k.tiles * SC_CT;
+    k.nst = (d->T + SC_L - 1) / SC_L;
+    k.reset = d->kind == SCAN_RGLRU && d->reset;
+    k.vec = d->C % 8 == 0 && aligned16(x) && aligned16(r) && (!i || aligned16(i)) && (!dy || aligned16(dy));
+    k.kqvec = d->N == SC_N && (!kk || aligned16(kk)) && (!q || aligned16(q));
+    return k;
+}
+
+typedef void (*ScKernel)(const ScanK);
+
+// Launches a walk: a block per (tile, sequence), its dynamic shared memory raised past 48 KB once.
+static int sc_launch(CudaCtx *c, ScKernel kern, const ScanK *k, size_t smem, int *raised) {
+    if (smem > 48 * 1024 && !*raised) {
+        CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        *raised = 1;
+    }
+    Launch l;
+    CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)k->tiles, (unsigned)k->B), SC_CT, smem, c->stream),
+                              kern, *k));
+    return MN_OK;
+}
+
+static size_t rg_fwd_smem(void) { return (size_t)SC_ST * sc_stage_bytes(3, 0, 0); }
+static size_t rg_bwd_smem(void) { return (size_t)SC_ST * sc_stage_bytes(4, 0, 1); }
+static size_t lh_fwd_smem(void) { return (size_t)SC_ST * sc_stage_bytes(2, 1, 0) + sizeof(LhKq); }
+static size_t lh_bwd_smem(void) {
+    return (size_t)SC_ST * sc_stage_bytes(3, 1, SC_N) + sizeof(LhKq) + sizeof(float) * SC_L / SC_SB * SC_N * SC_CT +
+           sizeof(float) * SC_NW * SC_L * SC_RED;
+}
+static int rg_fwd_raised, rg_bwd_raised, lh_fwd_raised, lh_bwd_raised;
+
+// The forward walk (y and sT), or the backward's checkpoint pass (ckpt, from the zero state).
+static int sc_forward(CudaCtx *c, const ScanDims *d, ScanK *k) {
+    if (d->kind == SCAN_RGLRU) return sc_launch(c, rg_fwd_kernel, k, rg_fwd_smem(), &rg_fwd_raised);
+    return sc_launch(c, lh_fwd_kernel, k, lh_fwd_smem(), &lh_fwd_raised);
+}
+
+extern "C" int cuda_scan_fwd(const Backend *be, const ScanDims *d, const ScanFwd *io) {
+    const char *fn = "cuda scan forward";
+    MN_TRY(sc_check(fn, d, io));
+    const int lh = d->kind == SCAN_LONGHORN;
+    if (!io->x || !io->r || !io->w || !io->y || (lh ? !io->k || !io->q || !io->skip : !io->i))
+        return mn_error(MN_ERR_ARG, "%s: x, r, w, y and %s are required", fn, lh ? "k, q, skip" : "i");
+    CudaCtx *c = cuda_ctx(be);
+    ScanK k = sc_args(d, io->x, io->r, io->i, NULL, io->k, io->q, io->w, io->skip);
+    k.s0 = (const float *)io->s0;
+    k.y = (bf16 *)io->y;
+    k.sT = (float *)io->sT;
+    return sc_forward(c, d, &k);
+}
+
+extern "C" int cuda_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io) {
+    const char *fn = "cuda scan backward";
+    MN_TRY(sc_check(fn, d, io));
+    const int lh = d->kind == SCAN_LONGHORN;
+    if (!io->x || !io->r || !io->w || !io->dy || !io->dx || !io->dr || !io->dw ||
+        (lh ? !io->k || !io->q || !io->skip || !io->dk || !io->dq || !io->dskip : !io->i || !io->di))
+        return mn_error(MN_ERR_ARG, "%s: x, r, w, dy, dx, dr, dw and %s are required", fn,
+                        lh ? "k, q, skip, dk, dq, dskip" : "i, di");
+    CudaCtx *c = cuda_ctx(be);
+    ScanK k = sc_args(d, io->x, io->r, io->i, io->dy, io->k, io->q, io->w, io->skip);
+    const int ns = lh ? SC_N : 1;
+    const size_t nck = (size_t)d->B * k.nst * ns * k.Cp, npart = (size_t)d->B * 2 * d->C;
+    const size_t nred = lh ? (size_t)d->B * d->T * k.tiles * SC_RED : 0;
+    float *ws = (float *)cuda_scratch(be, sizeof(float) * (nck + npart + nred) + 16);
+    if (!ws) return MN_ERR_NOMEM;
+    k.ckpt = ws;
+    k.part = ws + nck;
+    k.red = nred ? k.part + npart : NULL;
+    // the checkpoints: the forward from the zero state, y not written
+    ScanK f = k;
+    f.dy = NULL;
+    MN_TRY(sc_forward(c, d, &f));
+    k.dx = (bf16 *)io->dx, k.dr = (bf16 *)io->dr, k.di = (bf16 *)io->di;
+    if (!lh) {
+        MN_TRY(sc_launch(c, rg_bwd_kernel, &k, rg_bwd_smem(), &rg_bwd_raised));
+    } else {
+        MN_TRY(sc_launch(c, lh_bwd_kernel, &k, lh_bwd_smem(), &lh_bwd_raised));
+        const size_t ntok = (size_t)d->B * d->T;
+        Launch l;
+        CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3(grid_for(ntok * d->N, 256)), 256, 0, c->stream),
+                                  lh_dkq_kernel, (const bf16 *)io->k, (const float *)k.red, (bf16 *)io->dk,
+                                  (bf16 *)io->dq, ntok, d->N, k.tiles));
+    }
+    Launch l;
+    CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3(grid_for((size_t)d->C, 256)), 256, 0, c->stream),
+                              sc_param_kernel, (const float *)k.part, (float *)io->dw,
+                              lh ? (float *)io->dskip : (float *)NULL, d->B, d->C));
+    return MN_OK;
+}
