@@ -102,7 +102,8 @@ def nxai_large_model(mode):
     return xLSTMLarge(cfg)
 
 
-def nxai_125m_model(slstm_backend="cuda"):
+def nxai_125m_model(slstm_backend="cuda", slstm_at=None):
+    """xLSTMLMModel at xlstm-125m's sizes (slstm_at: the sLSTM blocks, default the preset's)."""
     peers_on_path()
     from xlstm import (FeedForwardConfig, mLSTMBlockConfig, mLSTMLayerConfig, sLSTMBlockConfig, sLSTMLayerConfig,
                        xLSTMLMModel, xLSTMLMModelConfig)
@@ -114,8 +115,9 @@ def nxai_125m_model(slstm_backend="cuda"):
                                                             conv1d_kernel_size=p["conv"],
                                                             bias_init="powerlaw_blockdependent"),
                                      feedforward=FeedForwardConfig(proj_factor=p["ffn_proj_factor"], act_fn="gelu")),
-        context_length=p["context"], num_blocks=p["blocks"], embedding_dim=p["dim"], slstm_at=p["slstm_at"],
-        vocab_size=p["vocab"], tie_weights=False, add_post_blocks_norm=True, bias=False)
+        context_length=p["context"], num_blocks=p["blocks"], embedding_dim=p["dim"],
+        slstm_at=p["slstm_at"] if slstm_at is None else slstm_at, vocab_size=p["vocab"], tie_weights=False,
+        add_post_blocks_norm=True, bias=False)
     import torch
     torch.manual_seed(0)
     m = xLSTMLMModel(cfg)

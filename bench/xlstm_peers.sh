@@ -14,11 +14,22 @@
 #   xlstm-ratios-GPU.txt   bench/xlstm_ratios.py: ours / theirs wherever both ran
 #   xlstm-log-GPU.txt      the build, each step's command, time and exit status, the stderr of all
 #
+# or, with PART=125m, the whole-model comparison at the xLSTM paper's 125M size alone:
+#
+#   xlstm-125m-GPU.txt     training tokens/s and memory, bf16, batch 8 x 2048: mesanet bench train of
+#                          xlstm-125m (xLSTM[7:1], the paper's block layout) and xlstm10-125m (mLSTM
+#                          blocks only), then bench/nxai_xlstm_model_bench.py (NX-AI's xLSTMLMModel at
+#                          the same sizes: mlstm_kernels' TFLA mLSTM kernel, the sLSTM's "vanilla"
+#                          backend since its CUDA kernel does not build here; xLSTM[1:0] the same
+#                          without sLSTM; the package's own parallel mLSTM form), then the ratios
+#   xlstm-125m-log-GPU.txt the log
+#
 #   bench/xlstm_peers.sh [OUT_DIR] [GPU_NAME]
 #
 # OUT_DIR: default $OUT where set (the device tool's folder that comes back), else bench/results.
 # GPU_NAME: default h200. Environment: BIN (default build/mesanet, built here with make unless
-# SKIP_BUILD=1 and it exists), BUDGET (seconds for everything, default 570), PART (all, ours or peers).
+# SKIP_BUILD=1 and it exists), BUDGET (seconds for everything, default 570), PART (all, ours, peers or
+# 125m).
 # Needs a GPU, nvcc, python3 with torch, triton, einops and transformers, the peers' sources in
 # .peers/ (bench/xlstm_kernels_bench.py says which; bench/xlstm_peers_copy.sh makes it), and OpenBLAS:
 # where the system has none, the .debs in .devlibs/ (libopenblas0-openmp, libopenblas-openmp-dev,
@@ -31,9 +42,16 @@ BIN=${BIN:-build/mesanet}
 BUDGET=${BUDGET:-570}
 PART=${PART:-all}
 RESERVE=15  # seconds kept for the ratios at the end
+case $PART in
+all | ours | peers | 125m) ;;
+*) echo "bench/xlstm_peers.sh: PART=$PART: expected all, ours, peers or 125m" >&2; exit 2 ;;
+esac
 mkdir -p "$DEST"
 KERN=$DEST/xlstm-kernels-$GPU.txt MODELS=$DEST/xlstm-models-$GPU.txt RATIOS=$DEST/xlstm-ratios-$GPU.txt
 LOG=$DEST/xlstm-log-$GPU.txt
+if [ "$PART" = 125m ]; then  # one file: the header, the runs, the ratios
+    KERN=$DEST/xlstm-125m-$GPU.txt MODELS=$KERN RATIOS=$KERN LOG=$DEST/xlstm-125m-log-$GPU.txt
+fi
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
@@ -66,7 +84,8 @@ step() {
     python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__)" 2>&1
     printf '%s ' .peers/*; echo
-} | tee "$KERN" "$MODELS" > "$LOG"
+} | tee "$KERN" > "$LOG"
+[ "$MODELS" = "$KERN" ] || cp "$KERN" "$MODELS"
 
 # --- our build -----------------------------------------------------------------------------------
 if [ "$PART" != peers ] && { [ -z "${SKIP_BUILD:-}" ] || [ ! -x "$BIN" ]; }; then
@@ -94,6 +113,41 @@ MSHAPES_MODEL=8x2048x4x96x192,8x2048x4x384  # xlstm-7b-160m's layer (Dk 96, Dv 1
 SSHAPES=16x1024x4x192
 SSHAPES_MODEL=8x2048x4x192                  # xlstm-125m's sLSTM layer
 DEC=(--batch "1,16,128" --prompt 16 --tokens 128)
+
+# --- the 125M models alone (PART=125m) -------------------------------------------------------------
+if [ "$PART" = 125m ]; then
+    {
+        echo "### xLSTM at 125M (the paper's: embedding 768, 24 blocks, mLSTM blocks of 4 heads of 384, sLSTM at"
+        echo "### blocks 3 and 20), training, bf16 autocast / bf16 activations, batch 8 x 2048, AdamW, random tokens."
+        echo "### Theirs: NX-AI's xLSTMLMModel (the xlstm package) with mlstm_kernels' TFLA chunkwise mLSTM"
+        echo "### (chunkwise--triton_xl_chunk) and the sLSTM's \"vanilla\" PyTorch backend: the package's sLSTM CUDA"
+        echo "### kernel does not build with this machine's nvcc 13 and torch 2.11. xLSTM[1:0] (mLSTM blocks only)"
+        echo "### compares the mLSTM side without it."
+    } >> "$MODELS"
+    if [ -x "$BIN" ]; then
+        for c in xlstm-125m xlstm10-125m; do
+            step "ours: train $c" 60 "$MODELS" "$BIN" bench train --backend cuda --config $c --batch 8 --seq 2048 \
+                --steps 5
+        done
+    else
+        echo "### ours: not run, no $BIN" | tee -a "$MODELS" >> "$LOG"
+    fi
+    # a process each: a Triton crash (xLSTMLarge's training once ended in an LLVM assertion) ends one
+    for m in nxai-125m-tfla nxai10-125m-tfla; do
+        step "peers: train $m" 150 "$MODELS" python3 bench/nxai_xlstm_model_bench.py --models $m --steps 5 --bin "$BIN"
+        if ! grep -q "^$m train eager, .* tokens/s" "$MODELS"; then  # TFLA's other kernel, chunk 64
+            step "peers: train $m, triton_limit_chunk" 150 "$MODELS" python3 bench/nxai_xlstm_model_bench.py \
+                --models $m --mlstm-kernel chunkwise--triton_limit_chunk --steps 5 --bin "$BIN"
+        fi
+    done
+    step "peers: train nxai-125m-parallel" 120 "$MODELS" python3 bench/nxai_xlstm_model_bench.py \
+        --models nxai-125m-parallel --steps 3 --bin "$BIN"
+    echo "### ratios (bench/xlstm_ratios.py --models)" >> "$MODELS"
+    r=$(python3 bench/xlstm_ratios.py --models "$MODELS" 2>> "$LOG")  # read whole before the file grows
+    echo "$r" | tee -a "$MODELS"
+    echo "### done in $(($(date +%s) - START))s; results in $MODELS" | tee -a "$LOG"
+    exit 0
+fi
 
 # --- ours ----------------------------------------------------------------------------------------
 if [ "$PART" != peers ] && [ -x "$BIN" ]; then

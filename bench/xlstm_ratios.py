@@ -2,9 +2,11 @@
 ratios ours / theirs wherever both ran. Plain text parsing (no torch):
 
     python3 bench/xlstm_ratios.py KERNELS_FILE MODELS_FILE
+    python3 bench/xlstm_ratios.py --models MODELS_FILE      (training and decoding only)
 
 KERNELS_FILE holds `mesanet bench xlstm --backend cuda` and bench/xlstm_kernels_bench.py's output,
-MODELS_FILE `mesanet bench train` / `bench decode` and bench/hf_xlstm_bench.py's. Time ratios
+MODELS_FILE `mesanet bench train` / `bench decode` and bench/hf_xlstm_bench.py's or
+bench/nxai_xlstm_model_bench.py's. Time ratios
 (ms) below 1 and throughput ratios (tokens/s) above 1 are ours being faster.
 """
 import re
@@ -38,7 +40,8 @@ def kernel_rows(text):
     return rows
 
 
-PEER_MODELS = {"hf-7b-160m": "xlstm-7b-160m", "nxai-7b-160m": "xlstm-7b-160m", "nxai-125m": "xlstm-125m"}
+PEER_MODELS = {"hf-7b-160m": "xlstm-7b-160m", "nxai-7b-160m": "xlstm-7b-160m", "nxai-125m": "xlstm-125m",
+               "nxai-125m-tfla": "xlstm-125m", "nxai10-125m-tfla": "xlstm10-125m", "nxai-125m-parallel": "xlstm-125m"}
 
 
 def model_rows(text):
@@ -79,17 +82,23 @@ def model_rows(text):
 
 
 def main():
+    models_only = len(sys.argv) == 3 and sys.argv[1] == "--models"
     if len(sys.argv) != 3:
-        sys.exit("usage: python3 bench/xlstm_ratios.py KERNELS_FILE MODELS_FILE")
-    texts = []
-    for path in sys.argv[1:]:
+        sys.exit("usage: python3 bench/xlstm_ratios.py KERNELS_FILE MODELS_FILE | --models MODELS_FILE")
+    texts = [""] if models_only else []
+    for path in sys.argv[1 + models_only:]:
         try:
             with open(path) as f:
                 texts.append(f.read())
         except OSError as e:
             print(f"({path}: {e.strerror}; no ratios from it)")
             texts.append("")
-    k = kernel_rows(texts[0])
+    if not models_only:
+        print_cores(kernel_rows(texts[0]))
+    print_models(*model_rows(texts[1]), models_only)
+
+
+def print_cores(k):
     print("cores: ours / theirs, time ratios (< 1: ours faster)")
     print(f"{'core':5s} {'shape':20s} {'theirs':22s} | {'fwd':>7s} {'f+b':>7s} {'f+b strm':>8s}")
     n = 0
@@ -101,8 +110,10 @@ def main():
         n += 1
     if not n:
         print("  (no shape with both)")
-    train, decode = model_rows(texts[1])
-    print("\ntraining: ours / theirs, tokens/s (> 1: ours faster) and device memory in use (< 1: ours smaller)")
+
+
+def print_models(train, decode, models_only):
+    print(("" if models_only else "\n") + "training: ours / theirs, tokens/s (> 1: ours faster) and device memory in use (< 1: ours smaller)")
     n = 0
     for (cfg, impl), (tps, mem) in sorted(train.items()):
         if impl == "ours" or (cfg, "ours") not in train:
@@ -112,6 +123,8 @@ def main():
         n += 1
     if not n:
         print("  (no config with both)")
+    if models_only and not decode:
+        return
     print("\ndecoding: ours / theirs, tokens/s (> 1: ours faster)")
     n = 0
     for (cfg, impl, B), tps in sorted(decode.items()):

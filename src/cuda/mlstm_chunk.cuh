@@ -29,7 +29,10 @@
  * blocks of X, the scale u rb rc applied to C's fragments. Operands are staged by cp.async (16-byte
  * rows) or through registers, two chunks deep; X goes to shared memory as bf16 for the next chunk's
  * A X^T. Every size is a compile-time constant (DA: the padded contraction size 64, 128 or 256; DCS:
- * 32 or 64); heads are padded with zeros.
+ * 32 or 64); heads are padded with zeros. A wider contraction runs as walks over column slices of A
+ * and B (mlstm_cuda.cu's ml_walk2): out, and the forward's n.q, are linear in A B^T and in the state
+ * over them, so a first walk stores its float32 partials (part, pnq; the forward's before den) and
+ * the second adds them before den, the division and out's one rounding.
  */
 #ifndef MN_MLSTM_CHUNK_CUH
 #define MN_MLSTM_CHUNK_CUH
@@ -45,16 +48,19 @@ typedef struct {
     const float *fg, *ig, *m;   // [B,T,H]; m: the forward's stabiliser (NULL in the forward: computed)
     const float *rs, *ex;       // per-token scale and extra term (NULL: none)
     int rs_side, ex_side;       // rs: 1 A (ra), 2 B (rb), 3 C (rc); ex: 1 ae = ex, be = 1; 2 ae = 1, be = ex
-    const float *c0, *n0, *m0;  // forward: the initial state [pairs,Dc,Da], [pairs,Da], [pairs] (NULL: zero)
+    const float *c0, *n0, *m0;  // forward: the initial state [pairs,Dc,lda], [pairs,lda], [pairs] (NULL: zero): its
+                                // columns 0 .. Da - 1 (rows lda apart; the pointers offset to the slice's first)
     bf16 *out;                  // [B,T,H,Dc]
     float *nq, *mo;             // forward: s n.q and m per token (NULL: not kept)
-    float *cT, *nT, *mT;        // forward: the final state (NULL: not kept)
+    float *cT, *nT, *mT;        // forward: the final state (NULL: not kept), columns as c0's, n0's
     const bf16 *dotw;           // [B,T,H,Dc]: out . dotw per token and slice into dotp (NULL: none)
     float *dotp;                // [slices][B*T*H]
     int B, T, H, Da, Dc;
     int lda;                    // the row stride of a and b (0: Da); Da may be a column slice of wider rows
     float *part;                // [B,T,H,Dc] float32 partial outputs (NULL: none): with part_out, out's values
     int part_out;               // are stored there (nothing else written); without, added to out's first
+    float *pnq;                 // forward with part: [B,T,H] the partial s n.q (with part_out stored, else added
+                                // before den; the partial out is then s (..) before the division by den)
     int vec_ab, vec_c;          // rows of a, b (c) can be copied 16 bytes at a time
     float scale, eps;
 } MlWalk;
@@ -204,7 +210,7 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int c = 16 * wm + lr + 8 * (e >> 1), d = dbase + 8 * nt + lc + (e & 1);
-            xacc[nt][e] = FWD && k.c0 && c0s + c < k.Dc && d < k.Da ? k.c0[((size_t)pair * k.Dc + c0s + c) * k.Da + d]
+            xacc[nt][e] = FWD && k.c0 && c0s + c < k.Dc && d < k.Da ? k.c0[((size_t)pair * k.Dc + c0s + c) * k.lda + d]
                                                                     : 0.0f;
         }
 #pragma unroll
@@ -214,7 +220,7 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
             const int c = 16 * wm + lr + 8 * h, d = dbase + 8 * nt + lc;
             *(uint32_t *)(Xs + c * LDA + d) = pack_bf16(xacc[nt][2 * h], xacc[nt][2 * h + 1]);
         }
-    for (int d = tid; d < DA; d += ML_THREADS) nv[d] = FWD && k.n0 && d < k.Da ? k.n0[(size_t)pair * k.Da + d] : 0.0f;
+    for (int d = tid; d < DA; d += ML_THREADS) nv[d] = FWD && k.n0 && d < k.Da ? k.n0[(size_t)pair * k.lda + d] : 0.0f;
     for (int c = tid; c < DCS; c += ML_THREADS) xe[c] = 0.0f;
 
     float me = FWD && k.m0 ? k.m0[pair] : 0.0f;  // (warp 0) the forward's stabiliser before the chunk
@@ -337,8 +343,8 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
                 mma_bf16(oacc[2 * np + 1], pa, bv[2], bv[3]);
             }
         }
-        // the outputs of rows x (lanes of a quad share a row)
-        float rscale[2] = {k.scale, k.scale};
+        // the outputs of rows x (lanes of a quad share a row): s out / den, or with part s out (+ part) / den
+        float rscale[2] = {k.scale, k.scale}, rden[2] = {1.0f, 1.0f};
         if (FWD) {
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -353,10 +359,17 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
                 r += __shfl_xor_sync(0xffffffffu, r, 2);
                 na += __shfl_xor_sync(0xffffffffu, na, 1);
                 na += __shfl_xor_sync(0xffffffffu, na, 2);
-                const float nq = k.scale * (r + sc[ML_SC_W * ML_C + x] * na), mx = sc[ML_SC_MX * ML_C + x];
-                rscale[h] = k.scale / (fmaxf(fabsf(nq), __expf(-mx)) + k.eps);
+                float nq = k.scale * (r + sc[ML_SC_W * ML_C + x] * na);
+                const float mx = sc[ML_SC_MX * ML_C + x];
+                const size_t ti = tok0 + (size_t)(t0 + x) * H;
+                if (k.part && t0 + x < T) {
+                    if (!k.part_out) nq += k.pnq[ti];
+                    else if (slice == 0 && q4 == 0) k.pnq[ti] = nq;
+                }
+                const float den = fmaxf(fabsf(nq), __expf(-mx)) + k.eps;
+                if (!k.part) rscale[h] = k.scale / den;
+                else if (!k.part_out) rden[h] = 1.0f / den;
                 if (slice == 0 && q4 == 0 && t0 + x < T) {
-                    const size_t ti = tok0 + (size_t)(t0 + x) * H;
                     if (k.nq) k.nq[ti] = nq;
                     if (k.mo) k.mo[ti] = mx;
                 }
@@ -378,8 +391,8 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
                         if (two) k.part[o + 1] = v1;
                         continue;
                     }
-                    v0 += k.part[o];
-                    if (two) v1 += k.part[o + 1];
+                    v0 = (v0 + k.part[o]) * rden[h];
+                    if (two) v1 = (v1 + k.part[o + 1]) * rden[h];
                 }
                 if (two && (k.Dc & 1) == 0) {
                     *(uint32_t *)(k.out + o) = pack_bf16(v0, v1);
@@ -458,10 +471,10 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int c = 16 * wm + lr + 8 * (e >> 1), d = dbase + 8 * nt + lc + (e & 1);
-                if (k.cT && c0s + c < k.Dc && d < k.Da) k.cT[((size_t)pair * k.Dc + c0s + c) * k.Da + d] = xacc[nt][e];
+                if (k.cT && c0s + c < k.Dc && d < k.Da) k.cT[((size_t)pair * k.Dc + c0s + c) * k.lda + d] = xacc[nt][e];
             }
         if (slice == 0 && k.nT)
-            for (int d = tid; d < k.Da; d += ML_THREADS) k.nT[(size_t)pair * k.Da + d] = nv[d];
+            for (int d = tid; d < k.Da; d += ML_THREADS) k.nT[(size_t)pair * k.lda + d] = nv[d];
         if (slice == 0 && k.mT && tid == 0) k.mT[pair] = me;
     }
 }

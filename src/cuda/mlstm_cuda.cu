@@ -4,7 +4,8 @@
  * nq, m and the states float32; every sum runs in float32.
  *
  * Forms. The chunkwise one (mlstm_chunk.cuh: chunks of 64, the carried state (C, n, m) in float32,
- * the products on the tensor cores) runs the forward in one launch; the recurrent one (mlstm_rec_kernel,
+ * the products on the tensor cores) runs the forward in one launch (two where Dk > 256: ml_walk2) and is
+ * what AUTO takes from T = 16 on; the recurrent one (mlstm_rec_kernel,
  * a token at a time, float32 throughout) serves decoding (T < 16 with MN_FORM_AUTO: one launch, no
  * scratch but the initial n, m copied, recordable into a graph) and MN_FORM_RECURRENT. MlstmOpts.chunk
  * is a hint: the kernels' chunk is 64 (the forms agree to rounding whatever the chunk). Both forms
@@ -19,9 +20,9 @@
  * block per pair: deterministic, no atomics).
  *
  * Heads: Dk, Dv from 1 to 512. The walks' contraction (Da) is padded with zeros to the kernels' 64,
- * 128 or 256; a Da over 256 runs as two walks over its column slices (ml_walk2: the backward; the
- * forward with Dk > 256 takes the recurrent form); rows of a multiple of 8 elements (16-byte aligned)
- * are copied by cp.async, others through registers (slower).
+ * 128 or 256; a Da over 256 runs as two walks over its column slices (ml_walk2, the forward's and the
+ * backward's); rows of a multiple of 8 elements (16-byte aligned) are copied by cp.async, others
+ * through registers (slower).
  */
 #include <math.h>
 
@@ -104,17 +105,25 @@ static int ml_launch(CudaCtx *c, int kind, MlWalk *k) {
 // The contraction size of the last slice ml_walk2 runs (the one that writes out and dotp).
 static int ml_da_last(int Da) { return Da <= ML_WALKD ? Da : Da - ML_WALKD; }
 
-// A backward walk whose contraction Da may exceed 256: out is linear in the products A B^T and in
-// the state over Da, so columns 0..255 of A and B run first into float32 partial outputs (no extra
-// term: ex dropped, be or ae then 0), the rest second with the extra term, adding the partials before
-// out's one rounding to bf16 and the dot products (dotp) of the sum. part: [B,T,H,Dc] float32 scratch.
-static int ml_walk2(CudaCtx *c, float *part, int kind, MlWalk *k) {
+static const float *ml_off(const float *p, int o) { return p ? p + o : NULL; }
+static float *ml_off(float *p, int o) { return p ? p + o : NULL; }
+
+// A walk whose contraction Da may exceed 256: out (and the forward's n.q) is linear in the products
+// A B^T and in the state over Da, so columns 0..255 of A and B (and of the forward's state) run first
+// into float32 partial outputs (no extra term: ex dropped, be or ae then 0; the forward's partial
+// s n.q into pnq, nothing else written but its columns of the final state), the rest second with the
+// extra term, adding the partials before the forward's den, out's one rounding to bf16 and the dot
+// products (dotp) of the sum. part: [B,T,H,Dc], pnq: [B,T,H] (the forward's) float32 scratch.
+static int ml_walk2(CudaCtx *c, float *part, float *pnq, int kind, MlWalk *k) {
     if (k->Da <= ML_WALKD) return ml_launch(c, kind, k);
     MlWalk p = *k;
     p.lda = k->Da, p.Da = ML_WALKD, p.ex = NULL, p.dotw = NULL, p.dotp = NULL, p.part = part, p.part_out = 1;
+    p.pnq = pnq, p.nq = NULL, p.mo = NULL, p.mT = NULL;
     MN_TRY(ml_launch(c, kind, &p));
     MlWalk r = *k;
     r.lda = k->Da, r.Da = k->Da - ML_WALKD, r.a = k->a + ML_WALKD, r.b = k->b + ML_WALKD, r.part = part, r.part_out = 0;
+    r.pnq = pnq, r.c0 = ml_off(k->c0, ML_WALKD), r.n0 = ml_off(k->n0, ML_WALKD);
+    r.cT = ml_off(k->cT, ML_WALKD), r.nT = ml_off(k->nT, ML_WALKD);
     return ml_launch(c, kind, &r);
 }
 
@@ -337,19 +346,25 @@ extern "C" int cuda_mlstm_fwd(const Backend *be, const MnSeqDims *d, const Mlstm
     const int s0 = !!io->c0 + !!io->n0 + !!io->m0, sT = !!io->cT + !!io->nT + !!io->mT;
     if ((s0 && s0 < 3) || (sT && sT < 3)) return mn_error(MN_ERR_ARG, "%s: a state given or asked for in part", fn);
     CudaCtx *c = cuda_ctx(be);
-    const size_t pairs = (size_t)d->B * d->H;
+    const size_t pairs = (size_t)d->B * d->H, ntok = pairs * d->T;
+    const int rec = o->form == MN_FORM_RECURRENT || (o->form == MN_FORM_AUTO && d->T < 16);
+    // scratch: the copies of n0, m0 (s0); ml_walk2's partials (the chunkwise form with Dk > 256)
+    const size_t ncp = s0 ? pairs * (d->Dk + 1) : 0, npart = !rec && d->Dk > ML_WALKD ? ntok * (d->Dv + 1) : 0;
+    float *ws = NULL;
+    if (ncp + npart) {
+        ws = (float *)cuda_scratch(be, sizeof(float) * (ncp + npart));
+        if (!ws) return MN_ERR_NOMEM;
+    }
+    float *part = npart ? ws + ncp : NULL, *pnq = npart ? part + ntok * d->Dv : NULL;
     // n0 and m0 are read by every block and written (nT, mT, which may alias them) by one: copied first
     const float *n0 = (const float *)io->n0, *m0 = (const float *)io->m0;
     if (s0) {
-        float *cp = (float *)cuda_scratch(be, sizeof(float) * pairs * (d->Dk + 1));
-        if (!cp) return MN_ERR_NOMEM;
-        CU_TRY(cudaMemcpyAsync(cp, io->n0, sizeof(float) * pairs * d->Dk, cudaMemcpyDeviceToDevice, c->stream));
-        CU_TRY(cudaMemcpyAsync(cp + pairs * d->Dk, io->m0, sizeof(float) * pairs, cudaMemcpyDeviceToDevice, c->stream));
-        n0 = cp;
-        m0 = cp + pairs * d->Dk;
+        CU_TRY(cudaMemcpyAsync(ws, io->n0, sizeof(float) * pairs * d->Dk, cudaMemcpyDeviceToDevice, c->stream));
+        CU_TRY(cudaMemcpyAsync(ws + pairs * d->Dk, io->m0, sizeof(float) * pairs, cudaMemcpyDeviceToDevice, c->stream));
+        n0 = ws;
+        m0 = ws + pairs * d->Dk;
     }
-    // Dk above 256: the recurrent form (the chunkwise forward's den needs the whole q . n at once)
-    if (o->form == MN_FORM_RECURRENT || (o->form == MN_FORM_AUTO && d->T < 16) || d->Dk > ML_WALKD) {
+    if (rec) {
         MlRec a = {(const bf16 *)io->q, (const bf16 *)io->k, (const bf16 *)io->v, (const float *)io->fg,
                    (const float *)io->ig, (const float *)io->c0, n0, m0, (bf16 *)io->h, (float *)io->nq,
                    (float *)io->m, (float *)io->cT, (float *)io->nT, (float *)io->mT, d->T, d->H, d->Dk, d->Dv,
@@ -380,7 +395,7 @@ extern "C" int cuda_mlstm_fwd(const Backend *be, const MnSeqDims *d, const Mlstm
     k.mT = (float *)io->mT;
     k.B = d->B, k.T = d->T, k.H = d->H, k.Da = d->Dk, k.Dc = d->Dv;
     k.scale = o->scale, k.eps = o->eps;
-    return ml_launch(c, 0, &k);
+    return ml_walk2(c, part, pnq, 0, &k);
 }
 
 extern "C" int cuda_mlstm_bwd(const Backend *be, const MnSeqDims *d, const MlstmOpts *o, const MlstmBwd *io) {
@@ -414,21 +429,21 @@ extern "C" int cuda_mlstm_bwd(const Backend *be, const MnSeqDims *d, const Mlstm
     q.Da = d->Dv, q.Dc = d->Dk;
     q.rs = rinv, q.rs_side = 1, q.ex = dnq, q.ex_side = 1;
     q.out = (bf16 *)io->dq, q.dotw = (const bf16 *)io->q, q.dotp = pq;
-    MN_TRY(ml_walk2(c, part, 1, &q));
+    MN_TRY(ml_walk2(c, part, NULL, 1, &q));
     // dk: A = v, B = dh (rinv), C = q; be = dnq
     MlWalk kw = k;
     kw.a = (const bf16 *)io->v, kw.b = (const bf16 *)io->dh, kw.c = (const bf16 *)io->q;
     kw.Da = d->Dv, kw.Dc = d->Dk;
     kw.rs = rinv, kw.rs_side = 2, kw.ex = dnq, kw.ex_side = 2;
     kw.out = (bf16 *)io->dk, kw.dotw = (const bf16 *)io->k, kw.dotp = pk;
-    MN_TRY(ml_walk2(c, part, 2, &kw));
+    MN_TRY(ml_walk2(c, part, NULL, 2, &kw));
     // dv: A = k, B = q, C = dh (rinv)
     MlWalk v = k;
     v.a = (const bf16 *)io->k, v.b = (const bf16 *)io->q, v.c = (const bf16 *)io->dh;
     v.Da = d->Dk, v.Dc = d->Dv;
     v.rs = rinv, v.rs_side = 3;
     v.out = (bf16 *)io->dv;
-    MN_TRY(ml_walk2(c, part, 2, &v));
+    MN_TRY(ml_walk2(c, part, NULL, 2, &v));
     float *dfg = (float *)io->dfg, *dig = (float *)io->dig;
     const float *fg = (const float *)io->fg, *ig = (const float *)io->ig;
     mlstm_gates_kernel<<<(unsigned)pairs, ML_GT, 0, c->stream>>>(pq, pk, sk, sk, dm, fg, ig, m, dfg, dig, d->B, d->T, d->H);

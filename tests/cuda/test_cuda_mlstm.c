@@ -1,8 +1,8 @@
 // The mLSTM core on the GPU (src/cuda/mlstm_cuda.cu, mlstm_chunk.cuh: the backend's mlstm->fwd, bwd)
 // against the CPU backend's (src/cpu/mlstm.c, float32), through the op tables, on awkward shapes:
 // T not a multiple of the chunk (1, 67, 75, 130, 200), B 2, H 3, heads of 16, 17, 24, 64, 128, 256 and
-// Dk != Dv, heads above 256 (320 x 448, 384, 512, 64 x 384: the forward's recurrent form where Dk > 256,
-// the backward's walks in two slices of the contraction), hard gates (input gates up to +-20, forget gates near 1: sigmoid(6 +- 2)), and eps 0.5 and
+// Dk != Dv, heads above 256 (320 x 448, 384, 512, 64 x 384: the chunkwise forward's and the backward's
+// walks in two slices of a contraction over 256, ml_walk2's float32 partials), hard gates (input gates up to +-20, forget gates near 1: sigmoid(6 +- 2)), and eps 0.5 and
 // 0.05, where the backward's exact gradient through the stabiliser m (core/backend.h: dL/dm_t =
 // -(dh_t . h_t) eps / den_t, back through m_t's max to the winning gate) is a large part of dfg and dig
 // (the CPU emulation without it: dfg off by 0.76, dig by 0.39). Both get the same inputs, q, k, v, dh
@@ -332,7 +332,35 @@ static void prefill_decode(const MShape s) {
 TEST(cuda_mlstm_prefill_decode_matches_forward) {
     if (!setup()) return;
     prefill_decode((MShape){2, 130, 2, 64, 48, 1});
-    prefill_decode((MShape){1, 130, 2, 384, 320, 0});  // heads above 256
+    prefill_decode((MShape){1, 130, 2, 384, 320, 0});  // heads above 256: the state's two column slices
+}
+
+// MN_FORM_AUTO takes the chunkwise form from T = 16 on, heads above 256 included: its h is the
+// chunkwise form's bit for bit (the walks are deterministic), and the recurrent form's differs (by
+// rounding), so that the comparison tells the forms apart.
+TEST(cuda_mlstm_auto_takes_the_chunkwise_form) {
+    if (!setup()) return;
+    static const MShape shapes[] = {{1, 67, 2, 64, 64, 0}, {1, 130, 2, 384, 384, 0}, {1, 16, 1, 512, 320, 0}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const MShape *s = &shapes[i];
+        MCase c;
+        mcase_init(&c, s, 300 + i);
+        MOuts a, ch, rec;
+        memset(&a, 0, sizeof a), memset(&ch, 0, sizeof ch), memset(&rec, 0, sizeof rec);
+        int rc = run_on(G, &c, MN_FORM_AUTO, 1, &a);
+        rc = rc ? rc : run_on(G, &c, MN_FORM_CHUNK, 1, &ch);
+        rc = rc ? rc : run_on(G, &c, MN_FORM_RECURRENT, 1, &rec);
+        CHECK(!rc, "T %d Dk %d Dv %d: %s", s->T, s->Dk, s->Dv, mn_last_error());
+        if (!rc) {
+            CHECK(!memcmp(a.h, ch.h, sizeof(double) * c.nv), "T %d Dk %d Dv %d: AUTO's h is not the chunkwise form's",
+                  s->T, s->Dk, s->Dv);
+            CHECK(memcmp(rec.h, ch.h, sizeof(double) * c.nv) != 0,
+                  "T %d Dk %d Dv %d: the recurrent and chunkwise forms' h are identical (the test cannot tell them apart)",
+                  s->T, s->Dk, s->Dv);
+        }
+        mouts_free(&a); mouts_free(&ch); mouts_free(&rec);
+        mcase_free(&c);
+    }
 }
 
 // Heads over 512 are refused by supports, naming the size; 512 is taken.

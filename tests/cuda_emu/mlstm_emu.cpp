@@ -203,7 +203,7 @@ int main(void) {
         {1, 129, 3, 32, 48, 1, 0, 1, 1e-6},     // H 3, DCS 64 at 48 columns
         {1, 64, 1, 128, 64, 0, 1, 132, 1e-6},   // one whole chunk, a state, Dk != Dv
         {1, 130, 2, 32, 32, 1, 0, 132, 0.5},    // a large eps: m's path in the backward
-        {2, 75, 2, 320, 448, 0, 0, 132, 1e-6},  // heads above 256: the forward recurrent, the walks' two slices
+        {2, 75, 2, 320, 448, 0, 0, 132, 1e-6},  // heads above 256: every walk in two slices of its contraction
         {1, 70, 1, 384, 384, 0, 0, 132, 1e-6},  // the 125M model's heads
         {1, 67, 1, 512, 512, 1, 0, 1, 1e-6},    // the 350M model's heads, hard gates
         {1, 40, 1, 512, 384, 0, 1, 132, 1e-6},  // a state in and out at 512 x 384
