@@ -565,6 +565,8 @@ static const McCase rows[] = {
     {"gdn-paper,swa", .gate = 1, .expand_v = 2, .window = 4, .fla = 1},
     {"mlstm-block,slstm-block"},
     {"mlstm,mesa", .gate = 1},
+    // attention as RecurrentGemma has it: RoPE on the first half of each head, a bias on W_o
+    {"mha,swa", .kv = 1, .window = 5, .partial = 1},
 };
 
 const McCase *mc_rows(int *n) {
@@ -602,8 +604,9 @@ const char *mc_case_name(const McCase *k, char *buf, size_t n) {
     if (k->kv) snprintf(kv, sizeof kv, " kv=%d", k->kv);
     if (k->window) snprintf(w, sizeof w, " window=%d", k->window);
     if (k->bound) snprintf(b, sizeof b, " bound=%g", (double)k->bound);
-    snprintf(buf, n, "%s%s%s%s%s%s%s%s%s%s", k->mixer, k->defaults ? " (defaults)" : "", k->gate ? " +gate" : "",
-             k->onorm ? " +shared norm" : "", k->neg ? " +neg_eigen" : "", ev, kv, w, b, k->fla ? " fla" : "");
+    snprintf(buf, n, "%s%s%s%s%s%s%s%s%s%s%s", k->mixer, k->defaults ? " (defaults)" : "", k->gate ? " +gate" : "",
+             k->onorm ? " +shared norm" : "", k->neg ? " +neg_eigen" : "", ev, kv, w, b,
+             k->partial ? " +half rope +o bias" : "", k->fla ? " fla" : "");
     return buf;
 }
 
@@ -651,6 +654,7 @@ ModelConfig mc_case_config(const McCase *k, const McSizes *s, int layers) {
         c.n_kv_heads = k->kv;
         if (k->window) c.window = k->window;
         c.gate_bound = k->bound;
+        if (k->partial) c.rope_dim = c.head_dim / 2, c.o_bias = 1;
     }
     if (k->fla) {
         strcpy(c.arch, "fla");

@@ -121,6 +121,7 @@ typedef struct {
     int kv;             // n_kv_heads (0: n_heads)
     int window;         // swa's window (0: its preset's, half the context)
     float bound;        // gate_bound, Mesa's forget-gate bound (0: none)
+    int partial;        // attention: RecurrentGemma's RoPE on the first half of each head (rope_dim) and o_proj bias
     int fla;            // fla's architecture: untied head, no embedding scale, no logit cap
     int defaults;       // a registered mixer with no row: its preset's settings alone
 } McCase;

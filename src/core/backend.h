@@ -98,10 +98,12 @@ typedef struct {
     // q, o [B,H,D]; kc, vc [B,cap,Hkv,D] (all MEM_ACT).
     int (*decode)(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc, const void *vc,
                   void *o);
-    // Rotary position embedding in place on x [N, H, D] (MEM_ACT; pairs (i, i + D/2), fla's and
-    // Hugging Face Llama's "rotate half" layout): rotates by pos[n] theta^(-2i/D); inverse = 1
-    // rotates back (the backward). pos [N] MEM_I32.
-    int (*rope)(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
+    // Rotary position embedding in place on the first `rot` features of each head of x [N, H, D]
+    // (MEM_ACT; rot even, 0 < rot <= D; pairs (i, i + rot/2), fla's and Hugging Face Llama's "rotate
+    // half" layout within them): rotates by pos[n] theta^(-2i/rot); features rot..D-1 pass as they are
+    // (rot < D: partial rotary, RecurrentGemma's half). inverse = 1 rotates back (the backward).
+    // pos [N] MEM_I32.
+    int (*rope)(const Backend *be, void *x, const void *pos, int N, int H, int D, int rot, float theta, int inverse);
     int (*supports)(const Backend *be, const AttnDims *d);  // MN_ERR_UNSUPPORTED naming the size, or NULL
 } AttnOps;
 

@@ -27,7 +27,8 @@ extern "C" int cuda_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd
 extern "C" int cuda_attn_bwd(const Backend *be, const AttnDims *d, const AttnBwd *io);
 extern "C" int cuda_attn_decode(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc,
                                 const void *vc, void *o);
-extern "C" int cuda_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
+extern "C" int cuda_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, int rot, float theta,
+                         int inverse);
 extern "C" int cuda_mesa_supports(const Backend *be, const MnSeqDims *d);
 extern "C" int cuda_lin_supports(const Backend *be, const MnSeqDims *d);
 extern "C" int cuda_mlstm_fwd(const Backend *be, const MnSeqDims *d, const MlstmOpts *o, const MlstmFwd *io);

@@ -52,12 +52,13 @@ enum {
     CF_RIDGE = 1 << 4,        // lambda_min, lambda_init, cg_steps: Mesa's regulariser and solver
     CF_GATE_BOUND = 1 << 5,   // gate_bound: the forget-gate bound
     CF_NEG_EIGEN = 1 << 6,    // neg_eigen: a delta rule's beta in (0, 2)
-    CF_ROPE = 1 << 7,         // rope_theta
+    CF_ROPE = 1 << 7,         // rope_theta, rope_dim
     CF_WINDOW = 1 << 8,       // window: sliding-window attention
     CF_KV_HEADS = 1 << 9,     // n_kv_heads: grouped key/value heads
     CF_FFN = 1 << 10,         // mlp_hidden: set for a mixer whose block's feed-forward part takes that width
     CF_SLSTM = 1 << 11,       // slstm_heads
     CF_GATE_CAP = 1 << 12,    // gate_cap: mlstm-large's soft cap of its gates
+    CF_O_BIAS = 1 << 13,      // o_bias: the attention output projection's bias (RecurrentGemma's)
 };
 
 // What follows the mixer in its block (model/ffn.c).

@@ -87,6 +87,8 @@ static const Field fields[] = {
     MIXER_FIELD(cg_steps, F_INT, 0, 10000, "the CG steps in training", CF_RIDGE),
     MIXER_FIELD(neg_eigen, F_BOOL, 0, 1, "the negative-eigenvalue flag", CF_NEG_EIGEN),
     MIXER_FIELD(rope_theta, F_FLOAT, 1, 1e9, "the RoPE base", CF_ROPE),
+    MIXER_FIELD(rope_dim, F_INT, 0, 1024, "the features of each head RoPE rotates (0: all)", CF_ROPE),
+    MIXER_FIELD(o_bias, F_BOOL, 0, 1, "the attention output bias flag", CF_O_BIAS),
     MIXER_FIELD(window, F_INT, 0, 1 << 24, "swa's window", CF_WINDOW),
     MIXER_FIELD(n_kv_heads, F_INT, 0, 1024, "the key/value heads (0: n_heads)", CF_KV_HEADS),
     MIXER_FIELD(slstm_heads, F_INT, 1, 1024, "slstm-block's heads", CF_SLSTM),
@@ -149,7 +151,8 @@ static void field_text(const ModelConfig *c, const Field *f, char *buf, size_t n
 static int check_fields_apply(const ModelConfig *c, const char *where) {
     ModelConfig d;
     config_default(&d);
-    const unsigned switches = CF_NEG_EIGEN | CF_HEAD_V_DIM | CF_KV_HEADS | CF_OUTPUT_GATE, used = used_fields(c);
+    const unsigned switches = CF_NEG_EIGEN | CF_HEAD_V_DIM | CF_KV_HEADS | CF_OUTPUT_GATE | CF_O_BIAS,
+                   used = used_fields(c);
     for (size_t k = 0; k < NFIELDS; k++) {
         const Field *f = &fields[k];
         if (!(f->uses & switches) || applies(used, f) || same_value(c, &d, f)) continue;

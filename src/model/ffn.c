@@ -34,6 +34,7 @@ int ffn_declare(const ModelConfig *c, const BlockShape *b, const char *prefix, P
     char w[96], bn[96];
     snprintf(w, sizeof w, "%s.weight", an->ffn_norm);
     f->norm = add(s, n, max, prefix, w, 1, D, 0, INIT_CONST, 1, 0);
+    if (f->norm >= 0) s[f->norm].file_offset = norm_file_offset(c);
     snprintf(w, sizeof w, "%s.weight", an->ffn_gate);
     snprintf(bn, sizeof bn, "%s.bias", an->ffn_gate);
     f->gate = add(s, n, max, prefix, w, 2, F, D, INIT_NORMAL, 1 / sqrt((double)D), 1);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/half.h"
 #include "model/names.h"
 #include "model/norm.h"
 
@@ -50,6 +51,7 @@ static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *
         snprintf(name, sizeof name, "%s%s.weight", pre, an->mixer_norm);
         b->attn_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
         if (b->attn_norm < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
+        s[b->attn_norm].file_offset = norm_file_offset(c);
         set_roles(s, b->attn_norm, *n, ROLE_NORM);
         int first = *n - 1;
         b->first = *n;
@@ -77,6 +79,7 @@ static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *
     *head = c->tie_embeddings ? *embed : param_add(s, n, max, "lm_head.weight", 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 1);
     if (*norm_f < 0 || *head < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
     s[*norm_f].role = ROLE_NORM;
+    s[*norm_f].file_offset = norm_file_offset(c);
     if (!c->tie_embeddings) s[*head].role = ROLE_HEAD;
     return MN_OK;
 }
@@ -463,7 +466,13 @@ static int forward_blocks(Model *m, int B, int T, int use_state) {
     return norm_fwd(be, norm_kind(c), m->xf, m->rf, xl, m->p[m->norm_f], (int)N, (int)D, c->norm_eps);
 }
 
-static float embed_scale(const ModelConfig *c) { return c->embed_scale ? sqrtf((float)c->dim) : 1.0f; }
+// sqrt(D) where the architecture scales the embedding; RecurrentGemma's is a bf16 constant (its
+// `normalizer` buffer: sqrt(2560) = 50.596 multiplies as 50.5).
+static float embed_scale(const ModelConfig *c) {
+    if (!c->embed_scale) return 1.0f;
+    float s = (float)sqrt((double)c->dim);
+    return strcmp(c->arch, "recurrent_gemma") ? s : bf16_to_f32(f32_to_bf16(s));
+}
 
 int model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T, float grad_weight,
                   double *loss) {

@@ -117,6 +117,14 @@ static int xlstm_other_spelling(WeightFile *w, const ModelConfig *c, const char 
     return MN_OK;
 }
 
+void weights_to_file(const ParamSpec *s, float *data) {
+    for (size_t i = 0; i < s->numel && s->file_offset != 0; i++) data[i] -= s->file_offset;
+}
+
+void weights_from_file(const ParamSpec *s, float *data) {
+    for (size_t i = 0; i < s->numel && s->file_offset != 0; i++) data[i] += s->file_offset;
+}
+
 // Our tensor s: under its own name, or (the xlstm architecture) under transformers' other spellings.
 static int read_ours(WeightFile *w, const ModelConfig *c, const ParamSpec *s, float *out) {
     if (!wf_has(w, s->name) && !strcmp(c->arch, "xlstm") && s->block >= 0) {
@@ -145,7 +153,10 @@ int weights_read(const char *path, const ModelConfig *c, const ParamSpec *specs,
         float *buf = malloc(sizeof(float) * most);
         s = buf ? MN_OK : mn_error(MN_ERR_NOMEM, "out of memory");
         for (int i = 0; i < n && !s; i++)
-            if (!(s = read_ours(&w, c, &specs[i], buf))) s = sink(ctx, i, buf);
+            if (!(s = read_ours(&w, c, &specs[i], buf))) {
+                weights_from_file(&specs[i], buf);
+                s = sink(ctx, i, buf);
+            }
         free(buf);
     }
     if (!s) s = wf_check_used(&w, "does not belong to this model (config and weights differ)");
