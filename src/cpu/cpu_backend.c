@@ -13,6 +13,7 @@
 #include "core/backend.h"
 #include "core/common.h"
 #include "mlstm_cpu.h"
+#include "scan_cpu.h"
 #include "slstm_cpu.h"
 #include "vec.h"
 #include "vmath.h"
@@ -897,7 +898,7 @@ static const Backend cpu_backend = {
     .embed_fwd = c_embed_fwd, .embed_bwd = c_embed_bwd, .xent = c_xent,
     .gates_fwd = c_gates_fwd, .gates_bwd = c_gates_bwd, .scale_f32 = c_scale_f32,
     .mesa = &cpu_mesa, .lin = &cpu_lin, .attn = &cpu_attn_ops, .mlstm = &cpu_mlstm,
-    .slstm = &cpu_slstm,
+    .slstm = &cpu_slstm, .scan = &cpu_scan,
     .adamw = c_adamw, .sumsq = c_sumsq,
 };
 
