@@ -58,7 +58,7 @@ enum {
     CF_FFN = 1 << 10,         // mlp_hidden: set for a mixer whose block's feed-forward part takes that width
     CF_SLSTM = 1 << 11,       // slstm_heads
     CF_GATE_CAP = 1 << 12,    // gate_cap: mlstm-large's soft cap of its gates
-    CF_O_BIAS = 1 << 13,      // o_bias: the attention output projection's bias (RecurrentGemma's)
+    CF_O_BIAS = 1 << 16,      // o_bias: the attention output projection's bias (RecurrentGemma's)
 };
 
 // What follows the mixer in its block (model/ffn.c).

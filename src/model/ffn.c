@@ -52,6 +52,11 @@ int ffn_declare(const ModelConfig *c, const BlockShape *b, const char *prefix, P
     return MN_OK;
 }
 
+const BlockShape *ffn_block_shape(const ModelConfig *c, const MixerOps *ops) {
+    static const BlockShape rgemma = {FFN_GEGLU_TANH, 1, NULL};
+    return !strcmp(c->arch, "recurrent_gemma") ? &rgemma : &ops->block;
+}
+
 int ffn_width(const ModelConfig *c, const BlockShape *b) {
     return b->ffn == FFN_NONE ? 0 : b->ffn_hidden ? b->ffn_hidden(c) : c->mlp_hidden;
 }

@@ -61,7 +61,7 @@ static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *
         b->count = *n - b->first;
         set_roles(s, b->first, *n, ROLE_MIXER);
         int f0 = *n;
-        MN_TRY(ffn_declare(c, &ops->block, pre, s, n, max, &b->ffn));
+        MN_TRY(ffn_declare(c, ffn_block_shape(c, ops), pre, s, n, max, &b->ffn));
         set_roles(s, f0, *n, ROLE_FFN);
         if (b->ffn.norm >= 0) s[b->ffn.norm].role = ROLE_NORM;
         b->ffn_off = ffn_off;
@@ -335,7 +335,7 @@ static size_t activation_bytes_per_token(const ModelConfig *c, const Backend *be
     for (int l = 0; l < c->n_layers; l++) {
         const MixerOps *ops = mixer_at(c, l);
         if (!ops) continue;  // (a valid config has none such)
-        size_t F = (size_t)ffn_width(c, &ops->block);
+        size_t F = (size_t)ffn_width(c, ffn_block_shape(c, ops));
         fsum += F;
         fmax = F > fmax ? F : fmax;
         mixers += ops->activation_bytes(c, be);
