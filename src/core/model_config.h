@@ -101,6 +101,8 @@ typedef struct {
     int decay;
     float file_offset;  // the checkpoint file holds the value minus this (RecurrentGemma's norms store w of their
                         // gain 1 + w: 1; 0 elsewhere), so that the model computes with the gain itself
+    int file_transpose; // 1: the file holds each matrix of the last two (equal) dimensions transposed (the RG-LRU's
+                        // gate blocks, which transformers multiplies from the right)
     ParamRole role;  // set by the model as it declares the tensors
     int block;       // the block it belongs to; -1: the backbone's (embedding, final norm, head)
     size_t offset;

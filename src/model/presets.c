@@ -20,7 +20,8 @@ typedef struct {
     int vocab, dim, layers, heads, head_dim, seq_len, fla;
     const char *about;
     const char *xlstm;  // the xLSTM paper's models: their pattern of blocks (NULL: a Mesa preset); "mlstm-large":
-                        // Hugging Face's xLSTMForCausalLM (the xlstm architecture)
+                        // Hugging Face's xLSTMForCausalLM (the xlstm architecture); "recurrent_gemma": Griffin as
+                        // Hugging Face's RecurrentGemmaForCausalLM has it
 } Preset;
 
 static const Preset presets[] = {
@@ -43,6 +44,10 @@ static const Preset presets[] = {
     // Hugging Face's xLSTMForCausalLM (the xLSTM-7B design) at 160M: 4 heads, q/k half as wide as
     // the model, v as wide; SwiGLU of 2.667 D rounded up to 64 (transformers' defaults)
     {"xlstm-7b-160m", 50304, 768, 12, 4, 96, 2048, 0, "Hugging Face's xLSTMForCausalLM design at 160M", "mlstm-large"},
+    // Griffin (De et al. 2024) in Hugging Face's RecurrentGemmaForCausalLM: two recurrent blocks to one of
+    // local attention, repeated; multi-query attention of 6 heads of 128
+    {"griffin-160m", 50304, 768, 17, 6, 128, 2048, 0, "Griffin as RecurrentGemmaForCausalLM at 160M (hawk, hawk, swa)",
+     "recurrent_gemma"},
 };
 
 // The xLSTM paper's backbone around its blocks (xlstm-notes.md 3.5): LayerNorm (eps 1e-5, no
@@ -72,6 +77,26 @@ static void config_xlstm_large(ModelConfig *c) {
     c->tie_embeddings = 0;
     c->logit_cap = 30;
     c->mlp_hidden = (int)floor((2.667 * c->dim + 63) / 64) * 64;  // transformers' round_up_to_next_multiple_of
+}
+
+// transformers' RecurrentGemmaForCausalLM (recurrentgemma-2b's design): blocks recurrent, recurrent,
+// attention in turn; RG-LRU as wide as the model; one key/value head; local attention over 1024 tokens
+// (half the training context, as the Griffin paper's models); RoPE on the first half of each head; a
+// bias on o_proj; the gated MLP 3 D wide (intermediate_size 6 D); the embedding scaled by sqrt(D) in
+// bf16 and tied to the head; logits capped at 30; RMSNorm of gain 1 + w, eps 1e-6.
+static void config_rgemma(ModelConfig *c) {
+    snprintf(c->mixer, sizeof c->mixer, "hawk*2,swa");
+    snprintf(c->arch, sizeof c->arch, "recurrent_gemma");
+    c->n_kv_heads = 1;
+    c->window = c->seq_len / 2;
+    c->rope_dim = c->head_dim / 2;
+    c->o_bias = 1;
+    c->conv_size = 4;
+    c->norm_eps = 1e-6f;
+    c->embed_scale = 1;
+    c->tie_embeddings = 1;
+    c->logit_cap = 30;
+    c->mlp_hidden = 3 * c->dim;
 }
 
 // The sizes that have parameter-matched presets "SIZE-MIXER" (presets.h).
@@ -157,6 +182,7 @@ int config_preset(ModelConfig *c, const char *name) {
             c->gate_bound = (float)p->seq_len;
             if (p->fla) config_fla(c);
             if (p->xlstm && !strcmp(p->xlstm, "mlstm-large")) config_xlstm_large(c);
+            else if (p->xlstm && !strcmp(p->xlstm, "recurrent_gemma")) config_rgemma(c);
             else if (p->xlstm) config_xlstm(c, p->xlstm);
             config_normalize(c);
             return MN_OK;

@@ -48,9 +48,11 @@ int wf_check_used(const WeightFile *w, const char *why);
 // The index of the spec named `name` in specs[0..n), or -1.
 int weights_find(const ParamSpec *specs, int n, const char *name);
 
-// A tensor's values between the model and its file (ParamSpec.file_offset: RecurrentGemma's norms
-// hold their gain 1 + w in the model, w in the file), in place on data [s->numel].
-void weights_to_file(const ParamSpec *s, float *data);
-void weights_from_file(const ParamSpec *s, float *data);
+// A tensor's values between the model and its file, in place on data [s->numel]: less / plus
+// ParamSpec.file_offset (RecurrentGemma's norms hold their gain 1 + w in the model, w in the file),
+// each square matrix of the last two dimensions transposed where file_transpose is set (the RG-LRU's
+// gates). MN_ERR_ARG where file_transpose is set on a tensor whose last two dimensions differ.
+int weights_to_file(const ParamSpec *s, float *data);
+int weights_from_file(const ParamSpec *s, float *data);
 
 #endif

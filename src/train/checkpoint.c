@@ -48,7 +48,7 @@ static int write_slabs(const char *path, const Model *m, const void *const *slab
                 s = MN_ERR_NOMEM;
                 break;
             }
-            if (kind == MEM_PARAM) weights_to_file(p, bufs[j]);  // the values as the file holds them
+            if (kind == MEM_PARAM && (s = weights_to_file(p, bufs[j]))) break;  // the values as the file holds them
             t[j].name = names[j];
             t[j].dtype = ST_F32;
             t[j].ndim = p->ndim;
@@ -196,7 +196,7 @@ int checkpoint_export(const char *run, const char *out, const char *format, cons
             t[i].ndim = specs[i].ndim;
             for (int d = 0; d < specs[i].ndim; d++) t[i].shape[d] = specs[i].shape[d];
             t[i].data = vals[i];
-            weights_to_file(&specs[i], vals[i]);
+            s = weights_to_file(&specs[i], vals[i]);
         }
         join(path, sizeof path, out, "config.json");
         if (!s) s = config_save(&cfg, path);
