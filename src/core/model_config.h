@@ -55,6 +55,8 @@ typedef struct {
     int n_kv_heads;       // the attention mixers' key/value heads (grouped-query attention); 0: n_heads
     int slstm_heads;      // slstm-block's heads (4): dim / slstm_heads cells each
     float gate_cap;       // mlstm-large's soft cap of its gates' pre-activations, c tanh(x / c) (0: none)
+    int lru_width;        // hawk's recurrence width (transformers' RecurrentGemma lru_width), n_heads blocks of its
+                          // gates; 0: dim
     char norm[12];        // the backbone's norms: "rmsnorm" (RMSNorm with a weight) or "layernorm" (LayerNorm with a
                           // weight, no bias: the xLSTM paper's blocks)
     char head[16];        // "lm" (the language model's logits at every position; "" reads as "lm") or
@@ -76,6 +78,8 @@ typedef enum {
     INIT_SLSTM_BIAS,   // an sLSTM's biases [4, H, Dh], gates i, f, z, o: 0 but the forget gate's, NX-AI's
                        // "powerlaw_blockdependent": 5 - 12 (j / (Dh - 1))^(0.3 + 1.3 l / (L - 1)) for cell j of
                        // block l of L
+    INIT_RGLRU_LAMBDA, // RG-LRU's Lambda (transformers' RecurrentGemma): log(1 / a - 1), a = sqrt(U(0.81, 0.998)),
+                       // drawn per element (softplus(Lambda) = -log a: a^8 at r = 1, from 0.43 to 0.99)
 } InitKind;
 
 // What a tensor is for, for counting parameters by part (info) and for the matched presets.

@@ -8,7 +8,7 @@
 
 const MixerOps *const mixer_all[] = {&mixer_mesa, &mixer_mamba2, &mixer_gla, &mixer_deltanet, &mixer_gdn,
                                     &mixer_gdn_paper, &mixer_deltanet_paper, &mixer_mha, &mixer_swa, &mixer_mlstm,
-                                    &mixer_mlstm_block, &mixer_slstm_block, &mixer_mlstm_large, NULL};
+                                    &mixer_mlstm_block, &mixer_slstm_block, &mixer_mlstm_large, &mixer_hawk, NULL};
 
 static const MixerOps *find(const char *name, size_t len) {
     for (size_t i = 0; mixer_all[i]; i++)

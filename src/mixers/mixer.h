@@ -58,6 +58,7 @@ enum {
     CF_FFN = 1 << 10,         // mlp_hidden: set for a mixer whose block's feed-forward part takes that width
     CF_SLSTM = 1 << 11,       // slstm_heads
     CF_GATE_CAP = 1 << 12,    // gate_cap: mlstm-large's soft cap of its gates
+    CF_LRU = 1 << 15,         // lru_width: hawk's recurrence width
     CF_O_BIAS = 1 << 16,      // o_bias: the attention output projection's bias (RecurrentGemma's)
 };
 
@@ -222,5 +223,7 @@ extern const MixerOps mixer_mlstm;
 extern const MixerOps mixer_mlstm_block, mixer_slstm_block;
 // xLSTM-7B's mLSTM layer (mlstm_large.c), the xlstm architecture's.
 extern const MixerOps mixer_mlstm_large;
+// Griffin's recurrent block with the RG-LRU, transformers' RecurrentGemma's (hawk.c).
+extern const MixerOps mixer_hawk;
 
 #endif

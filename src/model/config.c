@@ -94,6 +94,7 @@ static const Field fields[] = {
     MIXER_FIELD(n_kv_heads, F_INT, 0, 1024, "the key/value heads (0: n_heads)", CF_KV_HEADS),
     MIXER_FIELD(slstm_heads, F_INT, 1, 1024, "slstm-block's heads", CF_SLSTM),
     MIXER_FIELD(gate_cap, F_FLOAT, 0, 1e6, "mlstm-large's gate soft cap (0: none)", CF_GATE_CAP),
+    MIXER_FIELD(lru_width, F_INT, 0, 1 << 20, "hawk's recurrence width (0: dim)", CF_LRU),
     FIELD(head, F_STR, 0, 0, "the output head"),
     FIELD(norm, F_STR, 0, 0, "the backbone's norm"),
 };

@@ -311,6 +311,11 @@ int model_init_params(Model *m, uint64_t seed) {
                 case INIT_A_LOG: buf[j] = log(16 * (1 - mn_rng_uniform(&r))); break;  // A in (0, 16]
                 case INIT_LINSPACE_3_6: buf[j] = s->numel > 1 ? 3 + 3.0 * (double)(off + j) / (double)(s->numel - 1) : 3; break;
                 case INIT_SLSTM_BIAS: buf[j] = slstm_bias(s, off + j, m->cfg.n_layers); break;
+                case INIT_RGLRU_LAMBDA: {
+                    double u = 0.81 + 1e-8 + (0.998001 - 0.81) * mn_rng_uniform(&r);  // a^2, transformers' range
+                    buf[j] = log(1 / sqrt(u) - 1);
+                    break;
+                }
                 case INIT_DT_BIAS: {
                     double dt = exp(log(1e-3) + mn_rng_uniform(&r) * (log(1e-1) - log(1e-3)));
                     dt = dt < 1e-4 ? 1e-4 : dt;

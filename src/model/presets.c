@@ -102,6 +102,33 @@ static void config_rgemma(ModelConfig *c) {
 // The sizes that have parameter-matched presets "SIZE-MIXER" (presets.h).
 const char *const config_matched_sizes[] = {"demo", "125m", "400m", NULL};
 
+const ConfigHybrid config_hybrids[] = {
+    {"hawk-mesa", "hawk,mesa", "Hawk-MesaNet (the MesaNet paper's hybrid): Hawk and Mesa blocks alternating"},
+    {"griffin", "hawk,hawk,swa", "Griffin: two Hawk blocks, then sliding-window attention, repeated"},
+    {NULL, NULL, NULL},
+};
+
+// The pattern of a hybrid's name, or NULL.
+static const char *hybrid_pattern(const char *name) {
+    for (int i = 0; config_hybrids[i].name; i++)
+        if (!strcmp(config_hybrids[i].name, name)) return config_hybrids[i].pattern;
+    return NULL;
+}
+
+// Each distinct mixer's preset hook, in the pattern's order (swa's window, the xLSTM blocks' heads).
+static void pattern_presets(ModelConfig *c) {
+    const MixerOps *done[CONFIG_MAX_LAYERS];
+    int n = mixer_pattern_check(c->mixer, 0), nd = 0;
+    for (int l = 0; l < n; l++) {
+        const MixerOps *ops = mixer_at(c, l);
+        int seen = 0;
+        for (int k = 0; k < nd; k++) seen |= done[k] == ops;
+        if (seen) continue;
+        done[nd++] = ops;
+        if (ops->preset) ops->preset(c);
+    }
+}
+
 int config_param_count(const ModelConfig *c, size_t *total, size_t *mixers, size_t *mlps) {
     ModelConfig k = *c;
     if (k.vocab_size == 0) k.vocab_size = 4096;  // from the data: counted with the demo's BPE
@@ -140,15 +167,17 @@ int config_matched(ModelConfig *c, const char *size, const char *mixer) {
     int known = 0;
     for (int i = 0; config_matched_sizes[i]; i++) known |= !strcmp(config_matched_sizes[i], size);
     if (!known) return mn_error(MN_ERR_ARG, "no parameter-matched presets at size '%s' (sizes: demo, 125m, 400m)", size);
-    const MixerOps *ops = mixer_find(mixer);  // one name, not a pattern (the error lists the known ones)
-    if (!ops) return MN_ERR_ARG;
+    // one name or a hybrid's, not a pattern (the error lists the known mixers)
+    const char *pattern = hybrid_pattern(mixer);
+    const MixerOps *ops = pattern ? NULL : mixer_find(mixer);
+    if (!pattern && !ops) return MN_ERR_ARG;
     ModelConfig ref;
     MN_TRY(config_preset(&ref, size));
     *c = ref;
-    snprintf(c->mixer, sizeof c->mixer, "%s", ops->name);
-    if (!strcmp(ops->name, ref.mixer)) return MN_OK;  // the reference: the preset itself
-    // the size preset's fields with the mixer's own settings, and nothing it does not read
-    if (ops->preset) ops->preset(c);
+    snprintf(c->mixer, sizeof c->mixer, "%s", pattern ? pattern : ops->name);
+    if (!strcmp(c->mixer, ref.mixer)) return MN_OK;  // the reference: the preset itself
+    // the size preset's fields with the mixers' own settings, and nothing they do not read
+    pattern_presets(c);
     config_normalize(c);
     // The count is affine in mlp_hidden: the nearest multiple of the step to the reference's count.
     size_t target, p0, p1;
@@ -161,7 +190,7 @@ int config_matched(ModelConfig *c, const char *size, const char *mixer) {
     double slope = (double)(p1 - p0), steps = floor(((double)target - (double)p0) / slope + 0.5);
     if (c->mlp_hidden + steps * CONFIG_MATCH_STEP < CONFIG_MATCH_STEP)
         return mn_error(MN_ERR_ARG, "%s-%s: the mixer's parameters exceed the reference's by more than its MLPs hold",
-                        size, ops->name);
+                        size, mixer);
     c->mlp_hidden += (int)steps * CONFIG_MATCH_STEP;
     return MN_OK;
 }
@@ -190,10 +219,14 @@ int config_preset(ModelConfig *c, const char *name) {
         strcat(known, i ? ", " : "");
         strcat(known, p->name);
     }
-    char mixers[192] = "";
+    char mixers[512] = "";
     for (int i = 0; mixer_all[i]; i++) {
         strcat(mixers, i ? ", " : "");
         strcat(mixers, mixer_all[i]->name);
+    }
+    for (int i = 0; config_hybrids[i].name; i++) {
+        strcat(mixers, ", ");
+        strcat(mixers, config_hybrids[i].name);
     }
     for (int i = 0; config_matched_sizes[i]; i++) {
         size_t n = strlen(config_matched_sizes[i]);
@@ -202,7 +235,7 @@ int config_preset(ModelConfig *c, const char *name) {
         snprintf(size, sizeof size, "%s", config_matched_sizes[i]);
         if (!config_matched(c, size, name + n + 1)) return MN_OK;
         return mn_error(MN_ERR_ARG,
-                        "unknown config '%.64s': '%.64s' is not a mixer; a parameter-matched preset is SIZE-MIXER with "
+                        "unknown config '%.64s': '%.64s' is not a mixer nor a hybrid; a parameter-matched preset is SIZE-MIXER with "
                         "SIZE one of demo, 125m, 400m and MIXER one of %s",
                         name, name + n + 1, mixers);
     }
