@@ -709,9 +709,10 @@ static void save_hf_xlstm(FILE *f, const ModelConfig *c) {
 }
 
 // The head of a config.json as transformers' RecurrentGemmaConfig writes it (the recurrent_gemma
-// architecture), RoPE as the hub's checkpoints give it (rope_theta and partial_rotary_factor at the
-// top, which transformers 4 and 5 both read); block_types one entry a block of the pattern (transformers
-// cycles them over the layers as our pattern is), intermediate_size twice the MLP's width.
+// architecture), RoPE both as the hub's checkpoints give it (rope_theta and partial_rotary_factor at
+// the top: transformers 4) and as transformers 5 keeps it (rope_parameters), the same values;
+// block_types one entry a block of the pattern (transformers cycles them over the layers as our
+// pattern is), intermediate_size twice the MLP's width.
 static void save_hf_rgemma(FILE *f, const ModelConfig *c) {
     char eps[40], cap[40], theta[40];
     json_float_text(eps, sizeof eps, (double)c->norm_eps, 1);
@@ -730,7 +731,8 @@ static void save_hf_rgemma(FILE *f, const ModelConfig *c) {
         fprintf(f, "%s\"%s\"", i ? ", " : "", strcmp(mixer_at(c, i)->name, "swa") ? "recurrent" : "attention");
     fprintf(f, "],\n  \"logits_soft_cap\": %s,\n  \"rms_norm_eps\": %s,\n", cap, eps);
     fprintf(f, "  \"hidden_activation\": \"gelu_pytorch_tanh\",\n  \"partial_rotary_factor\": 0.5,\n"
-               "  \"rope_theta\": %s,\n", theta);
+               "  \"rope_theta\": %s,\n  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": %s, "
+               "\"partial_rotary_factor\": 0.5},\n", theta, theta);
     fprintf(f, "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n  \"embeddings_scale_by_sqrt_dim\": true,\n");
     fprintf(f, "  \"w_init_variance_scale\": 0.01,\n  \"tie_word_embeddings\": %s,\n  \"use_cache\": true,\n"
                "  \"torch_dtype\": \"float32\",\n  \"pad_token_id\": 0,\n", c->tie_embeddings ? "true" : "false");
