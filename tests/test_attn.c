@@ -343,8 +343,9 @@ TEST(attn_rope_partial) {
         void *bx = up(be, x, 8, MEM_ACT), *bp = be->alloc(be, 1, MEM_I32);
         be->upload_i32(be, bp, pos, 1);
         CHECK(!be->attn->rope(be, bx, bp, 1, 1, 8, 4, 100.0f, 0), "%s rope: %s", be->name, mn_last_error());
-        double *got = down(be, bx, 8, MEM_ACT);
-        CHECK_REL(i ? "cpu partial rope hand case" : "ref partial rope hand case", rel_err64(got, want, 8), i ? 1e-6 : 1e-15);
+        double *got = down(be, bx, 8, MEM_ACT), e = rel_err64(got, want, 8);
+        test_note("%s partial rope, hand case: rel err %.2e", be->name, e);
+        CHECK_REL(i ? "cpu partial rope hand case" : "ref partial rope hand case", e, i ? 1e-6 : 1e-15);
         free(got);
         be->free(be, bx); be->free(be, bp);
     }
@@ -366,12 +367,14 @@ TEST(attn_rope_partial) {
             for (int j = rot; j < D; j++) untouched &= fwd[i][r * D + j] == xr[r * D + j];
         CHECK(untouched, "%s: rope changed features past rot", be->name);
         CHECK(!be->attn->rope(be, bx, bp, N, H, D, rot, 10000.0f, 1), "%s", mn_last_error());
-        double *back = down(be, bx, nx, MEM_ACT);
-        CHECK_REL(i ? "cpu partial rope inverse o rope" : "ref partial rope inverse o rope", rel_err64(back, xr, nx),
-                  i ? 1e-6 : 1e-14);
+        double *back = down(be, bx, nx, MEM_ACT), e = rel_err64(back, xr, nx);
+        test_note("%s partial rope, inverse o rope: rel err %.2e", be->name, e);
+        CHECK_REL(i ? "cpu partial rope inverse o rope" : "ref partial rope inverse o rope", e, i ? 1e-6 : 1e-14);
         free(back);
         be->free(be, bx); be->free(be, bp);
     }
-    CHECK_REL("cpu partial rope vs ref", rel_err64(fwd[1], fwd[0], nx), 1e-6);
+    double e = rel_err64(fwd[1], fwd[0], nx);
+    test_note("cpu partial rope vs ref: rel err %.2e", e);
+    CHECK_REL("cpu partial rope vs ref", e, 1e-6);
     free(fwd[0]); free(fwd[1]); free(xr); free(ps);
 }
