@@ -181,7 +181,8 @@ static void fill_random(Model *m, uint64_t seed) {
         float *v = xcalloc(s->numel, sizeof(float));
         int unit = strstr(s->name, "norm") != NULL, embed = strstr(s->name, "embed") != NULL;
         double scale = s->ndim > 1 && !embed ? 1 / sqrt((double)s->shape[s->ndim - 1]) : 1;
-        for (size_t k = 0; k < s->numel; k++) v[k] = (float)(unit ? 0.5 + 1.5 * mn_rng_uniform(&r) : scale * mn_rng_normal(&r));
+        for (size_t k = 0; k < s->numel; k++)
+            v[k] = (float)(unit ? 0.5 + 1.5 * mn_rng_uniform(&r) : scale * mn_rng_normal(&r));
         if (m->be->upload_f32(m->be, m->p[i], v, s->numel, MEM_PARAM)) die("%s", mn_last_error());
         free(v);
     }
@@ -329,7 +330,8 @@ static double *transcribed_logits(const char *path, const ModelConfig *c, const 
                     double mx = -INFINITY, z = 0;
                     for (int s = s0; s <= t; s++) {
                         double dot = 0;
-                        for (int j = 0; j < hd; j++) dot += q[(size_t)t * D + hh * hd + j] * k[((size_t)s * Hkv + g) * hd + j];
+                        for (int j = 0; j < hd; j++)
+                            dot += q[(size_t)t * D + hh * hd + j] * k[((size_t)s * Hkv + g) * hd + j];
                         // scale head_dim^-0.5 as a float: transformers' SDPA applies it in the inputs' float32
                         // (so does our AttnDims.scale)
                         p[s - s0] = dot * (double)(float)(1 / sqrt((double)hd));
@@ -367,11 +369,15 @@ static double *transcribed_logits(const char *path, const ModelConfig *c, const 
         free(w2), free(Wg), free(bg), free(Wu), free(bu), free(Wd), free(bd);
     }
     double *wf = tensor(f, "model.final_norm.weight", 0);
-    double *head = c->tie_embeddings ? E : tensor(f, "lm_head.weight", 0), *logits = xcalloc((size_t)T * V, sizeof(double));
+    double *head = c->tie_embeddings ? E : tensor(f, "lm_head.weight", 0);
+    double *logits = xcalloc((size_t)T * V, sizeof(double));
     for (int t = 0; t < T; t++) {
         rmsnorm(n, x + (size_t)t * D, wf, D, eps);
         linear(logits + (size_t)t * V, head, NULL, n, V, D);
-        for (int j = 0; j < V; j++) logits[(size_t)t * V + j] = c->logit_cap * tanh(logits[(size_t)t * V + j] / c->logit_cap);
+        for (int j = 0; j < V; j++) {
+            double *z = &logits[(size_t)t * V + j];
+            *z = c->logit_cap * tanh(*z / c->logit_cap);
+        }
     }
     if (head != E) free(head);
     free(E), free(wf), free(x), free(n), free(out), free(tmp);
@@ -488,7 +494,8 @@ TEST(rgemma_export_round_trips) {
     // the file's view of the tensors
     StFile *f;
     CHECK(!st_open(f1, &f), "%s", mn_last_error());
-    const char *names[2] = {"model.layers.1.channel_pre_norm.weight", "model.layers.0.temporal_block.rg_lru.input_gate_weight"};
+    const char *names[2] = {"model.layers.1.channel_pre_norm.weight",
+                            "model.layers.0.temporal_block.rg_lru.input_gate_weight"};
     for (int k = 0; k < 2; k++) {
         int i = model_find_param(m, names[k]);
         CHECK(i >= 0, "no tensor %s", names[k]);

@@ -359,7 +359,9 @@ static int attn_declare(const ModelConfig *c, const char *prefix, ParamSpec *out
                     {"o_proj", D, Q, resid / sqrt((double)Q)}};
     // Hugging Face Llama's names under the llama architecture, RecurrentGemma's under recurrent_gemma,
     // fla's otherwise
-    const char *layer = !strcmp(c->arch, "llama") ? "self_attn." : !strcmp(c->arch, "recurrent_gemma") ? "temporal_block." : "attn.";
+    const char *layer = !strcmp(c->arch, "llama")             ? "self_attn."
+                        : !strcmp(c->arch, "recurrent_gemma") ? "temporal_block."
+                                                              : "attn.";
     char full[96];
     for (int i = 0; i < W_COUNT; i++) {
         int64_t shape[2] = {t[i].rows, t[i].cols};

@@ -162,8 +162,8 @@ int checkpoint_export(const char *run, const char *out, const char *format, cons
     int nxai = format && !strcmp(format, "nxai");
     if (!format || (!nxai && strcmp(format, "hf")))
         return mn_error(MN_ERR_ARG, "export: format \"%s\", expected \"hf\" (our checkpoint folder: Hugging Face's "
-                                    "layout for the fla, llama and xlstm architectures) or \"nxai\" (NX-AI's "
-                                    "xLSTMLMModel)", format ? format : "");
+                                    "layout for the fla, llama, xlstm and recurrent_gemma architectures) or \"nxai\" "
+                                    "(NX-AI's xLSTMLMModel)", format ? format : "");
     if (layout && !nxai) return mn_error(MN_ERR_ARG, "export: an sLSTM layout applies to the nxai format only");
     char dir[4096], path[4200];
     MN_TRY(checkpoint_dir(run, dir, sizeof dir));
