@@ -215,7 +215,7 @@ TEST(hawk_hybrid_presets) {
             char name[64];
             snprintf(name, sizeof name, "%s-%s", config_matched_sizes[i], config_hybrids[h].name);
             ModelConfig c, byjson;
-            size_t total;
+            size_t total = 0;
             int st = config_preset(&c, name);
             CHECK(!st, "%s: %s", name, mn_last_error());
             if (st) continue;
