@@ -5,10 +5,10 @@
 # it measured written to OUT_DIR/rgemma-GPU.txt (the stderr of all and each step's time and exit
 # status to OUT_DIR/rgemma-log-GPU.txt):
 #
-#   the parameter counts (ours, `mesanet info`; transformers')
-#   mesanet bench train (batch 8 x 2048) and bench decode (16-token prompt, 128 new tokens, B = 1, 16, 128)
-#   bench/hf_rgemma_bench.py train / decode (transformers, eager; generate and a step loop)
-#   bench/rgemma_check.py (logits both ways against transformers: mesanet's CPU backend, then its CUDA one)
+#   `mesanet info griffin-160m`; bench/rgemma_check.py (logits both ways against transformers, mesanet on
+#   its CPU backend); mesanet bench train (batch 8 x 2048) and bench decode (16-token prompt, 128 new
+#   tokens, B = 1, 16, 128); bench/hf_rgemma_bench.py params / train / decode (transformers, eager;
+#   generate and a step loop); bench/rgemma_check.py again with mesanet on its CUDA backend
 #
 #   bench/rgemma_peers.sh [OUT_DIR] [GPU_NAME]
 #
@@ -79,9 +79,10 @@ fi
 
 DEC=(--batch "1,16,128" --prompt 16 --tokens 128)
 
-# --- ours ----------------------------------------------------------------------------------------
+# --- ours, and the checkpoints both ways on its CPU backend (first: the check matters most) --------
 if [ -x "$BIN" ]; then
     step "ours: info" 20 "$BIN" info griffin-160m
+    step "check: cpu" 120 python3 bench/rgemma_check.py /tmp/rgemma-check --mesanet "$BIN" --backend cpu
     step "ours: train" 60 "$BIN" bench train --backend cuda --config griffin-160m --batch 8 --seq 2048 --steps 5
     step "ours: decode" 60 "$BIN" bench decode --backend cuda --config griffin-160m "${DEC[@]}"
 else
@@ -93,9 +94,8 @@ step "transformers: parameters" 40 python3 bench/hf_rgemma_bench.py params --bin
 step "transformers: train" 150 python3 bench/hf_rgemma_bench.py train --steps 3 --bin "$BIN"
 step "transformers: decode" 150 python3 bench/hf_rgemma_bench.py decode "${DEC[@]}" --reps 2 --bin "$BIN"
 
-# --- the checkpoints both ways -------------------------------------------------------------------
+# --- the checkpoints both ways on our CUDA backend ----------------------------------------------
 if [ -x "$BIN" ]; then
-    step "check: cpu" 90 python3 bench/rgemma_check.py /tmp/rgemma-check --mesanet "$BIN" --backend cpu
     step "check: cuda" 60 python3 bench/rgemma_check.py /tmp/rgemma-check-cuda --mesanet "$BIN" --backend cuda
 fi
 echo "### done in $(($(date +%s) - START))s; results in $RES" | tee -a "$LOG"
