@@ -294,10 +294,12 @@ TEST(attn_rope) {
         const Backend *be = bes[i];
         void *bx = up(be, x, 8, MEM_ACT), *bp = be->alloc(be, 2, MEM_I32);
         be->upload_i32(be, bp, pos, 2);
-        CHECK(!be->attn->rope(be, bx, bp, 2, 1, 4, 100.0f, 0), "%s rope: %s", be->name, mn_last_error());
+        CHECK(!be->attn->rope(be, bx, bp, 2, 1, 4, 4, 100.0f, 0), "%s rope: %s", be->name, mn_last_error());
         double *got = down(be, bx, 8, MEM_ACT);
         CHECK_REL(i ? "cpu rope hand case" : "ref rope hand case", rel_err64(got, want, 8), i ? 1e-6 : 1e-15);
-        CHECK(be->attn->rope(be, bx, bp, 2, 1, 3, 100.0f, 0) == MN_ERR_ARG, "%s: odd D accepted", be->name);
+        CHECK(be->attn->rope(be, bx, bp, 2, 1, 3, 3, 100.0f, 0) == MN_ERR_ARG, "%s: odd D accepted", be->name);
+        CHECK(be->attn->rope(be, bx, bp, 2, 1, 4, 6, 100.0f, 0) == MN_ERR_ARG, "%s: rot > D accepted", be->name);
+        CHECK(be->attn->rope(be, bx, bp, 1, 2, 4, 1, 100.0f, 0) == MN_ERR_ARG, "%s: odd rot accepted", be->name);
         free(got);
         be->free(be, bx); be->free(be, bp);
     }
@@ -313,9 +315,9 @@ TEST(attn_rope) {
         const Backend *be = bes[i];
         void *bx = up(be, xr, nx, MEM_ACT), *bp = be->alloc(be, N, MEM_I32);
         be->upload_i32(be, bp, ps, N);
-        CHECK(!be->attn->rope(be, bx, bp, N, H, D, 10000.0f, 0), "%s", mn_last_error());
+        CHECK(!be->attn->rope(be, bx, bp, N, H, D, D, 10000.0f, 0), "%s", mn_last_error());
         fwd[i] = down(be, bx, nx, MEM_ACT);
-        CHECK(!be->attn->rope(be, bx, bp, N, H, D, 10000.0f, 1), "%s", mn_last_error());
+        CHECK(!be->attn->rope(be, bx, bp, N, H, D, D, 10000.0f, 1), "%s", mn_last_error());
         double *back = down(be, bx, nx, MEM_ACT);
         CHECK_REL(i ? "cpu rope inverse o rope" : "ref rope inverse o rope", rel_err64(back, xr, nx), i ? 1e-6 : 1e-14);
         free(back);
@@ -323,5 +325,56 @@ TEST(attn_rope) {
     }
     // the angle is computed in double on both; float rounding of cos/sin and the products only
     CHECK_REL("cpu rope vs ref", rel_err64(fwd[1], fwd[0], nx), 1e-6);
+    free(fwd[0]); free(fwd[1]); free(xr); free(ps);
+}
+
+// Partial rotary (RecurrentGemma's: the first half of each head): the first rot features rotate as
+// a head of rot would, with frequencies theta^(-2i/rot), and the rest pass untouched; the cpu
+// against the reference and the inverse undoing it, at large positions.
+TEST(attn_rope_partial) {
+    const Backend *bes[2] = {backend_ref(), backend_cpu()};
+    // D = 8, rot = 4, theta = 100: features 0..3 as attn_rope's hand case, 4..7 unchanged.
+    double x[] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int32_t pos[] = {1};
+    double want[] = {cos(1) - 3 * sin(1), 2 * cos(0.1) - 4 * sin(0.1), 3 * cos(1) + sin(1), 4 * cos(0.1) + 2 * sin(0.1),
+                     5, 6, 7, 8};
+    for (int i = 0; i < 2; i++) {
+        const Backend *be = bes[i];
+        void *bx = up(be, x, 8, MEM_ACT), *bp = be->alloc(be, 1, MEM_I32);
+        be->upload_i32(be, bp, pos, 1);
+        CHECK(!be->attn->rope(be, bx, bp, 1, 1, 8, 4, 100.0f, 0), "%s rope: %s", be->name, mn_last_error());
+        double *got = down(be, bx, 8, MEM_ACT), e = rel_err64(got, want, 8);
+        test_note("%s partial rope, hand case: rel err %.2e", be->name, e);
+        CHECK_REL(i ? "cpu partial rope hand case" : "ref partial rope hand case", e, i ? 1e-6 : 1e-15);
+        free(got);
+        be->free(be, bx); be->free(be, bp);
+    }
+    int N = 29, H = 3, D = 40, rot = 20;
+    size_t nx = (size_t)N * H * D;
+    double *xr = rand_doubles(501, nx, -1, 1);
+    round_f32(xr, nx);
+    int32_t *ps = xcalloc(N, sizeof(int32_t));
+    for (int n = 0; n < N; n++) ps[n] = n * 1009 % 30011;
+    double *fwd[2];
+    for (int i = 0; i < 2; i++) {
+        const Backend *be = bes[i];
+        void *bx = up(be, xr, nx, MEM_ACT), *bp = be->alloc(be, N, MEM_I32);
+        be->upload_i32(be, bp, ps, N);
+        CHECK(!be->attn->rope(be, bx, bp, N, H, D, rot, 10000.0f, 0), "%s", mn_last_error());
+        fwd[i] = down(be, bx, nx, MEM_ACT);
+        int untouched = 1;
+        for (size_t r = 0; r < (size_t)N * H; r++)
+            for (int j = rot; j < D; j++) untouched &= fwd[i][r * D + j] == xr[r * D + j];
+        CHECK(untouched, "%s: rope changed features past rot", be->name);
+        CHECK(!be->attn->rope(be, bx, bp, N, H, D, rot, 10000.0f, 1), "%s", mn_last_error());
+        double *back = down(be, bx, nx, MEM_ACT), e = rel_err64(back, xr, nx);
+        test_note("%s partial rope, inverse o rope: rel err %.2e", be->name, e);
+        CHECK_REL(i ? "cpu partial rope inverse o rope" : "ref partial rope inverse o rope", e, i ? 1e-6 : 1e-14);
+        free(back);
+        be->free(be, bx); be->free(be, bp);
+    }
+    double e = rel_err64(fwd[1], fwd[0], nx);
+    test_note("cpu partial rope vs ref: rel err %.2e", e);
+    CHECK_REL("cpu partial rope vs ref", e, 1e-6);
     free(fwd[0]); free(fwd[1]); free(xr); free(ps);
 }

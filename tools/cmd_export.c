@@ -1,6 +1,6 @@
 // mesanet export: a checkpoint written in another library's layout (train/checkpoint.h's
-// checkpoint_export): our own folder, which is Hugging Face's for the fla, llama and xlstm
-// architectures ("hf"), or NX-AI's xLSTMLMModel folder ("nxai", the xLSTM paper's models).
+// checkpoint_export): our own folder, which is Hugging Face's for the fla, llama, xlstm and
+// recurrent_gemma architectures ("hf"), or NX-AI's xLSTMLMModel folder ("nxai", the xLSTM paper's models).
 #include <stdio.h>
 
 #include "core/common.h"
@@ -14,8 +14,8 @@ int cmd_export(int argc, char **argv) {
     Option opts[] = {
         {"format", OPT_STRING, &format,
          "hf: our checkpoint folder (config.json, model.safetensors by our names: Hugging Face's layout for the fla, "
-         "llama and xlstm architectures; converts an NX-AI folder or transformers' fused xLSTM to ours); nxai: NX-AI's "
-         "xLSTMLMModel folder (models of mlstm-block and slstm-block mixers with LayerNorm)"},
+         "llama, xlstm and recurrent_gemma architectures; converts an NX-AI folder or transformers' fused xLSTM to "
+         "ours); nxai: NX-AI's xLSTMLMModel folder (models of mlstm-block and slstm-block mixers with LayerNorm)"},
         {"slstm-layout", OPT_STRING, &layout,
          "nxai: the sLSTM backend whose kernel layout the weights take and config.json names: vanilla (default) or cuda"},
     };

@@ -10,7 +10,29 @@
 #include "model/presets.h"
 #include "tools/commands.h"
 
-// The parameter-matched presets of one size (presets.h): one line per mixer, Mesa's first.
+// One line of the table: the matched preset of `mixer` (a mixer's or a hybrid's name) at `size`.
+static int matched_row(const char *size, const char *mixer, size_t ref_total) {
+    ModelConfig c;
+    size_t total, mixers, mlps;
+    char name[64];
+    snprintf(name, sizeof name, "%s-%s", size, mixer);
+    if (config_preset(&c, name) || config_param_count(&c, &total, &mixers, &mlps)) {
+        fprintf(stderr, "mesanet info: %s\n", mn_last_error());
+        return 1;
+    }
+    size_t state = model_state_floats(&c) * 4, per_token = 0;  // float32, per sequence
+    for (int l = 0; l < c.n_layers; l++)
+        if (mixer_at(&c, l)->state_floats_per_token) per_token += mixer_at(&c, l)->state_floats_per_token(&c) * 4;
+    char sb[48];
+    if (per_token) snprintf(sb, sizeof sb, "%zu+%zu/token", state, per_token);
+    else snprintf(sb, sizeof sb, "%zu", state);
+    printf("%-16s %-20s %6d %13zu %12zu %12zu %+8.3f%% %14s\n", mixer, name, c.mlp_hidden, total, mixers, mlps,
+           100.0 * ((double)total - (double)ref_total) / (double)ref_total, sb);
+    return 0;
+}
+
+// The parameter-matched presets of one size (presets.h): one line per mixer, Mesa's first, then the
+// hybrids'.
 static int matched_table(const char *size) {
     ModelConfig ref;
     size_t ref_total;
@@ -25,24 +47,10 @@ static int matched_table(const char *size) {
            3 * ref.dim * ref.n_layers * CONFIG_MATCH_STEP / 2);
     printf("\n%-16s %-20s %6s %13s %12s %12s %9s %14s\n", "mixer", "preset", "MLP", "parameters", "mixers",
            "feed-forward", "vs Mesa", "state bytes");
-    for (int i = 0; mixer_all[i]; i++) {
-        ModelConfig c;
-        size_t total, mixers, mlps;
-        char name[64];
-        snprintf(name, sizeof name, "%s-%s", size, mixer_all[i]->name);
-        if (config_preset(&c, name) || config_param_count(&c, &total, &mixers, &mlps)) {
-            fprintf(stderr, "mesanet info: %s\n", mn_last_error());
-            return 1;
-        }
-        size_t state = model_state_floats(&c) * 4, per_token = 0;  // float32, per sequence
-        for (int l = 0; l < c.n_layers; l++)
-            if (mixer_at(&c, l)->state_floats_per_token) per_token += mixer_at(&c, l)->state_floats_per_token(&c) * 4;
-        char sb[48];
-        if (per_token) snprintf(sb, sizeof sb, "%zu+%zu/token", state, per_token);
-        else snprintf(sb, sizeof sb, "%zu", state);
-        printf("%-16s %-20s %6d %13zu %12zu %12zu %+8.3f%% %14s\n", mixer_all[i]->name, name, c.mlp_hidden, total,
-               mixers, mlps, 100.0 * ((double)total - (double)ref_total) / (double)ref_total, sb);
-    }
+    for (int i = 0; mixer_all[i]; i++)
+        if (matched_row(size, mixer_all[i]->name, ref_total)) return 1;
+    for (int i = 0; config_hybrids[i].name; i++)
+        if (matched_row(size, config_hybrids[i].name, ref_total)) return 1;
     printf("\nparameters: the whole model (embedding, mixers, feed-forward parts, norms%s); mixers, feed-forward: over all "
            "blocks. state "
            "bytes: the decoding state of one sequence in float32, the same at every length but for the attention "

@@ -98,10 +98,12 @@ typedef struct {
     // q, o [B,H,D]; kc, vc [B,cap,Hkv,D] (all MEM_ACT).
     int (*decode)(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc, const void *vc,
                   void *o);
-    // Rotary position embedding in place on x [N, H, D] (MEM_ACT; pairs (i, i + D/2), fla's and
-    // Hugging Face Llama's "rotate half" layout): rotates by pos[n] theta^(-2i/D); inverse = 1
-    // rotates back (the backward). pos [N] MEM_I32.
-    int (*rope)(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
+    // Rotary position embedding in place on the first `rot` features of each head of x [N, H, D]
+    // (MEM_ACT; rot even, 0 < rot <= D; pairs (i, i + rot/2), fla's and Hugging Face Llama's "rotate
+    // half" layout within them): rotates by pos[n] theta^(-2i/rot); features rot..D-1 pass as they are
+    // (rot < D: partial rotary, RecurrentGemma's half). inverse = 1 rotates back (the backward).
+    // pos [N] MEM_I32.
+    int (*rope)(const Backend *be, void *x, const void *pos, int N, int H, int D, int rot, float theta, int inverse);
     int (*supports)(const Backend *be, const AttnDims *d);  // MN_ERR_UNSUPPORTED naming the size, or NULL
 } AttnOps;
 
@@ -305,6 +307,11 @@ struct Backend {
     // dx = dy gelu'(x) (dx may alias dy). The autoencoder head's decoder (model/autoencoder.c).
     int (*gelu_fwd)(const Backend *be, void *y, const void *x, size_t n);
     int (*gelu_bwd)(const Backend *be, void *dx, const void *dy, const void *x, size_t n);
+    // y = gelu_tanh(x) = x (1 + tanh(k (x + 0.044715 x^3))) / 2, k = sqrt(2 / pi): GELU's tanh
+    // approximation (torch's gelu(approximate='tanh'), Hugging Face's "gelu_pytorch_tanh"; Griffin's
+    // and RecurrentGemma's); dx = dy gelu_tanh'(x) (dx may alias dy).
+    int (*gelu_tanh_fwd)(const Backend *be, void *y, const void *x, size_t n);
+    int (*gelu_tanh_bwd)(const Backend *be, void *dx, const void *dy, const void *x, size_t n);
     // The autoencoder head's pooling (MEM_ACT, [B,T,D]): z[b,t,:] = x[b,T-1,:] + pe[t,:], every position
     // gets the last position's vector plus MAD's fixed sin-cos embedding of t (mn_posemb below);
     // its backward dx[b,T-1,:] = sum_t dz[b,t,:], dx = 0 at t < T-1 (overwritten).
@@ -314,6 +321,10 @@ struct Backend {
     // Optional: NULL where the backend has none (a block with that MLP is then refused on it).
     int (*geglu_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
     int (*geglu_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
+    // h = gelu_tanh(g) (.) u (hawk's output gate, RecurrentGemma's MLP: model/ffn.c's FFN_GEGLU_TANH); dg, du (=).
+    int (*geglu_tanh_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
+    int (*geglu_tanh_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u,
+                          size_t n);
     // h = sigmoid(g) (.) u (xLSTM-7B's output gate); dg, du (=). Optional (NULL: the layer is refused).
     int (*sigmoid_gate_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
     int (*sigmoid_gate_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u,
@@ -332,6 +343,11 @@ struct Backend {
     // db (=, or += with accum) = dy (.) s;  ds += sum_n dy (.) b   (da = dy is the caller's)
     int (*scale_add_bwd)(const Backend *be, void *db, void *ds, const void *dy, const void *b, const void *s, int N,
                          int C, int accum);
+    // y[n,c] += b[c] over rows of C (b MEM_PARAM): a bias after an op that has none (the short
+    // convolution, the block-diagonal projections).
+    int (*bias_fwd)(const Backend *be, void *y, const void *b, int N, int C);
+    // db[c] (MEM_F32) += sum_n dy[n,c]   (the input's gradient is dy itself: the caller's)
+    int (*bias_bwd)(const Backend *be, void *db, const void *dy, int N, int C);
     // x += y
     int (*add)(const Backend *be, void *x, const void *y, size_t n);
     // x = cap tanh(x / cap) in place (the soft cap of decoded logits; training's is inside xent)

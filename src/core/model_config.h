@@ -4,12 +4,13 @@
  * here, below both, so that the mixers see the config without the model; the
  * functions that fill, read, write and check configs are model/config.h's.
  *
- * Three architecture families: "paper", the MesaNet paper's backbone (embedding
+ * The architecture families: "paper", the MesaNet paper's backbone (embedding
  * scaled by sqrt(D), tied head, logits soft cap 30, forget-gate bound); "fla",
  * which matches fla's MesaNetForCausalLM exactly so that checkpoints move
  * between the two (no scale, no cap, untied head, SwiGLU width 8/3 D rounded up
- * to 256, no bound, one o_norm weight shared by all heads); and "llama",
- * Hugging Face's LlamaForCausalLM (or MistralForCausalLM) with its tensor names.
+ * to 256, no bound, one o_norm weight shared by all heads); "llama", Hugging
+ * Face's LlamaForCausalLM (or MistralForCausalLM) with its tensor names; "xlstm",
+ * its xLSTMForCausalLM; "recurrent_gemma", its RecurrentGemmaForCausalLM (Griffin).
  */
 #ifndef MN_MODEL_CONFIG_H
 #define MN_MODEL_CONFIG_H
@@ -21,7 +22,8 @@ typedef struct {
     char mixer[256];      // the blocks' sequence mixers: a name ("mesa", "mamba2", "gla", "deltanet", "gdn", "mha",
                           // "swa", "mlstm", ...) or a pattern repeated over the blocks ("gdn,mesa": block i gets
                           // the (i mod 2)-th; "name*N" stands for N of them: "mlstm-block*7,slstm-block")
-    char arch[8];         // "paper", "fla", "llama" or "xlstm" (the tensor names and config.json of model/names.h)
+    char arch[16];        // "paper", "fla", "llama", "xlstm" or "recurrent_gemma" (the tensor names and config.json
+                          // of model/names.h)
     int vocab_size;       // V
     int dim;              // D, the residual stream width
     int n_layers;         // blocks
@@ -46,10 +48,15 @@ typedef struct {
     int neg_eigen;        // 1: beta = 2 sigmoid(.) in (0, 2) in the delta rules (deltanet, gdn): negative
                           // eigenvalues of the state transition, for state tracking
     float rope_theta;     // the attention mixers' (mha, swa) RoPE base (10000)
+    int rope_dim;         // the features of each attention head that RoPE rotates, its first (0: all head_dim;
+                          // head_dim / 2: RecurrentGemma's partial rotary)
+    int o_bias;           // 1: the attention mixers' output projection has a bias (RecurrentGemma's o_proj)
     int window;           // swa's window: each token attends to the last `window` tokens, itself included (1024)
     int n_kv_heads;       // the attention mixers' key/value heads (grouped-query attention); 0: n_heads
     int slstm_heads;      // slstm-block's heads (4): dim / slstm_heads cells each
     float gate_cap;       // mlstm-large's soft cap of its gates' pre-activations, c tanh(x / c) (0: none)
+    int lru_width;        // hawk's recurrence width (transformers' RecurrentGemma lru_width), n_heads blocks of its
+                          // gates; 0: dim
     char norm[12];        // the backbone's norms: "rmsnorm" (RMSNorm with a weight) or "layernorm" (LayerNorm with a
                           // weight, no bias: the xLSTM paper's blocks)
     char head[16];        // "lm" (the language model's logits at every position; "" reads as "lm") or
@@ -71,6 +78,8 @@ typedef enum {
     INIT_SLSTM_BIAS,   // an sLSTM's biases [4, H, Dh], gates i, f, z, o: 0 but the forget gate's, NX-AI's
                        // "powerlaw_blockdependent": 5 - 12 (j / (Dh - 1))^(0.3 + 1.3 l / (L - 1)) for cell j of
                        // block l of L
+    INIT_RGLRU_LAMBDA, // RG-LRU's Lambda (transformers' RecurrentGemma): log(1 / a - 1), a = sqrt(U(0.81, 0.998)),
+                       // drawn per element (softplus(Lambda) = -log a: a^8 at r = 1, from 0.43 to 0.99)
 } InitKind;
 
 // What a tensor is for, for counting parameters by part (info) and for the matched presets.
@@ -94,6 +103,10 @@ typedef struct {
     InitKind init;
     double init_value;  // INIT_NORMAL: standard deviation; INIT_CONST: the value
     int decay;
+    float file_offset;  // the checkpoint file holds the value minus this (RecurrentGemma's norms store w of their
+                        // gain 1 + w: 1; 0 elsewhere), so that the model computes with the gain itself
+    int file_transpose; // 1: the file holds each matrix of the last two (equal) dimensions transposed (the RG-LRU's
+                        // gate blocks, which transformers multiplies from the right)
     ParamRole role;  // set by the model as it declares the tensors
     int block;       // the block it belongs to; -1: the backbone's (embedding, final norm, head)
     size_t offset;

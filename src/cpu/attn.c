@@ -282,24 +282,23 @@ int cpu_attn_decode(const Backend *be, const AttnDims *d, int n, int cap, const 
     return fail ? mn_error(MN_ERR_NOMEM, "attn_decode: out of memory") : MN_OK;
 }
 
-int cpu_rope(const Backend *be, void *x_, const void *pos_, int N, int H, int D, float theta, int inverse) {
-    if (N <= 0 || H <= 0 || D <= 0 || D % 2)
-        return mn_error(MN_ERR_ARG, "rope: N, H > 0 and an even D > 0 are required (got %d, %d, %d)", N, H, D);
-    if (!(theta > 0)) return mn_error(MN_ERR_ARG, "rope: theta must be > 0");
-    if (!x_ || !pos_) return mn_error(MN_ERR_ARG, "rope: x and pos are required");
+int cpu_rope(const Backend *be, void *x_, const void *pos_, int N, int H, int D, int rot, float theta, int inverse) {
+    MN_TRY(ref_rope_check(x_, pos_, N, H, D, rot, theta));
     float *x = x_;
     const int32_t *pos = pos_;
-    int half = D / 2;
+    int half = rot / 2;
     double lt = log((double)theta);
-#pragma omp parallel if ((long)N * H * D > 32768)
+    int fail = 0;
+#pragma omp parallel if ((long)N * H * D > 32768) reduction(| : fail)
     {
-        float *cs = malloc(sizeof(float) * (size_t)D);  // cos, sin per frequency
+        float *cs = malloc(sizeof(float) * (size_t)rot);  // cos, sin per frequency
+        fail |= !cs;
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
             if (!cs) continue;
             for (int i = 0; i < half; i++) {
                 // the angle in double: positions in the 1e5s would lose it in float
-                double a = pos[n] * exp(-2.0 * i / D * lt);
+                double a = pos[n] * exp(-2.0 * i / rot * lt);
                 cs[i] = (float)cos(a);
                 cs[half + i] = (float)(inverse ? -sin(a) : sin(a));
             }
@@ -314,5 +313,5 @@ int cpu_rope(const Backend *be, void *x_, const void *pos_, int N, int H, int D,
         }
         free(cs);
     }
-    return MN_OK;
+    return fail ? mn_error(MN_ERR_NOMEM, "rope: out of memory") : MN_OK;
 }

@@ -13,6 +13,6 @@ int cpu_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd *io);
 int cpu_attn_bwd(const Backend *be, const AttnDims *d, const AttnBwd *io);
 int cpu_attn_decode(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc,
                     const void *vc, void *o);
-int cpu_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
+int cpu_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, int rot, float theta, int inverse);
 
 #endif

@@ -118,7 +118,7 @@ typedef struct {
 typedef struct {
     bf16 *x;           // [N,H,D]
     const int32_t *pos; // [N]
-    int N, H, D, inverse;
+    int N, H, D, rot, inverse;  // the first rot features of each head rotate (rot even, <= D)
     double ltheta;     // log(theta)
 } RopeArgs;
 
@@ -552,12 +552,12 @@ static __global__ void attn_dec_combine_kernel(const DecArgs a) {
 // ---------------------------------------------------------------------------------------- rope
 
 static __global__ void attn_rope_kernel(const RopeArgs a) {
-    const int half = a.D / 2;
+    const int half = a.rot / 2;
     const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long)a.N * half) return;
     const int n = (int)(idx / half), i = (int)(idx % half);
     // as src/cpu/attn.c: the angle in double (positions in the 1e5s would lose it in float)
-    const double ang = a.pos[n] * exp(-2.0 * i / a.D * a.ltheta);
+    const double ang = a.pos[n] * exp(-2.0 * i / a.rot * a.ltheta);
     const float c = (float)cos(ang), s = (float)(a.inverse ? -sin(ang) : sin(ang));
     for (int h = 0; h < a.H; h++) {
         const size_t r = ((size_t)n * a.H + h) * a.D;
@@ -679,13 +679,11 @@ extern "C" int cuda_attn_decode(const Backend *be, const AttnDims *d, int n, int
     return MN_OK;
 }
 
-extern "C" int cuda_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse) {
-    if (N <= 0 || H <= 0 || D <= 0 || D % 2)
-        return mn_error(MN_ERR_ARG, "rope: N, H > 0 and an even D > 0 are required (got %d, %d, %d)", N, H, D);
-    if (!(theta > 0)) return mn_error(MN_ERR_ARG, "rope: theta must be > 0");
-    if (!x || !pos) return mn_error(MN_ERR_ARG, "rope: x and pos are required");
-    RopeArgs a = {(bf16 *)x, (const int32_t *)pos, N, H, D, inverse, log((double)theta)};
-    const size_t n = (size_t)N * (D / 2);
+extern "C" int cuda_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, int rot, float theta,
+                         int inverse) {
+    MN_TRY(ref_rope_check(x, pos, N, H, D, rot, theta));
+    RopeArgs a = {(bf16 *)x, (const int32_t *)pos, N, H, D, rot, inverse, log((double)theta)};
+    const size_t n = (size_t)N * (rot / 2);
     attn_rope_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_ctx(be)->stream>>>(a);
     LAUNCH_CHECK();
     return MN_OK;

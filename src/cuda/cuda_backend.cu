@@ -27,7 +27,8 @@ extern "C" int cuda_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd
 extern "C" int cuda_attn_bwd(const Backend *be, const AttnDims *d, const AttnBwd *io);
 extern "C" int cuda_attn_decode(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc,
                                 const void *vc, void *o);
-extern "C" int cuda_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
+extern "C" int cuda_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, int rot, float theta,
+                         int inverse);
 extern "C" int cuda_mesa_supports(const Backend *be, const MnSeqDims *d);
 extern "C" int cuda_lin_supports(const Backend *be, const MnSeqDims *d);
 extern "C" int cuda_mlstm_fwd(const Backend *be, const MnSeqDims *d, const MlstmOpts *o, const MlstmFwd *io);
@@ -220,6 +221,12 @@ extern "C" const Backend *backend_cuda(void) {
     b.sigmoid_gate_bwd = g_sigmoid_gate_bwd;
     b.geglu_fwd = g_geglu_fwd;
     b.geglu_bwd = g_geglu_bwd;
+    b.gelu_tanh_fwd = g_gelu_tanh_fwd;
+    b.gelu_tanh_bwd = g_gelu_tanh_bwd;
+    b.geglu_tanh_fwd = g_geglu_tanh_fwd;
+    b.geglu_tanh_bwd = g_geglu_tanh_bwd;
+    b.bias_fwd = g_bias_fwd;
+    b.bias_bwd = g_bias_bwd;
     b.headwise_fwd = g_headwise_fwd;
     b.headwise_bwd = g_headwise_bwd;
     b.scale_add_fwd = g_scale_add_fwd;

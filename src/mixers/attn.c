@@ -8,13 +8,15 @@
  *   y = W_o o
  *
  * S(t) = {s <= t} (mha) or {t - window < s <= t} (swa). RoPE is Llama's "rotate half" with the
- * config's rope_theta; positions are 0..T-1 in training, and continue from the tokens seen so far
- * when decoding. No biases.
+ * config's rope_theta, over the first rope_dim features of each head (all of them by default;
+ * RecurrentGemma rotates the first half); positions are 0..T-1 in training, and continue from the
+ * tokens seen so far when decoding. No biases, but o_bias puts one on W_o (RecurrentGemma's o_proj).
  *
  * Tensors (prefix "model.layers.N."), as fla's Attention layer names them (fla's
  * TransformerForCausalLM and its hybrids): attn.q_proj.weight [H*D, dim], attn.k_proj.weight
- * [Hkv*D, dim], attn.v_proj.weight [Hkv*D, dim], attn.o_proj.weight [dim, H*D]; under the llama
- * architecture self_attn.* as Hugging Face's LlamaForCausalLM.
+ * [Hkv*D, dim], attn.v_proj.weight [Hkv*D, dim], attn.o_proj.weight [dim, H*D] (and attn.o_proj.bias
+ * [dim] with o_bias); under the llama architecture self_attn.* as Hugging Face's LlamaForCausalLM,
+ * under the recurrent_gemma architecture temporal_block.* as its RecurrentGemmaForCausalLM.
  *
  * Decoding keeps a key/value cache per layer, [B, cap, Hkv, D] each for keys and values:
  * mha's grows with the sequence (capacity in chunks of ATTN_CACHE_CHUNK tokens, reallocated as
@@ -32,10 +34,12 @@
 
 enum { ATTN_CACHE_CHUNK = 256 };  // mha's cache grows by this many tokens at a time
 
-enum { W_Q, W_K, W_V, W_O, W_COUNT };
+enum { W_Q, W_K, W_V, W_O, W_COUNT, W_OB = W_COUNT };  // W_OB: o_proj's bias, with o_bias
 
 typedef struct {
     int D, H, Hkv, Dh, Q, KV, window;
+    int rot;     // the features of each head RoPE rotates
+    int o_bias;  // W_o has a bias (m->w[W_OB])
     float scale, theta;
 } Dims;
 
@@ -48,6 +52,8 @@ static Dims dims_of_config(const ModelConfig *c, const MixerOps *ops) {
     z.Q = z.H * z.Dh;
     z.KV = z.Hkv * z.Dh;
     z.window = ops == &mixer_swa ? c->window : 0;
+    z.rot = c->rope_dim ? c->rope_dim : c->head_dim;
+    z.o_bias = c->o_bias;
     z.scale = (float)(1 / sqrt((double)z.Dh));
     z.theta = c->rope_theta;
     return z;
@@ -265,12 +271,12 @@ static int attn_forward(Mixer *m, void *y, const void *u, int B, int T, int use_
     MN_TRY(be->linear_fwd(be, s->q, u, w[W_Q], NULL, N, z.D, z.Q));
     MN_TRY(be->linear_fwd(be, s->k, u, w[W_K], NULL, N, z.D, z.KV));
     MN_TRY(be->linear_fwd(be, s->v, u, w[W_V], NULL, N, z.D, z.KV));
-    MN_TRY(be->attn->rope(be, s->q, s->pos, N, z.H, z.Dh, z.theta, 0));
-    MN_TRY(be->attn->rope(be, s->k, s->pos, N, z.Hkv, z.Dh, z.theta, 0));
+    MN_TRY(be->attn->rope(be, s->q, s->pos, N, z.H, z.Dh, z.rot, z.theta, 0));
+    MN_TRY(be->attn->rope(be, s->k, s->pos, N, z.Hkv, z.Dh, z.rot, z.theta, 0));
     AttnDims ad = {B, T, z.H, z.Hkv, z.Dh, z.window, z.scale};
     AttnFwd io = {s->q, s->k, s->v, s->o, s->lse};
     MIXER_TIMED(m, &m->core_seconds, use_state ? attend_with_cache(m, s, &z, B, T) : be->attn->fwd(be, &ad, &io));
-    return be->linear_fwd(be, y, s->o, w[W_O], NULL, N, z.Q, z.D);
+    return be->linear_fwd(be, y, s->o, w[W_O], z.o_bias ? w[W_OB] : NULL, N, z.Q, z.D);
 }
 
 static int attn_backward(Mixer *m, void *du, const void *dy) {
@@ -283,13 +289,13 @@ static int attn_backward(Mixer *m, void *du, const void *dy) {
     size_t n = (size_t)N;
     char *p = m->scratch->p;
     void *d_o = p, *d_q = at(be, p, n * z.Q), *d_k = at(be, p, 2 * n * z.Q), *d_v = at(be, p, 2 * n * z.Q + n * z.KV);
-    MN_TRY(be->linear_bwd(be, d_o, dw[W_O], NULL, dy, s->o, w[W_O], N, z.Q, z.D, 0));
+    MN_TRY(be->linear_bwd(be, d_o, dw[W_O], z.o_bias ? dw[W_OB] : NULL, dy, s->o, w[W_O], N, z.Q, z.D, 0));
     AttnDims ad = {B, T, z.H, z.Hkv, z.Dh, z.window, z.scale};
     AttnBwd io = {s->q, s->k, s->v, s->o, s->lse, d_o, d_q, d_k, d_v};
     MIXER_TIMED(m, &m->core_seconds, be->attn->bwd(be, &ad, &io));
     // positions: the forward's (0..T-1), still in s->pos
-    MN_TRY(be->attn->rope(be, d_q, s->pos, N, z.H, z.Dh, z.theta, 1));
-    MN_TRY(be->attn->rope(be, d_k, s->pos, N, z.Hkv, z.Dh, z.theta, 1));
+    MN_TRY(be->attn->rope(be, d_q, s->pos, N, z.H, z.Dh, z.rot, z.theta, 1));
+    MN_TRY(be->attn->rope(be, d_k, s->pos, N, z.Hkv, z.Dh, z.rot, z.theta, 1));
     const void *u = s->u;
     MN_TRY(be->linear_bwd(be, du, dw[W_Q], NULL, d_q, u, w[W_Q], N, z.D, z.Q, 0));
     MN_TRY(be->linear_bwd(be, du, dw[W_K], NULL, d_k, u, w[W_K], N, z.D, z.KV, 1));
@@ -347,28 +353,40 @@ static int attn_declare(const ModelConfig *c, const char *prefix, ParamSpec *out
         const char *name;
         int64_t rows, cols;
         double std;
-    } t[W_COUNT] = {{"attn.q_proj.weight", Q, D, in_std},
-                    {"attn.k_proj.weight", KV, D, in_std},
-                    {"attn.v_proj.weight", KV, D, in_std},
-                    {"attn.o_proj.weight", D, Q, resid / sqrt((double)Q)}};
+    } t[W_COUNT] = {{"q_proj", Q, D, in_std},
+                    {"k_proj", KV, D, in_std},
+                    {"v_proj", KV, D, in_std},
+                    {"o_proj", D, Q, resid / sqrt((double)Q)}};
+    // Hugging Face Llama's names under the llama architecture, RecurrentGemma's under recurrent_gemma,
+    // fla's otherwise
+    const char *layer = !strcmp(c->arch, "llama")             ? "self_attn."
+                        : !strcmp(c->arch, "recurrent_gemma") ? "temporal_block."
+                                                              : "attn.";
+    char full[96];
     for (int i = 0; i < W_COUNT; i++) {
-        char full[96];
         int64_t shape[2] = {t[i].rows, t[i].cols};
-        // Hugging Face Llama's names under the llama architecture ("self_attn."), fla's otherwise
-        snprintf(full, sizeof full, "%s%s%s", prefix, strcmp(c->arch, "llama") ? "" : "self_", t[i].name);
+        snprintf(full, sizeof full, "%s%s%s.weight", prefix, layer, t[i].name);
         if (param_add(out, n, max, full, 2, shape, INIT_NORMAL, t[i].std, 1) < 0)
             return mn_error(MN_ERR_ARG, "too many parameter tensors");
     }
+    snprintf(full, sizeof full, "%s%so_proj.bias", prefix, layer);
+    if (c->o_bias && param_add(out, n, max, full, 1, &D, INIT_CONST, 0, 0) < 0)
+        return mn_error(MN_ERR_ARG, "too many parameter tensors");
     return MN_OK;
 }
 
-// RoPE rotates pairs (i, i + D/2) of each head: an even head_dim. The key/value heads divide the
-// query heads; swa attends to at least the current token.
+// RoPE rotates pairs (i, i + rot/2) of each head's first rot features: an even head_dim, and an even
+// rope_dim of at most head_dim. The key/value heads divide the query heads; swa attends to at least
+// the current token.
 static int attn_validate(const ModelConfig *c, const char *where) {
     if (c->head_dim % 2)
         return mn_error(MN_ERR_ARG, "%s: head_dim = %d, but attention's rotary embedding (RoPE) rotates pairs of "
                                     "features: expected an even head_dim",
                         where, c->head_dim);
+    if (c->rope_dim % 2 || c->rope_dim > c->head_dim)
+        return mn_error(MN_ERR_ARG, "%s: rope_dim = %d, but RoPE rotates pairs of a head's first rope_dim features: "
+                                    "expected 0 (all) or an even number up to head_dim = %d",
+                        where, c->rope_dim, c->head_dim);
     int hkv = c->n_kv_heads ? c->n_kv_heads : c->n_heads;
     if (c->n_heads % hkv)
         return mn_error(MN_ERR_ARG, "%s: n_kv_heads = %d does not divide n_heads = %d (each key/value head serves "
@@ -417,7 +435,7 @@ const MixerOps mixer_mha = {
              "optionally grouped key/value heads (n_kv_heads)",
     .state_about = "a key/value cache that grows with the sequence: 2 n_kv_heads head_dim numbers per token",
     .no_graph = 1,
-    .fields = CF_ROPE | CF_KV_HEADS,
+    .fields = CF_ROPE | CF_KV_HEADS | CF_O_BIAS,
     .declare = attn_declare,
     .validate = attn_validate,
     .activation_bytes = attn_activation_bytes,
@@ -437,7 +455,7 @@ const MixerOps mixer_swa = {
     .about = "sliding-window softmax attention with RoPE over the last `window` tokens (the current one included)",
     .state_about = "a ring buffer of the last `window` keys and values: 2 window n_kv_heads head_dim numbers",
     .no_graph = 1,
-    .fields = CF_ROPE | CF_KV_HEADS | CF_WINDOW,
+    .fields = CF_ROPE | CF_KV_HEADS | CF_WINDOW | CF_O_BIAS,
     .declare = attn_declare,
     .validate = swa_validate,
     .preset = swa_preset,

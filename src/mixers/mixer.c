@@ -8,7 +8,7 @@
 
 const MixerOps *const mixer_all[] = {&mixer_mesa, &mixer_mamba2, &mixer_gla, &mixer_deltanet, &mixer_gdn,
                                     &mixer_gdn_paper, &mixer_deltanet_paper, &mixer_mha, &mixer_swa, &mixer_mlstm,
-                                    &mixer_mlstm_block, &mixer_slstm_block, &mixer_mlstm_large, NULL};
+                                    &mixer_mlstm_block, &mixer_slstm_block, &mixer_mlstm_large, &mixer_hawk, NULL};
 
 static const MixerOps *find(const char *name, size_t len) {
     for (size_t i = 0; mixer_all[i]; i++)
@@ -110,15 +110,6 @@ int mixer_need_mlstm(const Mixer *m) {
 int mixer_check_decode(const Mixer *m, int state_B, int B) {
     if (state_B == B) return MN_OK;
     return mn_error(MN_ERR_ARG, "%s: decoding %d sequences, but the state was reset for %d", m->ops->name, B, state_B);
-}
-
-int mixer_fill_ones(const Backend *be, void *p, size_t n) {
-    enum { CH = 4096 };
-    double one[CH];
-    for (int i = 0; i < CH; i++) one[i] = 1;
-    for (size_t off = 0; off < n; off += CH)
-        MN_TRY(be->upload(be, (char *)p + off * be->elem_size(be, MEM_ACT), one, n - off < CH ? n - off : CH, MEM_ACT));
-    return MN_OK;
 }
 
 int mixer_scratch_reserve(Mixer *m, size_t n) {

@@ -52,18 +52,21 @@ enum {
     CF_RIDGE = 1 << 4,        // lambda_min, lambda_init, cg_steps: Mesa's regulariser and solver
     CF_GATE_BOUND = 1 << 5,   // gate_bound: the forget-gate bound
     CF_NEG_EIGEN = 1 << 6,    // neg_eigen: a delta rule's beta in (0, 2)
-    CF_ROPE = 1 << 7,         // rope_theta
+    CF_ROPE = 1 << 7,         // rope_theta, rope_dim
     CF_WINDOW = 1 << 8,       // window: sliding-window attention
     CF_KV_HEADS = 1 << 9,     // n_kv_heads: grouped key/value heads
     CF_FFN = 1 << 10,         // mlp_hidden: set for a mixer whose block's feed-forward part takes that width
     CF_SLSTM = 1 << 11,       // slstm_heads
     CF_GATE_CAP = 1 << 12,    // gate_cap: mlstm-large's soft cap of its gates
+    CF_LRU = 1 << 15,         // lru_width: hawk's recurrence width
+    CF_O_BIAS = 1 << 16,      // o_bias: the attention output projection's bias (RecurrentGemma's)
 };
 
 // What follows the mixer in its block (model/ffn.c).
 typedef enum {
     FFN_SWIGLU,  // W_down (SiLU(W_gate v) (.) W_up v): the default (0)
     FFN_GEGLU,   // W_down (GELU(W_gate v + b_gate) (.) (W_up v + b_up)) + b_down (biases with ffn_bias)
+    FFN_GEGLU_TANH,  // the same with GELU's tanh approximation (Griffin's, RecurrentGemma's MLP)
     FFN_NONE,    // nothing: the block is the mixer and its residual
 } FfnKind;
 
@@ -193,9 +196,6 @@ int mixer_need_mlstm(const Mixer *m);
 // MN_ERR_ARG unless a decoding call's B matches the B its state was reset for (state_B).
 int mixer_check_decode(const Mixer *m, int state_B, int B);
 
-// Sets n MEM_ACT elements of p to 1 (a bias added through scale_add's learnable-scale form).
-int mixer_fill_ones(const Backend *be, void *p, size_t n);
-
 // The mixer named `name`, or NULL with an error listing the known ones.
 const MixerOps *mixer_find(const char *name);
 
@@ -223,5 +223,7 @@ extern const MixerOps mixer_mlstm;
 extern const MixerOps mixer_mlstm_block, mixer_slstm_block;
 // xLSTM-7B's mLSTM layer (mlstm_large.c), the xlstm architecture's.
 extern const MixerOps mixer_mlstm_large;
+// Griffin's recurrent block with the RG-LRU, transformers' RecurrentGemma's (hawk.c).
+extern const MixerOps mixer_hawk;
 
 #endif

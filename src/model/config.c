@@ -17,6 +17,7 @@
 #include "core/json.h"
 #include "mixers/mixer.h"
 #include "model/config_hf.h"
+#include "model/ffn.h"
 #include "model/format_nxai.h"
 #include "model/presets.h"
 
@@ -87,10 +88,13 @@ static const Field fields[] = {
     MIXER_FIELD(cg_steps, F_INT, 0, 10000, "the CG steps in training", CF_RIDGE),
     MIXER_FIELD(neg_eigen, F_BOOL, 0, 1, "the negative-eigenvalue flag", CF_NEG_EIGEN),
     MIXER_FIELD(rope_theta, F_FLOAT, 1, 1e9, "the RoPE base", CF_ROPE),
+    MIXER_FIELD(rope_dim, F_INT, 0, 1024, "the features of each head RoPE rotates (0: all)", CF_ROPE),
+    MIXER_FIELD(o_bias, F_BOOL, 0, 1, "the attention output bias flag", CF_O_BIAS),
     MIXER_FIELD(window, F_INT, 0, 1 << 24, "swa's window", CF_WINDOW),
     MIXER_FIELD(n_kv_heads, F_INT, 0, 1024, "the key/value heads (0: n_heads)", CF_KV_HEADS),
     MIXER_FIELD(slstm_heads, F_INT, 1, 1024, "slstm-block's heads", CF_SLSTM),
     MIXER_FIELD(gate_cap, F_FLOAT, 0, 1e6, "mlstm-large's gate soft cap (0: none)", CF_GATE_CAP),
+    MIXER_FIELD(lru_width, F_INT, 0, 1 << 20, "hawk's recurrence width (0: dim)", CF_LRU),
     FIELD(head, F_STR, 0, 0, "the output head"),
     FIELD(norm, F_STR, 0, 0, "the backbone's norm"),
 };
@@ -103,8 +107,9 @@ static unsigned used_fields(const ModelConfig *c) {
     unsigned used = 0;
     for (int l = 0; l < n; l++) {
         const MixerOps *ops = mixer_at(c, l);
+        const BlockShape *b = ffn_block_shape(c, ops);
         used |= ops->fields;
-        if (ops->block.ffn != FFN_NONE && !ops->block.ffn_hidden) used |= CF_FFN;
+        if (b->ffn != FFN_NONE && !b->ffn_hidden) used |= CF_FFN;
     }
     return used;
 }
@@ -149,7 +154,8 @@ static void field_text(const ModelConfig *c, const Field *f, char *buf, size_t n
 static int check_fields_apply(const ModelConfig *c, const char *where) {
     ModelConfig d;
     config_default(&d);
-    const unsigned switches = CF_NEG_EIGEN | CF_HEAD_V_DIM | CF_KV_HEADS | CF_OUTPUT_GATE, used = used_fields(c);
+    const unsigned switches = CF_NEG_EIGEN | CF_HEAD_V_DIM | CF_KV_HEADS | CF_OUTPUT_GATE | CF_O_BIAS,
+                   used = used_fields(c);
     for (size_t k = 0; k < NFIELDS; k++) {
         const Field *f = &fields[k];
         if (!(f->uses & switches) || applies(used, f) || same_value(c, &d, f)) continue;
@@ -340,6 +346,40 @@ static int check_range(const ModelConfig *c, const Field *f, const char *where) 
                     f->min, f->max);
 }
 
+// The recurrent_gemma architecture is transformers' RecurrentGemmaForCausalLM: its blocks are hawk
+// ("recurrent") or swa ("attention": local, within attention_window_size), its heads split the width
+// (head_dim = hidden_size / num_attention_heads), RoPE turns the first half of each head, o_proj has a
+// bias, the embedding is scaled by sqrt(D) (rounded to bf16), the logits are soft-capped, the norms are
+// RMSNorm (of gain 1 + w), the head is a language model's. (The MLP is the architecture's:
+// ffn_block_shape.)
+static int check_rgemma(const ModelConfig *c, const char *where) {
+    int n = mixer_pattern_check(c->mixer, 0);
+    for (int i = 0; i < n; i++) {
+        const MixerOps *ops = mixer_at(c, i);
+        if (strcmp(ops->name, "hawk") && strcmp(ops->name, "swa"))
+            return mn_error(MN_ERR_ARG, "%s: arch \"recurrent_gemma\" (Hugging Face's RecurrentGemmaForCausalLM) has "
+                                        "blocks of mixer \"hawk\" (its \"recurrent\" blocks) and \"swa\" (its local "
+                                        "\"attention\"); mixer \"%s\" has \"%s\"", where, c->mixer, ops->name);
+    }
+    if (!c->embed_scale || c->logit_cap <= 0 || strcmp(c->norm, "rmsnorm") || strcmp(c->head, "lm"))
+        return mn_error(MN_ERR_ARG, "%s: arch \"recurrent_gemma\" scales the embedding by sqrt(D), soft-caps the logits, "
+                                    "has RMSNorm and a language-model head: expected embed_scale true, logit_cap > 0, "
+                                    "norm \"rmsnorm\", head \"lm\"; got embed_scale %d, logit_cap %g, norm \"%s\", head "
+                                    "\"%s\"", where, c->embed_scale, (double)c->logit_cap, c->norm, c->head);
+    if (c->n_heads * c->head_dim != c->dim)
+        return mn_error(MN_ERR_ARG, "%s: arch \"recurrent_gemma\" splits the width over the heads (head_dim = "
+                                    "hidden_size / num_attention_heads): n_heads %d x head_dim %d != dim %d",
+                        where, c->n_heads, c->head_dim, c->dim);
+    int attn = 0;
+    for (int i = 0; i < n; i++) attn |= !strcmp(mixer_at(c, i)->name, "swa");
+    if (attn && (c->rope_dim * 2 != c->head_dim || c->rope_dim % 2 || !c->o_bias))
+        return mn_error(MN_ERR_ARG, "%s: arch \"recurrent_gemma\"'s attention rotates the first half of each head "
+                                    "(partial_rotary_factor 0.5, in pairs) and has a bias on o_proj: expected rope_dim = "
+                                    "head_dim / 2 = %d (head_dim a multiple of 4) and o_bias true; got rope_dim %d, "
+                                    "o_bias %d", where, c->head_dim / 2, c->rope_dim, c->o_bias);
+    return MN_OK;
+}
+
 int config_validate(const ModelConfig *c, const char *where) {
     // every field's range, but a field no block reads may keep its default outside it (mlp_hidden's
     // 0 where no block has a feed-forward part of its width)
@@ -369,9 +409,11 @@ int config_validate(const ModelConfig *c, const char *where) {
         snprintf(why, sizeof why, "%s", mn_last_error());  // (mn_error may not read its own buffer)
         return mn_error(MN_ERR_ARG, "%s: %s", where, why);
     }
-    if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla") && strcmp(c->arch, "llama") && strcmp(c->arch, "xlstm"))
-        return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\", \"fla\", \"llama\" or \"xlstm\"", where,
-                        c->arch);
+    if (strcmp(c->arch, "paper") && strcmp(c->arch, "fla") && strcmp(c->arch, "llama") && strcmp(c->arch, "xlstm") &&
+        strcmp(c->arch, "recurrent_gemma"))
+        return mn_error(MN_ERR_ARG, "%s: arch = \"%s\", expected \"paper\", \"fla\", \"llama\", \"xlstm\" or "
+                                    "\"recurrent_gemma\"", where, c->arch);
+    if (!strcmp(c->arch, "recurrent_gemma")) MN_TRY(check_rgemma(c, where));
     if (!strcmp(c->arch, "xlstm") && (strcmp(c->mixer, "mlstm-large") || c->embed_scale || c->tie_embeddings ||
                                       strcmp(c->norm, "rmsnorm") || strcmp(c->head, "lm")))
         return mn_error(MN_ERR_ARG, "%s: arch \"xlstm\" (Hugging Face's xLSTMForCausalLM) has mixer \"mlstm-large\" in "
@@ -379,6 +421,10 @@ int config_validate(const ModelConfig *c, const char *where) {
                                     "ties it) and a language-model head; got mixer \"%s\", norm \"%s\", embed_scale %d, "
                                     "tie_embeddings %d, head \"%s\"",
                         where, c->mixer, c->norm, c->embed_scale, c->tie_embeddings, c->head);
+    if (!strcmp(c->arch, "llama") && (c->rope_dim || c->o_bias))
+        return mn_error(MN_ERR_ARG, "%s: arch \"llama\" rotates whole heads and has no bias on o_proj (Llama's, "
+                                    "Mistral's): expected rope_dim 0 and o_bias false; got rope_dim %d, o_bias %d",
+                        where, c->rope_dim, c->o_bias);
     if (!strcmp(c->arch, "llama") &&
         ((strcmp(c->mixer, "mha") && strcmp(c->mixer, "swa")) || c->embed_scale || c->logit_cap != 0))
         return mn_error(MN_ERR_ARG, "%s: arch \"llama\" (Hugging Face's LlamaForCausalLM, or MistralForCausalLM) has mixer "

@@ -26,7 +26,7 @@ int config_save(const ModelConfig *c, const char *path);
 // Resets the fields that no block's mixer reads (the mixers' MixerOps.fields) to their defaults:
 // presets, readers and model_create call it, so that a config holds only what its model reads
 // (config_save leaves those fields out; config_validate refuses the switches turned on there:
-// neg_eigen, head_v_dim, n_kv_heads, output_gate).
+// neg_eigen, head_v_dim, n_kv_heads, output_gate, o_bias).
 void config_normalize(ModelConfig *c);
 // MN_ERR_ARG with a message naming the field, its value and the valid range unless every field is
 // in range (floats finite) and the sizes are consistent.

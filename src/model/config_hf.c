@@ -13,6 +13,7 @@
 
 #include "core/common.h"
 #include "core/json.h"
+#include "mixers/mixer.h"
 #include "model/config.h"
 
 enum { BIG = 1 << 30 };  // beyond every valid size (config_validate names the real bound)
@@ -413,6 +414,140 @@ static int config_from_hf_xlstm(ModelConfig *c, const Json *j, const char *where
     return config_validate(c, where);
 }
 
+// A number of a Hugging Face config that must be absent, null or `want` (what transformers' model
+// computes with any other value, mesanet does not: `why`).
+static int hf_number_is(const Json *j, const char *key, double want, const char *why, const char *where) {
+    const Json *v = json_get(j, key);
+    if (!v || v->type == JSON_NULL || (v->type == JSON_NUMBER && v->number == want)) return MN_OK;
+    return mn_error(MN_ERR_FORMAT, "%s:%d: \"%s\" must be %g: %s", where, v->line, key, want, why);
+}
+
+// RecurrentGemma's block_types (cycled over the layers: transformers' layers_block_type is
+// (block_types * 100)[:num_hidden_layers]) as our pattern: "recurrent" a hawk block, "attention" an
+// swa one, runs of a name as "name*k"; a list longer than the model is cut to its layers, as there.
+static int rgemma_pattern(const Json *bt, int layers, const char *where, char *out, size_t n) {
+    if (bt->type != JSON_ARRAY || bt->count < 1)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"block_types\" must be a non-empty list of \"recurrent\" and "
+                                       "\"attention\"", where, bt->line);
+    int len = bt->count < layers ? bt->count : layers;
+    size_t used = 0;
+    out[0] = 0;
+    for (int i = 0; i < len;) {
+        const Json *v = &bt->items[i];
+        if (v->type != JSON_STRING || (strcmp(v->string, "recurrent") && strcmp(v->string, "attention")))
+            return mn_error(MN_ERR_FORMAT, "%s:%d: block_types[%d] must be \"recurrent\" or \"attention\" (the "
+                                           "blocks RecurrentGemma has)", where, v->line, i);
+        int run = 1;
+        while (i + run < len && bt->items[i + run].type == JSON_STRING && !strcmp(bt->items[i + run].string, v->string))
+            run++;
+        const char *name = strcmp(v->string, "recurrent") ? "swa" : "hawk";
+        int w = run > 1 ? snprintf(out + used, n - used, "%s%s*%d", used ? "," : "", name, run)
+                        : snprintf(out + used, n - used, "%s%s", used ? "," : "", name);
+        if (w < 0 || (size_t)w >= n - used)
+            return mn_error(MN_ERR_FORMAT, "%s:%d: \"block_types\" makes a pattern of more than %zu characters", where,
+                            bt->line, n - 1);
+        used += (size_t)w;
+        i += run;
+    }
+    return MN_OK;
+}
+
+// RoPE of a RecurrentGemma config: rope_theta and partial_rotary_factor at the top (transformers 4,
+// the hub's checkpoints) or in rope_parameters (transformers 5); where both give one they must agree.
+// Only the default rotation of the first half of each head is computed (partial_rotary_factor 0.5:
+// transformers splits a head in int(1 / factor) chunks and rotates the first over int(head_dim *
+// factor) features, which agree at 0.5 alone).
+static int rgemma_rope(ModelConfig *c, const Json *j, const char *where) {
+    const Json *rope = json_get(j, "rope_parameters");
+    if (rope && rope->type == JSON_NULL) rope = NULL;
+    if (rope && rope->type != JSON_OBJECT)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"rope_parameters\" must be an object", where, rope->line);
+    MN_TRY(hf_none(j, "rope_scaling", "RoPE scaling", where));
+    const Json *src[2] = {j, rope};
+    float theta[2] = {10000, 10000};
+    int has[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        if (!src[k]) continue;
+        const Json *t = json_get(src[k], "rope_theta");
+        has[k] = t && t->type != JSON_NULL;
+        MN_TRY(hf_float(src[k], "rope_theta", 10000, where, &theta[k]));
+        MN_TRY(hf_number_is(src[k], "partial_rotary_factor", 0.5,
+                            "RecurrentGemma rotates the first half of each head (other factors split the heads "
+                            "inconsistently there); mesanet computes that one", where));
+    }
+    if (rope) {
+        MN_TRY(hf_only(rope, "rope_type", "default", where));
+        if (has[0] && has[1] && theta[0] != theta[1])
+            return mn_error(MN_ERR_FORMAT, "%s: rope_theta = %g but rope_parameters.rope_theta = %g: two RoPE bases", where,
+                            (double)theta[0], (double)theta[1]);
+    }
+    c->rope_theta = has[1] ? theta[1] : theta[0];
+    if (!(c->rope_theta >= 1 && c->rope_theta <= 1e9))
+        return mn_error(MN_ERR_FORMAT, "%s: rope_theta = %g, expected 1 to 1e9", where, (double)c->rope_theta);
+    return MN_OK;
+}
+
+// A config.json of transformers' RecurrentGemmaForCausalLM (model_type "recurrent_gemma"; Griffin),
+// without our "mesanet" block: the recurrent_gemma architecture, hawk blocks for "recurrent" and swa for
+// "attention" (local attention over attention_window_size tokens, the current one included: the
+// window its decoding cache keeps), transformers' defaults for absent keys. transformers' arithmetic:
+// head_dim = hidden_size // num_attention_heads, the MLP intermediate_size // 2 wide, lru_width
+// hidden_size when absent. What mesanet does not compute is refused by name: biases on q, k, v,
+// another activation, other RoPE, dropout, an embedding without its scale.
+static int config_from_hf_rgemma(ModelConfig *c, const Json *j, const char *where) {
+    config_default(c);
+    strcpy(c->arch, "recurrent_gemma");
+    MN_TRY(hf_int(j, "hidden_size", 2560, 1, 65536, where, &c->dim));
+    MN_TRY(hf_int(j, "num_hidden_layers", 26, 1, CONFIG_MAX_LAYERS, where, &c->n_layers));
+    MN_TRY(hf_int(j, "vocab_size", 256000, -BIG, BIG, where, &c->vocab_size));
+    int inter;
+    MN_TRY(hf_int(j, "intermediate_size", 3 * 2560, 2, BIG, where, &inter));
+    c->mlp_hidden = inter / 2;  // RecurrentGemmaMlp: config.intermediate_size // 2
+    MN_TRY(hf_int(j, "num_attention_heads", 10, 1, 65536, where, &c->n_heads));
+    if (c->dim % c->n_heads)
+        return mn_error(MN_ERR_FORMAT, "%s: hidden_size = %d is not a multiple of num_attention_heads = %d (transformers' "
+                                       "head_dim = hidden_size // num_attention_heads would not give back the width)",
+                        where, c->dim, c->n_heads);
+    c->head_dim = c->dim / c->n_heads;
+    MN_TRY(hf_number_is(j, "head_dim", c->head_dim, "transformers computes hidden_size // num_attention_heads", where));
+    if (c->head_dim % 4)
+        return mn_error(MN_ERR_FORMAT, "%s: head_dim = hidden_size / num_attention_heads = %d, but RoPE turns pairs of "
+                                       "the first half of each head: expected a multiple of 4", where, c->head_dim);
+    c->rope_dim = c->head_dim / 2;
+    c->o_bias = 1;
+    MN_TRY(hf_int(j, "num_key_value_heads", c->n_heads, 1, c->n_heads, where, &c->n_kv_heads));
+    if (c->n_kv_heads == c->n_heads) c->n_kv_heads = 0;
+    MN_TRY(hf_int(j, "lru_width", c->dim, 1, 1 << 20, where, &c->lru_width));
+    if (c->lru_width == c->dim) c->lru_width = 0;
+    MN_TRY(hf_int(j, "attention_window_size", 2048, 1, 1 << 24, where, &c->window));
+    MN_TRY(hf_int(j, "conv1d_width", 4, 1, 8, where, &c->conv_size));
+    const Json *cap = json_get(j, "logits_soft_cap");
+    if (cap && cap->type == JSON_NULL)
+        return mn_error(MN_ERR_FORMAT, "%s:%d: \"logits_soft_cap\" = null: transformers' RecurrentGemma always caps "
+                                       "(tanh(logits / cap) cap), expected a positive number", where, cap->line);
+    MN_TRY(hf_float(j, "logits_soft_cap", 30, where, &c->logit_cap));
+    if (!(c->logit_cap > 0))
+        return mn_error(MN_ERR_FORMAT, "%s: logits_soft_cap = %g, expected a positive number", where, (double)c->logit_cap);
+    MN_TRY(hf_float(j, "rms_norm_eps", 1e-6f, where, &c->norm_eps));
+    MN_TRY(hf_only(j, "hidden_activation", "gelu_pytorch_tanh", where));
+    MN_TRY(hf_only(j, "hidden_act", "gelu_pytorch_tanh", where));
+    MN_TRY(rgemma_rope(c, j, where));
+    MN_TRY(hf_flag_is(j, "attention_bias", 0, "biases on q_proj, k_proj and v_proj, which mesanet does not have", where));
+    MN_TRY(hf_number_is(j, "attention_dropout", 0, "dropout, which mesanet does not have", where));
+    MN_TRY(hf_flag_is(j, "embeddings_scale_by_sqrt_dim", 1,
+                      "transformers' RecurrentGemma scales the embedding by sqrt(hidden_size) whatever it says", where));
+    MN_TRY(hf_flag(j, "tie_word_embeddings", 1, where, &c->tie_embeddings));
+    const Json *bt = json_get(j, "block_types");
+    if (bt && bt->type != JSON_NULL) {
+        MN_TRY(rgemma_pattern(bt, c->n_layers, where, c->mixer, sizeof c->mixer));
+    } else {
+        snprintf(c->mixer, sizeof c->mixer, "hawk*2,swa");  // transformers' default (recurrent, recurrent, attention)
+        if (c->n_layers < 3) snprintf(c->mixer, sizeof c->mixer, c->n_layers == 1 ? "hawk" : "hawk*2");
+    }
+    config_normalize(c);
+    return config_validate(c, where);
+}
+
 int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
     const Json *type = json_get(j, "model_type");
     if (type && type->type == JSON_STRING && !strcmp(type->string, "gated_deltanet"))
@@ -424,10 +559,13 @@ int config_from_hf(ModelConfig *c, const Json *j, const char *where) {
     if (type && type->type == JSON_STRING && (!strcmp(type->string, "llama") || !strcmp(type->string, "mistral")))
         return config_from_hf_llama(c, j, where);
     if (type && type->type == JSON_STRING && !strcmp(type->string, "xlstm")) return config_from_hf_xlstm(c, j, where);
+    if (type && type->type == JSON_STRING && !strcmp(type->string, "recurrent_gemma"))
+        return config_from_hf_rgemma(c, j, where);
     if (!type || type->type != JSON_STRING || strcmp(type->string, "mesa_net"))
         return mn_error(MN_ERR_FORMAT,
                         "%s: neither a mesanet config nor a Hugging Face config with model_type \"mesa_net\", "
-                        "\"gated_deltanet\", \"delta_net\", \"transformer\", \"llama\", \"mistral\" or \"xlstm\"",
+                        "\"gated_deltanet\", \"delta_net\", \"transformer\", \"llama\", \"mistral\", \"xlstm\" "
+                        "or \"recurrent_gemma\"",
                         where);
     return config_from_hf_mesa(c, j, where);
 }
@@ -570,13 +708,45 @@ static void save_hf_xlstm(FILE *f, const ModelConfig *c) {
     fprintf(f, "  \"use_cache\": true,\n  \"torch_dtype\": \"float32\",\n");
 }
 
+// The head of a config.json as transformers' RecurrentGemmaConfig writes it (the recurrent_gemma
+// architecture), RoPE both as the hub's checkpoints give it (rope_theta and partial_rotary_factor at
+// the top: transformers 4) and as transformers 5 keeps it (rope_parameters), the same values;
+// block_types one entry a block of the pattern (transformers cycles them over the layers as our
+// pattern is), intermediate_size twice the MLP's width.
+static void save_hf_rgemma(FILE *f, const ModelConfig *c) {
+    char eps[40], cap[40], theta[40];
+    json_float_text(eps, sizeof eps, (double)c->norm_eps, 1);
+    json_float_text(cap, sizeof cap, (double)c->logit_cap, 1);
+    json_float_text(theta, sizeof theta, (double)c->rope_theta, 1);
+    fprintf(f, "{\n  \"model_type\": \"recurrent_gemma\",\n  \"architectures\": [\"RecurrentGemmaForCausalLM\"],\n");
+    fprintf(f, "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n", c->vocab_size, c->dim,
+            2 * c->mlp_hidden);
+    fprintf(f, "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n",
+            c->n_layers, c->n_heads, c->n_kv_heads ? c->n_kv_heads : c->n_heads);
+    fprintf(f, "  \"head_dim\": %d,\n  \"lru_width\": %d,\n  \"attention_window_size\": %d,\n  \"conv1d_width\": %d,\n",
+            c->head_dim, c->lru_width ? c->lru_width : c->dim, c->window, c->conv_size);
+    fprintf(f, "  \"block_types\": [");
+    int n = mixer_pattern_check(c->mixer, 0);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s\"%s\"", i ? ", " : "", strcmp(mixer_at(c, i)->name, "swa") ? "recurrent" : "attention");
+    fprintf(f, "],\n  \"logits_soft_cap\": %s,\n  \"rms_norm_eps\": %s,\n", cap, eps);
+    fprintf(f, "  \"hidden_activation\": \"gelu_pytorch_tanh\",\n  \"partial_rotary_factor\": 0.5,\n"
+               "  \"rope_theta\": %s,\n  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": %s, "
+               "\"partial_rotary_factor\": 0.5},\n", theta, theta);
+    fprintf(f, "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n  \"embeddings_scale_by_sqrt_dim\": true,\n");
+    fprintf(f, "  \"w_init_variance_scale\": 0.01,\n  \"tie_word_embeddings\": %s,\n  \"use_cache\": true,\n"
+               "  \"torch_dtype\": \"float32\",\n  \"pad_token_id\": 0,\n", c->tie_embeddings ? "true" : "false");
+}
+
 void config_to_hf(FILE *f, const ModelConfig *c) {
     int fla = !strcmp(c->arch, "fla"), gdn = !strcmp(c->mixer, "gdn-paper"), delta = !strcmp(c->mixer, "deltanet-paper");
     int mha = !strcmp(c->mixer, "mha"), swa = !strcmp(c->mixer, "swa");
     if (fla && (gdn || delta)) save_hf_delta(f, c, gdn);
     else if (!strcmp(c->arch, "llama")) save_hf_llama(f, c);
     else if (!strcmp(c->arch, "xlstm")) save_hf_xlstm(f, c);
-    else if (fla && (mha || swa) && c->n_heads * c->head_dim == c->dim) save_hf_transformer(f, c, swa);
+    else if (!strcmp(c->arch, "recurrent_gemma")) save_hf_rgemma(f, c);
+    else if (fla && (mha || swa) && c->n_heads * c->head_dim == c->dim && !c->rope_dim && !c->o_bias)
+        save_hf_transformer(f, c, swa);
     else save_hf_mesa(f, c);
     fprintf(f, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", c->vocab_size > 50256 ? 50256 : c->vocab_size - 1,
             c->vocab_size > 50256 ? 50256 : c->vocab_size - 1);

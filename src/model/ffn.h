@@ -4,9 +4,11 @@
  *
  *   FFN_SWIGLU  W_down (SiLU(W_gate v) (.) W_up v)
  *   FFN_GEGLU   W_down (GELU(W_gate v + b_gate) (.) (W_up v + b_up)) + b_down   (biases with ffn_bias)
+ *   FFN_GEGLU_TANH  the same with GELU's tanh approximation (gelu_pytorch_tanh: RecurrentGemma's MLP)
  *   FFN_NONE    nothing: x' = u
  *
- * Tensors (prefix "model.layers.N."): mlp_norm.weight [D] (Llama's post_attention_layernorm),
+ * Tensors (prefix "model.layers.N."): mlp_norm.weight [D] (Llama's post_attention_layernorm,
+ * RecurrentGemma's channel_pre_norm; its mlp_block.* for mlp.*),
  * mlp.gate_proj.weight [F, D], mlp.up_proj.weight [F, D], mlp.down_proj.weight [D, F], and with
  * biases mlp.{gate,up,down}_proj.bias.
  */
@@ -37,6 +39,11 @@ typedef struct {
     void *v, *dv;
     void *dact, *dgate, *dup;
 } FfnShared;
+
+// The feed-forward part of a block whose mixer is ops: the mixer's own (MixerOps.block), or the
+// architecture's where it has one for every block (recurrent_gemma: RecurrentGemma's MLP,
+// FFN_GEGLU_TANH with biases, mlp_hidden wide, after its recurrent and its attention blocks alike).
+const BlockShape *ffn_block_shape(const ModelConfig *c, const MixerOps *ops);
 
 // Declares the block's feed-forward tensors after its mixer's (none with FFN_NONE); names as
 // fla's, or Llama's norm under the llama architecture.

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/half.h"
 #include "model/names.h"
 #include "model/norm.h"
 
@@ -50,6 +51,7 @@ static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *
         snprintf(name, sizeof name, "%s%s.weight", pre, an->mixer_norm);
         b->attn_norm = param_add(s, n, max, name, 1, d1, INIT_CONST, 1, 0);
         if (b->attn_norm < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
+        s[b->attn_norm].file_offset = norm_file_offset(c);
         set_roles(s, b->attn_norm, *n, ROLE_NORM);
         int first = *n - 1;
         b->first = *n;
@@ -59,7 +61,7 @@ static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *
         b->count = *n - b->first;
         set_roles(s, b->first, *n, ROLE_MIXER);
         int f0 = *n;
-        MN_TRY(ffn_declare(c, &ops->block, pre, s, n, max, &b->ffn));
+        MN_TRY(ffn_declare(c, ffn_block_shape(c, ops), pre, s, n, max, &b->ffn));
         set_roles(s, f0, *n, ROLE_FFN);
         if (b->ffn.norm >= 0) s[b->ffn.norm].role = ROLE_NORM;
         b->ffn_off = ffn_off;
@@ -77,6 +79,7 @@ static int declare_all(const ModelConfig *c, ParamSpec *s, int *n, BlockParams *
     *head = c->tie_embeddings ? *embed : param_add(s, n, max, "lm_head.weight", 2, vd, INIT_NORMAL, 1 / sqrt((double)D), 1);
     if (*norm_f < 0 || *head < 0) return mn_error(MN_ERR_ARG, "too many parameter tensors");
     s[*norm_f].role = ROLE_NORM;
+    s[*norm_f].file_offset = norm_file_offset(c);
     if (!c->tie_embeddings) s[*head].role = ROLE_HEAD;
     return MN_OK;
 }
@@ -178,7 +181,8 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         const Ffn *f = &m->blocks[l].ffn;
         m->ffn_sum += (size_t)f->F;
         m->ffn_max = (size_t)f->F > m->ffn_max ? (size_t)f->F : m->ffn_max;
-        if (f->kind == FFN_GEGLU && (!be->geglu_fwd || !be->geglu_bwd)) {
+        if ((f->kind == FFN_GEGLU && (!be->geglu_fwd || !be->geglu_bwd)) ||
+            (f->kind == FFN_GEGLU_TANH && (!be->geglu_tanh_fwd || !be->geglu_tanh_bwd))) {
             st = mn_error(MN_ERR_UNSUPPORTED, "block %d (mixer %s): its GELU-gated feed-forward part is not available on "
                                               "the %s backend yet",
                           l, m->mixers[l].ops->name, be->name);
@@ -307,6 +311,11 @@ int model_init_params(Model *m, uint64_t seed) {
                 case INIT_A_LOG: buf[j] = log(16 * (1 - mn_rng_uniform(&r))); break;  // A in (0, 16]
                 case INIT_LINSPACE_3_6: buf[j] = s->numel > 1 ? 3 + 3.0 * (double)(off + j) / (double)(s->numel - 1) : 3; break;
                 case INIT_SLSTM_BIAS: buf[j] = slstm_bias(s, off + j, m->cfg.n_layers); break;
+                case INIT_RGLRU_LAMBDA: {
+                    double u = 0.81 + 1e-8 + (0.998001 - 0.81) * mn_rng_uniform(&r);  // a^2, transformers' range
+                    buf[j] = log(1 / sqrt(u) - 1);
+                    break;
+                }
                 case INIT_DT_BIAS: {
                     double dt = exp(log(1e-3) + mn_rng_uniform(&r) * (log(1e-1) - log(1e-3)));
                     dt = dt < 1e-4 ? 1e-4 : dt;
@@ -331,7 +340,7 @@ static size_t activation_bytes_per_token(const ModelConfig *c, const Backend *be
     for (int l = 0; l < c->n_layers; l++) {
         const MixerOps *ops = mixer_at(c, l);
         if (!ops) continue;  // (a valid config has none such)
-        size_t F = (size_t)ffn_width(c, &ops->block);
+        size_t F = (size_t)ffn_width(c, ffn_block_shape(c, ops));
         fsum += F;
         fmax = F > fmax ? F : fmax;
         mixers += ops->activation_bytes(c, be);
@@ -463,7 +472,13 @@ static int forward_blocks(Model *m, int B, int T, int use_state) {
     return norm_fwd(be, norm_kind(c), m->xf, m->rf, xl, m->p[m->norm_f], (int)N, (int)D, c->norm_eps);
 }
 
-static float embed_scale(const ModelConfig *c) { return c->embed_scale ? sqrtf((float)c->dim) : 1.0f; }
+// sqrt(D) where the architecture scales the embedding; RecurrentGemma's is a bf16 constant (its
+// `normalizer` buffer: sqrt(2560) = 50.596 multiplies as 50.5).
+static float embed_scale(const ModelConfig *c) {
+    if (!c->embed_scale) return 1.0f;
+    float s = (float)sqrt((double)c->dim);
+    return strcmp(c->arch, "recurrent_gemma") ? s : bf16_to_f32(f32_to_bf16(s));
+}
 
 int model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T, float grad_weight,
                   double *loss) {

@@ -1,7 +1,8 @@
 /*
  * The backbone's tensor names, by architecture, so that a checkpoint's tensors are named as its
  * home implementation names them and load there as they are: fla's ("paper", "fla"), Hugging
- * Face's Llama ("llama") and Hugging Face's xLSTM ("xlstm", transformers' xLSTMForCausalLM).
+ * Face's Llama ("llama"), Hugging Face's xLSTM ("xlstm", transformers' xLSTMForCausalLM) and
+ * RecurrentGemma ("recurrent_gemma", transformers' RecurrentGemmaForCausalLM).
  * The mixers name their own tensors under the block's prefix.
  */
 #ifndef MN_MODEL_NAMES_H

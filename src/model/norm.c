@@ -6,6 +6,8 @@
 
 NormKind norm_kind(const ModelConfig *c) { return !strcmp(c->norm, "layernorm") ? NORM_LAYER : NORM_RMS; }
 
+float norm_file_offset(const ModelConfig *c) { return !strcmp(c->arch, "recurrent_gemma") ? 1.0f : 0.0f; }
+
 // The mean's place after the N reciprocal deviations.
 static void *mean_of(const Backend *be, const void *stats, int N) {
     return (char *)stats + (size_t)N * be->elem_size(be, MEM_F32);

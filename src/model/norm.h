@@ -15,6 +15,12 @@ typedef enum { NORM_RMS, NORM_LAYER } NormKind;
 // The kind a config names (config_validate has checked the name).
 NormKind norm_kind(const ModelConfig *c);
 
+// The norms' weights as their checkpoint holds them: RecurrentGemma's RMSNorm computes
+// x / rms(x) (1 + w) in float32 and stores w; the model holds the gain g = 1 + w (rounded to float32,
+// the factor transformers multiplies by), so that the same op serves every architecture, and its
+// files hold g - 1 (ParamSpec.file_offset 1; exact back to g: Sterbenz). 0 elsewhere.
+float norm_file_offset(const ModelConfig *c);
+
 // MEM_F32 statistics per row a norm keeps for its backward: 1/rms, or 1/std and the mean.
 enum { NORM_STATS = 2 };
 

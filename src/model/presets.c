@@ -20,7 +20,8 @@ typedef struct {
     int vocab, dim, layers, heads, head_dim, seq_len, fla;
     const char *about;
     const char *xlstm;  // the xLSTM paper's models: their pattern of blocks (NULL: a Mesa preset); "mlstm-large":
-                        // Hugging Face's xLSTMForCausalLM (the xlstm architecture)
+                        // Hugging Face's xLSTMForCausalLM (the xlstm architecture); "recurrent_gemma": Griffin as
+                        // Hugging Face's RecurrentGemmaForCausalLM has it
 } Preset;
 
 static const Preset presets[] = {
@@ -43,6 +44,10 @@ static const Preset presets[] = {
     // Hugging Face's xLSTMForCausalLM (the xLSTM-7B design) at 160M: 4 heads, q/k half as wide as
     // the model, v as wide; SwiGLU of 2.667 D rounded up to 64 (transformers' defaults)
     {"xlstm-7b-160m", 50304, 768, 12, 4, 96, 2048, 0, "Hugging Face's xLSTMForCausalLM design at 160M", "mlstm-large"},
+    // Griffin (De et al. 2024) in Hugging Face's RecurrentGemmaForCausalLM: two recurrent blocks to one of
+    // local attention, repeated; multi-query attention of 6 heads of 128
+    {"griffin-160m", 50304, 768, 17, 6, 128, 2048, 0, "Griffin as RecurrentGemmaForCausalLM at 160M (hawk, hawk, swa)",
+     "recurrent_gemma"},
 };
 
 // The xLSTM paper's backbone around its blocks (xlstm-notes.md 3.5): LayerNorm (eps 1e-5, no
@@ -74,8 +79,55 @@ static void config_xlstm_large(ModelConfig *c) {
     c->mlp_hidden = (int)floor((2.667 * c->dim + 63) / 64) * 64;  // transformers' round_up_to_next_multiple_of
 }
 
+// transformers' RecurrentGemmaForCausalLM (recurrentgemma-2b's design): blocks recurrent, recurrent,
+// attention in turn; RG-LRU as wide as the model; one key/value head; local attention over 1024 tokens
+// (half the training context, as the Griffin paper's models); RoPE on the first half of each head; a
+// bias on o_proj; the gated MLP 3 D wide (intermediate_size 6 D); the embedding scaled by sqrt(D) in
+// bf16 and tied to the head; logits capped at 30; RMSNorm of gain 1 + w, eps 1e-6.
+static void config_rgemma(ModelConfig *c) {
+    snprintf(c->mixer, sizeof c->mixer, "hawk*2,swa");
+    snprintf(c->arch, sizeof c->arch, "recurrent_gemma");
+    c->n_kv_heads = 1;
+    c->window = c->seq_len / 2;
+    c->rope_dim = c->head_dim / 2;
+    c->o_bias = 1;
+    c->conv_size = 4;
+    c->norm_eps = 1e-6f;
+    c->embed_scale = 1;
+    c->tie_embeddings = 1;
+    c->logit_cap = 30;
+    c->mlp_hidden = 3 * c->dim;
+}
+
 // The sizes that have parameter-matched presets "SIZE-MIXER" (presets.h).
 const char *const config_matched_sizes[] = {"demo", "125m", "400m", NULL};
+
+const ConfigHybrid config_hybrids[] = {
+    {"hawk-mesa", "hawk,mesa", "Hawk-MesaNet (the MesaNet paper's hybrid): Hawk and Mesa blocks alternating"},
+    {"griffin", "hawk,hawk,swa", "Griffin: two Hawk blocks, then sliding-window attention, repeated"},
+    {NULL, NULL, NULL},
+};
+
+// The pattern of a hybrid's name, or NULL.
+static const char *hybrid_pattern(const char *name) {
+    for (int i = 0; config_hybrids[i].name; i++)
+        if (!strcmp(config_hybrids[i].name, name)) return config_hybrids[i].pattern;
+    return NULL;
+}
+
+// Each distinct mixer's preset hook, in the pattern's order (swa's window, the xLSTM blocks' heads).
+static void pattern_presets(ModelConfig *c) {
+    const MixerOps *done[CONFIG_MAX_LAYERS];
+    int n = mixer_pattern_check(c->mixer, 0), nd = 0;
+    for (int l = 0; l < n; l++) {
+        const MixerOps *ops = mixer_at(c, l);
+        int seen = 0;
+        for (int k = 0; k < nd; k++) seen |= done[k] == ops;
+        if (seen) continue;
+        done[nd++] = ops;
+        if (ops->preset) ops->preset(c);
+    }
+}
 
 int config_param_count(const ModelConfig *c, size_t *total, size_t *mixers, size_t *mlps) {
     ModelConfig k = *c;
@@ -115,15 +167,17 @@ int config_matched(ModelConfig *c, const char *size, const char *mixer) {
     int known = 0;
     for (int i = 0; config_matched_sizes[i]; i++) known |= !strcmp(config_matched_sizes[i], size);
     if (!known) return mn_error(MN_ERR_ARG, "no parameter-matched presets at size '%s' (sizes: demo, 125m, 400m)", size);
-    const MixerOps *ops = mixer_find(mixer);  // one name, not a pattern (the error lists the known ones)
-    if (!ops) return MN_ERR_ARG;
+    // one name or a hybrid's, not a pattern (the error lists the known mixers)
+    const char *pattern = hybrid_pattern(mixer);
+    const MixerOps *ops = pattern ? NULL : mixer_find(mixer);
+    if (!pattern && !ops) return MN_ERR_ARG;
     ModelConfig ref;
     MN_TRY(config_preset(&ref, size));
     *c = ref;
-    snprintf(c->mixer, sizeof c->mixer, "%s", ops->name);
-    if (!strcmp(ops->name, ref.mixer)) return MN_OK;  // the reference: the preset itself
-    // the size preset's fields with the mixer's own settings, and nothing it does not read
-    if (ops->preset) ops->preset(c);
+    snprintf(c->mixer, sizeof c->mixer, "%s", pattern ? pattern : ops->name);
+    if (!strcmp(c->mixer, ref.mixer)) return MN_OK;  // the reference: the preset itself
+    // the size preset's fields with the mixers' own settings, and nothing they do not read
+    pattern_presets(c);
     config_normalize(c);
     // The count is affine in mlp_hidden: the nearest multiple of the step to the reference's count.
     size_t target, p0, p1;
@@ -136,7 +190,7 @@ int config_matched(ModelConfig *c, const char *size, const char *mixer) {
     double slope = (double)(p1 - p0), steps = floor(((double)target - (double)p0) / slope + 0.5);
     if (c->mlp_hidden + steps * CONFIG_MATCH_STEP < CONFIG_MATCH_STEP)
         return mn_error(MN_ERR_ARG, "%s-%s: the mixer's parameters exceed the reference's by more than its MLPs hold",
-                        size, ops->name);
+                        size, mixer);
     c->mlp_hidden += (int)steps * CONFIG_MATCH_STEP;
     return MN_OK;
 }
@@ -157,6 +211,7 @@ int config_preset(ModelConfig *c, const char *name) {
             c->gate_bound = (float)p->seq_len;
             if (p->fla) config_fla(c);
             if (p->xlstm && !strcmp(p->xlstm, "mlstm-large")) config_xlstm_large(c);
+            else if (p->xlstm && !strcmp(p->xlstm, "recurrent_gemma")) config_rgemma(c);
             else if (p->xlstm) config_xlstm(c, p->xlstm);
             config_normalize(c);
             return MN_OK;
@@ -164,10 +219,14 @@ int config_preset(ModelConfig *c, const char *name) {
         strcat(known, i ? ", " : "");
         strcat(known, p->name);
     }
-    char mixers[192] = "";
+    char mixers[512] = "";
     for (int i = 0; mixer_all[i]; i++) {
         strcat(mixers, i ? ", " : "");
         strcat(mixers, mixer_all[i]->name);
+    }
+    for (int i = 0; config_hybrids[i].name; i++) {
+        strcat(mixers, ", ");
+        strcat(mixers, config_hybrids[i].name);
     }
     for (int i = 0; config_matched_sizes[i]; i++) {
         size_t n = strlen(config_matched_sizes[i]);
@@ -176,7 +235,7 @@ int config_preset(ModelConfig *c, const char *name) {
         snprintf(size, sizeof size, "%s", config_matched_sizes[i]);
         if (!config_matched(c, size, name + n + 1)) return MN_OK;
         return mn_error(MN_ERR_ARG,
-                        "unknown config '%.64s': '%.64s' is not a mixer; a parameter-matched preset is SIZE-MIXER with "
+                        "unknown config '%.64s': '%.64s' is not a mixer nor a hybrid; a parameter-matched preset is SIZE-MIXER with "
                         "SIZE one of demo, 125m, 400m and MIXER one of %s",
                         name, name + n + 1, mixers);
     }

@@ -117,6 +117,33 @@ static int xlstm_other_spelling(WeightFile *w, const ModelConfig *c, const char 
     return MN_OK;
 }
 
+// Each [n, n] matrix of the last two dimensions transposed in place (its own inverse).
+static int transpose_last2(const ParamSpec *s, float *data) {
+    if (s->ndim < 2 || s->shape[s->ndim - 1] != s->shape[s->ndim - 2])
+        return mn_error(MN_ERR_ARG, "tensor '%s': stored transposed, but its last two dimensions are not equal", s->name);
+    size_t n = (size_t)s->shape[s->ndim - 1];
+    for (size_t m = 0; m < s->numel / (n * n); m++) {
+        float *a = data + m * n * n;
+        for (size_t r = 0; r < n; r++)
+            for (size_t c = r + 1; c < n; c++) {
+                float t = a[r * n + c];
+                a[r * n + c] = a[c * n + r];
+                a[c * n + r] = t;
+            }
+    }
+    return MN_OK;
+}
+
+int weights_to_file(const ParamSpec *s, float *data) {
+    for (size_t i = 0; i < s->numel && s->file_offset != 0; i++) data[i] -= s->file_offset;
+    return s->file_transpose ? transpose_last2(s, data) : MN_OK;
+}
+
+int weights_from_file(const ParamSpec *s, float *data) {
+    for (size_t i = 0; i < s->numel && s->file_offset != 0; i++) data[i] += s->file_offset;
+    return s->file_transpose ? transpose_last2(s, data) : MN_OK;
+}
+
 // Our tensor s: under its own name, or (the xlstm architecture) under transformers' other spellings.
 static int read_ours(WeightFile *w, const ModelConfig *c, const ParamSpec *s, float *out) {
     if (!wf_has(w, s->name) && !strcmp(c->arch, "xlstm") && s->block >= 0) {
@@ -145,7 +172,7 @@ int weights_read(const char *path, const ModelConfig *c, const ParamSpec *specs,
         float *buf = malloc(sizeof(float) * most);
         s = buf ? MN_OK : mn_error(MN_ERR_NOMEM, "out of memory");
         for (int i = 0; i < n && !s; i++)
-            if (!(s = read_ours(&w, c, &specs[i], buf))) s = sink(ctx, i, buf);
+            if (!(s = read_ours(&w, c, &specs[i], buf)) && !(s = weights_from_file(&specs[i], buf))) s = sink(ctx, i, buf);
         free(buf);
     }
     if (!s) s = wf_check_used(&w, "does not belong to this model (config and weights differ)");

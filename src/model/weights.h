@@ -8,7 +8,7 @@
  *   - NX-AI's xLSTMLMModel state dict (names under "xlstm_block_stack.", converted:
  *     model/format_nxai.h).
  * Every tensor of the file must find its place in the model: one that does not is refused by name,
- * as is a missing one, or one of another shape.
+ * as is a missing one, or one of another shape. Values are the file's plus the spec's file_offset.
  */
 #ifndef MN_WEIGHTS_H
 #define MN_WEIGHTS_H
@@ -47,5 +47,12 @@ int wf_check_used(const WeightFile *w, const char *why);
 
 // The index of the spec named `name` in specs[0..n), or -1.
 int weights_find(const ParamSpec *specs, int n, const char *name);
+
+// A tensor's values between the model and its file, in place on data [s->numel]: less / plus
+// ParamSpec.file_offset (RecurrentGemma's norms hold their gain 1 + w in the model, w in the file),
+// each square matrix of the last two dimensions transposed where file_transpose is set (the RG-LRU's
+// gates). MN_ERR_ARG where file_transpose is set on a tensor whose last two dimensions differ.
+int weights_to_file(const ParamSpec *s, float *data);
+int weights_from_file(const ParamSpec *s, float *data);
 
 #endif

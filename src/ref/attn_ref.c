@@ -144,16 +144,23 @@ int ref_attn_decode(const Backend *be, const AttnDims *d, int n, int cap, const 
     return MN_OK;
 }
 
-int ref_rope(const Backend *be, void *x_, const void *pos_, int N, int H, int D, float theta, int inverse) {
-    if (N <= 0 || H <= 0 || D <= 0 || D % 2) return mn_error(MN_ERR_ARG, "rope: N, H > 0 and an even D > 0 are required (got %d, %d, %d)", N, H, D);
+int ref_rope_check(const void *x, const void *pos, int N, int H, int D, int rot, float theta) {
+    if (N <= 0 || H <= 0 || D <= 0 || rot <= 0 || rot > D || rot % 2)
+        return mn_error(MN_ERR_ARG, "rope: N, H, D > 0 and an even rot in (0, D] are required (got N %d, H %d, D %d, "
+                                    "rot %d)", N, H, D, rot);
     if (!(theta > 0)) return mn_error(MN_ERR_ARG, "rope: theta must be > 0");
-    if (!x_ || !pos_) return mn_error(MN_ERR_ARG, "rope: x and pos are required");
+    if (!x || !pos) return mn_error(MN_ERR_ARG, "rope: x and pos are required");
+    return MN_OK;
+}
+
+int ref_rope(const Backend *be, void *x_, const void *pos_, int N, int H, int D, int rot, float theta, int inverse) {
+    MN_TRY(ref_rope_check(x_, pos_, N, H, D, rot, theta));
     double *x = x_;
     const int32_t *pos = pos_;
-    int half = D / 2;
+    int half = rot / 2;
     for (int n = 0; n < N; n++)
         for (int i = 0; i < half; i++) {
-            double a = pos[n] * pow((double)theta, -2.0 * i / D), c = cos(a), s = inverse ? -sin(a) : sin(a);
+            double a = pos[n] * pow((double)theta, -2.0 * i / rot), c = cos(a), s = inverse ? -sin(a) : sin(a);
             for (int h = 0; h < H; h++) {
                 double *r = x + ((size_t)n * H + h) * D, x1 = r[i], x2 = r[i + half];
                 r[i] = x1 * c - x2 * s;

@@ -71,7 +71,9 @@ int ref_attn_fwd(const Backend *be, const AttnDims *d, const AttnFwd *io);
 int ref_attn_bwd(const Backend *be, const AttnDims *d, const AttnBwd *io);
 int ref_attn_decode(const Backend *be, const AttnDims *d, int n, int cap, const void *q, const void *kc,
                     const void *vc, void *o);
-int ref_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, float theta, int inverse);
+// MN_ERR_ARG, named, unless N, H > 0, 0 < rot <= D with rot even, theta > 0, and x and pos are given.
+int ref_rope_check(const void *x, const void *pos, int N, int H, int D, int rot, float theta);
+int ref_rope(const Backend *be, void *x, const void *pos, int N, int H, int D, int rot, float theta, int inverse);
 
 // ---------------------------------------------------------------------------
 // The mLSTM core (mlstm_ref.c; core/backend.h's MlstmOps), float64. Same shapes and NULL

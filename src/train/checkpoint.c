@@ -48,6 +48,7 @@ static int write_slabs(const char *path, const Model *m, const void *const *slab
                 s = MN_ERR_NOMEM;
                 break;
             }
+            if (kind == MEM_PARAM && (s = weights_to_file(p, bufs[j]))) break;  // the values as the file holds them
             t[j].name = names[j];
             t[j].dtype = ST_F32;
             t[j].ndim = p->ndim;
@@ -161,8 +162,8 @@ int checkpoint_export(const char *run, const char *out, const char *format, cons
     int nxai = format && !strcmp(format, "nxai");
     if (!format || (!nxai && strcmp(format, "hf")))
         return mn_error(MN_ERR_ARG, "export: format \"%s\", expected \"hf\" (our checkpoint folder: Hugging Face's "
-                                    "layout for the fla, llama and xlstm architectures) or \"nxai\" (NX-AI's "
-                                    "xLSTMLMModel)", format ? format : "");
+                                    "layout for the fla, llama, xlstm and recurrent_gemma architectures) or \"nxai\" "
+                                    "(NX-AI's xLSTMLMModel)", format ? format : "");
     if (layout && !nxai) return mn_error(MN_ERR_ARG, "export: an sLSTM layout applies to the nxai format only");
     char dir[4096], path[4200];
     MN_TRY(checkpoint_dir(run, dir, sizeof dir));
@@ -195,6 +196,7 @@ int checkpoint_export(const char *run, const char *out, const char *format, cons
             t[i].ndim = specs[i].ndim;
             for (int d = 0; d < specs[i].ndim; d++) t[i].shape[d] = specs[i].shape[d];
             t[i].data = vals[i];
+            s = weights_to_file(&specs[i], vals[i]);
         }
         join(path, sizeof path, out, "config.json");
         if (!s) s = config_save(&cfg, path);

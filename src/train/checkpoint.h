@@ -77,7 +77,8 @@ int checkpoint_load_weights(const char *path, Model *m);
 // Writes the checkpoint `run` resolves to (any layout checkpoint_load_model reads: ours, Hugging
 // Face's, NX-AI's) into the directory out, on the host (no backend): format "hf" as our checkpoint
 // folder (config.json and model.safetensors by our names: Hugging Face's own layout for the fla,
-// llama and xlstm architectures), "nxai" as NX-AI's xLSTMLMModel folder (model/format_nxai.h) with
+// llama, xlstm and recurrent_gemma architectures; tensors as their files hold them: weights_to_file),
+// "nxai" as NX-AI's xLSTMLMModel folder (model/format_nxai.h) with
 // the sLSTM layout `layout` ("vanilla", the default where NULL, or "cuda").
 int checkpoint_export(const char *run, const char *out, const char *format, const char *layout);
 

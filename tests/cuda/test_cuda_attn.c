@@ -287,9 +287,11 @@ TEST(cuda_attn_decode_matches_reference) {
 // both), and the inverse undoing the forward (to bf16 rounding: two roundings, ~3e-3).
 TEST(cuda_rope_matches_reference) {
     if (!setup()) return;
-    static const int shapes[][3] = {{5, 3, 40}, {64, 4, 128}, {1, 1, 2}, {33, 2, 96}};
+    // N, H, D, rot (rot < D: partial rotary, RecurrentGemma's first half of each head)
+    static const int shapes[][4] = {{5, 3, 40, 40}, {64, 4, 128, 128}, {1, 1, 2, 2}, {33, 2, 96, 96},
+                                    {17, 3, 40, 20}, {9, 2, 128, 64}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        int N = shapes[i][0], H = shapes[i][1], D = shapes[i][2];
+        int N = shapes[i][0], H = shapes[i][1], D = shapes[i][2], rot = shapes[i][3];
         size_t n = (size_t)N * H * D;
         int32_t *pos = xcalloc((size_t)N, sizeof(int32_t));
         for (int t = 0; t < N; t++) pos[t] = t * 37 + (int)(i * 31337 % 100000);
@@ -298,17 +300,17 @@ TEST(cuda_rope_matches_reference) {
         for (int inverse = 0; inverse < 2; inverse++) {
             double *x = rand_bf16(900 + i, n, 1), *r = xcalloc(n, 8);
             memcpy(r, x, n * 8);
-            CHECK(!ref_rope(NULL, r, pos, N, H, D, 10000.0f, inverse), "%s", mn_last_error());
+            CHECK(!ref_rope(NULL, r, pos, N, H, D, rot, 10000.0f, inverse), "%s", mn_last_error());
             void *gx = to_gpu(x, n, MEM_ACT);
-            int rc = G->attn->rope(G, gx, gpos, N, H, D, 10000.0f, inverse);
+            int rc = G->attn->rope(G, gx, gpos, N, H, D, rot, 10000.0f, inverse);
             if (!rc) rc = G->sync(G);
             char tag[64];
-            snprintf(tag, sizeof tag, "rope N%d H%d D%d inverse %d", N, H, D, inverse);
+            snprintf(tag, sizeof tag, "rope N%d H%d D%d rot %d inverse %d", N, H, D, rot, inverse);
             CHECK(!rc, "%s: %s", tag, mn_last_error());
             double *h = from_gpu(gx, n, MEM_ACT);
             cmp(tag, "x", h, r, n, 6e-3);
             if (!inverse) {  // back again
-                rc = G->attn->rope(G, gx, gpos, N, H, D, 10000.0f, 1);
+                rc = G->attn->rope(G, gx, gpos, N, H, D, rot, 10000.0f, 1);
                 if (!rc) rc = G->sync(G);
                 CHECK(!rc, "%s: %s", tag, mn_last_error());
                 double *back = from_gpu(gx, n, MEM_ACT);

@@ -131,17 +131,17 @@ static void run_decode(int B, int H, int Hkv, int D, int n, int cap, int sms, un
     free(q); free(kc); free(vc); free(o); free(bq); free(bk); free(bv); free(go); free(part);
 }
 
-static void run_rope(int N, int H, int D, int inverse, unsigned long long seed) {
+static void run_rope(int N, int H, int D, int rot, int inverse, unsigned long long seed) {
     size_t n = (size_t)N * H * D;
     double *x = (double *)calloc(n, 8);
     bf16 *bx = to_bf(x, n, 1, &seed);
     int32_t *pos = (int32_t *)calloc(N, 4);
     for (int i = 0; i < N; i++) pos[i] = i * 37 + (int)(50000 * (1 + rnd(&seed)));
-    if (ref_rope(NULL, x, pos, N, H, D, 10000.0f, inverse)) { printf("ref rope failed\n"); exit(1); }
-    RopeArgs a = {bx, pos, N, H, D, inverse, log(10000.0)};
-    launch(attn_rope_kernel, dim3((unsigned)((N * (D / 2) + 255) / 256)), 256, 0, a);
+    if (ref_rope(NULL, x, pos, N, H, D, rot, 10000.0f, inverse)) { printf("ref rope failed\n"); exit(1); }
+    RopeArgs a = {bx, pos, N, H, D, rot, inverse, log(10000.0)};
+    launch(attn_rope_kernel, dim3((unsigned)((N * (rot / 2) + 255) / 256)), 256, 0, a);
     char tag[128];
-    snprintf(tag, sizeof tag, "rope N%d H%d D%d inverse %d", N, H, D, inverse);
+    snprintf(tag, sizeof tag, "rope N%d H%d D%d rot %d inverse %d", N, H, D, rot, inverse);
     check(tag, "x", relb(bx, x, n), 6e-3);
     free(x); free(bx); free(pos);
 }
@@ -167,8 +167,10 @@ int main(int argc, char **argv) {
     run_decode(1, 2, 1, 128, 1, 4, 132, 8);
     run_decode(1, 2, 2, 40, 300, 300, 1, 9);
     run_decode(1, 1, 1, 96, 700, 1024, 132, 10);
-    run_rope(5, 3, 40, 0, 11);
-    run_rope(7, 2, 128, 1, 12);
+    run_rope(5, 3, 40, 40, 0, 11);
+    run_rope(7, 2, 128, 128, 1, 12);
+    run_rope(6, 3, 40, 20, 0, 13);   // partial rotary: the first half of each head (RecurrentGemma's)
+    run_rope(5, 2, 128, 64, 1, 14);
     printf("%d fails\n", fails);
     return fails != 0;
 }
