@@ -50,6 +50,8 @@ typedef struct {
     int n_kv_heads;       // the attention mixers' key/value heads (grouped-query attention); 0: n_heads
     int slstm_heads;      // slstm-block's heads (4): dim / slstm_heads cells each
     float gate_cap;       // mlstm-large's soft cap of its gates' pre-activations, c tanh(x / c) (0: none)
+    int d_state;          // longhorn's state slots per channel (16)
+    int expand;           // longhorn's inner width over dim (2)
     char norm[12];        // the backbone's norms: "rmsnorm" (RMSNorm with a weight) or "layernorm" (LayerNorm with a
                           // weight, no bias: the xLSTM paper's blocks)
     char head[16];        // "lm" (the language model's logits at every position; "" reads as "lm") or

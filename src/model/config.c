@@ -39,6 +39,8 @@ void config_default(ModelConfig *c) {
     c->rope_theta = 10000;
     c->window = 1024;
     c->slstm_heads = 4;
+    c->d_state = 16;
+    c->expand = 2;
     strcpy(c->head, "lm");
     strcpy(c->norm, "rmsnorm");
 }
@@ -91,6 +93,8 @@ static const Field fields[] = {
     MIXER_FIELD(n_kv_heads, F_INT, 0, 1024, "the key/value heads (0: n_heads)", CF_KV_HEADS),
     MIXER_FIELD(slstm_heads, F_INT, 1, 1024, "slstm-block's heads", CF_SLSTM),
     MIXER_FIELD(gate_cap, F_FLOAT, 0, 1e6, "mlstm-large's gate soft cap (0: none)", CF_GATE_CAP),
+    MIXER_FIELD(d_state, F_INT, 1, 256, "the scan's state slots per channel", CF_D_STATE),
+    MIXER_FIELD(expand, F_INT, 1, 16, "the block's inner width over dim", CF_EXPAND),
     FIELD(head, F_STR, 0, 0, "the output head"),
     FIELD(norm, F_STR, 0, 0, "the backbone's norm"),
 };

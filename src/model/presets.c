@@ -164,7 +164,7 @@ int config_preset(ModelConfig *c, const char *name) {
         strcat(known, i ? ", " : "");
         strcat(known, p->name);
     }
-    char mixers[192] = "";
+    char mixers[512] = "";
     for (int i = 0; mixer_all[i]; i++) {
         strcat(mixers, i ? ", " : "");
         strcat(mixers, mixer_all[i]->name);
