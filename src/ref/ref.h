@@ -112,4 +112,14 @@ int ref_slstm_fwd(const Backend *be, const SlstmDims *d, const SlstmFwd *io);
 int ref_slstm_bwd(const Backend *be, const SlstmDims *d, const SlstmBwd *io);
 extern const SlstmOps ref_slstm;
 
+// The diagonal recurrences (scan_ref.c): core/backend.h's ScanOps slots themselves, on double
+// buffers; ref_scan is the sub-table (supports NULL). The checks (MN_ERR_ARG, named) are shared
+// with the other backends: the dims alone, and with the buffers each kind needs.
+int ref_scan_check(const char *fn, const ScanDims *d);
+int ref_scan_check_fwd(const char *fn, const ScanDims *d, const ScanFwd *io);
+int ref_scan_check_bwd(const char *fn, const ScanDims *d, const ScanBwd *io);
+int ref_scan_fwd(const Backend *be, const ScanDims *d, const ScanFwd *io);
+int ref_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io);
+extern const ScanOps ref_scan;
+
 #endif

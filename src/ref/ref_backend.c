@@ -655,7 +655,7 @@ static const Backend ref_backend = {
     .embed_fwd = r_embed_fwd, .embed_bwd = r_embed_bwd, .xent = r_xent,
     .gates_fwd = r_gates_fwd, .gates_bwd = r_gates_bwd, .scale_f32 = r_scale_f32,
     .mesa = &ref_mesa, .lin = &ref_lin, .attn = &ref_attn, .mlstm = &ref_mlstm,
-    .slstm = &ref_slstm,
+    .slstm = &ref_slstm, .scan = &ref_scan,
     .adamw = r_adamw, .sumsq = r_sumsq,
 };
 
