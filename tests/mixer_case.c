@@ -386,8 +386,8 @@ void mc_check_tiny_trains(Model *m, const char *name, int width) {
 
 // ------------------------------------------------------------------- core families
 
-const unsigned mc_fam[MC_FAMS] = {MC_FAM_MESA, MC_FAM_LIN, MC_FAM_ATTN, MC_FAM_MLSTM, MC_FAM_SLSTM};
-const char *const mc_fam_name[MC_FAMS] = {"mesa", "lin", "attn", "mlstm", "slstm"};
+const unsigned mc_fam[MC_FAMS] = {MC_FAM_MESA, MC_FAM_LIN, MC_FAM_ATTN, MC_FAM_MLSTM, MC_FAM_SLSTM, MC_FAM_SCAN};
+const char *const mc_fam_name[MC_FAMS] = {"mesa", "lin", "attn", "mlstm", "slstm", "scan"};
 
 static unsigned fam_seen;  // the families called since it was zeroed (the wrappers below)
 
@@ -416,6 +416,11 @@ static int fam_slstm_fwd(const Backend *be, const SlstmDims *d, const SlstmFwd *
     return backend_cpu()->slstm->fwd(be, d, io);
 }
 
+static int fam_scan_fwd(const Backend *be, const ScanDims *d, const ScanFwd *io) {
+    fam_seen |= MC_FAM_SCAN;
+    return backend_cpu()->scan->fwd(be, d, io);
+}
+
 unsigned mc_families(const ModelConfig *c, unsigned *per_block) {
     Backend w = *backend_cpu();
     MesaOps mesa = *w.mesa;
@@ -436,6 +441,12 @@ unsigned mc_families(const ModelConfig *c, unsigned *per_block) {
         slstm = *w.slstm;
         slstm.fwd = fam_slstm_fwd;
         w.slstm = &slstm;
+    }
+    ScanOps scan;
+    if (w.scan) {
+        scan = *w.scan;
+        scan.fwd = fam_scan_fwd;
+        w.scan = &scan;
     }
     Model *m = mc_make(c, &w);
     int n = mc_pattern_len(c->mixer), B = 1, T = 4;
@@ -467,6 +478,7 @@ Backend mc_without(const Backend *be, unsigned fams, const char *name) {
     if (fams & MC_FAM_ATTN) b.attn = NULL;
     if (fams & MC_FAM_MLSTM) b.mlstm = NULL;
     if (fams & MC_FAM_SLSTM) b.slstm = NULL;
+    if (fams & MC_FAM_SCAN) b.scan = NULL;
     return b;
 }
 
@@ -478,6 +490,7 @@ unsigned mc_lacking(const Backend *be) {
     if (!be->mlstm || !be->mlstm->fwd || !be->mlstm->bwd || !be->mlstm->gates_fwd || !be->mlstm->gates_bwd)
         f |= MC_FAM_MLSTM;
     if (!be->slstm || !be->slstm->fwd || !be->slstm->bwd) f |= MC_FAM_SLSTM;
+    if (!be->scan || !be->scan->fwd || !be->scan->bwd) f |= MC_FAM_SCAN;
     return f;
 }
 

@@ -88,7 +88,7 @@ void mc_check_tiny_trains(Model *m, const char *name, int width);
 
 // The families of sequence-mixer cores in the backend op table (core/backend.h); a backend without
 // one refuses the mixers that run on it.
-enum { MC_FAM_MESA = 1, MC_FAM_LIN = 2, MC_FAM_ATTN = 4, MC_FAM_MLSTM = 8, MC_FAM_SLSTM = 16, MC_FAMS = 5 };
+enum { MC_FAM_MESA = 1, MC_FAM_LIN = 2, MC_FAM_ATTN = 4, MC_FAM_MLSTM = 8, MC_FAM_SLSTM = 16, MC_FAM_SCAN = 32, MC_FAMS = 6 };
 extern const unsigned mc_fam[MC_FAMS];         // the families, one bit each
 extern const char *const mc_fam_name[MC_FAMS];  // "mesa_fwd/mesa_bwd", ...
 

@@ -17,6 +17,7 @@
 #include "core/json.h"
 #include "mixers/mixer.h"
 #include "model/config_hf.h"
+#include "model/format_longhorn.h"
 #include "model/format_nxai.h"
 #include "model/presets.h"
 
@@ -262,6 +263,7 @@ int config_load(ModelConfig *c, const char *spec) {
     int st = ours                         ? config_from_json(c, ours, spec, 0)
              : json_get(j, "model_type") ? config_from_hf(c, j, spec)
              : nxai_config_is(j)         ? nxai_config_read(c, j, spec)
+             : longhorn_config_is(j)     ? longhorn_config_read(c, j, spec)
                                          : config_from_json(c, j, spec, 1);
     json_free(j);
     return st;

@@ -21,6 +21,7 @@ typedef struct {
     const char *about;
     const char *xlstm;  // the xLSTM paper's models: their pattern of blocks (NULL: a Mesa preset); "mlstm-large":
                         // Hugging Face's xLSTMForCausalLM (the xlstm architecture)
+    int longhorn;       // 1: the Longhorn paper's LonghornLM (longhorn blocks, config_longhorn)
 } Preset;
 
 static const Preset presets[] = {
@@ -43,6 +44,12 @@ static const Preset presets[] = {
     // Hugging Face's xLSTMForCausalLM (the xLSTM-7B design) at 160M: 4 heads, q/k half as wide as
     // the model, v as wide; SwiGLU of 2.667 D rounded up to 64 (transformers' defaults)
     {"xlstm-7b-160m", 50304, 768, 12, 4, 96, 2048, 0, "Hugging Face's xLSTMForCausalLM design at 160M", "mlstm-large"},
+    // The Longhorn paper's OpenWebText models (its Tables 2, 3; gdn-longhorn-notes.md B.2, B.4): twice
+    // the Llama baseline's layers as longhorn blocks (no MLP), tied, context 1024. (Heads: the
+    // baseline's, which longhorn blocks do not read.)
+    {"longhorn-125m", 50304, 768, 24, 12, 64, 1024, 0, "Longhorn at 125M (128.6M), the paper's OpenWebText model",
+     NULL, 1},
+    {"longhorn-350m", 50304, 1024, 48, 16, 64, 1024, 0, "Longhorn at 350M (370.0M; the paper prints 369.8)", NULL, 1},
 };
 
 // The xLSTM paper's backbone around its blocks (xlstm-notes.md 3.5): LayerNorm (eps 1e-5, no
@@ -72,6 +79,16 @@ static void config_xlstm_large(ModelConfig *c) {
     c->tie_embeddings = 0;
     c->logit_cap = 30;
     c->mlp_hidden = (int)floor((2.667 * c->dim + 63) / 64) * 64;  // transformers' round_up_to_next_multiple_of
+}
+
+// The official LonghornLM (models/longhorn.py): RMSNorm with eps 1e-5 before every block and after
+// them, the head tied to the embedding, no embedding scale, no logit cap.
+static void config_longhorn(ModelConfig *c) {
+    snprintf(c->mixer, sizeof c->mixer, "longhorn");
+    c->norm_eps = 1e-5f;
+    c->embed_scale = 0;
+    c->tie_embeddings = 1;
+    c->logit_cap = 0;
 }
 
 // The sizes that have parameter-matched presets "SIZE-MIXER" (presets.h).
@@ -142,7 +159,7 @@ int config_matched(ModelConfig *c, const char *size, const char *mixer) {
 }
 
 int config_preset(ModelConfig *c, const char *name) {
-    char known[256] = "";
+    char known[512] = "";
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
         const Preset *p = &presets[i];
         if (!strcmp(p->name, name)) {
@@ -158,6 +175,7 @@ int config_preset(ModelConfig *c, const char *name) {
             if (p->fla) config_fla(c);
             if (p->xlstm && !strcmp(p->xlstm, "mlstm-large")) config_xlstm_large(c);
             else if (p->xlstm) config_xlstm(c, p->xlstm);
+            if (p->longhorn) config_longhorn(c);
             config_normalize(c);
             return MN_OK;
         }
