@@ -122,6 +122,7 @@ static const struct {
     {"geglu", {FFN_GEGLU, 0, NULL}},
     {"geglu +bias, width 7", {FFN_GEGLU, 1, width7}},
     {"swiglu +bias", {FFN_SWIGLU, 1, NULL}},
+    {"geglu-tanh +bias", {FFN_GEGLU_TANH, 1, NULL}},
 };
 
 TEST(ffn_gradients_match_finite_differences) {

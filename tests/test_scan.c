@@ -148,7 +148,7 @@ static int all_finite(const double *x, size_t n) {
     return 1;
 }
 
-static inline int out_finite(const SCase *c, const SOut *o) {
+static int out_finite(const SCase *c, const SOut *o) {
     return all_finite(o->y, c->nx) && all_finite(o->sT, c->ns) && all_finite(o->dx, c->nx) &&
            all_finite(o->dr, c->nx) && all_finite(o->di, c->nx) && all_finite(o->dk, c->nk) &&
            all_finite(o->dq, c->nk) && all_finite(o->dw, c->nc) && all_finite(o->dskip, c->nc);
@@ -316,9 +316,189 @@ TEST(scan_ref_forward_in_pieces_is_exact) {
         }
 }
 
+// ---------------------------------------------------------------------------
+// The float32 CPU core
+
+// rel err of every output of g against r, noted; checked against tol_f (forward) and tol_b (backward).
+static void compare(const SCase *c, const SOut *g, const SOut *r, double tol_f, double tol_b) {
+    struct {
+        const char *name;
+        const double *a, *b;
+        size_t n;
+        double tol;
+    } t[] = {{"y", g->y, r->y, c->nx, tol_f},         {"sT", g->sT, r->sT, c->ns, tol_f},
+             {"dx", g->dx, r->dx, c->nx, tol_b},      {"dr", g->dr, r->dr, c->nx, tol_b},
+             {"di", g->di, r->di, c->nx, tol_b},      {"dk", g->dk, r->dk, c->nk, tol_b},
+             {"dq", g->dq, r->dq, c->nk, tol_b},      {"dw", g->dw, r->dw, c->nc, tol_b},
+             {"dskip", g->dskip, r->dskip, c->nc, tol_b}};
+    char line[512];
+    int len = 0;
+    for (int j = 0; j < 9; j++) {
+        if (!t[j].a || !t[j].b) continue;
+        double e = rel_err64(t[j].a, t[j].b, t[j].n);
+        len += snprintf(line + len, sizeof line - (size_t)len, " %s %.1e", t[j].name, e);
+        CHECK_REL(t[j].name, e, t[j].tol);
+    }
+    test_note("%s", line);
+}
+
+TEST(scan_cpu_matches_ref) {
+    // Float32 against float64 on the same (float-rounded) inputs. Each step adds a few ulp of
+    // rounding (eps = 6e-8) from the gates (expf, expm1f, sqrtf, the division, ~4 ulp each) and
+    // the update; a state remembers its errors for its memory length 1/(1 - a), here a few to ~30
+    // steps (w in [-3, 1): RG-LRU decays up to 0.95; Longhorn's a = 1 - Delta k^2 >= 1/(1 + beta
+    // kappa) with k in +-1), so the forward's relative error stays ~1e-6 whatever T. The backward's
+    // reverse scan carries the same, and dw, dskip, dk, dq sum O(B T) or O(C) terms of mixed signs
+    // (cancellation: sums smaller than their terms lose a few digits more). Measured up to 1.5e-7
+    // (forward) and 4.4e-7 (backward, dw); 2e-6 and 5e-6 keep a margin of 10 or more for other
+    // compilers and vector math libraries, while any wrong term is O(1e-2) or more.
+    ScanDims ds[] = {
+        {SCAN_RGLRU, 3, 37, 5, 1, 0},     {SCAN_RGLRU, 3, 129, 67, 1, 1},  {SCAN_RGLRU, 2, 64, 128, 1, 0},
+        {SCAN_LONGHORN, 3, 37, 5, 16, 0}, {SCAN_LONGHORN, 3, 129, 67, 7, 0}, {SCAN_LONGHORN, 2, 33, 70, 1, 0},
+    };
+    for (int di = 0; di < 6; di++)
+        for (int with_s0 = 0; with_s0 < 2; with_s0++) {
+            SCase c;
+            case_init(&c, ds[di], 300 + 2 * di + with_s0, -3, 1, with_s0);
+            int bwd = !with_s0;  // the backward is from a zero state
+            SOut r = srun(backend_ref(), &c, bwd), g = srun(backend_cpu(), &c, bwd);
+            test_note("%s B %d T %d C %d N %d reset %d, s0 %s", kind_name(c.d.kind), c.d.B, c.d.T, c.d.C, c.d.N,
+                      c.d.reset, with_s0 ? "given" : "NULL");
+            compare(&c, &g, &r, 2e-6, 5e-6);
+            CHECK(out_finite(&c, &g), "non-finite CPU results");
+            out_free(&r);
+            out_free(&g);
+            case_free(&c);
+        }
+}
+
+TEST(scan_cpu_forward_in_pieces_is_exact) {
+    for (int di = 0; di < 4; di++)
+        for (int with_s0 = 0; with_s0 < 2; with_s0++) {
+            SCase c;
+            case_init(&c, piece_dims[di], 400 + 2 * di + with_s0, -3, 1, with_s0);
+            pieces_case(backend_cpu(), &c, 7, 1);
+            pieces_case(backend_cpu(), &c, 64, 5);
+            case_free(&c);
+        }
+}
+
+TEST(scan_long_sequences_at_the_extremes) {
+    // T = 4100 (128 chunks and a piece) at the gates' extremes. The RG-LRU with w = -20: softplus
+    // 2e-9, a = 1 - O(1e-8), the multiplier sqrt(1 - a^2) ~ 1e-4 (expm1, not 1 - a^2, which
+    // float32 would round to 0); with w = 12: a = exp(-8 r 12) ~ 0 (underflowing for most r); with
+    // r~, i~ in +-12, sigmoids within 6e-6 of 0 and 1 (their slopes taken as sigmoid(z) sigmoid(-z),
+    // not sigmoid(z) (1 - sigmoid(z)), which cancels). Longhorn with w = -30: beta ~ 1e-13, a = 1 -
+    // O(1e-13), b ~ 0; with w = 12 and |k|^2 up to 16: beta within 6e-6 of 1, Delta k_j^2 close to
+    // 1 (a near 0). Everything stays finite, and the CPU follows the reference. Where a is within
+    // eps32 of 1, float32 rounds it (to 1, or to 1 - 6e-8): an error of up to 3e-8 in each step's
+    // decay, T 3e-8 = 1.2e-4 relative after T steps, and the state sums T terms (rounding eps32
+    // sqrt(T) to eps32 T); eps32 T = 2.5e-4 bounds both. Measured 2e-5 to 3.5e-5 (RG-LRU, w = -20);
+    // elsewhere the memory is short and the errors ~1e-7 to 1e-6. 2.5e-4 for the forward and 5e-4
+    // for the backward (its reverse scan is as long, and dw sums B T of its terms).
+    struct {
+        ScanDims d;
+        double w, scale;  // w; the scale of k (Longhorn) or of r~ and i~ (RG-LRU)
+    } cases[] = {
+        {{SCAN_RGLRU, 2, 4100, 5, 1, 1}, -20, 1},
+        {{SCAN_RGLRU, 2, 4100, 5, 1, 0}, 12, 1},
+        {{SCAN_RGLRU, 2, 4100, 5, 1, 1}, 0, 6},
+        {{SCAN_LONGHORN, 2, 4100, 3, 4, 0}, -30, 1},
+        {{SCAN_LONGHORN, 2, 4100, 3, 4, 0}, 12, 2},
+    };
+    for (int ci = 0; ci < 5; ci++) {
+        SCase c;
+        case_init(&c, cases[ci].d, 500 + ci, cases[ci].w, cases[ci].w + 1e-3, 1);
+        for (size_t j = 0; c.k && j < c.nk; j++) c.k[j] *= cases[ci].scale;
+        for (size_t j = 0; c.i && j < c.nx; j++) {
+            c.r[j] *= cases[ci].scale;
+            c.i[j] *= cases[ci].scale;
+        }
+        SOut r = srun(backend_ref(), &c, 0), g = srun(backend_cpu(), &c, 0);
+        free(c.s0);
+        c.s0 = NULL;
+        SOut rb = srun(backend_ref(), &c, 1), gb = srun(backend_cpu(), &c, 1);
+        test_note("%s T %d w %g, scale %g: from s0, then the backward from zero", kind_name(c.d.kind), c.d.T,
+                  cases[ci].w, cases[ci].scale);
+        CHECK(out_finite(&c, &r) && out_finite(&c, &rb), "non-finite reference results");
+        CHECK(out_finite(&c, &g) && out_finite(&c, &gb), "non-finite CPU results");
+        compare(&c, &g, &r, 2.5e-4, 5e-4);
+        compare(&c, &gb, &rb, 2.5e-4, 5e-4);
+        out_free(&r); out_free(&g); out_free(&rb); out_free(&gb);
+        case_free(&c);
+    }
+}
+
+TEST(scan_cpu_same_bits_any_thread_count) {
+    // Tasks of one sequence and one channel block, each with the same arithmetic whoever runs it;
+    // Longhorn's sums over channels are added in block order. 1, 2 and 3 threads: the same bits.
+    ScanDims ds[] = {{SCAN_RGLRU, 3, 70, 150, 1, 1}, {SCAN_LONGHORN, 3, 70, 150, 16, 0}, {SCAN_LONGHORN, 1, 40, 200, 7, 0}};
+    int saved = omp_get_max_threads();
+    for (int di = 0; di < 3; di++) {
+        SCase c;
+        case_init(&c, ds[di], 600 + di, -3, 1, 0);
+        SOut o[3];
+        for (int th = 1; th <= 3; th++) {
+            omp_set_num_threads(th);
+            o[th - 1] = srun(backend_cpu(), &c, 1);
+        }
+        omp_set_num_threads(saved);
+        for (int th = 2; th <= 3; th++) {
+            const SOut *a = &o[0], *b = &o[th - 1];
+            int same = !memcmp(a->y, b->y, 8 * c.nx) && !memcmp(a->sT, b->sT, 8 * c.ns) &&
+                       !memcmp(a->dx, b->dx, 8 * c.nx) && !memcmp(a->dr, b->dr, 8 * c.nx) &&
+                       !memcmp(a->dw, b->dw, 8 * c.nc) && (!a->di || !memcmp(a->di, b->di, 8 * c.nx)) &&
+                       (!a->dk || !memcmp(a->dk, b->dk, 8 * c.nk)) && (!a->dq || !memcmp(a->dq, b->dq, 8 * c.nk)) &&
+                       (!a->dskip || !memcmp(a->dskip, b->dskip, 8 * c.nc));
+            CHECK(same, "%s C %d N %d: %d threads differ from 1", kind_name(ds[di].kind), ds[di].C, ds[di].N, th);
+        }
+        for (int i = 0; i < 3; i++) out_free(&o[i]);
+        case_free(&c);
+    }
+}
+
+TEST(scan_dw_accumulates) {
+    // dw and dskip are parameter gradients (+=): a second backward onto the first's doubles them
+    // (the same sums added to themselves: exact but for the float sum's last rounding, 1e-7), and
+    // the activation gradients are overwritten (the same bits again).
+    ScanDims ds[] = {{SCAN_RGLRU, 2, 9, 6, 1, 0}, {SCAN_LONGHORN, 2, 9, 6, 3, 0}};
+    const Backend *bes[2] = {backend_ref(), backend_cpu()};
+    for (int di = 0; di < 2; di++)
+        for (int bi = 0; bi < 2; bi++) {
+            const Backend *be = bes[bi];
+            SCase c;
+            case_init(&c, ds[di], 700 + di, -3, 1, 0);
+            int lh = ds[di].kind == SCAN_LONGHORN;
+            void *x = up(be, c.x, c.nx, MEM_ACT), *r = up(be, c.r, c.nx, MEM_ACT), *i = up(be, c.i, c.nx, MEM_ACT);
+            void *k = up(be, c.k, c.nk, MEM_ACT), *q = up(be, c.q, c.nk, MEM_ACT), *w = up(be, c.w, c.nc, MEM_PARAM);
+            void *skip = up(be, c.skip, c.nc, MEM_PARAM), *dy = up(be, c.wl, c.nx, MEM_ACT);
+            void *dx = alloc_filled(be, c.nx, MEM_ACT, 0), *dr = alloc_filled(be, c.nx, MEM_ACT, 0);
+            void *dii = lh ? NULL : alloc_filled(be, c.nx, MEM_ACT, 0);
+            void *dk = lh ? alloc_filled(be, c.nk, MEM_ACT, 0) : NULL, *dq = lh ? alloc_filled(be, c.nk, MEM_ACT, 0) : NULL;
+            void *dw = alloc_filled(be, c.nc, MEM_F32, 0), *dskip = lh ? alloc_filled(be, c.nc, MEM_F32, 0) : NULL;
+            ScanBwd b = {x, r, i, k, q, w, skip, dy, dx, dr, dii, dk, dq, dw, dskip};
+            CHECK(!be->scan->bwd(be, &c.d, &b), "%s", mn_last_error());
+            double *dw1 = down(be, dw, c.nc, MEM_F32), *ds1 = down(be, dskip, c.nc, MEM_F32), *dx1 = down(be, dx, c.nx, MEM_ACT);
+            CHECK(!be->scan->bwd(be, &c.d, &b), "%s", mn_last_error());
+            double *dw2 = down(be, dw, c.nc, MEM_F32), *ds2 = down(be, dskip, c.nc, MEM_F32), *dx2 = down(be, dx, c.nx, MEM_ACT);
+            for (size_t j = 0; j < c.nc; j++) {
+                dw1[j] *= 2;
+                if (ds1) ds1[j] *= 2;
+            }
+            test_note("%s %s: second dw vs twice the first %.1e", be->name, kind_name(c.d.kind), rel_err64(dw2, dw1, c.nc));
+            CHECK_REL("dw accumulates", rel_err64(dw2, dw1, c.nc), 1e-7);
+            if (lh) CHECK_REL("dskip accumulates", rel_err64(ds2, ds1, c.nc), 1e-7);
+            CHECK(!memcmp(dx1, dx2, sizeof(double) * c.nx), "%s: dx not overwritten", be->name);
+            free(dw1); free(ds1); free(dx1); free(dw2); free(ds2); free(dx2);
+            void *bufs[] = {x, r, i, k, q, w, skip, dy, dx, dr, dii, dk, dq, dw, dskip};
+            for (int j = 0; j < 15; j++) be->free(be, bufs[j]);
+            case_free(&c);
+        }
+}
+
 TEST(scan_rejects_bad_arguments) {
-    const Backend *bes[] = {backend_ref()};
-    for (int bi = 0; bi < 1; bi++) {
+    const Backend *bes[] = {backend_ref(), backend_cpu()};
+    for (int bi = 0; bi < 2; bi++) {
         const Backend *be = bes[bi];
         CHECK(be->scan && be->scan->fwd && be->scan->bwd, "%s: no scan core", be->name);
         if (!be->scan || !be->scan->fwd || !be->scan->bwd) continue;

@@ -314,6 +314,11 @@ struct Backend {
     // dx = dy gelu'(x) (dx may alias dy). The autoencoder head's decoder (model/autoencoder.c).
     int (*gelu_fwd)(const Backend *be, void *y, const void *x, size_t n);
     int (*gelu_bwd)(const Backend *be, void *dx, const void *dy, const void *x, size_t n);
+    // y = gelu_tanh(x) = x (1 + tanh(k (x + 0.044715 x^3))) / 2, k = sqrt(2 / pi): GELU's tanh
+    // approximation (torch's gelu(approximate='tanh'), Hugging Face's "gelu_pytorch_tanh"; Griffin's
+    // and RecurrentGemma's); dx = dy gelu_tanh'(x) (dx may alias dy).
+    int (*gelu_tanh_fwd)(const Backend *be, void *y, const void *x, size_t n);
+    int (*gelu_tanh_bwd)(const Backend *be, void *dx, const void *dy, const void *x, size_t n);
     // The autoencoder head's pooling (MEM_ACT, [B,T,D]): z[b,t,:] = x[b,T-1,:] + pe[t,:], every position
     // gets the last position's vector plus MAD's fixed sin-cos embedding of t (mn_posemb below);
     // its backward dx[b,T-1,:] = sum_t dz[b,t,:], dx = 0 at t < T-1 (overwritten).
@@ -323,6 +328,10 @@ struct Backend {
     // Optional: NULL where the backend has none (a block with that MLP is then refused on it).
     int (*geglu_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
     int (*geglu_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
+    // h = gelu_tanh(g) (.) u (hawk's output gate, RecurrentGemma's MLP: model/ffn.c's FFN_GEGLU_TANH); dg, du (=).
+    int (*geglu_tanh_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
+    int (*geglu_tanh_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u,
+                          size_t n);
     // h = sigmoid(g) (.) u (xLSTM-7B's output gate); dg, du (=). Optional (NULL: the layer is refused).
     int (*sigmoid_gate_fwd)(const Backend *be, void *h, const void *g, const void *u, size_t n);
     int (*sigmoid_gate_bwd)(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u,
@@ -341,6 +350,11 @@ struct Backend {
     // db (=, or += with accum) = dy (.) s;  ds += sum_n dy (.) b   (da = dy is the caller's)
     int (*scale_add_bwd)(const Backend *be, void *db, void *ds, const void *dy, const void *b, const void *s, int N,
                          int C, int accum);
+    // y[n,c] += b[c] over rows of C (b MEM_PARAM): a bias after an op that has none (the short
+    // convolution, the block-diagonal projections).
+    int (*bias_fwd)(const Backend *be, void *y, const void *b, int N, int C);
+    // db[c] (MEM_F32) += sum_n dy[n,c]   (the input's gradient is dy itself: the caller's)
+    int (*bias_bwd)(const Backend *be, void *db, const void *dy, int N, int C);
     // x += y
     int (*add)(const Backend *be, void *x, const void *y, size_t n);
     // x = cap tanh(x / cap) in place (the soft cap of decoded logits; training's is inside xent)

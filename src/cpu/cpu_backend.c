@@ -13,6 +13,7 @@
 #include "core/backend.h"
 #include "core/common.h"
 #include "mlstm_cpu.h"
+#include "scan_cpu.h"
 #include "slstm_cpu.h"
 #include "vec.h"
 #include "vmath.h"
@@ -322,6 +323,51 @@ static int c_geglu_bwd(const Backend *be, void *dg_, void *du_, const void *dh_,
     return MN_OK;
 }
 
+// GELU's tanh approximation in float, as torch's gelu(approximate='tanh') (ref_backend.c has the formulas).
+#define GELU_K 0.79788456080286536f  // sqrt(2 / pi)
+static inline float gelu_tanhf(float x) { return 0.5f * x * (1 + tanhf(GELU_K * (x + 0.044715f * x * x * x))); }
+static inline float gelu_tanh_gradf(float x) {
+    float t = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+    return 0.5f * (1 + t) + 0.5f * x * (1 - t * t) * GELU_K * (1 + 3 * 0.044715f * x * x);
+}
+
+static int c_gelu_tanh_fwd(const Backend *be, void *y_, const void *x_, size_t n) {
+    float *y = y_;
+    const float *x = x_;
+#pragma omp parallel for schedule(static, PAR_CHUNK) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) y[i] = gelu_tanhf(x[i]);
+    return MN_OK;
+}
+
+static int c_gelu_tanh_bwd(const Backend *be, void *dx_, const void *dy_, const void *x_, size_t n) {
+    float *dx = dx_;
+    const float *dy = dy_, *x = x_;
+#pragma omp parallel for schedule(static, PAR_CHUNK) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_tanh_gradf(x[i]);
+    return MN_OK;
+}
+
+static int c_geglu_tanh_fwd(const Backend *be, void *h_, const void *g_, const void *u_, size_t n) {
+    float *h = h_;
+    const float *g = g_, *u = u_;
+#pragma omp parallel for schedule(static, PAR_CHUNK) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) h[i] = gelu_tanhf(g[i]) * u[i];
+    return MN_OK;
+}
+
+static int c_geglu_tanh_bwd(const Backend *be, void *dg_, void *du_, const void *dh_, const void *g_, const void *u_,
+                            size_t n) {
+    float *dg = dg_, *du = du_;
+    const float *dh = dh_, *g = g_, *u = u_;
+#pragma omp parallel for schedule(static, PAR_CHUNK) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float v = g[i];
+        dg[i] = dh[i] * u[i] * gelu_tanh_gradf(v);
+        du[i] = dh[i] * gelu_tanhf(v);
+    }
+    return MN_OK;
+}
+
 static int c_pool_last_fwd(const Backend *be, void *z_, const void *x_, int B, int T, int D) {
     float *z = z_;
     const float *x = x_;
@@ -485,6 +531,36 @@ static int c_headwise_bwd(const Backend *be, void *dx_, void *dw_, const void *d
             for (int j = 0; j < (b1 - b0) * wb; j++) dw[(size_t)b0 * wb + j] += (float)acc[j];
         }
     }
+    return MN_OK;
+}
+
+static int c_bias_fwd(const Backend *be, void *y_, const void *b_, int N, int C) {
+    float *y = y_;
+    const float *b = b_;
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN)
+    for (long n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) y[(size_t)n * C + c] += b[c];
+    return MN_OK;
+}
+
+// Partial sums over fixed blocks of tokens, added in order (as rmsnorm's dw): the same bits for
+// any thread count.
+static int c_bias_bwd(const Backend *be, void *db_, const void *dy_, int N, int C) {
+    enum { BLOCK = 256 };
+    float *db = db_;
+    const float *dy = dy_;
+    int nblocks = (N + BLOCK - 1) / BLOCK;
+    double *part = mn_calloc((size_t)(nblocks ? nblocks : 1) * C, sizeof(double));
+    if (!part) return MN_ERR_NOMEM;
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN)
+    for (int blk = 0; blk < nblocks; blk++) {
+        double *pb = part + (size_t)blk * C;
+        for (int n = blk * BLOCK; n < mn_min(N, (blk + 1) * BLOCK); n++)
+            for (int c = 0; c < C; c++) pb[c] += dy[(size_t)n * C + c];
+    }
+    for (int blk = 0; blk < nblocks; blk++)
+        for (int c = 0; c < C; c++) db[c] += (float)part[(size_t)blk * C + c];
+    mn_free(part);
     return MN_OK;
 }
 
@@ -844,6 +920,9 @@ static const Backend cpu_backend = {
     .sigmoid_gate_fwd = c_sigmoid_gate_fwd, .sigmoid_gate_bwd = c_sigmoid_gate_bwd,
     .softcap = c_softcap, .gelu_fwd = c_gelu_fwd, .gelu_bwd = c_gelu_bwd,
     .geglu_fwd = c_geglu_fwd, .geglu_bwd = c_geglu_bwd,
+    .gelu_tanh_fwd = c_gelu_tanh_fwd, .gelu_tanh_bwd = c_gelu_tanh_bwd,
+    .geglu_tanh_fwd = c_geglu_tanh_fwd, .geglu_tanh_bwd = c_geglu_tanh_bwd,
+    .bias_fwd = c_bias_fwd, .bias_bwd = c_bias_bwd,
     .pool_last_fwd = c_pool_last_fwd, .pool_last_bwd = c_pool_last_bwd,
     .headwise_fwd = c_headwise_fwd, .headwise_bwd = c_headwise_bwd,
     .scale_add_fwd = c_scale_add_fwd, .scale_add_bwd = c_scale_add_bwd,
@@ -851,7 +930,7 @@ static const Backend cpu_backend = {
     .embed_fwd = c_embed_fwd, .embed_bwd = c_embed_bwd, .xent = c_xent,
     .gates_fwd = c_gates_fwd, .gates_bwd = c_gates_bwd, .scale_f32 = c_scale_f32,
     .mesa = &cpu_mesa, .lin = &cpu_lin, .attn = &cpu_attn_ops, .mlstm = &cpu_mlstm,
-    .slstm = &cpu_slstm,
+    .slstm = &cpu_slstm, .scan = &cpu_scan,
     .adamw = c_adamw, .sumsq = c_sumsq,
 };
 

@@ -1,5 +1,5 @@
 /*
- * Vectorised expf/tanhf/log1pf for the elementwise loops.
+ * Vectorised expf/tanhf/log1pf/expm1f for the elementwise loops.
  *
  * glibc's libmvec has AVX2 and AVX-512 versions of these (within 4 ulp), but
  * GCC calls them only for functions declared with the simd attribute, and
@@ -17,6 +17,7 @@
 float expf(float) __attribute__((simd("notinbranch")));
 float tanhf(float) __attribute__((simd("notinbranch")));
 float log1pf(float) __attribute__((simd("notinbranch")));
+float expm1f(float) __attribute__((simd("notinbranch")));
 #endif
 
 #endif

@@ -216,6 +216,12 @@ extern "C" const Backend *backend_cuda(void) {
     b.sigmoid_gate_bwd = g_sigmoid_gate_bwd;
     b.geglu_fwd = g_geglu_fwd;
     b.geglu_bwd = g_geglu_bwd;
+    b.gelu_tanh_fwd = g_gelu_tanh_fwd;
+    b.gelu_tanh_bwd = g_gelu_tanh_bwd;
+    b.geglu_tanh_fwd = g_geglu_tanh_fwd;
+    b.geglu_tanh_bwd = g_geglu_tanh_bwd;
+    b.bias_fwd = g_bias_fwd;
+    b.bias_bwd = g_bias_bwd;
     b.headwise_fwd = g_headwise_fwd;
     b.headwise_bwd = g_headwise_bwd;
     b.scale_add_fwd = g_scale_add_fwd;

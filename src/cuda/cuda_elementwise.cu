@@ -1,5 +1,5 @@
 /*
- * Element-wise ops: soft cap, SiLU, SwiGLU, GELU, the sigmoid gate, add, float32 scaling, and the autoencoder
+ * Element-wise ops: soft cap, SiLU, SwiGLU, GELU (exact and tanh), the GELU-gated products, the sigmoid gate, add, float32 scaling, and the autoencoder
  * head's pooling.
  */
 #include "cuda_ops.cuh"
@@ -53,13 +53,23 @@ __device__ __forceinline__ float gelu_grad_(float x) {
     return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * expf(-0.5f * x * x) * 0.39894228040143268f;
 }
 
+// GELU's tanh approximation (torch's gelu(approximate='tanh')) and its derivative, as the CPU's.
+__device__ __forceinline__ float gelu_tanh_(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float gelu_tanh_grad_(float x) {
+    float t = tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 // The two-input element-wise ops: out = f(a, b).
-enum { BIN_ADD, BIN_SILU_BWD, BIN_SWIGLU, BIN_GEGLU, BIN_SIGMOID_GATE };
+enum { BIN_ADD, BIN_SILU_BWD, BIN_SWIGLU, BIN_GEGLU, BIN_GEGLU_TANH, BIN_SIGMOID_GATE };
 
 __device__ __forceinline__ float binary_op(int op, float a, float b) {
     if (op == BIN_ADD) return a + b;
     if (op == BIN_SWIGLU) return a * sigmoidf_(a) * b;  // a = g, b = u
     if (op == BIN_GEGLU) return gelu_(a) * b;           // a = g, b = u
+    if (op == BIN_GEGLU_TANH) return gelu_tanh_(a) * b; // a = g, b = u
     if (op == BIN_SIGMOID_GATE) return sigmoidf_(a) * b; // a = g, b = u
     float s = sigmoidf_(b);                              // SiLU's backward: a = dy, b = x
     return a * s * (1 + b * (1 - s));
@@ -84,8 +94,8 @@ static int binary(const Backend *be, void *out, const void *a, const void *b, si
 }
 
 // The gated products' backward, h = act(g) u: dg = dh u act'(g), du = dh act(g); act SiLU, GELU
-// or the sigmoid (GATE_*).
-enum { GATE_SILU, GATE_GELU, GATE_SIGMOID };
+// (exact or tanh) or the sigmoid (GATE_*).
+enum { GATE_SILU, GATE_GELU, GATE_GELU_TANH, GATE_SIGMOID };
 
 __global__ void gated_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n, int vec,
                                  int act) {
@@ -99,6 +109,9 @@ __global__ void gated_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 
             if (act == GATE_GELU) {
                 a[k] = d[k] * w[k] * gelu_grad_(v[k]);
                 b[k] = d[k] * gelu_(v[k]);
+            } else if (act == GATE_GELU_TANH) {
+                a[k] = d[k] * w[k] * gelu_tanh_grad_(v[k]);
+                b[k] = d[k] * gelu_tanh_(v[k]);
             } else if (act == GATE_SIGMOID) {
                 float s = sigmoidf_(v[k]);
                 a[k] = d[k] * w[k] * s * (1 - s);
@@ -114,28 +127,31 @@ __global__ void gated_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 
     }
 }
 
-__global__ void gelu_kernel(bf16 *y, const bf16 *x, const bf16 *dy, size_t n, int vec) {  // dy: the backward
+// GELU (approx 0: exact; 1: tanh), forward or (dy given) backward.
+__global__ void gelu_kernel(bf16 *y, const bf16 *x, const bf16 *dy, size_t n, int vec, int approx) {
     PIECE_LOOP(i, n) {
         float v[8], d[8] = {0};
         int m = piece_get(x, i, n, vec, v);
         if (dy) piece_get(dy, i, n, vec, d);
 #pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = dy ? d[k] * gelu_grad_(v[k]) : gelu_(v[k]);
+        for (int k = 0; k < 8; k++)
+            v[k] = approx ? (dy ? d[k] * gelu_tanh_grad_(v[k]) : gelu_tanh_(v[k]))
+                          : (dy ? d[k] * gelu_grad_(v[k]) : gelu_(v[k]));
         piece_put(y, i, m, vec, v);
     }
 }
 
-int g_gelu_fwd(const Backend *be, void *y, const void *x, size_t n) {
-    gelu_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)y, (const bf16 *)x, NULL, n,
-                                                                  aligned16(y, x, x, x));
+static int gelu(const Backend *be, void *y, const void *x, const void *dy, size_t n, int approx) {
+    gelu_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)y, (const bf16 *)x, (const bf16 *)dy, n,
+                                                                  aligned16(y, x, dy ? dy : x, x), approx);
     LAUNCH_CHECK();
     return MN_OK;
 }
-int g_gelu_bwd(const Backend *be, void *dx, const void *dy, const void *x, size_t n) {
-    gelu_kernel<<<piece_grid(n), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)dx, (const bf16 *)x, (const bf16 *)dy, n,
-                                                                  aligned16(dx, x, dy, dy));
-    LAUNCH_CHECK();
-    return MN_OK;
+int g_gelu_fwd(const Backend *be, void *y, const void *x, size_t n) { return gelu(be, y, x, NULL, n, 0); }
+int g_gelu_bwd(const Backend *be, void *dx, const void *dy, const void *x, size_t n) { return gelu(be, dx, x, dy, n, 0); }
+int g_gelu_tanh_fwd(const Backend *be, void *y, const void *x, size_t n) { return gelu(be, y, x, NULL, n, 1); }
+int g_gelu_tanh_bwd(const Backend *be, void *dx, const void *dy, const void *x, size_t n) {
+    return gelu(be, dx, x, dy, n, 1);
 }
 
 // The autoencoder head's pooling (backend.h): z[b,t,:] = x[b,T-1,:] + pe[t,:] (pe in double, as mn_posemb),
@@ -210,6 +226,12 @@ int g_geglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t
 }
 int g_geglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
     return gated_bwd(be, dg, du, dh, g, u, n, GATE_GELU);
+}
+int g_geglu_tanh_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n) {
+    return binary(be, h, g, u, n, BIN_GEGLU_TANH);
+}
+int g_geglu_tanh_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
+    return gated_bwd(be, dg, du, dh, g, u, n, GATE_GELU_TANH);
 }
 int g_add(const Backend *be, void *x, const void *y, size_t n) { return binary(be, x, x, y, n, BIN_ADD); }
 

@@ -83,6 +83,16 @@ __global__ void add_bias_kernel(bf16 *y, const float *b, int N, int O) {
         st(y, i, ld(y, i) + b[i % O]);
 }
 
+int g_bias_fwd(const Backend *be, void *y, const void *b, int N, int C) {
+    add_bias_kernel<<<grid_for((size_t)N * C, 256), 256, 0, cuda_ctx(be)->stream>>>((bf16 *)y, (const float *)b, N, C);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+int g_bias_bwd(const Backend *be, void *db, const void *dy, int N, int C) {
+    return colsum(be, (float *)db, (const bf16 *)dy, NULL, NULL, N, C, 1);
+}
+
 // Row-major y[N,O] = x[N,I] W[O,I]^T is, in cuBLAS's column-major terms,
 // y^T (O x N) = W (O x I, stored as I x O: transposed) times x^T (I x N).
 int g_linear_fwd(const Backend *be, void *y, const void *x, const void *w, const void *bias, int N, int nin,

@@ -131,6 +131,8 @@ int g_sync(const Backend *be);
 int g_linear_fwd(const Backend *be, void *y, const void *x, const void *w, const void *bias, int N, int nin, int nout);
 int g_linear_bwd(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x, const void *w,
                  int N, int nin, int nout, int accum);
+int g_bias_fwd(const Backend *be, void *y, const void *b, int N, int C);
+int g_bias_bwd(const Backend *be, void *db, const void *dy, int N, int C);
 
 // norms (cuda_norm.cu)
 int g_rmsnorm_fwd(const Backend *be, void *y, void *rstd, const void *x, const void *w, int N, int D, int group,
@@ -158,6 +160,10 @@ int g_sigmoid_gate_fwd(const Backend *be, void *h, const void *g, const void *u,
 int g_sigmoid_gate_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
 int g_geglu_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n);
 int g_geglu_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
+int g_gelu_tanh_fwd(const Backend *be, void *y, const void *x, size_t n);
+int g_gelu_tanh_bwd(const Backend *be, void *dx, const void *dy, const void *x, size_t n);
+int g_geglu_tanh_fwd(const Backend *be, void *h, const void *g, const void *u, size_t n);
+int g_geglu_tanh_bwd(const Backend *be, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n);
 int g_add(const Backend *be, void *x, const void *y, size_t n);
 int g_scale_f32(const Backend *be, void *x, size_t n, float s);
 

@@ -113,15 +113,6 @@ int mixer_check_decode(const Mixer *m, int state_B, int B) {
     return mn_error(MN_ERR_ARG, "%s: decoding %d sequences, but the state was reset for %d", m->ops->name, B, state_B);
 }
 
-int mixer_fill_ones(const Backend *be, void *p, size_t n) {
-    enum { CH = 4096 };
-    double one[CH];
-    for (int i = 0; i < CH; i++) one[i] = 1;
-    for (size_t off = 0; off < n; off += CH)
-        MN_TRY(be->upload(be, (char *)p + off * be->elem_size(be, MEM_ACT), one, n - off < CH ? n - off : CH, MEM_ACT));
-    return MN_OK;
-}
-
 int mixer_scratch_reserve(Mixer *m, size_t n) {
     MixerScratch *s = m->scratch;
     if (!s) return mn_error(MN_ERR_ARG, "mixer: no shared scratch (mixers are made by model_create)");

@@ -66,6 +66,7 @@ enum {
 typedef enum {
     FFN_SWIGLU,  // W_down (SiLU(W_gate v) (.) W_up v): the default (0)
     FFN_GEGLU,   // W_down (GELU(W_gate v + b_gate) (.) (W_up v + b_up)) + b_down (biases with ffn_bias)
+    FFN_GEGLU_TANH,  // the same with GELU's tanh approximation (Griffin's, RecurrentGemma's MLP)
     FFN_NONE,    // nothing: the block is the mixer and its residual
 } FfnKind;
 
@@ -194,9 +195,6 @@ MlstmOpts mixer_mlstm_opts(const Mixer *m, int dk);
 int mixer_need_mlstm(const Mixer *m);
 // MN_ERR_ARG unless a decoding call's B matches the B its state was reset for (state_B).
 int mixer_check_decode(const Mixer *m, int state_B, int B);
-
-// Sets n MEM_ACT elements of p to 1 (a bias added through scale_add's learnable-scale form).
-int mixer_fill_ones(const Backend *be, void *p, size_t n);
 
 // The mixer named `name`, or NULL with an error listing the known ones.
 const MixerOps *mixer_find(const char *name);

@@ -37,7 +37,6 @@ typedef struct {
     void *h, *nq, *m;                         // [N,Di] the core's output; [N*H] f32 its saved terms
     void *hn, *stats;                         // [N,Di] normalised output; [2 N H] f32 its rstd and mean
     void *d_fg, *d_ig;                        // [N*H] f32
-    void *ones;                               // [N,Di] 1 everywhere: adds the conv's bias through scale_add
     // in the shared scratch
     void *t, *hg;                             // [N,Di] hn + s c, and gated by SiLU(z)
     void *d_hg, *d_t, *d_z, *d_c, *d_h, *d_q, *d_k, *d_v, *d_x, *tmp;  // [N,Di]
@@ -82,7 +81,7 @@ static int mb_validate(const ModelConfig *c, const char *where) {
 }
 
 // The activation buffers: per token elements (Di, H multiples) and kinds.
-enum { MB_BUFS = 19 };
+enum { MB_BUFS = 18 };
 
 static void buffers(MlstmBlock *s, size_t Di, size_t H, MixerBuf *out) {
     MixerBuf d[MB_BUFS] = {
@@ -92,7 +91,6 @@ static void buffers(MlstmBlock *s, size_t Di, size_t H, MixerBuf *out) {
         {&s->fpre, H, 0, MEM_ACT},   {&s->fg, H, 0, MEM_F32},      {&s->ig, H, 0, MEM_F32},
         {&s->h, Di, 0, MEM_ACT},     {&s->nq, H, 0, MEM_F32},      {&s->m, H, 0, MEM_F32},
         {&s->hn, Di, 0, MEM_ACT},    {&s->stats, 2 * H, 0, MEM_F32}, {&s->d_fg, 2 * H, 0, MEM_F32},
-        {&s->ones, Di, 0, MEM_ACT},
     };
     memcpy(out, d, sizeof d);
 }
@@ -128,7 +126,6 @@ static int ensure_capacity(Mixer *m, int N) {
     s->cap = 0;
     MN_TRY(mixer_bufs_alloc(m->be, d, MB_BUFS, (size_t)N));
     s->d_ig = (char *)s->d_fg + (size_t)N * m->cfg->n_heads * m->be->elem_size(m->be, MEM_F32);
-    MN_TRY(mixer_fill_ones(m->be, s->ones, (size_t)N * Di));
     s->cap = N;
     return MN_OK;
 }
@@ -157,7 +154,7 @@ static int mb_forward(Mixer *m, void *y, const void *u, int B, int T, int use_st
     MN_TRY(be->linear_fwd(be, s->z, u, w[UP_Z], NULL, N, D, Di));
     MN_TRY(be->conv_fwd(be, s->xconv, s->x, w[CONV_W], B, T, Di, K, use_state ? s->tail : NULL,
                         use_state ? s->tail : NULL));
-    MN_TRY(be->scale_add_fwd(be, s->xconv, s->xconv, w[CONV_B], s->ones, N, Di));
+    MN_TRY(be->bias_fwd(be, s->xconv, w[CONV_B], N, Di));
     MN_TRY(be->silu_fwd(be, s->c, s->xconv, nd));
     MN_TRY(be->headwise_fwd(be, s->q, s->c, w[Q_W], N, nb, QKV_BLOCK, QKV_BLOCK));
     MN_TRY(be->headwise_fwd(be, s->k, s->c, w[K_W], N, nb, QKV_BLOCK, QKV_BLOCK));
@@ -221,9 +218,9 @@ static int mb_backward(Mixer *m, void *du, const void *dy) {
     MN_TRY(be->headwise_bwd(be, s->d_c, dw[Q_W], s->d_q, s->c, w[Q_W], N, nb, QKV_BLOCK, QKV_BLOCK, 1));
     MN_TRY(be->headwise_bwd(be, s->d_c, dw[K_W], s->d_k, s->c, w[K_W], N, nb, QKV_BLOCK, QKV_BLOCK, 1));
     MN_TRY(be->headwise_bwd(be, s->d_x, dw[V_W], s->d_v, s->x, w[V_W], N, nb, QKV_BLOCK, QKV_BLOCK, 0));
-    // c = SiLU(conv(x) + b): d_t is spent, and takes the bias's (unused) input gradient
+    // c = SiLU(conv(x) + b)
     MN_TRY(be->silu_bwd(be, s->tmp, s->d_c, s->xconv, nd));
-    MN_TRY(be->scale_add_bwd(be, s->d_t, dw[CONV_B], s->tmp, s->ones, w[CONV_B], N, Di, 0));
+    MN_TRY(be->bias_bwd(be, dw[CONV_B], s->tmp, N, Di));
     MN_TRY(be->conv_bwd(be, s->d_t, dw[CONV_W], s->tmp, s->x, w[CONV_W], B, T, Di, K, NULL));
     MN_TRY(be->add(be, s->d_x, s->d_t, nd));
     MN_TRY(be->linear_bwd(be, du, dw[UP_X], NULL, s->d_x, s->u, w[UP_X], N, D, Di, 0));
@@ -291,8 +288,8 @@ static void mb_destroy(Mixer *m) {
 static int mb_create(Mixer *m) {
     const Backend *be = m->be;
     MN_TRY(mixer_need_mlstm(m));
-    if (!be->layernorm_fwd || !be->headwise_fwd || !be->scale_add_fwd)
-        return mixer_unsupported(m, "it lacks the block's LayerNorm, block-diagonal projection or skip ops");
+    if (!be->layernorm_fwd || !be->headwise_fwd || !be->scale_add_fwd || !be->bias_fwd)
+        return mixer_unsupported(m, "it lacks the block's LayerNorm, block-diagonal projection, skip or bias ops");
     MnSeqDims d = mixer_layer_dims(m);
     if (be->mlstm->supports) MN_TRY(mixer_supports(m, be->mlstm->supports(be, &d)));
     MlstmBlock *s = calloc(1, sizeof(MlstmBlock));

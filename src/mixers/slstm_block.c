@@ -31,10 +31,9 @@ typedef struct {
     void *h;              // [N,D] the cells' output
     void *cache;          // [N,4,D] f32 the core's states, for the backward
     void *stats;          // [2 N H] f32 the group norm's rstd and mean
-    void *ones;           // [N,4,D] 1 everywhere: adds biases through scale_add
     // in the shared scratch
     void *tmp, *tmp2, *d_h, *d_c;  // [N,D]
-    void *d_x, *junk;              // [N,4,D]
+    void *d_x;                     // [N,4,D]
     // decoding
     int state_B;
     void *tail;           // [B,K-1,D] the conv's last inputs
@@ -67,13 +66,12 @@ static int sb_validate(const ModelConfig *c, const char *where) {
     return MN_OK;
 }
 
-enum { SB_BUFS = 7 };
+enum { SB_BUFS = 6 };
 
 static void buffers(SlstmBlock *s, size_t D, size_t H, MixerBuf *out) {
     MixerBuf d[SB_BUFS] = {
         {&s->xconv, D, 0, MEM_ACT}, {&s->c, D, 0, MEM_ACT},        {&s->x, 4 * D, 0, MEM_ACT},
         {&s->h, D, 0, MEM_ACT},     {&s->cache, 4 * D, 0, MEM_F32}, {&s->stats, 2 * H, 0, MEM_F32},
-        {&s->ones, 4 * D, 0, MEM_ACT},
     };
     memcpy(out, d, sizeof d);
 }
@@ -85,7 +83,7 @@ static size_t sb_activation_bytes(const ModelConfig *c, const Backend *be) {
     return mixer_bufs_bytes(be, d, SB_BUFS);
 }
 
-static size_t sb_scratch_elems(const ModelConfig *c) { return 12 * (size_t)c->dim; }
+static size_t sb_scratch_elems(const ModelConfig *c) { return 8 * (size_t)c->dim; }
 
 static void scratch_views(Mixer *m, SlstmBlock *s, size_t N) {
     size_t nd = N * (size_t)m->cfg->dim * m->be->elem_size(m->be, MEM_ACT);
@@ -95,7 +93,6 @@ static void scratch_views(Mixer *m, SlstmBlock *s, size_t N) {
     s->d_h = p + 2 * nd;
     s->d_c = p + 3 * nd;
     s->d_x = p + 4 * nd;
-    s->junk = p + 8 * nd;
 }
 
 static int ensure_capacity(Mixer *m, int N) {
@@ -107,7 +104,6 @@ static int ensure_capacity(Mixer *m, int N) {
     mixer_bufs_free(m->be, d, SB_BUFS);
     s->cap = 0;
     MN_TRY(mixer_bufs_alloc(m->be, d, SB_BUFS, (size_t)N));
-    MN_TRY(mixer_fill_ones(m->be, s->ones, (size_t)N * 4 * m->cfg->dim));
     s->cap = N;
     return MN_OK;
 }
@@ -134,7 +130,7 @@ static int sb_forward(Mixer *m, void *y, const void *u, int B, int T, int use_st
     s->T = T;
     void **w = m->w;
     MN_TRY(be->conv_fwd(be, s->xconv, u, w[CONV_W], B, T, D, K, use_state ? s->tail : NULL, use_state ? s->tail : NULL));
-    MN_TRY(be->scale_add_fwd(be, s->xconv, s->xconv, w[CONV_B], s->ones, N, D));
+    MN_TRY(be->bias_fwd(be, s->xconv, w[CONV_B], N, D));
     MN_TRY(be->silu_fwd(be, s->c, s->xconv, (size_t)N * D));
     // the gates' input pre-activations, side by side in x [N, 4, D]: i and f from the convolution's
     // output, z and o from the block's input
@@ -144,7 +140,7 @@ static int sb_forward(Mixer *m, void *y, const void *u, int B, int T, int use_st
         be->copy_rows(be, at_act(be, s->x, (size_t)g * D), 4 * (size_t)D, s->tmp, (size_t)D, (size_t)N, (size_t)D,
                       MEM_ACT);
     }
-    MN_TRY(be->scale_add_fwd(be, s->x, s->x, w[BIAS], s->ones, N, 4 * D));
+    MN_TRY(be->bias_fwd(be, s->x, w[BIAS], N, 4 * D));
     SlstmDims d = core_dims(c, B, T);
     SlstmFwd io = {.x = s->x, .r = w[REC], .h = s->h, .cache = s->cache};
     if (use_state) io.s0 = io.sT = s->st;
@@ -167,7 +163,7 @@ static int sb_backward(Mixer *m, void *du, const void *dy) {
     SlstmDims d = core_dims(c, B, T);
     SlstmBwd io = {.x = s->x, .r = w[REC], .cache = s->cache, .dh = s->d_h, .dx = s->d_x, .dr = dw[REC]};
     MIXER_TIMED(m, &m->core_seconds, be->slstm->bwd(be, &d, &io));
-    MN_TRY(be->scale_add_bwd(be, s->junk, dw[BIAS], s->d_x, s->ones, w[BIAS], N, 4 * D, 0));
+    MN_TRY(be->bias_bwd(be, dw[BIAS], s->d_x, N, 4 * D));
     // each gate's projection: i, f into the convolution's output, z, o into the input (z first: =)
     const int order[4] = {2, 3, 0, 1};
     for (int k = 0; k < 4; k++) {
@@ -179,7 +175,7 @@ static int sb_backward(Mixer *m, void *du, const void *dy) {
         MN_TRY(be->headwise_bwd(be, dst, dw[GATE_I + g], s->tmp, src, w[GATE_I + g], N, H, Dh, Dh, g == 3 || g == 1));
     }
     MN_TRY(be->silu_bwd(be, s->tmp, s->d_c, s->xconv, nd));
-    MN_TRY(be->scale_add_bwd(be, s->junk, dw[CONV_B], s->tmp, s->ones, w[CONV_B], N, D, 0));
+    MN_TRY(be->bias_bwd(be, dw[CONV_B], s->tmp, N, D));
     MN_TRY(be->conv_bwd(be, s->tmp2, dw[CONV_W], s->tmp, s->u, w[CONV_W], B, T, D, K, NULL));
     return be->add(be, du, s->tmp2, nd);
 }
@@ -227,8 +223,8 @@ static void sb_destroy(Mixer *m) {
 static int sb_create(Mixer *m) {
     const Backend *be = m->be;
     if (!be->slstm || !be->slstm->fwd || !be->slstm->bwd) return mixer_unsupported(m, "it has no sLSTM core");
-    if (!be->layernorm_fwd || !be->headwise_fwd || !be->scale_add_fwd || !be->geglu_fwd)
-        return mixer_unsupported(m, "it lacks the block's LayerNorm, block-diagonal projection, skip or GELU ops");
+    if (!be->layernorm_fwd || !be->headwise_fwd || !be->bias_fwd || !be->geglu_fwd)
+        return mixer_unsupported(m, "it lacks the block's LayerNorm, block-diagonal projection, bias or GELU ops");
     if (be->slstm->supports) {
         SlstmDims d = core_dims(m->cfg, 1, 1);
         MN_TRY(mixer_supports(m, be->slstm->supports(be, &d)));

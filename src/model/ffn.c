@@ -69,6 +69,7 @@ int ffn_forward(const Backend *be, const Ffn *f, void *const *p, const FfnActs *
     MN_TRY(be->linear_fwd(be, a->gate, s->v, p[f->gate], param_or_null(p, f->gate_b), N, D, f->F));
     MN_TRY(be->linear_fwd(be, a->up, s->v, p[f->up], param_or_null(p, f->up_b), N, D, f->F));
     if (f->kind == FFN_GEGLU) MN_TRY(be->geglu_fwd(be, a->act, a->gate, a->up, nf));
+    else if (f->kind == FFN_GEGLU_TANH) MN_TRY(be->geglu_tanh_fwd(be, a->act, a->gate, a->up, nf));
     else MN_TRY(be->swiglu_fwd(be, a->act, a->gate, a->up, nf));
     MN_TRY(be->linear_fwd(be, out, a->act, p[f->down], param_or_null(p, f->down_b), N, f->F, D));
     return be->add(be, out, u, nd);
@@ -83,6 +84,7 @@ int ffn_backward(const Backend *be, const Ffn *f, void *const *p, void *const *g
     MN_TRY(norm_fwd(be, f->norm_kind, s->v, a->rstd, u, p[f->norm], N, D, eps));
     MN_TRY(be->linear_bwd(be, s->dact, g[f->down], grad_or_null(g, f->down_b), dx, a->act, p[f->down], N, f->F, D, 0));
     if (f->kind == FFN_GEGLU) MN_TRY(be->geglu_bwd(be, s->dgate, s->dup, s->dact, a->gate, a->up, nf));
+    else if (f->kind == FFN_GEGLU_TANH) MN_TRY(be->geglu_tanh_bwd(be, s->dgate, s->dup, s->dact, a->gate, a->up, nf));
     else MN_TRY(be->swiglu_bwd(be, s->dgate, s->dup, s->dact, a->gate, a->up, nf));
     MN_TRY(be->linear_bwd(be, s->dv, g[f->gate], grad_or_null(g, f->gate_b), s->dgate, s->v, p[f->gate], N, D, f->F, 0));
     MN_TRY(be->linear_bwd(be, s->dv, g[f->up], grad_or_null(g, f->up_b), s->dup, s->v, p[f->up], N, D, f->F, 1));

@@ -4,6 +4,7 @@
  *
  *   FFN_SWIGLU  W_down (SiLU(W_gate v) (.) W_up v)
  *   FFN_GEGLU   W_down (GELU(W_gate v + b_gate) (.) (W_up v + b_up)) + b_down   (biases with ffn_bias)
+ *   FFN_GEGLU_TANH  the same with GELU's tanh approximation (gelu_pytorch_tanh: RecurrentGemma's MLP)
  *   FFN_NONE    nothing: x' = u
  *
  * Tensors (prefix "model.layers.N."): mlp_norm.weight [D] (Llama's post_attention_layernorm),

@@ -178,7 +178,8 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         const Ffn *f = &m->blocks[l].ffn;
         m->ffn_sum += (size_t)f->F;
         m->ffn_max = (size_t)f->F > m->ffn_max ? (size_t)f->F : m->ffn_max;
-        if (f->kind == FFN_GEGLU && (!be->geglu_fwd || !be->geglu_bwd)) {
+        if ((f->kind == FFN_GEGLU && (!be->geglu_fwd || !be->geglu_bwd)) ||
+            (f->kind == FFN_GEGLU_TANH && (!be->geglu_tanh_fwd || !be->geglu_tanh_bwd))) {
             st = mn_error(MN_ERR_UNSUPPORTED, "block %d (mixer %s): its GELU-gated feed-forward part is not available on "
                                               "the %s backend yet",
                           l, m->mixers[l].ops->name, be->name);

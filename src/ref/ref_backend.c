@@ -280,6 +280,22 @@ static int r_headwise_bwd(const Backend *be, void *dx_, void *dw_, const void *d
     return MN_OK;
 }
 
+static int r_bias_fwd(const Backend *be, void *y_, const void *b_, int N, int C) {
+    double *y = y_;
+    const double *b = b_;
+    for (size_t n = 0; n < (size_t)N; n++)
+        for (int c = 0; c < C; c++) y[n * C + c] += b[c];
+    return MN_OK;
+}
+
+static int r_bias_bwd(const Backend *be, void *db_, const void *dy_, int N, int C) {
+    double *db = db_;
+    const double *dy = dy_;
+    for (size_t n = 0; n < (size_t)N; n++)
+        for (int c = 0; c < C; c++) db[c] += dy[n * C + c];
+    return MN_OK;
+}
+
 // The learnable skip: y = a + s b over rows of C (y may alias a).
 static int r_scale_add_fwd(const Backend *be, void *y_, const void *a_, const void *s_, const void *b_, int N, int C) {
     double *y = y_;
@@ -598,6 +614,46 @@ static int r_geglu_bwd(const Backend *be, void *dg_, void *du_, const void *dh_,
     return MN_OK;
 }
 
+// GELU's tanh approximation: gelu_tanh(x) = x (1 + tanh(z)) / 2, z = k (x + c x^3), k = sqrt(2 / pi),
+// c = 0.044715; gelu_tanh'(x) = (1 + t) / 2 + x (1 - t^2) k (1 + 3 c x^2) / 2, t = tanh(z).
+static double gelu_tanh(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+static double gelu_tanh_grad(double x) {
+    double k = sqrt(2 / M_PI), t = tanh(k * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+}
+
+static int r_gelu_tanh_fwd(const Backend *be, void *y_, const void *x_, size_t n) {
+    double *y = y_;
+    const double *x = x_;
+    for (size_t i = 0; i < n; i++) y[i] = gelu_tanh(x[i]);
+    return MN_OK;
+}
+
+static int r_gelu_tanh_bwd(const Backend *be, void *dx_, const void *dy_, const void *x_, size_t n) {
+    double *dx = dx_;
+    const double *dy = dy_, *x = x_;
+    for (size_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_tanh_grad(x[i]);
+    return MN_OK;
+}
+
+static int r_geglu_tanh_fwd(const Backend *be, void *h_, const void *g_, const void *u_, size_t n) {
+    double *h = h_;
+    const double *g = g_, *u = u_;
+    for (size_t i = 0; i < n; i++) h[i] = gelu_tanh(g[i]) * u[i];
+    return MN_OK;
+}
+
+static int r_geglu_tanh_bwd(const Backend *be, void *dg_, void *du_, const void *dh_, const void *g_, const void *u_,
+                            size_t n) {
+    double *dg = dg_, *du = du_;
+    const double *dh = dh_, *g = g_, *u = u_;
+    for (size_t i = 0; i < n; i++) {
+        dg[i] = dh[i] * u[i] * gelu_tanh_grad(g[i]);
+        du[i] = dh[i] * gelu_tanh(g[i]);
+    }
+    return MN_OK;
+}
+
 static int r_pool_last_fwd(const Backend *be, void *z_, const void *x_, int B, int T, int D) {
     double *z = z_;
     const double *x = x_;
@@ -648,6 +704,9 @@ static const Backend ref_backend = {
     .sigmoid_gate_fwd = r_sigmoid_gate_fwd, .sigmoid_gate_bwd = r_sigmoid_gate_bwd,
     .softcap = r_softcap, .gelu_fwd = r_gelu_fwd, .gelu_bwd = r_gelu_bwd,
     .geglu_fwd = r_geglu_fwd, .geglu_bwd = r_geglu_bwd,
+    .gelu_tanh_fwd = r_gelu_tanh_fwd, .gelu_tanh_bwd = r_gelu_tanh_bwd,
+    .geglu_tanh_fwd = r_geglu_tanh_fwd, .geglu_tanh_bwd = r_geglu_tanh_bwd,
+    .bias_fwd = r_bias_fwd, .bias_bwd = r_bias_bwd,
     .pool_last_fwd = r_pool_last_fwd, .pool_last_bwd = r_pool_last_bwd,
     .headwise_fwd = r_headwise_fwd, .headwise_bwd = r_headwise_bwd,
     .scale_add_fwd = r_scale_add_fwd, .scale_add_bwd = r_scale_add_bwd,

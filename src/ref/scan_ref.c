@@ -9,7 +9,8 @@
  *     dx = dh m i;  di~ = dh m x i (1 - i);  du = dh i x / (2 sqrt(max(u, 1/(4 1000^2))))
  *     dla = dh h_{t-1} a - 2 a^2 du;  dr~ = -8 sp dla r (1 - r);  dw += -8 r dla sigmoid(w)
  * (transformers' SqrtBoundDerivative: the bound changes nothing where u >= 2.5e-7; at a reset
- * position a and m are constants, so r~ and w get nothing from it).
+ * position a and m are constants, so r~ and w get nothing from it). 1 - sigmoid(z) is computed as
+ * sigmoid(-z) here and in the other backends: 1 - sigmoid(z) would cancel for large z.
  *
  * Longhorn (N = d_state), beta = sigmoid(r~ + w), kappa = |k|^2, Delta = beta / (1 + beta kappa):
  *     h[c,j] = (1 - Delta k_j^2) h[c,j] + Delta x k_j;  y = sum_j h[c,j] q_j + skip x
@@ -141,13 +142,13 @@ static double rglru_back(double dh, double hp, double x, double rt, double it, d
     double a, m, ig = sigmoid(it);
     rglru_gates(rt, w, first, &a, &m);
     *dx = dh * m * ig;
-    *di = dh * m * x * ig * (1 - ig);
+    *di = dh * m * x * ig * sigmoid(-it);
     *dr = 0;
     if (first) return 0;
     double rg = sigmoid(rt), sp = softplus(w), u = -expm1(-16 * rg * sp);
     double du = dh * ig * x / (2 * sqrt(fmax(u, SQRT_U_MIN)));
     double dla = dh * hp * a - 2 * a * a * du;
-    *dr = -8 * sp * dla * rg * (1 - rg);
+    *dr = -8 * sp * dla * rg * sigmoid(-rt);
     *dw += -8 * rg * dla * sigmoid(w);
     return a * dh;
 }
@@ -202,7 +203,7 @@ int ref_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io) {
                 }
                 dx[c] = dxc;
                 dkappa -= ddelta * delta * delta;
-                dr[c] = ddelta / (den * den) * beta * (1 - beta);
+                dr[c] = ddelta / (den * den) * beta * sigmoid(-(r[c] + w[c]));
                 dw[c] += dr[c];
                 dskip[c] += dyt[c] * x[c];
             }

@@ -1,5 +1,6 @@
-// The xLSTM blocks' generic ops on the GPU (layernorm in src/cuda/cuda_norm.cu; headwise,
-// scale_add and the mLSTM gates in src/cuda/cuda_xlstm_ops.cu) against the float64 reference
+// The xLSTM and hawk blocks' generic ops on the GPU (layernorm in src/cuda/cuda_norm.cu; headwise,
+// scale_add and the mLSTM gates in src/cuda/cuda_xlstm_ops.cu; bias in src/cuda/cuda_linear.cu;
+// GELU's tanh approximation in src/cuda/cuda_elementwise.cu) against the float64 reference
 // (src/ref/ref_backend.c; the CPU backend matches it to 1e-6, tests/test_xlstm_ops.c), and the
 // mLSTM gates against their formulas in float64 here. Inputs the GPU holds in bf16 (activations,
 // and the weights' copy that products read) are rounded to bf16 before the reference sees them,
@@ -231,6 +232,71 @@ TEST(cuda_op_scale_add) {
         void *g[] = {ga, gs, gb, gdy, gdb, gds, gy, gds1, gds2};
         for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) G->free(G, g[i]);
         free(a); free(s); free(b); free(dy); free(db0); free(ds0); free(y); free(db); free(ds);
+    }
+}
+
+// ---------------------------------------------------------------------------- bias
+
+// y += b, db += column sums of dy: C = 13 over 37 rows (element by element), C = 1024 over 700
+// (16-byte pieces, several strips). The sums run twice from zero: the same bits.
+TEST(cuda_op_bias) {
+    if (!setup()) return;
+    int cfg[][2] = {{37, 13}, {700, 1024}};
+    for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
+        int N = cfg[k][0], C = cfg[k][1];
+        size_t n = (size_t)N * C;
+        test_note("N %d, C %d:", N, C);
+        double *y0 = input(900 + k, n, -1, 1, MEM_ACT), *b = input(910 + k, C, -2, 2, MEM_PARAM);
+        double *dy = input(920 + k, n, -1, 1, MEM_ACT), *db0 = input(930 + k, C, -1, 1, MEM_F32);
+        double *y = copy64(y0, n), *db = copy64(db0, C);
+        R->bias_fwd(R, y, b, N, C);
+        R->bias_bwd(R, db, dy, N, C);
+        void *gy = to_gpu(y0, n, MEM_ACT), *gb = to_gpu(b, C, MEM_PARAM), *gdy = to_gpu(dy, n, MEM_ACT);
+        void *gdb = to_gpu(db0, C, MEM_F32), *gdb1 = gpu_zeros(C, MEM_F32), *gdb2 = gpu_zeros(C, MEM_F32);
+        CHECK(!G->bias_fwd(G, gy, gb, N, C) && !G->bias_bwd(G, gdb, gdy, N, C), "%s", mn_last_error());
+        cmp("bias y", gy, y, n, MEM_ACT, BF16_TOL);
+        cmp("bias db (accumulated)", gdb, db, C, MEM_F32, SUM_TOL);
+        CHECK(!G->bias_bwd(G, gdb1, gdy, N, C) && !G->bias_bwd(G, gdb2, gdy, N, C), "%s", mn_last_error());
+        same_bits("bias db", gdb1, gdb2, C);
+        void *g[] = {gy, gb, gdy, gdb, gdb1, gdb2};
+        for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) G->free(G, g[i]);
+        free(y0); free(b); free(dy); free(db0); free(y); free(db);
+    }
+}
+
+// ------------------------------------------------------------------- GELU, tanh approximation
+
+// gelu_tanh alone (forward, backward, backward in place) and gating (geglu_tanh) over [-6, 6]:
+// n = 37 (element by element), 4099 (16-byte pieces and a tail); outputs in bf16 (BF16_TOL).
+TEST(cuda_op_gelu_tanh) {
+    if (!setup()) return;
+    size_t sizes[] = {37, 4099};
+    for (size_t k = 0; k < 2; k++) {
+        size_t n = sizes[k];
+        test_note("n %zu:", n);
+        double *g = input(940 + k, n, -6, 6, MEM_ACT), *u = input(950 + k, n, -2, 2, MEM_ACT);
+        double *dy = input(960 + k, n, -1, 1, MEM_ACT);
+        double *y = xcalloc(n, 8), *dx = xcalloc(n, 8), *h = xcalloc(n, 8), *dg = xcalloc(n, 8), *du = xcalloc(n, 8);
+        R->gelu_tanh_fwd(R, y, g, n);
+        R->gelu_tanh_bwd(R, dx, dy, g, n);
+        R->geglu_tanh_fwd(R, h, g, u, n);
+        R->geglu_tanh_bwd(R, dg, du, dy, g, u, n);
+        void *gg = to_gpu(g, n, MEM_ACT), *gu = to_gpu(u, n, MEM_ACT), *gdy = to_gpu(dy, n, MEM_ACT);
+        void *gy = gpu_zeros(n, MEM_ACT), *gdx = gpu_zeros(n, MEM_ACT), *gh = gpu_zeros(n, MEM_ACT);
+        void *gdg = gpu_zeros(n, MEM_ACT), *gdu = gpu_zeros(n, MEM_ACT);
+        CHECK(!G->gelu_tanh_fwd(G, gy, gg, n) && !G->gelu_tanh_bwd(G, gdx, gdy, gg, n) &&
+                  !G->geglu_tanh_fwd(G, gh, gg, gu, n) && !G->geglu_tanh_bwd(G, gdg, gdu, gdy, gg, gu, n),
+              "%s", mn_last_error());
+        cmp("gelu_tanh y", gy, y, n, MEM_ACT, BF16_TOL);
+        cmp("gelu_tanh dx", gdx, dx, n, MEM_ACT, BF16_TOL);
+        cmp("geglu_tanh h", gh, h, n, MEM_ACT, BF16_TOL);
+        cmp("geglu_tanh dg", gdg, dg, n, MEM_ACT, BF16_TOL);
+        cmp("geglu_tanh du", gdu, du, n, MEM_ACT, BF16_TOL);
+        CHECK(!G->gelu_tanh_bwd(G, gdy, gdy, gg, n), "%s", mn_last_error());
+        cmp("gelu_tanh dx (in place)", gdy, dx, n, MEM_ACT, BF16_TOL);
+        void *gp[] = {gg, gu, gdy, gy, gdx, gh, gdg, gdu};
+        for (size_t i = 0; i < sizeof gp / sizeof gp[0]; i++) G->free(G, gp[i]);
+        free(g); free(u); free(dy); free(y); free(dx); free(h); free(dg); free(du);
     }
 }
 
