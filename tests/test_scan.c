@@ -111,7 +111,8 @@ static SOut srun(const Backend *be, const SCase *c, int bwd) {
         void *dy = up(be, c->wl, c->nx, MEM_ACT);
         void *dx = alloc_filled(be, c->nx, MEM_ACT, 1e30), *dr = alloc_filled(be, c->nx, MEM_ACT, 1e30);
         void *di = lh ? NULL : alloc_filled(be, c->nx, MEM_ACT, 1e30);
-        void *dk = lh ? alloc_filled(be, c->nk, MEM_ACT, 1e30) : NULL, *dq = lh ? alloc_filled(be, c->nk, MEM_ACT, 1e30) : NULL;
+        void *dk = lh ? alloc_filled(be, c->nk, MEM_ACT, 1e30) : NULL;
+        void *dq = lh ? alloc_filled(be, c->nk, MEM_ACT, 1e30) : NULL;
         void *dw = alloc_filled(be, c->nc, MEM_F32, 0), *dskip = lh ? alloc_filled(be, c->nc, MEM_F32, 0) : NULL;
         ScanBwd b = {x, r, i, k, q, w, skip, dy, dx, dr, di, dk, dq, dw, dskip};
         CHECK(!be->scan->bwd(be, &c->d, &b), "%s bwd: %s", be->name, mn_last_error());
@@ -432,7 +433,8 @@ TEST(scan_long_sequences_at_the_extremes) {
 TEST(scan_cpu_same_bits_any_thread_count) {
     // Tasks of one sequence and one channel block, each with the same arithmetic whoever runs it;
     // Longhorn's sums over channels are added in block order. 1, 2 and 3 threads: the same bits.
-    ScanDims ds[] = {{SCAN_RGLRU, 3, 70, 150, 1, 1}, {SCAN_LONGHORN, 3, 70, 150, 16, 0}, {SCAN_LONGHORN, 1, 40, 200, 7, 0}};
+    ScanDims ds[] = {
+        {SCAN_RGLRU, 3, 70, 150, 1, 1}, {SCAN_LONGHORN, 3, 70, 150, 16, 0}, {SCAN_LONGHORN, 1, 40, 200, 7, 0}};
     int saved = omp_get_max_threads();
     for (int di = 0; di < 3; di++) {
         SCase c;
@@ -474,18 +476,22 @@ TEST(scan_dw_accumulates) {
             void *skip = up(be, c.skip, c.nc, MEM_PARAM), *dy = up(be, c.wl, c.nx, MEM_ACT);
             void *dx = alloc_filled(be, c.nx, MEM_ACT, 0), *dr = alloc_filled(be, c.nx, MEM_ACT, 0);
             void *dii = lh ? NULL : alloc_filled(be, c.nx, MEM_ACT, 0);
-            void *dk = lh ? alloc_filled(be, c.nk, MEM_ACT, 0) : NULL, *dq = lh ? alloc_filled(be, c.nk, MEM_ACT, 0) : NULL;
+            void *dk = lh ? alloc_filled(be, c.nk, MEM_ACT, 0) : NULL;
+            void *dq = lh ? alloc_filled(be, c.nk, MEM_ACT, 0) : NULL;
             void *dw = alloc_filled(be, c.nc, MEM_F32, 0), *dskip = lh ? alloc_filled(be, c.nc, MEM_F32, 0) : NULL;
             ScanBwd b = {x, r, i, k, q, w, skip, dy, dx, dr, dii, dk, dq, dw, dskip};
             CHECK(!be->scan->bwd(be, &c.d, &b), "%s", mn_last_error());
-            double *dw1 = down(be, dw, c.nc, MEM_F32), *ds1 = down(be, dskip, c.nc, MEM_F32), *dx1 = down(be, dx, c.nx, MEM_ACT);
+            double *dw1 = down(be, dw, c.nc, MEM_F32), *ds1 = down(be, dskip, c.nc, MEM_F32);
+            double *dx1 = down(be, dx, c.nx, MEM_ACT);
             CHECK(!be->scan->bwd(be, &c.d, &b), "%s", mn_last_error());
-            double *dw2 = down(be, dw, c.nc, MEM_F32), *ds2 = down(be, dskip, c.nc, MEM_F32), *dx2 = down(be, dx, c.nx, MEM_ACT);
+            double *dw2 = down(be, dw, c.nc, MEM_F32), *ds2 = down(be, dskip, c.nc, MEM_F32);
+            double *dx2 = down(be, dx, c.nx, MEM_ACT);
             for (size_t j = 0; j < c.nc; j++) {
                 dw1[j] *= 2;
                 if (ds1) ds1[j] *= 2;
             }
-            test_note("%s %s: second dw vs twice the first %.1e", be->name, kind_name(c.d.kind), rel_err64(dw2, dw1, c.nc));
+            test_note("%s %s: second dw vs twice the first %.1e", be->name, kind_name(c.d.kind),
+                      rel_err64(dw2, dw1, c.nc));
             CHECK_REL("dw accumulates", rel_err64(dw2, dw1, c.nc), 1e-7);
             if (lh) CHECK_REL("dskip accumulates", rel_err64(ds2, ds1, c.nc), 1e-7);
             CHECK(!memcmp(dx1, dx2, sizeof(double) * c.nx), "%s: dx not overwritten", be->name);

@@ -105,7 +105,8 @@ static void gather(float *restrict tile, const float *restrict src, const ScanDi
 
 static void scatter(float *restrict dst, const float *restrict tile, const ScanDims *d, int b, int t0, int n, int c0,
                     int cw) {
-    for (int tt = 0; tt < n; tt++) memcpy(dst + ((size_t)b * d->T + t0 + tt) * d->C + c0, tile + (size_t)tt * CB, sizeof(float) * cw);
+    for (int tt = 0; tt < n; tt++)
+        memcpy(dst + ((size_t)b * d->T + t0 + tt) * d->C + c0, tile + (size_t)tt * CB, sizeof(float) * cw);
 }
 
 // 1 - sigmoid(z) is taken as sigmoid(-z): the difference would cancel for large z (beta near 1).
@@ -230,15 +231,24 @@ static void fwd_task(const Job *jb, int task, float *work) {
             for (int j = 0; j < N; j++) jb->sT[((size_t)b * d->C + c0 + c) * N + j] = h[(size_t)j * CB + c];
 }
 
-// The RG-LRU's step back at row tt (hp: the state before it), over the block: dx, dr, di rows;
-// g carries a_{t+1} dh_{t+1} and is updated; dw accumulates.
-static void rglru_back_row(Tile *t, int tt, int first, const float *restrict hp) {
-    const float *restrict x = t->x + tt * CB, *restrict r = t->r + tt * CB, *restrict ig = t->i + tt * CB;
-    const float *restrict dy = t->dy + tt * CB, *restrict sp = t->sp, *restrict sg = t->sg;
-    float *restrict dx = t->dx + tt * CB, *restrict dr = t->dr + tt * CB, *restrict di = t->di + tt * CB;
-    float *restrict g = t->g;
-    double *restrict dw = t->dw;
-    if (first) {  // a = 0 and m = 1 are constants: nothing reaches r, w or the state before
+// max(u, SQRT_U_MIN) without a comparison, which kept GCC from vectorising the loop ("control
+// flow"): u exactly where u >= SQRT_U_MIN (e - |e| = 0, e = u - SQRT_U_MIN), SQRT_U_MIN to rounding
+// below.
+static inline float maxumin(float u) {
+    float e = u - SQRT_U_MIN;
+    return u - 0.5f * (e - fabsf(e));
+}
+
+// The RG-LRU's step back over a row of the block (hp: the state before it; a: the row's decay):
+// dx, dr, di; g carries a_{t+1} dh_{t+1} and is updated; dw accumulates. At a reset position
+// (first) a = 0 and the multiplier 1 are constants: nothing reaches r, w or the state before.
+// (The kernels of the backward take their rows as restrict parameters: GCC ignores restrict on
+// local pointers, and would not vectorise these loops for the alias checks they need.)
+static void rglru_back_row(const float *restrict x, const float *restrict r, const float *restrict ig,
+                           const float *restrict dy, const float *restrict a, const float *restrict hp,
+                           const float *restrict sp, const float *restrict sg, float *restrict dx, float *restrict dr,
+                           float *restrict di, float *restrict g, double *restrict dw, int first) {
+    if (first) {
         for (int c = 0; c < CB; c++) {
             float dh = dy[c] + g[c], i = sigmoidf_(ig[c]);
             dx[c] = dh * i;
@@ -250,15 +260,46 @@ static void rglru_back_row(Tile *t, int tt, int first, const float *restrict hp)
     }
     for (int c = 0; c < CB; c++) {
         float dh = dy[c] + g[c], i = sigmoidf_(ig[c]), rg = sigmoidf_(r[c]);
-        float la = -8 * rg * sp[c], a = expf(la), u = -expm1f(2 * la), m = sqrtf(u);
-        float ub = u > SQRT_U_MIN ? u : SQRT_U_MIN;
+        float u = -expm1f(-16 * rg * sp[c]), m = sqrtf(u), ub = maxumin(u);
         dx[c] = dh * m * i;
         di[c] = dh * m * x[c] * i * sigmoidf_(-ig[c]);
         float du = dh * i * x[c] / (2 * sqrtf(ub));
-        float dla = dh * hp[c] * a - 2 * a * a * du;
+        float dla = dh * hp[c] * a[c] - 2 * a[c] * a[c] * du;
         dr[c] = -8 * sp[c] * dla * rg * sigmoidf_(-r[c]);
         dw[c] += (double)(-8 * rg * dla * sg[c]);
-        g[c] = a * dh;
+        g[c] = a[c] * dh;
+    }
+}
+
+// Slot j of Longhorn's step back over a row of the block (dl: Delta; hp: the slot's state before
+// the step): ds = dy q_j + g, g updated to a ds; dDelta and dx accumulate into dd and dxa; tmp
+// receives the terms of dk_j.
+static void lh_back_slot(const float *restrict x, const float *restrict dy, const float *restrict dl,
+                         const float *restrict hp, float *restrict g, float *restrict dd, float *restrict dxa,
+                         float *restrict tmp, float kj, float qj) {
+    float kj2 = kj * kj;
+    for (int c = 0; c < CB; c++) {
+        float ds = dy[c] * qj + g[c];
+        dd[c] += ds * (x[c] * kj - hp[c] * kj2);
+        tmp[c] = ds * dl[c] * (x[c] - 2 * hp[c] * kj);
+        dxa[c] += ds * dl[c] * kj;
+        g[c] = (1 - dl[c] * kj2) * ds;
+    }
+}
+
+// The end of Longhorn's step back over a row (be: beta; the slots' dd, dxa summed): dx, dr; dw
+// and dskip accumulate; tmp receives the terms of dkappa.
+static void lh_back_end(const float *restrict x, const float *restrict dy, const float *restrict r,
+                        const float *restrict w, const float *restrict dl, const float *restrict be,
+                        const float *restrict dd, const float *restrict dxa, float kap, float *restrict dx,
+                        float *restrict dr, float *restrict tmp, double *restrict dw, double *restrict dsk) {
+    for (int c = 0; c < CB; c++) {
+        float den = 1 + be[c] * kap, drc = dd[c] / (den * den) * be[c] * sigmoidf_(-(r[c] + w[c]));
+        tmp[c] = -dd[c] * dl[c] * dl[c];
+        dx[c] = dxa[c];
+        dr[c] = drc;
+        dw[c] += (double)drc;
+        dsk[c] += (double)dy[c] * x[c];
     }
 }
 
@@ -275,43 +316,23 @@ static inline float sum_cb(const float *restrict v) {
 // Longhorn's step back at row tt of sequence b's step tstep (hp, ht: the states before and after
 // it): dx, dr rows; g updated; dw, dskip accumulate; part [2N+1] receives the block's sums dq, dk
 // (without the kappa path) and dkappa.
-static void longhorn_back_row(Tile *t, const Job *jb, int b, int tstep, int tt, const float *restrict hp,
-                              const float *restrict ht, float *restrict part) {
+static void longhorn_back_row(Tile *t, const Job *jb, int b, int tstep, int tt, const float *hp, const float *ht,
+                              float *part) {
     int N = jb->d->N;
     const float *k = jb->k + ((size_t)b * jb->d->T + tstep) * N, *q = jb->q + ((size_t)b * jb->d->T + tstep) * N;
-    const float *restrict x = t->x + tt * CB, *restrict dy = t->dy + tt * CB, *restrict dl = t->ga + tt * CB;
-    const float *restrict be = t->gc + tt * CB, *restrict skip = t->skip, *restrict r = t->r + tt * CB;
-    const float *restrict w = t->w;
-    float *restrict dd = t->dd, *restrict dxa = t->dxa, *restrict tmp = t->tmp;
+    const float *x = t->x + tt * CB, *dy = t->dy + tt * CB, *dl = t->ga + tt * CB;
     for (int c = 0; c < CB; c++) {
-        dd[c] = 0;
-        dxa[c] = skip[c] * dy[c];
+        t->dd[c] = 0;
+        t->dxa[c] = t->skip[c] * dy[c];
     }
     for (int j = 0; j < N; j++) {
-        float kj = k[j], kj2 = kj * kj, qj = q[j];
-        const float *restrict hpj = hp + (size_t)j * CB, *restrict htj = ht + (size_t)j * CB;
-        float *restrict g = t->g + (size_t)j * CB;
-        part[j] = vdot(htj, dy, CB);
-        for (int c = 0; c < CB; c++) {
-            float ds = dy[c] * qj + g[c];
-            dd[c] += ds * (x[c] * kj - hpj[c] * kj2);
-            tmp[c] = ds * dl[c] * (x[c] - 2 * hpj[c] * kj);
-            dxa[c] += ds * dl[c] * kj;
-            g[c] = (1 - dl[c] * kj2) * ds;
-        }
-        part[N + j] = sum_cb(tmp);
+        part[j] = vdot(ht + (size_t)j * CB, dy, CB);
+        lh_back_slot(x, dy, dl, hp + (size_t)j * CB, t->g + (size_t)j * CB, t->dd, t->dxa, t->tmp, k[j], q[j]);
+        part[N + j] = sum_cb(t->tmp);
     }
-    float kap = t->kap[tt], *restrict dx = t->dx + tt * CB, *restrict dr = t->dr + tt * CB;
-    double *restrict dw = t->dw, *restrict dsk = t->dsk;
-    for (int c = 0; c < CB; c++) {
-        float den = 1 + be[c] * kap, drc = dd[c] / (den * den) * be[c] * sigmoidf_(-(r[c] + w[c]));
-        tmp[c] = -dd[c] * dl[c] * dl[c];
-        dx[c] = dxa[c];
-        dr[c] = drc;
-        dw[c] += (double)drc;
-        dsk[c] += (double)dy[c] * x[c];
-    }
-    part[2 * N] = sum_cb(tmp);
+    lh_back_end(x, dy, t->r + tt * CB, t->w, dl, t->gc + tt * CB, t->dd, t->dxa, t->kap[tt], t->dx + tt * CB,
+                t->dr + tt * CB, t->tmp, t->dw, t->dsk);
+    part[2 * N] = sum_cb(t->tmp);
 }
 
 static void bwd_task(const Job *jb, int task, float *work) {
@@ -345,7 +366,9 @@ static void bwd_task(const Job *jb, int task, float *work) {
         for (int tt = n - 1; tt >= 0; tt--) {
             const float *hp = tt ? t.S + (tt - 1) * st : h0;
             if (!lh) {
-                rglru_back_row(&t, tt, d->reset && t0 + tt == 0, hp);
+                size_t o = (size_t)tt * CB;
+                rglru_back_row(t.x + o, t.r + o, t.i + o, t.dy + o, t.ga + o, hp, t.sp, t.sg, t.dx + o, t.dr + o,
+                               t.di + o, t.g, t.dw, d->reset && t0 + tt == 0);
                 continue;
             }
             float *part = jb->part + (((size_t)(task % jb->nblk) * d->B + b) * T + t0 + tt) * (2 * N + 1);
