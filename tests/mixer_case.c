@@ -570,6 +570,10 @@ static const McCase rows[] = {
     // mLSTM: the paper's parameterisation with and without the output gate; the xLSTM paper's blocks
     {"mlstm"},
     {"mlstm", .gate = 1, .onorm = 1},
+    // Longhorn's exact form (raw keys, the implicit step) with the output gate and shared norm; its
+    // diagonal block (longhorn) runs as its defaults' case
+    {"longhorn-exact"},
+    {"longhorn-exact", .gate = 1, .onorm = 1},
     // patterns: the blocks of different mixers meet in one model
     {"gdn,mesa", .gate = 1, .bound = 3},
     {"mesa,gla,deltanet", .onorm = 1, .neg = 1},
@@ -578,6 +582,7 @@ static const McCase rows[] = {
     {"gdn-paper,swa", .gate = 1, .expand_v = 2, .window = 4, .fla = 1},
     {"mlstm-block,slstm-block"},
     {"mlstm,mesa", .gate = 1},
+    {"longhorn,longhorn-exact,mha"},
 };
 
 const McCase *mc_rows(int *n) {

@@ -51,7 +51,6 @@ typedef struct {
     void *x, *z, *xconv, *c;       // [N,E] the in-projections, conv (+ bias) output, after SiLU
     void *dlr, *k, *q;             // [N,R] delta's low-rank part; [N,N] keys and queries
     void *delta, *h;               // [N,E] delta (beta's pre-activation, before its bias); the scan's output
-    void *ones;                    // [N,E] 1 everywhere: adds the conv's bias through scale_add
     // in the shared scratch
     void *g, *d_g, *d_z, *d_h, *d_c, *d_delta, *tmp;  // [N,E]
     void *d_dlr, *d_k, *d_q;                          // [N,R], [N,N], [N,N]
@@ -83,23 +82,15 @@ static int lh_declare(const ModelConfig *c, const char *prefix, ParamSpec *out, 
     return mixer_declare_table(prefix, p, NPARAM, out, n, max);
 }
 
-// The inner width and every [tokens, E] buffer's row stay within int (the ops' sizes).
-static int lh_validate(const ModelConfig *c, const char *where) {
-    if ((int64_t)c->expand * c->dim > (1 << 20))
-        return mn_error(MN_ERR_ARG, "%s: longhorn's inner width expand x dim = %d x %d exceeds %d", where, c->expand,
-                        c->dim, 1 << 20);
-    return MN_OK;
-}
-
 // The activation buffers: per token elements and kinds.
-enum { LH_BUFS = 10 };
+enum { LH_BUFS = 9 };
 
 static void buffers(Longhorn *s, const LhSizes *z, MixerBuf *out) {
     size_t E = (size_t)z->E, N = (size_t)z->N, R = (size_t)z->R;
     MixerBuf d[LH_BUFS] = {
         {&s->x, E, 0, MEM_ACT},   {&s->z, E, 0, MEM_ACT}, {&s->xconv, E, 0, MEM_ACT}, {&s->c, E, 0, MEM_ACT},
         {&s->dlr, R, 0, MEM_ACT}, {&s->k, N, 0, MEM_ACT}, {&s->q, N, 0, MEM_ACT},     {&s->delta, E, 0, MEM_ACT},
-        {&s->h, E, 0, MEM_ACT},   {&s->ones, E, 0, MEM_ACT},
+        {&s->h, E, 0, MEM_ACT},
     };
     memcpy(out, d, sizeof d);
 }
@@ -139,7 +130,6 @@ static int ensure_capacity(Mixer *m, int N) {
     mixer_bufs_free(m->be, d, LH_BUFS);
     s->cap = 0;
     MN_TRY(mixer_bufs_alloc(m->be, d, LH_BUFS, (size_t)N));
-    MN_TRY(mixer_fill_ones(m->be, s->ones, (size_t)N * z.E));
     s->cap = N;
     return MN_OK;
 }
@@ -168,10 +158,9 @@ static int lh_forward(Mixer *m, void *y, const void *u, int B, int T, int use_st
     void **w = m->w;
     MN_TRY(be->linear_fwd(be, s->x, u, w[IN_X], NULL, N, z.D, z.E));
     MN_TRY(be->linear_fwd(be, s->z, u, w[IN_Z], NULL, N, z.D, z.E));
-    // the convolution's bias through scale_add's learnable-scale form (bias (.) 1)
     MN_TRY(be->conv_fwd(be, s->xconv, s->x, w[CONV_W], B, T, z.E, z.K, use_state ? s->tail : NULL,
                         use_state ? s->tail : NULL));
-    MN_TRY(be->scale_add_fwd(be, s->xconv, s->xconv, w[CONV_B], s->ones, N, z.E));
+    MN_TRY(be->bias_fwd(be, s->xconv, w[CONV_B], N, z.E));
     MN_TRY(be->silu_fwd(be, s->c, s->xconv, (size_t)N * z.E));
     MN_TRY(be->linear_fwd(be, s->dlr, s->c, w[XP_DT], NULL, N, z.E, z.R));
     MN_TRY(be->linear_fwd(be, s->k, s->c, w[XP_K], NULL, N, z.E, z.N));
@@ -207,9 +196,9 @@ static int lh_backward(Mixer *m, void *du, const void *dy) {
     MN_TRY(be->linear_bwd(be, s->d_c, dw[XP_DT], NULL, s->d_dlr, s->c, w[XP_DT], N, z.E, z.R, 1));
     MN_TRY(be->linear_bwd(be, s->d_c, dw[XP_K], NULL, s->d_k, s->c, w[XP_K], N, z.E, z.N, 1));
     MN_TRY(be->linear_bwd(be, s->d_c, dw[XP_Q], NULL, s->d_q, s->c, w[XP_Q], N, z.E, z.N, 1));
-    // c = SiLU(conv(x) + b): d_g is spent, and takes the bias's (unused) input gradient
+    // c = SiLU(conv(x) + b)
     MN_TRY(be->silu_bwd(be, s->tmp, s->d_c, s->xconv, ne));
-    MN_TRY(be->scale_add_bwd(be, s->d_g, dw[CONV_B], s->tmp, s->ones, w[CONV_B], N, z.E, 0));
+    MN_TRY(be->bias_bwd(be, dw[CONV_B], s->tmp, N, z.E));
     MN_TRY(be->conv_bwd(be, s->d_c, dw[CONV_W], s->tmp, s->x, w[CONV_W], B, T, z.E, z.K, NULL));
     MN_TRY(be->linear_bwd(be, du, dw[IN_X], NULL, s->d_c, s->u, w[IN_X], N, z.D, z.E, 0));
     return be->linear_bwd(be, du, dw[IN_Z], NULL, s->d_z, s->u, w[IN_Z], N, z.D, z.E, 1);
@@ -263,7 +252,7 @@ static void lh_destroy(Mixer *m) {
 static int lh_create(Mixer *m) {
     const Backend *be = m->be;
     if (!be->scan || !be->scan->fwd || !be->scan->bwd) return mixer_unsupported(m, "it has no diagonal-scan core");
-    if (!be->scale_add_fwd || !be->scale_add_bwd) return mixer_unsupported(m, "it lacks the scale_add op (conv bias)");
+    if (!be->bias_fwd || !be->bias_bwd) return mixer_unsupported(m, "it lacks the bias op (the convolution's bias)");
     LhSizes z = sizes(m->cfg);
     ScanDims d = scan_dims(&z, 1, 1);
     if (be->scan->supports) MN_TRY(mixer_supports(m, be->scan->supports(be, &d)));
@@ -284,7 +273,6 @@ const MixerOps mixer_longhorn = {
     .fields = CF_CONV | CF_D_STATE | CF_EXPAND,
     .block = {.ffn = FFN_NONE},
     .declare = lh_declare,
-    .validate = lh_validate,
     .preset = lh_preset,
     .activation_bytes = lh_activation_bytes,
     .scratch_elems = lh_scratch_elems,

@@ -247,6 +247,9 @@ int longhorn_check(const ModelConfig *c) {
                                     "embedding scale, no logit cap and a language-model head; got mixer \"%s\", norm "
                                     "\"%s\", embed_scale %d, logit_cap %g, head \"%s\", arch \"%s\"",
                         c->mixer, c->norm, c->embed_scale, (double)c->logit_cap, c->head, c->arch);
+    if (c->norm_eps != 1e-5f)
+        return mn_error(MN_ERR_ARG, "the official LonghornLMHeadModel's RMSNorm eps is 1e-5 (not in its config); got "
+                                    "norm_eps %g", (double)c->norm_eps);
     return MN_OK;
 }
 

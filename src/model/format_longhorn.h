@@ -45,7 +45,7 @@ int longhorn_weights_are(const StFile *f);
 int longhorn_read(WeightFile *w, const ModelConfig *c, const ParamSpec *specs, int n, WeightSink sink, void *ctx);
 
 // MN_ERR_ARG naming what LonghornLMHeadModel cannot hold (another mixer, LayerNorm, an embedding
-// scale, a logit cap, the autoencoder head), or MN_OK.
+// scale, a logit cap, the autoencoder head, a norm eps other than its 1e-5), or MN_OK.
 int longhorn_check(const ModelConfig *c);
 
 // Writes a model of config c (specs[0..n), the weights in vals) into dir as the official checkpoint
