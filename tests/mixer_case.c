@@ -572,7 +572,6 @@ static const McCase rows[] = {
     {"mlstm", .gate = 1, .onorm = 1},
     // Longhorn's exact form (raw keys, the implicit step) with the output gate and shared norm; its
     // diagonal block (longhorn) runs as its defaults' case
-    {"longhorn-exact"},
     {"longhorn-exact", .gate = 1, .onorm = 1},
     // patterns: the blocks of different mixers meet in one model
     {"gdn,mesa", .gate = 1, .bound = 3},
