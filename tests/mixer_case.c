@@ -570,6 +570,9 @@ static const McCase rows[] = {
     // mLSTM: the paper's parameterisation with and without the output gate; the xLSTM paper's blocks
     {"mlstm"},
     {"mlstm", .gate = 1, .onorm = 1},
+    // Longhorn's exact form (raw keys, the implicit step) with the output gate and shared norm; its
+    // diagonal block (longhorn) runs as its defaults' case
+    {"longhorn-exact", .gate = 1, .onorm = 1},
     // patterns: the blocks of different mixers meet in one model
     {"gdn,mesa", .gate = 1, .bound = 3},
     {"mesa,gla,deltanet", .onorm = 1, .neg = 1},
@@ -583,6 +586,7 @@ static const McCase rows[] = {
     {"hawk,hawk,swa", .window = 3},
     // attention as RecurrentGemma has it: RoPE on the first half of each head, a bias on W_o
     {"mha,swa", .kv = 1, .window = 5, .partial = 1},
+    {"longhorn,longhorn-exact,mha"},
 };
 
 const McCase *mc_rows(int *n) {

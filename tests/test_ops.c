@@ -583,6 +583,49 @@ TEST(op_softplus) {
     free(c.p); free(c.wy); free(c.y); free(dp); free(p); free(wy); free(y); free(fdp);
 }
 
+// ------------------------------------------------------------------- Longhorn's implicit step
+
+typedef struct {
+    int N, H, Dk;
+    double *beta, *k, *w, *eps;
+} EpsCtx;
+
+static double eps_loss(void *p) {
+    EpsCtx *c = p;
+    R->lin->longhorn_eps_fwd(R, c->eps, c->beta, c->k, c->N, c->H, c->Dk);
+    return dot64(c->eps, c->w, (size_t)c->N * c->H);
+}
+
+// eps = beta / (1 + beta |k|^2) on keys of norms from 0 to about 4 (beta kappa up to ~16: the step
+// shrinks well below beta), 7 tokens of 3 heads of 5: the reference against finite differences, its
+// key gradient added to what dk held; the CPU against the reference.
+TEST(op_longhorn_eps) {
+    backends();
+    int N = 7, H = 3, Dk = 5;
+    size_t nh = (size_t)N * H, nk = nh * Dk;
+    EpsCtx c = {N, H, Dk, rand_doubles(130, nh, 0.01, 0.99), rand_doubles(131, nk, -2, 2), rand_doubles(132, nh, -1, 1),
+                xcalloc(nh, 8)};
+    double *dk0 = rand_doubles(133, nk, -1, 1), *dk = xcalloc(nk, 8), *dbeta = xcalloc(nh, 8);
+    memcpy(dk, dk0, nk * 8);
+    CHECK(!R->lin->longhorn_eps_bwd(R, dbeta, dk, c.w, c.beta, c.k, N, H, Dk), "%s", mn_last_error());
+    for (size_t i = 0; i < nk; i++) dk[i] -= dk0[i];  // the op's own part (it adds)
+    fd_check("longhorn eps dbeta", eps_loss, &c, c.beta, dbeta, nh, FD_TOL);
+    fd_check("longhorn eps dk (added)", eps_loss, &c, c.k, dk, nk, FD_TOL);
+    for (size_t i = 0; i < nk; i++) dk[i] += dk0[i];
+    eps_loss(&c);
+    float *beta = floats_of(c.beta, nh), *k = floats_of(c.k, nk), *w = floats_of(c.w, nh), *fdk = floats_of(dk0, nk);
+    float *eps = xcalloc(nh, 4), *fdb = xcalloc(nh, 4);
+    CHECK(!C->lin->longhorn_eps_fwd(C, eps, beta, k, N, H, Dk), "%s", mn_last_error());
+    cmp("longhorn eps", eps, c.eps, nh, F32_TOL);
+    // dbeta in place of deps (the op allows the alias)
+    memcpy(fdb, w, nh * 4);
+    CHECK(!C->lin->longhorn_eps_bwd(C, fdb, fdk, fdb, beta, k, N, H, Dk), "%s", mn_last_error());
+    cmp("longhorn eps dbeta", fdb, dbeta, nh, F32_TOL);
+    cmp("longhorn eps dk (added)", fdk, dk, nk, F32_TOL);
+    free(c.beta); free(c.k); free(c.w); free(c.eps); free(dk0); free(dk); free(dbeta);
+    free(beta); free(k); free(w); free(fdk); free(eps); free(fdb);
+}
+
 // ---------------------------------------------------------------- optimiser ops
 
 TEST(op_adamw_sumsq_add) {

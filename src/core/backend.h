@@ -85,6 +85,15 @@ typedef struct {
     // (dA_log, ddt_bias: MEM_F32 [H]; g recomputed from a).
     int (*gdn_gate_bwd)(const Backend *be, void *da, void *dA_log, void *ddt_bias, const void *dg, const void *a,
                         const void *A_log, const void *dt_bias, int N, int H);
+    // Longhorn's implicit step size (the exact, matrix form's: mixers.md section 3), per token n and
+    // head h of unnormalised keys k [N,H,Dk] (MEM_ACT), with kappa = |k[n,h,:]|^2:
+    //   eps[n,h] = beta[n,h] / (1 + beta[n,h] kappa)      (beta, eps MEM_F32 [N,H])
+    // the delta rule's beta for the closed-form minimiser of |s - s_prev|^2 + beta |s^T k - v|^2.
+    // NULL where the backend lacks it (longhorn-exact is then refused).
+    int (*longhorn_eps_fwd)(const Backend *be, void *eps, const void *beta, const void *k, int N, int H, int Dk);
+    // dbeta (=, MEM_F32; may alias deps) = deps / (1 + beta kappa)^2;  dk (+=, MEM_ACT) -= 2 deps eps^2 k
+    int (*longhorn_eps_bwd)(const Backend *be, void *dbeta, void *dk, const void *deps, const void *beta, const void *k,
+                            int N, int H, int Dk);
     int (*supports)(const Backend *be, const MnSeqDims *d);  // MN_ERR_UNSUPPORTED naming the size, or NULL
 } LinOps;
 
@@ -386,7 +395,7 @@ struct Backend {
     // mixers on the backend, naming them (their create); a sub-table's `supports` (NULL: every
     // shape) refuses a layer's sizes the backend's kernels do not take, also when the model is made.
     const MesaOps *mesa;  // mesa
-    const LinOps *lin;    // mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper
+    const LinOps *lin;    // mamba2, gla, deltanet, gdn, gdn-paper, deltanet-paper, longhorn-exact
     const AttnOps *attn;  // mha, swa
     const MlstmOps *mlstm;  // mlstm, mlstm-block, the xlstm architecture's layers
     const SlstmOps *slstm;  // slstm-block

@@ -57,6 +57,8 @@ typedef struct {
     float gate_cap;       // mlstm-large's soft cap of its gates' pre-activations, c tanh(x / c) (0: none)
     int lru_width;        // hawk's recurrence width (transformers' RecurrentGemma lru_width), n_heads blocks of its
                           // gates; 0: dim
+    int d_state;          // longhorn's state slots per channel (16)
+    int expand;           // longhorn's inner width over dim (2)
     char norm[12];        // the backbone's norms: "rmsnorm" (RMSNorm with a weight) or "layernorm" (LayerNorm with a
                           // weight, no bias: the xLSTM paper's blocks)
     char head[16];        // "lm" (the language model's logits at every position; "" reads as "lm") or

@@ -817,6 +817,37 @@ static int c_gdn_gate_bwd(const Backend *be, void *da_, void *dA_log_, void *ddt
     return MN_OK;
 }
 
+// Longhorn's implicit step: eps = beta / (1 + beta kappa), kappa = |k|^2 (the head's Dk squares
+// summed in double). Each (token, head) is computed alone: the same numbers for any thread count.
+static double sq_norm_f(const float *x, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+static int c_longhorn_eps_fwd(const Backend *be, void *eps_, const void *beta_, const void *k_, int N, int H, int Dk) {
+    float *eps = eps_;
+    const float *beta = beta_, *k = k_;
+#pragma omp parallel for schedule(static, PAR_CHUNK) if ((size_t)N * H * Dk > PAR_MIN)
+    for (size_t i = 0; i < (size_t)N * H; i++)
+        eps[i] = (float)(beta[i] / (1 + beta[i] * sq_norm_f(k + i * Dk, Dk)));
+    return MN_OK;
+}
+
+static int c_longhorn_eps_bwd(const Backend *be, void *dbeta_, void *dk_, const void *deps_, const void *beta_,
+                              const void *k_, int N, int H, int Dk) {
+    float *dbeta = dbeta_, *dk = dk_;
+    const float *deps = deps_, *beta = beta_, *k = k_;
+#pragma omp parallel for schedule(static, PAR_CHUNK) if ((size_t)N * H * Dk > PAR_MIN)
+    for (size_t i = 0; i < (size_t)N * H; i++) {
+        double den = 1 + beta[i] * sq_norm_f(k + i * Dk, Dk), e = beta[i] / den, d = deps[i];
+        float c = (float)(2 * d * e * e);
+        for (int j = 0; j < Dk; j++) dk[i * Dk + j] -= c * k[i * Dk + j];
+        dbeta[i] = (float)(d / (den * den));
+    }
+    return MN_OK;
+}
+
 static int c_mesa_fwd(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io) {
     return mn_mesa_forward(d, s, io);
 }
@@ -870,7 +901,8 @@ static int c_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
 static const MesaOps cpu_mesa = {.fwd = c_mesa_fwd, .bwd = c_mesa_bwd, .softplus_fwd = c_softplus_fwd,
                                  .softplus_bwd = c_softplus_bwd};
 static const LinOps cpu_lin = {.fwd = c_lin_fwd, .bwd = c_lin_bwd, .gdn_gate_fwd = c_gdn_gate_fwd,
-                               .gdn_gate_bwd = c_gdn_gate_bwd};
+                               .gdn_gate_bwd = c_gdn_gate_bwd, .longhorn_eps_fwd = c_longhorn_eps_fwd,
+                               .longhorn_eps_bwd = c_longhorn_eps_bwd};
 static const AttnOps cpu_attn_ops = {.fwd = cpu_attn_fwd, .bwd = cpu_attn_bwd, .decode = cpu_attn_decode,
                                      .rope = cpu_rope};
 

@@ -45,7 +45,8 @@ extern "C" int cuda_scan_supports(const Backend *be, const ScanDims *d);
 // lin_chunk*.cu); attention (attn_cudnn.cu, or attn_cuda.cu without cuDNN). Aggregates in the
 // order of backend.h's sub-tables.
 static const MesaOps cuda_mesa = {cuda_mesa_fwd, cuda_mesa_bwd, g_softplus_fwd, g_softplus_bwd, cuda_mesa_supports};
-static const LinOps cuda_lin = {cuda_lin_fwd, cuda_lin_bwd, g_gdn_gate_fwd, g_gdn_gate_bwd, cuda_lin_supports};
+static const LinOps cuda_lin = {cuda_lin_fwd,       cuda_lin_bwd,       g_gdn_gate_fwd,   g_gdn_gate_bwd,
+                                g_longhorn_eps_fwd, g_longhorn_eps_bwd, cuda_lin_supports};
 static const AttnOps cuda_attn = {cuda_attn_fwd, cuda_attn_bwd, cuda_attn_decode, cuda_rope, NULL};
 // The xLSTM family's cores (mlstm_cuda.cu, mlstm_chunk.cuh; slstm_cuda.cu, slstm_cluster.cu) and
 // the mLSTM gates (cuda_xlstm_ops.cu).

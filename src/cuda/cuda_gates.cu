@@ -1,6 +1,6 @@
 /*
  * Gates: the Mesa layer's forget gate and beta, softplus (the Mesa layer's lambda), the Gated
- * DeltaNet paper's decay gate.
+ * DeltaNet paper's decay gate, Longhorn's implicit step size.
  */
 #include "cuda_ops.cuh"
 
@@ -110,6 +110,49 @@ int g_gdn_gate_bwd(const Backend *be, void *da, void *dA_log, void *ddt_bias, co
     gdn_gate_bwd_kernel<<<(unsigned)H, 256, 0, cuda_ctx(be)->stream>>>((bf16 *)da, (float *)dA_log, (float *)ddt_bias,
                                                                        (const float *)dg, (const bf16 *)a,
                                                                        (const float *)A_log, (const float *)dt_bias, N, H);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+// ------------------------------------------------------------------------ Longhorn's implicit step
+
+// One thread per (token, head): kappa = |k|^2 over the head's Dk keys (read twice in the backward
+// rather than kept: Dk is small, and the keys are in cache).
+__device__ __forceinline__ float sq_norm(const bf16 *k, size_t i, int Dk) {
+    float s = 0;
+    for (int j = 0; j < Dk; j++) {
+        float x = ld(k, i * Dk + j);
+        s = fmaf(x, x, s);
+    }
+    return s;
+}
+
+__global__ void longhorn_eps_fwd_kernel(float *eps, const float *beta, const bf16 *k, size_t n, int Dk) {
+    GRID_LOOP(i, n) eps[i] = beta[i] / (1.0f + beta[i] * sq_norm(k, i, Dk));
+}
+
+__global__ void longhorn_eps_bwd_kernel(float *dbeta, bf16 *dk, const float *deps, const float *beta, const bf16 *k,
+                                        size_t n, int Dk) {
+    GRID_LOOP(i, n) {
+        float den = 1.0f + beta[i] * sq_norm(k, i, Dk), e = beta[i] / den, d = deps[i], c = 2.0f * d * e * e;
+        for (int j = 0; j < Dk; j++) st(dk, i * Dk + j, ld(dk, i * Dk + j) - c * ld(k, i * Dk + j));
+        dbeta[i] = d / (den * den);
+    }
+}
+
+int g_longhorn_eps_fwd(const Backend *be, void *eps, const void *beta, const void *k, int N, int H, int Dk) {
+    size_t n = (size_t)N * H;
+    longhorn_eps_fwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>((float *)eps, (const float *)beta,
+                                                                                (const bf16 *)k, n, Dk);
+    LAUNCH_CHECK();
+    return MN_OK;
+}
+
+int g_longhorn_eps_bwd(const Backend *be, void *dbeta, void *dk, const void *deps, const void *beta, const void *k, int N,
+                       int H, int Dk) {
+    size_t n = (size_t)N * H;
+    longhorn_eps_bwd_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx(be)->stream>>>(
+        (float *)dbeta, (bf16 *)dk, (const float *)deps, (const float *)beta, (const bf16 *)k, n, Dk);
     LAUNCH_CHECK();
     return MN_OK;
 }

@@ -190,6 +190,9 @@ int g_softplus_bwd(const Backend *be, void *dp, const void *dy, const void *p, s
 int g_gdn_gate_fwd(const Backend *be, void *g, const void *a, const void *A_log, const void *dt_bias, int N, int H);
 int g_gdn_gate_bwd(const Backend *be, void *da, void *dA_log, void *ddt_bias, const void *dg, const void *a,
                    const void *A_log, const void *dt_bias, int N, int H);
+int g_longhorn_eps_fwd(const Backend *be, void *eps, const void *beta, const void *k, int N, int H, int Dk);
+int g_longhorn_eps_bwd(const Backend *be, void *dbeta, void *dk, const void *deps, const void *beta, const void *k, int N,
+                       int H, int Dk);
 
 // the xLSTM blocks' ops (cuda_xlstm_ops.cu): the block-diagonal projection, the learnable skip
 int g_headwise_fwd(const Backend *be, void *y, const void *x, const void *w, int N, int nb, int bin, int bout);

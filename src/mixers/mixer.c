@@ -8,12 +8,13 @@
 
 const MixerOps *const mixer_all[] = {&mixer_mesa, &mixer_mamba2, &mixer_gla, &mixer_deltanet, &mixer_gdn,
                                     &mixer_gdn_paper, &mixer_deltanet_paper, &mixer_mha, &mixer_swa, &mixer_mlstm,
-                                    &mixer_mlstm_block, &mixer_slstm_block, &mixer_mlstm_large, &mixer_hawk, NULL};
+                                    &mixer_mlstm_block, &mixer_slstm_block, &mixer_mlstm_large, &mixer_hawk,
+                                    &mixer_longhorn, &mixer_longhorn_exact, NULL};
 
 static const MixerOps *find(const char *name, size_t len) {
     for (size_t i = 0; mixer_all[i]; i++)
         if (strlen(mixer_all[i]->name) == len && !strncmp(mixer_all[i]->name, name, len)) return mixer_all[i];
-    char known[256] = "";
+    char known[512] = "";
     for (size_t i = 0; mixer_all[i]; i++) {
         strcat(known, i ? ", " : "");
         strcat(known, mixer_all[i]->name);

@@ -58,6 +58,8 @@ enum {
     CF_FFN = 1 << 10,         // mlp_hidden: set for a mixer whose block's feed-forward part takes that width
     CF_SLSTM = 1 << 11,       // slstm_heads
     CF_GATE_CAP = 1 << 12,    // gate_cap: mlstm-large's soft cap of its gates
+    CF_D_STATE = 1 << 13,     // d_state: a selective scan's state slots per channel (longhorn)
+    CF_EXPAND = 1 << 14,      // expand: a Mamba-style block's inner width over dim (longhorn)
     CF_LRU = 1 << 15,         // lru_width: hawk's recurrence width
     CF_O_BIAS = 1 << 16,      // o_bias: the attention output projection's bias (RecurrentGemma's)
 };
@@ -211,8 +213,9 @@ const MixerOps *mixer_at(const ModelConfig *c, int layer);
 extern const MixerOps *const mixer_all[];
 
 extern const MixerOps mixer_mesa;
-// The gated linear-attention family in the paper's parameterisation (linear.c).
-extern const MixerOps mixer_mamba2, mixer_gla, mixer_deltanet, mixer_gdn;
+// The gated linear-attention family in the paper's parameterisation (linear.c), and Longhorn's exact
+// (matrix) form on the delta rule's core.
+extern const MixerOps mixer_mamba2, mixer_gla, mixer_deltanet, mixer_gdn, mixer_longhorn_exact;
 // The Gated DeltaNet paper's and DeltaNet's own layers as fla has them (gdn_paper.c).
 extern const MixerOps mixer_gdn_paper, mixer_deltanet_paper;
 // Softmax attention with RoPE, full causal and sliding-window (attn.c).
@@ -225,5 +228,7 @@ extern const MixerOps mixer_mlstm_block, mixer_slstm_block;
 extern const MixerOps mixer_mlstm_large;
 // Griffin's recurrent block with the RG-LRU, transformers' RecurrentGemma's (hawk.c).
 extern const MixerOps mixer_hawk;
+// The Longhorn paper's Mamba-style block on the diagonal scan (longhorn.c).
+extern const MixerOps mixer_longhorn;
 
 #endif

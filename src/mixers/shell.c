@@ -170,10 +170,15 @@ int shell_in_fwd(Mixer *m, Shell *s, const void *u, int B, int T, int use_state)
                         use_state ? s->qtail : NULL));
     MN_TRY(be->conv_fwd(be, s->kc, s->kp, w[at->k_conv], B, T, z.Q, z.K, use_state ? s->ktail : NULL,
                         use_state ? s->ktail : NULL));
-    MN_TRY(be->silu_fwd(be, s->qs, s->qc, (size_t)N * z.Q));
-    MN_TRY(be->silu_fwd(be, s->ks, s->kc, (size_t)N * z.Q));
-    MN_TRY(be->l2norm_fwd(be, s->q, s->qinv, s->qs, N, z.Q, z.Dk, 1e-6f));
-    MN_TRY(be->l2norm_fwd(be, s->k, s->kinv, s->ks, N, z.Q, z.Dk, 1e-6f));
+    if (s->kind.raw_qk) {
+        MN_TRY(be->silu_fwd(be, s->q, s->qc, (size_t)N * z.Q));
+        MN_TRY(be->silu_fwd(be, s->k, s->kc, (size_t)N * z.Q));
+    } else {
+        MN_TRY(be->silu_fwd(be, s->qs, s->qc, (size_t)N * z.Q));
+        MN_TRY(be->silu_fwd(be, s->ks, s->kc, (size_t)N * z.Q));
+        MN_TRY(be->l2norm_fwd(be, s->q, s->qinv, s->qs, N, z.Q, z.Dk, 1e-6f));
+        MN_TRY(be->l2norm_fwd(be, s->k, s->kinv, s->ks, N, z.Q, z.Dk, 1e-6f));
+    }
     // gates (one op makes both; a layer with one of them reads its projection for the other too
     // and leaves that result unused)
     if (s->kind.gate || s->kind.beta) {
@@ -248,6 +253,11 @@ int shell_in_bwd(Mixer *m, Shell *s, void *du) {
     } qk[2] = {{s->d_q, s->q, s->qinv, s->qc, s->qp, w[at->q_conv], dw[at->q_conv]},
                {s->d_k, s->k, s->kinv, s->kc, s->kp, w[at->k_conv], dw[at->k_conv]}};
     for (int i = 0; i < 2; i++) {
+        if (s->kind.raw_qk) {
+            MN_TRY(be->silu_bwd(be, s->d_tmp, qk[i].d, qk[i].c, (size_t)N * z.Q));
+            MN_TRY(be->conv_bwd(be, qk[i].d, qk[i].dconvw, s->d_tmp, qk[i].p, qk[i].convw, B, T, z.Q, z.K, NULL));
+            continue;
+        }
         MN_TRY(be->l2norm_bwd(be, s->d_tmp, qk[i].d, qk[i].y, qk[i].inv, N, z.Q, z.Dk));
         MN_TRY(be->silu_bwd(be, qk[i].d, s->d_tmp, qk[i].c, (size_t)N * z.Q));
         MN_TRY(be->conv_bwd(be, s->d_tmp, qk[i].dconvw, qk[i].d, qk[i].p, qk[i].convw, B, T, z.Q, z.K, NULL));

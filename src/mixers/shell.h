@@ -3,7 +3,7 @@
  * the part of a recurrent layer around its core, the same for Mesa, Mamba2, GLA, DeltaNet and
  * Gated DeltaNet, so that only the state update differs between them.
  *
- *   q = L2norm(SiLU(conv(W_q u))),  k = L2norm(SiLU(conv(W_k u))),  v = W_v u
+ *   q = L2norm(SiLU(conv(W_q u))),  k = L2norm(SiLU(conv(W_k u))),  v = W_v u    (raw_qk: no L2norm)
  *   beta = s sigmoid(W_b u + b_b)     (s = 1, or 2 for the delta rules' negative eigenvalues)
  *   log gamma = min(logsigmoid(W_a u + b_a), log(1 - beta / h_max))   (h_max = 0: no bound)
  *   o = core(q, k, v, gamma, beta, ...)
@@ -48,6 +48,8 @@ typedef struct {
     int beta;                 // W_b, b_b: the input gate (0: beta = 1, the core gets beta = NULL)
     float beta_scale;         // s of beta = s sigmoid(.): 1, or 2 (the delta rules' negative eigenvalues)
     int bound;                // 1: log gamma bounded with h_max = the config's gate_bound (Mesa); 0: none
+    int raw_qk;               // 1: q = SiLU(conv(W_q u)), k likewise, not L2-normalised (longhorn-exact, whose
+                              // step size takes the keys' norm into account)
     int mlstm;                // 1: mLSTM's gates (MlstmOps.gates_fwd): g = logsigmoid(W_a u + b_a) and, in
                               // place of beta, the input gate's pre-activation W_b u + b_b (exponentiated by
                               // the core, which stabilises it)

@@ -18,6 +18,7 @@
 #include "mixers/mixer.h"
 #include "model/config_hf.h"
 #include "model/ffn.h"
+#include "model/format_longhorn.h"
 #include "model/format_nxai.h"
 #include "model/presets.h"
 
@@ -40,6 +41,8 @@ void config_default(ModelConfig *c) {
     c->rope_theta = 10000;
     c->window = 1024;
     c->slstm_heads = 4;
+    c->d_state = 16;
+    c->expand = 2;
     strcpy(c->head, "lm");
     strcpy(c->norm, "rmsnorm");
 }
@@ -95,6 +98,8 @@ static const Field fields[] = {
     MIXER_FIELD(slstm_heads, F_INT, 1, 1024, "slstm-block's heads", CF_SLSTM),
     MIXER_FIELD(gate_cap, F_FLOAT, 0, 1e6, "mlstm-large's gate soft cap (0: none)", CF_GATE_CAP),
     MIXER_FIELD(lru_width, F_INT, 0, 1 << 20, "hawk's recurrence width (0: dim)", CF_LRU),
+    MIXER_FIELD(d_state, F_INT, 1, 256, "the scan's state slots per channel", CF_D_STATE),
+    MIXER_FIELD(expand, F_INT, 1, 16, "the block's inner width over dim", CF_EXPAND),
     FIELD(head, F_STR, 0, 0, "the output head"),
     FIELD(norm, F_STR, 0, 0, "the backbone's norm"),
 };
@@ -264,6 +269,7 @@ int config_load(ModelConfig *c, const char *spec) {
     int st = ours                         ? config_from_json(c, ours, spec, 0)
              : json_get(j, "model_type") ? config_from_hf(c, j, spec)
              : nxai_config_is(j)         ? nxai_config_read(c, j, spec)
+             : longhorn_config_is(j)     ? longhorn_config_read(c, j, spec)
                                          : config_from_json(c, j, spec, 1);
     json_free(j);
     return st;

@@ -22,6 +22,7 @@ typedef struct {
     const char *xlstm;  // the xLSTM paper's models: their pattern of blocks (NULL: a Mesa preset); "mlstm-large":
                         // Hugging Face's xLSTMForCausalLM (the xlstm architecture); "recurrent_gemma": Griffin as
                         // Hugging Face's RecurrentGemmaForCausalLM has it
+    int longhorn;       // 1: the Longhorn paper's LonghornLM (longhorn blocks, config_longhorn)
 } Preset;
 
 static const Preset presets[] = {
@@ -48,6 +49,12 @@ static const Preset presets[] = {
     // local attention, repeated; multi-query attention of 6 heads of 128
     {"griffin-160m", 50304, 768, 17, 6, 128, 2048, 0, "Griffin as RecurrentGemmaForCausalLM at 160M (hawk, hawk, swa)",
      "recurrent_gemma"},
+    // The Longhorn paper's OpenWebText models (its Tables 2, 3; gdn-longhorn-notes.md B.2, B.4): twice
+    // the Llama baseline's layers as longhorn blocks (no MLP), tied, context 1024. (Heads: the
+    // baseline's, which longhorn blocks do not read.)
+    {"longhorn-125m", 50304, 768, 24, 12, 64, 1024, 0, "Longhorn at 125M (128.6M), the paper's OpenWebText model",
+     NULL, 1},
+    {"longhorn-350m", 50304, 1024, 48, 16, 64, 1024, 0, "Longhorn at 350M (370.0M; the paper prints 369.8)", NULL, 1},
 };
 
 // The xLSTM paper's backbone around its blocks (xlstm-notes.md 3.5): LayerNorm (eps 1e-5, no
@@ -97,6 +104,16 @@ static void config_rgemma(ModelConfig *c) {
     c->tie_embeddings = 1;
     c->logit_cap = 30;
     c->mlp_hidden = 3 * c->dim;
+}
+
+// The official LonghornLM (models/longhorn.py): RMSNorm with eps 1e-5 before every block and after
+// them, the head tied to the embedding, no embedding scale, no logit cap.
+static void config_longhorn(ModelConfig *c) {
+    snprintf(c->mixer, sizeof c->mixer, "longhorn");
+    c->norm_eps = 1e-5f;
+    c->embed_scale = 0;
+    c->tie_embeddings = 1;
+    c->logit_cap = 0;
 }
 
 // The sizes that have parameter-matched presets "SIZE-MIXER" (presets.h).
@@ -196,7 +213,7 @@ int config_matched(ModelConfig *c, const char *size, const char *mixer) {
 }
 
 int config_preset(ModelConfig *c, const char *name) {
-    char known[256] = "";
+    char known[512] = "";
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
         const Preset *p = &presets[i];
         if (!strcmp(p->name, name)) {
@@ -213,6 +230,7 @@ int config_preset(ModelConfig *c, const char *name) {
             if (p->xlstm && !strcmp(p->xlstm, "mlstm-large")) config_xlstm_large(c);
             else if (p->xlstm && !strcmp(p->xlstm, "recurrent_gemma")) config_rgemma(c);
             else if (p->xlstm) config_xlstm(c, p->xlstm);
+            if (p->longhorn) config_longhorn(c);
             config_normalize(c);
             return MN_OK;
         }

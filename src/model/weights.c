@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "model/format_longhorn.h"
 #include "model/format_nxai.h"
 #include "model/names.h"
 
@@ -165,6 +166,8 @@ int weights_read(const char *path, const ModelConfig *c, const ParamSpec *specs,
     int s;
     if (nxai_weights_are(w.f)) {
         s = nxai_read(&w, c, specs, n, sink, ctx);
+    } else if (longhorn_weights_are(w.f)) {
+        s = longhorn_read(&w, c, specs, n, sink, ctx);
     } else {
         size_t most = 1;
         for (int i = 0; i < n; i++)

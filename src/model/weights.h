@@ -6,7 +6,9 @@
  *     "fused" (qkv_opreact, ifgate_preact and proj_up_gate_z, split on reading) and the older
  *     query / key / value names;
  *   - NX-AI's xLSTMLMModel state dict (names under "xlstm_block_stack.", converted:
- *     model/format_nxai.h).
+ *     model/format_nxai.h);
+ *   - the official Longhorn code's LonghornLMHeadModel state dict (names under "backbone.", or
+ *     "transformer.backbone.": model/format_longhorn.h).
  * Every tensor of the file must find its place in the model: one that does not is refused by name,
  * as is a missing one, or one of another shape. Values are the file's plus the spec's file_offset.
  */

@@ -487,6 +487,33 @@ static int r_gdn_gate_fwd(const Backend *be, void *g_, const void *a_, const voi
     return MN_OK;
 }
 
+// Longhorn's implicit step: eps = beta / (1 + beta kappa), kappa = |k|^2 over the head's Dk keys.
+static double sq_norm(const double *x, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += x[i] * x[i];
+    return s;
+}
+
+static int r_longhorn_eps_fwd(const Backend *be, void *eps_, const void *beta_, const void *k_, int N, int H, int Dk) {
+    double *eps = eps_;
+    const double *beta = beta_, *k = k_;
+    for (size_t i = 0; i < (size_t)N * H; i++) eps[i] = beta[i] / (1 + beta[i] * sq_norm(k + i * Dk, Dk));
+    return MN_OK;
+}
+
+// d eps / d beta = 1 / (1 + beta kappa)^2;  d eps / d kappa = -eps^2;  d kappa / dk = 2 k
+static int r_longhorn_eps_bwd(const Backend *be, void *dbeta_, void *dk_, const void *deps_, const void *beta_,
+                              const void *k_, int N, int H, int Dk) {
+    double *dbeta = dbeta_, *dk = dk_;
+    const double *deps = deps_, *beta = beta_, *k = k_;
+    for (size_t i = 0; i < (size_t)N * H; i++) {
+        double den = 1 + beta[i] * sq_norm(k + i * Dk, Dk), e = beta[i] / den, d = deps[i];
+        for (int j = 0; j < Dk; j++) dk[i * Dk + j] -= 2 * d * e * e * k[i * Dk + j];
+        dbeta[i] = d / (den * den);
+    }
+    return MN_OK;
+}
+
 static int r_gdn_gate_bwd(const Backend *be, void *da_, void *dA_log_, void *ddt_bias_, const void *dg_, const void *a_,
                           const void *A_log_, const void *dt_bias_, int N, int H) {
     double *da = da_, *dA = dA_log_, *ddt = ddt_bias_;
@@ -659,7 +686,8 @@ static int r_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
 static const MesaOps ref_mesa = {.fwd = r_mesa_fwd, .bwd = r_mesa_bwd, .softplus_fwd = r_softplus_fwd,
                                  .softplus_bwd = r_softplus_bwd};
 static const LinOps ref_lin = {.fwd = r_lin_fwd, .bwd = r_lin_bwd, .gdn_gate_fwd = r_gdn_gate_fwd,
-                               .gdn_gate_bwd = r_gdn_gate_bwd};
+                               .gdn_gate_bwd = r_gdn_gate_bwd,
+                               .longhorn_eps_fwd = r_longhorn_eps_fwd, .longhorn_eps_bwd = r_longhorn_eps_bwd};
 static const AttnOps ref_attn = {.fwd = ref_attn_fwd, .bwd = ref_attn_bwd, .decode = ref_attn_decode, .rope = ref_rope};
 
 static const Backend ref_backend = {

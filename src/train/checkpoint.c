@@ -11,6 +11,7 @@
 #include "core/atomic_file.h"
 #include "core/common.h"
 #include "core/safetensors.h"
+#include "model/format_longhorn.h"
 #include "model/format_nxai.h"
 #include "model/weights.h"
 
@@ -159,11 +160,12 @@ static int same_dir(const char *a, const char *b) {
 }
 
 int checkpoint_export(const char *run, const char *out, const char *format, const char *layout) {
-    int nxai = format && !strcmp(format, "nxai");
-    if (!format || (!nxai && strcmp(format, "hf")))
+    int nxai = format && !strcmp(format, "nxai"), longhorn = format && !strcmp(format, "longhorn");
+    if (!format || (!nxai && !longhorn && strcmp(format, "hf")))
         return mn_error(MN_ERR_ARG, "export: format \"%s\", expected \"hf\" (our checkpoint folder: Hugging Face's "
-                                    "layout for the fla, llama, xlstm and recurrent_gemma architectures) or \"nxai\" "
-                                    "(NX-AI's xLSTMLMModel)", format ? format : "");
+                                    "layout for the fla, llama, xlstm and recurrent_gemma architectures), \"nxai\" "
+                                    "(NX-AI's xLSTMLMModel) or \"longhorn\" (the official LonghornLMHeadModel)",
+                        format ? format : "");
     if (layout && !nxai) return mn_error(MN_ERR_ARG, "export: an sLSTM layout applies to the nxai format only");
     char dir[4096], path[4200];
     MN_TRY(checkpoint_dir(run, dir, sizeof dir));
@@ -174,6 +176,7 @@ int checkpoint_export(const char *run, const char *out, const char *format, cons
     ModelConfig cfg;
     MN_TRY(config_load(&cfg, path));
     if (nxai) MN_TRY(nxai_check(&cfg));
+    if (longhorn) MN_TRY(longhorn_check(&cfg));
     ParamSpec *specs;
     int n;
     MN_TRY(model_specs(&cfg, &specs, &n));
@@ -186,7 +189,8 @@ int checkpoint_export(const char *run, const char *out, const char *format, cons
     join(path, sizeof path, dir, "model.safetensors");
     if (!s) s = weights_read(path, &cfg, specs, n, keep_host, ctx);
     if (!s && nxai) s = nxai_write(out, &cfg, specs, n, vals, layout ? layout : "vanilla");
-    if (!s && !nxai) {
+    if (!s && longhorn) s = longhorn_write(out, &cfg, specs, n, vals);
+    if (!s && !nxai && !longhorn) {
         StTensor *t = calloc((size_t)n, sizeof(StTensor));
         StMeta meta[] = {{"format", "pt"}, {"producer", "mesanet"}, {"arch", cfg.arch}};
         s = t ? mn_mkdirs(out) : mn_error(MN_ERR_NOMEM, "out of memory");

@@ -78,8 +78,9 @@ int checkpoint_load_weights(const char *path, Model *m);
 // Face's, NX-AI's) into the directory out, on the host (no backend): format "hf" as our checkpoint
 // folder (config.json and model.safetensors by our names: Hugging Face's own layout for the fla,
 // llama, xlstm and recurrent_gemma architectures; tensors as their files hold them: weights_to_file),
-// "nxai" as NX-AI's xLSTMLMModel folder (model/format_nxai.h) with
-// the sLSTM layout `layout` ("vanilla", the default where NULL, or "cuda").
+// "nxai" as NX-AI's xLSTMLMModel folder (model/format_nxai.h) with the sLSTM layout `layout`
+// ("vanilla", the default where NULL, or "cuda"), "longhorn" as the official LonghornLMHeadModel
+// folder (model/format_longhorn.h).
 int checkpoint_export(const char *run, const char *out, const char *format, const char *layout);
 
 // The optimizer state into dir itself.

@@ -288,6 +288,32 @@ TEST(cuda_op_conv_embed_xent_gates) {
     free(a); free(b); free(dg); free(dbt); free(gg); free(bt); free(da); free(db);
 }
 
+// Longhorn's implicit step (longhorn-exact): eps = beta / (1 + beta |k|^2) and its backward, which
+// adds into dk; 300 tokens of 3 heads of 16 bf16 keys (kappa = |k|^2 about 5: beta kappa well past 1).
+// eps and dbeta are float32 from sums of 16 products of bf16 values (exact in float32 up to the
+// sum's rounding): F32_TOL; dk is written back in bf16: BF16_TOL.
+TEST(cuda_op_longhorn_eps) {
+    if (!setup()) return;
+    int N = 300, H = 3, Dk = 16;
+    size_t nh = (size_t)N * H, nk = nh * Dk;
+    double *beta = input(80, nh, 0.01, 0.99, MEM_F32), *k = input(81, nk, -1, 1, MEM_ACT);
+    double *deps = input(82, nh, -1, 1, MEM_F32), *dk = input(83, nk, -1, 1, MEM_ACT);
+    double *eps = xcalloc(nh, 8), *dbeta = xcalloc(nh, 8);
+    void *gbeta = to_gpu(beta, nh, MEM_F32), *gk = to_gpu(k, nk, MEM_ACT), *gdeps = to_gpu(deps, nh, MEM_F32);
+    void *gdk = to_gpu(dk, nk, MEM_ACT), *geps = G->alloc(G, nh, MEM_F32), *gdbeta = G->alloc(G, nh, MEM_F32);
+    R->lin->longhorn_eps_fwd(R, eps, beta, k, N, H, Dk);
+    R->lin->longhorn_eps_bwd(R, dbeta, dk, deps, beta, k, N, H, Dk);
+    CHECK(G->lin->longhorn_eps_fwd && !G->lin->longhorn_eps_fwd(G, geps, gbeta, gk, N, H, Dk) &&
+              !G->lin->longhorn_eps_bwd(G, gdbeta, gdk, gdeps, gbeta, gk, N, H, Dk),
+          "%s", mn_last_error());
+    cmp("longhorn eps", geps, eps, nh, MEM_F32, F32_TOL);
+    cmp("longhorn eps dbeta", gdbeta, dbeta, nh, MEM_F32, F32_TOL);
+    cmp("longhorn eps dk (added)", gdk, dk, nk, MEM_ACT, BF16_TOL);
+    void *g[] = {gbeta, gk, gdeps, gdk, geps, gdbeta};
+    for (int i = 0; i < 6; i++) G->free(G, g[i]);
+    free(beta); free(k); free(deps); free(dk); free(eps); free(dbeta);
+}
+
 TEST(cuda_op_optimizer) {
     if (!setup()) return;
     size_t n = 100003;
