@@ -3,27 +3,35 @@
  * update, N = d_state <= 16). x, r, i, k, q, y, dy and the token gradients are bf16; w, skip, the states
  * and every sum are float32.
  *
- * Layout of the work. A block takes SC_CT channels of one sequence, a thread a channel, and walks the
- * whole sequence: its N state values stay in registers. The inputs arrive in stages of SC_L tokens by
- * cp.async (16-byte pieces; element copies where C or a pointer is not aligned), SC_ST stages deep, so
- * that two stages of loads are in flight while one is computed: the walk is bound by memory (RG-LRU) or
- * by float32 issue (Longhorn's 4 operations a state element and token), not by its chain. Longhorn's k
- * and q (shared by every channel of a sequence) are converted once a stage into float32 k, k^2 and q with
- * kappa = |k|^2, which every thread reads by broadcast.
+ * Layout of the work. The sequence is cut into chunks (RG-LRU: a stage of SC_L = 32 tokens; Longhorn:
+ * SC_LH_SPC = 4 stages, 128 tokens), and a block takes SC_CT channels of one chunk of one sequence, a thread a
+ * channel with its N state values in registers: B T C / SC_L threads (about a million at 8 x 2048 x 2048)
+ * instead of B C walking the whole sequence, enough loads in flight for the memory. Three launches:
+ * the chunks' summaries (the walk from the zero state: the chunk's transition A = the product of its a,
+ * per slot, and its final state), a short sequential pass per (sequence, slot, channel) combining them
+ * in chunk order into each chunk's incoming state (sc_combine_kernel: T / chunk steps, fixed order, so
+ * deterministic), then the walk of each chunk from its incoming state, writing y. The inputs are read
+ * twice: the price of the parallelism. A stage's inputs arrive by cp.async (16-byte pieces; element
+ * copies where C or a pointer is not aligned); Longhorn's chunk walks its stages through a ring SC_ST
+ * deep. Longhorn's k and q (shared by every channel of a sequence) are converted once a stage into
+ * float32 k, k^2 and q with kappa = |k|^2, which every thread reads by broadcast.
  *
- * The backward recomputes the forward's states (core/backend.h: they are not stored). A first pass (the
- * forward kernel with ckpt set, y not written) stores the state at every stage's start, [B][stages][N][Cp]
- * (Cp = C rounded up to the tile); the backward kernel walks the stages from the last, each stage's
- * checkpoint arriving with its inputs: RG-LRU recomputes the stage's 32 states h_{t-1} into registers and
- * walks back through them; Longhorn keeps 8 states of the stage (every SC_SB = 4 tokens) in shared memory
- * and recomputes 4 tokens at a time into registers. The adjoint dS is carried in registers. Longhorn's dk
- * and dq are sums over channels: a warp reduces its 32 channels' 32 values a token by a transposed
- * butterfly (lane l ends with value l), the block's warps are added in shared memory, and lh_dkq_kernel adds
- * the blocks' partials in a fixed order (with the kappa path, 2 k dkappa): deterministic, no atomics. dw and
- * dskip likewise: a partial per sequence, added in order by sc_param_kernel.
+ * The backward recomputes the forward's states (core/backend.h: they are not stored). The summary pass
+ * also sums the adjoint each chunk hands back from zero (cl = sum_t a_t0 .. a_t dy_t (q_t)), and the
+ * combine carries those from the last chunk back, so that every chunk's backward starts from its incoming
+ * state and its incoming adjoint and the chunks run in parallel. RG-LRU recomputes the chunk's 32 states
+ * h_{t-1} into registers and walks back through them; Longhorn first stores every stage's starting state
+ * (the forward walk with ckpt set), then keeps 8 states of a stage (every SC_SB = 4 tokens) in shared
+ * memory and recomputes 4 tokens at a time into registers. The adjoint dS is carried in registers.
+ * Longhorn's dk and dq are sums over channels: a warp reduces its 32 channels' 32 values a token by a
+ * transposed butterfly (lane l ends with value l), the block's warps are added in shared memory, and
+ * lh_dkq_kernel adds the blocks' partials in a fixed order (with the kappa path, 2 k dkappa):
+ * deterministic, no atomics. dw and dskip likewise: a partial per (sequence, chunk), added in a fixed
+ * order by sc_param_kernel.
  *
- * Decoding is the forward at T = 1 with s0 and sT: one launch, no scratch, recordable into a graph; sT may
- * alias s0 (a thread reads its channel's state before it writes it).
+ * A sequence of one chunk (decoding: T = 1 with s0 and sT) is walked from s0 in one launch, no scratch,
+ * recordable into a graph; sT may alias s0 (a thread reads its channel's state before it writes it; so
+ * does the combine's).
  */
 #include <math.h>
 #include <string.h>
@@ -42,6 +50,7 @@ extern "C" int cuda_scan_supports(const Backend *be, const ScanDims *d);
 #define SC_SB 4    // Longhorn backward: tokens recomputed into registers at a time
 #define SC_NW (SC_CT / 32)
 #define SC_RED 33  // Longhorn backward: a token's partial sums over a block's channels (dk, dq, dkappa)
+#define SC_LH_SPC 4  // Longhorn: stages a chunk (RG-LRU's chunk is a stage)
 #define SC_MAXGRAD2 1e-6f  // transformers' SqrtBoundDerivative: 4u clipped at 1 / 1000^2
 
 typedef struct {
@@ -51,11 +60,14 @@ typedef struct {
     const float *s0;             // [B,C,N] or NULL
     bf16 *y;                     // [B,T,C] or NULL (the checkpoint pass)
     float *sT;                   // [B,C,N] or NULL
-    float *ckpt;                 // [B][nst][SC_N or 1][Cp]: the state at each stage's start, or NULL
+    float *ckpt;                 // [B][nst][SC_N][Cp]: Longhorn's state at each stage's start, or NULL
+    float *sa, *sh, *sc;         // [B][nch][nsl][Cp]: each chunk's summary (see sc_combine_kernel), or NULL
     bf16 *dx, *dr, *di;          // [B,T,C]
     float *part;                 // [B][2][C]: dw, dskip partials of each sequence
     float *red;                  // [B][T][tiles][SC_RED]: Longhorn's dk, dq, dkappa partials
     int B, T, C, N, Cp, nst, tiles;
+    int spc, nch, nsl;  // stages a chunk, chunks, state slots in the summaries (1 or SC_N)
+    int am1;            // sa holds A - 1 (RG-LRU: kept exact for slow channels), else A
     int reset;
     int vec;     // channel rows by 16-byte cp.async (C % 8 == 0 and aligned pointers)
     int kqvec;   // k, q rows by cp.async (N == 16, aligned)
@@ -71,7 +83,7 @@ static __host__ __device__ int sc_stage_bytes(int nin, int kq, int ns) {
 // the checkpoint where ns. Channels past C and slots past N are zero; tokens past T are not copied.
 static __device__ void sc_issue(const ScanK *k, unsigned char *buf, const bf16 *a0, const bf16 *a1, const bf16 *a2,
                                 const bf16 *a3, int nin, int kq, int ns, int s) {
-    const int b = blockIdx.y, c0 = blockIdx.x * SC_CT, t0 = s * SC_L;
+    const int b = blockIdx.z, c0 = blockIdx.x * SC_CT, t0 = s * SC_L;
     const int n = k->T - t0 < SC_L ? k->T - t0 : SC_L;
     const int tid = threadIdx.x;
     // channel rows: SC_CT / 8 pieces a token
@@ -146,108 +158,158 @@ static __device__ __forceinline__ void rg_gates(float rt, float coef, int first,
 
 static __device__ __forceinline__ float softplusf_(float w) { return w > 20.0f ? w : log1pf(__expf(w)); }
 
-// Forward (y), or the backward's first pass (ckpt): a thread a channel, h in a register.
+// A block's chunk (RG-LRU: one stage, s = blockIdx.y) into shared memory: the nin arrays x, r, i, dy.
+static __device__ void rg_load(const ScanK *k, unsigned char *smem, int nin, int s) {
+    sc_issue(k, smem, k->x, k->r, k->i, k->dy, nin, 0, 0, s);
+    cp_async_commit();
+    cp_async_wait0();
+    __syncthreads();
+}
+
+// The chunk's summary, walked from the zero state: A - 1 (A the product of its a, kept exact where a is
+// within rounding of 1), its final state hl, and where dy is given the adjoint it hands back from zero,
+// cl = sum_t a_t0 .. a_t dy_t (then the chunk's h_end = A h_in + hl, a_t0 dh_t0 = A c_in + cl).
+static __global__ void __launch_bounds__(SC_CT) rg_sum_kernel(const ScanK k) {
+    extern __shared__ __align__(16) unsigned char sc_smem[];
+    grid_wait();
+    const int b = blockIdx.z, s = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
+    const float coef = on ? -8.0f * softplusf_(k.w[c]) : 0.0f;
+    rg_load(&k, sc_smem, k.dy ? 4 : 3, s);
+    const bf16 *xs = (const bf16 *)sc_smem, *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
+    const bf16 *dys = is + SC_L * SC_CT;
+    const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
+    float h = 0.0f, Am1 = 0.0f, cl = 0.0f;
+    for (int tt = 0; tt < n; tt++) {
+        const int o = tt * SC_CT + threadIdx.x;
+        const int first = k.reset && t0 + tt == 0;
+        float am1, m;
+        rg_gates(ld(rs, o), coef, first, &am1, &m);
+        const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
+        h = first ? bt : fmaf(am1, h, h + bt);
+        Am1 = first ? -1.0f : fmaf(Am1, am1, Am1 + am1);  // (1 + A')(1 + a') - 1
+        if (k.dy) cl = fmaf(1.0f + Am1, ld(dys, o), cl);
+    }
+    if (on) {
+        const size_t e = ((size_t)b * k.nch + s) * k.Cp + c;
+        k.sa[e] = Am1;
+        k.sh[e] = h;
+        if (k.dy) k.sc[e] = cl;
+    }
+}
+
+// Forward (y): the chunk from its incoming state (sh, from sc_combine_kernel; s0 or zero where the
+// sequence is one chunk, then sT written here).
 static __global__ void __launch_bounds__(SC_CT) rg_fwd_kernel(const ScanK k) {
     extern __shared__ __align__(16) unsigned char sc_smem[];
     grid_wait();
-    const int b = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
-    const int sb = sc_stage_bytes(3, 0, 0);
+    const int b = blockIdx.z, s = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
     const float coef = on ? -8.0f * softplusf_(k.w[c]) : 0.0f;
-    float h = on && k.s0 ? k.s0[(size_t)b * k.C + c] : 0.0f;
-    for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.i, NULL, 3, 0, 0, i);
-        cp_async_commit();
-    }
-    for (int s = 0; s < k.nst; s++) {
-        cp_async_wait1();
-        __syncthreads();
-        if (s + SC_ST - 1 < k.nst)
-            sc_issue(&k, sc_smem + (s + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.i, NULL, 3, 0, 0, s + SC_ST - 1);
-        cp_async_commit();
-        if (k.ckpt) k.ckpt[((size_t)b * k.nst + s) * k.Cp + c] = h;
-        const bf16 *xs = (const bf16 *)(sc_smem + s % SC_ST * sb), *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
-        const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
+    float h = 0.0f;
+    if (on) h = k.sh ? k.sh[((size_t)b * k.nch + s) * k.Cp + c] : k.s0 ? k.s0[(size_t)b * k.C + c] : 0.0f;
+    rg_load(&k, sc_smem, 3, s);
+    const bf16 *xs = (const bf16 *)sc_smem, *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
+    const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
 #pragma unroll 4
-        for (int tt = 0; tt < n; tt++) {
+    for (int tt = 0; tt < n; tt++) {
+        const int o = tt * SC_CT + threadIdx.x;
+        const int first = k.reset && t0 + tt == 0;
+        float am1, m;
+        rg_gates(ld(rs, o), coef, first, &am1, &m);
+        const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
+        h = first ? bt : fmaf(am1, h, h + bt);  // a h + b
+        if (on) st(k.y, ((size_t)b * k.T + t0 + tt) * k.C + c, h);
+    }
+    if (k.sT && on) k.sT[(size_t)b * k.C + c] = h;
+}
+
+// Backward: the chunk's states h_{t-1} recomputed from its incoming state into registers, then walked
+// back with the adjoint carried in from the chunks after it (sc; zero where NULL).
+static __global__ void __launch_bounds__(SC_CT) rg_bwd_kernel(const ScanK k) {
+    extern __shared__ __align__(16) unsigned char sc_smem[];
+    grid_wait();
+    const int b = blockIdx.z, s = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
+    const float wc = on ? k.w[c] : 0.0f, sp = softplusf_(wc), coef = -8.0f * sp, sw = sigmoidf_(wc);
+    const size_t e0 = ((size_t)b * k.nch + s) * k.Cp + c;
+    float h = on && k.sh ? k.sh[e0] : 0.0f;
+    float dhc = on && k.sc ? k.sc[e0] : 0.0f;  // a_{t+1} dh_{t+1}
+    float dw = 0.0f;                           // the chunk's part of dw
+    rg_load(&k, sc_smem, 4, s);
+    const bf16 *xs = (const bf16 *)sc_smem, *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
+    const bf16 *dys = is + SC_L * SC_CT;
+    const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
+    float hp[SC_L];  // h_{t-1} of the chunk's tokens
+#pragma unroll
+    for (int tt = 0; tt < SC_L; tt++) {
+        hp[tt] = h;
+        if (tt < n) {
             const int o = tt * SC_CT + threadIdx.x;
             const int first = k.reset && t0 + tt == 0;
             float am1, m;
             rg_gates(ld(rs, o), coef, first, &am1, &m);
             const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
-            h = first ? bt : fmaf(am1, h, h + bt);  // a h + b
-            if (k.y && on) st(k.y, ((size_t)b * k.T + t0 + tt) * k.C + c, h);
+            h = first ? bt : fmaf(am1, h, h + bt);
         }
     }
-    if (k.sT && on) k.sT[(size_t)b * k.C + c] = h;
+#pragma unroll
+    for (int tt = SC_L - 1; tt >= 0; tt--) {
+        if (tt < n) {
+            const int o = tt * SC_CT + threadIdx.x;
+            const int first = k.reset && t0 + tt == 0;
+            const float x = ld(xs, o), ig = sigmoidf_(ld(is, o)), dh = ld(dys, o) + dhc;
+            float dr = 0.0f, am1 = -1.0f, m = 1.0f;
+            if (!first) {
+                const float rg = sigmoidf_(ld(rs, o));
+                am1 = expm1_neg(coef * rg);
+                const float a = 1.0f + am1, u = fmaxf(-am1 * (2.0f + am1), 0.0f);
+                m = sqrtf(u);
+                const float dm = dh * ig * x;
+                const float du = dm * rsqrtf(fmaxf(4.0f * u, SC_MAXGRAD2));
+                const float dla = a * (dh * hp[tt] - 2.0f * a * du);  // d/dla of a h_{t-1} + sqrt(1 - a^2) i x
+                dr = dla * coef * rg * (1.0f - rg);
+                dw += dla * -8.0f * rg * sw;
+            }
+            if (on) {
+                const size_t e = ((size_t)b * k.T + t0 + tt) * k.C + c;
+                st(k.dx, e, dh * m * ig);
+                st(k.di, e, dh * m * x * ig * (1.0f - ig));
+                st(k.dr, e, dr);
+            }
+            dhc = fmaf(am1, dh, dh);  // a dh
+        }
+    }
+    if (on) k.part[((size_t)b * k.nch + s) * 2 * k.C + c] = dw;
 }
 
-// Backward: the stages from the last; each stage's states h_{t-1} recomputed from its checkpoint into
-// registers, then walked back with the adjoint dh carried.
-static __global__ void __launch_bounds__(SC_CT) rg_bwd_kernel(const ScanK k) {
-    extern __shared__ __align__(16) unsigned char sc_smem[];
+// The chunks' incoming states from their summaries, in chunk order from s0 (or zero), sT the last
+// chunk's end; where sc is given, likewise the adjoints carried into each chunk from its end, in
+// reverse order from zero. In place: sh[j] becomes chunk j's incoming state, sc[j] its incoming
+// adjoint. A thread a (sequence, slot, channel): T / chunk steps, in a fixed order.
+static __global__ void sc_combine_kernel(const ScanK k) {
     grid_wait();
-    const int b = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
-    const int sb = sc_stage_bytes(4, 0, 1);
-    const float wc = on ? k.w[c] : 0.0f, sp = softplusf_(wc), coef = -8.0f * sp, sw = sigmoidf_(wc);
-    float dhc = 0.0f, dw = 0.0f;  // a_{t+1} dh_{t+1}; the sequence's part of dw
-    for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.i, k.dy, 4, 0, 1, k.nst - 1 - i);
-        cp_async_commit();
-    }
-    for (int i = 0; i < k.nst; i++) {
-        const int s = k.nst - 1 - i;
-        cp_async_wait1();
-        __syncthreads();
-        if (i + SC_ST - 1 < k.nst)
-            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.i, k.dy, 4, 0, 1, s - (SC_ST - 1));
-        cp_async_commit();
-        const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
-        const bf16 *dys = is + SC_L * SC_CT;
-        const float *cks = (const float *)(dys + SC_L * SC_CT);
-        const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
-        float hp[SC_L];  // h_{t-1} of the stage's tokens
-        float h = cks[threadIdx.x];
-#pragma unroll
-        for (int tt = 0; tt < SC_L; tt++) {
-            hp[tt] = h;
-            if (tt < n) {
-                const int o = tt * SC_CT + threadIdx.x;
-                const int first = k.reset && t0 + tt == 0;
-                float am1, m;
-                rg_gates(ld(rs, o), coef, first, &am1, &m);
-                const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
-                h = first ? bt : fmaf(am1, h, h + bt);
-            }
+    const size_t total = (size_t)k.B * k.nsl * k.C;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        const int c = (int)(e % k.C), j = (int)(e / k.C % k.nsl), b = (int)(e / ((size_t)k.C * k.nsl));
+        const size_t step = (size_t)k.nsl * k.Cp, e0 = ((size_t)b * k.nch * k.nsl + j) * k.Cp + c;
+        float h = k.s0 && j < k.N ? k.s0[((size_t)b * k.C + c) * k.N + j] : 0.0f;
+#pragma unroll 4
+        for (int ch = 0; ch < k.nch; ch++) {
+            const size_t i = e0 + ch * step;
+            const float A = k.sa[i], hl = k.sh[i];
+            k.sh[i] = h;
+            h = k.am1 ? fmaf(A, h, h + hl) : fmaf(A, h, hl);
         }
-#pragma unroll
-        for (int tt = SC_L - 1; tt >= 0; tt--) {
-            if (tt < n) {
-                const int o = tt * SC_CT + threadIdx.x;
-                const int first = k.reset && t0 + tt == 0;
-                const float x = ld(xs, o), ig = sigmoidf_(ld(is, o)), dh = ld(dys, o) + dhc;
-                float dr = 0.0f, am1 = -1.0f, m = 1.0f;
-                if (!first) {
-                    const float rg = sigmoidf_(ld(rs, o));
-                    am1 = expm1_neg(coef * rg);
-                    const float a = 1.0f + am1, u = fmaxf(-am1 * (2.0f + am1), 0.0f);
-                    m = sqrtf(u);
-                    const float dm = dh * ig * x;
-                    const float du = dm * rsqrtf(fmaxf(4.0f * u, SC_MAXGRAD2));
-                    const float dla = a * (dh * hp[tt] - 2.0f * a * du);  // d/dla of a h_{t-1} + sqrt(1 - a^2) i x
-                    dr = dla * coef * rg * (1.0f - rg);
-                    dw += dla * -8.0f * rg * sw;
-                }
-                if (on) {
-                    const size_t e = ((size_t)b * k.T + t0 + tt) * k.C + c;
-                    st(k.dx, e, dh * m * ig);
-                    st(k.di, e, dh * m * x * ig * (1.0f - ig));
-                    st(k.dr, e, dr);
-                }
-                dhc = fmaf(am1, dh, dh);  // a dh
+        if (k.sT && j < k.N) k.sT[((size_t)b * k.C + c) * k.N + j] = h;
+        if (k.sc) {
+            float g = 0.0f;
+#pragma unroll 4
+            for (int ch = k.nch - 1; ch >= 0; ch--) {
+                const size_t i = e0 + ch * step;
+                const float A = k.sa[i], cl = k.sc[i];
+                k.sc[i] = g;
+                g = k.am1 ? fmaf(A, g, g + cl) : fmaf(A, g, cl);
             }
         }
     }
-    if (on) k.part[(size_t)b * 2 * k.C + c] = dw;
 }
 
 // ------------------------------------------------------------------------------ Longhorn
@@ -290,27 +352,110 @@ static __device__ __forceinline__ float lh_step(float S[SC_N], const LhKq *f, in
     return y;
 }
 
+// A block's chunk: stages [*s0, *s0 + return) of chunk blockIdx.y.
+static __device__ __forceinline__ int lh_chunk(const ScanK *k, int *s0) {
+    *s0 = blockIdx.y * k->spc;
+    return k->nst - *s0 < k->spc ? k->nst - *s0 : k->spc;
+}
+
+// The chunk's summary from the zero state, per slot: A = the product of its a = 1 - Delta k^2, the final
+// state hl, and where dy is given cl = sum_t (a_t0 .. a_t) dy_t q_t (the adjoint it hands back from zero).
+static __global__ void __launch_bounds__(SC_CT) lh_sum_kernel(const ScanK k) {
+    extern __shared__ __align__(16) unsigned char sc_smem[];
+    grid_wait();
+    const int b = blockIdx.z, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
+    const int nin = k.dy ? 3 : 2, sb = sc_stage_bytes(nin, 1, 0);
+    LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
+    const float wb = on ? k.w[c] : 0.0f;
+    int s0;
+    const int ns = lh_chunk(&k, &s0);
+    float S[SC_N], A[SC_N], cl[SC_N];
+#pragma unroll
+    for (int j = 0; j < SC_N; j++) S[j] = 0.0f, A[j] = 1.0f, cl[j] = 0.0f;
+    for (int i = 0; i < SC_ST - 1; i++) {
+        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, NULL, nin, 1, 0, s0 + i);
+        cp_async_commit();
+    }
+    for (int i = 0; i < ns; i++) {
+        cp_async_wait1();
+        __syncthreads();
+        if (i + SC_ST - 1 < ns)
+            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.dy, NULL, nin, 1, 0, s0 + i + SC_ST - 1);
+        cp_async_commit();
+        const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT, *dys = rs + SC_L * SC_CT;
+        const int t0 = (s0 + i) * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
+        lh_convert(f, xs + nin * SC_L * SC_CT, n);
+        __syncthreads();
+        if (k.dy) {
+            for (int tt = 0; tt < n; tt++) {
+                const int o = tt * SC_CT + threadIdx.x;
+                float beta, den;
+                const float dl = lh_delta(ld(rs, o), wb, f->kap[tt], &beta, &den), u = dl * ld(xs, o), dy = ld(dys, o);
+#pragma unroll
+                for (int j = 0; j < SC_N; j++) {
+                    const float a = fmaf(-dl, f->k2[tt][j], 1.0f);
+                    A[j] *= a;
+                    S[j] = fmaf(a, S[j], u * f->k[tt][j]);
+                    cl[j] = fmaf(A[j], dy * f->q[tt][j], cl[j]);
+                }
+            }
+        } else {
+#pragma unroll 2
+            for (int tt = 0; tt < n; tt++) {
+                const int o = tt * SC_CT + threadIdx.x;
+                float beta, den;
+                const float dl = lh_delta(ld(rs, o), wb, f->kap[tt], &beta, &den), u = dl * ld(xs, o);
+#pragma unroll
+                for (int j = 0; j < SC_N; j++) {
+                    const float a = fmaf(-dl, f->k2[tt][j], 1.0f);
+                    A[j] *= a;
+                    S[j] = fmaf(a, S[j], u * f->k[tt][j]);
+                }
+            }
+        }
+    }
+    if (on) {
+#pragma unroll
+        for (int j = 0; j < SC_N; j++) {
+            const size_t e = (((size_t)b * k.nch + blockIdx.y) * SC_N + j) * k.Cp + c;
+            k.sa[e] = A[j];
+            k.sh[e] = S[j];
+            if (k.dy) k.sc[e] = cl[j];
+        }
+    }
+}
+
+// Forward (y), or the backward's checkpoint pass (ckpt: the state at each stage's start, y not
+// written): the chunk from its incoming state (sh; s0 or zero where the sequence is one chunk, then
+// sT written here).
 static __global__ void __launch_bounds__(SC_CT) lh_fwd_kernel(const ScanK k) {
     extern __shared__ __align__(16) unsigned char sc_smem[];
     grid_wait();
-    const int b = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
+    const int b = blockIdx.z, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
     const int sb = sc_stage_bytes(2, 1, 0);
     LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
     const float wb = on ? k.w[c] : 0.0f, skip = on ? k.skip[c] : 0.0f;
+    int s0;
+    const int ns = lh_chunk(&k, &s0);
     float S[SC_N];
 #pragma unroll
-    for (int j = 0; j < SC_N; j++) S[j] = on && k.s0 && j < k.N ? k.s0[((size_t)b * k.C + c) * k.N + j] : 0.0f;
+    for (int j = 0; j < SC_N; j++) {
+        if (!on) S[j] = 0.0f;
+        else if (k.sh) S[j] = k.sh[(((size_t)b * k.nch + blockIdx.y) * SC_N + j) * k.Cp + c];
+        else S[j] = k.s0 && j < k.N ? k.s0[((size_t)b * k.C + c) * k.N + j] : 0.0f;
+    }
     for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, k.x, k.r, NULL, NULL, 2, 1, 0, i);
+        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, NULL, NULL, 2, 1, 0, s0 + i);
         cp_async_commit();
     }
-    for (int s = 0; s < k.nst; s++) {
+    for (int i = 0; i < ns; i++) {
+        const int s = s0 + i;
         cp_async_wait1();
         __syncthreads();
-        if (s + SC_ST - 1 < k.nst)
-            sc_issue(&k, sc_smem + (s + SC_ST - 1) % SC_ST * sb, k.x, k.r, NULL, NULL, 2, 1, 0, s + SC_ST - 1);
+        if (i + SC_ST - 1 < ns)
+            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, NULL, NULL, 2, 1, 0, s + SC_ST - 1);
         cp_async_commit();
-        const bf16 *xs = (const bf16 *)(sc_smem + s % SC_ST * sb), *rs = xs + SC_L * SC_CT;
+        const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT;
         const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
         lh_convert(f, rs + SC_L * SC_CT, n);
         if (k.ckpt) {
@@ -358,26 +503,29 @@ static __device__ __forceinline__ float warp_sum32(float v[32]) {
 static __global__ void __launch_bounds__(SC_CT) lh_bwd_kernel(const ScanK k) {
     extern __shared__ __align__(16) unsigned char sc_smem[];
     grid_wait();
-    const int b = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
+    const int b = blockIdx.z, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sb = sc_stage_bytes(3, 1, SC_N);
     LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
     float *sub = (float *)(f + 1);             // [SC_L / SC_SB][SC_N][SC_CT]: the states every SC_SB tokens
     float *red = sub + SC_L / SC_SB * SC_N * SC_CT;  // [SC_NW][SC_L][SC_RED]: the warps' sums over channels
     const float wb = on ? k.w[c] : 0.0f, skip = on ? k.skip[c] : 0.0f;
-    float dSc[SC_N];  // a_{t+1} dS_{t+1}
+    int s0;
+    const int ns = lh_chunk(&k, &s0), se = s0 + ns;  // the chunk's stages, walked from the last
+    float dSc[SC_N];  // a_{t+1} dS_{t+1}, from the chunks after this one (sc; zero where NULL)
 #pragma unroll
-    for (int j = 0; j < SC_N; j++) dSc[j] = 0.0f;
+    for (int j = 0; j < SC_N; j++)
+        dSc[j] = on && k.sc ? k.sc[(((size_t)b * k.nch + blockIdx.y) * SC_N + j) * k.Cp + c] : 0.0f;
     float dw = 0.0f, dskip = 0.0f;
     for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < k.nst) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, k.nst - 1 - i);
+        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, se - 1 - i);
         cp_async_commit();
     }
-    for (int i = 0; i < k.nst; i++) {
-        const int s = k.nst - 1 - i;
+    for (int i = 0; i < ns; i++) {
+        const int s = se - 1 - i;
         cp_async_wait1();
         __syncthreads();
-        if (i + SC_ST - 1 < k.nst)
+        if (i + SC_ST - 1 < ns)
             sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, s - (SC_ST - 1));
         cp_async_commit();
         const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT, *dys = rs + SC_L * SC_CT;
@@ -471,8 +619,9 @@ static __global__ void __launch_bounds__(SC_CT) lh_bwd_kernel(const ScanK k) {
         }
     }
     if (on) {
-        k.part[(size_t)b * 2 * k.C + c] = dw;
-        k.part[(size_t)b * 2 * k.C + k.C + c] = dskip;
+        const size_t e = ((size_t)b * k.nch + blockIdx.y) * 2 * k.C + c;
+        k.part[e] = dw;
+        k.part[e + k.C] = dskip;
     }
 }
 
@@ -495,17 +644,33 @@ static __global__ void lh_dkq_kernel(const bf16 *kin, const float *red, bf16 *dk
     }
 }
 
-// dw (+= the sequences' partials in order), dskip likewise where given. A thread a channel.
-static __global__ void sc_param_kernel(const float *part, float *dw, float *dskip, int B, int C) {
+// dw (+= the partials of every (sequence, chunk) row), dskip likewise where given, in a fixed order: a
+// block takes 32 channels, its 8 warps every 8th row each, then the warps' sums in warp order.
+#define SC_PR 8
+static __global__ void __launch_bounds__(32 * SC_PR) sc_param_kernel(const float *part, float *dw, float *dskip,
+                                                                     int rows, int C) {
+    __shared__ float acc[SC_PR][2][32];
     grid_wait();
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+    for (int c0 = blockIdx.x * 32; c0 < C; c0 += gridDim.x * 32) {
+        const int c = c0 + lane;
         float a = 0.0f, s = 0.0f;
-        for (int b = 0; b < B; b++) {
-            a += part[(size_t)b * 2 * C + c];
-            s += part[(size_t)b * 2 * C + C + c];
+        if (c < C) {
+#pragma unroll 4
+            for (int r = g; r < rows; r += SC_PR) {
+                a += part[(size_t)r * 2 * C + c];
+                s += part[(size_t)r * 2 * C + C + c];
+            }
         }
-        dw[c] += a;
-        if (dskip) dskip[c] += s;
+        acc[g][0][lane] = a;
+        acc[g][1][lane] = s;
+        __syncthreads();
+        if (g == 0 && c < C) {
+            for (int w = 1; w < SC_PR; w++) a += acc[w][0][lane], s += acc[w][1][lane];
+            dw[c] += a;
+            if (dskip) dskip[c] += s;
+        }
+        __syncthreads();
     }
 }
 
@@ -549,6 +714,10 @@ static ScanK sc_args(const ScanDims *d, const void *x, const void *r, const void
     k.tiles = (d->C + SC_CT - 1) / SC_CT;
     k.Cp = k.tiles * SC_CT;
     k.nst = (d->T + SC_L - 1) / SC_L;
+    k.spc = d->kind == SCAN_LONGHORN ? SC_LH_SPC : 1;
+    k.nch = (k.nst + k.spc - 1) / k.spc;
+    k.nsl = d->kind == SCAN_LONGHORN ? SC_N : 1;
+    k.am1 = d->kind == SCAN_RGLRU;
     k.reset = d->kind == SCAN_RGLRU && d->reset;
     k.vec = d->C % 8 == 0 && aligned16(x) && aligned16(r) && (!i || aligned16(i)) && (!dy || aligned16(dy));
     k.kqvec = d->N == SC_N && (!kk || aligned16(kk)) && (!q || aligned16(q));
@@ -557,31 +726,49 @@ static ScanK sc_args(const ScanDims *d, const void *x, const void *r, const void
 
 typedef void (*ScKernel)(const ScanK);
 
-// Launches a walk: a block per (tile, sequence), its dynamic shared memory raised past 48 KB once.
+// Launches a chunk walk: a block per (tile, chunk, sequence), its dynamic shared memory raised past 48 KB once.
 static int sc_launch(CudaCtx *c, ScKernel kern, const ScanK *k, size_t smem, int *raised) {
     if (smem > 48 * 1024 && !*raised) {
         CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         *raised = 1;
     }
     Launch l;
-    CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3((unsigned)k->tiles, (unsigned)k->B), SC_CT, smem, c->stream),
-                              kern, *k));
+    CU_TRY(cudaLaunchKernelEx(
+        launch_after(&l, c, dim3((unsigned)k->tiles, (unsigned)k->nch, (unsigned)k->B), SC_CT, smem, c->stream), kern,
+        *k));
     return MN_OK;
 }
 
-static size_t rg_fwd_smem(void) { return (size_t)SC_ST * sc_stage_bytes(3, 0, 0); }
-static size_t rg_bwd_smem(void) { return (size_t)SC_ST * sc_stage_bytes(4, 0, 1); }
-static size_t lh_fwd_smem(void) { return (size_t)SC_ST * sc_stage_bytes(2, 1, 0) + sizeof(LhKq); }
+static int sc_combine(CudaCtx *c, const ScanK *k) {
+    Launch l;
+    CU_TRY(cudaLaunchKernelEx(
+        launch_after(&l, c, dim3(grid_for((size_t)k->B * k->nsl * k->C, 128)), 128, 0, c->stream),
+        sc_combine_kernel, *k));
+    return MN_OK;
+}
+
+static size_t rg_smem(int nin) { return (size_t)sc_stage_bytes(nin, 0, 0); }
+static size_t lh_sum_smem(int nin) { return (size_t)SC_ST * sc_stage_bytes(nin, 1, 0) + sizeof(LhKq); }
 static size_t lh_bwd_smem(void) {
     return (size_t)SC_ST * sc_stage_bytes(3, 1, SC_N) + sizeof(LhKq) + sizeof(float) * SC_L / SC_SB * SC_N * SC_CT +
            sizeof(float) * SC_NW * SC_L * SC_RED;
 }
-static int rg_fwd_raised, rg_bwd_raised, lh_fwd_raised, lh_bwd_raised;
+static int rg_sum_raised, rg_fwd_raised, rg_bwd_raised, lh_sum_raised, lh_fwd_raised, lh_bwd_raised;
 
-// The forward walk (y and sT), or the backward's checkpoint pass (ckpt, from the zero state).
-static int sc_forward(CudaCtx *c, const ScanDims *d, ScanK *k) {
-    if (d->kind == SCAN_RGLRU) return sc_launch(c, rg_fwd_kernel, k, rg_fwd_smem(), &rg_fwd_raised);
-    return sc_launch(c, lh_fwd_kernel, k, lh_fwd_smem(), &lh_fwd_raised);
+// The chunks' summaries (with the adjoint's where k->dy is set), then their incoming states (and
+// adjoints) in place: sa, sh (sc) set.
+static int sc_chunk_states(CudaCtx *c, const ScanDims *d, ScanK *k) {
+    const int nin = d->kind == SCAN_RGLRU ? (k->dy ? 4 : 3) : (k->dy ? 3 : 2);
+    if (d->kind == SCAN_RGLRU) MN_TRY(sc_launch(c, rg_sum_kernel, k, rg_smem(nin), &rg_sum_raised));
+    else MN_TRY(sc_launch(c, lh_sum_kernel, k, lh_sum_smem(nin), &lh_sum_raised));
+    return sc_combine(c, k);
+}
+
+// The walk from the chunks' incoming states: y (and sT where there is one chunk), or Longhorn's
+// checkpoints (k->ckpt, y NULL).
+static int sc_walk(CudaCtx *c, const ScanDims *d, const ScanK *k) {
+    if (d->kind == SCAN_RGLRU) return sc_launch(c, rg_fwd_kernel, k, rg_smem(3), &rg_fwd_raised);
+    return sc_launch(c, lh_fwd_kernel, k, lh_sum_smem(2), &lh_fwd_raised);
 }
 
 extern "C" int cuda_scan_fwd(const Backend *be, const ScanDims *d, const ScanFwd *io) {
@@ -593,9 +780,17 @@ extern "C" int cuda_scan_fwd(const Backend *be, const ScanDims *d, const ScanFwd
     CudaCtx *c = cuda_ctx(be);
     ScanK k = sc_args(d, io->x, io->r, io->i, NULL, io->k, io->q, io->w, io->skip);
     k.s0 = (const float *)io->s0;
-    k.y = (bf16 *)io->y;
     k.sT = (float *)io->sT;
-    return sc_forward(c, d, &k);
+    if (k.nch > 1) {  // (one chunk, decoding among them: one launch from s0, no scratch)
+        const size_t nsum = (size_t)d->B * k.nch * k.nsl * k.Cp;
+        float *ws = (float *)cuda_scratch(be, sizeof(float) * 2 * nsum);
+        if (!ws) return MN_ERR_NOMEM;
+        k.sa = ws, k.sh = ws + nsum;
+        MN_TRY(sc_chunk_states(c, d, &k));
+        k.sT = NULL;
+    }
+    k.y = (bf16 *)io->y;
+    return sc_walk(c, d, &k);
 }
 
 extern "C" int cuda_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io) {
@@ -608,21 +803,27 @@ extern "C" int cuda_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd
                         lh ? "k, q, skip, dk, dq, dskip" : "i, di");
     CudaCtx *c = cuda_ctx(be);
     ScanK k = sc_args(d, io->x, io->r, io->i, io->dy, io->k, io->q, io->w, io->skip);
-    const int ns = lh ? SC_N : 1;
-    const size_t nck = (size_t)d->B * k.nst * ns * k.Cp, npart = (size_t)d->B * 2 * d->C;
+    const size_t nck = lh ? (size_t)d->B * k.nst * SC_N * k.Cp : 0;
+    const size_t nsum = k.nch > 1 ? (size_t)d->B * k.nch * k.nsl * k.Cp : 0;
+    const size_t npart = (size_t)d->B * k.nch * 2 * d->C;
     const size_t nred = lh ? (size_t)d->B * d->T * k.tiles * SC_RED : 0;
-    float *ws = (float *)cuda_scratch(be, sizeof(float) * (nck + npart + nred) + 16);
+    float *ws = (float *)cuda_scratch(be, sizeof(float) * (nck + 3 * nsum + npart + nred) + 16);
     if (!ws) return MN_ERR_NOMEM;
-    k.ckpt = ws;
-    k.part = ws + nck;
+    k.ckpt = nck ? ws : NULL;
+    k.part = ws + nck + 3 * nsum;
     k.red = nred ? k.part + npart : NULL;
-    // the checkpoints: the forward from the zero state, y not written
-    ScanK f = k;
-    f.dy = NULL;
-    MN_TRY(sc_forward(c, d, &f));
+    if (nsum) {  // each chunk's incoming state and adjoint
+        k.sa = ws + nck, k.sh = k.sa + nsum, k.sc = k.sh + nsum;
+        MN_TRY(sc_chunk_states(c, d, &k));
+    }
+    if (lh) {  // the states at the stages' starts, y not written
+        ScanK f = k;
+        f.dy = NULL;
+        MN_TRY(sc_walk(c, d, &f));
+    }
     k.dx = (bf16 *)io->dx, k.dr = (bf16 *)io->dr, k.di = (bf16 *)io->di;
     if (!lh) {
-        MN_TRY(sc_launch(c, rg_bwd_kernel, &k, rg_bwd_smem(), &rg_bwd_raised));
+        MN_TRY(sc_launch(c, rg_bwd_kernel, &k, rg_smem(4), &rg_bwd_raised));
     } else {
         MN_TRY(sc_launch(c, lh_bwd_kernel, &k, lh_bwd_smem(), &lh_bwd_raised));
         const size_t ntok = (size_t)d->B * d->T;
@@ -632,8 +833,8 @@ extern "C" int cuda_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd
                                   (bf16 *)io->dq, ntok, d->N, k.tiles));
     }
     Launch l;
-    CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3(grid_for((size_t)d->C, 256)), 256, 0, c->stream),
-                              sc_param_kernel, (const float *)k.part, (float *)io->dw,
-                              lh ? (float *)io->dskip : (float *)NULL, d->B, d->C));
+    CU_TRY(cudaLaunchKernelEx(
+        launch_after(&l, c, dim3((unsigned)((d->C + 31) / 32)), 32 * SC_PR, 0, c->stream), sc_param_kernel,
+        (const float *)k.part, (float *)io->dw, lh ? (float *)io->dskip : (float *)NULL, d->B * k.nch, d->C));
     return MN_OK;
 }

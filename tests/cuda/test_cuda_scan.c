@@ -195,10 +195,13 @@ TEST(cuda_scan_matches_reference) {
         {SCAN_RGLRU, 2, 67, 70, 1, 1, 0},      // C % 8 != 0: element copies, a partial tile; reset
         {SCAN_RGLRU, 3, 200, 136, 1, 0, 1},    // 16-byte copies, three tiles, hard gates (the sqrt clip)
         {SCAN_RGLRU, 2, 1, 40, 1, 1, 0},       // T = 1
+        {SCAN_RGLRU, 2, 32, 72, 1, 1, 0},      // T one chunk exactly: one launch from s0
         {SCAN_RGLRU, 2, 4100, 24, 1, 0, 1},    // long: 129 stages
         {SCAN_LONGHORN, 2, 70, 96, 16, 0, 0},  // d_state 16, a partial stage and tile
         {SCAN_LONGHORN, 2, 45, 37, 5, 0, 0},   // d_state 5: k, q by elements, padded
         {SCAN_LONGHORN, 1, 300, 130, 16, 0, 1}, // large keys, C % 8 != 0
+        {SCAN_LONGHORN, 2, 256, 64, 16, 0, 0}, // two 128-token chunks exactly
+        {SCAN_LONGHORN, 1, 129, 72, 7, 0, 0},  // a 128-token chunk and one token
         {SCAN_LONGHORN, 3, 1, 64, 16, 0, 0},   // T = 1
         {SCAN_LONGHORN, 1, 4100, 16, 16, 0, 0}, // long
     };

@@ -278,6 +278,9 @@ int main(void) {
     CASE(run_case(SCAN_LONGHORN, 1, 33, 40, 5, 0, 0));  // N = 5: k, q by elements, padded with zeros
     CASE(run_case(SCAN_LONGHORN, 2, 1, 64, 16, 0, 1));  // decode
     CASE(run_case(SCAN_LONGHORN, 1, 97, 130, 16, 0, 0)); // three tiles, C % 8 != 0
+    CASE(run_case(SCAN_LONGHORN, 1, 300, 40, 16, 0, 0)); // chunks of 128 tokens: two and a partial one
+    CASE(run_case(SCAN_LONGHORN, 2, 129, 24, 5, 0, 1));  // a chunk and one token; sT aliasing s0
+    CASE(run_case(SCAN_RGLRU, 2, 96, 16, 1, 0, 1));      // three 32-token chunks exactly; sT aliasing s0
     printf(fails ? "FAILED: %d\n" : "all passed\n", fails);
     return fails != 0;
 }
