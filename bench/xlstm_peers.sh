@@ -18,10 +18,12 @@
 #
 #   xlstm-125m-GPU.txt     training tokens/s and memory, bf16, batch 8 x 2048: mesanet bench train of
 #                          xlstm-125m (xLSTM[7:1], the paper's block layout) and xlstm10-125m (mLSTM
-#                          blocks only), then bench/nxai_xlstm_model_bench.py (NX-AI's xLSTMLMModel at
-#                          the same sizes: mlstm_kernels' TFLA mLSTM kernel, the sLSTM's "vanilla"
-#                          backend since its CUDA kernel does not build here; xLSTM[1:0] the same
-#                          without sLSTM; the package's own parallel mLSTM form), then the ratios
+#                          blocks only); our mLSTM core at their layer's shape (8 x 2048, 4 heads of
+#                          384; the forward recurrent, then chunkwise); bench/nxai_xlstm_model_bench.py
+#                          (NX-AI's xLSTMLMModel at the same sizes: mlstm_kernels' TFLA mLSTM kernel,
+#                          the sLSTM's "vanilla" backend since its CUDA kernel does not build here;
+#                          xLSTM[1:0] the same without sLSTM); bench/xlstm_kernels_bench.py at the
+#                          layer's shape; the package's own parallel mLSTM form last; the ratios
 #   xlstm-125m-log-GPU.txt the log
 #
 #   bench/xlstm_peers.sh [OUT_DIR] [GPU_NAME]
@@ -129,6 +131,10 @@ if [ "$PART" = 125m ]; then
             step "ours: train $c" 60 "$MODELS" "$BIN" bench train --backend cuda --config $c --batch 8 --seq 2048 \
                 --steps 5
         done
+        for f in recurrent auto; do  # the forward as it was, then as AUTO takes it (the one the ratios keep)
+            step "ours: mLSTM core, 4 heads of 384, form $f" 45 "$MODELS" "$BIN" bench xlstm --backend cuda \
+                --mlstm 8x2048x4x384 --slstm "" --form $f --err-heads 1
+        done
     else
         echo "### ours: not run, no $BIN" | tee -a "$MODELS" >> "$LOG"
     fi
@@ -140,10 +146,12 @@ if [ "$PART" = 125m ]; then
                 --models $m --mlstm-kernel chunkwise--triton_limit_chunk --steps 5 --bin "$BIN"
         fi
     done
+    step "peers: mLSTM kernels, 4 heads of 384" 90 "$MODELS" python3 bench/xlstm_kernels_bench.py \
+        --mlstm 8x2048x4x384 --slstm "" --err-heads 1
     step "peers: train nxai-125m-parallel" 120 "$MODELS" python3 bench/nxai_xlstm_model_bench.py \
         --models nxai-125m-parallel --steps 3 --bin "$BIN"
-    echo "### ratios (bench/xlstm_ratios.py --models)" >> "$MODELS"
-    r=$(python3 bench/xlstm_ratios.py --models "$MODELS" 2>> "$LOG")  # read whole before the file grows
+    echo "### ratios (bench/xlstm_ratios.py)" >> "$MODELS"
+    r=$(python3 bench/xlstm_ratios.py "$MODELS" "$MODELS" 2>> "$LOG")  # read whole before the file grows
     echo "$r" | tee -a "$MODELS"
     echo "### done in $(($(date +%s) - START))s; results in $MODELS" | tee -a "$LOG"
     exit 0

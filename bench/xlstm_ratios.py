@@ -2,11 +2,10 @@
 ratios ours / theirs wherever both ran. Plain text parsing (no torch):
 
     python3 bench/xlstm_ratios.py KERNELS_FILE MODELS_FILE
-    python3 bench/xlstm_ratios.py --models MODELS_FILE      (training and decoding only)
 
 KERNELS_FILE holds `mesanet bench xlstm --backend cuda` and bench/xlstm_kernels_bench.py's output,
 MODELS_FILE `mesanet bench train` / `bench decode` and bench/hf_xlstm_bench.py's or
-bench/nxai_xlstm_model_bench.py's. Time ratios
+bench/nxai_xlstm_model_bench.py's (one file may be both). Time ratios
 (ms) below 1 and throughput ratios (tokens/s) above 1 are ours being faster.
 """
 import re
@@ -82,23 +81,17 @@ def model_rows(text):
 
 
 def main():
-    models_only = len(sys.argv) == 3 and sys.argv[1] == "--models"
     if len(sys.argv) != 3:
-        sys.exit("usage: python3 bench/xlstm_ratios.py KERNELS_FILE MODELS_FILE | --models MODELS_FILE")
-    texts = [""] if models_only else []
-    for path in sys.argv[1 + models_only:]:
+        sys.exit("usage: python3 bench/xlstm_ratios.py KERNELS_FILE MODELS_FILE")
+    texts = []
+    for path in sys.argv[1:]:
         try:
             with open(path) as f:
                 texts.append(f.read())
         except OSError as e:
             print(f"({path}: {e.strerror}; no ratios from it)")
             texts.append("")
-    if not models_only:
-        print_cores(kernel_rows(texts[0]))
-    print_models(*model_rows(texts[1]), models_only)
-
-
-def print_cores(k):
+    k = kernel_rows(texts[0])
     print("cores: ours / theirs, time ratios (< 1: ours faster)")
     print(f"{'core':5s} {'shape':20s} {'theirs':22s} | {'fwd':>7s} {'f+b':>7s} {'f+b strm':>8s}")
     n = 0
@@ -110,10 +103,8 @@ def print_cores(k):
         n += 1
     if not n:
         print("  (no shape with both)")
-
-
-def print_models(train, decode, models_only):
-    print(("" if models_only else "\n") + "training: ours / theirs, tokens/s (> 1: ours faster) and device memory in use (< 1: ours smaller)")
+    train, decode = model_rows(texts[1])
+    print("\ntraining: ours / theirs, tokens/s (> 1: ours faster) and device memory in use (< 1: ours smaller)")
     n = 0
     for (cfg, impl), (tps, mem) in sorted(train.items()):
         if impl == "ours" or (cfg, "ours") not in train:
@@ -123,8 +114,6 @@ def print_models(train, decode, models_only):
         n += 1
     if not n:
         print("  (no config with both)")
-    if models_only and not decode:
-        return
     print("\ndecoding: ours / theirs, tokens/s (> 1: ours faster)")
     n = 0
     for (cfg, impl, B), tps in sorted(decode.items()):

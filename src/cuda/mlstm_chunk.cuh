@@ -31,8 +31,8 @@
  * A X^T. Every size is a compile-time constant (DA: the padded contraction size 64, 128 or 256; DCS:
  * 32 or 64); heads are padded with zeros. A wider contraction runs as walks over column slices of A
  * and B (mlstm_cuda.cu's ml_walk2): out, and the forward's n.q, are linear in A B^T and in the state
- * over them, so a first walk stores its float32 partials (part, pnq; the forward's before den) and
- * the second adds them before den, the division and out's one rounding.
+ * over them, so a first walk stores its float32 partials (part: the sums before the scale and den;
+ * pnq: s n.q) and the second adds them before den, the scaling and out's one rounding.
  */
 #ifndef MN_MLSTM_CHUNK_CUH
 #define MN_MLSTM_CHUNK_CUH
@@ -60,7 +60,7 @@ typedef struct {
     float *part;                // [B,T,H,Dc] float32 partial outputs (NULL: none): with part_out, out's values
     int part_out;               // are stored there (nothing else written); without, added to out's first
     float *pnq;                 // forward with part: [B,T,H] the partial s n.q (with part_out stored, else added
-                                // before den; the partial out is then s (..) before the division by den)
+                                // before den); part holds the sums before the scale s and the division by den
     int vec_ab, vec_c;          // rows of a, b (c) can be copied 16 bytes at a time
     float scale, eps;
 } MlWalk;
@@ -343,8 +343,8 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
                 mma_bf16(oacc[2 * np + 1], pa, bv[2], bv[3]);
             }
         }
-        // the outputs of rows x (lanes of a quad share a row): s out / den, or with part s out (+ part) / den
-        float rscale[2] = {k.scale, k.scale}, rden[2] = {1.0f, 1.0f};
+        // the outputs of rows x (lanes of a quad share a row): (out + part) s (/ den: the forward)
+        float rscale[2] = {k.scale, k.scale};
         if (FWD) {
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -361,15 +361,14 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
                 na += __shfl_xor_sync(0xffffffffu, na, 2);
                 float nq = k.scale * (r + sc[ML_SC_W * ML_C + x] * na);
                 const float mx = sc[ML_SC_MX * ML_C + x];
-                const size_t ti = tok0 + (size_t)(t0 + x) * H;
-                if (k.part && t0 + x < T) {
-                    if (!k.part_out) nq += k.pnq[ti];
-                    else if (slice == 0 && q4 == 0) k.pnq[ti] = nq;
+                if (k.pnq && t0 + x < T) {
+                    float *p = k.pnq + tok0 + (size_t)(t0 + x) * H;
+                    if (!k.part_out) nq += *p;
+                    else if (slice == 0 && q4 == 0) *p = nq;
                 }
-                const float den = fmaxf(fabsf(nq), __expf(-mx)) + k.eps;
-                if (!k.part) rscale[h] = k.scale / den;
-                else if (!k.part_out) rden[h] = 1.0f / den;
+                rscale[h] = k.scale / (fmaxf(fabsf(nq), __expf(-mx)) + k.eps);
                 if (slice == 0 && q4 == 0 && t0 + x < T) {
+                    const size_t ti = tok0 + (size_t)(t0 + x) * H;
                     if (k.nq) k.nq[ti] = nq;
                     if (k.mo) k.mo[ti] = mx;
                 }
@@ -383,7 +382,7 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
                 const int x = xr[h], c = c0s + 8 * ct + lc;
                 if (t0 + x >= T || c >= k.Dc) continue;
                 const size_t o = (tok0 + (size_t)(t0 + x) * H) * k.Dc + c;
-                float v0 = oacc[ct][2 * h] * rscale[h], v1 = oacc[ct][2 * h + 1] * rscale[h];
+                float v0 = oacc[ct][2 * h], v1 = oacc[ct][2 * h + 1];
                 const int two = c + 1 < k.Dc;
                 if (k.part) {
                     if (k.part_out) {
@@ -391,9 +390,11 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
                         if (two) k.part[o + 1] = v1;
                         continue;
                     }
-                    v0 = (v0 + k.part[o]) * rden[h];
-                    if (two) v1 = (v1 + k.part[o + 1]) * rden[h];
+                    v0 += k.part[o];
+                    if (two) v1 += k.part[o + 1];
                 }
+                v0 *= rscale[h];
+                v1 *= rscale[h];
                 if (two && (k.Dc & 1) == 0) {
                     *(uint32_t *)(k.out + o) = pack_bf16(v0, v1);
                 } else {
@@ -465,14 +466,17 @@ static __device__ __forceinline__ void ml_walk(const MlWalk k, const int DA, con
             me = ml_gates(tk, me, nch * ML_C, T, k.rs_side, k.ex_side, scb + (buf ^ 1) * ML_SC_N * ML_C, dec + (buf ^ 1), REV, FWD);
         __syncthreads();
     }
-    if (FWD) {
+    if (FWD && k.cT) {
+        float *const ct = k.cT + ((size_t)pair * k.Dc + c0s) * k.lda;  // the slice's first row
 #pragma unroll
         for (int nt = 0; nt < NTX; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int c = 16 * wm + lr + 8 * (e >> 1), d = dbase + 8 * nt + lc + (e & 1);
-                if (k.cT && c0s + c < k.Dc && d < k.Da) k.cT[((size_t)pair * k.Dc + c0s + c) * k.lda + d] = xacc[nt][e];
+                if (c0s + c < k.Dc && d < k.Da) ct[(size_t)c * k.lda + d] = xacc[nt][e];
             }
+    }
+    if (FWD) {
         if (slice == 0 && k.nT)
             for (int d = tid; d < k.Da; d += ML_THREADS) k.nT[(size_t)pair * k.lda + d] = nv[d];
         if (slice == 0 && k.mT && tid == 0) k.mT[pair] = me;

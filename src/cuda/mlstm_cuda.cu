@@ -4,10 +4,10 @@
  * nq, m and the states float32; every sum runs in float32.
  *
  * Forms. The chunkwise one (mlstm_chunk.cuh: chunks of 64, the carried state (C, n, m) in float32,
- * the products on the tensor cores) runs the forward in one launch (two where Dk > 256: ml_walk2) and is
- * what AUTO takes from T = 16 on; the recurrent one (mlstm_rec_kernel,
- * a token at a time, float32 throughout) serves decoding (T < 16 with MN_FORM_AUTO: one launch, no
- * scratch but the initial n, m copied, recordable into a graph) and MN_FORM_RECURRENT. MlstmOpts.chunk
+ * the products on the tensor cores) runs the forward in one launch (two where Dk > 256: ml_walk2), at
+ * any head size, and is what AUTO takes from T = 16 on; the recurrent one (mlstm_rec_kernel, a token
+ * at a time, float32 throughout) serves decoding (T < 16 with MN_FORM_AUTO: one launch, no scratch
+ * but the initial n, m copied, recordable into a graph) and MN_FORM_RECURRENT. MlstmOpts.chunk
  * is a hint: the kernels' chunk is 64 (the forms agree to rounding whatever the chunk). Both forms
  * compute the recurrence's m exactly, so they agree where eps matters too.
  *

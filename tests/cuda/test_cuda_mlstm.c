@@ -2,8 +2,8 @@
 // against the CPU backend's (src/cpu/mlstm.c, float32), through the op tables, on awkward shapes:
 // T not a multiple of the chunk (1, 67, 75, 130, 200), B 2, H 3, heads of 16, 17, 24, 64, 128, 256 and
 // Dk != Dv, heads above 256 (320 x 448, 384, 512, 64 x 384: the chunkwise forward's and the backward's
-// walks in two slices of a contraction over 256, ml_walk2's float32 partials), hard gates (input gates up to +-20, forget gates near 1: sigmoid(6 +- 2)), and eps 0.5 and
-// 0.05, where the backward's exact gradient through the stabiliser m (core/backend.h: dL/dm_t =
+// walks in two slices of a contraction over 256, ml_walk2's float32 partials), hard gates (input
+// gates up to +-20, forget gates near 1: sigmoid(6 +- 2)), and eps 0.5 and 0.05, where the backward's exact gradient through the stabiliser m (core/backend.h: dL/dm_t =
 // -(dh_t . h_t) eps / den_t, back through m_t's max to the winning gate) is a large part of dfg and dig
 // (the CPU emulation without it: dfg off by 0.76, dig by 0.39). Both get the same inputs, q, k, v, dh
 // rounded to bf16 first (what the GPU holds); each backward gets its own forward's h, nq, m. Every GPU output is poisoned with NaN before the call (an element never written
@@ -355,7 +355,8 @@ TEST(cuda_mlstm_auto_takes_the_chunkwise_form) {
             CHECK(!memcmp(a.h, ch.h, sizeof(double) * c.nv), "T %d Dk %d Dv %d: AUTO's h is not the chunkwise form's",
                   s->T, s->Dk, s->Dv);
             CHECK(memcmp(rec.h, ch.h, sizeof(double) * c.nv) != 0,
-                  "T %d Dk %d Dv %d: the recurrent and chunkwise forms' h are identical (the test cannot tell them apart)",
+                  "T %d Dk %d Dv %d: the recurrent and chunkwise forms' h are identical (the test cannot tell them "
+                  "apart)",
                   s->T, s->Dk, s->Dv);
         }
         mouts_free(&a); mouts_free(&ch); mouts_free(&rec);
