@@ -232,6 +232,48 @@ TEST(cuda_scan_matches_reference) {
     }
 }
 
+// Bit for bit the same outputs on every run: the RG-LRU's chunks are chained in one launch (a chunk
+// takes what its predecessors published, whichever of them had finished), so a scheduling-dependent
+// order of sums would show here. 8 x 2048 x 1000: 64 chunks of 16 tiles a sequence, 8192 blocks a launch.
+static int same_bits(const double *a, const double *b, size_t n) { return !a || !b || !memcmp(a, b, n * sizeof *a); }
+
+TEST(cuda_scan_is_deterministic) {
+    if (!setup()) return;
+    static const SShape shapes[] = {
+        {SCAN_RGLRU, 8, 2048, 1000, 1, 0, 0},
+        {SCAN_LONGHORN, 2, 1000, 520, 16, 0, 0},
+    };
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const SShape *s = &shapes[si];
+        char tag[96];
+        shape_tag(tag, sizeof tag, s);
+        SCase c;
+        scase_init(&c, s, 7000 + 13 * si);
+        SOuts o[3];
+        int ok = 1;
+        for (int run = 0; run < 3 && ok; run++) ok = !run_on(G, &c, &o[run]);
+        if (!ok) {
+            test_fail(__FILE__, __LINE__, "%s: %s", tag, mn_last_error());
+            scase_free(&c);
+            continue;
+        }
+        int all = 1;
+        for (int run = 1; run < 3; run++) {
+            const SOuts *a = &o[0], *b = &o[run];
+            const int same = same_bits(a->y, b->y, c.nx) && same_bits(a->sT, b->sT, c.ns) &&
+                             same_bits(a->dx, b->dx, c.nx) && same_bits(a->dr, b->dr, c.nx) &&
+                             same_bits(a->di, b->di, c.nx) && same_bits(a->dk, b->dk, c.nk) &&
+                             same_bits(a->dq, b->dq, c.nk) && same_bits(a->dw, b->dw, (size_t)s->C) &&
+                             same_bits(a->dskip, b->dskip, (size_t)s->C);
+            if (!same) test_fail(__FILE__, __LINE__, "%s: run %d differs from run 0", tag, run);
+            all = all && same;
+        }
+        if (all) test_note("%-44s 3 runs bit-identical", tag);
+        for (int run = 0; run < 3; run++) souts_free(&o[run]);
+        scase_free(&c);
+    }
+}
+
 // Rows [t0, t0 + n) of a [B,T,D] tensor as a [B,n,D] one.
 static double *rows_of(const double *x, int B, int T, int D, int t0, int n) {
     if (!x) return NULL;

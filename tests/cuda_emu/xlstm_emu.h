@@ -60,6 +60,23 @@ static inline float atomicAdd(float *p, float v) {
     pthread_mutex_unlock(&emu_atomic);
     return old;
 }
+static inline int atomicAdd(int *p, int v) {
+    pthread_mutex_lock(&emu_atomic);
+    int old = *p;
+    *p = old + v;
+    pthread_mutex_unlock(&emu_atomic);
+    return old;
+}
+static inline int atomicExch(int *p, int v) {
+    pthread_mutex_lock(&emu_atomic);
+    int old = *p;
+    *p = v;
+    pthread_mutex_unlock(&emu_atomic);
+    return old;
+}
+// (the blocks run one after another: a fence has nothing to order across them)
+static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline float __ldcg(const float *p) { return *p; }
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static
 static inline void emu_align(const void *p, unsigned n, const char *what) {
