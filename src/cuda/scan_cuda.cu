@@ -213,26 +213,40 @@ static __device__ void sc_publish(const ScChain *q, size_t f, int v) {
 }
 
 // The inclusive value of chunk ch - dir (dir 1: the forward chain, -1: the backward's) for channel c of
-// tile `tile`: thread 0 waits for the nearest such chunk whose inclusive value is out, and the aggregates
-// of those between are folded in, in chain order. Whichever it finds, the result is the same operations
-// on the same values as the chain's own (v <- (A - 1) v + v + end, from the chain's first chunk), so
-// deterministic.
+// tile `tile`. Warp 0 reads the flags of the 32 chunks before this one at once (one round trip, not
+// one a chunk): the nearest with its inclusive value out, every one between with at least its
+// aggregate, else it reads them again (a window of aggregates only: the 32 before it). The aggregates
+// between are folded in, in chain order. Whichever chunk it stops at, the result is the same
+// operations on the same values as the chain's own (v <- (A - 1) v + v + end, from the chain's first
+// chunk), so deterministic.
 static __device__ float sc_look_back(const ScanK *k, const ScChain *q, int b, int tile, int c, int ch, int dir) {
     __shared__ int from;
-    if (threadIdx.x == 0) {
-        int p = ch - dir;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        int base = ch;  // the window: chunks base - dir (1 + lane)
         for (;;) {
-            const int f = *(volatile int *)(q->flag + ((size_t)b * k->nch + p) * k->tiles + tile);
-            if (f == SC_INC) break;
-            if (f == SC_AGG) p -= dir;  // (the chain's first chunk publishes SC_INC at once)
+            const int p = base - dir * (1 + lane), in = p >= 0 && p < k->nch;
+            // (past the chain's first chunk, which publishes SC_INC at once: nothing, counted as SC_INC)
+            const int f = in ? *(volatile int *)(q->flag + ((size_t)b * k->nch + p) * k->tiles + tile) : SC_INC;
+            const unsigned inc = __ballot_sync(0xffffffffu, f == SC_INC), none = __ballot_sync(0xffffffffu, f == 0);
+            if (inc) {
+                const int li = __ffs(inc) - 1;
+                if (!(none & ((1u << li) - 1u))) {
+                    if (lane == 0) from = base - dir * (1 + li);
+                    break;
+                }
+            } else if (!none) {
+                base -= 32 * dir;
+            }
         }
         __threadfence();
-        from = p;
     }
     __syncthreads();
+    const int p0 = from;
     const size_t e0 = (size_t)b * k->nch * k->Cp + c;
-    float v = __ldcg(q->inc + e0 + (size_t)from * k->Cp);
-    for (int p = from + dir; p != ch; p += dir) {
+    float v = __ldcg(q->inc + e0 + (size_t)p0 * k->Cp);
+#pragma unroll 8
+    for (int p = p0 + dir; p != ch; p += dir) {
         const float A = __ldcg(q->am1 + e0 + (size_t)p * k->Cp), l = __ldcg(q->end + e0 + (size_t)p * k->Cp);
         v = fmaf(A, v, v + l);
     }

@@ -214,6 +214,12 @@ static inline float emu_shfl(float v, int src) {
     return x;
 }
 static inline float __shfl_sync(unsigned, float v, int src) { return emu_shfl(v, src); }
+static inline unsigned __ballot_sync(unsigned, int pred) {  // (the whole warp takes part)
+    unsigned m = 0;
+    for (int l = 0; l < 32; l++) m |= (emu_shfl(pred ? 1.0f : 0.0f, l) != 0.0f ? 1u : 0u) << l;
+    return m;
+}
+static inline int __ffs(unsigned x) { return x ? __builtin_ctz(x) + 1 : 0; }
 static inline float __shfl_xor_sync(unsigned, float v, int o) { return emu_shfl(v, (threadIdx.x & 31) ^ o); }
 static inline float __shfl_up_sync(unsigned, float v, int o) {
     int l = threadIdx.x & 31;
