@@ -53,17 +53,6 @@ extern "C" int cuda_scan_supports(const Backend *be, const ScanDims *d);
 #define SC_LH_SPC 4  // Longhorn: stages a chunk (RG-LRU's chunk is a stage)
 #define SC_MAXGRAD2 1e-6f  // transformers' SqrtBoundDerivative: 4u clipped at 1 / 1000^2
 
-// RG-LRU: a chain of chunks (rg_fwd_kernel's states forward, rg_bwd_kernel's adjoints backward). Each
-// chunk publishes its aggregate (the value it hands on from a zero one: A - 1 and end) under SC_AGG,
-// then its inclusive value (what it hands on: inc = A v + end, v what it was handed) under SC_INC.
-#define SC_AGG 1
-#define SC_INC 2
-typedef struct {
-    float *am1, *end, *inc;  // [B][nch][Cp]
-    int *flag;               // [B][nch][tiles]: 0, SC_AGG, SC_INC; zeroed before the launch
-    int *ticket;             // the blocks' order of start; zeroed before the launch
-} ScChain;
-
 typedef struct {
     const bf16 *x, *r, *i, *dy;  // [B,T,C]
     const bf16 *k, *q;           // [B,T,N]
@@ -72,16 +61,15 @@ typedef struct {
     bf16 *y;                     // [B,T,C] or NULL (the checkpoint pass)
     float *sT;                   // [B,C,N] or NULL
     float *ckpt;                 // [B][nst][SC_N][Cp]: Longhorn's state at each stage's start, or NULL
-    float *sa, *sh, *sc;         // Longhorn: [B][nch][SC_N][Cp]: each chunk's summary (see sc_combine_kernel), or NULL
-    ScChain fc, bc;              // RG-LRU where nch > 1: the forward and backward chains
+    float *sa, *sh, *sc;         // [B][nch][nsl][Cp]: each chunk's summary (see sc_combine_kernel), or NULL
     bf16 *dx, *dr, *di;          // [B,T,C]
     float *part;                 // [B][2][C]: dw, dskip partials of each sequence
     float *red;                  // [B][T][tiles][SC_RED]: Longhorn's dk, dq, dkappa partials
     int B, T, C, N, Cp, nst, tiles;
-    int spc, nch;       // stages a chunk, chunks
+    int spc, nch, nsl;  // stages a chunk, chunks, state slots in the summaries (1 or SC_N)
+    int am1;            // sa holds A - 1 (RG-LRU: kept exact for slow channels), else A
     int reset;
     int vec;     // channel rows by 16-byte cp.async (C % 8 == 0 and aligned pointers)
-    int ovec;    // RG-LRU's outputs (y; dx, dr, di) by 16-byte stores likewise
     int kqvec;   // k, q rows by cp.async (N == 16, aligned)
 } ScanK;
 
@@ -94,8 +82,8 @@ static __host__ __device__ int sc_stage_bytes(int nin, int kq, int ns) {
 // Copies stage s (tokens s SC_L ..) into stage buffer `buf`: the nin channel arrays a0 .., k and q where kq,
 // the checkpoint where ns. Channels past C and slots past N are zero; tokens past T are not copied.
 static __device__ void sc_issue(const ScanK *k, unsigned char *buf, const bf16 *a0, const bf16 *a1, const bf16 *a2,
-                                const bf16 *a3, int nin, int kq, int ns, int s, int b, int tile) {
-    const int c0 = tile * SC_CT, t0 = s * SC_L;
+                                const bf16 *a3, int nin, int kq, int ns, int s) {
+    const int b = blockIdx.z, c0 = blockIdx.x * SC_CT, t0 = s * SC_L;
     const int n = k->T - t0 < SC_L ? k->T - t0 : SC_L;
     const int tid = threadIdx.x;
     // channel rows: SC_CT / 8 pieces a token
@@ -170,224 +158,108 @@ static __device__ __forceinline__ void rg_gates(float rt, float coef, int first,
 
 static __device__ __forceinline__ float softplusf_(float w) { return w > 20.0f ? w : log1pf(__expf(w)); }
 
-// A block's chunk (RG-LRU: one stage, s) of sequence b, channels tile SC_CT .. into shared memory: the nin
-// arrays x, r, i, dy.
-static __device__ void rg_load(const ScanK *k, unsigned char *smem, int nin, int s, int b, int tile) {
-    sc_issue(k, smem, k->x, k->r, k->i, k->dy, nin, 0, 0, s, b, tile);
+// A block's chunk (RG-LRU: one stage, s = blockIdx.y) into shared memory: the nin arrays x, r, i, dy.
+static __device__ void rg_load(const ScanK *k, unsigned char *smem, int nin, int s) {
+    sc_issue(k, smem, k->x, k->r, k->i, k->dy, nin, 0, 0, s);
     cp_async_commit();
     cp_async_wait0();
     __syncthreads();
 }
 
-// Rows [0, n) of a chunk's array in shared memory (bf16 [SC_L][SC_CT]) out to dst's tokens t0 .. of sequence b:
-// 16-byte stores where the outputs allow (ovec), else element by element.
-static __device__ void rg_store(const ScanK *k, bf16 *dst, const bf16 *src, int b, int tile, int t0, int n) {
-    const int c0 = tile * SC_CT;
-    for (int p = threadIdx.x; p < n * (SC_CT / 8); p += SC_CT) {
-        const int tt = p / (SC_CT / 8), g = p % (SC_CT / 8), c = c0 + 8 * g;
-        const size_t row = ((size_t)b * k->T + t0 + tt) * k->C;
-        const bf16 *s = src + tt * SC_CT + 8 * g;
-        if (k->ovec && c + 8 <= k->C) {
-            *(uint4 *)(dst + row + c) = *(const uint4 *)s;
-        } else {
-            for (int e = 0; e < 8 && c + e < k->C; e++) dst[row + c + e] = s[e];
-        }
+// The chunk's summary, walked from the zero state: A - 1 (A the product of its a, kept exact where a is
+// within rounding of 1), its final state hl, and where dy is given the adjoint it hands back from zero,
+// cl = sum_t a_t0 .. a_t dy_t (then the chunk's h_end = A h_in + hl, a_t0 dh_t0 = A c_in + cl).
+static __global__ void __launch_bounds__(SC_CT) rg_sum_kernel(const ScanK k) {
+    extern __shared__ __align__(16) unsigned char sc_smem[];
+    grid_wait();
+    const int b = blockIdx.z, s = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
+    const float coef = on ? -8.0f * softplusf_(k.w[c]) : 0.0f;
+    rg_load(&k, sc_smem, k.dy ? 4 : 3, s);
+    const bf16 *xs = (const bf16 *)sc_smem, *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
+    const bf16 *dys = is + SC_L * SC_CT;
+    const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
+    float h = 0.0f, Am1 = 0.0f, cl = 0.0f;
+    for (int tt = 0; tt < n; tt++) {
+        const int o = tt * SC_CT + threadIdx.x;
+        const int first = k.reset && t0 + tt == 0;
+        float am1, m;
+        rg_gates(ld(rs, o), coef, first, &am1, &m);
+        const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
+        h = first ? bt : fmaf(am1, h, h + bt);
+        Am1 = first ? -1.0f : fmaf(Am1, am1, Am1 + am1);  // (1 + A')(1 + a') - 1
+        if (k.dy) cl = fmaf(1.0f + Am1, ld(dys, o), cl);
+    }
+    if (on) {
+        const size_t e = ((size_t)b * k.nch + s) * k.Cp + c;
+        k.sa[e] = Am1;
+        k.sh[e] = h;
+        if (k.dy) k.sc[e] = cl;
     }
 }
 
-// The chain of a sequence's chunks (ScChain), one per tile of channels. A block takes a ticket when it
-// starts and its (sequence, chunk, tile) from it, in chain order: every chunk it waits for has started,
-// so the chain moves on whatever order the blocks are scheduled in.
-static __device__ int sc_ticket(const ScChain *q) {
-    __shared__ int id;
-    if (threadIdx.x == 0) id = atomicAdd(q->ticket, 1);
-    __syncthreads();
-    return id;
-}
-
-// Makes the block's stores of a chunk's values visible, then raises its flag to v.
-static __device__ void sc_publish(const ScChain *q, size_t f, int v) {
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) atomicExch(q->flag + f, v);
-}
-
-// The inclusive value of chunk ch - dir (dir 1: the forward chain, -1: the backward's) for channel c of
-// tile `tile`. Warp 0 reads the flags of the 32 chunks before this one at once (one round trip, not
-// one a chunk): the nearest with its inclusive value out, every one between with at least its
-// aggregate, else it reads them again (a window of aggregates only: the 32 before it). The aggregates
-// between are folded in, in chain order. Whichever chunk it stops at, the result is the same
-// operations on the same values as the chain's own (v <- (A - 1) v + v + end, from the chain's first
-// chunk), so deterministic.
-static __device__ float sc_look_back(const ScanK *k, const ScChain *q, int b, int tile, int c, int ch, int dir) {
-    __shared__ int from;
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        int base = ch;  // the window: chunks base - dir (1 + lane)
-        for (;;) {
-            const int p = base - dir * (1 + lane), in = p >= 0 && p < k->nch;
-            // (past the chain's first chunk, which publishes SC_INC at once: nothing, counted as SC_INC)
-            const int f = in ? *(volatile int *)(q->flag + ((size_t)b * k->nch + p) * k->tiles + tile) : SC_INC;
-            const unsigned inc = __ballot_sync(0xffffffffu, f == SC_INC), none = __ballot_sync(0xffffffffu, f == 0);
-            if (inc) {
-                const int li = __ffs(inc) - 1;
-                if (!(none & ((1u << li) - 1u))) {
-                    if (lane == 0) from = base - dir * (1 + li);
-                    break;
-                }
-            } else if (!none) {
-                base -= 32 * dir;
-            }
-        }
-        __threadfence();
-    }
-    __syncthreads();
-    const int p0 = from;
-    const size_t e0 = (size_t)b * k->nch * k->Cp + c;
-    float v = __ldcg(q->inc + e0 + (size_t)p0 * k->Cp);
-#pragma unroll 8
-    for (int p = p0 + dir; p != ch; p += dir) {
-        const float A = __ldcg(q->am1 + e0 + (size_t)p * k->Cp), l = __ldcg(q->end + e0 + (size_t)p * k->Cp);
-        v = fmaf(A, v, v + l);
-    }
-    return v;
-}
-
-// The block's (sequence, chunk, tile): from its ticket where the sequence is chained, in chain order
-// (rev: the last chunk first), else from blockIdx.
-static __device__ void sc_place(const ScanK *k, const ScChain *q, int rev, int *b, int *ch, int *tile) {
-    const int id = k->nch > 1 ? sc_ticket(q) : (int)blockIdx.x;
-    *tile = id % k->tiles;
-    *ch = id / k->tiles % k->nch;
-    *b = id / (k->tiles * k->nch);
-    if (rev) *ch = k->nch - 1 - *ch;
-}
-
-// Forward, one pass: the chunk's gates (a - 1 and b = sqrt(1 - a^2) sigmoid(i) x a token) into registers
-// and its aggregate from the zero state (A - 1, A the product of its a, kept exact where a is within
-// rounding of 1; hl its end state) published; its incoming state from the chain (s0 or zero for the
-// first chunk), its end state published; then y by the walk from the incoming state. With y NULL (the
-// backward's first pass) only the chain: the last chunk, whose end nobody reads, does nothing.
+// Forward (y): the chunk from its incoming state (sh, from sc_combine_kernel; s0 or zero where the
+// sequence is one chunk, then sT written here).
 static __global__ void __launch_bounds__(SC_CT) rg_fwd_kernel(const ScanK k) {
     extern __shared__ __align__(16) unsigned char sc_smem[];
     grid_wait();
-    int b, ch, tile;
-    sc_place(&k, &k.fc, 0, &b, &ch, &tile);
-    if (!k.y && ch == k.nch - 1) return;  // (uniform over the block)
-    const int c = tile * SC_CT + threadIdx.x, on = c < k.C;
+    const int b = blockIdx.z, s = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
     const float coef = on ? -8.0f * softplusf_(k.w[c]) : 0.0f;
-    float hin = 0.0f;
-    if (ch == 0 && on && k.s0 && !k.reset) hin = k.s0[(size_t)b * k.C + c];
-    rg_load(&k, sc_smem, 3, ch, b, tile);
-    bf16 *xs = (bf16 *)sc_smem;
-    const bf16 *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
-    const int t0 = ch * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
-    float am1v[SC_L], bv[SC_L], hl = 0.0f, Am1 = 0.0f;
-#pragma unroll
-    for (int tt = 0; tt < SC_L; tt++) {
-        am1v[tt] = 0.0f, bv[tt] = 0.0f;
-        if (tt < n) {
-            const int o = tt * SC_CT + threadIdx.x;
-            const int first = k.reset && t0 + tt == 0;
-            rg_gates(ld(rs, o), coef, first, &am1v[tt], &bv[tt]);
-            bv[tt] *= sigmoidf_(ld(is, o)) * ld(xs, o);
-            hl = first ? bv[tt] : fmaf(am1v[tt], hl, hl + bv[tt]);
-            Am1 = first ? -1.0f : fmaf(Am1, am1v[tt], Am1 + am1v[tt]);  // (1 + A')(1 + a') - 1
-        }
+    float h = 0.0f;
+    if (on) h = k.sh ? k.sh[((size_t)b * k.nch + s) * k.Cp + c] : k.s0 ? k.s0[(size_t)b * k.C + c] : 0.0f;
+    rg_load(&k, sc_smem, 3, s);
+    const bf16 *xs = (const bf16 *)sc_smem, *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
+    const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
+#pragma unroll 4
+    for (int tt = 0; tt < n; tt++) {
+        const int o = tt * SC_CT + threadIdx.x;
+        const int first = k.reset && t0 + tt == 0;
+        float am1, m;
+        rg_gates(ld(rs, o), coef, first, &am1, &m);
+        const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
+        h = first ? bt : fmaf(am1, h, h + bt);  // a h + b
+        if (on) st(k.y, ((size_t)b * k.T + t0 + tt) * k.C + c, h);
     }
-    if (k.nch > 1) {
-        const size_t e = ((size_t)b * k.nch + ch) * k.Cp + c, f = ((size_t)b * k.nch + ch) * k.tiles + tile;
-        if (ch > 0) {
-            k.fc.am1[e] = Am1;
-            k.fc.end[e] = hl;
-            sc_publish(&k.fc, f, SC_AGG);
-            hin = sc_look_back(&k, &k.fc, b, tile, c, ch, 1);
-        }
-        if (ch < k.nch - 1) {
-            k.fc.inc[e] = fmaf(Am1, hin, hin + hl);
-            sc_publish(&k.fc, f, SC_INC);
-        }
-    }
-    if (!k.y) return;
-    float h = hin;
-#pragma unroll
-    for (int tt = 0; tt < SC_L; tt++) {
-        if (tt < n) {
-            const int first = k.reset && t0 + tt == 0;
-            h = first ? bv[tt] : fmaf(am1v[tt], h, h + bv[tt]);  // a h + b
-            st(xs, tt * SC_CT + threadIdx.x, h);  // (over this thread's own x)
-        }
-    }
-    if (k.sT && on && ch == k.nch - 1) k.sT[(size_t)b * k.C + c] = h;
-    __syncthreads();
-    rg_store(&k, k.y, xs, b, tile, t0, n);
+    if (k.sT && on) k.sT[(size_t)b * k.C + c] = h;
 }
 
-// Backward, one pass after rg_fwd_kernel's chain (fc.inc: each chunk's end state), the chunks taken from
-// the last: the chunk's states h_{t-1} recomputed from its incoming state into registers with its a - 1;
-// the adjoint it hands back from a zero incoming one (cl = sum_t a_t0 .. a_t dy_t) published with A - 1;
-// the adjoint carried in from the chunks after it from the backward chain (zero for the last), and
-// the adjoint it hands back published; then the walk back, the gradients written over x, r, i in
-// shared memory and stored from there.
+// Backward: the chunk's states h_{t-1} recomputed from its incoming state into registers, then walked
+// back with the adjoint carried in from the chunks after it (sc; zero where NULL).
 static __global__ void __launch_bounds__(SC_CT) rg_bwd_kernel(const ScanK k) {
     extern __shared__ __align__(16) unsigned char sc_smem[];
     grid_wait();
-    int b, ch, tile;
-    sc_place(&k, &k.bc, 1, &b, &ch, &tile);
-    const int c = tile * SC_CT + threadIdx.x, on = c < k.C;
+    const int b = blockIdx.z, s = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
     const float wc = on ? k.w[c] : 0.0f, sp = softplusf_(wc), coef = -8.0f * sp, sw = sigmoidf_(wc);
-    float h = ch > 0 ? k.fc.inc[((size_t)b * k.nch + ch - 1) * k.Cp + c] : 0.0f;
-    rg_load(&k, sc_smem, 4, ch, b, tile);
-    bf16 *xs = (bf16 *)sc_smem, *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
+    const size_t e0 = ((size_t)b * k.nch + s) * k.Cp + c;
+    float h = on && k.sh ? k.sh[e0] : 0.0f;
+    float dhc = on && k.sc ? k.sc[e0] : 0.0f;  // a_{t+1} dh_{t+1}
+    float dw = 0.0f;                           // the chunk's part of dw
+    rg_load(&k, sc_smem, 4, s);
+    const bf16 *xs = (const bf16 *)sc_smem, *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
     const bf16 *dys = is + SC_L * SC_CT;
-    const int t0 = ch * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
-    float hp[SC_L], am1v[SC_L], Am1 = 0.0f;  // h_{t-1} and a_t - 1 of the chunk's tokens
+    const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
+    float hp[SC_L];  // h_{t-1} of the chunk's tokens
 #pragma unroll
     for (int tt = 0; tt < SC_L; tt++) {
-        hp[tt] = h, am1v[tt] = 0.0f;
+        hp[tt] = h;
         if (tt < n) {
             const int o = tt * SC_CT + threadIdx.x;
             const int first = k.reset && t0 + tt == 0;
-            float m;
-            rg_gates(ld(rs, o), coef, first, &am1v[tt], &m);
+            float am1, m;
+            rg_gates(ld(rs, o), coef, first, &am1, &m);
             const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
-            h = first ? bt : fmaf(am1v[tt], h, h + bt);
-            Am1 = first ? -1.0f : fmaf(Am1, am1v[tt], Am1 + am1v[tt]);
+            h = first ? bt : fmaf(am1, h, h + bt);
         }
     }
-    float dhc = 0.0f;  // a_{t+1} dh_{t+1}: from the chunks after this one
-    if (k.nch > 1) {
-        float cl = 0.0f;
-#pragma unroll
-        for (int tt = SC_L - 1; tt >= 0; tt--) {
-            if (tt < n) {
-                const float dh = ld(dys, tt * SC_CT + threadIdx.x) + cl;
-                cl = fmaf(am1v[tt], dh, dh);
-            }
-        }
-        const size_t e = ((size_t)b * k.nch + ch) * k.Cp + c, f = ((size_t)b * k.nch + ch) * k.tiles + tile;
-        if (ch < k.nch - 1) {
-            k.bc.am1[e] = Am1;
-            k.bc.end[e] = cl;
-            sc_publish(&k.bc, f, SC_AGG);
-            dhc = sc_look_back(&k, &k.bc, b, tile, c, ch, -1);
-        }
-        if (ch > 0) {
-            k.bc.inc[e] = fmaf(Am1, dhc, dhc + cl);
-            sc_publish(&k.bc, f, SC_INC);
-        }
-    }
-    float dw = 0.0f;  // the chunk's part of dw
 #pragma unroll
     for (int tt = SC_L - 1; tt >= 0; tt--) {
         if (tt < n) {
             const int o = tt * SC_CT + threadIdx.x;
             const int first = k.reset && t0 + tt == 0;
             const float x = ld(xs, o), ig = sigmoidf_(ld(is, o)), dh = ld(dys, o) + dhc;
-            const float am1 = am1v[tt];
-            float dr = 0.0f, m = 1.0f;
+            float dr = 0.0f, am1 = -1.0f, m = 1.0f;
             if (!first) {
                 const float rg = sigmoidf_(ld(rs, o));
+                am1 = expm1_neg(coef * rg);
                 const float a = 1.0f + am1, u = fmaxf(-am1 * (2.0f + am1), 0.0f);
                 m = sqrtf(u);
                 const float dm = dh * ig * x;
@@ -396,17 +268,16 @@ static __global__ void __launch_bounds__(SC_CT) rg_bwd_kernel(const ScanK k) {
                 dr = dla * coef * rg * (1.0f - rg);
                 dw += dla * -8.0f * rg * sw;
             }
-            st(xs, o, dh * m * ig);  // dx, di, dr over this thread's own x, i, r
-            st(is, o, dh * m * x * ig * (1.0f - ig));
-            st(rs, o, dr);
+            if (on) {
+                const size_t e = ((size_t)b * k.T + t0 + tt) * k.C + c;
+                st(k.dx, e, dh * m * ig);
+                st(k.di, e, dh * m * x * ig * (1.0f - ig));
+                st(k.dr, e, dr);
+            }
             dhc = fmaf(am1, dh, dh);  // a dh
         }
     }
-    if (on) k.part[((size_t)b * k.nch + ch) * 2 * k.C + c] = dw;
-    __syncthreads();
-    rg_store(&k, k.dx, xs, b, tile, t0, n);
-    rg_store(&k, k.di, is, b, tile, t0, n);
-    rg_store(&k, k.dr, rs, b, tile, t0, n);
+    if (on) k.part[((size_t)b * k.nch + s) * 2 * k.C + c] = dw;
 }
 
 // The chunks' incoming states from their summaries, in chunk order from s0 (or zero), sT the last
@@ -415,17 +286,17 @@ static __global__ void __launch_bounds__(SC_CT) rg_bwd_kernel(const ScanK k) {
 // adjoint. A thread a (sequence, slot, channel): T / chunk steps, in a fixed order.
 static __global__ void sc_combine_kernel(const ScanK k) {
     grid_wait();
-    const size_t total = (size_t)k.B * SC_N * k.C;
+    const size_t total = (size_t)k.B * k.nsl * k.C;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
-        const int c = (int)(e % k.C), j = (int)(e / k.C % SC_N), b = (int)(e / ((size_t)k.C * SC_N));
-        const size_t step = (size_t)SC_N * k.Cp, e0 = ((size_t)b * k.nch * SC_N + j) * k.Cp + c;
+        const int c = (int)(e % k.C), j = (int)(e / k.C % k.nsl), b = (int)(e / ((size_t)k.C * k.nsl));
+        const size_t step = (size_t)k.nsl * k.Cp, e0 = ((size_t)b * k.nch * k.nsl + j) * k.Cp + c;
         float h = k.s0 && j < k.N ? k.s0[((size_t)b * k.C + c) * k.N + j] : 0.0f;
 #pragma unroll 4
         for (int ch = 0; ch < k.nch; ch++) {
             const size_t i = e0 + ch * step;
             const float A = k.sa[i], hl = k.sh[i];
             k.sh[i] = h;
-            h = fmaf(A, h, hl);
+            h = k.am1 ? fmaf(A, h, h + hl) : fmaf(A, h, hl);
         }
         if (k.sT && j < k.N) k.sT[((size_t)b * k.C + c) * k.N + j] = h;
         if (k.sc) {
@@ -435,7 +306,7 @@ static __global__ void sc_combine_kernel(const ScanK k) {
                 const size_t i = e0 + ch * step;
                 const float A = k.sa[i], cl = k.sc[i];
                 k.sc[i] = g;
-                g = fmaf(A, g, cl);
+                g = k.am1 ? fmaf(A, g, g + cl) : fmaf(A, g, cl);
             }
         }
     }
@@ -502,14 +373,14 @@ static __global__ void __launch_bounds__(SC_CT) lh_sum_kernel(const ScanK k) {
 #pragma unroll
     for (int j = 0; j < SC_N; j++) S[j] = 0.0f, A[j] = 1.0f, cl[j] = 0.0f;
     for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, NULL, nin, 1, 0, s0 + i, b, blockIdx.x);
+        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, NULL, nin, 1, 0, s0 + i);
         cp_async_commit();
     }
     for (int i = 0; i < ns; i++) {
         cp_async_wait1();
         __syncthreads();
         if (i + SC_ST - 1 < ns)
-            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.dy, NULL, nin, 1, 0, s0 + i + SC_ST - 1, b, blockIdx.x);
+            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.dy, NULL, nin, 1, 0, s0 + i + SC_ST - 1);
         cp_async_commit();
         const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT, *dys = rs + SC_L * SC_CT;
         const int t0 = (s0 + i) * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
@@ -574,7 +445,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_fwd_kernel(const ScanK k) {
         else S[j] = k.s0 && j < k.N ? k.s0[((size_t)b * k.C + c) * k.N + j] : 0.0f;
     }
     for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, NULL, NULL, 2, 1, 0, s0 + i, b, blockIdx.x);
+        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, NULL, NULL, 2, 1, 0, s0 + i);
         cp_async_commit();
     }
     for (int i = 0; i < ns; i++) {
@@ -582,7 +453,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_fwd_kernel(const ScanK k) {
         cp_async_wait1();
         __syncthreads();
         if (i + SC_ST - 1 < ns)
-            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, NULL, NULL, 2, 1, 0, s + SC_ST - 1, b, blockIdx.x);
+            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, NULL, NULL, 2, 1, 0, s + SC_ST - 1);
         cp_async_commit();
         const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT;
         const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
@@ -647,7 +518,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_bwd_kernel(const ScanK k) {
         dSc[j] = on && k.sc ? k.sc[(((size_t)b * k.nch + blockIdx.y) * SC_N + j) * k.Cp + c] : 0.0f;
     float dw = 0.0f, dskip = 0.0f;
     for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, se - 1 - i, b, blockIdx.x);
+        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, se - 1 - i);
         cp_async_commit();
     }
     for (int i = 0; i < ns; i++) {
@@ -655,7 +526,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_bwd_kernel(const ScanK k) {
         cp_async_wait1();
         __syncthreads();
         if (i + SC_ST - 1 < ns)
-            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, s - (SC_ST - 1), b, blockIdx.x);
+            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, s - (SC_ST - 1));
         cp_async_commit();
         const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT, *dys = rs + SC_L * SC_CT;
         const bf16 *kb = dys + SC_L * SC_CT;
@@ -845,6 +716,8 @@ static ScanK sc_args(const ScanDims *d, const void *x, const void *r, const void
     k.nst = (d->T + SC_L - 1) / SC_L;
     k.spc = d->kind == SCAN_LONGHORN ? SC_LH_SPC : 1;
     k.nch = (k.nst + k.spc - 1) / k.spc;
+    k.nsl = d->kind == SCAN_LONGHORN ? SC_N : 1;
+    k.am1 = d->kind == SCAN_RGLRU;
     k.reset = d->kind == SCAN_RGLRU && d->reset;
     k.vec = d->C % 8 == 0 && aligned16(x) && aligned16(r) && (!i || aligned16(i)) && (!dy || aligned16(dy));
     k.kqvec = d->N == SC_N && (!kk || aligned16(kk)) && (!q || aligned16(q));
@@ -869,7 +742,7 @@ static int sc_launch(CudaCtx *c, ScKernel kern, const ScanK *k, size_t smem, int
 static int sc_combine(CudaCtx *c, const ScanK *k) {
     Launch l;
     CU_TRY(cudaLaunchKernelEx(
-        launch_after(&l, c, dim3(grid_for((size_t)k->B * SC_N * k->C, 128)), 128, 0, c->stream),
+        launch_after(&l, c, dim3(grid_for((size_t)k->B * k->nsl * k->C, 128)), 128, 0, c->stream),
         sc_combine_kernel, *k));
     return MN_OK;
 }
@@ -880,41 +753,22 @@ static size_t lh_bwd_smem(void) {
     return (size_t)SC_ST * sc_stage_bytes(3, 1, SC_N) + sizeof(LhKq) + sizeof(float) * SC_L / SC_SB * SC_N * SC_CT +
            sizeof(float) * SC_NW * SC_L * SC_RED;
 }
-static int lh_sum_raised, lh_fwd_raised, lh_bwd_raised;
+static int rg_sum_raised, rg_fwd_raised, rg_bwd_raised, lh_sum_raised, lh_fwd_raised, lh_bwd_raised;
 
-// Longhorn: the chunks' summaries (with the adjoint's where k->dy is set), then their incoming states (and
+// The chunks' summaries (with the adjoint's where k->dy is set), then their incoming states (and
 // adjoints) in place: sa, sh (sc) set.
-static int lh_chunk_states(CudaCtx *c, ScanK *k) {
-    MN_TRY(sc_launch(c, lh_sum_kernel, k, lh_sum_smem(k->dy ? 3 : 2), &lh_sum_raised));
+static int sc_chunk_states(CudaCtx *c, const ScanDims *d, ScanK *k) {
+    const int nin = d->kind == SCAN_RGLRU ? (k->dy ? 4 : 3) : (k->dy ? 3 : 2);
+    if (d->kind == SCAN_RGLRU) MN_TRY(sc_launch(c, rg_sum_kernel, k, rg_smem(nin), &rg_sum_raised));
+    else MN_TRY(sc_launch(c, lh_sum_kernel, k, lh_sum_smem(nin), &lh_sum_raised));
     return sc_combine(c, k);
 }
 
-// Longhorn's walk from the chunks' incoming states: y (and sT where there is one chunk), or the
+// The walk from the chunks' incoming states: y (and sT where there is one chunk), or Longhorn's
 // checkpoints (k->ckpt, y NULL).
-static int lh_walk(CudaCtx *c, const ScanK *k) { return sc_launch(c, lh_fwd_kernel, k, lh_sum_smem(2), &lh_fwd_raised); }
-
-// RG-LRU: a block per (tile, chunk, sequence) on a 1-D grid (the kernels place themselves: sc_place).
-static int rg_launch(CudaCtx *c, ScKernel kern, const ScanK *k, int nin) {
-    Launch l;
-    CU_TRY(cudaLaunchKernelEx(
-        launch_after(&l, c, dim3((unsigned)((size_t)k->tiles * k->nch * k->B)), SC_CT, rg_smem(nin), c->stream),
-        kern, *k));
-    return MN_OK;
-}
-
-// The floats of scratch a chain takes (its flags and ticket as as many 4-byte words).
-static size_t rg_chain_words(const ScanK *k) {
-    return 3 * (size_t)k->B * k->nch * k->Cp + (size_t)k->B * k->nch * k->tiles + 1;
-}
-
-// A chain in scratch at p, its flags and ticket zeroed.
-static int rg_chain(CudaCtx *c, const ScanK *k, float *p, ScChain *q) {
-    const size_t n = (size_t)k->B * k->nch * k->Cp, nf = (size_t)k->B * k->nch * k->tiles;
-    q->am1 = p, q->end = p + n, q->inc = p + 2 * n;
-    q->flag = (int *)(p + 3 * n);
-    q->ticket = q->flag + nf;
-    CU_TRY(cudaMemsetAsync(q->flag, 0, sizeof(int) * (nf + 1), c->stream));
-    return MN_OK;
+static int sc_walk(CudaCtx *c, const ScanDims *d, const ScanK *k) {
+    if (d->kind == SCAN_RGLRU) return sc_launch(c, rg_fwd_kernel, k, rg_smem(3), &rg_fwd_raised);
+    return sc_launch(c, lh_fwd_kernel, k, lh_sum_smem(2), &lh_fwd_raised);
 }
 
 extern "C" int cuda_scan_fwd(const Backend *be, const ScanDims *d, const ScanFwd *io) {
@@ -927,25 +781,16 @@ extern "C" int cuda_scan_fwd(const Backend *be, const ScanDims *d, const ScanFwd
     ScanK k = sc_args(d, io->x, io->r, io->i, NULL, io->k, io->q, io->w, io->skip);
     k.s0 = (const float *)io->s0;
     k.sT = (float *)io->sT;
-    k.y = (bf16 *)io->y;
-    if (!lh) {  // one pass, the chunks chained (one chunk, decoding among them: no scratch)
-        k.ovec = d->C % 8 == 0 && aligned16(io->y);
-        if (k.nch > 1) {
-            float *ws = (float *)cuda_scratch(be, sizeof(float) * rg_chain_words(&k));
-            if (!ws) return MN_ERR_NOMEM;
-            MN_TRY(rg_chain(c, &k, ws, &k.fc));
-        }
-        return rg_launch(c, rg_fwd_kernel, &k, 3);
-    }
     if (k.nch > 1) {  // (one chunk, decoding among them: one launch from s0, no scratch)
-        const size_t nsum = (size_t)d->B * k.nch * SC_N * k.Cp;
+        const size_t nsum = (size_t)d->B * k.nch * k.nsl * k.Cp;
         float *ws = (float *)cuda_scratch(be, sizeof(float) * 2 * nsum);
         if (!ws) return MN_ERR_NOMEM;
         k.sa = ws, k.sh = ws + nsum;
-        MN_TRY(lh_chunk_states(c, &k));
+        MN_TRY(sc_chunk_states(c, d, &k));
         k.sT = NULL;
     }
-    return lh_walk(c, &k);
+    k.y = (bf16 *)io->y;
+    return sc_walk(c, d, &k);
 }
 
 extern "C" int cuda_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io) {
@@ -958,36 +803,28 @@ extern "C" int cuda_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd
                         lh ? "k, q, skip, dk, dq, dskip" : "i, di");
     CudaCtx *c = cuda_ctx(be);
     ScanK k = sc_args(d, io->x, io->r, io->i, io->dy, io->k, io->q, io->w, io->skip);
+    const size_t nck = lh ? (size_t)d->B * k.nst * SC_N * k.Cp : 0;
+    const size_t nsum = k.nch > 1 ? (size_t)d->B * k.nch * k.nsl * k.Cp : 0;
     const size_t npart = (size_t)d->B * k.nch * 2 * d->C;
-    k.dx = (bf16 *)io->dx, k.dr = (bf16 *)io->dr, k.di = (bf16 *)io->di;
-    if (!lh) {  // the states' chain (rg_fwd_kernel, y not written), then the backward with the adjoints' chain
-        const size_t nq = k.nch > 1 ? rg_chain_words(&k) : 0;
-        float *ws = (float *)cuda_scratch(be, sizeof(float) * (2 * nq + npart));
-        if (!ws) return MN_ERR_NOMEM;
-        k.part = ws + 2 * nq;
-        k.ovec = d->C % 8 == 0 && aligned16(io->dx) && aligned16(io->dr) && aligned16(io->di);
-        if (nq) {
-            MN_TRY(rg_chain(c, &k, ws, &k.fc));
-            MN_TRY(rg_chain(c, &k, ws + nq, &k.bc));
-            MN_TRY(rg_launch(c, rg_fwd_kernel, &k, 3));
-        }
-        MN_TRY(rg_launch(c, rg_bwd_kernel, &k, 4));
-    } else {
-        const size_t nck = (size_t)d->B * k.nst * SC_N * k.Cp;
-        const size_t nsum = k.nch > 1 ? (size_t)d->B * k.nch * SC_N * k.Cp : 0;
-        const size_t nred = (size_t)d->B * d->T * k.tiles * SC_RED;
-        float *ws = (float *)cuda_scratch(be, sizeof(float) * (nck + 3 * nsum + npart + nred) + 16);
-        if (!ws) return MN_ERR_NOMEM;
-        k.ckpt = ws;
-        k.part = ws + nck + 3 * nsum;
-        k.red = k.part + npart;
-        if (nsum) {  // each chunk's incoming state and adjoint
-            k.sa = ws + nck, k.sh = k.sa + nsum, k.sc = k.sh + nsum;
-            MN_TRY(lh_chunk_states(c, &k));
-        }
-        ScanK f = k;  // the states at the stages' starts, y not written
+    const size_t nred = lh ? (size_t)d->B * d->T * k.tiles * SC_RED : 0;
+    float *ws = (float *)cuda_scratch(be, sizeof(float) * (nck + 3 * nsum + npart + nred) + 16);
+    if (!ws) return MN_ERR_NOMEM;
+    k.ckpt = nck ? ws : NULL;
+    k.part = ws + nck + 3 * nsum;
+    k.red = nred ? k.part + npart : NULL;
+    if (nsum) {  // each chunk's incoming state and adjoint
+        k.sa = ws + nck, k.sh = k.sa + nsum, k.sc = k.sh + nsum;
+        MN_TRY(sc_chunk_states(c, d, &k));
+    }
+    if (lh) {  // the states at the stages' starts, y not written
+        ScanK f = k;
         f.dy = NULL;
-        MN_TRY(lh_walk(c, &f));
+        MN_TRY(sc_walk(c, d, &f));
+    }
+    k.dx = (bf16 *)io->dx, k.dr = (bf16 *)io->dr, k.di = (bf16 *)io->di;
+    if (!lh) {
+        MN_TRY(sc_launch(c, rg_bwd_kernel, &k, rg_smem(4), &rg_bwd_raised));
+    } else {
         MN_TRY(sc_launch(c, lh_bwd_kernel, &k, lh_bwd_smem(), &lh_bwd_raised));
         const size_t ntok = (size_t)d->B * d->T;
         Launch l;

@@ -7,7 +7,8 @@
 // Both get the same inputs, the activations rounded to bf16 first (what the GPU holds), w, skip and s0 to
 // float32. The forward runs from a given state (y and sT), the backward from the zero state (core/backend.h);
 // dw and dskip start at a known value (they accumulate). Every other GPU output is poisoned with NaN first.
-// Then decoding: a prefill and T = 1 steps with sT aliasing s0, against one forward.
+// Then decoding: a prefill and T = 1 steps with sT aliasing s0, against one forward; and three runs of
+// a large shape, bit for bit the same (every cross-thread sum in a fixed order).
 //
 // Tolerances (relative L2 over the tensor). A bf16 output is its float32 value rounded once: at most
 // 2^-9 relative an element, so at most 2^-9 = 3.9e-3 in L2; the float32 walks add ~1e-6 (a contracting
@@ -232,9 +233,10 @@ TEST(cuda_scan_matches_reference) {
     }
 }
 
-// Bit for bit the same outputs on every run: the RG-LRU's chunks are chained in one launch (a chunk
-// takes what its predecessors published, whichever of them had finished), so a scheduling-dependent
-// order of sums would show here. 8 x 2048 x 1000: 64 chunks of 16 tiles a sequence, 8192 blocks a launch.
+// Bit for bit the same outputs on every run: every sum across threads or blocks (the chunks' states
+// and adjoints in chunk order, the dk, dq, dw, dskip partials) is taken in a fixed order, so a
+// scheduling-dependent order would show here. RG-LRU 8 x 2048 x 1000: 64 chunks of 16 tiles a
+// sequence, 8192 blocks a launch; Longhorn with 9 tiles and 8 chunks.
 static int same_bits(const double *a, const double *b, size_t n) { return !a || !b || !memcmp(a, b, n * sizeof *a); }
 
 TEST(cuda_scan_is_deterministic) {

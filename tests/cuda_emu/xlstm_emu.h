@@ -60,23 +60,6 @@ static inline float atomicAdd(float *p, float v) {
     pthread_mutex_unlock(&emu_atomic);
     return old;
 }
-static inline int atomicAdd(int *p, int v) {
-    pthread_mutex_lock(&emu_atomic);
-    int old = *p;
-    *p = old + v;
-    pthread_mutex_unlock(&emu_atomic);
-    return old;
-}
-static inline int atomicExch(int *p, int v) {
-    pthread_mutex_lock(&emu_atomic);
-    int old = *p;
-    *p = v;
-    pthread_mutex_unlock(&emu_atomic);
-    return old;
-}
-// (the blocks run one after another: a fence has nothing to order across them)
-static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-static inline float __ldcg(const float *p) { return *p; }
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static
 static inline void emu_align(const void *p, unsigned n, const char *what) {
@@ -214,12 +197,6 @@ static inline float emu_shfl(float v, int src) {
     return x;
 }
 static inline float __shfl_sync(unsigned, float v, int src) { return emu_shfl(v, src); }
-static inline unsigned __ballot_sync(unsigned, int pred) {  // (the whole warp takes part)
-    unsigned m = 0;
-    for (int l = 0; l < 32; l++) m |= (emu_shfl(pred ? 1.0f : 0.0f, l) != 0.0f ? 1u : 0u) << l;
-    return m;
-}
-static inline int __ffs(unsigned x) { return x ? __builtin_ctz(x) + 1 : 0; }
 static inline float __shfl_xor_sync(unsigned, float v, int o) { return emu_shfl(v, (threadIdx.x & 31) ^ o); }
 static inline float __shfl_up_sync(unsigned, float v, int o) {
     int l = threadIdx.x & 31;
