@@ -7,7 +7,8 @@
 // Both get the same inputs, the activations rounded to bf16 first (what the GPU holds), w, skip and s0 to
 // float32. The forward runs from a given state (y and sT), the backward from the zero state (core/backend.h);
 // dw and dskip start at a known value (they accumulate). Every other GPU output is poisoned with NaN first.
-// Then decoding: a prefill and T = 1 steps with sT aliasing s0, against one forward.
+// Then decoding: a prefill and T = 1 steps with sT aliasing s0, against one forward; and three runs of
+// a large shape, bit for bit the same (every cross-thread sum in a fixed order).
 //
 // Tolerances (relative L2 over the tensor). A bf16 output is its float32 value rounded once: at most
 // 2^-9 relative an element, so at most 2^-9 = 3.9e-3 in L2; the float32 walks add ~1e-6 (a contracting
@@ -228,6 +229,49 @@ TEST(cuda_scan_matches_reference) {
         cmp(tag, "dskip", g.dskip, w.dskip, (size_t)s->C, SUM_TOL);
         souts_free(&g);
         souts_free(&w);
+        scase_free(&c);
+    }
+}
+
+// Bit for bit the same outputs on every run: every sum across threads or blocks (the chunks' states
+// and adjoints in chunk order, the dk, dq, dw, dskip partials) is taken in a fixed order, so a
+// scheduling-dependent order would show here. RG-LRU 8 x 2048 x 1000: 64 chunks of 16 tiles a
+// sequence, 8192 blocks a launch; Longhorn with 9 tiles and 8 chunks.
+static int same_bits(const double *a, const double *b, size_t n) { return !a || !b || !memcmp(a, b, n * sizeof *a); }
+
+TEST(cuda_scan_is_deterministic) {
+    if (!setup()) return;
+    static const SShape shapes[] = {
+        {SCAN_RGLRU, 8, 2048, 1000, 1, 0, 0},
+        {SCAN_LONGHORN, 2, 1000, 520, 16, 0, 0},
+    };
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const SShape *s = &shapes[si];
+        char tag[96];
+        shape_tag(tag, sizeof tag, s);
+        SCase c;
+        scase_init(&c, s, 7000 + 13 * si);
+        SOuts o[3];
+        int ok = 1;
+        for (int run = 0; run < 3 && ok; run++) ok = !run_on(G, &c, &o[run]);
+        if (!ok) {
+            test_fail(__FILE__, __LINE__, "%s: %s", tag, mn_last_error());
+            scase_free(&c);
+            continue;
+        }
+        int all = 1;
+        for (int run = 1; run < 3; run++) {
+            const SOuts *a = &o[0], *b = &o[run];
+            const int same = same_bits(a->y, b->y, c.nx) && same_bits(a->sT, b->sT, c.ns) &&
+                             same_bits(a->dx, b->dx, c.nx) && same_bits(a->dr, b->dr, c.nx) &&
+                             same_bits(a->di, b->di, c.nx) && same_bits(a->dk, b->dk, c.nk) &&
+                             same_bits(a->dq, b->dq, c.nk) && same_bits(a->dw, b->dw, (size_t)s->C) &&
+                             same_bits(a->dskip, b->dskip, (size_t)s->C);
+            if (!same) test_fail(__FILE__, __LINE__, "%s: run %d differs from run 0", tag, run);
+            all = all && same;
+        }
+        if (all) test_note("%-44s 3 runs bit-identical", tag);
+        for (int run = 0; run < 3; run++) souts_free(&o[run]);
         scase_free(&c);
     }
 }
