@@ -195,30 +195,24 @@ static int hk_backward(Mixer *m, void *du, const void *dy) {
     return be->linear_bwd(be, du, dw[Y_W], dw[Y_B], s->d_ypre, s->u, w[Y_W], N, D, L, 1);
 }
 
-static void free_state(Mixer *m) {
+// The decoding state: the conv's last inputs [B,K-1,L] and the RG-LRU's h [B,L].
+static int state_bufs(Mixer *m, int B, MixerStateBuf *b) {
     Hawk *s = m->priv;
-    if (s->tail) m->be->free(m->be, s->tail);
-    if (s->hs) m->be->free(m->be, s->hs);
-    s->tail = s->hs = NULL;
-    s->state_B = 0;
+    size_t L = (size_t)width(m->cfg);
+    b[0] = (MixerStateBuf){&s->tail, (size_t)B * (m->cfg->conv_size - 1) * L, MEM_ACT};
+    b[1] = (MixerStateBuf){&s->hs, (size_t)B * L, MEM_F32};
+    return 2;
+}
+
+static void free_state(Mixer *m) {
+    MixerStateBuf b[2];
+    mixer_state_free(m->be, b, state_bufs(m, 0, b), &((Hawk *)m->priv)->state_B);
 }
 
 static int hk_reset_state(Mixer *m, int B) {
-    const Backend *be = m->be;
     Hawk *s = m->priv;
-    size_t L = (size_t)width(m->cfg), nt = (size_t)B * (m->cfg->conv_size - 1) * L, nh = (size_t)B * L;
-    if (s->state_B != B) {
-        free_state(m);
-        s->tail = be->alloc(be, nt ? nt : 1, MEM_ACT);
-        s->hs = be->alloc(be, nh, MEM_F32);
-        if (!s->tail || !s->hs) {
-            free_state(m);
-            return MN_ERR_NOMEM;
-        }
-        s->state_B = B;
-    }
-    if (nt) be->zero(be, s->tail, nt, MEM_ACT);
-    be->zero(be, s->hs, nh, MEM_F32);
+    MixerStateBuf b[2];
+    MN_TRY(mixer_state_reset(m->be, b, state_bufs(m, B, b), &s->state_B, B));
     s->fresh = 1;
     return MN_OK;
 }

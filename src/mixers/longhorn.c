@@ -208,31 +208,22 @@ static int lh_backward(Mixer *m, void *du, const void *dy) {
 static size_t scan_floats(const ModelConfig *c) { return (size_t)c->expand * c->dim * c->d_state; }
 static size_t tail_floats(const ModelConfig *c) { return (size_t)(c->conv_size - 1) * c->expand * c->dim; }
 
-static void free_state(Mixer *m) {
+// The decoding state: the conv's last inputs [B,K-1,E] and the scan's S [B,E,N].
+static int state_bufs(Mixer *m, int B, MixerStateBuf *b) {
     Longhorn *s = m->priv;
-    if (s->tail) m->be->free(m->be, s->tail);
-    if (s->S) m->be->free(m->be, s->S);
-    s->tail = s->S = NULL;
-    s->state_B = 0;
+    b[0] = (MixerStateBuf){&s->tail, (size_t)B * tail_floats(m->cfg), MEM_ACT};
+    b[1] = (MixerStateBuf){&s->S, (size_t)B * scan_floats(m->cfg), MEM_F32};
+    return 2;
+}
+
+static void free_state(Mixer *m) {
+    MixerStateBuf b[2];
+    mixer_state_free(m->be, b, state_bufs(m, 0, b), &((Longhorn *)m->priv)->state_B);
 }
 
 static int lh_reset_state(Mixer *m, int B) {
-    const Backend *be = m->be;
-    Longhorn *s = m->priv;
-    size_t nt = (size_t)B * tail_floats(m->cfg), ns = (size_t)B * scan_floats(m->cfg);
-    if (s->state_B != B) {
-        free_state(m);
-        s->tail = be->alloc(be, nt ? nt : 1, MEM_ACT);
-        s->S = be->alloc(be, ns, MEM_F32);
-        if (!s->tail || !s->S) {
-            free_state(m);
-            return MN_ERR_NOMEM;
-        }
-        s->state_B = B;
-    }
-    if (nt) be->zero(be, s->tail, nt, MEM_ACT);
-    be->zero(be, s->S, ns, MEM_F32);
-    return MN_OK;
+    MixerStateBuf b[2];
+    return mixer_state_reset(m->be, b, state_bufs(m, B, b), &((Longhorn *)m->priv)->state_B, B);
 }
 
 static size_t lh_state_floats(const ModelConfig *c) { return scan_floats(c) + tail_floats(c); }

@@ -113,6 +113,29 @@ int mixer_check_decode(const Mixer *m, int state_B, int B) {
     return mn_error(MN_ERR_ARG, "%s: decoding %d sequences, but the state was reset for %d", m->ops->name, B, state_B);
 }
 
+void mixer_state_free(const Backend *be, const MixerStateBuf *b, int nb, int *state_B) {
+    for (int i = 0; i < nb; i++) {
+        if (*b[i].p) be->free(be, *b[i].p);
+        *b[i].p = NULL;
+    }
+    *state_B = 0;
+}
+
+int mixer_state_reset(const Backend *be, const MixerStateBuf *b, int nb, int *state_B, int B) {
+    if (*state_B != B) {
+        mixer_state_free(be, b, nb, state_B);
+        for (int i = 0; i < nb; i++)
+            if (!(*b[i].p = be->alloc(be, b[i].n ? b[i].n : 1, b[i].kind))) {  // (a width-1 conv's tail is empty)
+                mixer_state_free(be, b, nb, state_B);
+                return MN_ERR_NOMEM;
+            }
+        *state_B = B;
+    }
+    for (int i = 0; i < nb; i++)
+        if (b[i].n) be->zero(be, *b[i].p, b[i].n, b[i].kind);
+    return MN_OK;
+}
+
 int mixer_scratch_reserve(Mixer *m, size_t n) {
     MixerScratch *s = m->scratch;
     if (!s) return mn_error(MN_ERR_ARG, "mixer: no shared scratch (mixers are made by model_create)");

@@ -198,6 +198,18 @@ int mixer_need_mlstm(const Mixer *m);
 // MN_ERR_ARG unless a decoding call's B matches the B its state was reset for (state_B).
 int mixer_check_decode(const Mixer *m, int state_B, int B);
 
+// A decoding state's buffers, for the mixers that hold them themselves: *p, n elements (for all the
+// sequences) of one kind. mixer_state_reset (re)allocates them where *state_B != B, then zeroes
+// them and sets *state_B = B; on a failed allocation every one is freed, *state_B = 0.
+// mixer_state_free frees them (n is not read) and sets *state_B = 0.
+typedef struct {
+    void **p;
+    size_t n;
+    MemKind kind;
+} MixerStateBuf;
+int mixer_state_reset(const Backend *be, const MixerStateBuf *b, int nb, int *state_B, int B);
+void mixer_state_free(const Backend *be, const MixerStateBuf *b, int nb, int *state_B);
+
 // The mixer named `name`, or NULL with an error listing the known ones.
 const MixerOps *mixer_find(const char *name);
 

@@ -234,38 +234,26 @@ static void state_counts(const ModelConfig *c, size_t n[3]) {
     n[2] = (size_t)c->n_heads;
 }
 
-static void free_state(Mixer *m) {
+// The decoding state: the conv's last inputs [B,K-1,inner] and the cells' C, n, m (state_counts).
+static int state_bufs(Mixer *m, int B, MixerStateBuf *b) {
     MlstmBlock *s = m->priv;
-    void **p[] = {&s->tail, &s->C, &s->n, &s->ms};
-    for (int i = 0; i < 4; i++) {
-        if (*p[i]) m->be->free(m->be, *p[i]);
-        *p[i] = NULL;
-    }
-    s->state_B = 0;
+    size_t n[3];
+    state_counts(m->cfg, n);
+    b[0] = (MixerStateBuf){&s->tail, (size_t)B * (m->cfg->conv_size - 1) * inner(m->cfg), MEM_ACT};
+    b[1] = (MixerStateBuf){&s->C, (size_t)B * n[0], MEM_F32};
+    b[2] = (MixerStateBuf){&s->n, (size_t)B * n[1], MEM_F32};
+    b[3] = (MixerStateBuf){&s->ms, (size_t)B * n[2], MEM_F32};
+    return 4;
+}
+
+static void free_state(Mixer *m) {
+    MixerStateBuf b[4];
+    mixer_state_free(m->be, b, state_bufs(m, 0, b), &((MlstmBlock *)m->priv)->state_B);
 }
 
 static int mb_reset_state(Mixer *m, int B) {
-    const Backend *be = m->be;
-    MlstmBlock *s = m->priv;
-    size_t n[3], nt = (size_t)B * (m->cfg->conv_size - 1) * inner(m->cfg);
-    state_counts(m->cfg, n);
-    if (s->state_B != B) {
-        free_state(m);
-        s->tail = be->alloc(be, nt ? nt : 1, MEM_ACT);
-        s->C = be->alloc(be, B * n[0], MEM_F32);
-        s->n = be->alloc(be, B * n[1], MEM_F32);
-        s->ms = be->alloc(be, B * n[2], MEM_F32);
-        if (!s->tail || !s->C || !s->n || !s->ms) {
-            free_state(m);
-            return MN_ERR_NOMEM;
-        }
-        s->state_B = B;
-    }
-    if (nt) be->zero(be, s->tail, nt, MEM_ACT);
-    be->zero(be, s->C, B * n[0], MEM_F32);
-    be->zero(be, s->n, B * n[1], MEM_F32);
-    be->zero(be, s->ms, B * n[2], MEM_F32);
-    return MN_OK;
+    MixerStateBuf b[4];
+    return mixer_state_reset(m->be, b, state_bufs(m, B, b), &((MlstmBlock *)m->priv)->state_B, B);
 }
 
 static size_t mb_state_floats(const ModelConfig *c) {

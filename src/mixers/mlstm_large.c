@@ -199,33 +199,25 @@ static void state_counts(const ModelConfig *c, size_t n[3]) {
     n[2] = (size_t)c->n_heads;
 }
 
-static void free_state(Mixer *m) {
-    MlstmLarge *s = m->priv;
-    void **p[] = {&s->C, &s->n, &s->ms};
-    for (int i = 0; i < 3; i++) {
-        if (*p[i]) m->be->free(m->be, *p[i]);
-        *p[i] = NULL;
-    }
-    s->state_B = 0;
-}
-
-static int ml_reset_state(Mixer *m, int B) {
-    const Backend *be = m->be;
+// The decoding state: the cells' C, n, m (state_counts).
+static int state_bufs(Mixer *m, int B, MixerStateBuf *b) {
     MlstmLarge *s = m->priv;
     size_t n[3];
     state_counts(m->cfg, n);
-    void **p[] = {&s->C, &s->n, &s->ms};
-    if (s->state_B != B) {
-        free_state(m);
-        for (int i = 0; i < 3; i++)
-            if (!(*p[i] = be->alloc(be, (size_t)B * n[i], MEM_F32))) {
-                free_state(m);
-                return MN_ERR_NOMEM;
-            }
-        s->state_B = B;
-    }
-    for (int i = 0; i < 3; i++) be->zero(be, *p[i], (size_t)B * n[i], MEM_F32);
-    return MN_OK;
+    b[0] = (MixerStateBuf){&s->C, (size_t)B * n[0], MEM_F32};
+    b[1] = (MixerStateBuf){&s->n, (size_t)B * n[1], MEM_F32};
+    b[2] = (MixerStateBuf){&s->ms, (size_t)B * n[2], MEM_F32};
+    return 3;
+}
+
+static void free_state(Mixer *m) {
+    MixerStateBuf b[3];
+    mixer_state_free(m->be, b, state_bufs(m, 0, b), &((MlstmLarge *)m->priv)->state_B);
+}
+
+static int ml_reset_state(Mixer *m, int B) {
+    MixerStateBuf b[3];
+    return mixer_state_reset(m->be, b, state_bufs(m, B, b), &((MlstmLarge *)m->priv)->state_B, B);
 }
 
 static size_t ml_state_floats(const ModelConfig *c) {

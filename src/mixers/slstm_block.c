@@ -180,31 +180,22 @@ static int sb_backward(Mixer *m, void *du, const void *dy) {
     return be->add(be, du, s->tmp2, nd);
 }
 
-static void free_state(Mixer *m) {
+// The decoding state: the conv's last inputs [B,K-1,D] and the cells' (h, c, n, m) [B,4,D].
+static int state_bufs(Mixer *m, int B, MixerStateBuf *b) {
     SlstmBlock *s = m->priv;
-    if (s->tail) m->be->free(m->be, s->tail);
-    if (s->st) m->be->free(m->be, s->st);
-    s->tail = s->st = NULL;
-    s->state_B = 0;
+    b[0] = (MixerStateBuf){&s->tail, (size_t)B * (m->cfg->conv_size - 1) * m->cfg->dim, MEM_ACT};
+    b[1] = (MixerStateBuf){&s->st, (size_t)B * 4 * m->cfg->dim, MEM_F32};
+    return 2;
+}
+
+static void free_state(Mixer *m) {
+    MixerStateBuf b[2];
+    mixer_state_free(m->be, b, state_bufs(m, 0, b), &((SlstmBlock *)m->priv)->state_B);
 }
 
 static int sb_reset_state(Mixer *m, int B) {
-    const Backend *be = m->be;
-    SlstmBlock *s = m->priv;
-    size_t nt = (size_t)B * (m->cfg->conv_size - 1) * m->cfg->dim, ns = (size_t)B * 4 * m->cfg->dim;
-    if (s->state_B != B) {
-        free_state(m);
-        s->tail = be->alloc(be, nt ? nt : 1, MEM_ACT);
-        s->st = be->alloc(be, ns, MEM_F32);
-        if (!s->tail || !s->st) {
-            free_state(m);
-            return MN_ERR_NOMEM;
-        }
-        s->state_B = B;
-    }
-    if (nt) be->zero(be, s->tail, nt, MEM_ACT);
-    be->zero(be, s->st, ns, MEM_F32);
-    return MN_OK;
+    MixerStateBuf b[2];
+    return mixer_state_reset(m->be, b, state_bufs(m, B, b), &((SlstmBlock *)m->priv)->state_B, B);
 }
 
 static size_t sb_state_floats(const ModelConfig *c) { return (size_t)(4 + c->conv_size - 1) * c->dim; }
