@@ -176,3 +176,33 @@ void bench_mesa_inputs(BenchMesaInputs *h, MnSeqDims d, uint64_t seed, double gm
 void bench_mesa_inputs_free(BenchMesaInputs *h) {
     free(h->q); free(h->k); free(h->v); free(h->dout); free(h->g); free(h->beta); free(h->lambda);
 }
+
+void *bench_rand_buf(const Backend *be, size_t n, MemKind k, double lo, double hi, int logsig, unsigned seed) {
+    size_t np = n < ((size_t)1 << 20) ? n : ((size_t)1 << 20);
+    double *p = xcalloc(np, sizeof(double));
+    MnRng r;
+    mn_rng_seed(&r, seed);
+    for (size_t i = 0; i < np; i++) {
+        double x = lo + (hi - lo) * mn_rng_uniform(&r);
+        p[i] = logsig ? -log1p(exp(-x)) : x;
+    }
+    void *b = be->alloc(be, n, k);
+    if (!b) die("%s", mn_last_error());
+    const size_t es = be->elem_size(be, k);
+    for (size_t o = 0; o < n; o += np) {
+        size_t m = n - o < np ? n - o : np;
+        if (be->upload(be, (char *)b + o * es, p, m, k)) die("%s", mn_last_error());
+    }
+    free(p);
+    return b;
+}
+
+int bench_all_finite(const Backend *be, const void *p, size_t n, MemKind k) {
+    size_t m = n < 100000 ? n : 100000;
+    double *h = xcalloc(m, sizeof(double));
+    if (be->download(be, h, (const char *)p + (n - m) * be->elem_size(be, k), m, k)) die("%s", mn_last_error());
+    int ok = 1;
+    for (size_t i = 0; i < m; i++) ok &= isfinite(h[i]) != 0;
+    free(h);
+    return ok;
+}

@@ -46,6 +46,11 @@ double bench_median(double *t, int n);
 // waited for (at most 64), and the mean over n calls launched back to back with one wait at the end
 // (what a stream of steps costs, launch overheads included, host waits not). Errors are fatal.
 double bench_median_time(const Backend *be, int reps, int (*fn)(void *), void *ctx);
+// n values of kind k uniform in [lo, hi), then log sigmoid(x) where logsig is set (forget gates): a
+// random pattern of 1 Mi values repeated (enough for timing). Dies on a failed allocation or upload.
+void *bench_rand_buf(const Backend *be, size_t n, MemKind k, double lo, double hi, int logsig, unsigned seed);
+// 1 where the last (up to) 100,000 values of p are all finite.
+int bench_all_finite(const Backend *be, const void *p, size_t n, MemKind k);
 double bench_stream_time(const Backend *be, int n, int (*fn)(void *), void *ctx);
 // Best-of-reps rate of an n x n x n sgemm with the current threads.
 double bench_sgemm_gflops(int n, int reps);

@@ -19,34 +19,6 @@
 #include "core/common.h"
 #include "tools/commands.h"
 
-// n values of kind k uniform in [lo, hi): a random pattern of 1 Mi values repeated.
-static void *rand_buf(const Backend *be, size_t n, MemKind k, double lo, double hi, unsigned seed) {
-    size_t np = n < ((size_t)1 << 20) ? n : ((size_t)1 << 20);
-    double *p = xcalloc(np, sizeof(double));
-    MnRng r;
-    mn_rng_seed(&r, seed);
-    for (size_t i = 0; i < np; i++) p[i] = lo + (hi - lo) * mn_rng_uniform(&r);
-    void *b = be->alloc(be, n, k);
-    if (!b) die("%s", mn_last_error());
-    const size_t es = be->elem_size(be, k);
-    for (size_t o = 0; o < n; o += np) {
-        size_t m = n - o < np ? n - o : np;
-        if (be->upload(be, (char *)b + o * es, p, m, k)) die("%s", mn_last_error());
-    }
-    free(p);
-    return b;
-}
-
-static int all_finite(const Backend *be, const void *p, size_t n, MemKind k) {
-    size_t m = n < 100000 ? n : 100000;
-    double *h = xcalloc(m, sizeof(double));
-    if (be->download(be, h, (const char *)p + (n - m) * be->elem_size(be, k), m, k)) die("%s", mn_last_error());
-    int ok = 1;
-    for (size_t i = 0; i < m; i++) ok &= isfinite(h[i]) != 0;
-    free(h);
-    return ok;
-}
-
 typedef struct {
     const Backend *be;
     ScanDims d;
@@ -126,12 +98,12 @@ int bench_scan(int argc, char **argv) {
             SRun r = {be};
             ScanDims d = {lh ? SCAN_LONGHORN : SCAN_RGLRU, B, T, C, N, 0};
             r.d = d;
-            void *x = rand_buf(be, nx, MEM_ACT, -1, 1, 1), *rr = rand_buf(be, nx, MEM_ACT, -2, 2, 2);
-            void *dy = rand_buf(be, nx, MEM_ACT, -1, 1, 3), *w = rand_buf(be, (size_t)C, MEM_PARAM, -2, 2, 4);
-            void *i = lh ? NULL : rand_buf(be, nx, MEM_ACT, -2, 2, 5);
-            void *k = lh ? rand_buf(be, nk, MEM_ACT, -1, 1, 6) : NULL;
-            void *q = lh ? rand_buf(be, nk, MEM_ACT, -1, 1, 7) : NULL;
-            void *skip = lh ? rand_buf(be, (size_t)C, MEM_PARAM, -1, 1, 8) : NULL;
+            void *x = bench_rand_buf(be, nx, MEM_ACT, -1, 1, 0, 1), *rr = bench_rand_buf(be, nx, MEM_ACT, -2, 2, 0, 2);
+            void *dy = bench_rand_buf(be, nx, MEM_ACT, -1, 1, 0, 3), *w = bench_rand_buf(be, (size_t)C, MEM_PARAM, -2, 2, 0, 4);
+            void *i = lh ? NULL : bench_rand_buf(be, nx, MEM_ACT, -2, 2, 0, 5);
+            void *k = lh ? bench_rand_buf(be, nk, MEM_ACT, -1, 1, 0, 6) : NULL;
+            void *q = lh ? bench_rand_buf(be, nk, MEM_ACT, -1, 1, 0, 7) : NULL;
+            void *skip = lh ? bench_rand_buf(be, (size_t)C, MEM_PARAM, -1, 1, 0, 8) : NULL;
             void *y = be->alloc(be, nx, MEM_ACT), *dx = be->alloc(be, nx, MEM_ACT), *dr = be->alloc(be, nx, MEM_ACT);
             void *di = lh ? NULL : be->alloc(be, nx, MEM_ACT);
             void *dk = lh ? be->alloc(be, nk, MEM_ACT) : NULL, *dq = lh ? be->alloc(be, nk, MEM_ACT) : NULL;
@@ -143,8 +115,8 @@ int bench_scan(int argc, char **argv) {
             r.b = b;
             const double tf = bench_median_time(be, reps, s_fwd, &r), tb = bench_median_time(be, reps, s_fwd_bwd, &r);
             const double bf = lh ? 6.0 * nx + 4.0 * nk : 8.0 * nx, bb = lh ? 16.0 * nx + 12.0 * nk : 22.0 * nx;
-            const int fin = all_finite(be, y, nx, MEM_ACT) && all_finite(be, dx, nx, MEM_ACT) &&
-                            all_finite(be, dr, nx, MEM_ACT) && (lh ? all_finite(be, dk, nk, MEM_ACT) : 1);
+            const int fin = bench_all_finite(be, y, nx, MEM_ACT) && bench_all_finite(be, dx, nx, MEM_ACT) &&
+                            bench_all_finite(be, dr, nx, MEM_ACT) && (lh ? bench_all_finite(be, dk, nk, MEM_ACT) : 1);
             char name[40];
             snprintf(name, sizeof name, "%dx%dx%d", B, T, C);
             printf("%-8s %-16s | %9.3f %8.0f %6.1f%% | %9.3f %8.0f %6.1f%% | %s\n", lh ? "longhorn" : "rglru", name,

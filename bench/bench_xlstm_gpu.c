@@ -22,38 +22,6 @@
 #include "core/common.h"
 #include "tools/commands.h"
 
-// n values for a buffer of kind k: a random pattern of 1 Mi values repeated (enough for timing),
-// mapped by f.
-static void *rand_buf(const Backend *be, size_t n, MemKind k, double lo, double hi, int logsig, unsigned seed) {
-    size_t np = n < ((size_t)1 << 20) ? n : ((size_t)1 << 20);
-    double *p = xcalloc(np, sizeof(double));
-    MnRng r;
-    mn_rng_seed(&r, seed);
-    for (size_t i = 0; i < np; i++) {
-        double x = lo + (hi - lo) * mn_rng_uniform(&r);
-        p[i] = logsig ? -log1p(exp(-x)) : x;
-    }
-    void *b = be->alloc(be, n, k);
-    if (!b) die("%s", mn_last_error());
-    const size_t es = be->elem_size(be, k);
-    for (size_t o = 0; o < n; o += np) {
-        size_t m = n - o < np ? n - o : np;
-        if (be->upload(be, (char *)b + o * es, p, m, k)) die("%s", mn_last_error());
-    }
-    free(p);
-    return b;
-}
-
-static int all_finite(const Backend *be, const void *p, size_t n, MemKind k) {
-    size_t m = n < 100000 ? n : 100000;
-    double *h = xcalloc(m, sizeof(double));
-    if (be->download(be, h, (const char *)p + (n - m) * be->elem_size(be, k), m, k)) die("%s", mn_last_error());
-    int ok = 1;
-    for (size_t i = 0; i < m; i++) ok &= isfinite(h[i]) != 0;
-    free(h);
-    return ok;
-}
-
 typedef struct {
     const Backend *be;
     MnSeqDims d;
@@ -107,9 +75,9 @@ int bench_xlstm_gpu(int argc, char **argv) {
         MnSeqDims d = {sh.B, sh.T, sh.H, sh.D, sh.D};
         size_t nt = (size_t)sh.B * sh.T * sh.H, nk = nt * sh.D;
         XRun r = {be, d, {(float)(1 / sqrt((double)sh.D)), 1e-6f, MN_FORM_CHUNK, 0}};
-        void *q = rand_buf(be, nk, MEM_ACT, -1, 1, 0, 1), *k = rand_buf(be, nk, MEM_ACT, -1, 1, 0, 2);
-        void *v = rand_buf(be, nk, MEM_ACT, -1, 1, 0, 3), *dh = rand_buf(be, nk, MEM_ACT, -1, 1, 0, 4);
-        void *fg = rand_buf(be, nt, MEM_F32, 0, 4, 1, 5), *ig = rand_buf(be, nt, MEM_F32, -2, 2, 0, 6);
+        void *q = bench_rand_buf(be, nk, MEM_ACT, -1, 1, 0, 1), *k = bench_rand_buf(be, nk, MEM_ACT, -1, 1, 0, 2);
+        void *v = bench_rand_buf(be, nk, MEM_ACT, -1, 1, 0, 3), *dh = bench_rand_buf(be, nk, MEM_ACT, -1, 1, 0, 4);
+        void *fg = bench_rand_buf(be, nt, MEM_F32, 0, 4, 1, 5), *ig = bench_rand_buf(be, nt, MEM_F32, -2, 2, 0, 6);
         void *h = be->alloc(be, nk, MEM_ACT), *nq = be->alloc(be, nt, MEM_F32), *m = be->alloc(be, nt, MEM_F32);
         void *dq = be->alloc(be, nk, MEM_ACT), *dk = be->alloc(be, nk, MEM_ACT), *dv = be->alloc(be, nk, MEM_ACT);
         void *dfg = be->alloc(be, nt, MEM_F32), *dig = be->alloc(be, nt, MEM_F32);
@@ -120,8 +88,8 @@ int bench_xlstm_gpu(int argc, char **argv) {
         double tf = bench_median_time(be, reps, m_fwd, &r), tfs = bench_stream_time(be, reps, m_fwd, &r);
         double tb = bench_median_time(be, reps, m_fwd_bwd, &r), tbs = bench_stream_time(be, reps, m_fwd_bwd, &r);
         double C = 64, D = sh.D, flops = (double)sh.B * sh.H * ceil(sh.T / C) * (4 * C * C * D + 4 * C * D * D);
-        int fin = all_finite(be, h, nk, MEM_ACT) && all_finite(be, dq, nk, MEM_ACT) && all_finite(be, dk, nk, MEM_ACT) &&
-                  all_finite(be, dv, nk, MEM_ACT) && all_finite(be, dfg, nt, MEM_F32);
+        int fin = bench_all_finite(be, h, nk, MEM_ACT) && bench_all_finite(be, dq, nk, MEM_ACT) && bench_all_finite(be, dk, nk, MEM_ACT) &&
+                  bench_all_finite(be, dv, nk, MEM_ACT) && bench_all_finite(be, dfg, nt, MEM_F32);
         char name[40];
         snprintf(name, sizeof name, "%dx%dx%dx%d", sh.B, sh.T, sh.H, sh.D);
         printf("%-16s | %9.3f %9.3f %8.1f | %9.3f %9.3f %8.1f | %s\n", name, 1e3 * tf, 1e3 * tfs, flops / tfs / 1e12,
@@ -138,11 +106,11 @@ int bench_xlstm_gpu(int argc, char **argv) {
         int B = bs[bi], H = 16, D = 128;
         size_t nt = (size_t)B * H, nk = nt * D;
         XRun r = {be, {B, 1, H, D, D}, {(float)(1 / sqrt((double)D)), 1e-6f, MN_FORM_AUTO, 0}};
-        void *q = rand_buf(be, nk, MEM_ACT, -1, 1, 0, 1), *k = rand_buf(be, nk, MEM_ACT, -1, 1, 0, 2);
-        void *v = rand_buf(be, nk, MEM_ACT, -1, 1, 0, 3), *fg = rand_buf(be, nt, MEM_F32, 0, 4, 1, 5);
-        void *ig = rand_buf(be, nt, MEM_F32, -2, 2, 0, 6), *h = be->alloc(be, nk, MEM_ACT);
-        void *C = rand_buf(be, nk * D, MEM_F32, -1, 1, 0, 7), *n = rand_buf(be, nk, MEM_F32, -1, 1, 0, 8);
-        void *m = rand_buf(be, nt, MEM_F32, 0, 1, 0, 9);
+        void *q = bench_rand_buf(be, nk, MEM_ACT, -1, 1, 0, 1), *k = bench_rand_buf(be, nk, MEM_ACT, -1, 1, 0, 2);
+        void *v = bench_rand_buf(be, nk, MEM_ACT, -1, 1, 0, 3), *fg = bench_rand_buf(be, nt, MEM_F32, 0, 4, 1, 5);
+        void *ig = bench_rand_buf(be, nt, MEM_F32, -2, 2, 0, 6), *h = be->alloc(be, nk, MEM_ACT);
+        void *C = bench_rand_buf(be, nk * D, MEM_F32, -1, 1, 0, 7), *n = bench_rand_buf(be, nk, MEM_F32, -1, 1, 0, 8);
+        void *m = bench_rand_buf(be, nt, MEM_F32, 0, 1, 0, 9);
         MlstmFwd f = {q, k, v, fg, ig, C, n, m, h, NULL, NULL, C, n, m};
         r.f = f;
         double t = bench_stream_time(be, 10 * reps, m_fwd, &r);
@@ -161,8 +129,8 @@ int bench_xlstm_gpu(int argc, char **argv) {
         XRun r = {be};
         SlstmDims sd = {sh.B, sh.T, sh.H, sh.D, 0.0f};
         r.sd = sd;
-        void *x = rand_buf(be, 4 * nh, MEM_ACT, -2, 2, 0, 11), *R = rand_buf(be, nr, MEM_PARAM, -0.07, 0.07, 0, 12);
-        void *dh = rand_buf(be, nh, MEM_ACT, -1, 1, 0, 13), *h = be->alloc(be, nh, MEM_ACT);
+        void *x = bench_rand_buf(be, 4 * nh, MEM_ACT, -2, 2, 0, 11), *R = bench_rand_buf(be, nr, MEM_PARAM, -0.07, 0.07, 0, 12);
+        void *dh = bench_rand_buf(be, nh, MEM_ACT, -1, 1, 0, 13), *h = be->alloc(be, nh, MEM_ACT);
         void *cache = be->alloc(be, 4 * nh, MEM_F32), *dx = be->alloc(be, 4 * nh, MEM_ACT), *dR = be->alloc(be, nr, MEM_F32);
         SlstmFwd f = {x, R, NULL, h, cache, NULL};
         SlstmBwd b = {x, R, cache, dh, dx, dR};
@@ -170,7 +138,7 @@ int bench_xlstm_gpu(int argc, char **argv) {
         r.sb = b;
         double tf = bench_median_time(be, reps, s_fwd, &r), tfs = bench_stream_time(be, reps, s_fwd, &r);
         double tb = bench_median_time(be, reps, s_fwd_bwd, &r), tbs = bench_stream_time(be, reps, s_fwd_bwd, &r);
-        int fin = all_finite(be, h, nh, MEM_ACT) && all_finite(be, dx, 4 * nh, MEM_ACT) && all_finite(be, dR, nr, MEM_F32);
+        int fin = bench_all_finite(be, h, nh, MEM_ACT) && bench_all_finite(be, dx, 4 * nh, MEM_ACT) && bench_all_finite(be, dR, nr, MEM_F32);
         char name[40];
         snprintf(name, sizeof name, "%dx%dx%dx%d", sh.B, sh.T, sh.H, sh.D);
         printf("%-16s | %9.3f %9.3f | %9.3f %9.3f | %s\n", name, 1e3 * tf, 1e3 * tfs, 1e3 * tb, 1e3 * tbs,
