@@ -3,23 +3,25 @@
  * update, N = d_state <= 16). x, r, i, k, q, y, dy and the token gradients are bf16; w, skip, the states
  * and every sum are float32.
  *
- * Layout of the work. The sequence is cut into chunks (RG-LRU: a stage of SC_L = 32 tokens; Longhorn:
- * SC_LH_SPC = 4 stages, 128 tokens), and a block takes SC_CT channels of one chunk of one sequence, a thread a
- * channel with its N state values in registers: B T C / SC_L threads (about a million at 8 x 2048 x 2048)
- * instead of B C walking the whole sequence, enough loads in flight for the memory. Three launches:
- * the chunks' summaries (the walk from the zero state: the chunk's transition A = the product of its a,
- * per slot, and its final state), a short sequential pass per (sequence, slot, channel) combining them
- * in chunk order into each chunk's incoming state (sc_combine_kernel: T / chunk steps, fixed order, so
- * deterministic), then the walk of each chunk from its incoming state, writing y. The inputs are read
- * twice: the price of the parallelism. A stage's inputs arrive by cp.async (16-byte pieces; element
- * copies where C or a pointer is not aligned); Longhorn's chunk walks its stages through a ring SC_ST
- * deep. Longhorn's k and q (shared by every channel of a sequence) are converted once a stage into
- * float32 k, k^2 and q with kappa = |k|^2, which every thread reads by broadcast.
+ * Layout of the work. The sequence is cut into chunks (RG-LRU: 32 tokens forward, 16 backward; Longhorn:
+ * SC_LH_SPC = 4 stages of SC_L = 32 tokens, 128), and a block takes a group of channels of one chunk of
+ * one sequence, a thread one or two channels with their N state values in registers: about a million
+ * threads at 8 x 2048 x 2048 instead of the B C that would walk whole sequences, enough loads in flight
+ * for the memory. Three launches: the chunks' summaries (the walk from the zero state: the chunk's
+ * transition A = the product of its a, per slot, and its final state), a short sequential pass per
+ * (sequence, slot, channel) combining them in chunk order into each chunk's incoming state
+ * (sc_combine_kernel: T / chunk steps, fixed order, so deterministic), then the walk of each chunk from
+ * its incoming state, writing y. The inputs are read twice: the price of the parallelism. The RG-LRU
+ * reads its rows straight into registers (its section below says why); Longhorn stages a block's
+ * inputs in shared memory by cp.async (16-byte pieces; element copies where C or a pointer is not
+ * aligned), its chunk walking its stages through a ring SC_ST deep, and converts its k and q (shared by
+ * every channel of a sequence) once a stage into float32 k, k^2 and q with kappa = |k|^2, which every
+ * thread reads by broadcast.
  *
  * The backward recomputes the forward's states (core/backend.h: they are not stored). The summary pass
  * also sums the adjoint each chunk hands back from zero (cl = sum_t a_t0 .. a_t dy_t (q_t)), and the
  * combine carries those from the last chunk back, so that every chunk's backward starts from its incoming
- * state and its incoming adjoint and the chunks run in parallel. RG-LRU recomputes the chunk's 32 states
+ * state and its incoming adjoint and the chunks run in parallel. RG-LRU recomputes the chunk's 16 states
  * h_{t-1} into registers and walks back through them; Longhorn first stores every stage's starting state
  * (the forward walk with ckpt set), then keeps 8 states of a stage (every SC_SB = 4 tokens) in shared
  * memory and recomputes 4 tokens at a time into registers. The adjoint dS is carried in registers.
@@ -51,6 +53,7 @@ extern "C" int cuda_scan_supports(const Backend *be, const ScanDims *d);
 #define SC_NW (SC_CT / 32)
 #define SC_RED 33  // Longhorn backward: a token's partial sums over a block's channels (dk, dq, dkappa)
 #define SC_LH_SPC 4  // Longhorn: stages a chunk (RG-LRU's chunk is a stage)
+#define SC_CB 16   // summaries the combine loads at a time
 #define SC_MAXGRAD2 1e-6f  // transformers' SqrtBoundDerivative: 4u clipped at 1 / 1000^2
 
 typedef struct {
@@ -134,150 +137,216 @@ static __device__ void sc_issue(const ScanK *k, unsigned char *buf, const bf16 *
 }
 
 // ------------------------------------------------------------------------------ RG-LRU
+//
+// The RG-LRU's walks read their inputs straight from global memory into registers, 4 tokens at a time
+// (RG_G: 12 or 16 independent loads in flight a thread before the walk needs the first), a thread taking
+// RG_V = 2 adjacent channels where C is even and the arrays 4-byte aligned (one 32-bit load a token and
+// array: a warp's row is one 128-byte line), else one. No shared memory and no barriers: the
+// multiprocessor's warps overlap one another's loads and walks. The gate arithmetic uses the special
+// function unit (__expf, __fdividef, rsqrtf: a few ulp) instead of IEEE division and square root, whose
+// instruction sequences cost more than the walk's bytes. The backward's chunks are RG_LB = 16 tokens, so
+// that the recomputed states h_{t-1} fit in registers (32 a thread), and its walk back reads the chunk's
+// inputs again (from L1 or L2: they were read a moment before).
+#define RG_T 128   // threads a block
+#define RG_MINB 8  // blocks a multiprocessor: 64 registers a thread, half the threads it can hold
+#define RG_G 4     // tokens loaded at a time
+#define RG_LF 32   // tokens a chunk, forward
+#define RG_LB 16   // tokens a chunk, backward
 
 // The gates of one token: a - 1 (exact where a is within float32's rounding of 1, so that a slow
 // channel keeps its memory: a = 1 - 1e-8 would round to 1) and the input's multiplier m = sqrt(1 - a^2)
 // = sqrt(-(a - 1)(a + 1)); at a reset a = 0 and m = 1.
 // e^x - 1 for x <= 0: a cubic where |x| < 1/64 (truncation x^4 / 24: 2.4e-9 relative there), __expf
-// less 1 elsewhere (absolute error about 1e-7, float32's own at a < 1 - 1/64); expm1f's general
-// path costs three times the instructions in the walk.
+// less 1 elsewhere (absolute error about 1e-7, float32's own at a < 1 - 1/64); both computed and one
+// chosen (no branch in the walk); expm1f's general path costs three times the instructions.
 static __device__ __forceinline__ float expm1_neg(float x) {
-    return x > -0.015625f ? x * fmaf(x, fmaf(x, 1.0f / 6.0f, 0.5f), 1.0f) : __expf(x) - 1.0f;
+    const float cubic = x * fmaf(x, fmaf(x, 1.0f / 6.0f, 0.5f), 1.0f), e = __expf(x) - 1.0f;
+    return x > -0.015625f ? cubic : e;
 }
-
-static __device__ __forceinline__ void rg_gates(float rt, float coef, int first, float *am1, float *m) {
-    if (first) {
-        *am1 = -1.0f;
-        *m = 1.0f;
-    } else {
-        const float e = expm1_neg(coef * sigmoidf_(rt));
-        *am1 = e;
-        *m = sqrtf(fmaxf(-e * (2.0f + e), 0.0f));
-    }
-}
-
+static __device__ __forceinline__ float sigm_fast(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+static __device__ __forceinline__ float sqrt_fast(float u) { return u > 0.0f ? u * rsqrtf(u) : 0.0f; }
 static __device__ __forceinline__ float softplusf_(float w) { return w > 20.0f ? w : log1pf(__expf(w)); }
 
-// A block's chunk (RG-LRU: one stage, s = blockIdx.y) into shared memory: the nin arrays x, r, i, dy.
-static __device__ void rg_load(const ScanK *k, unsigned char *smem, int nin, int s) {
-    sc_issue(k, smem, k->x, k->r, k->i, k->dy, nin, 0, 0, s);
-    cp_async_commit();
-    cp_async_wait0();
-    __syncthreads();
+static __device__ __forceinline__ void rg_gates(float rt, float coef, int first, float *am1, float *m) {
+    const float e = expm1_neg(coef * sigm_fast(rt));
+    *am1 = first ? -1.0f : e;
+    *m = first ? 1.0f : sqrt_fast(-e * (2.0f + e));
 }
 
-// The chunk's summary, walked from the zero state: A - 1 (A the product of its a, kept exact where a is
-// within rounding of 1), its final state hl, and where dy is given the adjoint it hands back from zero,
-// cl = sum_t a_t0 .. a_t dy_t (then the chunk's h_end = A h_in + hl, a_t0 dh_t0 = A c_in + cl).
-static __global__ void __launch_bounds__(SC_CT) rg_sum_kernel(const ScanK k) {
-    extern __shared__ __align__(16) unsigned char sc_smem[];
-    grid_wait();
-    const int b = blockIdx.z, s = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
-    const float coef = on ? -8.0f * softplusf_(k.w[c]) : 0.0f;
-    rg_load(&k, sc_smem, k.dy ? 4 : 3, s);
-    const bf16 *xs = (const bf16 *)sc_smem, *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
-    const bf16 *dys = is + SC_L * SC_CT;
-    const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
-    float h = 0.0f, Am1 = 0.0f, cl = 0.0f;
-    for (int tt = 0; tt < n; tt++) {
-        const int o = tt * SC_CT + threadIdx.x;
-        const int first = k.reset && t0 + tt == 0;
-        float am1, m;
-        rg_gates(ld(rs, o), coef, first, &am1, &m);
-        const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
-        h = first ? bt : fmaf(am1, h, h + bt);
-        Am1 = first ? -1.0f : fmaf(Am1, am1, Am1 + am1);  // (1 + A')(1 + a') - 1
-        if (k.dy) cl = fmaf(1.0f + Am1, ld(dys, o), cl);
+// V channels of one token from a bf16 row (V = 2: one aligned 32-bit load).
+template <int V>
+static __device__ __forceinline__ void rg_ld(const bf16 *p, float v[V]) {
+    if (V == 2) {
+        const unsigned w = __ldg((const unsigned *)p);
+        v[0] = __uint_as_float(w << 16);
+        v[V - 1] = __uint_as_float(w & 0xffff0000u);
+    } else {
+        v[0] = ld(p, 0);
     }
-    if (on) {
-        const size_t e = ((size_t)b * k.nch + s) * k.Cp + c;
-        k.sa[e] = Am1;
-        k.sh[e] = h;
-        if (k.dy) k.sc[e] = cl;
+}
+template <int V>
+static __device__ __forceinline__ void rg_st(bf16 *p, const float v[V]) {
+    if (V == 2) *(__nv_bfloat162 *)p = __floats2bfloat162_rn(v[0], v[V - 1]);
+    else st(p, 0, v[0]);
+}
+
+// A thread's place: sequence b, chunk s of L tokens [t0, t0 + n), channels [c, c + V); 0 where off C.
+template <int V>
+static __device__ __forceinline__ int rg_place(const ScanK *k, int L, int *b, int *s, int *c, int *t0, int *n) {
+    *b = blockIdx.z, *s = blockIdx.y, *c = (blockIdx.x * RG_T + threadIdx.x) * V;
+    *t0 = *s * L;
+    *n = k->T - *t0 < L ? k->T - *t0 : L;
+    return *c < k->C;
+}
+
+// The walk of a chunk forward from h (y written where MODE == RG_Y); MODE == RG_SUM: from zero, giving
+// the chunk's A - 1 and final state (and with dy, the adjoint it hands back from zero, cl = sum_t a_t0 ..
+// a_t dy_t: then h_end = A h_in + hl, a_t0 dh_t0 = A c_in + cl); MODE == RG_KEEP: h_{t-1} of each token
+// into hp (the backward's recomputation).
+enum { RG_SUM, RG_Y, RG_KEEP };
+template <int V, int MODE, int L>
+static __device__ __forceinline__ void rg_walk(const ScanK *k, int b, int c, int t0, int n, const float coef[V],
+                                               float h[V], float Am1[V], float cl[V], float hp[L][V]) {
+    const size_t C = (size_t)k->C, row0 = ((size_t)b * k->T + t0) * C + c;
+    const bool with_dy = MODE == RG_SUM && k->dy;
+#pragma unroll
+    for (int g0 = 0; g0 < L; g0 += RG_G) {
+        if (g0 >= n) break;
+        float xv[RG_G][V], rv[RG_G][V], iv[RG_G][V], dv[RG_G][V];
+#pragma unroll
+        for (int u = 0; u < RG_G; u++) {
+            if (g0 + u < n) {
+                const size_t o = row0 + (size_t)(g0 + u) * C;
+                rg_ld<V>(k->x + o, xv[u]);
+                rg_ld<V>(k->r + o, rv[u]);
+                rg_ld<V>(k->i + o, iv[u]);
+                if (with_dy) rg_ld<V>(k->dy + o, dv[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < RG_G; u++) {
+            const int tt = g0 + u;
+            if (tt < n) {
+                const int first = k->reset && t0 + tt == 0;
+                float yv[V];
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    if (MODE == RG_KEEP) hp[tt][j] = h[j];
+                    float am1, m;
+                    rg_gates(rv[u][j], coef[j], first, &am1, &m);
+                    const float bt = m * sigm_fast(iv[u][j]) * xv[u][j];
+                    h[j] = first ? bt : fmaf(am1, h[j], h[j] + bt);  // a h + b
+                    yv[j] = h[j];
+                    if (MODE == RG_SUM) {
+                        Am1[j] = first ? -1.0f : fmaf(Am1[j], am1, Am1[j] + am1);  // (1 + A')(1 + a') - 1
+                        if (with_dy) cl[j] = fmaf(1.0f + Am1[j], dv[u][j], cl[j]);
+                    }
+                }
+                if (MODE == RG_Y) rg_st<V>(k->y + row0 + (size_t)tt * C, yv);
+            }
+        }
+    }
+}
+
+// The chunks' summaries (see rg_walk), chunks of L tokens.
+template <int V, int L>
+static __global__ void __launch_bounds__(RG_T, RG_MINB) rg_sum_kernel(const ScanK k) {
+    grid_wait();
+    int b, s, c, t0, n;
+    if (!rg_place<V>(&k, L, &b, &s, &c, &t0, &n)) return;
+    float coef[V], h[V], Am1[V], cl[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) coef[j] = -8.0f * softplusf_(k.w[c + j]), h[j] = Am1[j] = cl[j] = 0.0f;
+    rg_walk<V, RG_SUM, L>(&k, b, c, t0, n, coef, h, Am1, cl, NULL);
+    const size_t e = ((size_t)b * k.nch + s) * k.Cp + c;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        k.sa[e + j] = Am1[j];
+        k.sh[e + j] = h[j];
+        if (k.dy) k.sc[e + j] = cl[j];
     }
 }
 
 // Forward (y): the chunk from its incoming state (sh, from sc_combine_kernel; s0 or zero where the
 // sequence is one chunk, then sT written here).
-static __global__ void __launch_bounds__(SC_CT) rg_fwd_kernel(const ScanK k) {
-    extern __shared__ __align__(16) unsigned char sc_smem[];
+template <int V>
+static __global__ void __launch_bounds__(RG_T, RG_MINB) rg_fwd_kernel(const ScanK k) {
     grid_wait();
-    const int b = blockIdx.z, s = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
-    const float coef = on ? -8.0f * softplusf_(k.w[c]) : 0.0f;
-    float h = 0.0f;
-    if (on) h = k.sh ? k.sh[((size_t)b * k.nch + s) * k.Cp + c] : k.s0 ? k.s0[(size_t)b * k.C + c] : 0.0f;
-    rg_load(&k, sc_smem, 3, s);
-    const bf16 *xs = (const bf16 *)sc_smem, *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
-    const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
-#pragma unroll 4
-    for (int tt = 0; tt < n; tt++) {
-        const int o = tt * SC_CT + threadIdx.x;
-        const int first = k.reset && t0 + tt == 0;
-        float am1, m;
-        rg_gates(ld(rs, o), coef, first, &am1, &m);
-        const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
-        h = first ? bt : fmaf(am1, h, h + bt);  // a h + b
-        if (on) st(k.y, ((size_t)b * k.T + t0 + tt) * k.C + c, h);
+    int b, s, c, t0, n;
+    if (!rg_place<V>(&k, RG_LF, &b, &s, &c, &t0, &n)) return;
+    float coef[V], h[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        coef[j] = -8.0f * softplusf_(k.w[c + j]);
+        h[j] = k.sh ? k.sh[((size_t)b * k.nch + s) * k.Cp + c + j] : k.s0 ? k.s0[(size_t)b * k.C + c + j] : 0.0f;
     }
-    if (k.sT && on) k.sT[(size_t)b * k.C + c] = h;
+    rg_walk<V, RG_Y, RG_LF>(&k, b, c, t0, n, coef, h, NULL, NULL, NULL);
+    if (k.sT)
+#pragma unroll
+        for (int j = 0; j < V; j++) k.sT[(size_t)b * k.C + c + j] = h[j];
 }
 
 // Backward: the chunk's states h_{t-1} recomputed from its incoming state into registers, then walked
-// back with the adjoint carried in from the chunks after it (sc; zero where NULL).
-static __global__ void __launch_bounds__(SC_CT) rg_bwd_kernel(const ScanK k) {
-    extern __shared__ __align__(16) unsigned char sc_smem[];
+// back with the adjoint carried in from the chunks after it (sc; zero where NULL), the inputs read again.
+template <int V>
+static __global__ void __launch_bounds__(RG_T, RG_MINB) rg_bwd_kernel(const ScanK k) {
     grid_wait();
-    const int b = blockIdx.z, s = blockIdx.y, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
-    const float wc = on ? k.w[c] : 0.0f, sp = softplusf_(wc), coef = -8.0f * sp, sw = sigmoidf_(wc);
-    const size_t e0 = ((size_t)b * k.nch + s) * k.Cp + c;
-    float h = on && k.sh ? k.sh[e0] : 0.0f;
-    float dhc = on && k.sc ? k.sc[e0] : 0.0f;  // a_{t+1} dh_{t+1}
-    float dw = 0.0f;                           // the chunk's part of dw
-    rg_load(&k, sc_smem, 4, s);
-    const bf16 *xs = (const bf16 *)sc_smem, *rs = xs + SC_L * SC_CT, *is = rs + SC_L * SC_CT;
-    const bf16 *dys = is + SC_L * SC_CT;
-    const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
-    float hp[SC_L];  // h_{t-1} of the chunk's tokens
+    int b, s, c, t0, n;
+    if (!rg_place<V>(&k, RG_LB, &b, &s, &c, &t0, &n)) return;
+    const size_t e0 = ((size_t)b * k.nch + s) * k.Cp + c, C = (size_t)k.C, row0 = ((size_t)b * k.T + t0) * C + c;
+    float coef[V], sw[V], h[V], dhc[V], dw[V], hp[RG_LB][V];
 #pragma unroll
-    for (int tt = 0; tt < SC_L; tt++) {
-        hp[tt] = h;
-        if (tt < n) {
-            const int o = tt * SC_CT + threadIdx.x;
-            const int first = k.reset && t0 + tt == 0;
-            float am1, m;
-            rg_gates(ld(rs, o), coef, first, &am1, &m);
-            const float bt = m * sigmoidf_(ld(is, o)) * ld(xs, o);
-            h = first ? bt : fmaf(am1, h, h + bt);
+    for (int j = 0; j < V; j++) {
+        const float wc = k.w[c + j];
+        coef[j] = -8.0f * softplusf_(wc), sw[j] = sigm_fast(wc);
+        h[j] = k.sh ? k.sh[e0 + j] : 0.0f;
+        dhc[j] = k.sc ? k.sc[e0 + j] : 0.0f;  // a_{t+1} dh_{t+1}
+        dw[j] = 0.0f;                          // the chunk's part of dw
+    }
+    rg_walk<V, RG_KEEP, RG_LB>(&k, b, c, t0, n, coef, h, NULL, NULL, hp);
+#pragma unroll
+    for (int g0 = RG_LB - RG_G; g0 >= 0; g0 -= RG_G) {
+        if (g0 >= n) continue;
+        float xv[RG_G][V], rv[RG_G][V], iv[RG_G][V], dv[RG_G][V];
+#pragma unroll
+        for (int u = 0; u < RG_G; u++) {
+            if (g0 + u < n) {
+                const size_t o = row0 + (size_t)(g0 + u) * C;
+                rg_ld<V>(k.x + o, xv[u]);
+                rg_ld<V>(k.r + o, rv[u]);
+                rg_ld<V>(k.i + o, iv[u]);
+                rg_ld<V>(k.dy + o, dv[u]);
+            }
+        }
+#pragma unroll
+        for (int u = RG_G - 1; u >= 0; u--) {
+            const int tt = g0 + u;
+            if (tt < n) {
+                const int first = k.reset && t0 + tt == 0;
+                float dxv[V], drv[V], div[V];
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    const float x = xv[u][j], ig = sigm_fast(iv[u][j]), dh = dv[u][j] + dhc[j];
+                    const float rg = sigm_fast(rv[u][j]), e = expm1_neg(coef[j] * rg);
+                    const float am1 = first ? -1.0f : e, a = 1.0f + e, uu = fmaxf(-e * (2.0f + e), 0.0f);
+                    const float m = first ? 1.0f : sqrt_fast(uu);
+                    const float du = dh * ig * x * rsqrtf(fmaxf(4.0f * uu, SC_MAXGRAD2));
+                    const float dla = a * (dh * hp[tt][j] - 2.0f * a * du);  // d/dla of a h_{t-1} + sqrt(1 - a^2) i x
+                    drv[j] = first ? 0.0f : dla * coef[j] * rg * (1.0f - rg);
+                    if (!first) dw[j] = fmaf(dla * -8.0f * rg, sw[j], dw[j]);
+                    dxv[j] = dh * m * ig;
+                    div[j] = dh * m * x * ig * (1.0f - ig);
+                    dhc[j] = fmaf(am1, dh, dh);  // a dh
+                }
+                const size_t o = row0 + (size_t)tt * C;
+                rg_st<V>(k.dx + o, dxv);
+                rg_st<V>(k.di + o, div);
+                rg_st<V>(k.dr + o, drv);
+            }
         }
     }
 #pragma unroll
-    for (int tt = SC_L - 1; tt >= 0; tt--) {
-        if (tt < n) {
-            const int o = tt * SC_CT + threadIdx.x;
-            const int first = k.reset && t0 + tt == 0;
-            const float x = ld(xs, o), ig = sigmoidf_(ld(is, o)), dh = ld(dys, o) + dhc;
-            float dr = 0.0f, am1 = -1.0f, m = 1.0f;
-            if (!first) {
-                const float rg = sigmoidf_(ld(rs, o));
-                am1 = expm1_neg(coef * rg);
-                const float a = 1.0f + am1, u = fmaxf(-am1 * (2.0f + am1), 0.0f);
-                m = sqrtf(u);
-                const float dm = dh * ig * x;
-                const float du = dm * rsqrtf(fmaxf(4.0f * u, SC_MAXGRAD2));
-                const float dla = a * (dh * hp[tt] - 2.0f * a * du);  // d/dla of a h_{t-1} + sqrt(1 - a^2) i x
-                dr = dla * coef * rg * (1.0f - rg);
-                dw += dla * -8.0f * rg * sw;
-            }
-            if (on) {
-                const size_t e = ((size_t)b * k.T + t0 + tt) * k.C + c;
-                st(k.dx, e, dh * m * ig);
-                st(k.di, e, dh * m * x * ig * (1.0f - ig));
-                st(k.dr, e, dr);
-            }
-            dhc = fmaf(am1, dh, dh);  // a dh
-        }
-    }
-    if (on) k.part[((size_t)b * k.nch + s) * 2 * k.C + c] = dw;
+    for (int j = 0; j < V; j++) k.part[((size_t)b * k.nch + s) * 2 * k.C + c + j] = dw[j];
 }
 
 // The chunks' incoming states from their summaries, in chunk order from s0 (or zero), sT the last
@@ -291,22 +360,36 @@ static __global__ void sc_combine_kernel(const ScanK k) {
         const int c = (int)(e % k.C), j = (int)(e / k.C % k.nsl), b = (int)(e / ((size_t)k.C * k.nsl));
         const size_t step = (size_t)k.nsl * k.Cp, e0 = ((size_t)b * k.nch * k.nsl + j) * k.Cp + c;
         float h = k.s0 && j < k.N ? k.s0[((size_t)b * k.C + c) * k.N + j] : 0.0f;
-#pragma unroll 4
-        for (int ch = 0; ch < k.nch; ch++) {
-            const size_t i = e0 + ch * step;
-            const float A = k.sa[i], hl = k.sh[i];
-            k.sh[i] = h;
-            h = k.am1 ? fmaf(A, h, h + hl) : fmaf(A, h, hl);
+        // SC_CB summaries loaded before any is overwritten: the chain then waits for memory once a batch
+        // rather than once a chunk (the compiler cannot move a load above the store before it)
+        for (int c0 = 0; c0 < k.nch; c0 += SC_CB) {
+            float A[SC_CB], v[SC_CB];
+#pragma unroll
+            for (int u = 0; u < SC_CB; u++)
+                if (c0 + u < k.nch) A[u] = k.sa[e0 + (c0 + u) * step], v[u] = k.sh[e0 + (c0 + u) * step];
+#pragma unroll
+            for (int u = 0; u < SC_CB; u++) {
+                if (c0 + u < k.nch) {
+                    k.sh[e0 + (c0 + u) * step] = h;
+                    h = k.am1 ? fmaf(A[u], h, h + v[u]) : fmaf(A[u], h, v[u]);
+                }
+            }
         }
         if (k.sT && j < k.N) k.sT[((size_t)b * k.C + c) * k.N + j] = h;
         if (k.sc) {
             float g = 0.0f;
-#pragma unroll 4
-            for (int ch = k.nch - 1; ch >= 0; ch--) {
-                const size_t i = e0 + ch * step;
-                const float A = k.sa[i], cl = k.sc[i];
-                k.sc[i] = g;
-                g = k.am1 ? fmaf(A, g, g + cl) : fmaf(A, g, cl);
+            for (int c1 = k.nch; c1 > 0; c1 -= SC_CB) {  // chunks [c1 - SC_CB, c1), last first
+                float A[SC_CB], v[SC_CB];
+#pragma unroll
+                for (int u = 0; u < SC_CB; u++)
+                    if (c1 - 1 - u >= 0) A[u] = k.sa[e0 + (c1 - 1 - u) * step], v[u] = k.sc[e0 + (c1 - 1 - u) * step];
+#pragma unroll
+                for (int u = 0; u < SC_CB; u++) {
+                    if (c1 - 1 - u >= 0) {
+                        k.sc[e0 + (c1 - 1 - u) * step] = g;
+                        g = k.am1 ? fmaf(A[u], g, g + v[u]) : fmaf(A[u], g, v[u]);
+                    }
+                }
             }
         }
     }
@@ -716,6 +799,10 @@ static ScanK sc_args(const ScanDims *d, const void *x, const void *r, const void
     k.nst = (d->T + SC_L - 1) / SC_L;
     k.spc = d->kind == SCAN_LONGHORN ? SC_LH_SPC : 1;
     k.nch = (k.nst + k.spc - 1) / k.spc;
+    if (d->kind == SCAN_RGLRU) {  // the backward's (dy given) chunks are shorter (rg_bwd_kernel)
+        const int L = dy ? RG_LB : RG_LF;
+        k.nch = (d->T + L - 1) / L;
+    }
     k.nsl = d->kind == SCAN_LONGHORN ? SC_N : 1;
     k.am1 = d->kind == SCAN_RGLRU;
     k.reset = d->kind == SCAN_RGLRU && d->reset;
@@ -725,6 +812,22 @@ static ScanK sc_args(const ScanDims *d, const void *x, const void *r, const void
 }
 
 typedef void (*ScKernel)(const ScanK);
+
+static int aligned4(const void *p) { return (uintptr_t)p % 4 == 0; }
+
+// Launches an RG-LRU walk (kern1 and kern2: the kernel taking 1 and 2 channels a thread): a block per
+// (RG_T threads' channels, chunk, sequence), 2 channels a thread where every row allows 32-bit access.
+static int rg_launch(CudaCtx *c, ScKernel kern1, ScKernel kern2, const ScanK *k) {
+    const int v2 = k->C % 2 == 0 && aligned4(k->x) && aligned4(k->r) && aligned4(k->i) && aligned4(k->dy) &&
+                   aligned4(k->y) && aligned4(k->dx) && aligned4(k->dr) && aligned4(k->di);
+    const int per = RG_T * (v2 ? 2 : 1);
+    Launch l;
+    CU_TRY(cudaLaunchKernelEx(
+        launch_after(&l, c, dim3((unsigned)((k->C + per - 1) / per), (unsigned)k->nch, (unsigned)k->B), RG_T, 0,
+                     c->stream),
+        v2 ? kern2 : kern1, *k));
+    return MN_OK;
+}
 
 // Launches a chunk walk: a block per (tile, chunk, sequence), its dynamic shared memory raised past 48 KB once.
 static int sc_launch(CudaCtx *c, ScKernel kern, const ScanK *k, size_t smem, int *raised) {
@@ -747,19 +850,19 @@ static int sc_combine(CudaCtx *c, const ScanK *k) {
     return MN_OK;
 }
 
-static size_t rg_smem(int nin) { return (size_t)sc_stage_bytes(nin, 0, 0); }
 static size_t lh_sum_smem(int nin) { return (size_t)SC_ST * sc_stage_bytes(nin, 1, 0) + sizeof(LhKq); }
 static size_t lh_bwd_smem(void) {
     return (size_t)SC_ST * sc_stage_bytes(3, 1, SC_N) + sizeof(LhKq) + sizeof(float) * SC_L / SC_SB * SC_N * SC_CT +
            sizeof(float) * SC_NW * SC_L * SC_RED;
 }
-static int rg_sum_raised, rg_fwd_raised, rg_bwd_raised, lh_sum_raised, lh_fwd_raised, lh_bwd_raised;
+static int lh_sum_raised, lh_fwd_raised, lh_bwd_raised;
 
 // The chunks' summaries (with the adjoint's where k->dy is set), then their incoming states (and
 // adjoints) in place: sa, sh (sc) set.
 static int sc_chunk_states(CudaCtx *c, const ScanDims *d, ScanK *k) {
-    const int nin = d->kind == SCAN_RGLRU ? (k->dy ? 4 : 3) : (k->dy ? 3 : 2);
-    if (d->kind == SCAN_RGLRU) MN_TRY(sc_launch(c, rg_sum_kernel, k, rg_smem(nin), &rg_sum_raised));
+    const int nin = k->dy ? 3 : 2;  // Longhorn's arrays
+    if (d->kind == SCAN_RGLRU && k->dy) MN_TRY(rg_launch(c, rg_sum_kernel<1, RG_LB>, rg_sum_kernel<2, RG_LB>, k));
+    else if (d->kind == SCAN_RGLRU) MN_TRY(rg_launch(c, rg_sum_kernel<1, RG_LF>, rg_sum_kernel<2, RG_LF>, k));
     else MN_TRY(sc_launch(c, lh_sum_kernel, k, lh_sum_smem(nin), &lh_sum_raised));
     return sc_combine(c, k);
 }
@@ -767,7 +870,7 @@ static int sc_chunk_states(CudaCtx *c, const ScanDims *d, ScanK *k) {
 // The walk from the chunks' incoming states: y (and sT where there is one chunk), or Longhorn's
 // checkpoints (k->ckpt, y NULL).
 static int sc_walk(CudaCtx *c, const ScanDims *d, const ScanK *k) {
-    if (d->kind == SCAN_RGLRU) return sc_launch(c, rg_fwd_kernel, k, rg_smem(3), &rg_fwd_raised);
+    if (d->kind == SCAN_RGLRU) return rg_launch(c, rg_fwd_kernel<1>, rg_fwd_kernel<2>, k);
     return sc_launch(c, lh_fwd_kernel, k, lh_sum_smem(2), &lh_fwd_raised);
 }
 
@@ -823,7 +926,7 @@ extern "C" int cuda_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd
     }
     k.dx = (bf16 *)io->dx, k.dr = (bf16 *)io->dr, k.di = (bf16 *)io->di;
     if (!lh) {
-        MN_TRY(sc_launch(c, rg_bwd_kernel, &k, rg_smem(4), &rg_bwd_raised));
+        MN_TRY(rg_launch(c, rg_bwd_kernel<1>, rg_bwd_kernel<2>, &k));
     } else {
         MN_TRY(sc_launch(c, lh_bwd_kernel, &k, lh_bwd_smem(), &lh_bwd_raised));
         const size_t ntok = (size_t)d->B * d->T;

@@ -270,10 +270,12 @@ int main(void) {
     CASE(fd_check(SCAN_RGLRU, 0));
     CASE(fd_check(SCAN_RGLRU, 1));
     CASE(fd_check(SCAN_LONGHORN, 0));
-    CASE(run_case(SCAN_RGLRU, 2, 75, 70, 1, 1, 0));     // C not a multiple of 8: element copies; a partial tile
-    CASE(run_case(SCAN_RGLRU, 2, 67, 128, 1, 0, 0));    // 16-byte copies, two tiles, the state handed on
+    CASE(run_case(SCAN_RGLRU, 2, 75, 70, 1, 1, 0));     // a partial block of channels, partial chunks, reset
+    CASE(run_case(SCAN_RGLRU, 2, 67, 128, 1, 0, 0));    // the state handed on across chunks
     CASE(run_case(SCAN_RGLRU, 3, 1, 72, 1, 0, 1));      // decode: T = 1, sT aliasing s0
-    CASE(run_case(SCAN_RGLRU, 1, 130, 8, 1, 1, 0));     // five stages, one small tile
+    CASE(run_case(SCAN_RGLRU, 1, 130, 8, 1, 1, 0));     // five 32-token chunks (nine of the backward's)
+    CASE(run_case(SCAN_RGLRU, 2, 41, 301, 1, 1, 0));    // C odd: a channel a thread, three blocks of 128
+    CASE(run_case(SCAN_RGLRU, 1, 20, 514, 1, 0, 0));    // two channels a thread, three blocks of 256
     CASE(run_case(SCAN_LONGHORN, 2, 70, 96, 16, 0, 0)); // 16-byte copies, a partial tile and stage
     CASE(run_case(SCAN_LONGHORN, 1, 33, 40, 5, 0, 0));  // N = 5: k, q by elements, padded with zeros
     CASE(run_case(SCAN_LONGHORN, 2, 1, 64, 16, 0, 1));  // decode

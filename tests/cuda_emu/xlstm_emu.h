@@ -68,6 +68,17 @@ static inline void emu_align(const void *p, unsigned n, const char *what) {
         abort();
     }
 }
+#define __fdividef(a, b) ((a) / (b))
+static inline unsigned __ldg(const unsigned *p) {
+    emu_align(p, 4, "__ldg");
+    return *p;
+}
+typedef struct { bf16 x, y; } __nv_bfloat162;
+static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+    __nv_bfloat162 r;
+    r.x.b = f32_to_bf16(a), r.y.b = f32_to_bf16(b);
+    return r;
+}
 static inline uint32_t pack_bf16(float lo, float hi) { return (uint32_t)f32_to_bf16(lo) | (uint32_t)f32_to_bf16(hi) << 16; }
 // mma.cuh's ldmatrix and mma.sync as warp-collective operations with the PTX ISA's fragment layouts
 // (as tests/cuda_emu/mma_emu.h, per block of the cluster)
