@@ -680,7 +680,7 @@ TEST(cuda_decode_graph_matches_eager) {
         decode_run(m, B, steps, 1e-3f, eager, &cg_e);
         m->use_graphs = 1;
         decode_run(m, B, steps, 1e-3f, replay, &cg_r);
-        CHECK(m->graph != NULL, "B=%d: the steps were recorded", B);
+        CHECK(m->graph.graph != NULL, "B=%d: the steps were recorded", B);
         size_t diff = 0;
         for (size_t j = 0; j < (size_t)steps * B * 97; j++) diff += eager[j] != replay[j];
         test_note("B=%d: %zu of %d logits differ; mean CG steps eager %.3f, replayed %.3f", B, diff, steps * B * 97, cg_e,
