@@ -116,6 +116,7 @@ int recorded_run(Recorded *r, const Backend *be, int (*ops)(void *arg), void *ar
         r->graph = g;
     }
     int st = be->graph_run(be, r->graph);
+    if (!st) r->replays++;
     if (st != MN_ERR_ARG) return st;
     recorded_reset(r, be);  // stale: this call eagerly (warm again), the next records again
     r->warm = 1;

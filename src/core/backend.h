@@ -490,6 +490,7 @@ size_t host_mem_available_op(const Backend *be);
 typedef struct {
     void *graph;  // the recording, or NULL
     int warm;     // the ops ran eagerly since the last reset
+    long replays; // calls the recording served (for tests and profiles)
 } Recorded;
 
 int recorded_run(Recorded *r, const Backend *be, int (*ops)(void *arg), void *arg);

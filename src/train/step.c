@@ -1,6 +1,7 @@
 #include "step.h"
 
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -9,7 +10,8 @@ int train_step_init(TrainStep *s, Model *m, AdamW *opt) {
     memset(s, 0, sizeof *s);
     s->m = m;
     s->opt = opt;
-    s->record = 1;
+    const char *env = getenv("MESANET_TRAIN_GRAPHS");  // "0": eager steps (for comparisons)
+    s->record = !(env && !strcmp(env, "0"));
     s->weight = m->be->alloc(m->be, 1, MEM_F32);
     s->loss = m->be->alloc(m->be, 1, MEM_F64);
     if (!s->weight || !s->loss) {

@@ -21,7 +21,8 @@
 typedef struct {
     Model *m;
     AdamW *opt;
-    int record;               // record the steps where the backend can (train_step_init: 1)
+    int record;               // record the steps where the backend can (train_step_init: 1, or 0 where
+                              // the environment sets MESANET_TRAIN_GRAPHS=0)
     int B, T, accum;          // the shape the batch buffers hold (0: none yet)
     void *tokens, *targets;   // [accum, B*T] MEM_I32: the step's micro-batches
     void *weight;             // [1] MEM_F32: the gradient's weight (1 / the step's scored tokens)
