@@ -41,11 +41,9 @@ int adamw_init(AdamW *o, const Model *model) {
     o->decay = be->alloc(be, (model->total + 255) / 256, MEM_I32);
     o->sched = be->alloc(be, 2, MEM_F32);
     o->stats = be->alloc(be, 2, MEM_F64);
-    if (!o->m || !o->v || !o->decay || !o->sched || !o->stats || upload_decay_mask(o, model)) {
-        adamw_free(o, model);
-        return MN_ERR_NOMEM;
-    }
-    return MN_OK;
+    int st = !o->m || !o->v || !o->decay || !o->sched || !o->stats ? MN_ERR_NOMEM : upload_decay_mask(o, model);
+    if (st) adamw_free(o, model);
+    return st;
 }
 
 void adamw_free(AdamW *o, const Model *model) {

@@ -12,7 +12,7 @@
 #include "core/common.h"
 #include "model/model.h"
 #include "model/presets.h"
-#include "test.h"
+#include "../test.h"
 #include "train/optim.h"
 #include "train/step.h"
 
