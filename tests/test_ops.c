@@ -482,7 +482,7 @@ typedef struct {
 static double xent_loss(void *p) {
     XentCtx *c = p;
     memcpy(c->work, c->z, sizeof(double) * c->N * c->V);
-    R->xent(R, c->work, c->loss, c->tgt, c->N, c->V, c->cap, 0);
+    R->xent(R, c->work, c->loss, c->tgt, c->N, c->V, c->cap, 0, NULL);
     double s = 0;
     for (int n = 0; n < c->N; n++) s += c->loss[n] * (n + 1);  // distinct weights per row
     return s;
@@ -499,17 +499,26 @@ TEST(op_softcapped_cross_entropy) {
         double *grad = xcalloc(N * V, 8);
         for (int n = 0; n < N; n++) {
             memcpy(c.work, c.z, sizeof(double) * N * V);
-            R->xent(R, c.work, c.loss, tgt, N, V, cap, (float)(n + 1));
+            R->xent(R, c.work, c.loss, tgt, N, V, cap, (float)(n + 1), NULL);
             memcpy(grad + (size_t)n * V, c.work + (size_t)n * V, sizeof(double) * V);
         }
         fd_check(cap > 0 ? "xent dlogits (cap 3)" : "xent dlogits (no cap)", xent_loss, &c, c.z, grad, N * V, FD_TOL);
         CHECK(c.loss[1] == 0, "ignored target has loss %g", c.loss[1]);
         float *fz = floats_of(c.z, N * V), *fl = xcalloc(N, 4);
         memcpy(c.work, c.z, sizeof(double) * N * V);
-        R->xent(R, c.work, c.loss, tgt, N, V, cap, 0.5f);
-        C->xent(C, fz, fl, tgt, N, V, cap, 0.5f);
+        R->xent(R, c.work, c.loss, tgt, N, V, cap, 0.5f, NULL);
+        C->xent(C, fz, fl, tgt, N, V, cap, 0.5f, NULL);
         cmp("xent losses", fl, c.loss, N, F32_TOL);
         cmp("xent grad", fz, c.work, N * V, F32_TOL);
+        // the scale read from the backend's memory (a recorded step's): the same numbers, exactly
+        float *fz2 = floats_of(c.z, N * V), *fl2 = xcalloc(N, 4), at32 = 0.5f;
+        double *z2 = xcalloc(N * V, 8), *l2 = xcalloc(N, 8), at64 = 0.5;
+        memcpy(z2, c.z, sizeof(double) * N * V);
+        CHECK(!C->xent(C, fz2, fl2, tgt, N, V, cap, 1.0f, &at32) && !R->xent(R, z2, l2, tgt, N, V, cap, 1.0f, &at64),
+              "%s", mn_last_error());
+        CHECK(!memcmp(fz2, fz, sizeof(float) * N * V) && !memcmp(fl2, fl, sizeof(float) * N), "cpu xent, scale at");
+        CHECK(!memcmp(z2, c.work, sizeof(double) * N * V) && !memcmp(l2, c.loss, sizeof(double) * N), "ref xent, scale at");
+        free(fz2); free(fl2); free(z2); free(l2);
         free(c.z); free(c.work); free(c.loss); free(grad); free(fz); free(fl);
     }
 }
@@ -628,32 +637,71 @@ TEST(op_longhorn_eps) {
 
 // ---------------------------------------------------------------- optimiser ops
 
+// AdamW over a slab (Backend.adamw), the CPU against the reference over 3 steps of 1000 elements
+// (not a multiple of 8: a partial last group), half of the 8-element groups decaying, step 2
+// clipped to half its norm: the norm from each backend's own sumsq.
 TEST(op_adamw_sumsq_add) {
     backends();
-    size_t n = 1000;
+    size_t n = 1000, words = (n + 255) / 256;
     double *p = rand_doubles(120, n, -1, 1), *g = rand_doubles(121, n, -1, 1), *m = xcalloc(n, 8), *v = xcalloc(n, 8);
     float *fp = floats_of(p, n), *fg = floats_of(g, n), *fm = xcalloc(n, 4), *fv = xcalloc(n, 4);
-    for (int t = 1; t <= 3; t++) {  // step 2 clips its gradients by half
-        float gs = t == 2 ? 0.5f : 1.0f;
-        R->adamw(R, p, g, m, v, n, gs, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
-        C->adamw(C, fp, fg, fm, fv, n, gs, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    int32_t mask[4] = {0x5555aaaa, 0x0f0f0f0f, -1, 0x12345};  // bit j of word w: elements 8 (32 w + j) ..
+    double st64[2], sched64[2];
+    float sched32[2];
+    double st32[2];
+    for (int t = 1; t <= 3; t++) {
+        R->sumsq(R, st64, g, n);
+        C->sumsq(C, st32, fg, n);
+        CHECK(fabs(st32[0] - st64[0]) <= 1e-6 * st64[0], "sumsq %g vs %g", st32[0], st64[0]);
+        float clip = t == 2 ? (float)(0.5 * sqrt(st64[0])) : 0;  // step 2 clips its gradients by about half
+        AdamwOpts o = {0.9f, 0.95f, 1e-8f, 0.1f, clip};
+        sched32[0] = 1e-2f, sched32[1] = (float)t;
+        sched64[0] = sched32[0], sched64[1] = t;
+        AdamwIo r = {p, g, m, v, n, mask, sched64, st64}, c = {fp, fg, fm, fv, n, mask, sched32, st32};
+        CHECK(!R->adamw(R, &o, &r) && !C->adamw(C, &o, &c), "%s", mn_last_error());
+        CHECK(st64[1] == 0 && st32[1] == 0, "step %d refused: %g %g", t, st64[1], st32[1]);
     }
+    CHECK(words == 4, "the mask's words");
     cmp("adamw p", fp, p, n, F32_TOL);
     cmp("adamw m", fm, m, n, F32_TOL);
     cmp("adamw v", fv, v, n, F32_TOL);
-    // The first AdamW step moves every weight by lr (sign of g) plus decay, whatever |g|.
-    double q[2] = {0.5, -2}, dq[2] = {1e-3, -5}, mq[2] = {0}, vq[2] = {0};
-    R->adamw(R, q, dq, mq, vq, 2, 1.0f, 0.1f, 0.9f, 0.95f, 1e-12f, 0.0f, 1);
-    CHECK(fabs(q[0] - 0.4) < 1e-6 && fabs(q[1] + 1.9) < 1e-6, "first step: %g %g", q[0], q[1]);
-    // The clipping factor scales the gradients: the moments of gscale g, not of g.
-    double c[1] = {0}, dc[1] = {4}, mc[1] = {0}, vc[1] = {0};
-    R->adamw(R, c, dc, mc, vc, 1, 0.25f, 0.1f, 0.9f, 0.95f, 1e-12f, 0.0f, 1);
-    double m1 = 1 - (double)0.9f, v1 = 1 - (double)0.95f;  // (1 - beta) (0.25 x 4)^k, beta as passed (float)
+    // The first AdamW step moves every weight by lr (sign of g) plus decay where its bit is set:
+    // elements 0-7 (bit 0 set) decay, 8-15 (bit 1 clear) do not.
+    double q[16], dq[16], mq[16] = {0}, vq[16] = {0}, sq[2] = {0, 0}, lr1[2] = {0.1, 1};
+    int32_t one[1] = {1};
+    for (int i = 0; i < 16; i++) q[i] = 0.5, dq[i] = i % 2 ? -5 : 1e-3;
+    for (int i = 0; i < 16; i++) sq[0] += dq[i] * dq[i];
+    AdamwOpts o1 = {0.9f, 0.95f, 1e-12f, 0.5f, 0};
+    AdamwIo io1 = {q, dq, mq, vq, 16, one, lr1, sq};
+    CHECK(!R->adamw(R, &o1, &io1), "%s", mn_last_error());
+    for (int i = 0; i < 16; i++) {
+        double want = 0.5 - 0.1 * ((i % 2 ? -1 : 1) + (i < 8 ? 0.5 * 0.5 : 0));
+        CHECK(fabs(q[i] - want) < 1e-6, "first step, element %d: %g, want %g", i, q[i], want);
+    }
+    // The clipping factor scales the gradients: the moments of gscale g, not of g (clip 1, |g| 4).
+    double c[1] = {0}, dc[1] = {4}, mc[1] = {0}, vc[1] = {0}, sc[2] = {16, 0};
+    AdamwOpts o2 = {0.9f, 0.95f, 1e-12f, 0, 1};
+    AdamwIo io2 = {c, dc, mc, vc, 1, one, lr1, sc};
+    CHECK(!R->adamw(R, &o2, &io2), "%s", mn_last_error());
+    double m1 = (1 - (double)0.9f) * 4 * (float)(1.0 / 4), v1 = 1 - (double)0.95f;  // (1 - beta) (g / 4)^k, beta as passed (float)
     CHECK(fabs(mc[0] - m1) < 1e-15 && fabs(vc[0] - v1) < 1e-15, "clipped moments: %.17g %.17g", mc[0], vc[0]);
-    double s64, s32;
-    R->sumsq(R, g, n, &s64);
-    C->sumsq(C, fg, n, &s32);
-    CHECK(fabs(s32 - s64) <= 1e-6 * s64, "sumsq %g vs %g", s32, s64);
+    // A non-finite norm: nothing changes, the refusal is flagged, on both backends.
+    double pn[16], mn[16] = {0}, vn[16] = {0}, sn[2] = {NAN, 0};
+    float fpn[16], fdq[16], fmn[16] = {0}, fvn[16] = {0}, fl[2] = {0.1f, 1};
+    double fsn[2] = {INFINITY, 0};
+    for (int i = 0; i < 16; i++) pn[i] = fpn[i] = 0.25f, fdq[i] = (float)dq[i];
+    AdamwIo ion = {pn, dq, mn, vn, 16, one, lr1, sn}, fion = {fpn, fdq, fmn, fvn, 16, one, fl, fsn};
+    CHECK(!R->adamw(R, &o1, &ion) && !C->adamw(C, &o1, &fion), "%s", mn_last_error());
+    CHECK(sn[1] == 1 && fsn[1] == 1, "non-finite norm flagged: %g %g", sn[1], fsn[1]);
+    for (int i = 0; i < 16; i++)
+        CHECK(pn[i] == 0.25 && fpn[i] == 0.25f && mn[i] == 0 && fvn[i] == 0, "refused update changed element %d", i);
+    // sum_f32 adds, in order: the CPU's is the host's sum of the same floats, exactly.
+    double acc64[1] = {1.5}, acc32[1] = {1.5}, host = 0;
+    R->sum_f32(R, acc64, g, n);
+    C->sum_f32(C, acc32, fg, n);
+    for (size_t i = 0; i < n; i++) host += fg[i];
+    CHECK(acc32[0] == 1.5 + host, "cpu sum_f32 %.17g vs %.17g", acc32[0], 1.5 + host);
+    CHECK(fabs(acc64[0] - acc32[0]) <= 1e-6 * n, "sum_f32 %g vs %g", acc32[0], acc64[0]);
     R->add(R, g, p, n);
     C->add(C, fg, fp, n);
     cmp("add", fg, g, n, F32_TOL);

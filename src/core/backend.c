@@ -92,3 +92,33 @@ size_t host_mem_available_op(const Backend *be) {
     (void)be;
     return host_mem_available();
 }
+
+void recorded_reset(Recorded *r, const Backend *be) {
+    if (r->graph) be->graph_free(be, r->graph);
+    r->graph = NULL;
+    r->warm = 0;
+}
+
+int recorded_run(Recorded *r, const Backend *be, int (*ops)(void *arg), void *arg) {
+    if (!r->graph) {
+        if (!r->warm) {
+            r->warm = 1;
+            return ops(arg);
+        }
+        MN_TRY(be->graph_begin(be));
+        int st = ops(arg);
+        void *g = NULL;
+        int st_end = be->graph_end(be, &g);  // ends the recording even after a failed op
+        if (st || st_end) {
+            if (g) be->graph_free(be, g);
+            return st ? st : st_end;
+        }
+        r->graph = g;
+    }
+    int st = be->graph_run(be, r->graph);
+    if (!st) r->replays++;
+    if (st != MN_ERR_ARG) return st;
+    recorded_reset(r, be);  // stale: this call eagerly (warm again), the next records again
+    r->warm = 1;
+    return ops(arg);
+}

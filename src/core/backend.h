@@ -29,6 +29,7 @@ typedef enum {
     MEM_ACT,    // activations and their gradients (bf16 on cuda)
     MEM_F32,    // at least float32 everywhere: parameter gradients, optimiser state, norm statistics, gates, losses
     MEM_I32,    // int32 (tokens, targets)
+    MEM_F64,    // float64 everywhere: a training step's sums (loss, gradient norm), read back once a step
 } MemKind;
 
 enum { MN_GROUP_ID_BYTES = 256 };  // room for a group identifier (NCCL's: 128 bytes)
@@ -251,6 +252,24 @@ typedef struct {
     int (*supports)(const Backend *be, const ScanDims *d);  // MN_ERR_UNSUPPORTED naming the size, or NULL
 } ScanOps;
 
+// The optimiser's constants (train/optim.h) and its slabs for Backend.adamw.
+typedef struct {
+    float beta1, beta2, eps;  // moment decays, denominator guard
+    float wd;                 // decoupled weight decay, on the elements whose decay bit is set
+    float clip;               // global gradient-norm clip; 0: none
+} AdamwOpts;
+
+typedef struct {
+    void *p;             // [n] MEM_PARAM: the parameter slab
+    const void *g;       // [n] MEM_F32: its gradients
+    void *m, *v;         // [n] MEM_F32: the moments
+    size_t n;
+    const void *decay;   // [(n + 255) / 256] MEM_I32: bit j of word w set: elements 8 (32 w + j) .. + 7 decay
+                         // (tensors start at multiples of 8 elements: model.h)
+    const void *sched;   // [2] MEM_F32: this update's learning rate and step t (1-based; exact in float)
+    void *stats;         // [2] MEM_F64: the gradients' sum of squares (sumsq's; read), refused flag (written)
+} AdamwIo;
+
 struct Backend {
     const char *name;
     void *ctx;  // backend-private (cuda: stream, cuBLAS handles)
@@ -376,9 +395,11 @@ struct Backend {
     int (*embed_bwd)(const Backend *be, void *de, const void *dx, const void *tokens, int N, int D, float scale);
     // Cross-entropy of softcapped logits, cap * tanh(z / cap) (cap = 0: none). losses[N] (MEM_F32)
     // gets -log p(target); rows with target < 0 get 0. If grad_scale != 0, logits is overwritten by
-    // grad_scale * dloss/dz (0 in ignored rows).
+    // grad_scale * dloss/dz (0 in ignored rows). grad_scale_at (MEM_F32 [1], or NULL): the scale is
+    // read from there instead (grad_scale then only says that a gradient is wanted): a recorded
+    // training step's, which changes from step to step.
     int (*xent)(const Backend *be, void *logits, void *losses, const void *targets, int N, int V, float cap,
-                float grad_scale);
+                float grad_scale, const void *grad_scale_at);
 
     // --- gates of the recurrent mixers (elementwise; the shared parameterisation's, mixers/shell.h) ---
     // From the projections a, b [N,H]: beta = sigmoid(b), log gamma = g = min(logsigmoid(a),
@@ -400,14 +421,23 @@ struct Backend {
     const MlstmOps *mlstm;  // mlstm, mlstm-block, the xlstm architecture's layers
     const SlstmOps *slstm;  // slstm-block
     const ScanOps *scan;    // longhorn, hawk, the recurrent_gemma architecture's recurrent layers
-    // --- optimiser -----------------------------------------------------------------------
-    // AdamW on n parameters with gradients gscale g (gscale: the clipping factor, 1 for none; folded
-    // in here rather than a pass of its own over the gradients): m, v (MEM_F32) moments; decoupled
-    // weight decay wd; bias correction with step t (1-based).
-    int (*adamw)(const Backend *be, void *p, const void *g, void *m, void *v, size_t n, float gscale, float lr,
-                 float beta1, float beta2, float eps, float wd, int t);
-    // sum of squares of x (parameter gradients), into *out
-    int (*sumsq)(const Backend *be, const void *x, size_t n, double *out);
+    // --- optimiser, and the training step's sums ----------------------------------------------
+    // A training step leaves its scalars on the backend (MEM_F64 sums, the learning rate in
+    // MEM_F32), so that it needs no host transfer between its ops and can be recorded (graph ops
+    // below); the host reads them once the step is done. Sums run in a fixed order: the same
+    // result for any thread count.
+    // sum[0] (MEM_F64) += sum_i x[i] over x [n] (MEM_F32: the per-token losses)
+    int (*sum_f32)(const Backend *be, void *sum, const void *x, size_t n);
+    // out[0] (MEM_F64) = sum_i x[i]^2 over x [n] (MEM_F32: the parameter gradients)
+    int (*sumsq)(const Backend *be, void *out, const void *x, size_t n);
+    // AdamW over a whole parameter slab in one pass (AdamwIo), its gradients clipped by the norm in
+    // stats[0]: with norm = sqrt(stats[0]) finite, gscale = clip > 0 && norm > clip ? clip / norm : 1,
+    // and per element (wd_i = wd where its decay bit is set, else 0; c1 = 1 - beta1^t, c2 = 1 - beta2^t)
+    //   g = gscale g_i;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+    //   p -= lr (m / c1 / (sqrt(v / c2) + eps) + wd_i p)
+    // and stats[1] = 0. A non-finite norm changes nothing and sets stats[1] = 1 (the host refuses the
+    // step when it reads the stats).
+    int (*adamw)(const Backend *be, const AdamwOpts *o, const AdamwIo *io);
 
     // --- data parallelism (optional: NULL where the backend has no collective of its own; the
     // ranks then sum through the host, train/dist.h) -------------------------------------------
@@ -424,8 +454,8 @@ struct Backend {
 
     // --- recorded launches (optional: NULL where ops run as they are called) ---------------------
     // Between graph_begin and graph_end the ops are recorded instead of run; graph_run replays them
-    // on the buffers' contents of that moment. For decoding, where launching costs more than the
-    // work. Recorded ops must not read back, allocate or wait; the recording holds the buffer
+    // on the buffers' contents of that moment. For decoding and training steps of small models,
+    // where launching costs more than the work. Recorded ops must not read back, allocate or wait; the recording holds the buffer
     // addresses it saw, so it must be remade when any of them is reallocated. graph_run returns
     // MN_ERR_ARG when the backend's own scratch has moved since (the caller records again).
     int (*graph_begin)(const Backend *be);
@@ -450,6 +480,26 @@ static inline double mn_posemb(int t, int i, int D) {
 // SIZE_MAX when none of them can be read. The mem_available op of the host backends.
 size_t host_mem_available(void);
 size_t host_mem_available_op(const Backend *be);
+
+// Ops recorded once and replayed (backends with graph ops; core/backend.c): recorded_run runs
+// ops(arg) eagerly on its first call after a reset, so that every kernel is loaded and every
+// buffer and workspace has grown before recording; records them on the second call and replays the
+// recording from then on. A recording the backend calls stale (graph_run: its scratch moved) is
+// dropped, that call runs eagerly and the next records again. The caller resets it when anything
+// the ops were recorded with changes (buffer addresses, sizes, settings passed by value).
+typedef struct {
+    void *graph;  // the recording, or NULL
+    int warm;     // the ops ran eagerly since the last reset
+    long replays; // calls the recording served (for tests and profiles)
+} Recorded;
+
+int recorded_run(Recorded *r, const Backend *be, int (*ops)(void *arg), void *arg);
+void recorded_reset(Recorded *r, const Backend *be);
+
+// Whether slab element i decays under AdamwIo.decay's mask (the host backends' reading of it).
+static inline int adamw_decays(const void *mask, size_t i) {
+    return (int)(((uint32_t)((const int32_t *)mask)[i >> 8] >> ((i >> 3) & 31)) & 1u);
+}
 
 // The int32 ops of backends whose buffers are host memory (ref, cpu).
 int host_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t n);

@@ -28,7 +28,7 @@
 // with the thread count.
 #define PAR_CHUNK 4096
 
-static size_t elem(MemKind k) { return k == MEM_I32 ? sizeof(int32_t) : sizeof(float); }
+static size_t elem(MemKind k) { return k == MEM_I32 ? sizeof(int32_t) : k == MEM_F64 ? sizeof(double) : sizeof(float); }
 
 static size_t c_elem_size(const Backend *be, MemKind k) { return elem(k); }
 static void *c_alloc(const Backend *be, size_t n, MemKind k) { return mn_calloc(n ? n : 1, elem(k)); }
@@ -42,20 +42,36 @@ static void c_copy_rows(const Backend *be, void *dst, size_t ds, const void *src
 }
 
 static int c_upload(const Backend *be, void *dst, const double *src, size_t n, MemKind k) {
+    if (k == MEM_F64) {
+        memcpy(dst, src, n * sizeof(double));
+        return MN_OK;
+    }
     float *d = dst;
     for (size_t i = 0; i < n; i++) d[i] = (float)src[i];
     return MN_OK;
 }
 static int c_download(const Backend *be, double *dst, const void *src, size_t n, MemKind k) {
+    if (k == MEM_F64) {
+        memcpy(dst, src, n * sizeof(double));
+        return MN_OK;
+    }
     const float *s = src;
     for (size_t i = 0; i < n; i++) dst[i] = s[i];
     return MN_OK;
 }
 static int c_upload_f32(const Backend *be, void *dst, const float *src, size_t n, MemKind k) {
+    if (k == MEM_F64) {
+        for (size_t i = 0; i < n; i++) ((double *)dst)[i] = src[i];
+        return MN_OK;
+    }
     memcpy(dst, src, n * sizeof(float));
     return MN_OK;
 }
 static int c_download_f32(const Backend *be, float *dst, const void *src, size_t n, MemKind k) {
+    if (k == MEM_F64) {
+        for (size_t i = 0; i < n; i++) dst[i] = (float)((const double *)src)[i];
+        return MN_OK;
+    }
     memcpy(dst, src, n * sizeof(float));
     return MN_OK;
 }
@@ -703,8 +719,9 @@ static int c_embed_bwd(const Backend *be, void *de_, const void *dx_, const void
 }
 
 static int c_xent(const Backend *be, void *logits_, void *losses_, const void *targets_, int N, int V, float cap,
-                  float grad_scale) {
+                  float grad_scale, const void *grad_scale_at) {
     float *logits = logits_, *losses = losses_;
+    if (grad_scale_at) grad_scale = *(const float *)grad_scale_at;
     const int32_t *targets = targets_;
 #pragma omp parallel for if ((size_t)N * V > PAR_MIN)
     for (int n = 0; n < N; n++) {
@@ -864,14 +881,20 @@ static int c_lin_bwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, 
     return mn_lin_backward(d, o, io);
 }
 
-static int c_adamw(const Backend *be, void *p_, const void *g_, void *m_, void *v_, size_t n, float gs, float lr,
-                   float b1, float b2, float eps, float wd, int t) {
-    float *p = p_, *m = m_, *v = v_;
-    const float *g = g_;
-    float c1 = 1 - powf(b1, (float)t), c2 = 1 - powf(b2, (float)t);
+// AdamW over the slab (backend.h): elementwise, so any split over threads gives the same numbers.
+static int c_adamw(const Backend *be, const AdamwOpts *o, const AdamwIo *io) {
+    double *stats = io->stats, norm = sqrt(stats[0]);
+    stats[1] = !isfinite(norm);
+    if (stats[1]) return MN_OK;
+    float gs = o->clip > 0 && norm > o->clip ? (float)(o->clip / norm) : 1.0f;
+    const float *sched = io->sched, *g = io->g;
+    float *p = io->p, *m = io->m, *v = io->v;
+    float lr = sched[0], b1 = o->beta1, b2 = o->beta2, eps = o->eps;
+    float c1 = 1 - powf(b1, sched[1]), c2 = 1 - powf(b2, sched[1]);
+    size_t n = io->n;
 #pragma omp parallel for schedule(static, PAR_CHUNK) if (n > PAR_MIN)
     for (size_t i = 0; i < n; i++) {
-        float gi = gs * g[i];
+        float gi = gs * g[i], wd = adamw_decays(io->decay, i) ? o->wd : 0;
         m[i] = b1 * m[i] + (1 - b1) * gi;
         v[i] = b2 * v[i] + (1 - b2) * gi * gi;
         p[i] -= lr * (m[i] / c1 / (sqrtf(v[i] / c2) + eps) + wd * p[i]);
@@ -879,7 +902,16 @@ static int c_adamw(const Backend *be, void *p_, const void *g_, void *m_, void *
     return MN_OK;
 }
 
-static int c_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
+// In order, as the host summed a download of them.
+static int c_sum_f32(const Backend *be, void *sum, const void *x_, size_t n) {
+    const float *x = x_;
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += x[i];
+    *(double *)sum += s;
+    return MN_OK;
+}
+
+static int c_sumsq(const Backend *be, void *out, const void *x_, size_t n) {
     const float *x = x_;
     double s = 0;
     // Fixed blocks summed in order: the same result whatever the thread count.
@@ -893,7 +925,7 @@ static int c_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
     }
     for (size_t b = 0; b < nb; b++) s += part[b];
     mn_free(part);
-    *out = s;
+    *(double *)out = s;
     return MN_OK;
 }
 
@@ -931,7 +963,7 @@ static const Backend cpu_backend = {
     .gates_fwd = c_gates_fwd, .gates_bwd = c_gates_bwd, .scale_f32 = c_scale_f32,
     .mesa = &cpu_mesa, .lin = &cpu_lin, .attn = &cpu_attn_ops, .mlstm = &cpu_mlstm,
     .slstm = &cpu_slstm, .scan = &cpu_scan,
-    .adamw = c_adamw, .sumsq = c_sumsq,
+    .sum_f32 = c_sum_f32, .sumsq = c_sumsq, .adamw = c_adamw,
 };
 
 const Backend *backend_cpu(void) { return &cpu_backend; }

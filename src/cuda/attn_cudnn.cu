@@ -9,7 +9,9 @@
  * Selection, read on every call: MESANET_ATTN unset (or "auto"): cuDNN where this build has it and
  * it accepts the shape, our kernels otherwise; MESANET_ATTN=own: our kernels; MESANET_ATTN=cudnn:
  * cuDNN or an error (MN_ERR_UNSUPPORTED naming cuDNN's reason), for the tests. A stream being
- * captured into a CUDA graph takes our kernels (building a plan is not capturable). Without cuDNN
+ * captured into a CUDA graph runs a plan built before (by an eager call of the same shape: a
+ * recorded training step's warm-up) and takes our kernels where there is none (building a plan is
+ * not capturable). Without cuDNN
  * at build time (make CUDNN=0, or no cudnn.h beside the CUDA headers: MN_HAVE_CUDNN unset) this
  * file keeps only the selection, which then always declines.
  *
@@ -545,11 +547,8 @@ static AttnPlan *find_plan(const Backend *be, AttnKey *k, cudnnHandle_t *hout, c
     *why = NULL;
     *err = MN_OK;
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) {
-        cudaGetLastError();
-        *why = "the stream is being captured into a graph";
-        return NULL;
-    }
+    int capturing = cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone;
+    if (capturing) cudaGetLastError();
     cudaError_t e = cudaPeekAtLastError();
     if (e == cudaSuccess) e = cudaGetDevice(&k->dev);
     if (e != cudaSuccess) {
@@ -563,6 +562,15 @@ static AttnPlan *find_plan(const Backend *be, AttnKey *k, cudnnHandle_t *hout, c
     if (cudnnGetVersion() < 90000) {
         *why = "cuDNN older than 9.0";
         return NULL;
+    }
+    if (capturing) {  // building is not capturable; running a plan an eager call built before is
+        const AttnPlan *q = NULL;
+        for (int i = 0; i < nplans && !q; i++)
+            if (!memcmp(&plans[i].key, k, sizeof *k)) q = &plans[i];
+        if (handle_state[k->dev] != 1 || !q || q->state <= 0) {
+            *why = "the stream is being captured into a graph, and no plan for this shape was built before";
+            return NULL;
+        }
     }
     if (handle_state[k->dev] == 0) {
         cudnnStatus_t s = cudnnCreate(&handles[k->dev]);

@@ -247,8 +247,9 @@ extern "C" const Backend *backend_cuda(void) {
     b.mlstm = &cuda_mlstm;
     b.slstm = &cuda_slstm;
     b.scan = &cuda_scan;
-    b.adamw = g_adamw;
+    b.sum_f32 = g_sum_f32;
     b.sumsq = g_sumsq;
+    b.adamw = g_adamw;
 #ifdef MN_HAVE_NCCL
     b.group_id = cuda_group_id;
     b.group_join = cuda_group_join;

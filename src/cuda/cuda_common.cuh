@@ -49,6 +49,15 @@ typedef struct {
     void *scratch;      // device scratch, grow-only (cuda_scratch)
     void *pinned;       // page-locked host staging for bf16 downloads, grow-only
     size_t pinned_bytes;
+    // Page-locked staging of small uploads (a batch's tokens, a step's scalars), so that they queue
+    // without waiting: a ring of slots, each reused once the copy from it has run (its event).
+    struct {
+        void *p;
+        size_t bytes;
+        cudaEvent_t done;  // recorded after the copy from it (created on first use)
+        int queued;        // done has been recorded
+    } stage[8];
+    int stage_next;
     size_t scratch_bytes;
     void *comm;         // the NCCL communicator of a data-parallel group (cuda_nccl.cu), or NULL
     cudaStream_t comm_stream;        // where its reductions run, beside the compute stream

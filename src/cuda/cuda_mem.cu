@@ -26,7 +26,7 @@ const bf16 *cuda_param_bf16(const void *p) {
     return NULL;
 }
 
-static size_t elem(MemKind k) { return k == MEM_ACT ? 2 : 4; }
+static size_t elem(MemKind k) { return k == MEM_ACT ? 2 : k == MEM_F64 ? 8 : 4; }
 
 size_t g_elem_size(const Backend *be, MemKind k) { return elem(k); }
 
@@ -96,8 +96,66 @@ void g_copy_rows(const Backend *be, void *dst, size_t ds, const void *src, size_
         cudaMemcpy2DAsync(dst, ds * e, src, ss * e, n * e, rows, cudaMemcpyDeviceToDevice, cuda_ctx(be)->stream);
 }
 
+// Uploads of at most this many bytes go through the staging ring (cuda_common.cuh); larger ones
+// (weights) copy synchronously and keep no page-locked memory.
+enum { STAGE_MAX = 4 << 20, STAGE_SLOTS = sizeof(((CudaCtx *)0)->stage) / sizeof(((CudaCtx *)0)->stage[0]) };
+
+// The next staging slot of at least `bytes`, once the copy last queued from it has run; NULL +
+// mn_error on failure. Refused while the stream is being recorded: a recorded copy would read the
+// slot when replayed, long after it was reused.
+static void *stage_slot(const Backend *be, size_t bytes, int *slot) {
+    CudaCtx *c = cuda_ctx(be);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) {
+        mn_error(MN_ERR_ARG, "cuda: an upload inside a recorded region (the recording would replay a stale host copy)");
+        return NULL;
+    }
+    int i = c->stage_next;
+    c->stage_next = (i + 1) % STAGE_SLOTS;
+    cudaError_t e = cudaSuccess;
+    if (c->stage[i].queued) e = cudaEventSynchronize(c->stage[i].done);
+    c->stage[i].queued = 0;
+    if (e == cudaSuccess && !c->stage[i].done) e = cudaEventCreateWithFlags(&c->stage[i].done, cudaEventDisableTiming);
+    if (e == cudaSuccess && bytes > c->stage[i].bytes) {
+        if (c->stage[i].p) cudaFreeHost(c->stage[i].p);
+        c->stage[i].p = NULL;
+        c->stage[i].bytes = 0;
+        e = cudaMallocHost(&c->stage[i].p, bytes);
+        if (e == cudaSuccess) c->stage[i].bytes = bytes;
+    }
+    if (e != cudaSuccess) {
+        mn_error(MN_ERR_UNSUPPORTED, "cuda: upload staging: %s", cudaGetErrorString(e));
+        return NULL;
+    }
+    *slot = i;
+    return c->stage[i].p;
+}
+
+// Queues the copy of a filled slot to dst (no wait).
+static int stage_send(const Backend *be, int slot, void *dst, size_t bytes) {
+    CudaCtx *c = cuda_ctx(be);
+    CU_TRY(cudaMemcpyAsync(dst, c->stage[slot].p, bytes, cudaMemcpyHostToDevice, c->stream));
+    CU_TRY(cudaEventRecord(c->stage[slot].done, c->stream));
+    c->stage[slot].queued = 1;
+    return MN_OK;
+}
+
+// A small upload of bytes as they are, queued; a large one synchronously.
+static int upload_bytes(const Backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes > STAGE_MAX) {
+        CU_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+        return MN_OK;
+    }
+    int slot;
+    void *h = stage_slot(be, bytes, &slot);
+    if (!h) return MN_ERR_ARG;
+    memcpy(h, src, bytes);
+    return stage_send(be, slot, dst, bytes);
+}
+
 // Host <-> device with conversion through a host staging buffer.
 int g_upload(const Backend *be, void *dst, const double *src, size_t n, MemKind k) {
+    if (k == MEM_F64) return upload_bytes(be, dst, src, n * sizeof(double));
     size_t bytes = n * elem(k);
     void *h = malloc(bytes ? bytes : 1);
     if (!h) return mn_error(MN_ERR_NOMEM, "out of memory");
@@ -112,9 +170,24 @@ int g_upload(const Backend *be, void *dst, const double *src, size_t n, MemKind 
 }
 
 int g_upload_f32(const Backend *be, void *dst, const float *src, size_t n, MemKind k) {
+    if (k == MEM_F64) {
+        double *d = (double *)malloc(n * sizeof(double) + 1);
+        if (!d) return mn_error(MN_ERR_NOMEM, "out of memory");
+        for (size_t i = 0; i < n; i++) d[i] = src[i];
+        int st = upload_bytes(be, dst, d, n * sizeof(double));
+        free(d);
+        return st;
+    }
     if (k != MEM_ACT) {
-        CU_TRY(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
+        MN_TRY(upload_bytes(be, dst, src, n * sizeof(float)));
         return k == MEM_PARAM ? refresh_shadow(be, dst, n) : MN_OK;
+    }
+    if (n * sizeof(bf16) <= STAGE_MAX) {  // converted straight into the staging slot
+        int slot;
+        bf16 *s = (bf16 *)stage_slot(be, n * sizeof(bf16), &slot);
+        if (!s) return MN_ERR_ARG;
+        for (size_t i = 0; i < n; i++) s[i] = __float2bfloat16(src[i]);
+        return stage_send(be, slot, dst, n * sizeof(bf16));
     }
     bf16 *h = (bf16 *)malloc(n * sizeof(bf16) + 1);
     if (!h) return mn_error(MN_ERR_NOMEM, "out of memory");
@@ -126,6 +199,14 @@ int g_upload_f32(const Backend *be, void *dst, const float *src, size_t n, MemKi
 }
 
 int g_download_f32(const Backend *be, float *dst, const void *src, size_t n, MemKind k) {
+    if (k == MEM_F64) {
+        double *d = (double *)malloc(n * sizeof(double) + 1);
+        if (!d) return mn_error(MN_ERR_NOMEM, "out of memory");
+        int st = g_download(be, d, src, n, k);
+        for (size_t i = 0; i < n && !st; i++) dst[i] = (float)d[i];
+        free(d);
+        return st;
+    }
     CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->stream));
     if (k != MEM_ACT) {
         CU_TRY(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -155,6 +236,11 @@ int g_download_f32(const Backend *be, float *dst, const void *src, size_t n, Mem
 }
 
 int g_download(const Backend *be, double *dst, const void *src, size_t n, MemKind k) {
+    if (k == MEM_F64) {
+        CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->stream));
+        CU_TRY(cudaMemcpy(dst, src, n * sizeof(double), cudaMemcpyDeviceToHost));
+        return MN_OK;
+    }
     float *h = (float *)malloc(n * sizeof(float) + 1);
     if (!h) return mn_error(MN_ERR_NOMEM, "out of memory");
     int s = g_download_f32(be, h, src, n, k);
@@ -164,9 +250,7 @@ int g_download(const Backend *be, double *dst, const void *src, size_t n, MemKin
 }
 
 int g_upload_i32(const Backend *be, void *dst, const int32_t *src, size_t n) {
-    CU_TRY(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, cuda_ctx(be)->stream));
-    CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->stream));  // src is pageable and may change right after
-    return MN_OK;
+    return upload_bytes(be, dst, src, n * sizeof(int32_t));  // (src is the caller's again on return)
 }
 
 int g_download_i32(const Backend *be, int32_t *dst, const void *src, size_t n) {

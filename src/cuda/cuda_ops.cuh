@@ -179,7 +179,7 @@ int g_embed_bwd(const Backend *be, void *de, const void *dx, const void *tok, in
 
 // cross-entropy (cuda_xent.cu)
 int g_xent(const Backend *be, void *logits, void *losses, const void *targets, int N, int V, float cap,
-           float grad_scale);
+           float grad_scale, const void *grad_scale_at);
 
 // gates (cuda_gates.cu)
 int g_gates_fwd(const Backend *be, void *g, void *beta, const void *a, const void *b, size_t n, float hmax);
@@ -210,8 +210,8 @@ extern "C" int g_mlstm_gates_bwd(const Backend *be, void *da, void *db, const vo
                                  const void *b, size_t n, float cap);
 
 // the optimiser (cuda_optim.cu)
-int g_adamw(const Backend *be, void *p, const void *g, void *m, void *v, size_t n, float gs, float lr, float b1,
-            float b2, float eps, float wd, int t);
-int g_sumsq(const Backend *be, const void *x, size_t n, double *out);
+int g_sum_f32(const Backend *be, void *sum, const void *x, size_t n);
+int g_sumsq(const Backend *be, void *out, const void *x, size_t n);
+int g_adamw(const Backend *be, const AdamwOpts *o, const AdamwIo *io);
 
 #endif

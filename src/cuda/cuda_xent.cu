@@ -19,7 +19,8 @@ __device__ __forceinline__ float soft_cap(float v, float cap) { return cap > 0 ?
 // the gradient (the row, 100 KB at GPT-2's vocabulary, is still in L2). Rows are read in
 // 16-byte pieces where they allow it.
 __global__ void xent_kernel(bf16 *logits, float *losses, const int32_t *targets, int V, float cap, float grad_scale,
-                            int vec) {
+                            const float *grad_scale_at, int vec) {
+    if (grad_scale_at) grad_scale = *grad_scale_at;
     __shared__ float red_m[32], red_s[32];
     __shared__ float zt;
     int n = blockIdx.x, tgt = targets[n], width = vec ? 8 : 1, lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
@@ -78,9 +79,10 @@ __global__ void xent_kernel(bf16 *logits, float *losses, const int32_t *targets,
 }
 
 int g_xent(const Backend *be, void *logits, void *losses, const void *targets, int N, int V, float cap,
-           float grad_scale) {
+           float grad_scale, const void *grad_scale_at) {
     xent_kernel<<<(unsigned)N, 256, 0, cuda_ctx(be)->stream>>>((bf16 *)logits, (float *)losses, (const int32_t *)targets,
-                                                               V, cap, grad_scale, rows_vec(V, logits, logits, logits, logits));
+                                                               V, cap, grad_scale, (const float *)grad_scale_at,
+                                                               rows_vec(V, logits, logits, logits, logits));
     LAUNCH_CHECK();
     return MN_OK;
 }

@@ -70,6 +70,7 @@ typedef struct {
     void *lse;          // [N*H] f32
     void *pos;          // [N] i32
     int32_t *hpos;      // [N] host copy
+    int pos_B, pos_T;   // pos holds a training forward's positions for this shape (0: other positions)
     // decoding: the key/value cache
     int state_B;
     int ccap;           // slots per sequence (swa: window)
@@ -95,6 +96,7 @@ static void free_buffers(const Backend *be, Attn *s) {
     free(s->hpos);
     s->hpos = NULL;
     s->cap = 0;
+    s->pos_B = s->pos_T = 0;
 }
 
 static size_t attn_activation_bytes(const ModelConfig *c, const Backend *be) {
@@ -265,9 +267,16 @@ static int attn_forward(Mixer *m, void *y, const void *u, int B, int T, int use_
     s->T = T;
     long base = use_state ? s->seen : 0;
     if (base + T > INT32_MAX) return mn_error(MN_ERR_ARG, "%s: position %ld is past the int32 range", m->ops->name, base + T);
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) s->hpos[(size_t)b * T + t] = (int32_t)(base + t);
-    MN_TRY(be->upload_i32(be, s->pos, s->hpos, (size_t)N));
+    // A training forward's positions (0..T-1 in each sequence) are uploaded once per shape: the
+    // forward then queues no host copy, and a recorded training step replays without one
+    // (model.h: fwd_B, fwd_T: a replay follows a forward of its shape, which left them here).
+    if (use_state || s->pos_B != B || s->pos_T != T) {
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) s->hpos[(size_t)b * T + t] = (int32_t)(base + t);
+        MN_TRY(be->upload_i32(be, s->pos, s->hpos, (size_t)N));
+        s->pos_B = use_state ? 0 : B;
+        s->pos_T = use_state ? 0 : T;
+    }
     MN_TRY(be->linear_fwd(be, s->q, u, w[W_Q], NULL, N, z.D, z.Q));
     MN_TRY(be->linear_fwd(be, s->k, u, w[W_K], NULL, N, z.D, z.KV));
     MN_TRY(be->linear_fwd(be, s->v, u, w[W_V], NULL, N, z.D, z.KV));

@@ -239,11 +239,7 @@ static void model_buffers(Model *m, size_t L, size_t D, size_t V, size_t fsum, s
     memcpy(out, d, sizeof d);
 }
 
-static void drop_graph(Model *m) {
-    if (m->graph) m->be->graph_free(m->be, m->graph);
-    m->graph = NULL;
-    m->graph_warm = 0;
-}
+static void drop_graph(Model *m) { recorded_reset(&m->graph, m->be); }
 
 static void free_activations(Model *m) {
     MixerBuf d[MODEL_BUFS];
@@ -251,7 +247,8 @@ static void free_activations(Model *m) {
     mixer_bufs_free(m->be, d, MODEL_BUFS);
     ae_free(m);
     m->cap = 0;
-    drop_graph(m);  // it points into them
+    m->act_gen++;   // recordings point into them
+    drop_graph(m);
 }
 
 void model_free(Model *m) {
@@ -450,6 +447,7 @@ static int forward_blocks(Model *m, int B, int T, int use_state) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)B * T, D = (size_t)c->dim;
+    m->fwd_B = B, m->fwd_T = T, m->fwd_state = use_state;
     FfnShared sh = ffn_shared(m);
     for (int l = 0; l < c->n_layers; l++) {
         const BlockParams *bp = &m->blocks[l];
@@ -480,38 +478,70 @@ static float embed_scale(const ModelConfig *c) {
     return strcmp(c->arch, "recurrent_gemma") ? s : bf16_to_f32(f32_to_bf16(s));
 }
 
-int model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T, float grad_weight,
-                  double *loss) {
-    const Backend *be = m->be;
-    const ModelConfig *c = &m->cfg;
-    if (B <= 0 || T <= 0) return mn_error(MN_ERR_ARG, "model_forward: B = %d, T = %d must be > 0", B, T);
+// The checks and buffers of a forward over B sequences of T tokens (host arrays; targets may be NULL).
+static int forward_begin(Model *m, const char *who, const int32_t *tokens, const int32_t *targets, int B, int T) {
+    if (B <= 0 || T <= 0) return mn_error(MN_ERR_ARG, "%s: B = %d, T = %d must be > 0", who, B, T);
     size_t N = (size_t)B * T;
-    if (N > INT_MAX) return mn_error(MN_ERR_ARG, "model_forward: B x T = %d x %d tokens, at most %d", B, T, INT_MAX);
+    if (N > INT_MAX) return mn_error(MN_ERR_ARG, "%s: B x T = %d x %d tokens, at most %d", who, B, T, INT_MAX);
     MN_TRY(check_tokens(m, tokens, targets, N));
     MN_TRY(ensure_capacity(m, B, T));
     m->B = B;
     m->T = T;
     m->grad_ready = 0;
-    MN_TRY(be->upload_i32(be, m->tokens, tokens, N));
-    MN_TRY(be->embed_fwd(be, m->x, m->tokens, m->p[m->embed], (int)N, c->dim, embed_scale(c)));
-    MN_TRY(forward_blocks(m, B, T, 0));
-    if (m->ae.on) MN_TRY(ae_forward(m));
-    else MN_TRY(be->linear_fwd(be, m->logits, m->xf, m->p[m->head], NULL, (int)N, c->dim, c->vocab_size));
-    if (!targets) return MN_OK;
-    MN_TRY(be->upload_i32(be, m->targets, targets, N));
-    MN_TRY(be->xent(be, m->logits, m->losses, m->targets, (int)N, c->vocab_size, c->logit_cap, grad_weight));
-    m->grad_ready = grad_weight != 0;
-    if (loss) {  // summed in double from the backend's own precision (the reference's gradient checks need it)
-        double *l = malloc(sizeof(double) * N);
-        if (!l) return mn_error(MN_ERR_NOMEM, "out of memory");
-        int st = be->download(be, l, m->losses, N, MEM_F32);
-        double s = 0;
-        for (size_t i = 0; i < N; i++) s += l[i];
-        free(l);
-        MN_TRY(st);
-        *loss = s;
-    }
     return MN_OK;
+}
+
+// The forward's ops from the tokens in m->tokens: the logits, and with targets (in m->targets)
+// the per-token losses and, where grad_weight != 0, the gradient of grad_weight (or of the value
+// at weight_at) times their sum in place of the logits.
+static int forward_ops(Model *m, int targets, float grad_weight, const void *weight_at) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T;
+    MN_TRY(be->embed_fwd(be, m->x, m->tokens, m->p[m->embed], N, c->dim, embed_scale(c)));
+    MN_TRY(forward_blocks(m, m->B, m->T, 0));
+    if (m->ae.on) MN_TRY(ae_forward(m));
+    else MN_TRY(be->linear_fwd(be, m->logits, m->xf, m->p[m->head], NULL, N, c->dim, c->vocab_size));
+    if (!targets) return MN_OK;
+    MN_TRY(be->xent(be, m->logits, m->losses, m->targets, N, c->vocab_size, c->logit_cap, grad_weight, weight_at));
+    m->grad_ready = grad_weight != 0;
+    return MN_OK;
+}
+
+int model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T, float grad_weight,
+                  double *loss) {
+    const Backend *be = m->be;
+    MN_TRY(forward_begin(m, "model_forward", tokens, targets, B, T));
+    size_t N = (size_t)B * T;
+    MN_TRY(be->upload_i32(be, m->tokens, tokens, N));
+    if (targets) MN_TRY(be->upload_i32(be, m->targets, targets, N));
+    MN_TRY(forward_ops(m, targets != NULL, grad_weight, NULL));
+    if (!targets || !loss) return MN_OK;
+    // summed in double from the backend's own precision (the reference's gradient checks need it),
+    // in order, as Backend.sum_f32 sums them for a training step
+    double *l = malloc(sizeof(double) * N);
+    if (!l) return mn_error(MN_ERR_NOMEM, "out of memory");
+    int st = be->download(be, l, m->losses, N, MEM_F32);
+    double sum = 0;
+    for (size_t i = 0; i < N; i++) sum += l[i];
+    free(l);
+    MN_TRY(st);
+    *loss = sum;
+    return MN_OK;
+}
+
+int model_train_begin(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T) {
+    return forward_begin(m, "model_train_begin", tokens, targets, B, T);
+}
+
+int model_train_ops(Model *m, const void *tokens, const void *targets, const void *weight, void *loss) {
+    const Backend *be = m->be;
+    size_t N = (size_t)m->B * m->T;
+    be->copy(be, m->tokens, tokens, N, MEM_I32);
+    be->copy(be, m->targets, targets, N, MEM_I32);
+    MN_TRY(forward_ops(m, 1, 1.0f, weight));  // (1: a gradient is wanted; its weight is at `weight`)
+    MN_TRY(be->sum_f32(be, loss, m->losses, N));
+    return model_backward(m);
 }
 
 // Hands the slab's elements [from, to) to the grads_done hook, if any.
@@ -605,39 +635,31 @@ static int decode_ops(Model *m, int B, int T) {
     return c->logit_cap > 0 ? be->softcap(be, m->logits, (size_t)B * c->vocab_size, c->logit_cap) : MN_OK;
 }
 
-static int same_solver(const MnSolver *a, const MnSolver *b) {
+int model_solver_same(const MnSolver *a, const MnSolver *b) {
     return a->max_steps == b->max_steps && a->tol == b->tol && a->precond == b->precond && a->init == b->init &&
            a->form == b->form && a->chunk == b->chunk && a->check == b->check;
 }
 
-// One token per sequence through a recording: made on the second step with the same settings
-// (the first runs eagerly, so that every kernel is loaded and every buffer sized before recording).
+typedef struct {
+    Model *m;
+    int B;
+} DecodeStep;
+
+static int decode_step_ops(void *arg) {
+    DecodeStep *d = arg;
+    return decode_ops(d->m, d->B, 1);
+}
+
+// One token per sequence through a recording (recorded_run: made on the second step with the same
+// settings, after an eager one has loaded every kernel and sized every buffer).
 static int decode_step_recorded(Model *m, int B) {
-    const Backend *be = m->be;
-    if (m->graph_B != B || !same_solver(&m->graph_solver, &m->solver)) {  // new settings: start over
+    if (m->graph_B != B || !model_solver_same(&m->graph_solver, &m->solver)) {  // new settings: start over
         drop_graph(m);
         m->graph_B = B;
         m->graph_solver = m->solver;
     }
-    if (!m->graph) {
-        if (!m->graph_warm) {
-            m->graph_warm = 1;
-            return decode_ops(m, B, 1);
-        }
-        MN_TRY(be->graph_begin(be));
-        int st = decode_ops(m, B, 1);
-        void *g = NULL;
-        int st_end = be->graph_end(be, &g);  // ends the recording even after a failed op
-        if (st || st_end) {
-            if (g) be->graph_free(be, g);
-            return st ? st : st_end;
-        }
-        m->graph = g;
-    }
-    int st = be->graph_run(be, m->graph);
-    if (st != MN_ERR_ARG) return st;
-    drop_graph(m);  // stale (the backend's scratch moved): this step eagerly, the next records again
-    return decode_ops(m, B, 1);
+    DecodeStep d = {m, B};
+    return recorded_run(&m->graph, m->be, decode_step_ops, &d);
 }
 
 // One decode call over tokens already checked: logits of each sequence's last token to the host

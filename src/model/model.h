@@ -85,10 +85,14 @@ typedef struct {
     // Single-token decode steps recorded once and replayed (backends with graph ops): the
     // recording holds buffer addresses and solver settings, so it is dropped when they change.
     int use_graphs;          // record decode steps where the backend can (model_create sets it)
-    void *graph;             // the recording, or NULL
+    Recorded graph;          // the recording (core/backend.h)
     int graph_B;             // the number of sequences and the solver settings of the recording
     MnSolver graph_solver;   //   (or of the eager step that comes before it)
-    int graph_warm;          // an eager step with these settings has run (first launches load code)
+    // What a recorded training step (train/step.h) depends on besides its inputs: the activation
+    // buffers, whose reallocations act_gen counts, and the host values the mixers write per shape
+    // outside the recorded ops (attention's positions), which hold the last forward's shape.
+    unsigned act_gen;
+    int fwd_B, fwd_T, fwd_state;  // the last forward's sequences, tokens, and whether it decoded
 } Model;
 
 int model_create(Model **out, const ModelConfig *cfg, const Backend *be);
@@ -125,6 +129,16 @@ int model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B
                   double *loss);
 // Accumulates (+=) the parameter gradients of the last forward.
 int model_backward(Model *m);
+// A training micro-batch whose tokens are already on the backend (train/step.h), in two parts:
+// model_train_begin checks the host tokens and targets of B sequences of T tokens and sizes the
+// buffers for them; model_train_ops then copies tokens and targets [B*T] (MEM_I32 on the backend)
+// in, runs the forward, the loss and the backward of weight[0] * sum(losses) (weight: MEM_F32 [1])
+// and adds sum(losses) to loss[0] (MEM_F64): backend ops only, no host transfer or wait, so that
+// they can be recorded.
+int model_train_begin(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T);
+int model_train_ops(Model *m, const void *tokens, const void *targets, const void *weight, void *loss);
+// Whether two solver settings are the same (a recording made with one serves the other).
+int model_solver_same(const MnSolver *a, const MnSolver *b);
 int model_zero_grad(Model *m);
 // Per-token losses of the last forward, host [B*T].
 int model_losses(const Model *m, float *out);

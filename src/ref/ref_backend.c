@@ -397,8 +397,9 @@ static int r_embed_bwd(const Backend *be, void *de_, const void *dx_, const void
 }
 
 static int r_xent(const Backend *be, void *logits_, void *losses_, const void *targets_, int N, int V, float cap,
-                  float grad_scale) {
+                  float grad_scale, const void *grad_scale_at) {
     double *logits = logits_, *losses = losses_;
+    double gs = grad_scale_at ? *(const double *)grad_scale_at : grad_scale;
     const int32_t *targets = targets_;
     for (int n = 0; n < N; n++) {
         double *z = logits + (size_t)n * V;
@@ -421,7 +422,7 @@ static int r_xent(const Backend *be, void *logits_, void *losses_, const void *t
             for (int i = 0; i < V; i++) {
                 double d = exp(z[i] - lse) - (i == tgt);
                 double dcap = cap > 0 ? 1 - (z[i] / cap) * (z[i] / cap) : 1;
-                z[i] = grad_scale * d * dcap;
+                z[i] = gs * d * dcap;
             }
     }
     return MN_OK;
@@ -562,17 +563,28 @@ static int r_lin_bwd(const Backend *be, const MnSeqDims *d, const MnLinOpts *o, 
     return ref_lin_backward(d, o, &b);
 }
 
-static int r_adamw(const Backend *be, void *p_, const void *g_, void *m_, void *v_, size_t n, float gs, float lr,
-                   float b1, float b2, float eps, float wd, int t) {
-    double *p = p_, *m = m_, *v = v_;
-    const double *g = g_;
-    double c1 = 1 - pow(b1, t), c2 = 1 - pow(b2, t);
-    for (size_t i = 0; i < n; i++) {
-        double gi = (double)gs * g[i];
+static int r_adamw(const Backend *be, const AdamwOpts *o, const AdamwIo *io) {
+    double *stats = io->stats, norm = sqrt(stats[0]);
+    stats[1] = !isfinite(norm);
+    if (stats[1]) return MN_OK;
+    double gs = o->clip > 0 && norm > o->clip ? (float)(o->clip / norm) : 1.0f;  // float, as the fast backends'
+    const double *sched = io->sched, *g = io->g;
+    double *p = io->p, *m = io->m, *v = io->v;
+    double lr = sched[0], b1 = o->beta1, b2 = o->beta2, c1 = 1 - pow(b1, sched[1]), c2 = 1 - pow(b2, sched[1]);
+    for (size_t i = 0; i < io->n; i++) {
+        double gi = gs * g[i], wd = adamw_decays(io->decay, i) ? o->wd : 0;
         m[i] = b1 * m[i] + (1 - b1) * gi;
         v[i] = b2 * v[i] + (1 - b2) * gi * gi;
-        p[i] -= lr * (m[i] / c1 / (sqrt(v[i] / c2) + eps) + wd * p[i]);
+        p[i] -= lr * (m[i] / c1 / (sqrt(v[i] / c2) + o->eps) + wd * p[i]);
     }
+    return MN_OK;
+}
+
+static int r_sum_f32(const Backend *be, void *sum, const void *x_, size_t n) {
+    const double *x = x_;
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += x[i];
+    *(double *)sum += s;
     return MN_OK;
 }
 
@@ -674,11 +686,11 @@ static int r_pool_last_bwd(const Backend *be, void *dx_, const void *dz_, int B,
     return MN_OK;
 }
 
-static int r_sumsq(const Backend *be, const void *x_, size_t n, double *out) {
+static int r_sumsq(const Backend *be, void *out, const void *x_, size_t n) {
     const double *x = x_;
     double s = 0;
     for (size_t i = 0; i < n; i++) s += x[i] * x[i];
-    *out = s;
+    *(double *)out = s;
     return MN_OK;
 }
 
@@ -715,7 +727,7 @@ static const Backend ref_backend = {
     .gates_fwd = r_gates_fwd, .gates_bwd = r_gates_bwd, .scale_f32 = r_scale_f32,
     .mesa = &ref_mesa, .lin = &ref_lin, .attn = &ref_attn, .mlstm = &ref_mlstm,
     .slstm = &ref_slstm, .scan = &ref_scan,
-    .adamw = r_adamw, .sumsq = r_sumsq,
+    .sum_f32 = r_sum_f32, .sumsq = r_sumsq, .adamw = r_adamw,
 };
 
 const Backend *backend_ref(void) { return &ref_backend; }

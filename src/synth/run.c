@@ -10,6 +10,7 @@
 #include "model/presets.h"
 #include "synth/regbench.h"
 #include "train/optim.h"
+#include "train/step.h"
 
 // ---------------------------------------------------------------------------
 // RegBench as a task of the table's form (src/synth/regbench.h generates it): seq_len is the
@@ -358,6 +359,8 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
     }
     if (!st) st = model_init_params(m, synth_mix(seed ^ 0x5157ull));
     if (!st) st = adamw_init(&opt, m), have_opt = !st;
+    TrainStep ts = {0};
+    if (!st) st = train_step_init(&ts, m, &opt);
     LrSchedule sched = {lr, (int)(p->warmup_frac * (float)total), (int)total, p->lr_final};
     MnRng rng;
     mn_rng_seed(&rng, synth_mix(seed + 77));
@@ -382,11 +385,13 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
         double scored = 0;
         for (size_t i = 0; i < (size_t)B * T; i++) scored += tg[i] >= 0;
         if (scored == 0) continue;
-        double loss, gnorm;
-        if ((st = model_zero_grad(m))) break;
-        if ((st = model_forward(m, in, tg, B, T, (float)(1.0 / scored), &loss))) break;
-        if ((st = model_backward(m))) break;
-        if ((st = adamw_step(&opt, m, lr_at(&sched, (int)step), &gnorm))) break;
+        double loss;
+        if ((st = train_step(&ts, in, tg, B, T, 1, (float)(1.0 / scored), lr_at(&sched, (int)step), &loss, NULL))) {
+            char why[MN_ERROR_MAX];
+            snprintf(why, sizeof why, "%s", mn_last_error());
+            st = mn_error(st, "synth: %s", why);  // (a refused update's message names the step)
+            break;
+        }
         step++;
         r->final_loss = loss / scored;
         if (!isfinite(r->final_loss)) {
@@ -415,6 +420,7 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
     r->metric = metric;
     r->steps = (int)step;
     r->seconds = mn_now() - t0;
+    train_step_free(&ts);
     if (have_opt) adamw_free(&opt, m);
     if (have_ex) examples_close(&ex);
     if (m) model_free(m);

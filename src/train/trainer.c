@@ -17,6 +17,7 @@
 #include "train/loss_log.h"
 #include "train/optim.h"
 #include "train/run_info.h"
+#include "train/step.h"
 
 void train_options_default(TrainOptions *o) {
     memset(o, 0, sizeof *o);
@@ -257,6 +258,7 @@ int train_run(const TrainOptions *o, FILE *log) {
     LossLog hist = {0};
     DataLoader train = {0}, valid = {0};
     int32_t *in = NULL, *tg = NULL;
+    TrainStep ts = {0};
     RunInfo ri;
     Settings set = {0};
     int found = 0, have_ri = 0, s = mn_mkdirs(o->out);  // with its parents
@@ -321,6 +323,7 @@ int train_run(const TrainOptions *o, FILE *log) {
         goto done;
     }
     LrSchedule sched = {o->lr, o->warmup, o->steps, o->lr_final};
+    if (ranks == 1 && (s = train_step_init(&ts, m, &opt))) goto done;
     fprintf(log, "train: %s model, %zu parameters, %s backend; %d x %d tokens x %d accumulation per step, %d step%s\n",
             m->cfg.arch, m->count, be->name, set.batch * ranks, set.seq, set.accum, o->steps, plural_s(o->steps));
     if (ranks > 1)
@@ -340,18 +343,22 @@ int train_run(const TrainOptions *o, FILE *log) {
             s = mn_error(MN_ERR_ARG, "train: step %d has no scored tokens (all targets are document starts)", st.step);
             break;
         }
-        if ((s = model_zero_grad(m))) break;
-        double loss_sum = 0;
-        for (int a = 0; a < set.accum && !s; a++) {
-            double l;
-            size_t mine = (size_t)a * NR + (size_t)g->rank * N;
-            s = model_forward(m, in + mine, tg + mine, set.batch, set.seq, (float)(1.0 / scored), &l);
-            if (!s && a == set.accum - 1) group_grads_begin(g, m);  // summed over the ranks as they complete
-            if (!s) s = model_backward(m);
-            loss_sum += l;
+        double loss_sum = 0, gnorm;
+        if (ranks == 1) {  // the whole step on the backend (train/step.h), recorded where it can be
+            if ((s = train_step(&ts, in, tg, set.batch, set.seq, set.accum, (float)(1.0 / scored), lr, &loss_sum, &gnorm)))
+                break;
+        } else {  // the gradients summed over the ranks as the backward completes them
+            if ((s = model_zero_grad(m))) break;
+            for (int a = 0; a < set.accum && !s; a++) {
+                double l;
+                size_t mine = (size_t)a * NR + (size_t)g->rank * N;
+                s = model_forward(m, in + mine, tg + mine, set.batch, set.seq, (float)(1.0 / scored), &l);
+                if (!s && a == set.accum - 1) group_grads_begin(g, m);
+                if (!s) s = model_backward(m);
+                loss_sum += l;
+            }
+            if (s || (s = group_grads_end(g, m)) || (s = adamw_step(&opt, m, lr, &gnorm))) break;
         }
-        double gnorm;
-        if (s || (s = group_grads_end(g, m)) || (s = adamw_step(&opt, m, lr, &gnorm))) break;
         st.step++;
         st.tokens += (double)NR * set.accum;
         loader_get_position(&train, &st.epoch, &st.index);
@@ -413,6 +420,7 @@ done:
     loader_close(&train);
     loader_close(&valid);
     if (m) {
+        train_step_free(&ts);
         adamw_free(&opt, m);
         model_free(m);
     }
