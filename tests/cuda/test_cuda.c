@@ -321,6 +321,7 @@ TEST(cuda_op_optimizer) {
     if (!setup()) return;
     size_t n = 100003, words = (n + 255) / 256;
     double *p = input(80, n, -1, 1, MEM_PARAM), *g = input(81, n, -1, 1, MEM_F32), *m = xcalloc(n, 8), *v = xcalloc(n, 8);
+    for (size_t i = 0; i < n; i++) p[i] = (float)p[i], g[i] = (float)g[i];  // what the GPU holds
     void *gp = to_gpu(p, n, MEM_PARAM), *gg = to_gpu(g, n, MEM_F32), *gm = G->alloc(G, n, MEM_F32), *gv = G->alloc(G, n, MEM_F32);
     int32_t *mask = xcalloc(words, 4);
     for (size_t w = 0; w < words; w++) mask[w] = (int32_t)(0x9e3779b9u * (uint32_t)(w + 1));
