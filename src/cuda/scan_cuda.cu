@@ -728,8 +728,10 @@ static __global__ void lh_dkq_kernel(const bf16 *kin, const float *red, bf16 *dk
 }
 
 // dw (+= the partials of every (sequence, chunk) row), dskip likewise where given, in a fixed order: a
-// block takes 32 channels, its 8 warps every 8th row each, then the warps' sums in warp order.
-#define SC_PR 8
+// block takes 32 channels, its 32 warps every 32nd row each (a row's load a warp's one line; 32 rows in
+// flight a channel, so that the thousand rows of 8 x 2048 tokens in 16-token chunks wait on memory
+// about 32 times, not 128), then the warps' sums in warp order.
+#define SC_PR 32
 static __global__ void __launch_bounds__(32 * SC_PR) sc_param_kernel(const float *part, float *dw, float *dskip,
                                                                      int rows, int C) {
     __shared__ float acc[SC_PR][2][32];
@@ -742,7 +744,7 @@ static __global__ void __launch_bounds__(32 * SC_PR) sc_param_kernel(const float
 #pragma unroll 4
             for (int r = g; r < rows; r += SC_PR) {
                 a += part[(size_t)r * 2 * C + c];
-                s += part[(size_t)r * 2 * C + C + c];
+                if (dskip) s += part[(size_t)r * 2 * C + C + c];
             }
         }
         acc[g][0][lane] = a;
