@@ -29,6 +29,7 @@
 #include "cuda_common.cuh"
 
 #define LC_CMAX 64      // the chunk size at most, and the default: Tt's block sits in shared memory
+#define LC_GPB (128 / LC_CMAX)  // lc_gates_kernel: chunks a block, a thread a token
 #define LC_THREADS 256  // elementwise kernels
 #define LC_OUT_THREADS 128
 #define LC_ALIGN 32     // floats: every buffer starts on 128 bytes (the tensor-core products' fast paths)

@@ -284,7 +284,7 @@ static int lc_prepare(CudaCtx *c, const LcDims *d, int delta, float scale, const
                       const bf16 *v, const float *g, const float *beta, LcWork *w) {
     int C = d->C, Dk = d->Dk, Dv = d->Dv;
     size_t ck = (size_t)C * Dk, cv = (size_t)C * Dv, cc = (size_t)C * C;
-    lc_gates_kernel<<<grid_for(d->nch, 128), 128, 0, c->stream>>>(*d, g, beta, w->gt);
+    lc_gates_kernel<<<grid_for(d->nch, LC_GPB), LC_GPB * LC_CMAX, 0, c->stream>>>(*d, g, beta, w->gt);
     LAUNCH_CHECK();
     unsigned gk = grid_for(d->nch * ck, LC_THREADS), gv = grid_for(d->nch * cv, LC_THREADS);
     lc_gather_kernel<<<gk, LC_THREADS, 0, c->stream>>>(*d, q, Dk, scale, w->qs, w->gt.gam, w->qg, NULL, NULL);

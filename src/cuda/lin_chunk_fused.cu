@@ -309,7 +309,7 @@ int lf_forward(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float 
     TAKE(st_, states);
 #undef TAKE
     const bf16 *q = (const bf16 *)io->q, *k = (const bf16 *)io->k, *v = (const bf16 *)io->v;
-    lc_gates_kernel<<<grid_for(d->nch, 128), 128, 0, c->stream>>>(*d, io->g, io->beta, gt);
+    lc_gates_kernel<<<grid_for(d->nch, LC_GPB), LC_GPB * LC_CMAX, 0, c->stream>>>(*d, io->g, io->beta, gt);
     LAUNCH_CHECK();
     if (delta) {
         CU_TRY(cudaFuncSetAttribute(lf_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_PREP_SMEM));
@@ -362,7 +362,7 @@ int lf_backward_gla(const Backend *be, CudaCtx *c, const LcDims *d, float scale,
 #undef TAKE
     const bf16 *q = (const bf16 *)io->q, *k = (const bf16 *)io->k, *v = (const bf16 *)io->v,
                *dout = (const bf16 *)io->dout;
-    lc_gates_kernel<<<grid_for(d->nch, 128), 128, 0, c->stream>>>(*d, io->g, io->beta, gt);
+    lc_gates_kernel<<<grid_for(d->nch, LC_GPB), LC_GPB * LC_CMAX, 0, c->stream>>>(*d, io->g, io->beta, gt);
     LAUNCH_CHECK();
     LfWalk wk;
     memset(&wk, 0, sizeof wk);  // S_c = the states entering the chunks
@@ -422,7 +422,7 @@ int lf_backward_delta(const Backend *be, CudaCtx *c, const LcDims *d, float scal
 #undef TAKE
     const bf16 *q = (const bf16 *)io->q, *k = (const bf16 *)io->k, *v = (const bf16 *)io->v,
                *dout = (const bf16 *)io->dout;
-    lc_gates_kernel<<<grid_for(d->nch, 128), 128, 0, c->stream>>>(*d, io->g, io->beta, w.gt);
+    lc_gates_kernel<<<grid_for(d->nch, LC_GPB), LC_GPB * LC_CMAX, 0, c->stream>>>(*d, io->g, io->beta, w.gt);
     LAUNCH_CHECK();
     CU_TRY(cudaFuncSetAttribute(lf_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_PREP_SMEM));
     lf_prep_kernel<<<(unsigned)d->nch, LF_THREADS, LF_PREP_SMEM, c->stream>>>(*d, w.gt, k, v, w.w, w.vp, w.tt);
