@@ -253,6 +253,26 @@ TEST(cuda_op_conv_embed_xent_gates) {
     void *g2[] = {ge, gex, gde, gdex, gtok};
     for (int i = 0; i < 5; i++) G->free(G, g2[i]);
     free(e); free(ex); free(de); free(dex);
+    // a small vocabulary's long runs (8 groups a run), runs of 5 (4 groups), 3 (2) and 1, D = 45
+    // (column passes of 32, 64, 128 and 256 with a partial one)
+    {
+        int n2 = 1000, d2 = 45, v2 = 64;
+        int32_t *t2 = xcalloc((size_t)n2, sizeof(int32_t));
+        for (int i = 0; i < n2; i++) t2[i] = (i * i + 3 * i) % 7;
+        for (int i = 0; i < 5; i++) t2[100 + 37 * i] = 50;
+        for (int i = 0; i < 3; i++) t2[7 + 101 * i] = 51;
+        t2[999] = 63;
+        double *e2 = xcalloc((size_t)v2 * d2, 8), *dx2 = input(63, (size_t)n2 * d2, -1, 1, MEM_ACT);
+        R->embed_bwd(R, e2, dx2, t2, n2, d2, 0.5f);
+        void *ge2 = G->alloc(G, (size_t)v2 * d2, MEM_F32), *gdx2 = to_gpu(dx2, (size_t)n2 * d2, MEM_ACT);
+        void *gt2 = G->alloc(G, n2, MEM_I32);
+        G->zero(G, ge2, (size_t)v2 * d2, MEM_F32);
+        G->upload_i32(G, gt2, t2, n2);
+        CHECK(!G->embed_bwd(G, ge2, gdx2, gt2, n2, d2, 0.5f), "%s", mn_last_error());
+        cmp("embed dE (runs of 1 to 300)", ge2, e2, (size_t)v2 * d2, MEM_F32, F32_TOL);
+        G->free(G, ge2), G->free(G, gdx2), G->free(G, gt2);
+        free(t2), free(e2), free(dx2);
+    }
     // rows of 300 logits are read element by element, of 304 in 16-byte pieces
     for (int Vx = V; Vx <= V + 4; Vx += 4) {
         double *z = input(62, (size_t)N * Vx, -20, 20, MEM_ACT), *loss = xcalloc(N, 8);
