@@ -190,6 +190,24 @@ static __device__ __forceinline__ void rg_st(bf16 *p, const float v[V]) {
     else st(p, 0, v[0]);
 }
 
+// The rows of tokens [g0, g0 + RG_G) (those before n) of x, r, i and, where with_dy, dy, from row0
+// (rows C apart).
+template <int V>
+static __device__ __forceinline__ void rg_ld_group(const ScanK *k, size_t row0, size_t C, int g0, int n, bool with_dy,
+                                                   float xv[RG_G][V], float rv[RG_G][V], float iv[RG_G][V],
+                                                   float dv[RG_G][V]) {
+#pragma unroll
+    for (int u = 0; u < RG_G; u++) {
+        if (g0 + u < n) {
+            const size_t o = row0 + (size_t)(g0 + u) * C;
+            rg_ld<V>(k->x + o, xv[u]);
+            rg_ld<V>(k->r + o, rv[u]);
+            rg_ld<V>(k->i + o, iv[u]);
+            if (with_dy) rg_ld<V>(k->dy + o, dv[u]);
+        }
+    }
+}
+
 // A thread's place: sequence b, chunk s of L tokens [t0, t0 + n), channels [c, c + V); 0 where off C.
 template <int V>
 static __device__ __forceinline__ int rg_place(const ScanK *k, int L, int *b, int *s, int *c, int *t0, int *n) {
@@ -213,16 +231,7 @@ static __device__ __forceinline__ void rg_walk(const ScanK *k, int b, int c, int
     for (int g0 = 0; g0 < L; g0 += RG_G) {
         if (g0 >= n) break;
         float xv[RG_G][V], rv[RG_G][V], iv[RG_G][V], dv[RG_G][V];
-#pragma unroll
-        for (int u = 0; u < RG_G; u++) {
-            if (g0 + u < n) {
-                const size_t o = row0 + (size_t)(g0 + u) * C;
-                rg_ld<V>(k->x + o, xv[u]);
-                rg_ld<V>(k->r + o, rv[u]);
-                rg_ld<V>(k->i + o, iv[u]);
-                if (with_dy) rg_ld<V>(k->dy + o, dv[u]);
-            }
-        }
+        rg_ld_group<V>(k, row0, C, g0, n, with_dy, xv, rv, iv, dv);
 #pragma unroll
         for (int u = 0; u < RG_G; u++) {
             const int tt = g0 + u;
@@ -308,16 +317,7 @@ static __global__ void __launch_bounds__(RG_T, RG_MINB) rg_bwd_kernel(const Scan
     for (int g0 = RG_LB - RG_G; g0 >= 0; g0 -= RG_G) {
         if (g0 >= n) continue;
         float xv[RG_G][V], rv[RG_G][V], iv[RG_G][V], dv[RG_G][V];
-#pragma unroll
-        for (int u = 0; u < RG_G; u++) {
-            if (g0 + u < n) {
-                const size_t o = row0 + (size_t)(g0 + u) * C;
-                rg_ld<V>(k.x + o, xv[u]);
-                rg_ld<V>(k.r + o, rv[u]);
-                rg_ld<V>(k.i + o, iv[u]);
-                rg_ld<V>(k.dy + o, dv[u]);
-            }
-        }
+        rg_ld_group<V>(&k, row0, C, g0, n, true, xv, rv, iv, dv);
 #pragma unroll
         for (int u = RG_G - 1; u >= 0; u--) {
             const int tt = g0 + u;
