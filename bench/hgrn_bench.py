@@ -29,27 +29,9 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from fla.ops.hgrn import chunk_hgrn, fused_recurrent_hgrn  # noqa: E402
+from scan_bench_common import copy_gbs, parse_shapes  # noqa: E402
 
 KERNELS = {"chunk": chunk_hgrn, "fused_recurrent": fused_recurrent_hgrn}
-
-
-def parse_shapes(s):
-    out = []
-    for part in s.split(","):
-        b, t, c = (int(v) for v in part.split("x"))
-        if min(b, t, c) < 1:
-            raise ValueError(part)
-        out.append((b, t, c))
-    return out
-
-
-def copy_gbs():
-    n = 1 << 29  # bf16 elements: 1 GiB
-    src = torch.empty(n, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
-    del src, dst
-    return 2 * 2 * n / (ms * 1e-3) / 1e9, ms
 
 
 def main():
@@ -62,7 +44,7 @@ def main():
     for k in kernels:
         if k not in KERNELS:
             sys.exit(f"--kernels: unknown kernel {k!r} (chunk, fused_recurrent)")
-    gbs, cms = copy_gbs()
+    gbs, cms = copy_gbs(lambda f: triton.testing.do_bench(f, return_mode="median"))
     print(f"device copy: {gbs:.1f} GB/s (1 GiB bf16, read + write, {cms:.3f} ms)\n")
     print(f"{'kind':<22} {'B x T x C':<16} | {'fwd ms':>9} {'GB/s':>8} {'% copy':>7} | {'f+b ms':>9} {'GB/s':>8} "
           f"{'% copy':>7} | finite")

@@ -26,18 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import longhorn_check  # noqa: E402  (its stand-ins let the official files load without their packages)
+from scan_bench_common import copy_gbs, parse_shapes  # noqa: E402
 
 N = 16
-
-
-def parse_shapes(s):
-    out = []
-    for part in s.split(","):
-        b, t, c = (int(v) for v in part.split("x"))
-        if min(b, t, c) < 1:
-            raise ValueError(part)
-        out.append((b, t, c))
-    return out
 
 
 def official_scan(peers):
@@ -50,15 +41,6 @@ def official_scan(peers):
         longhorn_check.load_official(peers)
         iface = sys.modules["longhorn_official_interface"]
         return "official ref", iface.selective_scan_online7_ref
-
-
-def copy_gbs():
-    n = 1 << 29
-    src = torch.empty(n, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    ms = timed(lambda: dst.copy_(src), 5)
-    del src, dst
-    return 2 * 2 * n / (ms * 1e-3) / 1e9
 
 
 def timed(fn, reps):
@@ -82,7 +64,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     name, scan = official_scan(a.peers)
-    copy = copy_gbs()
+    copy, _ = copy_gbs(lambda f: timed(f, 5))
     print(f"device copy: {copy:.1f} GB/s (1 GiB bf16, read + write)")
     print(f"\n{'kind':22s} {'B x T x C':16s} | {'fwd ms':>9s} {'GB/s':>8s} {'% copy':>7s} | "
           f"{'f+b ms':>9s} {'GB/s':>8s} {'% copy':>7s} | finite")
