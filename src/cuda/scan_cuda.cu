@@ -45,14 +45,14 @@ extern "C" int cuda_scan_fwd(const Backend *be, const ScanDims *d, const ScanFwd
 extern "C" int cuda_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io);
 extern "C" int cuda_scan_supports(const Backend *be, const ScanDims *d);
 
-#define SC_CT 64   // channels a block, a thread each
+#define SC_CT 64   // Longhorn: channels a block, a thread each
 #define SC_L 32    // tokens a stage (and between the backward's checkpoints)
 #define SC_ST 3    // stages in the ring: two in flight while one is computed
 #define SC_N 16    // Longhorn's state slots in the kernels (N below is padded with zero k, q)
 #define SC_SB 4    // Longhorn backward: tokens recomputed into registers at a time
 #define SC_NW (SC_CT / 32)
 #define SC_RED 33  // Longhorn backward: a token's partial sums over a block's channels (dk, dq, dkappa)
-#define SC_LH_SPC 4  // Longhorn: stages a chunk (RG-LRU's chunk is a stage)
+#define SC_LH_SPC 4  // Longhorn: stages a chunk
 #define SC_CB 16   // summaries the combine loads at a time
 #define SC_MAXGRAD2 1e-6f  // transformers' SqrtBoundDerivative: 4u clipped at 1 / 1000^2
 
@@ -76,24 +76,25 @@ typedef struct {
     int kqvec;   // k, q rows by cp.async (N == 16, aligned)
 } ScanK;
 
-// Shared memory of a stage: the channel inputs [nin][SC_L][SC_CT] bf16, then k, q [2][SC_L][SC_N] bf16
-// (Longhorn), then the checkpoint [ns][SC_CT] float (the backward).
-static __host__ __device__ int sc_stage_bytes(int nin, int kq, int ns) {
-    return nin * SC_L * SC_CT * 2 + (kq ? 2 * SC_L * SC_N * 2 : 0) + ns * SC_CT * 4;
+// Shared memory of a Longhorn stage: the channel inputs [nin][SC_L][SC_CT] bf16, then k, q
+// [2][SC_L][SC_N] bf16, then the checkpoint [ns][SC_CT] float (the backward).
+static __host__ __device__ int sc_stage_bytes(int nin, int ns) {
+    return nin * SC_L * SC_CT * 2 + 2 * SC_L * SC_N * 2 + ns * SC_CT * 4;
 }
 
-// Copies stage s (tokens s SC_L ..) into stage buffer `buf`: the nin channel arrays a0 .., k and q where kq,
-// the checkpoint where ns. Channels past C and slots past N are zero; tokens past T are not copied.
+// Copies Longhorn's stage s (tokens s SC_L ..) into stage buffer `buf`: the nin channel arrays a0 ..,
+// k and q, the checkpoint where ns. Channels past C and slots past N are zero; tokens past T are not
+// copied.
 static __device__ void sc_issue(const ScanK *k, unsigned char *buf, const bf16 *a0, const bf16 *a1, const bf16 *a2,
-                                const bf16 *a3, int nin, int kq, int ns, int s) {
+                                int nin, int ns, int s) {
     const int b = blockIdx.z, c0 = blockIdx.x * SC_CT, t0 = s * SC_L;
     const int n = k->T - t0 < SC_L ? k->T - t0 : SC_L;
     const int tid = threadIdx.x;
     // channel rows: SC_CT / 8 pieces a token
 #pragma unroll
-    for (int a = 0; a < 4; a++) {
+    for (int a = 0; a < 3; a++) {
         if (a >= nin) break;
-        const bf16 *src = a == 0 ? a0 : a == 1 ? a1 : a == 2 ? a2 : a3;
+        const bf16 *src = a == 0 ? a0 : a == 1 ? a1 : a2;
         for (int p = tid; p < n * (SC_CT / 8); p += SC_CT) {
             const int tt = p / (SC_CT / 8), g = p % (SC_CT / 8);
             bf16 *dst = (bf16 *)buf + ((size_t)a * SC_L + tt) * SC_CT + 8 * g;
@@ -110,23 +111,21 @@ static __device__ void sc_issue(const ScanK *k, unsigned char *buf, const bf16 *
         }
     }
     unsigned char *after = buf + nin * SC_L * SC_CT * 2;
-    if (kq) {
-        bf16 *kb = (bf16 *)after;
-        for (int p = tid; p < 2 * n * 2; p += SC_CT) {  // (k or q, token, half of the 16 slots)
-            const int which = p / (2 * n), tt = p / 2 % n, h = p % 2;
-            const bf16 *src = (which ? k->q : k->k) + ((size_t)b * k->T + t0 + tt) * k->N;
-            bf16 *dst = kb + ((size_t)which * SC_L + tt) * SC_N + 8 * h;
-            if (k->kqvec) {
-                cp_async16(dst, src + 8 * h, 16);
-            } else {
-                for (int e = 0; e < 8; e++) {
-                    if (8 * h + e < k->N) dst[e] = src[8 * h + e];
-                    else st(dst, e, 0.0f);
-                }
+    bf16 *kb = (bf16 *)after;
+    for (int p = tid; p < 2 * n * 2; p += SC_CT) {  // (k or q, token, half of the 16 slots)
+        const int which = p / (2 * n), tt = p / 2 % n, h = p % 2;
+        const bf16 *src = (which ? k->q : k->k) + ((size_t)b * k->T + t0 + tt) * k->N;
+        bf16 *dst = kb + ((size_t)which * SC_L + tt) * SC_N + 8 * h;
+        if (k->kqvec) {
+            cp_async16(dst, src + 8 * h, 16);
+        } else {
+            for (int e = 0; e < 8; e++) {
+                if (8 * h + e < k->N) dst[e] = src[8 * h + e];
+                else st(dst, e, 0.0f);
             }
         }
-        after += 2 * SC_L * SC_N * 2;
     }
+    after += 2 * SC_L * SC_N * 2;
     if (ns) {  // the checkpoint: ns rows of SC_CT floats, always aligned (our scratch, Cp a multiple of SC_CT)
         const float *src = k->ckpt + ((size_t)b * k->nst + s) * ns * k->Cp + c0;
         for (int p = tid; p < ns * (SC_CT / 4); p += SC_CT) {
@@ -447,7 +446,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_sum_kernel(const ScanK k) {
     extern __shared__ __align__(16) unsigned char sc_smem[];
     grid_wait();
     const int b = blockIdx.z, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
-    const int nin = k.dy ? 3 : 2, sb = sc_stage_bytes(nin, 1, 0);
+    const int nin = k.dy ? 3 : 2, sb = sc_stage_bytes(nin, 0);
     LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
     const float wb = on ? k.w[c] : 0.0f;
     int s0;
@@ -456,14 +455,14 @@ static __global__ void __launch_bounds__(SC_CT) lh_sum_kernel(const ScanK k) {
 #pragma unroll
     for (int j = 0; j < SC_N; j++) S[j] = 0.0f, A[j] = 1.0f, cl[j] = 0.0f;
     for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, NULL, nin, 1, 0, s0 + i);
+        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, nin, 0, s0 + i);
         cp_async_commit();
     }
     for (int i = 0; i < ns; i++) {
         cp_async_wait1();
         __syncthreads();
         if (i + SC_ST - 1 < ns)
-            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.dy, NULL, nin, 1, 0, s0 + i + SC_ST - 1);
+            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.dy, nin, 0, s0 + i + SC_ST - 1);
         cp_async_commit();
         const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT, *dys = rs + SC_L * SC_CT;
         const int t0 = (s0 + i) * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
@@ -515,7 +514,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_fwd_kernel(const ScanK k) {
     extern __shared__ __align__(16) unsigned char sc_smem[];
     grid_wait();
     const int b = blockIdx.z, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
-    const int sb = sc_stage_bytes(2, 1, 0);
+    const int sb = sc_stage_bytes(2, 0);
     LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
     const float wb = on ? k.w[c] : 0.0f, skip = on ? k.skip[c] : 0.0f;
     int s0;
@@ -528,7 +527,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_fwd_kernel(const ScanK k) {
         else S[j] = k.s0 && j < k.N ? k.s0[((size_t)b * k.C + c) * k.N + j] : 0.0f;
     }
     for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, NULL, NULL, 2, 1, 0, s0 + i);
+        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, NULL, 2, 0, s0 + i);
         cp_async_commit();
     }
     for (int i = 0; i < ns; i++) {
@@ -536,7 +535,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_fwd_kernel(const ScanK k) {
         cp_async_wait1();
         __syncthreads();
         if (i + SC_ST - 1 < ns)
-            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, NULL, NULL, 2, 1, 0, s + SC_ST - 1);
+            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, NULL, 2, 0, s + SC_ST - 1);
         cp_async_commit();
         const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT;
         const int t0 = s * SC_L, n = k.T - t0 < SC_L ? k.T - t0 : SC_L;
@@ -588,7 +587,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_bwd_kernel(const ScanK k) {
     grid_wait();
     const int b = blockIdx.z, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int sb = sc_stage_bytes(3, 1, SC_N);
+    const int sb = sc_stage_bytes(3, SC_N);
     LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
     float *sub = (float *)(f + 1);             // [SC_L / SC_SB][SC_N][SC_CT]: the states every SC_SB tokens
     float *red = sub + SC_L / SC_SB * SC_N * SC_CT;  // [SC_NW][SC_L][SC_RED]: the warps' sums over channels
@@ -601,7 +600,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_bwd_kernel(const ScanK k) {
         dSc[j] = on && k.sc ? k.sc[(((size_t)b * k.nch + blockIdx.y) * SC_N + j) * k.Cp + c] : 0.0f;
     float dw = 0.0f, dskip = 0.0f;
     for (int i = 0; i < SC_ST - 1; i++) {
-        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, se - 1 - i);
+        if (i < ns) sc_issue(&k, sc_smem + i * sb, k.x, k.r, k.dy, 3, SC_N, se - 1 - i);
         cp_async_commit();
     }
     for (int i = 0; i < ns; i++) {
@@ -609,7 +608,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_bwd_kernel(const ScanK k) {
         cp_async_wait1();
         __syncthreads();
         if (i + SC_ST - 1 < ns)
-            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.dy, NULL, 3, 1, SC_N, s - (SC_ST - 1));
+            sc_issue(&k, sc_smem + (i + SC_ST - 1) % SC_ST * sb, k.x, k.r, k.dy, 3, SC_N, s - (SC_ST - 1));
         cp_async_commit();
         const bf16 *xs = (const bf16 *)(sc_smem + i % SC_ST * sb), *rs = xs + SC_L * SC_CT, *dys = rs + SC_L * SC_CT;
         const bf16 *kb = dys + SC_L * SC_CT;
@@ -852,9 +851,9 @@ static int sc_combine(CudaCtx *c, const ScanK *k) {
     return MN_OK;
 }
 
-static size_t lh_sum_smem(int nin) { return (size_t)SC_ST * sc_stage_bytes(nin, 1, 0) + sizeof(LhKq); }
+static size_t lh_sum_smem(int nin) { return (size_t)SC_ST * sc_stage_bytes(nin, 0) + sizeof(LhKq); }
 static size_t lh_bwd_smem(void) {
-    return (size_t)SC_ST * sc_stage_bytes(3, 1, SC_N) + sizeof(LhKq) + sizeof(float) * SC_L / SC_SB * SC_N * SC_CT +
+    return (size_t)SC_ST * sc_stage_bytes(3, SC_N) + sizeof(LhKq) + sizeof(float) * SC_L / SC_SB * SC_N * SC_CT +
            sizeof(float) * SC_NW * SC_L * SC_RED;
 }
 static int lh_sum_raised, lh_fwd_raised, lh_bwd_raised;
