@@ -23,6 +23,7 @@ int cmd_bench(int argc, char **argv) {
         {"train", bench_train, "training throughput, memory and time in the Mesa layer of a model config"},
         {"decode", bench_decode, "generation throughput of a model config: eager and recorded (CUDA graph) steps"},
         {"xlstm", bench_xlstm, "the xLSTM cores (mLSTM, sLSTM): fwd, fwd+bwd, errors, on the CPU or the GPU"},
+        {"sweep", bench_sweep, "steps/s of a sweep of small models (MAD's): alone, runs at once in one process, processes"},
     };
     size_t n = sizeof benches / sizeof benches[0];
     if (argc >= 2)

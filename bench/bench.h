@@ -14,6 +14,7 @@ int bench_lin(int argc, char **argv);
 int bench_attn(int argc, char **argv);
 int bench_decode(int argc, char **argv);
 int bench_xlstm(int argc, char **argv);
+int bench_sweep(int argc, char **argv);
 
 // Layer-like random inputs of the Mesa core (spec section 7), in float64 on
 // the host: unit-norm q and k rows, v and dout ~ N(0, 1), forget gates

@@ -371,6 +371,38 @@ TEST(synth_run_cli_jobs_same_rows) {
     tmp_remove(&td);
 }
 
+// --parallel 3 trains the sweep's runs on three threads of one process at once (several seeds of
+// each setting, --seeds 2) and records the same rows, bit for bit, as one run after another.
+TEST(synth_run_cli_parallel_same_rows) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[512];
+    snprintf(args, sizeof args, "synth mqar,regbench --mixers gdn,mha --quick --max-steps 8 --seeds 2 --out %s/one",
+             td.dir);
+    ToolRun r1 = tool_run(&td, args);
+    CHECK(r1.rc == 0, "mesanet %s: exit status %d\n%s", args, r1.rc, r1.err);
+    snprintf(args, sizeof args,
+             "synth mqar,regbench --mixers gdn,mha --quick --max-steps 8 --seeds 2 --parallel 3 --out %s/three", td.dir);
+    ToolRun r2 = tool_run(&td, args);
+    CHECK(r2.rc == 0, "mesanet %s: exit status %d\n%s", args, r2.rc, r2.err);
+    CHECK(strstr(r2.out, "up to 3 runs at once in this process") && strstr(r2.out, "(3 at once)") &&
+              strstr(r2.out, "mean of 2 seeds"),
+          "no parallel runs or seeds in the progress:\n%s", r2.out);
+    char *c1 = read_text(tmp_path(&td, "one/results.csv")), *c2 = read_text(tmp_path(&td, "three/results.csv"));
+    static char k1[16][512], k2[16][512];
+    int n1 = synth_rows_key(c1, k1, 16), n2 = synth_rows_key(c2, k2, 16);
+    CHECK(n1 == 8 && n2 == 8, "rows: %d and %d\n%s\n%s", n1, n2, c1, c2);
+    for (int i = 0; i < n1 && i < n2; i++) CHECK(!strcmp(k1[i], k2[i]), "one at a time: %s\nthree at once: %s", k1[i], k2[i]);
+    free(c1), free(c2);
+    tool_run_free(&r1), tool_run_free(&r2);
+    // processes and threads at once: refused, naming both
+    snprintf(args, sizeof args, "synth mqar --mixers gdn --quick --jobs 2 --parallel 2 --out %s/both", td.dir);
+    ToolRun r3 = tool_run(&td, args);
+    CHECK(r3.rc != 0 && strstr(r3.err, "--jobs and --parallel"), "mesanet %s: exit %d\n%s", args, r3.rc, r3.err);
+    tool_run_free(&r3);
+    tmp_remove(&td);
+}
+
 // --gpus spreads --jobs over GPUs: refused, naming the option, without the cuda backend, with
 // fewer jobs than GPUs, or with more GPUs than the process sees (CUDA_VISIBLE_DEVICES= hides them
 // all, and a CPU-only build sees none).
@@ -381,8 +413,9 @@ TEST(synth_run_cli_gpus_refusals) {
         const char *args, *says;
     } cases[] = {
         {"--gpus 2 --jobs 2", "GPUs are for --backend cuda, not cpu"},
-        {"--gpus 2 --jobs 1 --backend cuda", "needs --jobs 2 or more"},
+        {"--gpus 2 --jobs 1 --backend cuda", "needs --jobs or --parallel 2 or more"},
         {"--gpus 1 --jobs 2 --backend cuda", "this process sees 0 GPU(s)"},
+        {"--gpus 2 --parallel 4 --backend cuda", "this process sees 0 GPU(s)"},
     };
     setenv("CUDA_VISIBLE_DEVICES", "", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -16,6 +16,7 @@
 #include "backends/registry.h"
 #include "core/common.h"
 #include "core/plot.h"
+#include "synth/parallel.h"
 #include "synth/run.h"
 #include "tools/commands.h"
 #include "tools/synth_jobs.h"
@@ -75,6 +76,80 @@ static void print_done(const Row *r, int index, int total, double eta) {
     fflush(stdout);
 }
 
+// ", seed N" where a sweep runs several seeds (--seeds), else nothing.
+static const char *seed_text(const Row *r, int seeds) {
+    static _Thread_local char buf[48];
+    if (seeds > 1) snprintf(buf, sizeof buf, ", seed %lld", r->seed);
+    else buf[0] = 0;
+    return buf;
+}
+
+// A run of the sweep as results.csv records it, and its number in the sweep (1-based).
+typedef struct {
+    Row row;
+    int index;
+} PlanRow;
+
+// --parallel's progress and records, on the tool's own thread as runs start and end.
+typedef struct {
+    Rows *rows;
+    const char *out;
+    int total, todo, seeds, gpus;
+    int ended, failed;
+    double t0;
+    char first_error[MN_ERROR_MAX + 160];
+} ParSweep;
+
+static void par_started(SynthJob *j, int running, void *arg) {
+    ParSweep *ps = arg;
+    const PlanRow *p = j->user;
+    const Row *r = &p->row;
+    char dev[32] = "";
+    if (ps->gpus > 1) snprintf(dev, sizeof dev, ", GPU %d", j->device);
+    printf("[%d/%d] %s %s %s lr %g wd %g%s: training (%d at once%s) ...\n", p->index, ps->total, r->task, r->setting,
+           r->mixer, r->lr, r->wd, seed_text(r, ps->seeds), running, dev);
+    fflush(stdout);
+}
+
+static void par_ended(SynthJob *j, void *arg) {
+    ParSweep *ps = arg;
+    PlanRow *p = j->user;
+    Row *r = &p->row;
+    ps->ended++;
+    if (j->status) {
+        if (!ps->failed++)
+            snprintf(ps->first_error, sizeof ps->first_error, "%s %s %s lr %g wd %g: %s", r->task, r->setting, r->mixer,
+                     r->lr, r->wd, j->error);
+        fprintf(stderr, "mesanet synth: [%d/%d] %s %s %s lr %g wd %g: %s\n", p->index, ps->total, r->task, r->setting,
+                r->mixer, r->lr, r->wd, j->error);
+        fflush(stderr);
+        return;
+    }
+    const SynthRunResult *res = &j->result;
+    r->steps = res->steps, r->epochs = res->epochs, r->early = res->stopped_early;
+    r->seconds = res->seconds, r->metric = res->metric, r->tvd = res->tvd;
+    rows_add(ps->rows, r);
+    save_rows(ps->out, ps->rows);
+    // the wall time so far over the runs ended, for those left (the threads share it)
+    double eta = (mn_now() - ps->t0) / ps->ended * (ps->todo - ps->ended);
+    print_done(r, p->index, ps->total, ps->ended < ps->todo ? eta : NAN);
+}
+
+// The best metric over the lr grid, averaged over the seeds that have one (NAN: none yet); *tvd
+// likewise over the seeds with a TVD.
+static double best_mean(const Rows *rows, const char *task, const char *setting, const char *mixer, const char *proto,
+                        long long seed, int seeds, double *tvd) {
+    double sum = 0, tsum = 0;
+    int n = 0, tn = 0;
+    for (int e = 0; e < seeds; e++) {
+        double tv, b = best_of(rows, task, setting, mixer, proto, seed + e, &tv);
+        if (!isnan(b)) sum += b, n++;
+        if (isfinite(tv)) tsum += tv, tn++;
+    }
+    *tvd = tn ? tsum / tn : NAN;
+    return n ? sum / n : NAN;
+}
+
 // The tasks and the groups, one a line: for --help and for a missing task.
 static void print_tasks(FILE *f) {
     for (int i = 0; i < synth_task_count(); i++) fprintf(f, "  %-20s %s\n", synth_task(i)->name, synth_task(i)->summary);
@@ -85,7 +160,7 @@ static void print_tasks(FILE *f) {
 int cmd_synth(int argc, char **argv) {
     const char *mixers_arg = NULL, *settings = "baseline", *backend = "cpu", *out = "runs/synth";
     int quick = 0, report = 0, seed = 0, stop_after = 0, dim = 0, epochs = 0, max_steps = 0, batch = 0, jobs = 1, run_index = 0;
-    int gpus = 0;
+    int gpus = 0, parallel = 1, seeds = 1;
     Option opts[] = {
         {"mixers", OPT_STRING, &mixers_arg, "comma list of mixers (mesa, gdn, mha, gla, mamba2, deltanet, gdn-paper, "
                                             "swa, ...) and patterns of blocks joined with + (gdn+swa: gdn, then swa; "
@@ -105,8 +180,11 @@ int cmd_synth(int argc, char **argv) {
         {"batch", OPT_INT, &batch, "training sequences per step (0: the protocol's)", 0, 65536},
         {"jobs", OPT_INT, &jobs, "runs at once, each a process with its share of the cores (OMP_NUM_THREADS)", 1,
          MAX_JOBS},
-        {"gpus", OPT_INT, &gpus, "GPUs the --jobs share out (cuda; 0: every job on the devices the tool sees)", 0,
-         MAX_JOBS},
+        {"parallel", OPT_INT, &parallel, "runs at once in this process, each on its own thread (cuda: its own stream, "
+                                         "so that the runs' kernels run side by side)", 1, SYNTH_MAX_PARALLEL},
+        {"gpus", OPT_INT, &gpus, "GPUs the --jobs or --parallel runs share out (cuda; 0: all on the first device the "
+                                 "tool sees)", 0, SYNTH_MAX_PARALLEL},
+        {"seeds", OPT_INT, &seeds, "seeds per setting (seed, seed+1, ...): tables average the best run of each", 1, 1000},
         {"run-index", OPT_INT, &run_index, "internal (--jobs): run only the sweep's run of this number", 0,
          1000000000},
     };
@@ -128,7 +206,11 @@ int cmd_synth(int argc, char **argv) {
     if (!mixers_arg || !*mixers_arg) cmd_fail(CMD, "--mixers is required (e.g. --mixers mesa,gdn,mha)");
     if (strcmp(settings, "baseline") && strcmp(settings, "full"))
         cmd_fail(CMD, "--settings must be baseline or full, got '%s'", settings);
-    if (!run_index) check_gpus(gpus, jobs, backend);  // (a job sees its one GPU, and --jobs 1)
+    if (jobs > 1 && parallel > 1) cmd_fail(CMD, "--jobs and --parallel: one or the other (processes or threads)");
+    if (!run_index) check_gpus(gpus, jobs > 1 ? jobs : parallel, backend);  // (a job sees its one GPU, and --jobs 1)
+    // Runs side by side each have their own streams: CUDA gives a process 8 hardware queues unless
+    // told more, and streams beyond them wait on each other's work. (Read when CUDA starts: now.)
+    if (parallel > 1) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
     const Backend *be = backend_by_name(backend);
     if (!be) cmd_fail(CMD, "--backend: %s", mn_last_error());
 
@@ -189,7 +271,7 @@ int cmd_synth(int argc, char **argv) {
             if (synth_model_config(tasks[i], &s, &prot[i], mixers[k], &c))
                 cmd_fail(CMD, "unknown or unusable mixer '%s' (--mixers): %s", mixers[k], mn_last_error());
         }
-        total += ngrid[i] * nmix * prot[i].nlr;
+        total += ngrid[i] * nmix * prot[i].nlr * seeds;
     }
     // --report only reads: it makes no folder and takes no lock. A sweep locks its folder, so that
     // no other sweep writes there, and removes what a stopped one left (see lock_out).
@@ -217,13 +299,19 @@ int cmd_synth(int argc, char **argv) {
             snprintf(proto + n, sizeof proto - n, "+%s%d", over[i].key, over[i].v);
         }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = ncpu > jobs ? (int)(ncpu / jobs) : 1;
+    int at_once = jobs > parallel ? jobs : parallel;
+    int threads = ncpu > at_once ? (int)(ncpu / at_once) : 1;
     printf("synth: %d task%s x %d mixer%s, %s settings, %d run%s; %s backend; results in %s\n", ntasks, plural_s(ntasks),
            nmix, plural_s(nmix), settings, total, plural_s(total), be->name, out);
     if (jobs > 1 && gpus)
         printf("synth: up to %d runs at once over %d GPU%s, %d thread%s each\n", jobs, gpus, plural_s(gpus), threads,
                plural_s(threads));
     else if (jobs > 1) printf("synth: up to %d runs at once, %d thread%s each\n", jobs, threads, plural_s(threads));
+    else if (parallel > 1 && gpus > 1)
+        printf("synth: up to %d runs at once in this process over %d GPUs, %d thread%s each\n", parallel, gpus, threads,
+               plural_s(threads));
+    else if (parallel > 1)
+        printf("synth: up to %d runs at once in this process, %d thread%s each\n", parallel, threads, plural_s(threads));
     for (int i = 0; i < ntasks; i++)
         printf("synth: %s: %s; width %d, %d block%s, batch %d\n", tasks[i]->name, prot[i].source, prot[i].dim,
                prot[i].n_layers, plural_s(prot[i].n_layers), prot[i].batch);
@@ -231,76 +319,93 @@ int cmd_synth(int argc, char **argv) {
     fflush(stdout);
     if (jobs > 1 && !run_index && !report) jobs_catch_signals();
 
+    // The sweep's runs in order (task, setting, mixer, the (lr, wd) grid, seed), numbered from 1:
+    // each a job (what synth_run takes) and its row (what results.csv records); job.user: the row.
+    SynthJob *plan = xcalloc((size_t)total, sizeof *plan), *todo = NULL;
+    PlanRow *prow = xcalloc((size_t)total, sizeof *prow);
+    int nplan = 0, ntodo = 0;
+    for (int i = 0; i < ntasks; i++)
+        for (int g = 0; g < ngrid[i]; g++) {
+            SynthSettings s;
+            char label[96];
+            if (synth_grid(tasks[i], g, &s, label, sizeof label)) cmd_fail(CMD, "%s", mn_last_error());
+            if (quick) synth_quick_settings(tasks[i], &s);
+            for (int k = 0; k < nmix; k++)
+                for (int l = 0; l < prot[i].nlr; l++)
+                    for (int e = 0; e < seeds; e++) {
+                        SynthJob *q = &plan[nplan];
+                        q->task = tasks[i], q->settings = s, q->protocol = &prot[i], q->mixer = mixers[k];
+                        q->lr = prot[i].lrs[l], q->wd = prot[i].wds[l], q->seed = (uint64_t)seed + (uint64_t)e;
+                        q->user = &prow[nplan];
+                        prow[nplan].index = nplan + 1;
+                        Row *r = &prow[nplan++].row;
+                        r->tvd = NAN;
+                        snprintf(r->task, sizeof r->task, "%s", tasks[i]->name);
+                        snprintf(r->setting, sizeof r->setting, "%s", label);
+                        snprintf(r->mixer, sizeof r->mixer, "%s", mixers[k]);
+                        snprintf(r->protocol, sizeof r->protocol, "%s", proto);
+                        r->seed = seed + e, r->lr = q->lr, r->wd = q->wd;
+                    }
+        }
+    if (parallel > 1) todo = xcalloc((size_t)total, sizeof *todo);
+
     int done = 0, ran = 0, skipped = 0, finished = 0, njob = 0, missing = 0, free_gpu = -1;
     double spent = 0;
     Job job[MAX_JOBS];
-    for (int i = 0; i < ntasks && (!stop_after || ran < stop_after); i++) {
-        const SynthTask *t = tasks[i];
-        for (int g = 0; g < ngrid[i] && (!stop_after || ran < stop_after); g++) {
-            SynthSettings s;
-            char label[96];
-            if (synth_grid(t, g, &s, label, sizeof label)) cmd_fail(CMD, "%s", mn_last_error());
-            if (quick) synth_quick_settings(t, &s);
-            for (int k = 0; k < nmix && (!stop_after || ran < stop_after); k++)
-                for (int l = 0; l < prot[i].nlr && (!stop_after || ran < stop_after); l++) {
-                    Row r = {0};
-                    r.tvd = NAN;
-                    snprintf(r.task, sizeof r.task, "%s", t->name);
-                    snprintf(r.setting, sizeof r.setting, "%s", label);
-                    snprintf(r.mixer, sizeof r.mixer, "%s", mixers[k]);
-                    snprintf(r.protocol, sizeof r.protocol, "%s", proto);
-                    r.seed = seed, r.lr = prot[i].lrs[l], r.wd = prot[i].wds[l];
-                    done++;
-                    int have = 0;
-                    for (int j = 0; j < rows.n && !have; j++) have = same_run(&rows.v[j], &r);
-                    if (have) {
-                        skipped++;
-                        if (!report)
-                            printf("[%d/%d] %s %s %s lr %g wd %g: already in results.csv, skipped\n", done, total,
-                                   r.task, r.setting, r.mixer, r.lr, r.wd);
-                        fflush(stdout);
-                        continue;
-                    }
-                    if (run_index && done != run_index) continue;
-                    if (report) {  // not run yet: its cells stay empty
-                        missing++;
-                        continue;
-                    }
-                    if (jobs > 1) {
-                        while (njob >= jobs) {  // a slot: wait for a run to end, record it
-                            Row got;
-                            int gi;
-                            if (job_wait(job, &njob, &got, &gi, &free_gpu)) cmd_fail(CMD, "%s", mn_last_error());
-                            rows_add(&rows, &got);
-                            save_rows(out, &rows);
-                            finished++, spent += got.seconds;
-                            print_done(&got, gi, total, spent / finished * (total - done + njob + 1) / jobs);
-                        }
-                        int gpu = !gpus ? -1 : free_gpu >= 0 ? free_gpu : njob % gpus;
-                        free_gpu = -1;
-                        job_start(&job[njob++], argc, argv, out, done, threads, gpu);
-                        ran++;
-                        printf("[%d/%d] %s %s %s lr %g wd %g: training (%d at once) ...\n", done, total, r.task,
-                               r.setting, r.mixer, r.lr, r.wd, njob);
-                        fflush(stdout);
-                        continue;
-                    }
-                    printf("[%d/%d] %s %s %s lr %g wd %g: training ...\n", done, total, r.task, r.setting, r.mixer,
-                           r.lr, r.wd);
-                    fflush(stdout);
-                    SynthRunResult res;
-                    if (synth_run(t, &s, &prot[i], mixers[k], (float)r.lr, (float)r.wd, (uint64_t)seed, be,
-                                  quick ? NULL : stdout, &res))
-                        cmd_fail(CMD, "%s %s %s: %s", r.task, r.setting, r.mixer, mn_last_error());
-                    r.steps = res.steps, r.epochs = res.epochs, r.early = res.stopped_early;
-                    r.seconds = res.seconds, r.metric = res.metric, r.tvd = res.tvd;
-                    rows_add(&rows, &r);
-                    save_rows(out, &rows);
-                    ran++;
-                    spent += res.seconds;
-                    print_done(&r, done, total, spent / ran * (total - done));
-                }
+    for (int q = 0; q < nplan && (!stop_after || ran < stop_after); q++) {
+        Row r = prow[q].row;
+        done = prow[q].index;
+        int have = 0;
+        for (int j = 0; j < rows.n && !have; j++) have = same_run(&rows.v[j], &r);
+        if (have) {
+            skipped++;
+            if (!report)
+                printf("[%d/%d] %s %s %s lr %g wd %g%s: already in results.csv, skipped\n", done, total, r.task,
+                       r.setting, r.mixer, r.lr, r.wd, seed_text(&r, seeds));
+            fflush(stdout);
+            continue;
         }
+        if (run_index && done != run_index) continue;
+        if (report) {  // not run yet: its cells stay empty
+            missing++;
+            continue;
+        }
+        ran++;
+        if (parallel > 1) {  // trained below, all at once
+            todo[ntodo++] = plan[q];
+            continue;
+        }
+        if (jobs > 1) {
+            while (njob >= jobs) {  // a slot: wait for a run to end, record it
+                Row got;
+                int gi;
+                if (job_wait(job, &njob, &got, &gi, &free_gpu)) cmd_fail(CMD, "%s", mn_last_error());
+                rows_add(&rows, &got);
+                save_rows(out, &rows);
+                finished++, spent += got.seconds;
+                print_done(&got, gi, total, spent / finished * (total - done + njob + 1) / jobs);
+            }
+            int gpu = !gpus ? -1 : free_gpu >= 0 ? free_gpu : njob % gpus;
+            free_gpu = -1;
+            job_start(&job[njob++], argc, argv, out, done, threads, gpu);
+            printf("[%d/%d] %s %s %s lr %g wd %g%s: training (%d at once) ...\n", done, total, r.task, r.setting,
+                   r.mixer, r.lr, r.wd, seed_text(&r, seeds), njob);
+            fflush(stdout);
+            continue;
+        }
+        printf("[%d/%d] %s %s %s lr %g wd %g%s: training ...\n", done, total, r.task, r.setting, r.mixer, r.lr, r.wd,
+               seed_text(&r, seeds));
+        fflush(stdout);
+        SynthRunResult res;
+        if (synth_run(plan[q].task, &plan[q].settings, plan[q].protocol, plan[q].mixer, plan[q].lr, plan[q].wd,
+                      plan[q].seed, be, quick ? NULL : stdout, &res))
+            cmd_fail(CMD, "%s %s %s: %s", r.task, r.setting, r.mixer, mn_last_error());
+        r.steps = res.steps, r.epochs = res.epochs, r.early = res.stopped_early;
+        r.seconds = res.seconds, r.metric = res.metric, r.tvd = res.tvd;
+        rows_add(&rows, &r);
+        save_rows(out, &rows);
+        spent += res.seconds;
+        print_done(&r, done, total, spent / ran * (total - done));
     }
     while (njob > 0) {  // the last runs of --jobs
         Row got;
@@ -311,6 +416,16 @@ int cmd_synth(int argc, char **argv) {
         finished++, spent += got.seconds;
         print_done(&got, gi, total, NAN);
     }
+    if (ntodo) {  // --parallel: every run left at once, recorded as each ends
+        ParSweep ps = {.rows = &rows, .out = out, .total = total, .todo = ntodo, .seeds = seeds, .gpus = gpus,
+                       .t0 = mn_now()};
+        SynthEvents ev = {par_started, par_ended, &ps};
+        if (synth_run_parallel(todo, ntodo, parallel, backend, gpus, threads, &ev)) cmd_fail(CMD, "%s", mn_last_error());
+        if (ps.failed)
+            cmd_fail(CMD, "%d of %d run%s failed (the first: %s); the others are recorded in %s/results.csv", ps.failed,
+                     ntodo, plural_s(ntodo), ps.first_error, out);
+    }
+    free(plan), free(todo), free(prow);
     if (run_index) {  // a --jobs child: its row is in its own results.csv
         free(rows.v);
         return 0;
@@ -351,8 +466,11 @@ int cmd_synth(int argc, char **argv) {
         double pv;
         for (int k = 0; k < nmix && !quick; k++) has_pub |= synth_published(t->name, mixers[k], &pv, NULL);
         int rb = t == &synth_task_regbench;
-        printf("\n%s (%s x 100, best over %d lr setting%s%s)\n%-16s", t->name, synth_metric_name(t), prot[i].nlr,
-               plural_s(prot[i].nlr), rb ? "; tvd: mean TVD of those best runs, 0..1, lower is better" : "", "mixer");
+        char of_seeds[48] = "";
+        if (seeds > 1) snprintf(of_seeds, sizeof of_seeds, ", the mean of %d seeds' best", seeds);
+        printf("\n%s (%s x 100, best over %d lr setting%s%s%s)\n%-16s", t->name, synth_metric_name(t), prot[i].nlr,
+               plural_s(prot[i].nlr), of_seeds, rb ? "; tvd: mean TVD of those best runs, 0..1, lower is better" : "",
+               "mixer");
         for (int g = 0; g < ngrid[i]; g++) printf(" %14.14s", labels[g]);
         printf(" %8s%s%s\n", "mean", rb ? "      tvd" : "", has_pub ? "  published" : "");
         double ys[MAX_MIXERS][MAX_SETTINGS], tvds[MAX_MIXERS][MAX_SETTINGS], xs[MAX_SETTINGS];
@@ -372,7 +490,7 @@ int cmd_synth(int argc, char **argv) {
             int n = 0, tn = 0;
             for (int g = 0; g < ngrid[i]; g++) {
                 double tv;
-                double b = best_of(&rows, t->name, labels[g], mixers[k], proto, seed, &tv);
+                double b = best_mean(&rows, t->name, labels[g], mixers[k], proto, seed, seeds, &tv);
                 if (isfinite(tv)) tsum += tv, tn++;
                 ys[k][g] = b, tvds[k][g] = tv;
                 if (isnan(b)) printf(" %14s", "-");

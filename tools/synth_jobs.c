@@ -191,10 +191,12 @@ int job_wait(Job *jobs, int *n, Row *r, int *index, int *gpu) {
 int cuda_device_count(void);
 #endif
 
-void check_gpus(int gpus, int jobs, const char *backend) {
+void check_gpus(int gpus, int at_once, const char *backend) {
     if (!gpus) return;
     if (strcmp(backend, "cuda")) cmd_fail(CMD, "--gpus %d: GPUs are for --backend cuda, not %s", gpus, backend);
-    if (jobs < gpus) cmd_fail(CMD, "--gpus %d: needs --jobs %d or more (at least one run at a time on each GPU), not %d", gpus, gpus, jobs);
+    if (at_once < gpus)
+        cmd_fail(CMD, "--gpus %d: needs --jobs or --parallel %d or more (at least one run at a time on each GPU), not %d",
+                 gpus, gpus, at_once);
 #ifdef MN_HAVE_CUDA
     int n = cuda_device_count();
 #else

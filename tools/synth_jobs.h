@@ -39,8 +39,8 @@ void job_start(Job *j, int argc, char **argv, const char *out, int index, int th
 // Waits for one of the n jobs to end; its row into *r (MN_OK), or an error naming why not. The
 // job is removed from the list (the last one takes its place); *gpu gets the GPU it leaves free.
 int job_wait(Job *jobs, int *n, Row *r, int *index, int *gpu);
-// --gpus N spreads the --jobs processes over N GPUs: the cuda backend, at least one job a GPU, and
-// N devices that this process sees.
-void check_gpus(int gpus, int jobs, const char *backend);
+// --gpus N spreads the runs at once (at_once: --jobs processes or --parallel threads) over N GPUs:
+// the cuda backend, at least one run a GPU, and N devices that this process sees.
+void check_gpus(int gpus, int at_once, const char *backend);
 
 #endif

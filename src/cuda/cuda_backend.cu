@@ -109,8 +109,7 @@ static void g_graph_free(const Backend *be, void *graph) {
 
 // ------------------------------------------------------------------------- the table
 
-static CudaCtx ctx;
-static Backend cuda_backend;
+static Backend cuda_backend;  // backend_cuda(): the process's default instance, on device 0
 static int initialised;
 
 CudaCtx *cuda_ctx(const Backend *be) { return (CudaCtx *)be->ctx; }
@@ -137,54 +136,81 @@ extern "C" int cuda_device_count(void) {
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
-extern "C" const Backend *backend_cuda(void) {
-    if (initialised) return initialised > 0 ? &cuda_backend : NULL;
-    initialised = -1;
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        // Without a GPU or its driver the runtime says "driver version is insufficient" or "no
-        // CUDA-capable device": said plainly, CUDA's words only as the detail. A driver that is
-        // there (version > 0) but older than the runtime is the one case an update fixes.
-        int drv = 0, rt = 0;
-        cudaDriverGetVersion(&drv);
-        cudaRuntimeGetVersion(&rt);
-        const char *detail = e != cudaSuccess ? cudaGetErrorString(e) : "no device found";
-        if (e == cudaErrorInsufficientDriver && drv > 0)
-            mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': the GPU driver supports CUDA %d.%d, older than this build's %d.%d (%s)",
-                     drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10, detail);
-        else if (e == cudaSuccess || e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
-            mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': no CUDA GPU or driver found on this machine (CUDA: %s)", detail);
-        else
-            mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': no usable CUDA device (%s)", detail);
-        return NULL;
+// Why there is no usable device, as an mn_error (CUDA's own words only as the detail).
+static void no_device(cudaError_t e) {
+    // Without a GPU or its driver the runtime says "driver version is insufficient" or "no
+    // CUDA-capable device": said plainly. A driver that is there (version > 0) but older than the
+    // runtime is the one case an update fixes.
+    int drv = 0, rt = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    const char *detail = e != cudaSuccess ? cudaGetErrorString(e) : "no device found";
+    if (e == cudaErrorInsufficientDriver && drv > 0)
+        mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': the GPU driver supports CUDA %d.%d, older than this build's %d.%d (%s)",
+                 drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10, detail);
+    else if (e == cudaSuccess || e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+        mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': no CUDA GPU or driver found on this machine (CUDA: %s)", detail);
+    else
+        mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': no usable CUDA device (%s)", detail);
+}
+
+// Releases what ctx_open made (the parts it made before a failure too); device current.
+static void ctx_close(CudaCtx *c) {
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    if (c->side) cudaStreamSynchronize(c->side);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->blas_ws) cudaFree(c->blas_ws);
+    if (c->scratch) cudaFree(c->scratch);
+    if (c->pinned) cudaFreeHost(c->pinned);
+    for (size_t i = 0; i < sizeof c->stage / sizeof c->stage[0]; i++) {
+        if (c->stage[i].done) cudaEventDestroy(c->stage[i].done);
+        if (c->stage[i].p) cudaFreeHost(c->stage[i].p);
     }
+    if (c->side_fork) cudaEventDestroy(c->side_fork);
+    if (c->side_join) cudaEventDestroy(c->side_join);
+    if (c->side) cudaStreamDestroy(c->side);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    memset(c, 0, sizeof *c);
+}
+
+// A context on `device`, which becomes the calling thread's current device: its streams, cuBLAS
+// handle and workspace, the device's properties. The compute stream does not wait for the legacy
+// default stream (nothing of ours uses it), so that contexts on one device run side by side.
+static int ctx_open(CudaCtx *c, int device) {
+    memset(c, 0, sizeof *c);
     cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || cudaStreamCreate(&ctx.stream) != cudaSuccess ||
-        cublasCreate(&ctx.blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(ctx.blas, ctx.stream) != CUBLAS_STATUS_SUCCESS) {
-        mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': could not initialise the device, a stream or cuBLAS");
-        return NULL;
+    if (cudaSetDevice(device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS) {
+        ctx_close(c);
+        return mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': could not initialise device %d, a stream or cuBLAS", device);
     }
-    if (cudaStreamCreateWithFlags(&ctx.side, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&ctx.side_fork, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&ctx.side_join, cudaEventDisableTiming) != cudaSuccess) {
-        mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': could not create the side stream and its events");
-        return NULL;
+    if (cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->side_join, cudaEventDisableTiming) != cudaSuccess) {
+        ctx_close(c);
+        return mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': could not create the side stream and its events");
     }
     // an explicit cuBLAS workspace (32 MiB, cuBLAS's own default on Hopper), so that products
     // recorded into a graph allocate nothing (set after the stream: cublasSetStream resets it)
     size_t ws_bytes = (size_t)32 << 20;
-    if (cudaMalloc(&ctx.blas_ws, ws_bytes) != cudaSuccess ||
-        cublasSetWorkspace(ctx.blas, ctx.blas_ws, ws_bytes) != CUBLAS_STATUS_SUCCESS) {
-        mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': could not set up the cuBLAS workspace");
-        return NULL;
+    if (cudaMalloc(&c->blas_ws, ws_bytes) != cudaSuccess ||
+        cublasSetWorkspace(c->blas, c->blas_ws, ws_bytes) != CUBLAS_STATUS_SUCCESS) {
+        ctx_close(c);
+        return mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': could not set up the cuBLAS workspace");
     }
-    ctx.sm_count = prop.multiProcessorCount;
-    ctx.cc_major = prop.major;
-    ctx.smem_optin = prop.sharedMemPerBlockOptin;
+    c->device = device;
+    c->sm_count = prop.multiProcessorCount;
+    c->cc_major = prop.major;
+    c->smem_optin = prop.sharedMemPerBlockOptin;
+    return MN_OK;
+}
+
+// The op table (every instance's: they differ by their context alone).
+static void fill_table(Backend *bp, CudaCtx *c) {
     Backend b = {};
     b.name = "cuda";
-    b.ctx = &ctx;
+    b.ctx = c;
     b.elem_size = g_elem_size;
     b.alloc = g_alloc;
     b.free = g_free;
@@ -260,7 +286,56 @@ extern "C" const Backend *backend_cuda(void) {
     b.graph_end = g_graph_end;
     b.graph_run = g_graph_run;
     b.graph_free = g_graph_free;
-    cuda_backend = b;
+    *bp = b;
+}
+
+extern "C" const Backend *backend_cuda(void) {
+    static CudaCtx ctx;
+    if (initialised) return initialised > 0 ? &cuda_backend : NULL;
+    initialised = -1;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        no_device(e);
+        return NULL;
+    }
+    if (ctx_open(&ctx, 0)) return NULL;
+    fill_table(&cuda_backend, &ctx);
     initialised = 1;
     return &cuda_backend;
+}
+
+extern "C" Backend *backend_cuda_open(int device) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        no_device(e);
+        return NULL;
+    }
+    if (device < 0 || device >= n) {
+        mn_error(MN_ERR_ARG, "backend 'cuda': device %d, this process sees %d (0 to %d)", device, n, n - 1);
+        return NULL;
+    }
+    Backend *b = (Backend *)calloc(1, sizeof *b);
+    CudaCtx *c = (CudaCtx *)calloc(1, sizeof *c);
+    if (!b || !c) {
+        free(b), free(c);
+        mn_error(MN_ERR_NOMEM, "backend 'cuda': out of memory");
+        return NULL;
+    }
+    if (ctx_open(c, device)) {
+        free(b), free(c);
+        return NULL;
+    }
+    fill_table(b, c);
+    return b;
+}
+
+extern "C" void backend_cuda_close(Backend *b) {
+    if (!b) return;
+    CudaCtx *c = cuda_ctx(b);
+    cudaSetDevice(c->device);
+    ctx_close(c);
+    free(c);
+    free(b);
 }

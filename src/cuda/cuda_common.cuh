@@ -42,6 +42,7 @@ typedef struct {
     cudaStream_t side;                  // a second compute stream: half of a Mesa call's (b, h) pairs run there
     cudaEvent_t side_fork, side_join;   // orders: stream -> side (fork); side -> stream (join)
     cublasHandle_t blas;
+    int device;         // the device the context lives on (a thread using it has it current)
     int sm_count;
     int cc_major;       // compute capability (9: Hopper, where the sm_90a kernels run)
     size_t smem_optin;  // the most shared memory one block may ask for

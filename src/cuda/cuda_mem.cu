@@ -3,12 +3,16 @@
  * step counters' tally. A MEM_PARAM allocation holds n float32 master weights followed by their
  * bf16 copy (cuda_param_bf16), which every write refreshes.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_ops.cuh"
 
-enum { MAX_PARAM_ALLOCS = 256 };
+// The parameter allocations of every model of the process (on any device, from any thread: a
+// sweep trains several at once), under param_lock.
+enum { MAX_PARAM_ALLOCS = 1024 };
+static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     char *base;  // the float32 masters; the bf16 copy follows at base + shadow_offset(n)
     size_t n;
@@ -18,12 +22,15 @@ static size_t shadow_offset(size_t n) { return (n * sizeof(float) + 255) & ~(siz
 
 const bf16 *cuda_param_bf16(const void *p) {
     const char *c = (const char *)p;
-    for (int i = 0; i < MAX_PARAM_ALLOCS; i++) {
+    const bf16 *found = NULL;
+    pthread_mutex_lock(&param_lock);
+    for (int i = 0; i < MAX_PARAM_ALLOCS && !found; i++) {
         char *b = param_allocs[i].base;
         if (b && c >= b && c < b + param_allocs[i].n * sizeof(float))
-            return (const bf16 *)(b + shadow_offset(param_allocs[i].n)) + (c - b) / sizeof(float);
+            found = (const bf16 *)(b + shadow_offset(param_allocs[i].n)) + (c - b) / sizeof(float);
     }
-    return NULL;
+    pthread_mutex_unlock(&param_lock);
+    return found;
 }
 
 static size_t elem(MemKind k) { return k == MEM_ACT ? 2 : k == MEM_F64 ? 8 : 4; }
@@ -41,22 +48,25 @@ void *g_alloc(const Backend *be, size_t n, MemKind k) {
     cudaMemsetAsync(p, 0, bytes ? bytes : 256, cuda_ctx(be)->stream);
     if (k == MEM_PARAM) {
         int slot = -1;
+        pthread_mutex_lock(&param_lock);
         for (int i = 0; i < MAX_PARAM_ALLOCS && slot < 0; i++)
             if (!param_allocs[i].base) slot = i;
+        if (slot >= 0) param_allocs[slot].base = (char *)p, param_allocs[slot].n = n;
+        pthread_mutex_unlock(&param_lock);
         if (slot < 0) {
             cudaFree(p);
             mn_error(MN_ERR_NOMEM, "more than %d parameter allocations", MAX_PARAM_ALLOCS);
             return NULL;
         }
-        param_allocs[slot].base = (char *)p;
-        param_allocs[slot].n = n;
     }
     return p;
 }
 
 void g_free(const Backend *be, void *p) {
+    pthread_mutex_lock(&param_lock);
     for (int i = 0; i < MAX_PARAM_ALLOCS; i++)
         if (param_allocs[i].base == p) param_allocs[i].base = NULL;
+    pthread_mutex_unlock(&param_lock);
     cudaStreamSynchronize(cuda_ctx(be)->stream);
     cudaFree(p);
 }
@@ -140,12 +150,19 @@ static int stage_send(const Backend *be, int slot, void *dst, size_t bytes) {
     return MN_OK;
 }
 
+// A copy between pageable host memory and the device, done when it returns: on the context's own
+// stream, never the legacy default stream, which would wait for every stream of the device (the
+// other runs a sweep trains beside this one, other threads' work).
+static int copy_now(const Backend *be, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+    cudaStream_t s = cuda_ctx(be)->stream;
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, kind, s));
+    CU_TRY(cudaStreamSynchronize(s));
+    return MN_OK;
+}
+
 // A small upload of bytes as they are, queued; a large one synchronously.
 static int upload_bytes(const Backend *be, void *dst, const void *src, size_t bytes) {
-    if (bytes > STAGE_MAX) {
-        CU_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-        return MN_OK;
-    }
+    if (bytes > STAGE_MAX) return copy_now(be, dst, src, bytes, cudaMemcpyHostToDevice);
     int slot;
     void *h = stage_slot(be, bytes, &slot);
     if (!h) return MN_ERR_ARG;
@@ -163,9 +180,9 @@ int g_upload(const Backend *be, void *dst, const double *src, size_t n, MemKind 
         if (k == MEM_ACT) ((bf16 *)h)[i] = __float2bfloat16((float)src[i]);
         else ((float *)h)[i] = (float)src[i];
     }
-    cudaError_t e = cudaMemcpy(dst, h, bytes, cudaMemcpyHostToDevice);
+    int st = copy_now(be, dst, h, bytes, cudaMemcpyHostToDevice);
     free(h);
-    CU_TRY(e);
+    MN_TRY(st);
     return k == MEM_PARAM ? refresh_shadow(be, dst, n) : MN_OK;
 }
 
@@ -192,10 +209,9 @@ int g_upload_f32(const Backend *be, void *dst, const float *src, size_t n, MemKi
     bf16 *h = (bf16 *)malloc(n * sizeof(bf16) + 1);
     if (!h) return mn_error(MN_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) h[i] = __float2bfloat16(src[i]);
-    cudaError_t e = cudaMemcpy(dst, h, n * sizeof(bf16), cudaMemcpyHostToDevice);
+    int st = copy_now(be, dst, h, n * sizeof(bf16), cudaMemcpyHostToDevice);
     free(h);
-    CU_TRY(e);
-    return MN_OK;
+    return st;
 }
 
 int g_download_f32(const Backend *be, float *dst, const void *src, size_t n, MemKind k) {
@@ -207,11 +223,7 @@ int g_download_f32(const Backend *be, float *dst, const void *src, size_t n, Mem
         free(d);
         return st;
     }
-    CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->stream));
-    if (k != MEM_ACT) {
-        CU_TRY(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost));
-        return MN_OK;
-    }
+    if (k != MEM_ACT) return copy_now(be, dst, src, n * sizeof(float), cudaMemcpyDeviceToHost);
     // through page-locked staging: a pageable copy goes through the driver's own staging at a
     // fraction of the speed, which showed when decoding many sequences (their logits every step)
     CudaCtx *c = cuda_ctx(be);
@@ -236,11 +248,7 @@ int g_download_f32(const Backend *be, float *dst, const void *src, size_t n, Mem
 }
 
 int g_download(const Backend *be, double *dst, const void *src, size_t n, MemKind k) {
-    if (k == MEM_F64) {
-        CU_TRY(cudaStreamSynchronize(cuda_ctx(be)->stream));
-        CU_TRY(cudaMemcpy(dst, src, n * sizeof(double), cudaMemcpyDeviceToHost));
-        return MN_OK;
-    }
+    if (k == MEM_F64) return copy_now(be, dst, src, n * sizeof(double), cudaMemcpyDeviceToHost);
     float *h = (float *)malloc(n * sizeof(float) + 1);
     if (!h) return mn_error(MN_ERR_NOMEM, "out of memory");
     int s = g_download_f32(be, h, src, n, k);

@@ -830,12 +830,11 @@ static int rg_launch(CudaCtx *c, ScKernel kern1, ScKernel kern2, const ScanK *k)
     return MN_OK;
 }
 
-// Launches a chunk walk: a block per (tile, chunk, sequence), its dynamic shared memory raised past 48 KB once.
-static int sc_launch(CudaCtx *c, ScKernel kern, const ScanK *k, size_t smem, int *raised) {
-    if (smem > 48 * 1024 && !*raised) {
-        CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        *raised = 1;
-    }
+// Launches a chunk walk: a block per (tile, chunk, sequence), its dynamic shared memory raised past 48 KB
+// at every launch (the limit belongs to the device current at the call, and a process may drive
+// several devices, one a thread).
+static int sc_launch(CudaCtx *c, ScKernel kern, const ScanK *k, size_t smem) {
+    if (smem > 48 * 1024) CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     Launch l;
     CU_TRY(cudaLaunchKernelEx(
         launch_after(&l, c, dim3((unsigned)k->tiles, (unsigned)k->nch, (unsigned)k->B), SC_CT, smem, c->stream), kern,
@@ -856,7 +855,6 @@ static size_t lh_bwd_smem(void) {
     return (size_t)SC_ST * sc_stage_bytes(3, SC_N) + sizeof(LhKq) + sizeof(float) * SC_L / SC_SB * SC_N * SC_CT +
            sizeof(float) * SC_NW * SC_L * SC_RED;
 }
-static int lh_sum_raised, lh_fwd_raised, lh_bwd_raised;
 
 // The chunks' summaries (with the adjoint's where k->dy is set), then their incoming states (and
 // adjoints) in place: sa, sh (sc) set.
@@ -864,7 +862,7 @@ static int sc_chunk_states(CudaCtx *c, const ScanDims *d, ScanK *k) {
     const int nin = k->dy ? 3 : 2;  // Longhorn's arrays
     if (d->kind == SCAN_RGLRU && k->dy) MN_TRY(rg_launch(c, rg_sum_kernel<1, RG_LB>, rg_sum_kernel<2, RG_LB>, k));
     else if (d->kind == SCAN_RGLRU) MN_TRY(rg_launch(c, rg_sum_kernel<1, RG_LF>, rg_sum_kernel<2, RG_LF>, k));
-    else MN_TRY(sc_launch(c, lh_sum_kernel, k, lh_sum_smem(nin), &lh_sum_raised));
+    else MN_TRY(sc_launch(c, lh_sum_kernel, k, lh_sum_smem(nin)));
     return sc_combine(c, k);
 }
 
@@ -872,7 +870,7 @@ static int sc_chunk_states(CudaCtx *c, const ScanDims *d, ScanK *k) {
 // checkpoints (k->ckpt, y NULL).
 static int sc_walk(CudaCtx *c, const ScanDims *d, const ScanK *k) {
     if (d->kind == SCAN_RGLRU) return rg_launch(c, rg_fwd_kernel<1>, rg_fwd_kernel<2>, k);
-    return sc_launch(c, lh_fwd_kernel, k, lh_sum_smem(2), &lh_fwd_raised);
+    return sc_launch(c, lh_fwd_kernel, k, lh_sum_smem(2));
 }
 
 extern "C" int cuda_scan_fwd(const Backend *be, const ScanDims *d, const ScanFwd *io) {
@@ -929,7 +927,7 @@ extern "C" int cuda_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd
     if (!lh) {
         MN_TRY(rg_launch(c, rg_bwd_kernel<1>, rg_bwd_kernel<2>, &k));
     } else {
-        MN_TRY(sc_launch(c, lh_bwd_kernel, &k, lh_bwd_smem(), &lh_bwd_raised));
+        MN_TRY(sc_launch(c, lh_bwd_kernel, &k, lh_bwd_smem()));
         const size_t ntok = (size_t)d->B * d->T;
         Launch l;
         CU_TRY(cudaLaunchKernelEx(launch_after(&l, c, dim3(grid_for(ntok * d->N, 256)), 256, 0, c->stream),
