@@ -13,12 +13,14 @@
  *
  * Each is the tool itself run as a child (its output in DIR/M-WAY/log.txt); steps are read back from
  * the sweep's results.csv, so every way counts the same things: start-up, set-up, the steps, the final
- * test. Output: a table, DIR/sweep.csv and DIR/sweep.svg.
+ * test. "cores": the processor time of the sweep (its processes' user + system) over its wall time,
+ * how many cores it kept busy. Output: a table, DIR/sweep.csv and DIR/sweep.svg.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,8 +36,9 @@
 
 enum { MAX_MIXERS = 16, MAX_WAYS = 8 };
 
-// Runs `mesanet synth ARGS...` (a NULL-ended list) with its output into log; the wall time.
-static double run_synth(char *const *args, const char *log) {
+// Runs `mesanet synth ARGS...` (a NULL-ended list) with its output into log; the wall time, *cpu
+// the processor time it and its children took (user + system).
+static double run_synth(char *const *args, const char *log, double *cpu) {
     double t0 = mn_now();
     fflush(stdout), fflush(stderr);
     pid_t pid = fork();
@@ -48,6 +51,15 @@ static double run_synth(char *const *args, const char *log) {
     int status;
     if (waitpid(pid, &status, 0) != pid) cmd_fail(CMD, "waitpid failed");
     double wall = mn_now() - t0;
+    // the times of every child waited for so far (the sweep, and its --jobs processes it waited
+    // for), less those before this one
+    struct rusage all;
+    static double before;
+    getrusage(RUSAGE_CHILDREN, &all);
+    double total = (double)all.ru_utime.tv_sec + 1e-6 * all.ru_utime.tv_usec + (double)all.ru_stime.tv_sec +
+                   1e-6 * all.ru_stime.tv_usec;
+    *cpu = total - before;
+    before = total;
     if (!WIFEXITED(status) || WEXITSTATUS(status)) {
         fprintf(stderr, "mesanet bench sweep: synth failed (status %d); its output, %s:\n", status, log);
         FILE *f = fopen(log, "r");
@@ -81,7 +93,8 @@ typedef struct {
 static const char *backend = "cuda";
 static int quick;
 
-static double sweep(const char *task, const char *mixer, const Way *w, int steps, const char *dir, long long *nsteps) {
+static double sweep(const char *task, const char *mixer, const Way *w, int steps, const char *dir, long long *nsteps,
+                    double *cpu) {
     char out[4096], log[4200], st[32], jobs[32], par[32], seeds[32];
     snprintf(out, sizeof out, "%s/%s-%s%d-%d", dir, mixer, w->name, w->runs, steps);
     if (mn_mkdirs(out)) cmd_fail(CMD, "%s: %s", out, mn_last_error());
@@ -101,7 +114,7 @@ static double sweep(const char *task, const char *mixer, const Way *w, int steps
     if (quick) args[n++] = "--quick";
     args[n++] = "--stop-after", args[n++] = runs;
     args[n] = NULL;
-    double wall = run_synth(args, log);
+    double wall = run_synth(args, log, cpu);
     *nsteps = steps_in(out);
     if (*nsteps <= 0) cmd_fail(CMD, "%s: no steps recorded in %s/results.csv", mixer, out);
     return wall;
@@ -148,30 +161,31 @@ int bench_sweep(int argc, char **argv) {
 
     printf("bench sweep: %s, %d steps a run, the task's %s setting and model, %s backend; wall times of whole sweeps\n",
            task, steps, quick ? "--quick" : "baseline", backend);
-    printf("%-10s %-10s %5s %9s %9s %10s %9s\n", "mixer", "way", "runs", "steps", "wall s", "steps/s", "ms/step");
+    printf("%-10s %-10s %5s %9s %9s %10s %9s %6s\n", "mixer", "way", "runs", "steps", "wall s", "steps/s", "ms/step",
+           "cores");
     char csv[4096];
     snprintf(csv, sizeof csv, "%s/sweep.csv", out);
     FILE *f = fopen(csv, "w");
     if (!f) cmd_fail(CMD, "%s: cannot write", csv);
-    fprintf(f, "mixer,way,runs,steps,wall_seconds,steps_per_second,ms_per_step\n");
+    fprintf(f, "mixer,way,runs,steps,wall_seconds,steps_per_second,ms_per_step,cpu_cores_busy\n");
     static double rate[MAX_WAYS][MAX_MIXERS], xs[MAX_MIXERS];
     for (int k = 0; k < nmix; k++) {
         xs[k] = k;
         for (int w = 0; w < nways; w++) {
             long long n;
-            double wall = sweep(task, mixers[k], &ways[w], steps, out, &n), ms = NAN;
+            double cpu, wall = sweep(task, mixers[k], &ways[w], steps, out, &n, &cpu), ms = NAN;
             if (ways[w].runs == 1) {  // the marginal step: twice the steps, the difference
                 long long n2;
-                double wall2 = sweep(task, mixers[k], &ways[w], 2 * steps, out, &n2);
+                double cpu2, wall2 = sweep(task, mixers[k], &ways[w], 2 * steps, out, &n2, &cpu2);
                 if (n2 > n) ms = 1e3 * (wall2 - wall) / (double)(n2 - n);
             }
             rate[w][k] = (double)n / wall;
             char mst[32] = "-";
             if (!isnan(ms)) snprintf(mst, sizeof mst, "%.3f", ms);
-            printf("%-10s %-10s %5d %9lld %9.2f %10.1f %9s\n", mixers[k], ways[w].name, ways[w].runs, n, wall,
-                   rate[w][k], mst);
-            fprintf(f, "%s,%s,%d,%lld,%.4f,%.2f,%s\n", mixers[k], ways[w].name, ways[w].runs, n, wall, rate[w][k],
-                    isnan(ms) ? "" : mst);
+            printf("%-10s %-10s %5d %9lld %9.2f %10.1f %9s %6.1f\n", mixers[k], ways[w].name, ways[w].runs, n, wall,
+                   rate[w][k], mst, cpu / wall);
+            fprintf(f, "%s,%s,%d,%lld,%.4f,%.2f,%s,%.2f\n", mixers[k], ways[w].name, ways[w].runs, n, wall, rate[w][k],
+                    isnan(ms) ? "" : mst, cpu / wall);
             fflush(stdout), fflush(f);
         }
     }

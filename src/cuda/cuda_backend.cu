@@ -14,6 +14,7 @@
  * are in one file per group (cuda_ops.cuh lists them), the sequence-mixer cores in their own
  * (mesa_cuda.cu, lin_cuda.cu, lin_chunk*.cu, attn_cuda.cu, attn_cudnn.cu, mlstm_cuda.cu, slstm_cuda.cu, scan_cuda.cu).
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +57,45 @@ static const SlstmOps cuda_slstm = {cuda_slstm_fwd, cuda_slstm_bwd, cuda_slstm_s
 // The diagonal recurrences, RG-LRU and Longhorn (scan_cuda.cu).
 static const ScanOps cuda_scan = {cuda_scan_fwd, cuda_scan_bwd, cuda_scan_supports};
 
+// ------------------------------------------------------------------ recordings and releases
+
+static pthread_rwlock_t record_lock = PTHREAD_RWLOCK_INITIALIZER;
+static thread_local int recording;  // this thread records: its own calls take no lock (they would wait for it)
+
+void cuda_exclusive(int begin) {
+    if (recording) return;
+    if (begin) pthread_rwlock_wrlock(&record_lock);
+    else pthread_rwlock_unlock(&record_lock);
+}
+
+cudaError_t cuda_malloc(void **p, size_t bytes) {
+    cuda_exclusive(1);
+    cudaError_t e = cudaMalloc(p, bytes);
+    cuda_exclusive(0);
+    return e;
+}
+
+cudaError_t cuda_free(void *p) {
+    cuda_exclusive(1);
+    cudaError_t e = cudaFree(p);
+    cuda_exclusive(0);
+    return e;
+}
+
+cudaError_t cuda_malloc_host(void **p, size_t bytes) {
+    cuda_exclusive(1);
+    cudaError_t e = cudaMallocHost(p, bytes);
+    cuda_exclusive(0);
+    return e;
+}
+
+cudaError_t cuda_free_host(void *p) {
+    cuda_exclusive(1);
+    cudaError_t e = cudaFreeHost(p);
+    cuda_exclusive(0);
+    return e;
+}
+
 // ------------------------------------------------------------------ recorded launches
 
 // A decode step of a small model is hundreds of short kernels; launched one by one from the host
@@ -66,7 +106,12 @@ typedef struct {
 } Recording;
 
 static int g_graph_begin(const Backend *be) {
-    CU_TRY(cudaStreamBeginCapture(cuda_ctx(be)->stream, cudaStreamCaptureModeThreadLocal));
+    if (recording) return mn_error(MN_ERR_ARG, "cuda graph: a recording inside a recording");
+    pthread_rwlock_rdlock(&record_lock);
+    cudaError_t e = cudaStreamBeginCapture(cuda_ctx(be)->stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) pthread_rwlock_unlock(&record_lock);
+    CU_TRY(e);
+    recording = 1;
     return MN_OK;
 }
 
@@ -74,7 +119,12 @@ static int g_graph_end(const Backend *be, void **out) {
     CudaCtx *c = cuda_ctx(be);
     *out = NULL;
     cudaGraph_t graph;
-    CU_TRY(cudaStreamEndCapture(c->stream, &graph));
+    cudaError_t ended = cudaStreamEndCapture(c->stream, &graph);
+    if (recording) {
+        recording = 0;
+        pthread_rwlock_unlock(&record_lock);
+    }
+    CU_TRY(ended);
     Recording *r = (Recording *)calloc(1, sizeof *r);
     if (!r) {
         cudaGraphDestroy(graph);
@@ -103,7 +153,9 @@ static void g_graph_free(const Backend *be, void *graph) {
     Recording *r = (Recording *)graph;
     if (!r) return;
     cudaStreamSynchronize(cuda_ctx(be)->stream);  // a replay may still be running
+    cuda_exclusive(1);
     cudaGraphExecDestroy(r->exec);
+    cuda_exclusive(0);
     free(r);
 }
 
@@ -118,11 +170,11 @@ void *cuda_scratch(const Backend *be, size_t bytes) {
     CudaCtx *c = cuda_ctx(be);
     if (bytes <= c->scratch_bytes) return c->scratch;
     cudaStreamSynchronize(c->stream);  // the old buffer may still be in use by queued work
-    if (c->scratch) cudaFree(c->scratch);
+    if (c->scratch) cuda_free(c->scratch);
     c->scratch = NULL;
     c->scratch_bytes = 0;
     size_t n = bytes + bytes / 4;
-    if (cudaMalloc(&c->scratch, n) != cudaSuccess) {
+    if (cuda_malloc(&c->scratch, n) != cudaSuccess) {
         mn_error(MN_ERR_NOMEM, "cudaMalloc of %zu bytes of scratch failed", n);
         return NULL;
     }
@@ -154,7 +206,8 @@ static void no_device(cudaError_t e) {
         mn_error(MN_ERR_UNSUPPORTED, "backend 'cuda': no usable CUDA device (%s)", detail);
 }
 
-// Releases what ctx_open made (the parts it made before a failure too); device current.
+// Releases what ctx_open made (the parts it made before a failure too); device current. Called
+// under cuda_exclusive.
 static void ctx_close(CudaCtx *c) {
     if (c->stream) cudaStreamSynchronize(c->stream);
     if (c->side) cudaStreamSynchronize(c->side);
@@ -176,7 +229,7 @@ static void ctx_close(CudaCtx *c) {
 // A context on `device`, which becomes the calling thread's current device: its streams, cuBLAS
 // handle and workspace, the device's properties. The compute stream does not wait for the legacy
 // default stream (nothing of ours uses it), so that contexts on one device run side by side.
-static int ctx_open(CudaCtx *c, int device) {
+static int ctx_open_locked(CudaCtx *c, int device) {
     memset(c, 0, sizeof *c);
     cudaDeviceProp prop;
     if (cudaSetDevice(device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess ||
@@ -204,6 +257,13 @@ static int ctx_open(CudaCtx *c, int device) {
     c->cc_major = prop.major;
     c->smem_optin = prop.sharedMemPerBlockOptin;
     return MN_OK;
+}
+
+static int ctx_open(CudaCtx *c, int device) {
+    cuda_exclusive(1);
+    int st = ctx_open_locked(c, device);
+    cuda_exclusive(0);
+    return st;
 }
 
 // The op table (every instance's: they differ by their context alone).
@@ -335,7 +395,9 @@ extern "C" void backend_cuda_close(Backend *b) {
     if (!b) return;
     CudaCtx *c = cuda_ctx(b);
     cudaSetDevice(c->device);
+    cuda_exclusive(1);
     ctx_close(c);
+    cuda_exclusive(0);
     free(c);
     free(b);
 }

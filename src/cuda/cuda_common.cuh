@@ -66,6 +66,18 @@ typedef struct {
 } CudaCtx;
 
 CudaCtx *cuda_ctx(const Backend *be);
+// Allocation and release of device and page-locked memory, for every caller in the backend. A
+// release makes the device wait for its work (cudaFree synchronises), which would break a recording
+// (graph_begin .. graph_end) in progress on another thread's stream: several instances record at
+// once in one process (synth --parallel). So recordings and these calls exclude each other (a
+// recording holds a lock shared, these exclusively), except on the recording thread itself.
+cudaError_t cuda_malloc(void **p, size_t bytes);
+cudaError_t cuda_free(void *p);
+cudaError_t cuda_malloc_host(void **p, size_t bytes);
+cudaError_t cuda_free_host(void *p);
+// The same exclusion around other calls that may synchronise the device (a context's set-up and
+// release, a recording's release): cuda_exclusive(1) before, cuda_exclusive(0) after.
+void cuda_exclusive(int begin);
 // The group ops of the backend table (cuda_nccl.cu; in builds with NCCL only).
 int cuda_group_id(const Backend *be, void *id);
 int cuda_group_join(const Backend *be, const void *id, int rank, int size);

@@ -40,7 +40,7 @@ size_t g_elem_size(const Backend *be, MemKind k) { return elem(k); }
 void *g_alloc(const Backend *be, size_t n, MemKind k) {
     size_t bytes = k == MEM_PARAM ? shadow_offset(n) + n * sizeof(bf16) : n * elem(k);
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    cudaError_t e = cuda_malloc(&p, bytes ? bytes : 256);
     if (e != cudaSuccess) {
         mn_error(MN_ERR_NOMEM, "cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
         return NULL;
@@ -54,7 +54,7 @@ void *g_alloc(const Backend *be, size_t n, MemKind k) {
         if (slot >= 0) param_allocs[slot].base = (char *)p, param_allocs[slot].n = n;
         pthread_mutex_unlock(&param_lock);
         if (slot < 0) {
-            cudaFree(p);
+            cuda_free(p);
             mn_error(MN_ERR_NOMEM, "more than %d parameter allocations", MAX_PARAM_ALLOCS);
             return NULL;
         }
@@ -68,7 +68,7 @@ void g_free(const Backend *be, void *p) {
         if (param_allocs[i].base == p) param_allocs[i].base = NULL;
     pthread_mutex_unlock(&param_lock);
     cudaStreamSynchronize(cuda_ctx(be)->stream);
-    cudaFree(p);
+    cuda_free(p);
 }
 
 __global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
@@ -127,10 +127,10 @@ static void *stage_slot(const Backend *be, size_t bytes, int *slot) {
     c->stage[i].queued = 0;
     if (e == cudaSuccess && !c->stage[i].done) e = cudaEventCreateWithFlags(&c->stage[i].done, cudaEventDisableTiming);
     if (e == cudaSuccess && bytes > c->stage[i].bytes) {
-        if (c->stage[i].p) cudaFreeHost(c->stage[i].p);
+        if (c->stage[i].p) cuda_free_host(c->stage[i].p);
         c->stage[i].p = NULL;
         c->stage[i].bytes = 0;
-        e = cudaMallocHost(&c->stage[i].p, bytes);
+        e = cuda_malloc_host(&c->stage[i].p, bytes);
         if (e == cudaSuccess) c->stage[i].bytes = bytes;
     }
     if (e != cudaSuccess) {
@@ -229,9 +229,9 @@ int g_download_f32(const Backend *be, float *dst, const void *src, size_t n, Mem
     CudaCtx *c = cuda_ctx(be);
     size_t bytes = n * sizeof(bf16);
     if (bytes > c->pinned_bytes) {
-        if (c->pinned) cudaFreeHost(c->pinned);
+        if (c->pinned) cuda_free_host(c->pinned);
         c->pinned_bytes = 0;
-        CU_TRY(cudaMallocHost(&c->pinned, bytes));
+        CU_TRY(cuda_malloc_host(&c->pinned, bytes));
         c->pinned_bytes = bytes;
     }
     CU_TRY(cudaMemcpyAsync(c->pinned, src, bytes, cudaMemcpyDeviceToHost, c->stream));

@@ -48,6 +48,8 @@
 #include <cuda_fp16.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
+#include <pthread.h>
+
 #include "cuda_common.cuh"
 #include "mma.cuh"  // the PTX wrappers: shared-memory addresses, ldmatrix, cp.async, L2 prefetches
 
@@ -149,26 +151,29 @@ static int make_geo(Geo *g, const MnSeqDims *d, const MnSolver *s) {
     return MN_OK;
 }
 
-// Raises a kernel's dynamic shared-memory limit to `bytes`, once per kernel and size: the
-// attribute is the kernel's, so a larger earlier setting serves (and decode steps, which may be
-// recorded into a graph, then make no call at all).
+// Raises a kernel's dynamic shared-memory limit to `bytes`, once per kernel, device and size: the
+// attribute is the kernel's on a device, so a larger earlier setting serves (and decode steps,
+// which may be recorded into a graph, then make no call at all). Threads of one process may drive
+// several devices (synth --parallel): the table is under a lock.
 static int set_smem(const void *kernel, size_t bytes, const CudaCtx *c) {
-    enum { SLOTS = 16 };
+    enum { SLOTS = 64 };
     static struct {
         const void *kernel;
+        int device;
         size_t bytes;
     } done[SLOTS];
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     if (bytes > c->smem_optin)
         return mn_error(MN_ERR_UNSUPPORTED, "cuda mesa: needs %zu bytes of shared memory, the device allows %zu", bytes,
                         c->smem_optin);
+    pthread_mutex_lock(&lock);
     int slot = 0;
-    while (slot < SLOTS && done[slot].kernel && done[slot].kernel != kernel) slot++;
-    if (slot < SLOTS && done[slot].kernel == kernel && done[slot].bytes >= bytes) return MN_OK;
-    CU_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    if (slot < SLOTS) {
-        done[slot].kernel = kernel;
-        done[slot].bytes = bytes;
-    }
+    while (slot < SLOTS && done[slot].kernel && (done[slot].kernel != kernel || done[slot].device != c->device)) slot++;
+    int have = slot < SLOTS && done[slot].kernel == kernel && done[slot].bytes >= bytes;
+    cudaError_t e = have ? cudaSuccess : cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (!have && e == cudaSuccess && slot < SLOTS) done[slot].kernel = kernel, done[slot].device = c->device, done[slot].bytes = bytes;
+    pthread_mutex_unlock(&lock);
+    CU_TRY(e);
     return MN_OK;
 }
 

@@ -51,13 +51,14 @@ TEST(cuda_parallel_runs_match_alone) {
             CHECK(!st, "%s alone: %s", j->mixer, mn_last_error());
             if (st) return;
         }
-    int gpus = cuda_device_count() >= 2 ? 2 : 1;
+    int gpus = cuda_device_count() >= 2 ? 2 : 1, on[2] = {0, 0};
     CHECK(!synth_run_parallel(jobs, NRUN, NRUN, "cuda", gpus, 1, NULL), "%s", mn_last_error());
     for (int i = 0; i < NRUN; i++) {
         const SynthJob *j = &jobs[i];
         CHECK(!j->status, "%s at once: %s", j->mixer, j->error);
         if (j->status) continue;
-        CHECK(j->device == (gpus > 1 ? i % 2 : 0), "run %d on device %d", i, j->device);
+        CHECK(j->device >= 0 && j->device < gpus, "run %d on device %d of %d", i, j->device, gpus);
+        if (j->device >= 0 && j->device < 2) on[j->device]++;
         const SynthRunResult *a = &alone[0][i], *b = &alone[1][i], *r = &j->result;
         CHECK(r->steps == a->steps && r->steps == p.max_steps, "%s: %d steps at once, %d alone", j->mixer, r->steps,
               a->steps);
@@ -72,4 +73,6 @@ TEST(cuda_parallel_runs_match_alone) {
             CHECK(d <= 4 * spread + 1e-12 && md <= 4 * mspread + 1e-12,
                   "%s lr %g: at once %.3g from alone, alone twice %.3g apart", j->mixer, j->lr, d, spread);
     }
+    // eight threads, one run each: thread k on device k mod gpus
+    CHECK(on[0] == NRUN / gpus && (gpus == 1 || on[1] == NRUN / 2), "runs on device 0: %d, on device 1: %d", on[0], on[1]);
 }
