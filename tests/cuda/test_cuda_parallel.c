@@ -1,8 +1,9 @@
 // Runs of a sweep trained at once on threads of one process (synth/parallel.h), each with its own
 // backend instance and stream (on two GPUs where the process sees two or more), against the same
-// runs trained alone on the default instance: the same final loss and test metric bit for bit
-// where two lone runs agree bit for bit (deterministic kernels); where they do not (Mesa's
-// regulariser gradient is summed by atomics), within four times their own spread.
+// runs trained alone on the default instance: the same final loss and test metric bit for bit.
+// The mixers are those whose kernels sum in a fixed order (docs/cuda.md, determinism); Mesa's
+// regulariser gradient is summed by atomics, so that two lone runs of it differ already, and 24
+// steps of training amplify such differences unpredictably: no bound would be a fair test.
 #include <math.h>
 #include <string.h>
 
@@ -36,7 +37,7 @@ TEST(cuda_parallel_runs_match_alone) {
     SynthSettings s;
     SynthProtocol p;
     setup_runs(&t, &s, &p);
-    static const char *mixers[NRUN / 2] = {"gdn", "mha", "hawk", "mesa"};
+    static const char *mixers[NRUN / 2] = {"gdn", "mha", "hawk", "swa"};
     SynthJob jobs[NRUN];
     memset(jobs, 0, sizeof jobs);
     for (int i = 0; i < NRUN; i++) {
@@ -66,12 +67,10 @@ TEST(cuda_parallel_runs_match_alone) {
         double mspread = fabs(a->metric - b->metric), md = fabs(r->metric - a->metric);
         test_note("%-5s lr %g: loss %.9f alone, %.9f at once (device %d); alone twice differ by %.2g", j->mixer, j->lr,
                   a->final_loss, r->final_loss, j->device, spread);
-        if (spread == 0 && mspread == 0)
-            CHECK(d == 0 && md == 0, "%s lr %g: at once loss %.17g metric %.17g, alone %.17g %.17g", j->mixer, j->lr,
-                  r->final_loss, r->metric, a->final_loss, a->metric);
-        else
-            CHECK(d <= 4 * spread + 1e-12 && md <= 4 * mspread + 1e-12,
-                  "%s lr %g: at once %.3g from alone, alone twice %.3g apart", j->mixer, j->lr, d, spread);
+        CHECK(spread == 0 && mspread == 0, "%s lr %g: two lone runs differ (loss by %.3g): not deterministic", j->mixer,
+              j->lr, spread);
+        CHECK(d == 0 && md == 0, "%s lr %g: at once loss %.17g metric %.17g, alone %.17g %.17g", j->mixer, j->lr,
+              r->final_loss, r->metric, a->final_loss, a->metric);
     }
     // eight threads, one run each: thread k on device k mod gpus
     CHECK(on[0] == NRUN / gpus && (gpus == 1 || on[1] == NRUN / 2), "runs on device 0: %d, on device 1: %d", on[0], on[1]);
