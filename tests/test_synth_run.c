@@ -403,6 +403,28 @@ TEST(synth_run_cli_parallel_same_rows) {
     tmp_remove(&td);
 }
 
+// A table cell that comes from part of the (lr, wd) grid (a sweep stopped before its end) is marked
+// "*" and the table says why; the same cell once the grid is whole is not.
+TEST(synth_run_cli_report_marks_partial_grids) {
+    TmpDir td;
+    tmp_make(&td);
+    char args[512];
+    snprintf(args, sizeof args, "synth mqar --mixers gdn --quick --max-steps 4 --seeds 2 --stop-after 1 --out %s/o",
+             td.dir);
+    ToolRun r1 = tool_run(&td, args);
+    CHECK(r1.rc == 0, "mesanet %s: exit status %d\n%s", args, r1.rc, r1.err);
+    snprintf(args, sizeof args, "synth mqar --mixers gdn --quick --max-steps 4 --seeds 2 --report --out %s/o", td.dir);
+    ToolRun r2 = tool_run(&td, args);
+    CHECK(r2.rc == 0 && strstr(r2.out, "*: the best of the runs recorded so far") && strstr(r2.out, "*\n"),
+          "mesanet %s: exit %d, no partial mark:\n%s", args, r2.rc, r2.out);
+    snprintf(args, sizeof args, "synth mqar --mixers gdn --quick --max-steps 4 --seeds 2 --out %s/o", td.dir);
+    ToolRun r3 = tool_run(&td, args);
+    CHECK(r3.rc == 0 && !strstr(r3.out, "recorded so far") && !strstr(r3.out, "*\n"),
+          "mesanet %s: exit %d, marked though whole:\n%s", args, r3.rc, r3.out);
+    tool_run_free(&r1), tool_run_free(&r2), tool_run_free(&r3);
+    tmp_remove(&td);
+}
+
 // --gpus spreads --jobs over GPUs: refused, naming the option, without the cuda backend, with
 // fewer jobs than GPUs, or with more GPUs than the process sees (CUDA_VISIBLE_DEVICES= hides them
 // all, and a CPU-only build sees none).

@@ -150,6 +150,25 @@ static double best_mean(const Rows *rows, const char *task, const char *setting,
     return n ? sum / n : NAN;
 }
 
+// How many runs of the (lr, wd) grid of (task, setting, mixer) the rows hold, over the seeds.
+static int grid_recorded(const Rows *rows, const char *task, const char *setting, const char *mixer, const char *proto,
+                         long long seed, int seeds) {
+    int n = 0;
+    for (int i = 0; i < rows->n; i++) {
+        const Row *r = &rows->v[i];
+        n += !strcmp(r->task, task) && !strcmp(r->setting, setting) && !strcmp(r->mixer, mixer) &&
+             !strcmp(r->protocol, proto) && r->seed >= seed && r->seed < seed + seeds;
+    }
+    return n;
+}
+
+// pct, with "*" after a value that comes from part of the grid only (the protocol cut short).
+static const char *pct_mark(char *buf, double v, int partial) {
+    pct(buf, v);
+    if (partial && !isnan(v)) strcat(buf, "*");
+    return buf;
+}
+
 // The tasks and the groups, one a line: for --help and for a missing task.
 static void print_tasks(FILE *f) {
     for (int i = 0; i < synth_task_count(); i++) fprintf(f, "  %-20s %s\n", synth_task(i)->name, synth_task(i)->summary);
@@ -453,6 +472,7 @@ int cmd_synth(int argc, char **argv) {
 
     // Tables: per task, rows mixers, columns the settings (best over the lr grid) and their mean.
     double task_mean[MAX_TASKS][MAX_MIXERS];
+    int task_partial[MAX_TASKS][MAX_MIXERS] = {{0}}, any_partial = 0;  // a cell of it from part of its grid
     for (int i = 0; i < ntasks; i++) {
         const SynthTask *t = tasks[i];
         char labels[MAX_SETTINGS][96];
@@ -491,15 +511,20 @@ int cmd_synth(int argc, char **argv) {
             for (int g = 0; g < ngrid[i]; g++) {
                 double tv;
                 double b = best_mean(&rows, t->name, labels[g], mixers[k], proto, seed, seeds, &tv);
+                int part = !isnan(b) && grid_recorded(&rows, t->name, labels[g], mixers[k], proto, seed, seeds) <
+                                            prot[i].nlr * seeds;
+                task_partial[i][k] |= part;
                 if (isfinite(tv)) tsum += tv, tn++;
                 ys[k][g] = b, tvds[k][g] = tv;
-                if (isnan(b)) printf(" %14s", "-");
-                else printf(" %14.1f", 100 * b), sum += b, n++;
+                char cell[32];
+                printf(" %14s", pct_mark(cell, b, part));
+                if (!isnan(b)) sum += b, n++;
             }
             task_mean[i][k] = n ? sum / n : NAN;
+            any_partial |= task_partial[i][k];
             any_point |= n > 0, any_tvd |= tn > 0;
-            if (n) printf(" %8.1f", 100 * task_mean[i][k]);
-            else printf(" %8s", "-");
+            char cell[32];
+            printf(" %8s", pct_mark(cell, task_mean[i][k], task_partial[i][k]));
             if (rb && tn) printf(" %8.4f", tsum / tn);
             else if (rb) printf(" %8s", "-");
             const char *col;
@@ -541,8 +566,11 @@ int cmd_synth(int argc, char **argv) {
             printf("%-16s", mixers[k]);
             double sum = 0;
             char cell[32];
-            for (int i = 0; i < ntasks; i++) printf(" %12s", pct(cell, task_mean[i][k])), sum += task_mean[i][k];
-            printf(" %8s\n", pct(cell, sum / ntasks));
+            int part = 0;
+            for (int i = 0; i < ntasks; i++)
+                printf(" %12s", pct_mark(cell, task_mean[i][k], task_partial[i][k])), sum += task_mean[i][k],
+                    part |= task_partial[i][k];
+            printf(" %8s\n", pct_mark(cell, sum / ntasks, part));
         }
     }
     // MAD as the MesaNet paper's Table 1 reports it: in-context and noisy recall merged in one
@@ -574,25 +602,30 @@ int cmd_synth(int argc, char **argv) {
         for (int k = 0; k < nmix; k++) {
             printf("%-16s", mixers[k]);
             double sum = 0, psum = 0;
-            int npub = 0;
+            int npub = 0, any = 0;
             const int width[5] = {18, 14, 10, 15, 12};
             for (int c = 0; c < ncols; c++) {
-                double v = col_task[c][1] >= 0 ? 0.5 * (task_mean[col_task[c][0]][k] + task_mean[col_task[c][1]][k])
-                                               : task_mean[col_task[c][0]][k];
+                int a = col_task[c][0], b = col_task[c][1];
+                double v = b >= 0 ? 0.5 * (task_mean[a][k] + task_mean[b][k]) : task_mean[a][k];
+                int part = task_partial[a][k] || (b >= 0 && task_partial[b][k]);
+                any |= part;
                 double pv;
                 char cell[48], val[32];
                 if (!quick && synth_published(paper_cols[c][0], mixers[k], &pv, NULL))
-                    snprintf(cell, sizeof cell, "%s (%.1f)", pct(val, v), pv), psum += pv, npub++;
-                else snprintf(cell, sizeof cell, "%s", pct(val, v));
+                    snprintf(cell, sizeof cell, "%s (%.1f)", pct_mark(val, v, part), pv), psum += pv, npub++;
+                else snprintf(cell, sizeof cell, "%s", pct_mark(val, v, part));
                 printf(" %*s", width[c], cell);
                 sum += v;
             }
             char val[32];
-            if (npub == ncols) printf(" %9s (%.1f)\n", pct(val, sum / ncols), psum / ncols);
-            else printf(" %16s\n", pct(val, sum / ncols));
+            if (npub == ncols) printf(" %9s (%.1f)\n", pct_mark(val, sum / ncols, any), psum / ncols);
+            else printf(" %16s\n", pct_mark(val, sum / ncols, any));
         }
         if (!quick) printf("published: %s\n", synth_published_source);
     }
+    if (any_partial)
+        printf("\n*: the best of the runs recorded so far, fewer than the protocol's (lr, wd) grid: the protocol cut "
+               "short (run again to go on)\n");
     if (rows.n) printf("\nresults: %s/results.csv, %s/results.json\n", out, out);
     else printf("\nsynth: no results yet in %s (run without --report to train)\n", out);
     free(rows.v);
