@@ -403,6 +403,53 @@ TEST(synth_run_cli_parallel_same_rows) {
     tmp_remove(&td);
 }
 
+// --stop-at 12: every run saves its state after 12 of its 30 steps and stops, recording nothing; the
+// next call goes on from the saved states (one at a time, and three at once) and records the same
+// rows, bit for bit, as runs never stopped. --time-limit with --jobs is refused.
+TEST(synth_run_cli_stop_at_resumes_same_rows) {
+    TmpDir td;
+    tmp_make(&td);
+    const char *base = "synth mqar,mad-recall --mixers gdn,mha --quick --max-steps 30";
+    static char keys[3][8][512];
+    const char *dirs[3] = {"whole", "one", "three"};
+    for (int w = 0; w < 3; w++) {
+        char args[512];
+        const char *par = w == 2 ? " --parallel 3" : "";
+        if (w > 0) {
+            snprintf(args, sizeof args, "%s%s --stop-at 12 --out %s/%s", base, par, td.dir, dirs[w]);
+            ToolRun r = tool_run(&td, args);
+            CHECK(r.rc == 0 && strstr(r.out, "stopped at step 12") && strstr(r.out, "4 runs stopped part-way"),
+                  "mesanet %s: exit %d\n%s%s", args, r.rc, r.out, r.err);
+            char *c = read_text(tmp_path(&td, w == 1 ? "one/results.csv" : "three/results.csv"));
+            CHECK(!c || !strchr(c, '\n') || !strchr(strchr(c, '\n') + 1, '\n'), "rows recorded by stopped runs:\n%s", c);
+            free(c);
+            tool_run_free(&r);
+        }
+        snprintf(args, sizeof args, "%s%s --out %s/%s", base, par, td.dir, dirs[w]);
+        ToolRun r = tool_run(&td, args);
+        CHECK(r.rc == 0, "mesanet %s: exit %d\n%s", args, r.rc, r.err);
+        if (w > 0) CHECK(strstr(r.out, "went on from step 12"), "mesanet %s: no resumed run:\n%s", args, r.out);
+        char path[64];
+        snprintf(path, sizeof path, "%s/results.csv", dirs[w]);
+        char *c = read_text(tmp_path(&td, path));
+        int n = synth_rows_key(c, keys[w], 8);
+        CHECK(n == 4, "%s: %d rows\n%s", dirs[w], n, c);
+        free(c);
+        tool_run_free(&r);
+    }
+    for (int w = 1; w < 3; w++)
+        for (int i = 0; i < 4; i++)
+            CHECK(!strcmp(keys[0][i], keys[w][i]), "never stopped: %s\nstopped, resumed (%s): %s", keys[0][i], dirs[w],
+                  keys[w][i]);
+    char args[512];
+    snprintf(args, sizeof args, "synth mqar --mixers gdn --quick --jobs 2 --time-limit 5 --out %s/j", td.dir);
+    ToolRun r = tool_run(&td, args);
+    CHECK(r.rc != 0 && strstr(r.err, "--time-limit and --stop-at") && strstr(r.err, "not --jobs"), "mesanet %s: exit %d\n%s",
+          args, r.rc, r.err);
+    tool_run_free(&r);
+    tmp_remove(&td);
+}
+
 // A table cell that comes from part of the (lr, wd) grid (a sweep stopped before its end) is marked
 // "*" and the table says why; the same cell once the grid is whole is not.
 TEST(synth_run_cli_report_marks_partial_grids) {

@@ -7,7 +7,9 @@
  * once, each a child process of the tool (its share of the cores) that ends with it; the parent alone
  * writes results.csv, and one sweep at a time writes a folder (DIR/.synth.lock).
  */
+#include <ctype.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,21 +86,46 @@ static const char *seed_text(const Row *r, int seeds) {
     return buf;
 }
 
-// A run of the sweep as results.csv records it, and its number in the sweep (1-based).
+// A run of the sweep as results.csv records it, its number in the sweep (1-based) and the folder
+// of its saved state while it is part-way.
 typedef struct {
     Row row;
     int index;
+    char state[1024];
 } PlanRow;
+
+// DIR/.state/ and a name of the run: its fields made safe for a file name (at most 160 characters),
+// then a hash of them all (FNV-1a), so that two runs never share a folder.
+static void state_dir_of(const char *out, const Row *r, char *buf, size_t cap) {
+    char key[512], name[161];
+    snprintf(key, sizeof key, "%s|%s|%s|%s|%.9g|%.9g|%lld", r->task, r->setting, r->mixer, r->protocol, r->lr, r->wd,
+             r->seed);
+    uint64_t h = 1469598103934665603ull;
+    size_t n = 0;
+    for (const char *c = key; *c; c++) {
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+        if (n < sizeof name - 1) name[n++] = (isalnum((unsigned char)*c) || *c == '.') ? *c : '-';
+    }
+    name[n] = 0;
+    snprintf(buf, cap, "%s/.state/%s-%016llx", out, name, (unsigned long long)h);
+}
 
 // --parallel's progress and records, on the tool's own thread as runs start and end.
 typedef struct {
     Rows *rows;
     const char *out;
     int total, todo, seeds, gpus;
-    int ended, failed;
+    int ended, failed, cut, not_started;
     double t0;
     char first_error[MN_ERROR_MAX + 160];
 } ParSweep;
+
+// The progress line of a run stopped part-way, its state saved.
+static void print_cut(const Row *r, const PlanRow *p, int total, const SynthRunResult *res) {
+    printf("[%d/%d] %s %s %s lr %g wd %g: stopped at step %d, saved in %s: run again to go on\n", p->index, total,
+           r->task, r->setting, r->mixer, r->lr, r->wd, res->steps, p->state);
+    fflush(stdout);
+}
 
 static void par_started(SynthJob *j, int running, void *arg) {
     ParSweep *ps = arg;
@@ -125,7 +152,17 @@ static void par_ended(SynthJob *j, void *arg) {
         fflush(stderr);
         return;
     }
+    if (j->not_started) {
+        ps->not_started++;
+        return;
+    }
     const SynthRunResult *res = &j->result;
+    if (res->cut_short) {
+        ps->cut++;
+        print_cut(r, p, ps->total, res);
+        return;
+    }
+    if (res->resumed_at) printf("[%d/%d] went on from step %d (saved before)\n", p->index, ps->total, res->resumed_at);
     r->steps = res->steps, r->epochs = res->epochs, r->early = res->stopped_early;
     r->seconds = res->seconds, r->metric = res->metric, r->tvd = res->tvd;
     rows_add(ps->rows, r);
@@ -179,7 +216,9 @@ static void print_tasks(FILE *f) {
 int cmd_synth(int argc, char **argv) {
     const char *mixers_arg = NULL, *settings = "baseline", *backend = "cpu", *out = "runs/synth";
     int quick = 0, report = 0, seed = 0, stop_after = 0, dim = 0, epochs = 0, max_steps = 0, batch = 0, jobs = 1, run_index = 0;
-    int gpus = 0, parallel = 1, seeds = 1;
+    int gpus = 0, parallel = 1, seeds = 1, stop_at = 0;
+    float time_limit = 0;
+    double t_start = mn_now();
     Option opts[] = {
         {"mixers", OPT_STRING, &mixers_arg, "comma list of mixers (mesa, gdn, mha, gla, mamba2, deltanet, gdn-paper, "
                                             "swa, ...) and patterns of blocks joined with + (gdn+swa: gdn, then swa; "
@@ -204,6 +243,10 @@ int cmd_synth(int argc, char **argv) {
         {"gpus", OPT_INT, &gpus, "GPUs the --jobs or --parallel runs share out (cuda; 0: all on the first device the "
                                  "tool sees)", 0, SYNTH_MAX_PARALLEL},
         {"seeds", OPT_INT, &seeds, "seeds per setting (seed, seed+1, ...): tables average the best run of each", 1, 1000},
+        {"time-limit", OPT_FLOAT, &time_limit, "minutes: then each run in progress saves its state and stops, and no "
+                                               "other starts (run again to go on; not with --jobs)", 0, 1e7},
+        {"stop-at", OPT_INT, &stop_at, "each run saves its state and stops after this many steps (run again to go on; "
+                                       "not with --jobs)", 0, 1000000000},
         {"run-index", OPT_INT, &run_index, "internal (--jobs): run only the sweep's run of this number", 0,
          1000000000},
     };
@@ -226,6 +269,9 @@ int cmd_synth(int argc, char **argv) {
     if (strcmp(settings, "baseline") && strcmp(settings, "full"))
         cmd_fail(CMD, "--settings must be baseline or full, got '%s'", settings);
     if (jobs > 1 && parallel > 1) cmd_fail(CMD, "--jobs and --parallel: one or the other (processes or threads)");
+    if (jobs > 1 && (time_limit > 0 || stop_at > 0))
+        cmd_fail(CMD, "--time-limit and --stop-at stop runs part-way in this process: with --parallel or one run at a "
+                      "time, not --jobs");
     if (!run_index) check_gpus(gpus, jobs > 1 ? jobs : parallel, backend);  // (a job sees its one GPU, and --jobs 1)
     // Runs side by side each have their own streams: CUDA gives a process 8 hardware queues unless
     // told more, and streams beyond them wait on each other's work. (Read when CUDA starts: now.)
@@ -357,18 +403,23 @@ int cmd_synth(int argc, char **argv) {
                         q->lr = prot[i].lrs[l], q->wd = prot[i].wds[l], q->seed = (uint64_t)seed + (uint64_t)e;
                         q->user = &prow[nplan];
                         prow[nplan].index = nplan + 1;
-                        Row *r = &prow[nplan++].row;
+                        Row *r = &prow[nplan].row;
                         r->tvd = NAN;
                         snprintf(r->task, sizeof r->task, "%s", tasks[i]->name);
                         snprintf(r->setting, sizeof r->setting, "%s", label);
                         snprintf(r->mixer, sizeof r->mixer, "%s", mixers[k]);
                         snprintf(r->protocol, sizeof r->protocol, "%s", proto);
                         r->seed = seed + e, r->lr = q->lr, r->wd = q->wd;
+                        state_dir_of(out, r, prow[nplan].state, sizeof prow[nplan].state);
+                        q->resume = (SynthResume){.state_dir = prow[nplan].state, .stop_at = stop_at,
+                                                  .deadline = time_limit > 0 ? t_start + 60.0 * time_limit : 0,
+                                                  .save_every = 60};
+                        nplan++;
                     }
         }
     if (parallel > 1) todo = xcalloc((size_t)total, sizeof *todo);
 
-    int done = 0, ran = 0, skipped = 0, finished = 0, njob = 0, missing = 0, free_gpu = -1;
+    int done = 0, ran = 0, skipped = 0, finished = 0, njob = 0, missing = 0, free_gpu = -1, cut = 0, unstarted = 0;
     double spent = 0;
     Job job[MAX_JOBS];
     for (int q = 0; q < nplan && (!stop_after || ran < stop_after); q++) {
@@ -387,6 +438,10 @@ int cmd_synth(int argc, char **argv) {
         if (run_index && done != run_index) continue;
         if (report) {  // not run yet: its cells stay empty
             missing++;
+            continue;
+        }
+        if (time_limit > 0 && !report && mn_now() >= t_start + 60.0 * time_limit && parallel == 1) {
+            unstarted++;  // --time-limit: no run starts after it
             continue;
         }
         ran++;
@@ -416,9 +471,15 @@ int cmd_synth(int argc, char **argv) {
                seed_text(&r, seeds));
         fflush(stdout);
         SynthRunResult res;
-        if (synth_run(plan[q].task, &plan[q].settings, plan[q].protocol, plan[q].mixer, plan[q].lr, plan[q].wd,
-                      plan[q].seed, be, quick ? NULL : stdout, &res))
+        if (synth_run_resumable(plan[q].task, &plan[q].settings, plan[q].protocol, plan[q].mixer, plan[q].lr, plan[q].wd,
+                                plan[q].seed, be, quick ? NULL : stdout, &plan[q].resume, &res))
             cmd_fail(CMD, "%s %s %s: %s", r.task, r.setting, r.mixer, mn_last_error());
+        if (res.resumed_at) printf("[%d/%d] went on from step %d (saved before)\n", done, total, res.resumed_at);
+        if (res.cut_short) {
+            cut++;
+            print_cut(&r, &prow[q], total, &res);
+            continue;
+        }
         r.steps = res.steps, r.epochs = res.epochs, r.early = res.stopped_early;
         r.seconds = res.seconds, r.metric = res.metric, r.tvd = res.tvd;
         rows_add(&rows, &r);
@@ -443,8 +504,12 @@ int cmd_synth(int argc, char **argv) {
         if (ps.failed)
             cmd_fail(CMD, "%d of %d run%s failed (the first: %s); the others are recorded in %s/results.csv", ps.failed,
                      ntodo, plural_s(ntodo), ps.first_error, out);
+        cut += ps.cut, unstarted += ps.not_started;
     }
     free(plan), free(todo), free(prow);
+    if (cut || unstarted)
+        printf("synth: %s: %d run%s stopped part-way (saved in %s/.state), %d not started; run again to go on\n",
+               stop_at > 0 ? "--stop-at" : "--time-limit", cut, plural_s(cut), out, unstarted);
     if (run_index) {  // a --jobs child: its row is in its own results.csv
         free(rows.v);
         return 0;

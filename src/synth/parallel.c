@@ -54,12 +54,14 @@ static void *worker(void *arg) {
         if (i < 0) break;
         SynthJob *r = &p->runs[i];
         r->device = device;
+        r->not_started = r->resume.deadline > 0 && mn_now() >= r->resume.deadline;
         post(p, i);
-        if (!be) {
+        if (!r->not_started && !be) {
             r->status = MN_ERR_UNSUPPORTED;
             snprintf(r->error, sizeof r->error, "%s", open_error);
-        } else {
-            r->status = synth_run(r->task, &r->settings, r->protocol, r->mixer, r->lr, r->wd, r->seed, be, NULL, &r->result);
+        } else if (!r->not_started) {
+            r->status = synth_run_resumable(r->task, &r->settings, r->protocol, r->mixer, r->lr, r->wd, r->seed, be, NULL,
+                                            &r->resume, &r->result);
             if (r->status) snprintf(r->error, sizeof r->error, "%s", mn_last_error());
         }
         post(p, -1 - i);
@@ -101,12 +103,13 @@ int synth_run_parallel(SynthJob *runs, int n, int at_once, const char *backend, 
         while (p.reported == p.nevents) pthread_cond_wait(&p.cv, &p.mu);
         int e = p.events[p.reported++];
         pthread_mutex_unlock(&p.mu);
-        if (e >= 0) {
+        SynthJob *j = &runs[e >= 0 ? e : -1 - e];
+        if (e >= 0 && !j->not_started) {
             running++;
-            if (ev && ev->started) ev->started(&runs[e], running, ev->arg);
-        } else {
-            running--;
-            if (ev && ev->ended) ev->ended(&runs[-1 - e], ev->arg);
+            if (ev && ev->started) ev->started(j, running, ev->arg);
+        } else if (e < 0) {
+            running -= !j->not_started;
+            if (ev && ev->ended) ev->ended(j, ev->arg);
         }
         pthread_mutex_lock(&p.mu);
     }

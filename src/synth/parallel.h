@@ -24,9 +24,11 @@ typedef struct {
     const char *mixer;
     float lr, wd;
     uint64_t seed;
-    void *user;  // the caller's, untouched
+    SynthResume resume;  // where it saves and resumes, when it stops (state_dir NULL: neither)
+    void *user;          // the caller's, untouched
     // how it went
     SynthRunResult result;
+    int not_started;           // its resume.deadline had passed when a thread was free for it
     int status;                // MN_OK, or the error of synth_run (or of opening the backend)
     char error[MN_ERROR_MAX];  // its message
     int device;                // the device it ran on
@@ -40,10 +42,12 @@ typedef struct {
     void *arg;
 } SynthEvents;
 
-// Trains jobs[0..n) (synth_run, no per-epoch log) up to at_once at a time on as many threads,
+// Trains jobs[0..n) (synth_run_resumable, no per-epoch log) up to at_once at a time on as many threads,
 // each with its own instance of the backend named `backend` (thread k on device k mod gpus; gpus
-// 0 or 1: device 0) and `threads` OpenMP threads of its own. Returns when every run has ended; a
-// failed run is reported by its status and the others go on. MN_ERR_NOMEM when no thread starts.
+// 0 or 1: device 0) and `threads` OpenMP threads of its own. A run whose deadline has passed when
+// its turn comes is not started (not_started; no started event, an ended one). Returns when every
+// run has ended; a failed run is reported by its status and the others go on. MN_ERR_NOMEM when no
+// thread starts.
 int synth_run_parallel(SynthJob *jobs, int n, int at_once, const char *backend, int gpus, int threads,
                        const SynthEvents *ev);
 

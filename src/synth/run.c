@@ -1,14 +1,17 @@
 // Training and scoring a model on a synthetic task by its protocol (run.h).
 #include "synth/run.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/common.h"
 #include "model/model.h"
 #include "model/presets.h"
 #include "synth/regbench.h"
+#include "train/checkpoint.h"
 #include "train/optim.h"
 #include "train/step.h"
 
@@ -325,8 +328,40 @@ static int score(const SynthTask *t, const SynthSettings *s, Model *m, Examples 
     return st;
 }
 
+// A new epoch's order of the training examples: a Fisher-Yates shuffle of the last one.
+static void shuffle_order(int64_t *order, int64_t n, MnRng *rng) {
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(mn_rng_uniform(rng) * (double)(i + 1));
+        if (j > i) j = i;
+        int64_t x = order[i];
+        order[i] = order[j], order[j] = x;
+    }
+}
+
+// Takes up the state saved in dir: weights, AdamW's moments and the training state into *ts.
+static int load_run_state(const char *dir, Model *m, AdamW *opt, TrainState *ts) {
+    char ck[4096], path[4200];
+    MN_TRY(checkpoint_dir(dir, ck, sizeof ck));
+    snprintf(path, sizeof path, "%s/model.safetensors", ck);
+    MN_TRY(checkpoint_load_weights(path, m));
+    return checkpoint_load_state(dir, m, opt, ts);
+}
+
+// Removes a finished run's saved state: the checkpoint set, then its folder.
+static int remove_run_state(const char *dir) {
+    MN_TRY(checkpoint_remove_all(dir));
+    if (rmdir(dir) && errno != ENOENT) return mn_error(MN_ERR_IO, "%s: cannot remove: %s", dir, strerror(errno));
+    return MN_OK;
+}
+
 int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer, float lr,
               float wd, uint64_t seed, const Backend *be, FILE *log, SynthRunResult *r) {
+    return synth_run_resumable(t, s, p, mixer, lr, wd, seed, be, log, NULL, r);
+}
+
+int synth_run_resumable(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer,
+                        float lr, float wd, uint64_t seed, const Backend *be, FILE *log, const SynthResume *rs,
+                        SynthRunResult *r) {
     memset(r, 0, sizeof *r);
     r->tvd = NAN;
     MN_TRY(synth_task_supported(t));
@@ -341,6 +376,7 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
     int64_t total = per_epoch * p->epochs;
     if (p->max_steps > 0 && total > p->max_steps) total = p->max_steps;
     if (total > 1000000000) total = 1000000000;
+    const char *dir = rs ? rs->state_dir : NULL;
 
     double t0 = mn_now();
     Model *m = NULL;
@@ -348,9 +384,10 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
     int32_t *in = malloc(sizeof(int32_t) * (size_t)B * T), *tg = malloc(sizeof(int32_t) * (size_t)B * T);
     int64_t *order = malloc(sizeof(int64_t) * (size_t)ntrain);
     int st = (!in || !tg || !order) ? mn_error(MN_ERR_NOMEM, "synth: out of memory") : MN_OK;
-    int have_opt = 0;
+    int have_opt = 0, found = 0;
     Examples ex;
     int have_ex = 0;
+    TrainState saved = {.seed = seed};
     if (!st) st = examples_open(&ex, t, s, seed), have_ex = 1;
     if (!st) st = model_create(&m, &cfg, be);
     if (!st) {  // a batch that cannot fit is refused before its buffers are allocated
@@ -359,6 +396,8 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
     }
     if (!st) st = model_init_params(m, synth_mix(seed ^ 0x5157ull));
     if (!st) st = adamw_init(&opt, m), have_opt = !st;
+    if (!st && dir) st = checkpoint_find(dir, &found);
+    if (!st && found) st = load_run_state(dir, m, &opt, &saved);
     TrainStep ts = {0};
     if (!st) st = train_step_init(&ts, m, &opt);
     LrSchedule sched = {lr, (int)(p->warmup_frac * (float)total), (int)total, p->lr_final};
@@ -366,15 +405,15 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
     mn_rng_seed(&rng, synth_mix(seed + 77));
     for (int64_t i = 0; i < ntrain; i++) order[i] = i;
     int64_t step = 0, pos = ntrain;  // pos: the next example of the epoch's order
-    double metric = NAN, t_log = t0;
+    if (found) {  // the data order where the saved run was: its epochs' shuffles again
+        step = saved.step, r->resumed_at = saved.step;
+        for (uint64_t e = 0; e < saved.epoch; e++) shuffle_order(order, ntrain, &rng);
+        r->epochs = (int)saved.epoch, pos = (int64_t)saved.index;
+    }
+    double metric = NAN, t_log = t0, t_saved = t0;
     while (!st && step < total) {
         if (pos + B > ntrain) {  // a new epoch: a fresh order
-            for (int64_t i = ntrain - 1; i > 0; i--) {
-                int64_t j = (int64_t)(mn_rng_uniform(&rng) * (double)(i + 1));
-                if (j > i) j = i;
-                int64_t x = order[i];
-                order[i] = order[j], order[j] = x;
-            }
+            shuffle_order(order, ntrain, &rng);
             pos = 0;
             r->epochs++;
         }
@@ -415,11 +454,25 @@ int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p
             }
             metric = NAN;
         }
+        if (!dir || step == total) continue;
+        double now = mn_now();
+        int cut = (rs->deadline > 0 && now >= rs->deadline) || (rs->stop_at > 0 && step >= rs->stop_at);
+        if (cut || (rs->save_every > 0 && now - t_saved >= rs->save_every)) {  // the state, as a kill would find it
+            TrainState ts_now = {.step = (int)step, .epoch = (uint64_t)r->epochs, .index = (uint64_t)pos, .seed = seed,
+                                 .tokens = (double)step * B * T, .elapsed = saved.elapsed + (now - t0)};
+            if ((st = mn_mkdirs(dir)) || (st = checkpoint_save(dir, m, &opt, &ts_now))) break;
+            t_saved = mn_now();
+        }
+        if (cut) {
+            r->cut_short = 1;
+            break;
+        }
     }
-    if (!st && isnan(metric)) st = score(t, s, m, &ex, &metric, &r->tvd);
-    r->metric = metric;
+    if (!st && !r->cut_short && isnan(metric)) st = score(t, s, m, &ex, &metric, &r->tvd);
+    if (!st && !r->cut_short && dir) st = remove_run_state(dir);  // ended: nothing to take up again
+    r->metric = r->cut_short ? NAN : metric;
     r->steps = (int)step;
-    r->seconds = mn_now() - t0;
+    r->seconds = saved.elapsed + (mn_now() - t0);
     train_step_free(&ts);
     if (have_opt) adamw_free(&opt, m);
     if (have_ex) examples_close(&ex);

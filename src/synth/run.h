@@ -64,6 +64,8 @@ typedef struct {
     double tvd;         // RegBench: mean total variation distance (textbook, halved) between the softmax of
                         // the logits and the automaton's next-symbol distribution (rb_metrics_tvd) over the
                         // scored test positions; NAN for the other tasks
+    int cut_short;      // stopped part-way (SynthResume), its state saved: no metric yet; run again to go on
+    int resumed_at;     // the step it went on from (a saved state), 0 for a fresh run
 } SynthRunResult;
 
 // Trains a fresh model (seeded by seed) on the setting's training split with AdamW, warm-up and
@@ -71,6 +73,24 @@ typedef struct {
 // positions; RegBench also the TVD of the softmax, r->tvd). `log` (may be NULL) gets a line per epoch.
 int synth_run(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer, float lr,
               float wd, uint64_t seed, const Backend *be, FILE *log, SynthRunResult *r);
+
+// How a run may stop part-way and be taken up again (synth_run_resumable): its state (weights, AdamW's
+// moments, the step, the data order's position, the time spent) kept as a checkpoint set in state_dir
+// (train/checkpoint.h: a kill at any instant leaves the last one whole).
+typedef struct {
+    const char *state_dir;  // the run's folder (NULL: the run neither saves nor resumes)
+    double deadline;        // mn_now() at which the run saves and stops (0: none)
+    int stop_at;            // > 0: save and stop after this many steps (a deterministic cut, for tests)
+    double save_every;      // > 0: save also every this many seconds, so that a kill loses at most that
+} SynthResume;
+
+// synth_run that goes on from the state in rs->state_dir where there is one (r->resumed_at), saves
+// it as rs says, and stops part-way at the deadline or stop_at (r->cut_short, no metric); a run that
+// ends removes its state. A run stopped and resumed computes the same numbers as one never stopped
+// (bit for bit on the CPU). rs may be NULL: synth_run.
+int synth_run_resumable(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer,
+                        float lr, float wd, uint64_t seed, const Backend *be, FILE *log, const SynthResume *rs,
+                        SynthRunResult *r);
 
 // RegBench (src/synth/regbench.h) as a task of the table's form: "regbench", seq_len the longest
 // string, n_train / n_test the automata (grid: n_train 1K .. 40K), scored by greedy validity
