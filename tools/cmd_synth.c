@@ -504,7 +504,7 @@ int cmd_synth(int argc, char **argv) {
         if (ps.failed)
             cmd_fail(CMD, "%d of %d run%s failed (the first: %s); the others are recorded in %s/results.csv", ps.failed,
                      ntodo, plural_s(ntodo), ps.first_error, out);
-        cut += ps.cut, unstarted += ps.not_started;
+        cut += ps.cut, unstarted += ps.not_started, ran -= ps.not_started;
     }
     free(plan), free(todo), free(prow);
     if (cut || unstarted)
