@@ -338,6 +338,34 @@ static void shuffle_order(int64_t *order, int64_t n, MnRng *rng) {
     }
 }
 
+// The training batches, B examples each in the epochs' orders (a fresh shuffle an epoch).
+typedef struct {
+    int64_t *order, n;  // [n] the epoch's order of the training examples
+    int64_t pos;        // the next example of it (n: the epoch is used up)
+    int epochs;         // epochs begun
+    MnRng rng;
+} Feed;
+
+// The next batch that scores a token, into in / tg (*scored: how many tokens it scores); batches
+// that score none are passed over (no step is taken on them).
+static int feed_next(Feed *f, Examples *ex, int B, int T, int32_t *in, int32_t *tg, double *scored) {
+    for (int64_t tries = 0;; tries++) {
+        if (tries > f->n / B + 1) return mn_error(MN_ERR_ARG, "synth: %s: an epoch of training examples scores no token",
+                                                  ex->t->name);
+        if (f->pos + B > f->n) {  // a new epoch: a fresh order
+            shuffle_order(f->order, f->n, &f->rng);
+            f->pos = 0;
+            f->epochs++;
+        }
+        for (int b = 0; b < B; b++)
+            MN_TRY(examples_get(ex, SYNTH_TRAIN, f->order[f->pos + b], T, in + (size_t)b * T, tg + (size_t)b * T, NULL));
+        f->pos += B;
+        *scored = 0;
+        for (size_t i = 0; i < (size_t)B * T; i++) *scored += tg[i] >= 0;
+        if (*scored > 0) return MN_OK;
+    }
+}
+
 // Takes up the state saved in dir: weights, AdamW's moments and the training state into *ts.
 static int load_run_state(const char *dir, Model *m, AdamW *opt, TrainState *ts) {
     char ck[4096], path[4200];
@@ -381,9 +409,12 @@ int synth_run_resumable(const SynthTask *t, const SynthSettings *s, const SynthP
     double t0 = mn_now();
     Model *m = NULL;
     AdamW opt = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = wd, .clip = p->clip};
-    int32_t *in = malloc(sizeof(int32_t) * (size_t)B * T), *tg = malloc(sizeof(int32_t) * (size_t)B * T);
-    int64_t *order = malloc(sizeof(int64_t) * (size_t)ntrain);
-    int st = (!in || !tg || !order) ? mn_error(MN_ERR_NOMEM, "synth: out of memory") : MN_OK;
+    // two batches: the step's, and the next one, made on the host while the step runs
+    size_t nb = (size_t)B * T;
+    int32_t *in[2] = {malloc(sizeof(int32_t) * nb), malloc(sizeof(int32_t) * nb)};
+    int32_t *tg[2] = {malloc(sizeof(int32_t) * nb), malloc(sizeof(int32_t) * nb)};
+    Feed feed = {.order = malloc(sizeof(int64_t) * (size_t)ntrain), .n = ntrain, .pos = ntrain};
+    int st = (!in[0] || !in[1] || !tg[0] || !tg[1] || !feed.order) ? mn_error(MN_ERR_NOMEM, "synth: out of memory") : MN_OK;
     int have_opt = 0, found = 0;
     Examples ex;
     int have_ex = 0;
@@ -401,38 +432,36 @@ int synth_run_resumable(const SynthTask *t, const SynthSettings *s, const SynthP
     TrainStep ts = {0};
     if (!st) st = train_step_init(&ts, m, &opt);
     LrSchedule sched = {lr, (int)(p->warmup_frac * (float)total), (int)total, p->lr_final};
-    MnRng rng;
-    mn_rng_seed(&rng, synth_mix(seed + 77));
-    for (int64_t i = 0; i < ntrain; i++) order[i] = i;
-    int64_t step = 0, pos = ntrain;  // pos: the next example of the epoch's order
+    mn_rng_seed(&feed.rng, synth_mix(seed + 77));
+    for (int64_t i = 0; i < ntrain && !st; i++) feed.order[i] = i;
+    int64_t step = 0;
     if (found) {  // the data order where the saved run was: its epochs' shuffles again
         step = saved.step, r->resumed_at = saved.step;
-        for (uint64_t e = 0; e < saved.epoch; e++) shuffle_order(order, ntrain, &rng);
-        r->epochs = (int)saved.epoch, pos = (int64_t)saved.index;
+        for (uint64_t e = 0; e < saved.epoch; e++) shuffle_order(feed.order, ntrain, &feed.rng);
+        feed.epochs = r->epochs = (int)saved.epoch, feed.pos = (int64_t)saved.index;
     }
-    double metric = NAN, t_log = t0, t_saved = t0;
+    double metric = NAN, t_log = t0, t_saved = t0, scored[2];
+    int cur = 0, have_next = 0;
     while (!st && step < total) {
-        if (pos + B > ntrain) {  // a new epoch: a fresh order
-            shuffle_order(order, ntrain, &rng);
-            pos = 0;
-            r->epochs++;
-        }
-        for (int b = 0; b < B && !st; b++)
-            st = examples_get(&ex, SYNTH_TRAIN, order[pos + b], T, in + (size_t)b * T, tg + (size_t)b * T, NULL);
-        pos += B;
-        if (st) break;
-        double scored = 0;
-        for (size_t i = 0; i < (size_t)B * T; i++) scored += tg[i] >= 0;
-        if (scored == 0) continue;
+        if (!have_next && (st = feed_next(&feed, &ex, B, T, in[cur], tg[cur], &scored[cur]))) break;
+        have_next = 0;
         double loss;
-        if ((st = train_step(&ts, in, tg, B, T, 1, (float)(1.0 / scored), lr_at(&sched, (int)step), &loss, NULL))) {
+        st = train_step_queue(&ts, in[cur], tg[cur], B, T, 1, (float)(1.0 / scored[cur]), lr_at(&sched, (int)step));
+        // where the data stands after this step's batch (what a saved state records), then the next
+        // batch while the step runs
+        int64_t pos = feed.pos;
+        r->epochs = feed.epochs;
+        if (!st && step + 1 < total) st = feed_next(&feed, &ex, B, T, in[cur ^ 1], tg[cur ^ 1], &scored[cur ^ 1]), have_next = !st;
+        if (!st) st = train_step_result(&ts, &loss, NULL);
+        if (st) {
             char why[MN_ERROR_MAX];
             snprintf(why, sizeof why, "%s", mn_last_error());
             st = mn_error(st, "synth: %s", why);  // (a refused update's message names the step)
             break;
         }
         step++;
-        r->final_loss = loss / scored;
+        r->final_loss = loss / scored[cur];
+        cur ^= have_next;
         if (!isfinite(r->final_loss)) {
             st = mn_error(MN_ERR_NUMERIC, "synth: loss is %g at step %lld", r->final_loss, (long long)step);
             break;
@@ -477,7 +506,7 @@ int synth_run_resumable(const SynthTask *t, const SynthSettings *s, const SynthP
     if (have_opt) adamw_free(&opt, m);
     if (have_ex) examples_close(&ex);
     if (m) model_free(m);
-    free(in), free(tg), free(order);
+    free(in[0]), free(in[1]), free(tg[0]), free(tg[1]), free(feed.order);
     return st;
 }
 
