@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "cpu/workspace.h"
 
 const Backend *backend_by_name(const char *name) {
     if (!strcmp(name, "cpu")) return backend_cpu();
@@ -37,9 +38,8 @@ const Backend *backend_open(const char *name, int device) {
 }
 
 void backend_close(const Backend *be) {
+    if (be && !strcmp(be->name, "cpu")) cpu_workspace_release();  // the calling thread's scratch
 #ifdef MN_HAVE_CUDA
     if (be && !strcmp(be->name, "cuda") && be != backend_cuda()) backend_cuda_close((Backend *)be);
-#else
-    (void)be;
 #endif
 }

@@ -15,3 +15,15 @@ float *cpu_workspace(size_t floats) {
     cap = n;
     return buf;
 }
+
+static void release_own(void) {
+    mn_free(buf);
+    buf = NULL;
+    cap = 0;
+}
+
+void cpu_workspace_release(void) {
+#pragma omp parallel
+    release_own();  // (the calling thread is the team's first)
+    release_own();
+}

@@ -9,5 +9,9 @@
 // A buffer of at least `floats` floats, owned by the calling thread and valid
 // until its next call (contents undefined). NULL and an error if out of memory.
 float *cpu_workspace(size_t floats);
+// Frees the buffers of the calling thread and of the OpenMP threads of its team: for a thread that
+// ends before the process does (synth --parallel's, through backend_close), whose buffers would
+// otherwise be lost with it.
+void cpu_workspace_release(void);
 
 #endif
