@@ -272,10 +272,11 @@ int cmd_synth(int argc, char **argv) {
     if (jobs > 1 && (time_limit > 0 || stop_at > 0))
         cmd_fail(CMD, "--time-limit and --stop-at stop runs part-way in this process: with --parallel or one run at a "
                       "time, not --jobs");
-    if (!run_index) check_gpus(gpus, jobs > 1 ? jobs : parallel, backend);  // (a job sees its one GPU, and --jobs 1)
     // Runs side by side each have their own streams: CUDA gives a process 8 hardware queues unless
-    // told more, and streams beyond them wait on each other's work. (Read when CUDA starts: now.)
+    // told more, and streams beyond them wait on each other's work. (Read when CUDA starts: before
+    // any CUDA call.)
     if (parallel > 1) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    if (!run_index) check_gpus(gpus, jobs > 1 ? jobs : parallel, backend);  // (a job sees its one GPU, and --jobs 1)
     const Backend *be = backend_by_name(backend);
     if (!be) cmd_fail(CMD, "--backend: %s", mn_last_error());
 
