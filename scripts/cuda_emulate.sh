@@ -12,7 +12,8 @@
 #              memory becomes a static array, each launch k<<<g, b, s, st>>>(...) a call of
 #              emu_launch, cuBLAS's products CPU loops with TF32 operands (lin_chunk_emu.h); both
 #              paths, the fused kernels (the default) and the cuBLAS one (MESANET_LIN=cublas). EXTRA
-#              "f32": float32 operands instead of TF32.
+#              "f32": float32 operands instead of TF32. lin_chunk_d32: the same with the fused path built
+#              for head sizes up to 32 (lin_chunk_fused_d32.cu's build; larger ones take the cuBLAS path)
 #   attn       src/cuda/attn_cuda.cu's kernels (the host side cut; attn_emu.cpp mirrors it)
 #   mlstm      src/cuda/mlstm_chunk.cuh and mlstm_cuda.cu whole, kernels and host side (xlstm_emu.h),
 #              against a float64 reference in mlstm_emu.cpp
@@ -21,7 +22,7 @@
 #   scan       src/cuda/scan_cuda.cu whole, kernels and host side (xlstm_emu.h), RG-LRU and Longhorn
 #              against a float64 reference in scan_emu.cpp (itself checked against finite differences)
 #
-# Usage: scripts/cuda_emulate.sh lin|lin_chunk|attn|mlstm|slstm|scan [BUILD dir of a CPU build, default build-emu] [EXTRA]
+# Usage: scripts/cuda_emulate.sh lin|lin_chunk|lin_chunk_d32|attn|mlstm|slstm|scan [BUILD dir of a CPU build, default build-emu] [EXTRA]
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-}
@@ -35,10 +36,12 @@ lin)
         -e '/^static __global__ void to_bf16_kernel/,$d' \
         -e 's/extern __shared__ float/extern float/' \
         -e 's/static __global__ void/static void/' ;;
-lin_chunk)
+lin_chunk | lin_chunk_d32)
     src="src/cuda/lin_chunk.cuh src/cuda/lin_chunk_fused.cuh src/cuda/lin_chunk.cu src/cuda/lin_chunk_cublas.cu
          src/cuda/lin_chunk_fused_walk.cu src/cuda/lin_chunk_fused.cu src/cuda/lin_chunk_fused_bwd.cu"
-    opt="-O2 -fno-strict-aliasing"
+    # one build of the fused path: the one for head sizes up to 128, or (lin_chunk_d32) the one for 32
+    opt="-O2 -fno-strict-aliasing -DLF_ONE_BUILD"
+    if [ "$what" = lin_chunk_d32 ]; then opt="$opt -DLF_KMAX=32" out="$B/cuda_emu_d32" what=lin_chunk; fi
     set -- -e 's|#include "cuda_common.cuh"|#include "lin_chunk_emu.h"|' \
         -e '/#include "mma.cuh"/d' \
         -e '/#include "lin_chunk\(_fused\)\{0,1\}\.cuh"/d' \
@@ -73,7 +76,7 @@ scan)
         -e '/#include "mma.cuh"/d' \
         -e 's/extern __shared__ __align__(16) unsigned char \([a-z_]*\)\[\];/unsigned char *\1 = emu_dsmem_c[emu_cta];/' ;;
 *)
-    echo "usage: scripts/cuda_emulate.sh lin|lin_chunk|attn|mlstm|slstm|scan [BUILD dir] [EXTRA]" >&2
+    echo "usage: scripts/cuda_emulate.sh lin|lin_chunk|lin_chunk_d32|attn|mlstm|slstm|scan [BUILD dir] [EXTRA]" >&2
     exit 2 ;;
 esac
 extra=${3:-}

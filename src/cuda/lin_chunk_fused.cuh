@@ -22,9 +22,13 @@
 #include "mma.cuh"
 
 #define LF_C 64      // the chunk size of the fused path
-#define LF_KMAX 128  // Dk, Dv at most
-#define LF_LDK 136   // row stride (elements) of the [64][Dk] tiles: 16 bytes of padding (ldmatrix banks)
+#ifndef LF_KMAX
+#define LF_KMAX 128  // Dk, Dv at most (lin_chunk_fused_d32.cu builds the path again for 32)
+#endif
+#define LF_LDK (LF_KMAX + 8)  // row stride (elements) of the [64][Dk] tiles: 16 bytes of padding, so that
+                              // ldmatrix's eight rows fall on distinct banks (for LF_KMAX a multiple of 16)
 #define LF_R 32      // state rows (of Dv) a walk block holds
+#define LF_NS (LF_KMAX / 32)  // the walk's slots: a thread holds its rows' columns 8 (w + 4 s), s < LF_NS
 #define LF_LDR 40    // row stride of the walk's [64][32] Y tile
 #define LF_RO 64     // output columns (of Dv) an output block computes
 #define LF_LDO 72    // row stride of the output kernel's [64][64] V' tile and of the prep's Tt
@@ -264,7 +268,9 @@ static __device__ __forceinline__ void lf_abt(float att[8][4], const bf16 *A, co
 #define LF_OUT_SMEM ((3 * LF_TK + 2 * LF_TO) * 2 + LF_C * 4 * 4)  // lf_out_body's kernels
 #define LF_TSV (LF_KMAX * LF_LDO)  // a state slice [Dv][64]
 #define LF_DQK_SMEM ((2 * LF_TK + 2 * LF_TSV + 2 * LF_TO) * 2 + LF_C * 4 * 4)  // lf_dqk_kernel (+ LF_TK * 2: delta)
-#define LF_UTB_SMEM ((6 * LF_TK + 2 * LF_TSV + 2 * LF_TO) * 2 + LF_C * 4 * 4)  // lf_utb_kernel
+// lf_utb_kernel's region of S's slice (hi + lo), which then holds the four [64][64] tiles M, N hi + lo
+#define LF_TSR (2 * LF_TSV > 4 * LF_TO ? 2 * LF_TSV : 4 * LF_TO)
+#define LF_UTB_SMEM ((6 * LF_TK + LF_TSR + 2 * LF_TO) * 2 + LF_C * 4 * 4)  // lf_utb_kernel
 
 // One state walk (lin_chunk_fused_walk.cu).
 int lf_walk(CudaCtx *c, const LcDims *d, const LfWalk *wk);
@@ -288,5 +294,14 @@ int lf_use(const CudaCtx *c, const LcDims *d, size_t smem);
 int lf_forward(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float scale, const MnLinFwd *io);
 int lf_backward_gla(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io);
 int lf_backward_delta(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io);
+
+// The same path built for head sizes up to 32 (lin_chunk_fused_d32.cu): tiles of row stride 40
+// instead of 136, so that the kernels ask for a fraction of the shared memory (lf_utb 59 KB instead
+// of 160) and several blocks share a multiprocessor at small widths. Its shared-memory sizes.
+int lf_use_d32(const CudaCtx *c, const LcDims *d, size_t smem);
+int lf_forward_d32(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float scale, const MnLinFwd *io);
+int lf_backward_gla_d32(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io);
+int lf_backward_delta_d32(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io);
+extern const size_t lf_walk_smem_d32, lf_utb_smem_d32;
 
 #endif

@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
                                                            const float *tt, float *tdu, float *dk, float *dbt) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
     bf16 *Uh = (bf16 *)lf_dsmem, *Ul = Uh + LF_TK, *Wh = Ul + LF_TK, *Wl = Wh + LF_TK, *Vt = Wl + LF_TK,
-         *Kt = Vt + LF_TK, *Sh = Kt + LF_TK, *Sl = Sh + LF_TSV, *Th = Sl + LF_TSV, *Tl = Th + LF_TO;
+         *Kt = Vt + LF_TK, *Sh = Kt + LF_TK, *Sl = Sh + LF_TSV, *Th = Sh + LF_TSR, *Tl = Th + LF_TO;
     bf16 *Mh = Sh, *Ml = Mh + LF_TO, *Nh = Ml + LF_TO, *Nl = Nh + LF_TO;  // (in S's place, after dW)
     float *red = (float *)(Tl + LF_TO);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);

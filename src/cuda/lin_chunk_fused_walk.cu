@@ -32,11 +32,11 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
          *Xl = Xh + LF_TX, *Yh = Xl + LF_TX, *Yl = Yh + LF_TY;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, NT = Dk / 8;
     const int p = blockIdx.y, r0 = blockIdx.x * LF_R, lr = lane >> 2, lc = 2 * (lane & 3);
-    float x[2][4][4];  // [m tile: rows r0 + 16 mt][slot s: columns 8 (w + 4 s)][fragment]
+    float x[2][LF_NS][4];  // [m tile: rows r0 + 16 mt][slot s: columns 8 (w + 4 s)][fragment]
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int s = 0; s < 4; s++)
+        for (int s = 0; s < LF_NS; s++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = r0 + 16 * mt + lr + 8 * (e >> 1), col = 8 * (w + 4 * s) + lc + (e & 1);
@@ -68,7 +68,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int s = 0; s < 4; s++) {
+            for (int s = 0; s < LF_NS; s++) {
                 int nt = w + 4 * s;
                 if (nt >= NT) continue;
 #pragma unroll
@@ -130,7 +130,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int s = 0; s < 4; s++)
+            for (int s = 0; s < LF_NS; s++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int r = r0 + 16 * mt + lr + 8 * (e >> 1), col = 8 * (w + 4 * s) + lc + (e & 1);
@@ -161,8 +161,9 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                     ldsm_x4_t(al[mt], Yl + ao);
                 }
 #pragma unroll
-                for (int sp = 0; sp < 2; sp++) {  // slots 2 sp, 2 sp + 1 (a slot past Dk reads a valid tile, unused)
-                    int n0 = w + 8 * sp, n1 = n0 + 4 < NT ? n0 + 4 : n0;
+                for (int sp = 0; sp < (LF_NS + 1) / 2; sp++) {  // slots 2 sp, 2 sp + 1 (a slot past Dk reads a valid tile, unused)
+                    const int two = 2 * sp + 1 < LF_NS;         // (a build with one slot has no second)
+                    int n0 = w + 8 * sp, n1 = two && n0 + 4 < NT ? n0 + 4 : n0;
                     if (n0 >= NT) continue;
                     const int bo = (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDK + ((lane >> 4) ? n1 : n0) * 8;
                     uint32_t bh[4], bl[4];
@@ -172,9 +173,9 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                         for (int mt = 0; mt < 2; mt++) {
                             mma_bf16(x[mt][2 * sp], al[mt], bh[0], bh[1]);
                             mma_bf16(x[mt][2 * sp], ah[mt], bh[0], bh[1]);
-                            if (n0 + 4 < NT) {
-                                mma_bf16(x[mt][2 * sp + 1], al[mt], bh[2], bh[3]);
-                                mma_bf16(x[mt][2 * sp + 1], ah[mt], bh[2], bh[3]);
+                            if (two && n0 + 4 < NT) {
+                                mma_bf16(x[mt][(2 * sp + 1) % LF_NS], al[mt], bh[2], bh[3]);
+                                mma_bf16(x[mt][(2 * sp + 1) % LF_NS], ah[mt], bh[2], bh[3]);
                             }
                         }
                         continue;
@@ -183,7 +184,8 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++) {
                         mma3(x[mt][2 * sp], ah[mt], al[mt], bh[0], bh[1], bl[0], bl[1]);
-                        if (n0 + 4 < NT) mma3(x[mt][2 * sp + 1], ah[mt], al[mt], bh[2], bh[3], bl[2], bl[3]);
+                        if (two && n0 + 4 < NT)
+                            mma3(x[mt][(2 * sp + 1) % LF_NS], ah[mt], al[mt], bh[2], bh[3], bl[2], bl[3]);
                     }
                 }
             }
@@ -194,7 +196,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int s = 0; s < 4; s++)
+            for (int s = 0; s < LF_NS; s++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int r = r0 + 16 * mt + lr + 8 * (e >> 1), col = 8 * (w + 4 * s) + lc + (e & 1);

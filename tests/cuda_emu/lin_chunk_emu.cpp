@@ -161,6 +161,7 @@ int main(int argc, char **argv) {
         {1, 150, 2, 48, 112, 0, 1, 0, 1, 1.0, 2.0, 0}, // no g, beta in (1, 2), Dv 112 (a partial slice)
         {1, 65, 1, 112, 16, 1, 0, 1, 0, 0.1, 1.0, 0},  // no beta, Dk 112, Dv 16
         {2, 130, 1, 80, 96, 1, 1, 1, 1, 0.1, 1.0, 0},  // Dk 80 (a partial second slice of Dk), B = 2
+        {2, 150, 2, 32, 32, 1, 1, 1, 1, 1.0, 2.0, 0},  // the build for 32's size: 3 chunks, B = 2, beta in (1, 2)
     };
     const char *only = getenv("EMU_ONLY");  // one shape (its index), to look closer
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
