@@ -120,6 +120,26 @@ typedef struct {
     char first_error[MN_ERROR_MAX + 160];
 } ParSweep;
 
+// Records a run that ended: its row from the result into rows and DIR/results.csv, and its progress
+// line (eta: seconds left, NAN: none to show).
+static void record_run(Rows *rows, const char *out, Row *r, const SynthRunResult *res, int index, int total, double eta) {
+    if (res->resumed_at) printf("[%d/%d] went on from step %d (saved before)\n", index, total, res->resumed_at);
+    r->steps = res->steps, r->epochs = res->epochs, r->early = res->stopped_early;
+    r->seconds = res->seconds, r->metric = res->metric, r->tvd = res->tvd;
+    rows_add(rows, r);
+    save_rows(out, rows);
+    print_done(r, index, total, eta);
+}
+
+// Waits for one of the --jobs runs to end and records its row (its number in *index).
+static Row collect_job(Job *job, int *njob, int *free_gpu, Rows *rows, const char *out, int *index) {
+    Row got;
+    if (job_wait(job, njob, &got, index, free_gpu)) cmd_fail(CMD, "%s", mn_last_error());
+    rows_add(rows, &got);
+    save_rows(out, rows);
+    return got;
+}
+
 // The progress line of a run stopped part-way, its state saved.
 static void print_cut(const Row *r, const PlanRow *p, int total, const SynthRunResult *res) {
     printf("[%d/%d] %s %s %s lr %g wd %g: stopped at step %d, saved in %s: run again to go on\n", p->index, total,
@@ -162,14 +182,9 @@ static void par_ended(SynthJob *j, void *arg) {
         print_cut(r, p, ps->total, res);
         return;
     }
-    if (res->resumed_at) printf("[%d/%d] went on from step %d (saved before)\n", p->index, ps->total, res->resumed_at);
-    r->steps = res->steps, r->epochs = res->epochs, r->early = res->stopped_early;
-    r->seconds = res->seconds, r->metric = res->metric, r->tvd = res->tvd;
-    rows_add(ps->rows, r);
-    save_rows(ps->out, ps->rows);
     // the wall time so far over the runs ended, for those left (the threads share it)
     double eta = (mn_now() - ps->t0) / ps->ended * (ps->todo - ps->ended);
-    print_done(r, p->index, ps->total, ps->ended < ps->todo ? eta : NAN);
+    record_run(ps->rows, ps->out, r, res, p->index, ps->total, ps->ended < ps->todo ? eta : NAN);
 }
 
 // The best metric over the lr grid, averaged over the seeds that have one (NAN: none yet); *tvd
@@ -452,11 +467,8 @@ int cmd_synth(int argc, char **argv) {
         }
         if (jobs > 1) {
             while (njob >= jobs) {  // a slot: wait for a run to end, record it
-                Row got;
                 int gi;
-                if (job_wait(job, &njob, &got, &gi, &free_gpu)) cmd_fail(CMD, "%s", mn_last_error());
-                rows_add(&rows, &got);
-                save_rows(out, &rows);
+                Row got = collect_job(job, &njob, &free_gpu, &rows, out, &gi);
                 finished++, spent += got.seconds;
                 print_done(&got, gi, total, spent / finished * (total - done + njob + 1) / jobs);
             }
@@ -475,25 +487,17 @@ int cmd_synth(int argc, char **argv) {
         if (synth_run_resumable(plan[q].task, &plan[q].settings, plan[q].protocol, plan[q].mixer, plan[q].lr, plan[q].wd,
                                 plan[q].seed, be, quick ? NULL : stdout, &plan[q].resume, &res))
             cmd_fail(CMD, "%s %s %s: %s", r.task, r.setting, r.mixer, mn_last_error());
-        if (res.resumed_at) printf("[%d/%d] went on from step %d (saved before)\n", done, total, res.resumed_at);
         if (res.cut_short) {
             cut++;
             print_cut(&r, &prow[q], total, &res);
             continue;
         }
-        r.steps = res.steps, r.epochs = res.epochs, r.early = res.stopped_early;
-        r.seconds = res.seconds, r.metric = res.metric, r.tvd = res.tvd;
-        rows_add(&rows, &r);
-        save_rows(out, &rows);
         spent += res.seconds;
-        print_done(&r, done, total, spent / ran * (total - done));
+        record_run(&rows, out, &r, &res, done, total, spent / ran * (total - done));
     }
     while (njob > 0) {  // the last runs of --jobs
-        Row got;
         int gi;
-        if (job_wait(job, &njob, &got, &gi, &free_gpu)) cmd_fail(CMD, "%s", mn_last_error());
-        rows_add(&rows, &got);
-        save_rows(out, &rows);
+        Row got = collect_job(job, &njob, &free_gpu, &rows, out, &gi);
         finished++, spent += got.seconds;
         print_done(&got, gi, total, NAN);
     }

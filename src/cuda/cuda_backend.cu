@@ -68,33 +68,19 @@ void cuda_exclusive(int begin) {
     else pthread_rwlock_unlock(&record_lock);
 }
 
-cudaError_t cuda_malloc(void **p, size_t bytes) {
-    cuda_exclusive(1);
-    cudaError_t e = cudaMalloc(p, bytes);
-    cuda_exclusive(0);
-    return e;
-}
+// A call under cuda_exclusive: its status.
+#define EXCLUSIVE(call)              \
+    do {                             \
+        cuda_exclusive(1);           \
+        cudaError_t e_ = (call);     \
+        cuda_exclusive(0);           \
+        return e_;                   \
+    } while (0)
 
-cudaError_t cuda_free(void *p) {
-    cuda_exclusive(1);
-    cudaError_t e = cudaFree(p);
-    cuda_exclusive(0);
-    return e;
-}
-
-cudaError_t cuda_malloc_host(void **p, size_t bytes) {
-    cuda_exclusive(1);
-    cudaError_t e = cudaMallocHost(p, bytes);
-    cuda_exclusive(0);
-    return e;
-}
-
-cudaError_t cuda_free_host(void *p) {
-    cuda_exclusive(1);
-    cudaError_t e = cudaFreeHost(p);
-    cuda_exclusive(0);
-    return e;
-}
+cudaError_t cuda_malloc(void **p, size_t bytes) { EXCLUSIVE(cudaMalloc(p, bytes)); }
+cudaError_t cuda_free(void *p) { EXCLUSIVE(cudaFree(p)); }
+cudaError_t cuda_malloc_host(void **p, size_t bytes) { EXCLUSIVE(cudaMallocHost(p, bytes)); }
+cudaError_t cuda_free_host(void *p) { EXCLUSIVE(cudaFreeHost(p)); }
 
 // ------------------------------------------------------------------ recorded launches
 

@@ -17,6 +17,7 @@ static struct {
     char *base;  // the float32 masters; the bf16 copy follows at base + shadow_offset(n)
     size_t n;
 } param_allocs[MAX_PARAM_ALLOCS];
+static int param_slots;  // slots ever used: the lookups scan these, not the whole table
 
 static size_t shadow_offset(size_t n) { return (n * sizeof(float) + 255) & ~(size_t)255; }
 
@@ -24,7 +25,7 @@ const bf16 *cuda_param_bf16(const void *p) {
     const char *c = (const char *)p;
     const bf16 *found = NULL;
     pthread_mutex_lock(&param_lock);
-    for (int i = 0; i < MAX_PARAM_ALLOCS && !found; i++) {
+    for (int i = 0; i < param_slots && !found; i++) {
         char *b = param_allocs[i].base;
         if (b && c >= b && c < b + param_allocs[i].n * sizeof(float))
             found = (const bf16 *)(b + shadow_offset(param_allocs[i].n)) + (c - b) / sizeof(float);
@@ -52,6 +53,7 @@ void *g_alloc(const Backend *be, size_t n, MemKind k) {
         for (int i = 0; i < MAX_PARAM_ALLOCS && slot < 0; i++)
             if (!param_allocs[i].base) slot = i;
         if (slot >= 0) param_allocs[slot].base = (char *)p, param_allocs[slot].n = n;
+        if (slot >= param_slots) param_slots = slot + 1;
         pthread_mutex_unlock(&param_lock);
         if (slot < 0) {
             cuda_free(p);
@@ -64,7 +66,7 @@ void *g_alloc(const Backend *be, size_t n, MemKind k) {
 
 void g_free(const Backend *be, void *p) {
     pthread_mutex_lock(&param_lock);
-    for (int i = 0; i < MAX_PARAM_ALLOCS; i++)
+    for (int i = 0; i < param_slots; i++)
         if (param_allocs[i].base == p) param_allocs[i].base = NULL;
     pthread_mutex_unlock(&param_lock);
     cudaStreamSynchronize(cuda_ctx(be)->stream);
