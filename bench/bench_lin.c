@@ -23,7 +23,10 @@
  * back, one sync at the end. bench/fla_lin_bench.py measures fla's Triton
  * kernels on the same shapes and prints the same table. --form picks the
  * form of the timed calls: auto (what the mixers run: the chunkwise form
- * from T = 64 on, src/cuda/lin_cuda.cu), chunk or recurrent.
+ * from T = 64 on, src/cuda/lin_cuda.cu), chunk or recurrent. --paths picks the
+ * chunkwise form's paths, a row each (MESANET_LIN set around the calls):
+ * split (the fused kernels with split products, the default), bf16 (the fused
+ * kernels with one bf16 product for each), cublas.
  *
  * Inputs as the layer's (bench_mesa_inputs): unit-norm q and k rows, v and
  * dout ~ N(0, 1), g = log sigmoid(N(gmean, 1)), beta = sigmoid(N(0, 1)); scale 1.
@@ -292,8 +295,34 @@ static int run_fwd_bwd(void *p) {
 
 static double mem_gb(const Backend *be) { return be->device_mem_used ? be->device_mem_used(be) / 1e9 : NAN; }
 
+// The chunkwise form's paths on the GPU, as MESANET_LIN selects them (src/cuda/lin_chunk.cu): the fused
+// kernels with split products (the default), the fused kernels with single bf16 products, the cuBLAS path.
+static const struct {
+    const char *name, *env;
+} LIN_PATHS[] = {{"split", NULL}, {"bf16", "bf16"}, {"cublas", "cublas"}};
+#define NPATHS (int)(sizeof LIN_PATHS / sizeof LIN_PATHS[0])
+
+// The paths named in "a,b" into idx (at most NPATHS); their number, or -1 if one is unknown.
+static int parse_paths(const char *s, int idx[NPATHS]) {
+    int n = 0;
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int i = 0;
+        while (i < NPATHS && strcmp(t, LIN_PATHS[i].name)) i++;
+        if (i == NPATHS || n == NPATHS) return -1;
+        idx[n++] = i;
+    }
+    return n;
+}
+
+static void set_path(int i) {
+    if (LIN_PATHS[i].env) setenv("MESANET_LIN", LIN_PATHS[i].env, 1);
+    else unsetenv("MESANET_LIN");
+}
+
 static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Variant **vars, int nv, int reps,
-                          float gmean, MnForm form) {
+                          float gmean, MnForm form, const int *paths, int np) {
     BenchShape shapes[8];
     int ns = bench_parse_shapes(shapes_s, shapes, 8);
     if (ns <= 0) die("--shapes: expected BxTxHxD[,BxTxHxD...]");
@@ -309,8 +338,8 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
     printf("TFLOP/s: minimal flops of the chunkwise form (C = 64; bench/bench_lin.c) / fwd time; rel err: o, dq, dk, dv "
            "against float64 on b = 0, h < 2, all tokens;\nf+b strm: calls back to back, one sync at the end (as "
            "triton.testing.do_bench); mem: device memory in use after the f+b\n");
-    printf("%-16s %-9s | %9s %8s | %9s %9s | %9s %9s %9s %9s | %7s\n", "B x T x H x D", "variant", "fwd ms", "TFLOP/s",
-           "f+b ms", "f+b strm", "err o", "err dq", "err dk", "err dv", "mem GB");
+    printf("%-16s %-9s %-6s | %9s %8s | %9s %9s | %9s %9s %9s %9s | %7s\n", "B x T x H x D", "variant", "path",
+           "fwd ms", "TFLOP/s", "f+b ms", "f+b strm", "err o", "err dq", "err dk", "err dv", "mem GB");
     for (int si = 0; si < ns; si++) {
         BenchShape sh = shapes[si];
         MnSeqDims d = {sh.B, sh.T, sh.H, sh.D, sh.D};
@@ -323,8 +352,9 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
         void *dq = alloc_or_die(be, h.nk, MEM_ACT), *dk = alloc_or_die(be, h.nk, MEM_ACT);
         void *dv = alloc_or_die(be, h.nv, MEM_ACT);
         void *dg = alloc_or_die(be, h.ng, MEM_F32), *db = alloc_or_die(be, h.ng, MEM_F32);
-        for (int vi = 0; vi < nv; vi++) {
-            const Variant *var = vars[vi];
+        for (int vi = 0; vi < nv * np; vi++) {
+            const Variant *var = vars[vi / np];
+            set_path(paths[vi % np]);
             Run r = {be, d, mn_lin_opts_default(var->rule)};
             r.o.form = form;
             MnLinFwd f = {q, k, v, var->gated ? g : NULL, var->beta ? b : NULL, NULL, o, NULL};
@@ -344,8 +374,8 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
             double flops = (double)h.ng * fwd_flops_per_token(var->rule, 64, sh.D, sh.D);
             char name[40];
             snprintf(name, sizeof name, "%dx%dx%dx%d", sh.B, sh.T, sh.H, sh.D);
-            printf("%-16s %-9s | %9.3f %8.1f | %9.3f %9.3f | %9.2e %9.2e %9.2e %9.2e | %7.2f\n", name, var->name,
-                   1e3 * tf, flops / tf / 1e12, 1e3 * tb, 1e3 * tbs, eo, eq, ek, ev, mem);
+            printf("%-16s %-9s %-6s | %9.3f %8.1f | %9.3f %9.3f | %9.2e %9.2e %9.2e %9.2e | %7.2f\n", name, var->name,
+                   LIN_PATHS[paths[vi % np]].name, 1e3 * tf, flops / tf / 1e12, 1e3 * tb, 1e3 * tbs, eo, eq, ek, ev, mem);
             fflush(stdout);
         }
         void *bufs[] = {q, k, v, g, b, dout, o, dq, dk, dv, dg, db};
@@ -402,7 +432,7 @@ int bench_lin(int argc, char **argv) {
     float gmean = 3.0f;
     const char *backend = "cpu", *dims = "64,128", *chunks = "64", *forms = "chunk,recurrent";
     const char *variants = "gdn,deltanet,gla,mamba2", *shapes = "8x2048x16x128,16x2048x8x64", *decode = "1,16,128";
-    const char *form = "auto";
+    const char *form = "auto", *paths_s = "split,bf16";
     Option opts[] = {
         {"backend", OPT_STRING, &backend, "cpu, or cuda (the GPU: --shapes, --decode)"},
         {"variants", OPT_STRING, &variants, "comma-separated of gdn (delta rule, g and beta), deltanet (delta rule, "
@@ -416,6 +446,8 @@ int bench_lin(int argc, char **argv) {
         {"form", OPT_STRING, &form, "form of the timed calls: auto (chunk from T = 64 on), chunk or recurrent (cuda)"},
         {"shapes", OPT_STRING, &shapes, "BxTxHxD shapes, comma-separated (cuda)"},
         {"decode", OPT_STRING, &decode, "batch sizes of the decode step (H=16, D=128), or \"\" (cuda)"},
+        {"paths", OPT_STRING, &paths_s, "chunkwise paths, comma-separated: split (fused, split products: the default), "
+                                        "bf16 (fused, single bf16 products), cublas (cuda)"},
         {"reps", OPT_INT, &reps, "timed repetitions, median reported (0: 3 on cpu, 10 on cuda; cuda: at most 64)", 0, 10000},
         {"gmean", OPT_FLOAT, &gmean, "forget gates are sigmoid(N(gmean, 1)): larger is longer memory", -20, 20},
     };
@@ -437,7 +469,19 @@ int bench_lin(int argc, char **argv) {
             fprintf(stderr, "mesanet bench lin: --form: expected auto, chunk or recurrent, got '%s'\n", form);
             return 1;
         }
-        return bench_lin_cuda(shapes, decode, vars, nv, reps, gmean, f);
+        int paths[NPATHS], np = parse_paths(paths_s, paths);
+        if (np <= 0) {
+            fprintf(stderr, "mesanet bench lin: --paths: expected a comma-separated list of split, bf16, cublas; got '%s'\n",
+                    paths_s);
+            return 1;
+        }
+        const char *env = getenv("MESANET_LIN");
+        char *saved = env ? strdup(env) : NULL;
+        st = bench_lin_cuda(shapes, decode, vars, nv, reps, gmean, f, paths, np);
+        if (saved) setenv("MESANET_LIN", saved, 1);
+        else unsetenv("MESANET_LIN");
+        free(saved);
+        return st;
     }
     fprintf(stderr, "mesanet bench lin: --backend: expected cpu or cuda, got '%s'\n", backend);
     return 1;

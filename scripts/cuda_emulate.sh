@@ -36,12 +36,13 @@ lin)
         -e '/^static __global__ void to_bf16_kernel/,$d' \
         -e 's/extern __shared__ float/extern float/' \
         -e 's/static __global__ void/static void/' ;;
-lin_chunk | lin_chunk_d32)
+lin_chunk | lin_chunk_d32 | lin_chunk_bf16)
     src="src/cuda/lin_chunk.cuh src/cuda/lin_chunk_fused.cuh src/cuda/lin_chunk.cu src/cuda/lin_chunk_cublas.cu
          src/cuda/lin_chunk_fused_walk.cu src/cuda/lin_chunk_fused.cu src/cuda/lin_chunk_fused_bwd.cu"
     # one build of the fused path: the one for head sizes up to 128, or (lin_chunk_d32) the one for 32
     opt="-O2 -fno-strict-aliasing -DLF_ONE_BUILD"
     if [ "$what" = lin_chunk_d32 ]; then opt="$opt -DLF_KMAX=32" out="$B/cuda_emu_d32" what=lin_chunk; fi
+    if [ "$what" = lin_chunk_bf16 ]; then opt="$opt -DLF_SPLIT=0" out="$B/cuda_emu_bf16" what=lin_chunk; fi
     set -- -e 's|#include "cuda_common.cuh"|#include "lin_chunk_emu.h"|' \
         -e '/#include "mma.cuh"/d' \
         -e '/#include "lin_chunk\(_fused\)\{0,1\}\.cuh"/d' \

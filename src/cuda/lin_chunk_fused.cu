@@ -20,13 +20,13 @@
 // tn holds -A transposed in its upper triangle (tn[m][i] = -A_im, m < i) and Tt in its lower one.
 // Dynamic shared memory: LF_PREP_SMEM bytes.
 #define LF_TT (LF_C * LF_LDO)
-#define LF_PREP_SMEM ((LF_TK + 2 * LF_TT) * 2 + LF_C * (LF_C + 1) * 4)
+#define LF_PREP_SMEM ((LF_TK + LF_TT + LF_LO(LF_TT)) * 2 + LF_C * (LF_C + 1) * 4)
 static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims d, const LcGates gt, const bf16 *kin,
                                                                    const bf16 *vin, float *wout, float *uout,
                                                                    float *ttout) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
     bf16 *Ks = (bf16 *)lf_dsmem, *Th = Ks + LF_TK, *Tl = Th + LF_TT;
-    float(*tn)[LF_C + 1] = (float(*)[LF_C + 1])(Tl + LF_TT);
+    float(*tn)[LF_C + 1] = (float(*)[LF_C + 1])(Tl + LF_LO(LF_TT));
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);
     const size_t ch = blockIdx.x;
     const float *b = gt.b + ch * LF_C, *beta = gt.beta + ch * LF_C;
@@ -65,7 +65,7 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
             int i = e / LF_C, m = e - i * LF_C;
             float x = m < i ? tn[i][m] * sc[m] : m == i ? sc[i] : 0.0f, h = lf_hi(x);
             st(Th, (size_t)i * LF_LDO + m, h);
-            st(Tl, (size_t)i * LF_LDO + m, x - h);
+            if (LF_SPLIT) st(Tl, (size_t)i * LF_LDO + m, x - h);
         }
         LfSrc src = {pass ? (const void *)vin : (const void *)kin, NULL, 1, D};
         lf_load(d, src, ch, 0, D, Ks, LF_LDK, LF_UNR);
@@ -78,13 +78,13 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
         for (int kt = 0; kt <= w; kt++) {  // Tt is lower triangular
             uint32_t ah[4], al[4];
             ldsm_x4(ah, Th + (16 * w + (lane & 15)) * LF_LDO + kt * 16 + (lane >> 4) * 8);
-            ldsm_x4(al, Tl + (16 * w + (lane & 15)) * LF_LDO + kt * 16 + (lane >> 4) * 8);
+            if (LF_SPLIT) ldsm_x4(al, Tl + (16 * w + (lane & 15)) * LF_LDO + kt * 16 + (lane >> 4) * 8);
 #pragma unroll
             for (int dp = 0; dp < 8; dp++) {
                 if (dp * 16 >= D) continue;
                 uint32_t bb[4];
                 ldsm_x4_t(bb, Ks + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDK + dp * 16 + (lane >> 4) * 8);
-                mma_bf16_x2(&acc[2 * dp], al, bb);
+                if (LF_SPLIT) mma_bf16_x2(&acc[2 * dp], al, bb);
                 mma_bf16_x2(&acc[2 * dp], ah, bb);
             }
         }
@@ -149,8 +149,8 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
                                                    const float *states, const LfSrc vp, float scale, bf16 *out,
                                                    const bf16 *vin, float *part, float *fout, const int BWD) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
-    bf16 *Qs = (bf16 *)lf_dsmem, *KS = Qs + LF_TK, *Sl = KS + LF_TK, *Vh = Sl + LF_TK, *Vl = Vh + LF_TO;
-    float *red = (float *)(Vl + LF_TO);  // [64][4] (BWD): the row sums' shares of the lanes
+    bf16 *Qs = (bf16 *)lf_dsmem, *KS = Qs + LF_TK, *Sl = KS + LF_TK, *Vh = Sl + LF_LO(LF_TK), *Vl = Vh + LF_TO;
+    float *red = (float *)(Vl + LF_LO(LF_TO));  // [64][4] (BWD): the row sums' shares of the lanes
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);
     const size_t ch = blockIdx.x;
     const int c0 = blockIdx.y * LF_RO, p = (int)(ch / d.N), t0 = (int)(ch % d.N) * LF_C;
@@ -173,8 +173,10 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
             if (c0 + np * 16 >= Dv) continue;
             const int bo = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8;
             ldsm_x4(bh, KS + bo);
-            ldsm_x4(bl, Sl + bo);
-            mma_bf16_x2(&o[2 * np], af, bl);
+            if (LF_SPLIT) {
+                ldsm_x4(bl, Sl + bo);
+                mma_bf16_x2(&o[2 * np], af, bl);
+            }
             mma_bf16_x2(&o[2 * np], af, bh);
         }
     }
@@ -216,7 +218,7 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
             const int bo = (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDO + dp * 16 + (lane >> 4) * 8;
             uint32_t bh[4], bl[4];
             ldsm_x4_t(bh, Vh + bo);
-            ldsm_x4_t(bl, Vl + bo);
+            if (LF_SPLIT) ldsm_x4_t(bl, Vl + bo);
             mma3(o[2 * dp], ph, pl, bh[0], bh[1], bl[0], bl[1]);
             mma3(o[2 * dp + 1], ph, pl, bh[2], bh[3], bl[2], bl[3]);
         }
@@ -285,10 +287,14 @@ static LfSrc lf_src(const void *p, const float *rs, int tok, int D) {
 // The fused path takes the call where it takes the shape (chunks of 64, Dk and Dv multiples of 16 up
 // to 128) and the device allows its kernels' shared memory (smem bytes: LF_WALK_SMEM for the forward
 // and GLA's backward, LF_UTB_SMEM for the delta rule's backward), unless MESANET_LIN=cublas (read at every
-// call) asks for the cuBLAS path; the cuBLAS path otherwise.
+// call) asks for the cuBLAS path; the cuBLAS path otherwise. MESANET_LIN=bf16 asks for the build with
+// single bf16 products (lin_chunk_fused_bf16.cu), which takes only such calls.
 int lf_use(const CudaCtx *c, const LcDims *d, size_t smem) {
     const char *e = getenv("MESANET_LIN");
     if (e && !strcmp(e, "cublas")) return 0;
+#ifndef LF_ONE_BUILD
+    if (!LF_SPLIT && !(e && !strcmp(e, "bf16"))) return 0;  // (the bf16 build only when asked for)
+#endif
     return smem <= c->smem_optin && d->C == LF_C && d->Dk % 16 == 0 && d->Dk <= LF_KMAX && d->Dv % 16 == 0 && d->Dv <= LF_KMAX;
 }
 
@@ -465,7 +471,7 @@ int lf_backward_delta(const Backend *be, CudaCtx *c, const LcDims *d, float scal
     wk.reverse = 1;
     MN_TRY(lf_walk(c, d, &wk));
     const unsigned nyk = (unsigned)((Dk + LF_RO - 1) / LF_RO);
-    const int smem = LF_DQK_SMEM + LF_TK * 2;
+    const int smem = LF_DQK_SMEM + LF_LO(LF_TK) * 2;
     CU_TRY(cudaFuncSetAttribute(lf_dqk_delta_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     lf_dqk_delta_kernel<<<dim3((unsigned)d->nch, nyk), LF_THREADS, smem, c->stream>>>(*d, w.gt, q, k, w.vp, dout, w.st, w.dst, scale, w.dqs, w.dk);
     LAUNCH_CHECK();

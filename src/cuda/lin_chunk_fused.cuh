@@ -33,6 +33,16 @@
 #define LF_RO 64     // output columns (of Dv) an output block computes
 #define LF_LDO 72    // row stride of the output kernel's [64][64] V' tile and of the prep's Tt
 #define LF_THREADS 128
+// The products' precision (a build option: lin_chunk_fused_bf16.cu builds the path again with 0):
+// 1, every operand not exact in bf16 split hi + lo and its products run two or three times; 0, one
+// bf16 product (fp32 sums) for every product, as fla's kernels, the lo tiles neither written nor
+// read. The state itself stays float32 in registers either way.
+#ifndef LF_SPLIT
+#define LF_SPLIT 1
+#endif
+// Elements of the lo tile of an n-element tile: none in the bf16 build, whose lo pointers then alias
+// the next tile and are never touched, so that its kernels ask for about half the shared memory.
+#define LF_LO(n) (LF_SPLIT ? (n) : 0)
 
 // Where a chunk's [C][D] operand is read: bf16 [B,T,H,D] as the call gives it (tok) or a float32
 // chunk-major [nch][C][D] buffer; times a row scale [nch][C] (NULL: none). Zero past T and past D.
@@ -153,7 +163,7 @@ static __device__ __forceinline__ float lf_hi(float x) {
 static __device__ __forceinline__ void lf_st2s(bf16 *hi, bf16 *lo, float a, float b) {
     float ha = lf_hi(a), hb = lf_hi(b);
     *(uint32_t *)hi = pack_bf16(ha, hb);
-    *(uint32_t *)lo = pack_bf16(a - ha, b - hb);
+    if (LF_SPLIT) *(uint32_t *)lo = pack_bf16(a - ha, b - hb);
 }
 
 // The chunk's rows through registers into a bf16 tile (lo NULL) or split into a hi and a lo tile.
@@ -192,10 +202,13 @@ static __device__ __forceinline__ void lf_load(const LcDims d, const LfSrc s, si
 
 // c += a b in three products of split operands (a_hi b_hi + a_hi b_lo + a_lo b_hi): float32-like
 // accuracy (~2^-16 relative per product) where bf16 alone (2^-9) would compound from chunk to chunk.
+// (LF_SPLIT 0: a_hi b_hi alone.)
 static __device__ __forceinline__ void mma3(float c[4], const uint32_t ah[4], const uint32_t al[4], uint32_t bh0,
                                             uint32_t bh1, uint32_t bl0, uint32_t bl1) {
-    mma_bf16(c, al, bh0, bh1);
-    mma_bf16(c, ah, bl0, bl1);
+    if (LF_SPLIT) {
+        mma_bf16(c, al, bh0, bh1);
+        mma_bf16(c, ah, bl0, bl1);
+    }
     mma_bf16(c, ah, bh0, bh1);
 }
 
@@ -229,7 +242,7 @@ typedef struct {
 #define LF_TK (LF_C * LF_LDK)  // elements of a [64][Dk] tile
 #define LF_TX (LF_R * LF_LDK)
 #define LF_TY (LF_C * LF_LDR)
-#define LF_WALK_SMEM ((4 * LF_TK + 2 * LF_TX + 2 * LF_TY) * 2)
+#define LF_WALK_SMEM ((2 * LF_TK + 2 * LF_LO(LF_TK) + LF_TX + LF_LO(LF_TX) + LF_TY + LF_LO(LF_TY)) * 2)
 
 // att = the warp's 16 rows of A B^T (A, B [64][LF_LDK] bf16, D / 16 steps of k; exact, or one of them
 // split, its lo tile Al or Bl: one more product), the 16 x 16 column blocks np outside [nmin, nmax]
@@ -244,16 +257,16 @@ static __device__ __forceinline__ void lf_abt(float att[8][4], const bf16 *A, co
     for (int s = 0; s < D / 16; s++) {
         uint32_t af[4], al[4], bb[4], bl[4];
         ldsm_x4(af, A + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
-        if (Al) ldsm_x4(al, Al + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
+        if (LF_SPLIT && Al) ldsm_x4(al, Al + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int np = 0; np < 4; np++) {
             if (np < nmin || np > nmax) continue;
             const int bo = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + s * 16 + ((lane >> 3) & 1) * 8;
             ldsm_x4(bb, B + bo);
-            if (Al) {
+            if (LF_SPLIT && Al) {
                 mma_bf16_x2(&att[2 * np], al, bb);
             }
-            if (Bl) {
+            if (LF_SPLIT && Bl) {
                 ldsm_x4(bl, Bl + bo);
                 mma_bf16_x2(&att[2 * np], af, bl);
             }
@@ -265,12 +278,12 @@ static __device__ __forceinline__ void lf_abt(float att[8][4], const bf16 *A, co
 // The other kernels' dynamic shared memory, in bytes (the tiles: lin_chunk_fused.cu's and
 // lin_chunk_fused_bwd.cu's kernel comments).
 #define LF_TO (LF_C * LF_LDO)
-#define LF_OUT_SMEM ((3 * LF_TK + 2 * LF_TO) * 2 + LF_C * 4 * 4)  // lf_out_body's kernels
+#define LF_OUT_SMEM ((2 * LF_TK + LF_LO(LF_TK) + LF_TO + LF_LO(LF_TO)) * 2 + LF_C * 4 * 4)  // lf_out_body's kernels
 #define LF_TSV (LF_KMAX * LF_LDO)  // a state slice [Dv][64]
-#define LF_DQK_SMEM ((2 * LF_TK + 2 * LF_TSV + 2 * LF_TO) * 2 + LF_C * 4 * 4)  // lf_dqk_kernel (+ LF_TK * 2: delta)
+#define LF_DQK_SMEM ((2 * LF_TK + LF_TSV + LF_LO(LF_TSV) + 2 * LF_TO) * 2 + LF_C * 4 * 4)  // lf_dqk_kernel (+ LF_LO(LF_TK) * 2: delta)
 // lf_utb_kernel's region of S's slice (hi + lo), which then holds the four [64][64] tiles M, N hi + lo
-#define LF_TSR (2 * LF_TSV > 4 * LF_TO ? 2 * LF_TSV : 4 * LF_TO)
-#define LF_UTB_SMEM ((6 * LF_TK + LF_TSR + 2 * LF_TO) * 2 + LF_C * 4 * 4)  // lf_utb_kernel
+#define LF_TSR (LF_TSV + LF_LO(LF_TSV) > 2 * (LF_TO + LF_LO(LF_TO)) ? LF_TSV + LF_LO(LF_TSV) : 2 * (LF_TO + LF_LO(LF_TO)))
+#define LF_UTB_SMEM ((4 * LF_TK + 2 * LF_LO(LF_TK) + LF_TSR + LF_TO + LF_LO(LF_TO)) * 2 + LF_C * 4 * 4)  // lf_utb_kernel
 
 // One state walk (lin_chunk_fused_walk.cu).
 int lf_walk(CudaCtx *c, const LcDims *d, const LfWalk *wk);
@@ -303,5 +316,13 @@ int lf_forward_d32(const Backend *be, CudaCtx *c, const LcDims *d, int delta, fl
 int lf_backward_gla_d32(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io);
 int lf_backward_delta_d32(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io);
 extern const size_t lf_walk_smem_d32, lf_utb_smem_d32;
+
+// The same path built with one bf16 product for every product (lin_chunk_fused_bf16.cu, LF_SPLIT 0),
+// taken when MESANET_LIN=bf16.
+int lf_use_bf16(const CudaCtx *c, const LcDims *d, size_t smem);
+int lf_forward_bf16(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float scale, const MnLinFwd *io);
+int lf_backward_gla_bf16(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io);
+int lf_backward_delta_bf16(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io);
+extern const size_t lf_walk_smem_bf16, lf_utb_smem_bf16;
 
 #endif

@@ -53,7 +53,7 @@ static __device__ __forceinline__ void lf_pv(float acc[8][4], const float att[8]
             if (c0 + dp * 16 >= D) continue;
             uint32_t bb[4];
             ldsm_x4_t(bb, X + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDO + dp * 16 + (lane >> 4) * 8);
-            mma_bf16_x2(&acc[2 * dp], pl, bb);
+            if (LF_SPLIT) mma_bf16_x2(&acc[2 * dp], pl, bb);
             mma_bf16_x2(&acc[2 * dp], ph, bb);
         }
     }
@@ -68,18 +68,18 @@ static __device__ __forceinline__ void lf_as(float acc[8][4], const bf16 *A, con
     for (int s = 0; s < D / 16; s++) {
         uint32_t af[4], al[4];
         ldsm_x4(af, A + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
-        if (Al) ldsm_x4(al, Al + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
+        if (LF_SPLIT && Al) ldsm_x4(al, Al + (16 * w + (lane & 15)) * LF_LDK + s * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int dp = 0; dp < 4; dp++) {
             if (c0 + dp * 16 >= Dc) continue;
             const int bo = (s * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LF_LDO + dp * 16 + (lane >> 4) * 8;
             uint32_t bh[4], bl[4];
             ldsm_x4_t(bh, Xh + bo);
-            ldsm_x4_t(bl, Xl + bo);
-            if (Al) {
-                mma_bf16_x2(&acc[2 * dp], al, bh);
+            if (LF_SPLIT) {
+                ldsm_x4_t(bl, Xl + bo);
+                if (Al) mma_bf16_x2(&acc[2 * dp], al, bh);
+                mma_bf16_x2(&acc[2 * dp], af, bl);
             }
-            mma_bf16_x2(&acc[2 * dp], af, bl);
             mma_bf16_x2(&acc[2 * dp], af, bh);
         }
     }
@@ -99,14 +99,14 @@ static __device__ __forceinline__ void lf_as(float acc[8][4], const bf16 *A, con
 // DELTA = 1: V' is the delta rule's (vp: float32 [nch][C][Dv], split hi + lo into one more tile: three
 // products where it enters), no beta in the scores, lambda alone on V' dS; out: dQs (unscaled) and
 // dK before the UT transform's terms, float32 chunk major [nch][C][Dk] (fdq, fdk; every row), no
-// shares. Dynamic shared memory LF_DQK_SMEM + (DELTA) LF_TK * 2 bytes.
+// shares. Dynamic shared memory LF_DQK_SMEM + (DELTA) LF_LO(LF_TK) * 2 bytes.
 // DELTA (0 or 1, a constant at each call, folded by the inlining): the delta rule's variant.
 static __device__ __forceinline__ void lf_dqk_body(const LcDims d, const LcGates gt, const bf16 *qin, const bf16 *kin,
                                                    const bf16 *vin, const float *vp, const bf16 *doin,
                                                    const float *sts, const float *dst, float scale, bf16 *dq,
                                                    bf16 *dk, float *part, float *fdq, float *fdk, const int DELTA) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
-    bf16 *Do = (bf16 *)lf_dsmem, *Vt = Do + LF_TK, *Sh = Vt + LF_TK, *Sl = Sh + LF_TSV, *Kc = Sl + LF_TSV,
+    bf16 *Do = (bf16 *)lf_dsmem, *Vt = Do + LF_TK, *Sh = Vt + LF_TK, *Sl = Sh + LF_TSV, *Kc = Sl + LF_LO(LF_TSV),
          *Qc = Kc + LF_TO;
     float *red = (float *)(Qc + LF_TO);
     bf16 *Vl = DELTA ? (bf16 *)(red + LF_C * 4) : NULL;  // V' lo
@@ -226,18 +226,18 @@ static __device__ __forceinline__ void lf_mm(float acc[8][4], const bf16 *Ah, co
         uint32_t ah[4], al[4];
         const int ao = (16 * w + (lane & 15)) * lda + s * 16 + (lane >> 4) * 8;
         ldsm_x4(ah, Ah + ao);
-        if (Al) ldsm_x4(al, Al + ao);
+        if (LF_SPLIT && Al) ldsm_x4(al, Al + ao);
 #pragma unroll
         for (int dp = 0; dp < 4; dp++) {
             if (dp * 16 >= ncol) continue;
             const int bo = (s * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldx + dp * 16 + (lane >> 4) * 8;
             uint32_t bh[4], bl[4];
             ldsm_x4_t(bh, Xh + bo);
-            if (Xl) {
+            if (LF_SPLIT && Xl) {
                 ldsm_x4_t(bl, Xl + bo);
                 mma_bf16_x2(&acc[2 * dp], ah, bl);
             }
-            if (Al) {
+            if (LF_SPLIT && Al) {
                 mma_bf16_x2(&acc[2 * dp], al, bh);
             }
             mma_bf16_x2(&acc[2 * dp], ah, bh);
@@ -270,7 +270,7 @@ static __device__ __forceinline__ void lf_st_frag(const float a[8][4], float s, 
                 for (int u = 0; u < 2; u++) {
                     float x = s * a[n][2 * h + u], xh = lf_hi(x);
                     st(hi, (size_t)(j + u) * ld + i, xh);
-                    st(lo, (size_t)(j + u) * ld + i, x - xh);
+                    if (LF_SPLIT) st(lo, (size_t)(j + u) * ld + i, x - xh);
                 }
             }
         }
@@ -291,10 +291,10 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
                                                            const bf16 *vin, const float *dvp, const float *sts,
                                                            const float *tt, float *tdu, float *dk, float *dbt) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
-    bf16 *Uh = (bf16 *)lf_dsmem, *Ul = Uh + LF_TK, *Wh = Ul + LF_TK, *Wl = Wh + LF_TK, *Vt = Wl + LF_TK,
+    bf16 *Uh = (bf16 *)lf_dsmem, *Ul = Uh + LF_TK, *Wh = Ul + LF_LO(LF_TK), *Wl = Wh + LF_TK, *Vt = Wl + LF_LO(LF_TK),
          *Kt = Vt + LF_TK, *Sh = Kt + LF_TK, *Sl = Sh + LF_TSV, *Th = Sh + LF_TSR, *Tl = Th + LF_TO;
-    bf16 *Mh = Sh, *Ml = Mh + LF_TO, *Nh = Ml + LF_TO, *Nl = Nh + LF_TO;  // (in S's place, after dW)
-    float *red = (float *)(Tl + LF_TO);
+    bf16 *Mh = Sh, *Ml = Mh + LF_TO, *Nh = Ml + LF_LO(LF_TO), *Nl = Nh + LF_TO;  // (in S's place, after dW)
+    float *red = (float *)(Tl + LF_LO(LF_TO));
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);
     const size_t ch = blockIdx.x, r = ch * LF_C;
     const float *b = gt.b + r;
@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
         int m = e / LF_C, i = e - m * LF_C;
         float x = tt[(r + m) * LF_C + i], h = lf_hi(x);
         st(Th, (size_t)i * LF_LDO + m, h);
-        st(Tl, (size_t)i * LF_LDO + m, x - h);
+        if (LF_SPLIT) st(Tl, (size_t)i * LF_LDO + m, x - h);
     }
     float acc[8][4], att[8][4], rs[2] = {0.0f, 0.0f};
     for (int c0 = 0; c0 < Dk; c0 += LF_RO) {  // dW = -dV' S, a slice of 64 columns at a time

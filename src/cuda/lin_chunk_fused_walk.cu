@@ -28,8 +28,8 @@ static __device__ __forceinline__ void lf_prefetch(const LcDims d, const LfSrc s
 // increments (lf_walk2_kernel).
 static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk k, const int INC2) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
-    bf16 *Ah = (bf16 *)lf_dsmem, *Al = Ah + LF_TK, *Bh = Al + LF_TK, *Bl = Bh + LF_TK, *Xh = Bl + LF_TK,
-         *Xl = Xh + LF_TX, *Yh = Xl + LF_TX, *Yl = Yh + LF_TY;
+    bf16 *Ah = (bf16 *)lf_dsmem, *Al = Ah + LF_TK, *Bh = Al + LF_LO(LF_TK), *Bl = Bh + LF_TK, *Xh = Bl + LF_LO(LF_TK),
+         *Xl = Xh + LF_TX, *Yh = Xl + LF_LO(LF_TX), *Yl = Yh + LF_TY;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, NT = Dk / 8;
     const int p = blockIdx.y, r0 = blockIdx.x * LF_R, lr = lane >> 2, lc = 2 * (lane & 3);
     float x[2][LF_NS][4];  // [m tile: rows r0 + 16 mt][slot s: columns 8 (w + 4 s)][fragment]
@@ -94,14 +94,14 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                 uint32_t ah[4], al[4], bh[4], bl[4];
                 const int ao = (16 * w + (lane & 15)) * LF_LDK + ks * 16 + (lane >> 4) * 8;
                 ldsm_x4(ah, Ah + ao);
-                if (!k.a_exact) ldsm_x4(al, Al + ao);
+                if (LF_SPLIT && !k.a_exact) ldsm_x4(al, Al + ao);
 #pragma unroll
                 for (int np = 0; np < 2; np++) {
                     const int bo = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDK + ks * 16 + ((lane >> 3) & 1) * 8;
                     ldsm_x4(bh, Xh + bo);
-                    ldsm_x4(bl, Xl + bo);
+                    if (LF_SPLIT) ldsm_x4(bl, Xl + bo);
                     if (k.a_exact) {
-                        mma_bf16_x2(&y[2 * np], ah, bl);
+                        if (LF_SPLIT) mma_bf16_x2(&y[2 * np], ah, bl);
                         mma_bf16_x2(&y[2 * np], ah, bh);
                     } else {
                         mma3(y[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
@@ -158,7 +158,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                 for (int mt = 0; mt < 2; mt++) {
                     const int ao = (kt * 16 + (lane & 7) + (lane >> 4) * 8) * LF_LDR + mt * 16 + ((lane >> 3) & 1) * 8;
                     ldsm_x4_t(ah[mt], Yh + ao);
-                    ldsm_x4_t(al[mt], Yl + ao);
+                    if (LF_SPLIT) ldsm_x4_t(al[mt], Yl + ao);
                 }
 #pragma unroll
                 for (int sp = 0; sp < (LF_NS + 1) / 2; sp++) {  // slots 2 sp, 2 sp + 1 (a slot past Dk reads a valid tile, unused)
@@ -171,16 +171,16 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                     if (bex) {
 #pragma unroll
                         for (int mt = 0; mt < 2; mt++) {
-                            mma_bf16(x[mt][2 * sp], al[mt], bh[0], bh[1]);
+                            if (LF_SPLIT) mma_bf16(x[mt][2 * sp], al[mt], bh[0], bh[1]);
                             mma_bf16(x[mt][2 * sp], ah[mt], bh[0], bh[1]);
                             if (two && n0 + 4 < NT) {
-                                mma_bf16(x[mt][(2 * sp + 1) % LF_NS], al[mt], bh[2], bh[3]);
+                                if (LF_SPLIT) mma_bf16(x[mt][(2 * sp + 1) % LF_NS], al[mt], bh[2], bh[3]);
                                 mma_bf16(x[mt][(2 * sp + 1) % LF_NS], ah[mt], bh[2], bh[3]);
                             }
                         }
                         continue;
                     }
-                    ldsm_x4_t(bl, Bl + bo);
+                    if (LF_SPLIT) ldsm_x4_t(bl, Bl + bo);
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++) {
                         mma3(x[mt][2 * sp], ah[mt], al[mt], bh[0], bh[1], bl[0], bl[1]);
@@ -207,11 +207,13 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
 // INC2 = 0 (lf_walk_kernel, the forward's and GLA's walks) or 1 (lf_walk2_kernel, the delta rule's
 // adjoint walk with its second increment), two kernels so that the first keeps its registers.
 // (Minimum blocks 1: without it ptxas holds lf_walk2_kernel to 128 registers and spills in the
-// chunk loop. Shared memory allows two blocks either way.)
-static __global__ void __launch_bounds__(LF_THREADS, 1) lf_walk_kernel(const LcDims d, const LfWalk k) {
+// chunk loop; shared memory allows two blocks either way. The bf16 build's walks ask for half the
+// shared memory, and 3 blocks a multiprocessor hold them to 168 registers.)
+#define LF_WALK_MINB (LF_SPLIT ? 1 : 3)
+static __global__ void __launch_bounds__(LF_THREADS, LF_WALK_MINB) lf_walk_kernel(const LcDims d, const LfWalk k) {
     lf_walk_body(d, k, 0);
 }
-static __global__ void __launch_bounds__(LF_THREADS, 1) lf_walk2_kernel(const LcDims d, const LfWalk k) {
+static __global__ void __launch_bounds__(LF_THREADS, LF_WALK_MINB) lf_walk2_kernel(const LcDims d, const LfWalk k) {
     lf_walk_body(d, k, 1);
 }
 
