@@ -16,7 +16,8 @@
 // by forward substitution in fp32 (thread j < C owns column j: Tt_ij = -sum_{j <= m < i} A_im Tt_mj
 // only reads its own column, so no barrier between rows), then W = Tt diag(beta gamma) K and
 // U = Tt diag(beta) V on the tensor cores: the row scales folded into Tt's columns (fp32), which is
-// split hi + lo (two products against the exact bf16 K or V), float32 chunk major [nch][C][D].
+// split hi + lo (two products against the exact bf16 K or V), float32 chunk major [nch][C][D] (the
+// bf16 build: bf16 chunk major, one product).
 // tn holds -A transposed in its upper triangle (tn[m][i] = -A_im, m < i) and Tt in its lower one.
 // Dynamic shared memory: LF_PREP_SMEM bytes.
 #define LF_TT (LF_C * LF_LDO)
@@ -95,9 +96,13 @@ static __global__ void __launch_bounds__(LF_THREADS) lf_prep_kernel(const LcDims
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int t = 16 * w + lr + 8 * h;
-                float *o = out + (ch * LF_C + t) * D + 8 * n + lc;
-                o[0] = acc[n][2 * h];
-                o[1] = acc[n][2 * h + 1];
+                const size_t at = (ch * LF_C + t) * D + 8 * n + lc;
+                if (LF_SPLIT) {
+                    out[at] = acc[n][2 * h];
+                    out[at + 1] = acc[n][2 * h + 1];
+                } else {  // the bf16 build's W and U: bf16, for the walks' cp.async
+                    *(uint32_t *)((bf16 *)out + at) = pack_bf16(acc[n][2 * h], acc[n][2 * h + 1]);
+                }
             }
         }
         lf_sync();
@@ -303,15 +308,17 @@ int lf_use(const CudaCtx *c, const LcDims *d, size_t smem) {
 int lf_forward(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float scale, const MnLinFwd *io) {
     int Dk = d->Dk, Dv = d->Dv;
     size_t rg = d->nch * LF_C, rk = rg * Dk, rv = rg * Dv, states = d->nch * d->ss;
-    size_t total = 6 * rg + d->nch + (delta ? rk + rv : 0) + states + 10 * LC_ALIGN;
+    size_t total = 6 * rg + d->nch + (delta ? rk + 2 * rv : 0) + states + 11 * LC_ALIGN;
     float *m = (float *)cuda_scratch(be, sizeof(float) * total);
     if (!m) return MN_ERR_NOMEM;
     LcGates gt;
-    float *wb = NULL, *ub = NULL, *st_;
+    float *wb = NULL, *ub = NULL, *vpb = NULL, *st_;
 #define TAKE(ptr, n) (ptr = m, m += ((n) + LC_ALIGN - 1) / LC_ALIGN * LC_ALIGN)
     TAKE(gt.b, rg); TAKE(gt.gam, rg); TAKE(gt.lam, rg); TAKE(gt.beta, rg); TAKE(gt.bg, rg);
     TAKE(gt.dec, d->nch);
     if (delta) { TAKE(wb, rk); TAKE(ub, rv); }
+    if (delta && !LF_SPLIT) TAKE(vpb, rv);  // (V' float32 beside the bf16 U; the split build's in U's place)
+    else vpb = ub;
     TAKE(st_, states);
 #undef TAKE
     const bf16 *q = (const bf16 *)io->q, *k = (const bf16 *)io->k, *v = (const bf16 *)io->v;
@@ -325,10 +332,11 @@ int lf_forward(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float 
     LfWalk wk;
     memset(&wk, 0, sizeof wk);
     if (delta) {
-        wk.a = lf_src(wb, NULL, 0, Dk);
-        wk.y0 = lf_src(ub, NULL, 0, Dv);
+        wk.a = lf_src(wb, NULL, LF_SPLIT ? 0 : LF_CHUNK_BF16, Dk);
+        wk.a_exact = !LF_SPLIT;
+        wk.y0 = lf_src(ub, NULL, LF_SPLIT ? 0 : LF_CHUNK_BF16, Dv);
         wk.sa = -1.0f;
-        wk.y = ub;  // V' in place of U
+        wk.y = vpb;  // V'
     } else {
         wk.y0 = lf_src(v, gt.beta, 1, Dv);
     }
@@ -341,7 +349,7 @@ int lf_forward(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float 
     wk.xs = st_;
     wk.xfin = io->sT;
     MN_TRY(lf_walk(c, d, &wk));
-    LfSrc vp = delta ? lf_src(ub, NULL, 0, Dv) : lf_src(v, gt.beta, 1, Dv);
+    LfSrc vp = delta ? lf_src(vpb, NULL, 0, Dv) : lf_src(v, gt.beta, 1, Dv);
     CU_TRY(cudaFuncSetAttribute(lf_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_OUT_SMEM));
     lf_out_kernel<<<dim3((unsigned)d->nch, (unsigned)((Dv + LF_RO - 1) / LF_RO)), LF_THREADS, LF_OUT_SMEM, c->stream>>>(*d, gt, q, k, st_, vp, scale, (bf16 *)io->o);
     LAUNCH_CHECK();
@@ -415,7 +423,7 @@ int lf_backward_delta(const Backend *be, CudaCtx *c, const LcDims *d, float scal
     const int Dk = d->Dk, Dv = d->Dv;
     size_t rg = d->nch * LF_C, rk = rg * Dk, rv = rg * Dv, cc = rg * LF_C, states = d->nch * d->ss;
     size_t fins = (size_t)d->P * d->ss;
-    size_t total = 7 * rg + d->nch + 3 * rk + 3 * rv + cc + 2 * states + fins + 20 * LC_ALIGN;
+    size_t total = 7 * rg + d->nch + 3 * rk + 4 * rv + cc + 2 * states + fins + 21 * LC_ALIGN;
     float *m = (float *)cuda_scratch(be, sizeof(float) * total);
     if (!m) return MN_ERR_NOMEM;
     LcWork w;
@@ -425,18 +433,22 @@ int lf_backward_delta(const Backend *be, CudaCtx *c, const LcDims *d, float scal
     TAKE(w.gt.dec, d->nch);
     TAKE(w.w, rk); TAKE(w.vp, rv); TAKE(w.tt, cc); TAKE(w.st, states); TAKE(w.sfin, fins);
     TAKE(w.dvp, rv); TAKE(w.dst, states); TAKE(w.dqs, rk); TAKE(w.dk, rk); TAKE(w.tdu, rv); TAKE(w.dbt, rg);
+    float *ub = w.vp;  // U, then V' in its place; the bf16 build: U bf16 in its own buffer
+    if (!LF_SPLIT) TAKE(ub, rv);
 #undef TAKE
     const bf16 *q = (const bf16 *)io->q, *k = (const bf16 *)io->k, *v = (const bf16 *)io->v,
                *dout = (const bf16 *)io->dout;
     lc_gates_kernel<<<grid_for(d->nch, LC_GPB), LC_GPB * LC_CMAX, 0, c->stream>>>(*d, io->g, io->beta, w.gt);
     LAUNCH_CHECK();
     CU_TRY(cudaFuncSetAttribute(lf_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_PREP_SMEM));
-    lf_prep_kernel<<<(unsigned)d->nch, LF_THREADS, LF_PREP_SMEM, c->stream>>>(*d, w.gt, k, v, w.w, w.vp, w.tt);
+    lf_prep_kernel<<<(unsigned)d->nch, LF_THREADS, LF_PREP_SMEM, c->stream>>>(*d, w.gt, k, v, w.w, ub, w.tt);
     LAUNCH_CHECK();
+    const int wtok = LF_SPLIT ? 0 : LF_CHUNK_BF16;  // W and U float32, or bf16 (exact operands)
     LfWalk wk;
-    memset(&wk, 0, sizeof wk);  // S_c, and V' = U - W S^T in place of U
-    wk.a = lf_src(w.w, NULL, 0, Dk);
-    wk.y0 = lf_src(w.vp, NULL, 0, Dv);
+    memset(&wk, 0, sizeof wk);  // S_c, and V' = U - W S^T
+    wk.a = lf_src(w.w, NULL, wtok, Dk);
+    wk.a_exact = !LF_SPLIT;
+    wk.y0 = lf_src(ub, NULL, wtok, Dv);
     wk.b = lf_src(k, NULL, 1, Dk);
     wk.rb = w.gt.lam;
     wk.b_exact = 1;
@@ -456,7 +468,8 @@ int lf_backward_delta(const Backend *be, CudaCtx *c, const LcDims *d, float scal
     wk.ra = w.gt.lam;
     wk.a_exact = 1;
     wk.y0 = lf_src(w.dvp, NULL, 0, Dv);
-    wk.b = lf_src(w.w, NULL, 0, Dk);
+    wk.b = lf_src(w.w, NULL, wtok, Dk);
+    wk.b_exact = !LF_SPLIT;
     wk.sa = 1.0f;
     wk.sb = -1.0f;
     wk.dec = w.gt.dec;

@@ -43,9 +43,14 @@
 // Elements of the lo tile of an n-element tile: none in the bf16 build, whose lo pointers then alias
 // the next tile and are never touched, so that its kernels ask for about half the shared memory.
 #define LF_LO(n) (LF_SPLIT ? (n) : 0)
+// The walks' A and B tiles in two stages (the bf16 build, where every A and B is exact bf16 and
+// copied by cp.async): chunk i + 1's copies are in flight while chunk i's products run.
+#define LF_WDB (!LF_SPLIT)
 
-// Where a chunk's [C][D] operand is read: bf16 [B,T,H,D] as the call gives it (tok) or a float32
-// chunk-major [nch][C][D] buffer; times a row scale [nch][C] (NULL: none). Zero past T and past D.
+// Where a chunk's [C][D] operand is read: bf16 [B,T,H,D] as the call gives it (tok 1), a float32
+// chunk-major [nch][C][D] buffer (tok 0) or a bf16 one (tok LF_CHUNK_BF16: the bf16 build's W and U);
+// times a row scale [nch][C] (NULL: none). Zero past T and past D.
+#define LF_CHUNK_BF16 2
 typedef struct {
     const void *p;
     const float *rs;
@@ -68,7 +73,9 @@ static __device__ __forceinline__ LfSrc lf_src_d(const bf16 *p, int D) {
 static __device__ __forceinline__ float lf_at(const LcDims d, const LfSrc s, size_t ch, int t, int col) {
     if (col >= s.D) return 0.0f;
     float x;
-    if (s.tok) {
+    if (s.tok == LF_CHUNK_BF16) {
+        x = ld((const bf16 *)s.p, (ch * d.C + t) * s.D + col);
+    } else if (s.tok) {
         int tt = (int)(ch % d.N) * d.C + t;
         if (tt >= d.T) return 0.0f;
         x = ld((const bf16 *)s.p, lc_tok(d, (int)(ch / d.N), tt) * s.D + col);
@@ -93,8 +100,9 @@ static __device__ __forceinline__ void lf_at4(const LcDims d, const LfSrc s, siz
     if (col >= s.D) return;
     if (s.tok) {
         int tt = (int)(ch % d.N) * d.C + t;
-        if (tt >= d.T) return;
-        const bf16 *x = (const bf16 *)s.p + lc_tok(d, (int)(ch / d.N), tt) * s.D + col;
+        if (s.tok == 1 && tt >= d.T) return;
+        const bf16 *x = (const bf16 *)s.p + (s.tok == 1 ? lc_tok(d, (int)(ch / d.N), tt) * s.D + col
+                                                          : (ch * d.C + t) * s.D + col);
         if ((uintptr_t)x % 8 == 0) {
             const uint32_t *u = (const uint32_t *)x;
             uint32_t u0 = u[0], u1 = u[1];
@@ -137,9 +145,11 @@ static __device__ __forceinline__ int lf_async_ok(const LfSrc s, int c0, int nco
 static __device__ __forceinline__ void lf_load_async(const LcDims d, const LfSrc s, size_t ch, int c0, int ncols,
                                                      bf16 *dst, int lds) {
     const int n8 = ncols / 8, total = LF_C * n8, p = (int)(ch / d.N), tb = (int)(ch % d.N) * LF_C;
+    const int chunk = s.tok == LF_CHUNK_BF16;  // (every row of a chunk-major buffer is there: no bound)
     for (int e = threadIdx.x; e < total; e += blockDim.x) {
-        const int t = e / n8, j = 8 * (e - t * n8), ok = tb + t < d.T;
-        const bf16 *src = (const bf16 *)s.p + (ok ? lc_tok(d, p, tb + t) * s.D + c0 + j : 0);
+        const int t = e / n8, j = 8 * (e - t * n8), ok = chunk || tb + t < d.T;
+        const bf16 *src = (const bf16 *)s.p + (chunk ? (ch * LF_C + t) * s.D + c0 + j
+                                                     : ok ? lc_tok(d, p, tb + t) * s.D + c0 + j : 0);
         cp_async16(dst + (size_t)t * lds + j, src, ok ? 16 : 0);
     }
     cp_async_commit();
@@ -242,7 +252,8 @@ typedef struct {
 #define LF_TK (LF_C * LF_LDK)  // elements of a [64][Dk] tile
 #define LF_TX (LF_R * LF_LDK)
 #define LF_TY (LF_C * LF_LDR)
-#define LF_WALK_SMEM ((2 * LF_TK + 2 * LF_LO(LF_TK) + LF_TX + LF_LO(LF_TX) + LF_TY + LF_LO(LF_TY)) * 2)
+#define LF_WALK_SMEM \
+    ((2 * LF_TK + 2 * LF_LO(LF_TK) + (LF_WDB ? 2 * LF_TK : 0) + LF_TX + LF_LO(LF_TX) + LF_TY + LF_LO(LF_TY)) * 2)
 
 // att = the warp's 16 rows of A B^T (A, B [64][LF_LDK] bf16, D / 16 steps of k; exact, or one of them
 // split, its lo tile Al or Bl: one more product), the 16 x 16 column blocks np outside [nmin, nmax]

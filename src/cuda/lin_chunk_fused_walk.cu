@@ -18,18 +18,30 @@ static __device__ __forceinline__ void lf_prefetch(const LcDims d, const LfSrc s
     for (int e = threadIdx.x; e < LF_C * lines; e += blockDim.x) {
         const int t = e / lines, off = min(128 * (e - t * lines), bytes - 1);
         if (tb + t >= d.T) continue;
-        const size_t el = s.tok ? lc_tok(d, p, tb + t) * s.D + c0 : (ch * LF_C + t) * s.D + c0;
+        const size_t el = s.tok == 1 ? lc_tok(d, p, tb + t) * s.D + c0 : (ch * LF_C + t) * s.D + c0;
         prefetch_l2((const char *)s.p + el * es + off);
     }
     if (s.rs && threadIdx.x < 2) prefetch_l2(s.rs + ch * LF_C + 32 * threadIdx.x);
 }
 
+// Chunk ch's A and B tiles (A only where the walk has one): copied where exact, split hi + lo else.
+static __device__ __forceinline__ void lf_walk_load_ab(const LcDims d, const LfWalk &k, size_t ch, bf16 *Ah, bf16 *Al,
+                                                       bf16 *Bh, bf16 *Bl) {
+    if (k.a.p && k.a_exact) lf_load(d, k.a, ch, 0, d.Dk, Ah, LF_LDK, LF_UNR_WALK);
+    else if (k.a.p) lf_load2(d, k.a, ch, 0, d.Dk, Ah, Al, LF_LDK, LF_UNR_WALK);
+    if (k.b_exact) lf_load(d, k.b, ch, 0, d.Dk, Bh, LF_LDK, LF_UNR_WALK);
+    else lf_load2(d, k.b, ch, 0, d.Dk, Bh, Bl, LF_LDK, LF_UNR_WALK);
+}
+
 // INC2 (0 or 1, a constant at each call, folded by the inlining) selects the adjoint walk's own
-// increments (lf_walk2_kernel).
+// increments (lf_walk2_kernel). With LF_WDB, A and B in two stages (Ah0/Bh0, Ah1/Bh1): the next
+// chunk's copies are issued once this chunk's have landed (after the adjoint walk's second
+// increment's own copy), and the barriers inside a chunk then do not wait for them.
 static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk k, const int INC2) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
-    bf16 *Ah = (bf16 *)lf_dsmem, *Al = Ah + LF_TK, *Bh = Al + LF_LO(LF_TK), *Bl = Bh + LF_TK, *Xh = Bl + LF_LO(LF_TK),
-         *Xl = Xh + LF_TX, *Yh = Xl + LF_LO(LF_TX), *Yl = Yh + LF_TY;
+    bf16 *Ah0 = (bf16 *)lf_dsmem, *Al = Ah0 + LF_TK, *Bh0 = Al + LF_LO(LF_TK), *Bl = Bh0 + LF_TK,
+         *Xh = Bl + LF_LO(LF_TK) + (LF_WDB ? 2 * LF_TK : 0), *Xl = Xh + LF_TX, *Yh = Xl + LF_LO(LF_TX), *Yl = Yh + LF_TY;
+    bf16 *const Ah1 = Bh0 + LF_TK, *const Bh1 = Ah1 + LF_TK;  // (LF_WDB: the second stage)
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, NT = Dk / 8;
     const int p = blockIdx.y, r0 = blockIdx.x * LF_R, lr = lane >> 2, lc = 2 * (lane & 3);
     float x[2][LF_NS][4];  // [m tile: rows r0 + 16 mt][slot s: columns 8 (w + 4 s)][fragment]
@@ -42,12 +54,18 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                 int r = r0 + 16 * mt + lr + 8 * (e >> 1), col = 8 * (w + 4 * s) + lc + (e & 1);
                 x[mt][s][e] = k.init && r < Dv && w + 4 * s < NT ? k.init[((size_t)p * Dv + r) * Dk + col] : 0.0f;
             }
+    const size_t ch0 = (size_t)p * d.N + (k.reverse ? d.N - 1 : 0);
+    if (LF_WDB) lf_walk_load_ab(d, k, ch0, Ah0, Al, Bh0, Bl);
     for (int it = 0; it < d.N; it++) {
-        const size_t ch = (size_t)p * d.N + (k.reverse ? d.N - 1 - it : it);
+        const size_t ch = (size_t)p * d.N + (k.reverse ? d.N - 1 - it : it), nx = k.reverse ? ch - 1 : ch + 1;
+        bf16 *const Ah = LF_WDB && (it & 1) ? Ah1 : Ah0, *const Bh = LF_WDB && (it & 1) ? Bh1 : Bh0;
+        // the next chunk's A and B into the other stage (LF_WDB), once this chunk's have landed
+        bf16 *const An = LF_WDB && (it & 1) ? Ah0 : Ah1, *const Bn = LF_WDB && (it & 1) ? Bh0 : Bh1;
         if (it + 1 < d.N) {
-            const size_t nx = k.reverse ? ch - 1 : ch + 1;
-            lf_prefetch(d, k.a, nx, 0, Dk);
-            lf_prefetch(d, k.b, nx, 0, Dk);
+            if (!LF_WDB) {
+                lf_prefetch(d, k.a, nx, 0, Dk);
+                lf_prefetch(d, k.b, nx, 0, Dk);
+            }
             lf_prefetch(d, k.y0, nx, r0, LF_R);
             if (INC2) {
                 lf_prefetch(d, k.y2, nx, r0, LF_R);
@@ -61,10 +79,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                 for (int e = threadIdx.x; e < LF_R * Dk / 32; e += blockDim.x)
                     if (r0 + e / (Dk / 32) < Dv) prefetch_l2(k.inc + (nx * Dv + r0) * Dk + 32 * e);
         }
-        if (k.a.p && k.a_exact) lf_load(d, k.a, ch, 0, Dk, Ah, LF_LDK, LF_UNR_WALK);
-        else if (k.a.p) lf_load2(d, k.a, ch, 0, Dk, Ah, Al, LF_LDK, LF_UNR_WALK);
-        if (k.b_exact) lf_load(d, k.b, ch, 0, Dk, Bh, LF_LDK, LF_UNR_WALK);
-        else lf_load2(d, k.b, ch, 0, Dk, Bh, Bl, LF_LDK, LF_UNR_WALK);
+        if (!LF_WDB) lf_walk_load_ab(d, k, ch, Ah, Al, Bh, Bl);
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -83,6 +98,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                 }
             }
         lf_sync();
+        if (LF_WDB && !INC2 && it + 1 < d.N) lf_walk_load_ab(d, k, nx, An, Al, Bn, Bl);
         // Y rows 16 w .. 16 w + 15, all LF_R columns
         float y[4][4];
 #pragma unroll
@@ -125,7 +141,8 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                 }
                 lf_st2s(Yh + t * LF_LDR + j, Yl + t * LF_LDR + j, sb * v0, sb * v1);
             }
-        lf_sync();
+        if (LF_WDB) __syncthreads();  // (the next chunk's copies left in flight)
+        else lf_sync();
         const float dec = k.dec[ch];
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
@@ -151,6 +168,7 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                             sc * lf_at(d, k.y2, ch, t, r0 + j + 1));
                 }
                 lf_sync();
+                if (LF_WDB && it + 1 < d.N) lf_walk_load_ab(d, k, nx, An, Al, Bn, Bl);
             }
             for (int kt = 0; kt < LF_C / 16; kt++) {
                 uint32_t ah[2][4], al[2][4];
@@ -190,7 +208,8 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
                 }
             }
         }
-        lf_sync();
+        if (LF_WDB) __syncthreads();
+        else lf_sync();
     }
     if (k.xfin)
 #pragma unroll
@@ -207,9 +226,9 @@ static __device__ __forceinline__ void lf_walk_body(const LcDims d, const LfWalk
 // INC2 = 0 (lf_walk_kernel, the forward's and GLA's walks) or 1 (lf_walk2_kernel, the delta rule's
 // adjoint walk with its second increment), two kernels so that the first keeps its registers.
 // (Minimum blocks 1: without it ptxas holds lf_walk2_kernel to 128 registers and spills in the
-// chunk loop; shared memory allows two blocks either way. The bf16 build's walks ask for half the
-// shared memory, and 3 blocks a multiprocessor hold them to 168 registers.)
-#define LF_WALK_MINB (LF_SPLIT ? 1 : 3)
+// chunk loop; shared memory allows two blocks either way, the bf16 build's two stages of A and B
+// included.)
+#define LF_WALK_MINB (LF_SPLIT ? 1 : 2)
 static __global__ void __launch_bounds__(LF_THREADS, LF_WALK_MINB) lf_walk_kernel(const LcDims d, const LfWalk k) {
     lf_walk_body(d, k, 0);
 }

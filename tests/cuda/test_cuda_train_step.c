@@ -135,8 +135,18 @@ TEST(cuda_train_step_recorded_matches_eager) {
                 CHECK(d == 0, "%s: recorded steps differ from eager ones by %.3g (eager runs agree bit for bit)",
                       mixers[i], d);
             } else {  // nondeterministic kernels (atomics): the recording within the eager runs' own spread
-                test_note("%s: two eager runs differ by %.3g: its kernels are not deterministic", mixers[i], spread);
-                CHECK(d <= 4 * spread, "%s: recorded steps differ from eager ones by %.3g (eager spread %.3g)",
+                // (Mesa's: its dlambda sums; over 10 steps two eager runs end from 4e-4 to 0.27 apart, so
+                // a third eager run sets the spread and the recording is compared with the nearer one.)
+                Run e3;
+                run_steps(mixers[i], 0, &e3);
+                if (e3.ok) {
+                    spread = fmax(spread, fmax(max_diff(&e1, &e3), max_diff(&e2, &e3)));
+                    d = fmin(d, fmin(max_diff(&e2, &r), max_diff(&e3, &r)));
+                }
+                free(e3.w);
+                test_note("%s: three eager runs differ by up to %.3g: its kernels are not deterministic", mixers[i],
+                          spread);
+                CHECK(d <= 4 * spread, "%s: recorded steps differ from the nearest eager run by %.3g (eager spread %.3g)",
                       mixers[i], d, spread);
             }
             for (int k = 0; k < STEPS; k++)

@@ -114,9 +114,12 @@ static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, i
     snprintf(tag, sizeof tag, "%s %s B%d T%d H%d Dk%d Dv%d g%d b%d s0%d dsT%d beta(%.1f,%.1f) C%d%s", fz ? "fused " : "cublas",
              rule ? "delta" : "gla", B, T, H, Dk, Dv, wg, wb, ws0, wdsT, blo, bhi, chunk ? chunk : 64,
              hard == 1 ? " g=0" : hard == 2 ? " 1key" : "");
-    double tb = 2e-2, tf = 2e-2;
+    double tb = 2e-2, tf = 2e-2, tdg = tf;
 #if defined(LF_SPLIT) && LF_SPLIT == 0
-    if (fz) tb = 2.5e-2, tf = 8e-2;  // one bf16 product each (tests/cuda/test_cuda_lin.c: SINGLE_*_TOL)
+    // one bf16 product each (tests/cuda/test_cuda_lin.c: SINGLE_*_TOL); measured: bf16 outputs up to
+    // 8.4e-3, sT, dbeta, ds0 up to 1.5e-2, dg 4.3e-2, and on the hard inputs (one key, beta near 2)
+    // dg 0.105: 2 to 3x over each
+    if (fz) tb = 2.5e-2, tf = 4e-2, tdg = hard ? 0.25 : 8e-2;
 #endif
     check(tag, 0, relb(go, o_, nv), tb);
     check(tag, 1, relf(gsT, sT, ns), tf);
@@ -124,7 +127,7 @@ static void run(int B, int T, int H, int Dk, int Dv, int rule, int wg, int wb, i
     check(tag, 3, relb(gdk, dk, nq), tb);
     check(tag, 4, relb(gdv, dv, nv), tb);
     // (dg, dbeta where g, beta are NULL: 0 written; the reference's are 0 too)
-    check(tag, 5, relf(gdg, dg, ntok), tf);
+    check(tag, 5, relf(gdg, dg, ntok), tdg);
     check(tag, 6, relf(gdb, db, ntok), tf);
     if (ws0 || wdsT) check(tag, 7, relf(gds0, ds0, ns), tf);
     if (fz) {  // q, k, v one element off 8-byte alignment (the fused loads' scalar fallback): the same o
