@@ -14,6 +14,7 @@
 #              paths, the fused kernels (the default) and the cuBLAS one (MESANET_LIN=cublas). EXTRA
 #              "f32": float32 operands instead of TF32. lin_chunk_d32: the same with the fused path built
 #              for head sizes up to 32 (lin_chunk_fused_d32.cu's build; larger ones take the cuBLAS path)
+#              lin_chunk_bf16: with one bf16 product each (lin_chunk_fused_bf16.cu's build, LF_SPLIT 0)
 #   attn       src/cuda/attn_cuda.cu's kernels (the host side cut; attn_emu.cpp mirrors it)
 #   mlstm      src/cuda/mlstm_chunk.cuh and mlstm_cuda.cu whole, kernels and host side (xlstm_emu.h),
 #              against a float64 reference in mlstm_emu.cpp
@@ -22,7 +23,7 @@
 #   scan       src/cuda/scan_cuda.cu whole, kernels and host side (xlstm_emu.h), RG-LRU and Longhorn
 #              against a float64 reference in scan_emu.cpp (itself checked against finite differences)
 #
-# Usage: scripts/cuda_emulate.sh lin|lin_chunk|lin_chunk_d32|attn|mlstm|slstm|scan [BUILD dir of a CPU build, default build-emu] [EXTRA]
+# Usage: scripts/cuda_emulate.sh lin|lin_chunk|lin_chunk_d32|lin_chunk_bf16|attn|mlstm|slstm|scan [BUILD dir of a CPU build, default build-emu] [EXTRA]
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-}
@@ -77,7 +78,7 @@ scan)
         -e '/#include "mma.cuh"/d' \
         -e 's/extern __shared__ __align__(16) unsigned char \([a-z_]*\)\[\];/unsigned char *\1 = emu_dsmem_c[emu_cta];/' ;;
 *)
-    echo "usage: scripts/cuda_emulate.sh lin|lin_chunk|lin_chunk_d32|attn|mlstm|slstm|scan [BUILD dir] [EXTRA]" >&2
+    echo "usage: scripts/cuda_emulate.sh lin|lin_chunk|lin_chunk_d32|lin_chunk_bf16|attn|mlstm|slstm|scan [BUILD dir] [EXTRA]" >&2
     exit 2 ;;
 esac
 extra=${3:-}
