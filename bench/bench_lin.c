@@ -223,10 +223,10 @@ static double *slice_first(const double *x, int T, int H, int H2, int D) {
 static double *slice_first1(const double *x, int T, int H, int H2) { return slice_first(x, T, H, H2, 1); }
 
 // Relative L2 error of the device's [B,T,H,D] buffer (MEM_ACT) against `exact` [T][H2][D] on b = 0, h < H2.
-static double rel_error_first(const Backend *be, const void *dev, size_t n, const double *exact, int T, int H, int H2,
-                              int D) {
+static double rel_error_first_k(const Backend *be, const void *dev, size_t n, const double *exact, int T, int H,
+                                int H2, int D, MemKind kind) {
     double *all = xcalloc(n, 8), num = 0, den = 0;
-    if (be->download(be, all, dev, n, MEM_ACT)) die("%s", mn_last_error());
+    if (be->download(be, all, dev, n, kind)) die("%s", mn_last_error());
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H2; h++)
             for (int i = 0; i < D; i++) {
@@ -238,10 +238,15 @@ static double rel_error_first(const Backend *be, const void *dev, size_t n, cons
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+static double rel_error_first(const Backend *be, const void *dev, size_t n, const double *exact, int T, int H, int H2,
+                              int D) {
+    return rel_error_first_k(be, dev, n, exact, T, H, H2, D, MEM_ACT);
+}
+
 // The float64 reference on b = 0, h < H2 of the inputs (whole length): o and, with want_grads, dq,
 // dk, dv ([T][H2][D] each); from the state s0 ([H2][D][D]) or zero; the final state into sT if given.
 typedef struct {
-    double *o, *dq, *dk, *dv;
+    double *o, *dq, *dk, *dv, *dg, *dbeta;  // (dg, dbeta: [T][H2], where the variant has g, beta)
 } Exact;
 
 static Exact exact_first(const BenchMesaInputs *h, const Variant *var, int H2, const double *s0, double *sT,
@@ -260,18 +265,17 @@ static Exact exact_first(const BenchMesaInputs *h, const Variant *var, int H2, c
         e.dq = xcalloc(nk, 8);
         e.dk = xcalloc(nk, 8);
         e.dv = xcalloc(nv, 8);
-        double *dg = g ? xcalloc(ng, 8) : NULL, *db = b ? xcalloc(ng, 8) : NULL;
-        LinBwd64 bw = {q, k, v, g, b, s0, dout, NULL, e.dq, e.dk, e.dv, dg, db, NULL};
+        e.dg = g ? xcalloc(ng, 8) : NULL;
+        e.dbeta = b ? xcalloc(ng, 8) : NULL;
+        LinBwd64 bw = {q, k, v, g, b, s0, dout, NULL, e.dq, e.dk, e.dv, e.dg, e.dbeta, NULL};
         if (ref_lin_backward(&s, &o, &bw)) die("%s", mn_last_error());
-        free(dg);
-        free(db);
     }
     free(q); free(k); free(v); free(dout); free(g); free(b);
     return e;
 }
 
 static void exact_free(Exact *e) {
-    free(e->o); free(e->dq); free(e->dk); free(e->dv);
+    free(e->o); free(e->dq); free(e->dk); free(e->dv); free(e->dg); free(e->dbeta);
 }
 
 typedef struct {
@@ -427,12 +431,75 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
     return 0;
 }
 
+// The hard inputs of tests/test_lin.c at (1, T, 2, 64): no decay over 1000 tokens (g = 0), one key
+// for every token, beta in [1.9, 2) (negative eigenvalues), and both of the last two; each variant
+// that has the gate the kind changes, on each path; the relative L2 errors of o, dq, dk, dv, dg,
+// dbeta against float64 (every token and head). bench/fla_lin_bench.py --hard prints fla's.
+static void bench_lin_hard(const char *backend, const Variant **vars, int nv, const int *paths, int np) {
+    const Backend *be = backend_by_name(backend);
+    const int cpu = !strcmp(backend, "cpu");  // (one path: its float32 chunkwise form)
+    if (cpu) np = 1;
+    if (!be) die("%s", mn_last_error());
+    static const char *const kinds[] = {"g = 0, T = 1000", "one key", "beta in [1.9, 2)", "beta ~2, one key"};
+    printf("hard inputs (B 1, H 2, D 64; T 500, or 1000 where g = 0): rel err against float64, every token and head\n");
+    printf("%-18s %-9s %-6s | %9s %9s %9s %9s %9s %9s\n", "inputs", "variant", "path", "err o", "err dq", "err dk",
+           "err dv", "err dg", "err dbeta");
+    for (int kind = 0; kind < 4; kind++)
+        for (int vi = 0; vi < nv; vi++) {
+            const Variant *var = vars[vi];
+            if ((kind == 0 && !var->gated) || (kind >= 2 && !(var->beta && var->rule == MN_LIN_DELTA))) continue;
+            MnSeqDims d = {1, kind == 0 ? 1000 : 500, 2, 64, 64};
+            BenchMesaInputs h;
+            bench_mesa_inputs(&h, d, 31 + kind, 3.0, 1, 1);
+            if (kind == 0)
+                for (size_t i = 0; i < h.ng; i++) h.g[i] = 0;
+            if (kind == 1 || kind == 3)
+                for (size_t t = 1; t < h.ng; t++) memcpy(h.k + t * d.Dk, h.k, sizeof(double) * d.Dk);
+            if (kind >= 2) {
+                MnRng r;
+                mn_rng_seed(&r, 77 + kind);
+                for (size_t i = 0; i < h.ng; i++) h.beta[i] = (double)(float)(1.9 + 0.1 * mn_rng_uniform(&r));
+            }
+            for (size_t i = 0; i < h.ng; i++) h.g[i] = (double)(float)h.g[i];
+            Exact e = exact_first(&h, var, d.H, NULL, NULL, 1);
+            void *q = up(be, h.q, h.nk, MEM_ACT), *k = up(be, h.k, h.nk, MEM_ACT), *v = up(be, h.v, h.nv, MEM_ACT);
+            void *g = up(be, h.g, h.ng, MEM_F32), *b = up(be, h.beta, h.ng, MEM_F32), *dout = up(be, h.dout, h.nv, MEM_ACT);
+            void *o = alloc_or_die(be, h.nv, MEM_ACT), *dq = alloc_or_die(be, h.nk, MEM_ACT);
+            void *dk = alloc_or_die(be, h.nk, MEM_ACT), *dv = alloc_or_die(be, h.nv, MEM_ACT);
+            void *dg = alloc_or_die(be, h.ng, MEM_F32), *db = alloc_or_die(be, h.ng, MEM_F32);
+            for (int pi = 0; pi < np; pi++) {
+                if (!cpu) set_path(paths[pi]);
+                Run r = {be, d, mn_lin_opts_default(var->rule)};
+                r.o.form = MN_FORM_CHUNK;
+                MnLinFwd f = {q, k, v, var->gated ? g : NULL, var->beta ? b : NULL, NULL, o, NULL};
+                MnLinBwd bw = {q, k, v, var->gated ? g : NULL, var->beta ? b : NULL, NULL, dout, NULL,
+                               dq, dk, dv, var->gated ? dg : NULL, var->beta ? db : NULL, NULL};
+                r.f = f;
+                r.b = bw;
+                if (run_fwd_bwd(&r) || be->sync(be)) die("%s", mn_last_error());
+                double eg = var->gated ? rel_error_first_k(be, dg, h.ng, e.dg, d.T, d.H, d.H, 1, MEM_F32) : NAN;
+                double eb = var->beta ? rel_error_first_k(be, db, h.ng, e.dbeta, d.T, d.H, d.H, 1, MEM_F32) : NAN;
+                printf("%-18s %-9s %-6s | %9.2e %9.2e %9.2e %9.2e %9.2e %9.2e\n", kinds[kind], var->name,
+                       cpu ? "cpu" : LIN_PATHS[paths[pi]].name, rel_error_first(be, o, h.nv, e.o, d.T, d.H, d.H, d.Dv),
+                       rel_error_first(be, dq, h.nk, e.dq, d.T, d.H, d.H, d.Dk),
+                       rel_error_first(be, dk, h.nk, e.dk, d.T, d.H, d.H, d.Dk),
+                       rel_error_first(be, dv, h.nv, e.dv, d.T, d.H, d.H, d.Dv), eg, eb);
+                fflush(stdout);
+            }
+            void *bufs[] = {q, k, v, g, b, dout, o, dq, dk, dv, dg, db};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+            exact_free(&e);
+            bench_mesa_inputs_free(&h);
+        }
+}
+
 int bench_lin(int argc, char **argv) {
     int B = 4, T = 1024, H = 4, reps = 0;
     float gmean = 3.0f;
     const char *backend = "cpu", *dims = "64,128", *chunks = "64", *forms = "chunk,recurrent";
     const char *variants = "gdn,deltanet,gla,mamba2", *shapes = "8x2048x16x128,16x2048x8x64", *decode = "1,16,128";
     const char *form = "auto", *paths_s = "split,bf16";
+    int hard = 0;
     Option opts[] = {
         {"backend", OPT_STRING, &backend, "cpu, or cuda (the GPU: --shapes, --decode)"},
         {"variants", OPT_STRING, &variants, "comma-separated of gdn (delta rule, g and beta), deltanet (delta rule, "
@@ -446,6 +513,7 @@ int bench_lin(int argc, char **argv) {
         {"form", OPT_STRING, &form, "form of the timed calls: auto (chunk from T = 64 on), chunk or recurrent (cuda)"},
         {"shapes", OPT_STRING, &shapes, "BxTxHxD shapes, comma-separated (cuda)"},
         {"decode", OPT_STRING, &decode, "batch sizes of the decode step (H=16, D=128), or \"\" (cuda)"},
+        {"hard", OPT_FLAG, &hard, "the hard inputs' errors instead of the timings: no decay, one key, beta near 2"},
         {"paths", OPT_STRING, &paths_s, "chunkwise paths, comma-separated: split (fused, split products: the default), "
                                         "bf16 (fused, single bf16 products), cublas (cuda)"},
         {"reps", OPT_INT, &reps, "timed repetitions, median reported (0: 3 on cpu, 10 on cuda; cuda: at most 64)", 0, 10000},
@@ -461,6 +529,17 @@ int bench_lin(int argc, char **argv) {
         return 1;
     }
     if (!reps) reps = strcmp(backend, "cuda") ? 3 : 10;
+    if (hard && (!strcmp(backend, "cpu") || !strcmp(backend, "cuda"))) {
+        int paths[NPATHS], np = parse_paths(paths_s, paths);
+        if (np <= 0) {
+            fprintf(stderr, "mesanet bench lin: --paths: expected a comma-separated list of split, bf16, cublas; got '%s'\n",
+                    paths_s);
+            return 1;
+        }
+        bench_lin_hard(backend, vars, nv, paths, np);
+        unsetenv("MESANET_LIN");
+        return 0;
+    }
     if (!strcmp(backend, "cpu")) return bench_lin_cpu(B, T, H, dims, chunks, forms, vars, nv, reps, gmean);
     if (!strcmp(backend, "cuda")) {
         MnForm f = !strcmp(form, "auto") ? MN_FORM_AUTO : !strcmp(form, "chunk") ? MN_FORM_CHUNK

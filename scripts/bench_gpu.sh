@@ -4,7 +4,8 @@
 #   mesa    the Mesa core (fla's Triton kernels), whole-model training and generation (fla's MesaNet
 #           model in PyTorch); where several GPUs are visible, data-parallel training on one and all
 #   lin     the gated linear-attention cores (fla's chunk_gated_delta_rule, chunk_simple_gla, ...,
-#           and its fused_recurrent decoding), and GatedDeltaNet models (fla's GatedDeltaNetForCausalLM)
+#           and its fused_recurrent decoding), both our fused paths (split and bf16 products), their
+#           errors on hard inputs (--hard), and GatedDeltaNet models (fla's GatedDeltaNetForCausalLM)
 #   attn    the attention core (torch SDPA's flash and cuDNN backends, FlexAttention for windows),
 #           a Llama's training and decoding (Hugging Face's LlamaForCausalLM), and its checkpoints
 #           both ways (bench/hf_llama_compat.py)
@@ -50,6 +51,8 @@ if [ "$WHAT" = lin ] || [ "$WHAT" = all ]; then
     { "$BIN" bench lin --backend cuda
       MESANET_LIN=cublas "$BIN" bench lin --backend cuda --decode ""
       python3 bench/fla_lin_bench.py; } | tee "$OUT/gpu-lin-$GPU.txt"
+    { "$BIN" bench lin --backend cuda --hard
+      python3 bench/fla_lin_bench.py --hard; } | tee "$OUT/gpu-lin-hard-$GPU.txt"
     for s in gdn-162m gdn-412m; do python3 bench/fla_model_bench.py --write-config $s "$TMP/$s" > /dev/null; done
     { for s in gdn-162m gdn-412m; do
           "$BIN" bench train --backend cuda --config "$TMP/$s/config.json" --batch 8 --seq 2048 --steps 3
