@@ -631,3 +631,43 @@ TEST(cli_logits_checks_token_ids) {
     tool_run_free(&r);
     tmp_remove(&td);
 }
+
+// `bench lin --backend cpu --hard`: every hard input (no decay, one key, beta near 2, both) for each
+// variant that has the gate it changes, 11 rows, each error against float64 at float32's size
+// (measured 1e-7 .. 1.03e-5: the delta rule's dbeta with one key and beta near 2); a wrong index or
+// a missing term would be O(1). "nan" where a variant has no such gate (deltanet's dg, mamba2's
+// dbeta). And an unknown --paths entry is refused by name.
+TEST(cli_bench_lin_hard_inputs) {
+    TmpDir td;
+    tmp_make(&td);
+    ToolRun r = tool_run(&td, "bench lin --backend cpu --hard");
+    CHECK(r.rc == 0, "bench lin --hard: exit status %d\n%s", r.rc, r.err);
+    int rows = 0, nans = 0;
+    for (const char *line = r.out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        const char *bar = strstr(line, " cpu    |");
+        const char *eol = strchr(line, '\n');
+        if (!bar || (eol && bar > eol)) continue;
+        rows++;
+        const char *p = bar + strlen(" cpu    |");
+        for (int i = 0; i < 6; i++) {
+            while (*p == ' ') p++;
+            if (!strncmp(p, "nan", 3)) {
+                nans++;
+                p += 3;
+                continue;
+            }
+            char *end;
+            double e = strtod(p, &end);
+            CHECK(end != p && e >= 0 && e <= 1e-4, "bench lin --hard: error %d of '%.80s' is %g (tolerance 1e-4)", i,
+                  line, e);
+            p = end;
+        }
+    }
+    CHECK(rows == 11 && nans == 5, "bench lin --hard: %d rows with %d nan, expected 11 and 5:\n%s", rows, nans, r.out);
+    tool_run_free(&r);
+    r = tool_run(&td, "bench lin --backend cuda --paths split,fast");
+    CHECK(r.rc != 0 && strstr(r.err, "--paths") && strstr(r.err, "fast"), "bench lin --paths fast: status %d\n%s", r.rc,
+          r.err);
+    tool_run_free(&r);
+    tmp_remove(&td);
+}
