@@ -9,7 +9,9 @@
  *   lf_  the fused path (lin_chunk_fused*.cu, lin_chunk_fused.cuh): tensor-core kernels (mma.sync on
  *        bf16, fp32 sums) that read q, k, v, dO as the call gives them, a fixed number of launches
  *        whatever T. The default, where it takes the shape (chunks of 64, Dk and Dv multiples of 16
- *        up to 128) and the device gives its kernels' shared memory.
+ *        up to 128) and the device gives its kernels' shared memory. Built three times: for heads
+ *        up to 128 with split products (the default), up to 32 (lin_chunk_fused_d32.cu), and with
+ *        one bf16 product each (lin_chunk_fused_bf16.cu, MESANET_LIN=bf16).
  *
  * lin_chunk.cu holds the entry points, which choose the path, and the gates both paths compute
  * first. docs/cuda.md describes the kernels, their costs and what was tried.
