@@ -48,8 +48,7 @@ if [ "$WHAT" = mesa ] || [ "$WHAT" = all ]; then
 fi
 
 if [ "$WHAT" = lin ] || [ "$WHAT" = all ]; then
-    { "$BIN" bench lin --backend cuda
-      MESANET_LIN=cublas "$BIN" bench lin --backend cuda --decode ""
+    { "$BIN" bench lin --backend cuda --paths split,bf16,cublas
       python3 bench/fla_lin_bench.py; } | tee "$OUT/gpu-lin-$GPU.txt"
     { "$BIN" bench lin --backend cuda --hard
       python3 bench/fla_lin_bench.py --hard; } | tee "$OUT/gpu-lin-hard-$GPU.txt"
