@@ -297,6 +297,38 @@ static int run_fwd_bwd(void *p) {
     return r->be->lin->bwd(r->be, &r->d, &r->o, &r->b);
 }
 
+// One problem's inputs on the device and its outputs' buffers (bf16 q, k, v, dout, o, dq, dk, dv;
+// float32 g, beta, dg, dbeta).
+typedef struct {
+    void *q, *k, *v, *g, *b, *dout, *o, *dq, *dk, *dv, *dg, *db;
+} DevLin;
+
+static DevLin dev_lin_up(const Backend *be, const BenchMesaInputs *h) {
+    DevLin x = {up(be, h->q, h->nk, MEM_ACT),        up(be, h->k, h->nk, MEM_ACT),  up(be, h->v, h->nv, MEM_ACT),
+                up(be, h->g, h->ng, MEM_F32),        up(be, h->beta, h->ng, MEM_F32), up(be, h->dout, h->nv, MEM_ACT),
+                alloc_or_die(be, h->nv, MEM_ACT),    alloc_or_die(be, h->nk, MEM_ACT), alloc_or_die(be, h->nk, MEM_ACT),
+                alloc_or_die(be, h->nv, MEM_ACT),    alloc_or_die(be, h->ng, MEM_F32), alloc_or_die(be, h->ng, MEM_F32)};
+    return x;
+}
+
+static void dev_lin_free(const Backend *be, DevLin *x) {
+    void *bufs[] = {x->q, x->k, x->v, x->g, x->b, x->dout, x->o, x->dq, x->dk, x->dv, x->dg, x->db};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+}
+
+// The forward and backward calls of a variant on x, in the given form (g, beta where it has them).
+static Run lin_run(const Backend *be, MnSeqDims d, const Variant *var, MnForm form, const DevLin *x) {
+    Run r = {be, d, mn_lin_opts_default(var->rule)};
+    r.o.form = form;
+    void *g = var->gated ? x->g : NULL, *b = var->beta ? x->b : NULL;
+    MnLinFwd f = {x->q, x->k, x->v, g, b, NULL, x->o, NULL};
+    MnLinBwd bw = {x->q, x->k, x->v, g, b, NULL, x->dout, NULL, x->dq, x->dk, x->dv, var->gated ? x->dg : NULL,
+                   var->beta ? x->db : NULL, NULL};
+    r.f = f;
+    r.b = bw;
+    return r;
+}
+
 static double mem_gb(const Backend *be) { return be->device_mem_used ? be->device_mem_used(be) / 1e9 : NAN; }
 
 // The chunkwise form's paths on the GPU, as MESANET_LIN selects them (src/cuda/lin_chunk.cu): the fused
@@ -350,30 +382,19 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
         BenchMesaInputs h;
         bench_mesa_inputs(&h, d, 11 + si, gmean, 1, 1);
         int H2 = sh.H < 2 ? sh.H : 2;
-        void *q = up(be, h.q, h.nk, MEM_ACT), *k = up(be, h.k, h.nk, MEM_ACT), *v = up(be, h.v, h.nv, MEM_ACT);
-        void *g = up(be, h.g, h.ng, MEM_F32), *b = up(be, h.beta, h.ng, MEM_F32), *dout = up(be, h.dout, h.nv, MEM_ACT);
-        void *o = alloc_or_die(be, h.nv, MEM_ACT);
-        void *dq = alloc_or_die(be, h.nk, MEM_ACT), *dk = alloc_or_die(be, h.nk, MEM_ACT);
-        void *dv = alloc_or_die(be, h.nv, MEM_ACT);
-        void *dg = alloc_or_die(be, h.ng, MEM_F32), *db = alloc_or_die(be, h.ng, MEM_F32);
+        DevLin x = dev_lin_up(be, &h);
         for (int vi = 0; vi < nv * np; vi++) {
             const Variant *var = vars[vi / np];
             set_path(paths[vi % np]);
-            Run r = {be, d, mn_lin_opts_default(var->rule)};
-            r.o.form = form;
-            MnLinFwd f = {q, k, v, var->gated ? g : NULL, var->beta ? b : NULL, NULL, o, NULL};
-            MnLinBwd bw = {q, k, v, var->gated ? g : NULL, var->beta ? b : NULL, NULL, dout, NULL,
-                           dq, dk, dv, var->gated ? dg : NULL, var->beta ? db : NULL, NULL};
-            r.f = f;
-            r.b = bw;
+            Run r = lin_run(be, d, var, form, &x);
             double tf = bench_median_time(be, reps, run_fwd, &r), tb = bench_median_time(be, reps, run_fwd_bwd, &r);
             double tbs = bench_stream_time(be, reps, run_fwd_bwd, &r), mem = mem_gb(be);
             // o, dq, dk, dv of the last f+b (the same inputs every call) against float64
             Exact e = exact_first(&h, var, H2, NULL, NULL, 1);
-            double eo = rel_error_first(be, o, h.nv, e.o, sh.T, sh.H, H2, sh.D);
-            double eq = rel_error_first(be, dq, h.nk, e.dq, sh.T, sh.H, H2, sh.D);
-            double ek = rel_error_first(be, dk, h.nk, e.dk, sh.T, sh.H, H2, sh.D);
-            double ev = rel_error_first(be, dv, h.nv, e.dv, sh.T, sh.H, H2, sh.D);
+            double eo = rel_error_first(be, x.o, h.nv, e.o, sh.T, sh.H, H2, sh.D);
+            double eq = rel_error_first(be, x.dq, h.nk, e.dq, sh.T, sh.H, H2, sh.D);
+            double ek = rel_error_first(be, x.dk, h.nk, e.dk, sh.T, sh.H, H2, sh.D);
+            double ev = rel_error_first(be, x.dv, h.nv, e.dv, sh.T, sh.H, H2, sh.D);
             exact_free(&e);
             double flops = (double)h.ng * fwd_flops_per_token(var->rule, 64, sh.D, sh.D);
             char name[40];
@@ -382,8 +403,7 @@ static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Vari
                    LIN_PATHS[paths[vi % np]].name, 1e3 * tf, flops / tf / 1e12, 1e3 * tb, 1e3 * tbs, eo, eq, ek, ev, mem);
             fflush(stdout);
         }
-        void *bufs[] = {q, k, v, g, b, dout, o, dq, dk, dv, dg, db};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+        dev_lin_free(be, &x);
         bench_mesa_inputs_free(&h);
     }
 
@@ -462,32 +482,21 @@ static void bench_lin_hard(const char *backend, const Variant **vars, int nv, co
             }
             for (size_t i = 0; i < h.ng; i++) h.g[i] = (double)(float)h.g[i];
             Exact e = exact_first(&h, var, d.H, NULL, NULL, 1);
-            void *q = up(be, h.q, h.nk, MEM_ACT), *k = up(be, h.k, h.nk, MEM_ACT), *v = up(be, h.v, h.nv, MEM_ACT);
-            void *g = up(be, h.g, h.ng, MEM_F32), *b = up(be, h.beta, h.ng, MEM_F32), *dout = up(be, h.dout, h.nv, MEM_ACT);
-            void *o = alloc_or_die(be, h.nv, MEM_ACT), *dq = alloc_or_die(be, h.nk, MEM_ACT);
-            void *dk = alloc_or_die(be, h.nk, MEM_ACT), *dv = alloc_or_die(be, h.nv, MEM_ACT);
-            void *dg = alloc_or_die(be, h.ng, MEM_F32), *db = alloc_or_die(be, h.ng, MEM_F32);
+            DevLin x = dev_lin_up(be, &h);
             for (int pi = 0; pi < np; pi++) {
                 if (!cpu) set_path(paths[pi]);
-                Run r = {be, d, mn_lin_opts_default(var->rule)};
-                r.o.form = MN_FORM_CHUNK;
-                MnLinFwd f = {q, k, v, var->gated ? g : NULL, var->beta ? b : NULL, NULL, o, NULL};
-                MnLinBwd bw = {q, k, v, var->gated ? g : NULL, var->beta ? b : NULL, NULL, dout, NULL,
-                               dq, dk, dv, var->gated ? dg : NULL, var->beta ? db : NULL, NULL};
-                r.f = f;
-                r.b = bw;
+                Run r = lin_run(be, d, var, MN_FORM_CHUNK, &x);
                 if (run_fwd_bwd(&r) || be->sync(be)) die("%s", mn_last_error());
-                double eg = var->gated ? rel_error_first_k(be, dg, h.ng, e.dg, d.T, d.H, d.H, 1, MEM_F32) : NAN;
-                double eb = var->beta ? rel_error_first_k(be, db, h.ng, e.dbeta, d.T, d.H, d.H, 1, MEM_F32) : NAN;
+                double eg = var->gated ? rel_error_first_k(be, x.dg, h.ng, e.dg, d.T, d.H, d.H, 1, MEM_F32) : NAN;
+                double eb = var->beta ? rel_error_first_k(be, x.db, h.ng, e.dbeta, d.T, d.H, d.H, 1, MEM_F32) : NAN;
                 printf("%-18s %-9s %-6s | %9.2e %9.2e %9.2e %9.2e %9.2e %9.2e\n", kinds[kind], var->name,
-                       cpu ? "cpu" : LIN_PATHS[paths[pi]].name, rel_error_first(be, o, h.nv, e.o, d.T, d.H, d.H, d.Dv),
-                       rel_error_first(be, dq, h.nk, e.dq, d.T, d.H, d.H, d.Dk),
-                       rel_error_first(be, dk, h.nk, e.dk, d.T, d.H, d.H, d.Dk),
-                       rel_error_first(be, dv, h.nv, e.dv, d.T, d.H, d.H, d.Dv), eg, eb);
+                       cpu ? "cpu" : LIN_PATHS[paths[pi]].name, rel_error_first(be, x.o, h.nv, e.o, d.T, d.H, d.H, d.Dv),
+                       rel_error_first(be, x.dq, h.nk, e.dq, d.T, d.H, d.H, d.Dk),
+                       rel_error_first(be, x.dk, h.nk, e.dk, d.T, d.H, d.H, d.Dk),
+                       rel_error_first(be, x.dv, h.nv, e.dv, d.T, d.H, d.H, d.Dv), eg, eb);
                 fflush(stdout);
             }
-            void *bufs[] = {q, k, v, g, b, dout, o, dq, dk, dv, dg, db};
-            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+            dev_lin_free(be, &x);
             exact_free(&e);
             bench_mesa_inputs_free(&h);
         }
@@ -529,39 +538,29 @@ int bench_lin(int argc, char **argv) {
         return 1;
     }
     if (!reps) reps = strcmp(backend, "cuda") ? 3 : 10;
-    if (hard && (!strcmp(backend, "cpu") || !strcmp(backend, "cuda"))) {
-        int paths[NPATHS], np = parse_paths(paths_s, paths);
-        if (np <= 0) {
-            fprintf(stderr, "mesanet bench lin: --paths: expected a comma-separated list of split, bf16, cublas; got '%s'\n",
-                    paths_s);
-            return 1;
-        }
-        bench_lin_hard(backend, vars, nv, paths, np);
-        unsetenv("MESANET_LIN");
-        return 0;
+    int paths[NPATHS], np = parse_paths(paths_s, paths);
+    if (np <= 0) {
+        fprintf(stderr, "mesanet bench lin: --paths: expected a comma-separated list of split, bf16, cublas; got '%s'\n",
+                paths_s);
+        return 1;
     }
-    if (!strcmp(backend, "cpu")) return bench_lin_cpu(B, T, H, dims, chunks, forms, vars, nv, reps, gmean);
-    if (!strcmp(backend, "cuda")) {
-        MnForm f = !strcmp(form, "auto") ? MN_FORM_AUTO : !strcmp(form, "chunk") ? MN_FORM_CHUNK
-                     : !strcmp(form, "recurrent") ? MN_FORM_RECURRENT : (MnForm)-1;
-        if ((int)f < 0) {
-            fprintf(stderr, "mesanet bench lin: --form: expected auto, chunk or recurrent, got '%s'\n", form);
-            return 1;
-        }
-        int paths[NPATHS], np = parse_paths(paths_s, paths);
-        if (np <= 0) {
-            fprintf(stderr, "mesanet bench lin: --paths: expected a comma-separated list of split, bf16, cublas; got '%s'\n",
-                    paths_s);
-            return 1;
-        }
-        const char *env = getenv("MESANET_LIN");
-        char *saved = env ? strdup(env) : NULL;
-        st = bench_lin_cuda(shapes, decode, vars, nv, reps, gmean, f, paths, np);
-        if (saved) setenv("MESANET_LIN", saved, 1);
-        else unsetenv("MESANET_LIN");
-        free(saved);
-        return st;
+    MnForm f = !strcmp(form, "auto") ? MN_FORM_AUTO : !strcmp(form, "chunk") ? MN_FORM_CHUNK
+                 : !strcmp(form, "recurrent") ? MN_FORM_RECURRENT : (MnForm)-1;
+    if ((int)f < 0) {
+        fprintf(stderr, "mesanet bench lin: --form: expected auto, chunk or recurrent, got '%s'\n", form);
+        return 1;
     }
-    fprintf(stderr, "mesanet bench lin: --backend: expected cpu or cuda, got '%s'\n", backend);
-    return 1;
+    if (strcmp(backend, "cpu") && strcmp(backend, "cuda")) {
+        fprintf(stderr, "mesanet bench lin: --backend: expected cpu or cuda, got '%s'\n", backend);
+        return 1;
+    }
+    if (!hard && !strcmp(backend, "cpu")) return bench_lin_cpu(B, T, H, dims, chunks, forms, vars, nv, reps, gmean);
+    const char *env = getenv("MESANET_LIN");  // (set row by row for the paths; the caller's put back after)
+    char *saved = env ? strdup(env) : NULL;
+    if (hard) bench_lin_hard(backend, vars, nv, paths, np);
+    else st = bench_lin_cuda(shapes, decode, vars, nv, reps, gmean, f, paths, np);
+    if (saved) setenv("MESANET_LIN", saved, 1);
+    else unsetenv("MESANET_LIN");
+    free(saved);
+    return st;
 }

@@ -247,6 +247,19 @@ TEST(cuda_lin_matches_reference) {
         for (int rule = 0; rule < 2; rule++) run_case(&shapes[i], (MnLinRule)rule, 4000 + 16 * i + rule);
 }
 
+// MESANET_LIN (the library reads it at every call: the tests set it around their calls), saved
+// and put back.
+static char *lin_env_save(void) {
+    const char *env = getenv("MESANET_LIN");
+    return env ? strdup(env) : NULL;
+}
+
+static void lin_env_restore(char *saved) {
+    if (saved) setenv("MESANET_LIN", saved, 1);
+    else unsetenv("MESANET_LIN");
+    free(saved);
+}
+
 // The chunkwise form (src/cuda/lin_chunk*.cu) against the reference, on both of its paths.
 // The cuBLAS path (MESANET_LIN=cublas; the fused kernels are the default where they take the shape): its products round
 // their operands to TF32 (10-bit mantissa: 2^-11 relative each) and sum in float32; the state is
@@ -312,8 +325,7 @@ TEST(cuda_lin_chunk_matches_reference) {
         {{3, 200, 3, 128, 128, 1, 1, 1, 1, 0.1, 1.0, 0}, 0}, // B*H = 9, square heads of 128
         {{2, 130, 1, 80, 96, 1, 1, 1, 1, 0.1, 1.0, 0}, 0},   // Dk 80: a partial second slice of Dk; B = 2
     };
-    const char *env = getenv("MESANET_LIN");
-    char *saved = env ? strdup(env) : NULL;
+    char *saved = lin_env_save();
     static const char *const paths[3] = {NULL, "cublas", "bf16"};  // (NULL: the default, fused where the shape allows)
     for (int path = 0; path < 3; path++) {
         if (paths[path]) setenv("MESANET_LIN", paths[path], 1);
@@ -324,9 +336,7 @@ TEST(cuda_lin_chunk_matches_reference) {
                 run_case_form(&cases[i].s, (MnLinRule)rule, 6000 + 16 * i + rule, MN_FORM_CHUNK, cases[i].chunk,
                               path == 2 ? SINGLE_BF16_TOL : CHUNK_BF16_TOL, path == 2 ? SINGLE_F32_TOL : CHUNK_F32_TOL);
     }
-    if (saved) setenv("MESANET_LIN", saved, 1);
-    else unsetenv("MESANET_LIN");
-    free(saved);
+    lin_env_restore(saved);
 }
 
 // The two forms on the same inputs, chunk against recurrent (the chunk form's tolerances: the
@@ -344,8 +354,7 @@ TEST(cuda_lin_chunk_hard_inputs) {
     if (!setup()) return;
     enum { NOGATE, REPEAT, BETA2, BETA2_REPEAT };
     const char *kinds[] = {"g = 0, T = 1000", "one key x 500", "beta in [1.9, 2)", "beta in [1.9, 2), one key"};
-    const char *env = getenv("MESANET_LIN");
-    char *saved = env ? strdup(env) : NULL;
+    char *saved = lin_env_save();
     for (int path = 0; path < 2; path++) {
         if (path) setenv("MESANET_LIN", "bf16", 1);
         else unsetenv("MESANET_LIN");
@@ -376,9 +385,7 @@ TEST(cuda_lin_chunk_hard_inputs) {
                 case_free(&c);
             }
     }
-    if (saved) setenv("MESANET_LIN", saved, 1);
-    else unsetenv("MESANET_LIN");
-    free(saved);
+    lin_env_restore(saved);
 }
 
 TEST(cuda_lin_chunk_matches_recurrent) {
