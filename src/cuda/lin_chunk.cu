@@ -80,11 +80,11 @@ int cuda_lin_chunk_bwd(const Backend *be, const MnSeqDims *dm, const MnLinOpts *
     MN_TRY(lc_dims(&d, dm, o, "cuda lin backward (chunk)"));
     int delta = o->rule == MN_LIN_DELTA;
 #ifndef LF_ONE_BUILD
-    if (lf_use_bf16(c, &d, delta ? lf_utb_smem_bf16 : lf_walk_smem_bf16))
+    if (lf_use_bf16(c, &d, delta ? lf_bwd_delta_smem_bf16 : lf_walk_smem_bf16))
         return delta ? lf_backward_delta_bf16(be, c, &d, o->scale, io) : lf_backward_gla_bf16(be, c, &d, o->scale, io);
-    if (lf_use_d32(c, &d, delta ? lf_utb_smem_d32 : lf_walk_smem_d32))
+    if (lf_use_d32(c, &d, delta ? lf_bwd_delta_smem_d32 : lf_walk_smem_d32))
         return delta ? lf_backward_delta_d32(be, c, &d, o->scale, io) : lf_backward_gla_d32(be, c, &d, o->scale, io);
 #endif
-    if (lf_use(c, &d, delta ? LF_UTB_SMEM : LF_WALK_SMEM)) return delta ? lf_backward_delta(be, c, &d, o->scale, io) : lf_backward_gla(be, c, &d, o->scale, io);
+    if (lf_use(c, &d, delta ? LF_BWD_DELTA_SMEM : LF_WALK_SMEM)) return delta ? lf_backward_delta(be, c, &d, o->scale, io) : lf_backward_gla(be, c, &d, o->scale, io);
     return lc_backward(be, c, &d, delta, o->scale, io);
 }

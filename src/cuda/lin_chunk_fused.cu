@@ -291,7 +291,7 @@ static LfSrc lf_src(const void *p, const float *rs, int tok, int D) {
 
 // The fused path takes the call where it takes the shape (chunks of 64, Dk and Dv multiples of 16 up
 // to 128) and the device allows its kernels' shared memory (smem bytes: LF_WALK_SMEM for the forward
-// and GLA's backward, LF_UTB_SMEM for the delta rule's backward), unless MESANET_LIN=cublas (read at every
+// and GLA's backward, LF_BWD_DELTA_SMEM for the delta rule's backward), unless MESANET_LIN=cublas (read at every
 // call) asks for the cuBLAS path; the cuBLAS path otherwise. MESANET_LIN=bf16 asks for the build with
 // single bf16 products (lin_chunk_fused_bf16.cu), which takes only such calls.
 int lf_use(const CudaCtx *c, const LcDims *d, size_t smem) {

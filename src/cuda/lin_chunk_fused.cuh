@@ -252,8 +252,16 @@ typedef struct {
 #define LF_TK (LF_C * LF_LDK)  // elements of a [64][Dk] tile
 #define LF_TX (LF_R * LF_LDK)
 #define LF_TY (LF_C * LF_LDR)
-#define LF_WALK_SMEM \
-    ((2 * LF_TK + 2 * LF_LO(LF_TK) + (LF_WDB ? 2 * LF_TK : 0) + LF_TX + LF_LO(LF_TX) + LF_TY + LF_LO(LF_TY)) * 2)
+// The walks' shared memory (lf_walk_body): the X region (G groups' X tiles, hi and lo; INC2: room for
+// a [64][LF_LDK] tile), a group's Y tile (INC2: Y's and Y2's rows).
+#define LF_XREG(G, INC2) ((G) * (LF_TX + LF_LO(LF_TX)) > ((INC2) ? LF_TK : 0) ? (G) * (LF_TX + LF_LO(LF_TX)) : ((INC2) ? LF_TK : 0))
+#define LF_YT(INC2) ((1 + (INC2)) * LF_TY)
+#define LF_WALK_SMEM_G(G, INC2) \
+    ((size_t)(2 * LF_TK + 2 * LF_LO(LF_TK) + (LF_WDB ? 2 * LF_TK : 0) + LF_XREG(G, INC2) + (G) * (LF_YT(INC2) + LF_LO(LF_YT(INC2)))) * 2)
+#define LF_WALK_SMEM LF_WALK_SMEM_G(1, 0)  // the forward's and GLA's walks
+// Walk blocks of two groups of 4 warps (lf_walk_groups): the bf16 build for heads up to 128, whose two
+// such blocks fit a multiprocessor's registers and shared memory (the split build's would not).
+#define LF_WALK_G2 (!LF_SPLIT && LF_KMAX == 128)
 
 // att = the warp's 16 rows of A B^T (A, B [64][LF_LDK] bf16, D / 16 steps of k; exact, or one of them
 // split, its lo tile Al or Bl: one more product), the 16 x 16 column blocks np outside [nmin, nmax]
@@ -295,6 +303,9 @@ static __device__ __forceinline__ void lf_abt(float att[8][4], const bf16 *A, co
 // lf_utb_kernel's region of S's slice (hi + lo), which then holds the four [64][64] tiles M, N hi + lo
 #define LF_TSR (LF_TSV + LF_LO(LF_TSV) > 2 * (LF_TO + LF_LO(LF_TO)) ? LF_TSV + LF_LO(LF_TSV) : 2 * (LF_TO + LF_LO(LF_TO)))
 #define LF_UTB_SMEM ((4 * LF_TK + 2 * LF_LO(LF_TK) + LF_TSR + LF_TO + LF_LO(LF_TO)) * 2 + LF_C * 4 * 4)  // lf_utb_kernel
+#define LF_MAX(a, b) ((size_t)(a) > (size_t)(b) ? (size_t)(a) : (size_t)(b))
+// The most any kernel of the delta rule's backward asks for (lf_use's test).
+#define LF_BWD_DELTA_SMEM LF_MAX(LF_MAX(LF_UTB_SMEM, LF_WALK_SMEM_G(1, 1)), LF_DQK_SMEM + LF_LO(LF_TK) * 2)
 
 // One state walk (lin_chunk_fused_walk.cu).
 int lf_walk(CudaCtx *c, const LcDims *d, const LfWalk *wk);
@@ -326,7 +337,7 @@ int lf_use_d32(const CudaCtx *c, const LcDims *d, size_t smem);
 int lf_forward_d32(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float scale, const MnLinFwd *io);
 int lf_backward_gla_d32(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io);
 int lf_backward_delta_d32(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io);
-extern const size_t lf_walk_smem_d32, lf_utb_smem_d32;
+extern const size_t lf_walk_smem_d32, lf_bwd_delta_smem_d32;
 
 // The same path built with one bf16 product for every product (lin_chunk_fused_bf16.cu, LF_SPLIT 0),
 // taken when MESANET_LIN=bf16.
@@ -334,6 +345,6 @@ int lf_use_bf16(const CudaCtx *c, const LcDims *d, size_t smem);
 int lf_forward_bf16(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float scale, const MnLinFwd *io);
 int lf_backward_gla_bf16(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io);
 int lf_backward_delta_bf16(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io);
-extern const size_t lf_walk_smem_bf16, lf_utb_smem_bf16;
+extern const size_t lf_walk_smem_bf16, lf_bwd_delta_smem_bf16;
 
 #endif

@@ -318,20 +318,6 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
         lf_st_frag(acc, -1.0f, Wh + c0, Wl + c0, LF_LDK, Dk - c0, 0);
     }
     lf_sync();
-    for (int c0 = 0; c0 < Dk; c0 += LF_RO) {  // Tt^T dW: dK += diag(beta gamma) Tt^T dW; dbeta's second term
-        lf_zero(acc);
-        lf_mm(acc, Th, Tl, LF_LDO, Wh + c0, Wl + c0, LF_LDK, LF_C, Dk - c0);
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
-                if (col >= Dk) continue;
-                rs[e >> 1] = fmaf(gt.gam[r + i] * ld(Kt, (size_t)i * LF_LDK + col), acc[n][e], rs[e >> 1]);
-                float *o = dk + (r + i) * Dk + col;
-                *o = fmaf(gt.bg[r + i], acc[n][e], *o);
-            }
-    }
     for (int c0 = 0; c0 < Dv; c0 += LF_RO) {  // Tt^T dU out; dbeta's first term
         lf_zero(acc);
         lf_mm(acc, Th, Tl, LF_LDO, Uh + c0, Ul + c0, LF_LDK, LF_C, Dv - c0);
@@ -377,15 +363,18 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
     lf_sync();  // Tt^T dTt read: D and D^T take the region
     lf_st_frag(acc, 1.0f, Mh, Ml, LF_LDO, LF_C, 0);
     lf_st_frag(acc, 1.0f, Nh, Nl, LF_LDO, LF_C, 1);
-    red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
-    red[(16 * w + lr + 8) * 4 + (lane & 3)] = rs[1];
     lf_sync();
-    if (threadIdx.x < LF_C) {
-        const float *rr = red + threadIdx.x * 4;
-        dbt[r + threadIdx.x] = (rr[0] + rr[1]) + (rr[2] + rr[3]);
-    }
-    for (int c0 = 0; c0 < Dk; c0 += LF_RO) {  // dK += D K + D^T K
+    for (int c0 = 0; c0 < Dk; c0 += LF_RO) {  // dK += diag(beta gamma) Tt^T dW + D K + D^T K (dbeta's second term)
         lf_zero(acc);
+        lf_mm(acc, Th, Tl, LF_LDO, Wh + c0, Wl + c0, LF_LDK, LF_C, Dk - c0);
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
+                if (col < Dk) rs[e >> 1] = fmaf(gt.gam[r + i] * ld(Kt, (size_t)i * LF_LDK + col), acc[n][e], rs[e >> 1]);
+                acc[n][e] *= gt.bg[r + i];
+            }
         lf_mm(acc, Mh, Ml, LF_LDO, Kt + c0, NULL, LF_LDK, LF_C, Dk - c0);
         lf_mm(acc, Nh, Nl, LF_LDO, Kt + c0, NULL, LF_LDK, LF_C, Dk - c0);
 #pragma unroll
@@ -395,6 +384,13 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
                 int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
                 if (col < Dk) dk[(r + i) * Dk + col] += acc[n][e];
             }
+    }
+    red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
+    red[(16 * w + lr + 8) * 4 + (lane & 3)] = rs[1];
+    lf_sync();
+    if (threadIdx.x < LF_C) {
+        const float *rr = red + threadIdx.x * 4;
+        dbt[r + threadIdx.x] = (rr[0] + rr[1]) + (rr[2] + rr[3]);
     }
 }
 

@@ -20,4 +20,4 @@
 #include "lin_chunk_fused_walk.cu"
 #include "lin_chunk_fused_bwd.cu"
 
-const size_t lf_walk_smem_d32 = LF_WALK_SMEM, lf_utb_smem_d32 = LF_UTB_SMEM;
+const size_t lf_walk_smem_d32 = LF_WALK_SMEM, lf_bwd_delta_smem_d32 = LF_BWD_DELTA_SMEM;

@@ -324,6 +324,8 @@ TEST(cuda_lin_chunk_matches_reference) {
         {{1, 64, 2, 16, 16, 0, 0, 0, 1, 0.1, 1.0, 0}, 0},    // Dk 16: 64 keys in 16 dimensions (Tt ill-conditioned)
         {{3, 200, 3, 128, 128, 1, 1, 1, 1, 0.1, 1.0, 0}, 0}, // B*H = 9, square heads of 128
         {{2, 130, 1, 80, 96, 1, 1, 1, 1, 0.1, 1.0, 0}, 0},   // Dk 80: a partial second slice of Dk; B = 2
+        {{4, 130, 36, 128, 128, 1, 1, 1, 1, 0.1, 1.0, 0}, 0}, // B*H = 144: 576 walk blocks of 32 rows, over two waves of an
+                                                              // H100's or H200's 264 slots: the bf16 build's blocks of two groups
     };
     char *saved = lin_env_save();
     static const char *const paths[3] = {NULL, "cublas", "bf16"};  // (NULL: the default, fused where the shape allows)

@@ -91,8 +91,10 @@ typedef struct {
     cudaStream_t stream;
     cublasHandle_t blas;
     size_t smem_optin;  // the most shared memory one block may ask for (an H100's)
+    int sm_count;       // multiprocessors: one, so that every grid of more than a few blocks takes
+                        // waves and the walks' blocks of two groups (lf_walk_groups) are exercised
 } CudaCtx;
-static CudaCtx emu_ctx = {{}, {}, (size_t)227 * 1024};
+static CudaCtx emu_ctx = {{}, {}, (size_t)227 * 1024, 1};
 static inline CudaCtx *cuda_ctx(const Backend *) { return &emu_ctx; }
 static void *emu_scratch;
 static size_t emu_scratch_bytes;
