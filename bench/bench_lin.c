@@ -25,8 +25,8 @@
  * form of the timed calls: auto (what the mixers run: the chunkwise form
  * from T = 64 on, src/cuda/lin_cuda.cu), chunk or recurrent. --paths picks the
  * chunkwise form's paths, a row each (MESANET_LIN set around the calls):
- * split (the fused kernels with split products, the default), bf16 (the fused
- * kernels with one bf16 product for each), cublas.
+ * split (the fused kernels with split products: the delta rule's default),
+ * bf16 (the fused kernels with one bf16 product for each: the GLA rule's), cublas.
  *
  * Inputs as the layer's (bench_mesa_inputs): unit-norm q and k rows, v and
  * dout ~ N(0, 1), g = log sigmoid(N(gmean, 1)), beta = sigmoid(N(0, 1)); scale 1.
@@ -332,10 +332,11 @@ static Run lin_run(const Backend *be, MnSeqDims d, const Variant *var, MnForm fo
 static double mem_gb(const Backend *be) { return be->device_mem_used ? be->device_mem_used(be) / 1e9 : NAN; }
 
 // The chunkwise form's paths on the GPU, as MESANET_LIN selects them (src/cuda/lin_chunk.cu): the fused
-// kernels with split products (the default), the fused kernels with single bf16 products, the cuBLAS path.
+// kernels with split products, the fused kernels with single bf16 products, the cuBLAS path. (The
+// mixers' default, precision AUTO: bf16 for the GLA rule, split for the delta rule.)
 static const struct {
     const char *name, *env;
-} LIN_PATHS[] = {{"split", NULL}, {"bf16", "bf16"}, {"cublas", "cublas"}};
+} LIN_PATHS[] = {{"split", "split"}, {"bf16", "bf16"}, {"cublas", "cublas"}};
 #define NPATHS (int)(sizeof LIN_PATHS / sizeof LIN_PATHS[0])
 
 // The paths named in "a,b" into idx (at most NPATHS); their number, or -1 if one is unknown.
@@ -352,10 +353,7 @@ static int parse_paths(const char *s, int idx[NPATHS]) {
     return n;
 }
 
-static void set_path(int i) {
-    if (LIN_PATHS[i].env) setenv("MESANET_LIN", LIN_PATHS[i].env, 1);
-    else unsetenv("MESANET_LIN");
-}
+static void set_path(int i) { setenv("MESANET_LIN", LIN_PATHS[i].env, 1); }
 
 static int bench_lin_cuda(const char *shapes_s, const char *decode_s, const Variant **vars, int nv, int reps,
                           float gmean, MnForm form, const int *paths, int np) {

@@ -20,7 +20,7 @@
 #include "train/optim.h"
 
 int bench_train(int argc, char **argv) {
-    const char *config = "demo", *backend = "cpu";
+    const char *config = "demo", *backend = "cpu", *precision = "auto";
     int batch = 16, seq = 256, steps = 10, vocab = 4096, cg = 0, gpus = 1, serial = 0;
     Option opts[] = {
         {"config", OPT_STRING, &config, "preset or JSON config"},
@@ -32,13 +32,16 @@ int bench_train(int argc, char **argv) {
         {"cg-steps", OPT_INT, &cg, "CG steps (0: the config's)", 0, 10000},
         {"gpus", OPT_INT, &gpus, "data-parallel over this many GPUs, --batch sequences each", 1, 256},
         {"serial-sums", OPT_FLAG, &serial, "sum the gradients after the backward pass instead of beside it"},
+        {"lin-precision", OPT_STRING, &precision, LIN_PRECISION_HELP},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
     Group g;
     int code;
     if (!ranks_begin("bench train", gpus, &g, &code)) return code;
+    const MnPrecision prec = lin_precision_arg("bench train", precision);
     Model *m = bench_model(config, backend, vocab, cg);
+    m->solver.precision = prec;
     const Backend *be = m->be;
     if (group_connect(&g, be)) die("%s", mn_last_error());
     const ModelConfig c = m->cfg;

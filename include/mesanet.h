@@ -41,6 +41,13 @@ const char *mn_last_error(void);
 typedef enum { MN_CG_INIT_ZERO = 0, MN_CG_INIT_JACOBI = 1, MN_CG_INIT_GIVEN = 2 } MnCgInit;
 typedef enum { MN_PRECOND_NONE = 0, MN_PRECOND_JACOBI = 1 } MnPrecond;
 typedef enum { MN_FORM_AUTO = 0, MN_FORM_CHUNK = 1, MN_FORM_RECURRENT = 2 } MnForm;
+// The products of the lin family's GPU chunk kernels (mamba2, gla, deltanet, gdn and the layers built
+// on them; the CPU computes in float32 whatever this says): SPLIT, every rounded operand (state, V', W,
+// U, Tt) split into bf16 hi + lo, about float32's accuracy; BF16, one bf16 product with float32 sums
+// each, as fla's kernels (faster: gdn forward+backward 0.53x the time); AUTO, the backend's choice
+// (CUDA: BF16 for the GLA rule, SPLIT for the delta rule, by the errors measured against fla's,
+// docs/cuda.md).
+typedef enum { MN_PREC_AUTO = 0, MN_PREC_SPLIT = 1, MN_PREC_BF16 = 2 } MnPrecision;
 
 typedef struct {
     int max_steps;      // CG steps at most (the paper trains with 30)
@@ -49,6 +56,7 @@ typedef struct {
     MnCgInit init;      // initial guess: zero, q / diag(H + Lambda), or given (x0)
     MnForm form;    // chunkwise-parallel or recurrent; AUTO picks the faster
     int chunk;          // chunk size C of the chunkwise form (0: the backend's best)
+    MnPrecision precision;  // the lin family's GPU products (MnPrecision)
     int check;          // nonzero: fail with MN_ERR_NUMERIC on non-finite inputs or outputs
 } MnSolver;
 
@@ -115,6 +123,7 @@ typedef struct {
     float scale;      // read-out scale (1, or Dk^-1/2 for the Gated DeltaNet paper's layer)
     MnForm form;  // chunkwise or recurrent; AUTO picks the faster
     int chunk;        // chunk size C of the chunkwise form (0: the backend's best)
+    MnPrecision precision;  // the GPU chunk kernels' products (AUTO: the backend's choice)
 } MnLinOpts;
 
 typedef struct {
@@ -136,7 +145,7 @@ typedef struct {
     float *ds0;                               // [B,H,Dv,Dk], or NULL
 } MnLinBwd;
 
-MnLinOpts mn_lin_opts_default(MnLinRule rule);  // scale 1, AUTO form and chunk
+MnLinOpts mn_lin_opts_default(MnLinRule rule);  // scale 1, AUTO form, chunk and precision
 int mn_lin_forward(const MnSeqDims *dims, const MnLinOpts *opts, const MnLinFwd *io);
 int mn_lin_backward(const MnSeqDims *dims, const MnLinOpts *opts, const MnLinBwd *io);
 

@@ -216,6 +216,17 @@ TEST(cli_refuses_bad_numbers) {
     tmp_remove(&td);
 }
 
+// --lin-precision takes auto, split or bf16, in every command that has it; anything else is refused
+// naming the option, the value and what it takes, before a model is built.
+TEST(cli_refuses_bad_lin_precision) {
+    TmpDir td;
+    tmp_make(&td);
+    expect_refusal(&td, "train --lin-precision fp8", "mesanet train: --lin-precision: 'fp8'", "auto, split or bf16", NULL);
+    expect_refusal(&td, "eval --lin-precision BF16", "mesanet eval: --lin-precision: 'BF16'", "auto, split or bf16", NULL);
+    expect_refusal(&td, "bench train --lin-precision x", "--lin-precision: 'x'", "auto, split or bf16", NULL);
+    tmp_remove(&td);
+}
+
 // Checks made in the options' own names, before the trainer would refuse the values in its fields'.
 TEST(cli_train_checks_in_option_terms) {
     TmpDir td;

@@ -461,6 +461,13 @@ TEST(lin_rejects_bad_arguments) {
     r = opts;
     r.chunk = -1;
     CHECK(mn_lin_forward(&d, &r, &f) == MN_ERR_ARG, "chunk -1 accepted");
+    r = opts;
+    r.precision = (MnPrecision)3;
+    CHECK(mn_lin_forward(&d, &r, &f) == MN_ERR_ARG && strstr(mn_last_error(), "precision"), "precision 3 accepted");
+    for (int p = MN_PREC_AUTO; p <= MN_PREC_BF16; p++) {  // (the CPU computes in float32 whatever it says)
+        r.precision = (MnPrecision)p;
+        CHECK(mn_lin_forward(&d, &r, &f) == MN_OK, "precision %d: %s", p, mn_last_error());
+    }
     MnLinFwd nf = f;
     nf.o = NULL;
     CHECK(mn_lin_forward(&d, &opts, &nf) == MN_ERR_ARG, "NULL o accepted");

@@ -20,6 +20,13 @@ void cmd_fail(const char *cmd, const char *fmt, ...) {
     exit(1);
 }
 
+MnPrecision lin_precision_arg(const char *cmd, const char *s) {
+    if (!strcmp(s, "auto")) return MN_PREC_AUTO;
+    if (!strcmp(s, "split")) return MN_PREC_SPLIT;
+    if (!strcmp(s, "bf16")) return MN_PREC_BF16;
+    cmd_fail(cmd, "--lin-precision: '%s': expected auto, split or bf16", s);
+}
+
 static int is_numeric(const Option *o) { return o->type == OPT_INT || o->type == OPT_FLOAT; }
 
 // A bound as a user would type it: "1000000000", "0.5", "1e-9" (not %g's "1e-09").

@@ -323,7 +323,7 @@ static void write_sweep_files(const char *outdir, const double *nll, const doubl
 
 int cmd_eval(int argc, char **argv) {
     const char *run = "runs/demo", *data = NULL, *shard = NULL, *compare = NULL, *out = NULL, *backend = "cpu";
-    const char *lengths = NULL;
+    const char *lengths = NULL, *precision = "auto";
     int seq = 0, batch = 8, batches = 0, steps = 0, sweep = 0, gpus = 1;
     float tol = 0;
     Option opts[] = {
@@ -342,11 +342,13 @@ int cmd_eval(int argc, char **argv) {
         {"compare", OPT_STRING, &compare, "run directory of a second model: Delta NLL by position"},
         {"out", OPT_STRING, &out, "directory for the CSV and SVG files (default: <model>/eval)"},
         {"backend", OPT_STRING, &backend, "cpu, cuda or ref (float64, for checks)"},
+        {"lin-precision", OPT_STRING, &precision, LIN_PRECISION_HELP},
         {"gpus", OPT_INT, &gpus,
          "split every batch over this many GPUs, one process each with --batch sequences (cpu, ref: processes)", 1, 256},
     };
     int st = parse_args(argc, argv, "[options]", opts, sizeof opts / sizeof opts[0], NULL, NULL, 0);
     if (st) return st == 2 ? 0 : 1;
+    const MnPrecision prec = lin_precision_arg("eval", precision);
     int mult[MAX_FACTORS], nm = 0;
     if (lengths && (nm = parse_factors(lengths, mult, MAX_FACTORS)) < 0)
         cmd_fail("eval", "--lengths expects up to %d comma-separated integers in [1, %d], got '%s'", MAX_FACTORS,
@@ -383,6 +385,8 @@ int cmd_eval(int argc, char **argv) {
     if (checkpoint_load_model(run, e.be, &m)) cmd_fail("eval", "--model %s: %s", run, mn_last_error());
     if (compare && checkpoint_load_model(compare, e.be, &other))
         cmd_fail("eval", "--compare %s: %s", compare, mn_last_error());
+    m->solver.precision = prec;
+    if (other) other->solver.precision = prec;
     if (out) snprintf(outdir, sizeof outdir, "%s", out);
     else snprintf(outdir, sizeof outdir, "%s/eval", run);
     if (lead && mn_mkdirs(outdir)) cmd_fail("eval", "--out: %s", mn_last_error());

@@ -31,6 +31,7 @@ int cmd_train(int argc, char **argv) {
     TrainOptions o;
     train_options_default(&o);
     int seed = 1, no_resume = 0, gpus = 1;
+    const char *precision = "auto";
     Option opts[] = {
         {"config", OPT_STRING, &o.config, "model: " CONFIG_NAMES_HELP},
         {"data", OPT_STRING, &o.data, "directory with train.bin and valid.bin (from mesanet tokenize)"},
@@ -57,6 +58,7 @@ int cmd_train(int argc, char **argv) {
         {"cg-steps", OPT_INT, &o.cg_steps, "CG steps of the Mesa layers in training (0: the config's, 30)", 0, 10000},
         {"time-limit", OPT_FLOAT, &o.time_limit, "stop and save after this many minutes (0: none)", 0, 1e7},
         {"stop-at", OPT_INT, &o.stop_at, "stop (and save) after this step; resume later with the same command (0: none)", 0, 1e9},
+        {"lin-precision", OPT_STRING, &precision, LIN_PRECISION_HELP},
         {"no-resume", OPT_FLAG, &no_resume, "start afresh even if --out holds a checkpoint"},
         {"gpus", OPT_INT, &gpus,
          "data-parallel over this many GPUs, one process each with --batch sequences (cpu, ref: processes sharing the cores)",
@@ -67,6 +69,7 @@ int cmd_train(int argc, char **argv) {
     // The default warm-up suits long runs; a short one without --warmup warms up for a tenth of it.
     if (!option_given(argc, argv, "warmup") && o.warmup > o.steps) o.warmup = o.steps / 10;
     check_combinations(&o, gpus);
+    o.lin_precision = lin_precision_arg("train", precision);
     o.seed = (uint64_t)seed;
     o.resume = !no_resume;
     Group g;

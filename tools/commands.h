@@ -2,6 +2,7 @@
 #ifndef MN_COMMANDS_H
 #define MN_COMMANDS_H
 
+#include "mesanet.h"
 #include "train/dist.h"
 
 typedef struct {
@@ -54,5 +55,12 @@ int options_check(const char *cmd, const Option *opts, int nopts);
 
 // Prints `mesanet cmd: message` to stderr and exits with status 1.
 void cmd_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+
+// --lin-precision: the lin family's GPU products (MnPrecision), from "auto", "split" or "bf16";
+// anything else fails the command naming the option and what it takes.
+#define LIN_PRECISION_HELP                                                                                         \
+    "products of the gla/mamba2/deltanet/gdn GPU kernels: auto (bf16 for gla and mamba2, split for the delta rule), " \
+    "split (about float32's accuracy) or bf16 (fla's; faster)"
+MnPrecision lin_precision_arg(const char *cmd, const char *s);
 
 #endif

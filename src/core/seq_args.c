@@ -37,7 +37,7 @@ int seq_check_solver(const MnSolver *s) {
 
 MnSolver mn_solver_default(void) {
     MnSolver s = {.max_steps = 30, .tol = 0, .precond = MN_PRECOND_NONE, .init = MN_CG_INIT_ZERO,
-                  .form = MN_FORM_AUTO, .chunk = 0, .check = 0};
+                  .form = MN_FORM_AUTO, .chunk = 0, .precision = MN_PREC_AUTO, .check = 0};
     return s;
 }
 
@@ -49,5 +49,7 @@ int lin_check_args(const char *fn, const MnSeqDims *d, const MnLinOpts *o, const
     if (o->form != MN_FORM_AUTO && o->form != MN_FORM_CHUNK && o->form != MN_FORM_RECURRENT)
         return mn_error(MN_ERR_ARG, "%s: unknown form %d", fn, (int)o->form);
     if (o->chunk < 0) return mn_error(MN_ERR_ARG, "%s: chunk = %d, must be >= 0", fn, o->chunk);
+    if (o->precision != MN_PREC_AUTO && o->precision != MN_PREC_SPLIT && o->precision != MN_PREC_BF16)
+        return mn_error(MN_ERR_ARG, "%s: unknown precision %d (auto, split or bf16)", fn, (int)o->precision);
     return MN_OK;
 }

@@ -12,7 +12,7 @@
 #include "workspace.h"
 
 MnLinOpts mn_lin_opts_default(MnLinRule rule) {
-    MnLinOpts o = {rule, 1.0f, MN_FORM_AUTO, 0};
+    MnLinOpts o = {.rule = rule, .scale = 1.0f, .form = MN_FORM_AUTO, .chunk = 0, .precision = MN_PREC_AUTO};
     return o;
 }
 

@@ -291,15 +291,9 @@ static LfSrc lf_src(const void *p, const float *rs, int tok, int D) {
 
 // The fused path takes the call where it takes the shape (chunks of 64, Dk and Dv multiples of 16 up
 // to 128) and the device allows its kernels' shared memory (smem bytes: LF_WALK_SMEM for the forward
-// and GLA's backward, LF_BWD_DELTA_SMEM for the delta rule's backward), unless MESANET_LIN=cublas (read at every
-// call) asks for the cuBLAS path; the cuBLAS path otherwise. MESANET_LIN=bf16 asks for the build with
-// single bf16 products (lin_chunk_fused_bf16.cu), which takes only such calls.
+// and GLA's backward, LF_BWD_DELTA_SMEM for the delta rule's backward); lin_chunk.cu chooses among the
+// builds (lin_path) and sends what none takes to the cuBLAS path.
 int lf_use(const CudaCtx *c, const LcDims *d, size_t smem) {
-    const char *e = getenv("MESANET_LIN");
-    if (e && !strcmp(e, "cublas")) return 0;
-#ifndef LF_ONE_BUILD
-    if (!LF_SPLIT && !(e && !strcmp(e, "bf16"))) return 0;  // (the bf16 build only when asked for)
-#endif
     return smem <= c->smem_optin && d->C == LF_C && d->Dk % 16 == 0 && d->Dk <= LF_KMAX && d->Dv % 16 == 0 && d->Dv <= LF_KMAX;
 }
 

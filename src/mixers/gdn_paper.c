@@ -204,7 +204,7 @@ static int alloc_buffers(Mixer *m, Paper *s, int N) {
 
 static MnLinOpts lin_opts(const Mixer *m) {
     MnLinOpts o = {.rule = MN_LIN_DELTA, .scale = (float)(1 / sqrt((double)m->cfg->head_dim)), .form = m->solver.form,
-                   .chunk = m->solver.chunk};
+                   .chunk = m->solver.chunk, .precision = m->solver.precision};
     return o;
 }
 

@@ -73,7 +73,8 @@ static int lin_forward(Mixer *m, void *y, const void *u, int B, int T, int use_s
     MN_TRY(shell_in_fwd(m, sh, u, B, T, use_state));
     MnSeqDims d = shell_dims(sh, m->cfg, B, T);
     if (s->kind->implicit) MN_TRY(be->lin->longhorn_eps_fwd(be, sh->g, sh->beta, sh->k, N, d.H, d.Dk));
-    MnLinOpts o = {.rule = s->kind->rule, .scale = 1, .form = m->solver.form, .chunk = m->solver.chunk};
+    MnLinOpts o = {.rule = s->kind->rule, .scale = 1, .form = m->solver.form, .chunk = m->solver.chunk,
+                   .precision = m->solver.precision};
     MnLinFwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .g = s->kind->gate ? sh->g : NULL,
                    .beta = s->kind->implicit ? sh->g : s->kind->beta ? sh->beta : NULL, .s0 = use_state ? s->S : NULL,
                    .o = sh->o, .sT = use_state ? s->S : NULL};
@@ -88,7 +89,8 @@ static int lin_backward(Mixer *m, void *du, const void *dy) {
     if (!sh->cap) return mn_error(MN_ERR_ARG, "%s: backward before any forward", m->ops->name);
     MN_TRY(shell_out_bwd(m, sh, dy));
     MnSeqDims d = shell_dims(sh, m->cfg, sh->B, sh->T);
-    MnLinOpts o = {.rule = s->kind->rule, .scale = 1, .form = m->solver.form, .chunk = m->solver.chunk};
+    MnLinOpts o = {.rule = s->kind->rule, .scale = 1, .form = m->solver.form, .chunk = m->solver.chunk,
+                   .precision = m->solver.precision};
     MnLinBwd io = {.q = sh->q, .k = sh->k, .v = sh->v, .g = s->kind->gate ? sh->g : NULL,
                    .beta = s->kind->implicit ? sh->g : s->kind->beta ? sh->beta : NULL, .dout = sh->d_o, .dq = sh->d_q,
                    .dk = sh->d_k, .dv = sh->d_v, .dg = s->kind->gate ? sh->d_g : NULL,

@@ -637,7 +637,7 @@ static int decode_ops(Model *m, int B, int T) {
 
 int model_solver_same(const MnSolver *a, const MnSolver *b) {
     return a->max_steps == b->max_steps && a->tol == b->tol && a->precond == b->precond && a->init == b->init &&
-           a->form == b->form && a->chunk == b->chunk && a->check == b->check;
+           a->form == b->form && a->chunk == b->chunk && a->precision == b->precision && a->check == b->check;
 }
 
 typedef struct {

@@ -287,6 +287,7 @@ int train_run(const TrainOptions *o, FILE *log) {
         if (s) goto done;
         if ((s = model_create(&m, &cfg, be)) || (s = model_init_params(m, o->seed)) || (s = adamw_init(&opt, m))) goto done;
     }
+    m->solver.precision = o->lin_precision;
     snprintf(train_path, sizeof train_path, "%s/train.bin", set.data);
     snprintf(valid_path, sizeof valid_path, "%s/valid.bin", set.data);
     // Every rank draws the whole step's batch (so that the data order does not depend on the number

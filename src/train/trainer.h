@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "mesanet.h"
 #include "train/dist.h"
 
 // A run resumed from its checkpoint keeps what its checkpoint means: config, data, seq, batch (of
@@ -31,6 +32,7 @@ typedef struct {
     int log_every;          // progress line every this many steps
     uint64_t seed;
     int cg_steps;           // CG steps in training (0: the config's)
+    MnPrecision lin_precision;  // the lin family's GPU products (AUTO: the backend's choice)
     float time_limit;       // minutes; > 0: stop (and save) when reached
     int stop_at;            // > 0: stop (and save) after this step, as if interrupted
     int resume;             // continue from `out` when it holds a checkpoint (0: start afresh, removing it)

@@ -328,11 +328,10 @@ TEST(cuda_lin_chunk_matches_reference) {
                                                               // H100's or H200's 264 slots: the bf16 build's blocks of two groups
     };
     char *saved = lin_env_save();
-    static const char *const paths[3] = {NULL, "cublas", "bf16"};  // (NULL: the default, fused where the shape allows)
+    static const char *const paths[3] = {"split", "cublas", "bf16"};  // (the fused builds where the shape allows)
     for (int path = 0; path < 3; path++) {
-        if (paths[path]) setenv("MESANET_LIN", paths[path], 1);
-        else unsetenv("MESANET_LIN");
-        test_note("chunkwise form, %s path", path == 1 ? "cuBLAS" : path ? "fused, single bf16 products" : "fused");
+        setenv("MESANET_LIN", paths[path], 1);
+        test_note("chunkwise form, %s path", path == 1 ? "cuBLAS" : path ? "fused, single bf16 products" : "fused, split");
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             for (int rule = 0; rule < 2; rule++)
                 run_case_form(&cases[i].s, (MnLinRule)rule, 6000 + 16 * i + rule, MN_FORM_CHUNK, cases[i].chunk,
@@ -358,8 +357,7 @@ TEST(cuda_lin_chunk_hard_inputs) {
     const char *kinds[] = {"g = 0, T = 1000", "one key x 500", "beta in [1.9, 2)", "beta in [1.9, 2), one key"};
     char *saved = lin_env_save();
     for (int path = 0; path < 2; path++) {
-        if (path) setenv("MESANET_LIN", "bf16", 1);
-        else unsetenv("MESANET_LIN");
+        setenv("MESANET_LIN", path ? "bf16" : "split", 1);
         for (int kind = 0; kind < 4; kind++)
             for (int rule = 0; rule < 2; rule++) {
                 if (kind >= BETA2 && rule == MN_LIN_GLA) continue;
@@ -390,6 +388,51 @@ TEST(cuda_lin_chunk_hard_inputs) {
     lin_env_restore(saved);
 }
 
+// The precision's dispatch (src/cuda/lin_chunk.cu, lin_path): AUTO takes the single bf16 products for
+// the GLA rule and the split ones for the delta rule and for heads up to 32; MnLinOpts.precision
+// SPLIT or BF16 takes that build; MESANET_LIN overrides the call's. Each the same bits as the path
+// it names (the fused kernels are deterministic), and the two builds not the same bits.
+TEST(cuda_lin_chunk_precision_dispatch) {
+    if (!setup()) return;
+    static const Shape shapes[] = {
+        {1, 130, 2, 64, 64, 1, 1, 1, 1, 0.1, 1.0, 0},  // heads of 64
+        {1, 130, 2, 32, 32, 1, 1, 1, 1, 0.1, 1.0, 0},  // heads of 32: the split build for them under AUTO
+    };
+    char *saved = lin_env_save();
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int rule = 0; rule < 2; rule++) {
+            Case c;
+            case_init(&c, &shapes[i], (MnLinRule)rule, 7500 + 16 * i + rule);
+            c.o.form = MN_FORM_CHUNK;
+            Outs split = {0}, bf16 = {0}, au = {0}, osplit = {0}, obf16 = {0};
+            MnLinOpts ps = c.o, pb = c.o;
+            ps.precision = MN_PREC_SPLIT;
+            pb.precision = MN_PREC_BF16;
+            setenv("MESANET_LIN", "split", 1);
+            int rc = gpu_outs(&c, &pb, &split, 7500 + i);  // (the variable over the call's BF16)
+            setenv("MESANET_LIN", "bf16", 1);
+            if (!rc) rc = gpu_outs(&c, &ps, &bf16, 7500 + i);
+            unsetenv("MESANET_LIN");
+            if (!rc) rc = gpu_outs(&c, &c.o, &au, 7500 + i);
+            if (!rc) rc = gpu_outs(&c, &ps, &osplit, 7500 + i);
+            if (!rc) rc = gpu_outs(&c, &pb, &obf16, 7500 + i);
+            CHECK(!rc, "%s", mn_last_error());
+            if (!rc) {
+                const int small = shapes[i].Dk <= 32 && shapes[i].Dv <= 32, want_bf16 = rule == MN_LIN_GLA && !small;
+                char tag[112];
+                case_tag(tag, sizeof tag, &shapes[i], (MnLinRule)rule, &c.o);
+                test_note("%s: AUTO takes the %s products", tag, want_bf16 ? "single bf16" : "split");
+                cmp_outs(tag, &c, &au, want_bf16 ? &bf16 : &split, 0, 0);
+                cmp_outs(tag, &c, &osplit, &split, 0, 0);
+                cmp_outs(tag, &c, &obf16, &bf16, 0, 0);
+                CHECK(rel_err64(split.o, bf16.o, c.nv) > 0, "%s: the split and bf16 builds gave the same o", tag);
+            }
+            outs_free(&split), outs_free(&bf16), outs_free(&au), outs_free(&osplit), outs_free(&obf16);
+            case_free(&c);
+        }
+    lin_env_restore(saved);
+}
+
 TEST(cuda_lin_chunk_matches_recurrent) {
     if (!setup()) return;
     static const Shape shapes[] = {
@@ -401,6 +444,7 @@ TEST(cuda_lin_chunk_matches_recurrent) {
         for (int rule = 0; rule < 2; rule++) {
             Case c;
             case_init(&c, &shapes[i], (MnLinRule)rule, 7000 + 16 * i + rule);
+            c.o.precision = MN_PREC_SPLIT;  // (the chunk form's tolerances are the split products')
             MnLinOpts oc = c.o, orec = c.o, oa = c.o;
             oc.form = MN_FORM_CHUNK;
             orec.form = MN_FORM_RECURRENT;
