@@ -403,21 +403,21 @@ int lf_backward_gla(const Backend *be, CudaCtx *c, const LcDims *d, float scale,
     CU_TRY(cudaFuncSetAttribute(lf_dqk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_DQK_SMEM));
     lf_dqk_kernel<<<dim3((unsigned)d->nch, (unsigned)nyk), LF_THREADS, LF_DQK_SMEM, c->stream>>>(*d, gt, q, k, v, dout, st_, dst, scale, (bf16 *)io->dq, (bf16 *)io->dk, pq);
     LAUNCH_CHECK();
-    lf_gates_bwd_kernel<<<(unsigned)d->nch, LC_OUT_THREADS, 0, c->stream>>>(*d, gt, pq, nyk, pv, nyv, st_, sfin, dst, io->dg, io->dbeta, io->g != NULL, io->beta != NULL);
+    lf_gates_bwd_kernel<<<(unsigned)d->nch, LC_OUT_THREADS, 0, c->stream>>>(*d, gt, pq, nyk, pv, nyv, (const float *)NULL, st_, sfin, dst, io->dg, io->dbeta, io->g != NULL, io->beta != NULL);
     LAUNCH_CHECK();
     return MN_OK;
 }
 
 // The fused backward of the delta rule: 8 launches reading the inputs as the call gives them (no
 // float32 copies of them): gates; W, U and Tt (lf_prep_kernel); the entry states and V' (lf_walk_kernel);
-// the intra-chunk dV' (lf_dvi_kernel); dV' and the adjoints dS (lf_walk2_kernel, reverse); dQs and dK's
-// first terms (lf_dqk_delta_kernel); the UT transform's adjoint (lf_utb_kernel); the token gradients
-// (lc_bwd_out_kernel, q and v read as bf16).
+// the intra-chunk dV' (lf_dvi_kernel); dV' and the adjoints dS (lf_walk2_kernel, reverse); dq and dK's
+// first terms (lf_dqk_delta_kernel); the UT transform's adjoint, dk and dv (lf_utb_kernel); dg and
+// dbeta (lf_gates_bwd_kernel).
 int lf_backward_delta(const Backend *be, CudaCtx *c, const LcDims *d, float scale, const MnLinBwd *io) {
-    const int Dk = d->Dk, Dv = d->Dv;
+    const int Dk = d->Dk, Dv = d->Dv, nyk = (Dk + LF_RO - 1) / LF_RO;
     size_t rg = d->nch * LF_C, rk = rg * Dk, rv = rg * Dv, cc = rg * LF_C, states = d->nch * d->ss;
     size_t fins = (size_t)d->P * d->ss;
-    size_t total = 7 * rg + d->nch + 3 * rk + 4 * rv + cc + 2 * states + fins + 21 * LC_ALIGN;
+    size_t total = (7 + nyk) * rg + d->nch + 2 * rk + 3 * rv + cc + 2 * states + fins + 21 * LC_ALIGN;
     float *m = (float *)cuda_scratch(be, sizeof(float) * total);
     if (!m) return MN_ERR_NOMEM;
     LcWork w;
@@ -426,7 +426,8 @@ int lf_backward_delta(const Backend *be, CudaCtx *c, const LcDims *d, float scal
     TAKE(w.gt.b, rg); TAKE(w.gt.gam, rg); TAKE(w.gt.lam, rg); TAKE(w.gt.beta, rg); TAKE(w.gt.bg, rg);
     TAKE(w.gt.dec, d->nch);
     TAKE(w.w, rk); TAKE(w.vp, rv); TAKE(w.tt, cc); TAKE(w.st, states); TAKE(w.sfin, fins);
-    TAKE(w.dvp, rv); TAKE(w.dst, states); TAKE(w.dqs, rk); TAKE(w.dk, rk); TAKE(w.tdu, rv); TAKE(w.dbt, rg);
+    float *pq, *pv;  // the rows' q . dq (a share a slice of Dk) and v . Tt^T dU
+    TAKE(w.dvp, rv); TAKE(w.dst, states); TAKE(w.dk, rk); TAKE(w.dbt, rg); TAKE(pq, rg * nyk); TAKE(pv, rg);
     float *ub = w.vp;  // U, then V' in its place; the bf16 build: U bf16 in its own buffer
     if (!LF_SPLIT) TAKE(ub, rv);
 #undef TAKE
@@ -477,18 +478,14 @@ int lf_backward_delta(const Backend *be, CudaCtx *c, const LcDims *d, float scal
     wk.xfin = io->ds0;
     wk.reverse = 1;
     MN_TRY(lf_walk(c, d, &wk));
-    const unsigned nyk = (unsigned)((Dk + LF_RO - 1) / LF_RO);
     const int smem = LF_DQK_SMEM + LF_LO(LF_TK) * 2;
     CU_TRY(cudaFuncSetAttribute(lf_dqk_delta_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    lf_dqk_delta_kernel<<<dim3((unsigned)d->nch, nyk), LF_THREADS, smem, c->stream>>>(*d, w.gt, q, k, w.vp, dout, w.st, w.dst, scale, w.dqs, w.dk);
+    lf_dqk_delta_kernel<<<dim3((unsigned)d->nch, (unsigned)nyk), LF_THREADS, smem, c->stream>>>(*d, w.gt, q, k, w.vp, dout, w.st, w.dst, scale, (bf16 *)io->dq, pq, w.dk);
     LAUNCH_CHECK();
     CU_TRY(cudaFuncSetAttribute(lf_utb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LF_UTB_SMEM));
-    lf_utb_kernel<<<(unsigned)d->nch, LF_THREADS, LF_UTB_SMEM, c->stream>>>(*d, w.gt, k, v, w.dvp, w.st, w.tt, w.tdu, w.dk, w.dbt);
+    lf_utb_kernel<<<(unsigned)d->nch, LF_THREADS, LF_UTB_SMEM, c->stream>>>(*d, w.gt, k, v, w.dvp, w.st, w.tt, w.dk, (bf16 *)io->dk, (bf16 *)io->dv, pv, w.dbt);
     LAUNCH_CHECK();
-    LcOut a = {NULL, w.dqs, NULL, w.dvp, w.tdu, w.dk, w.dbt, w.st, w.sfin, w.dst,
-               (bf16 *)io->dq, (bf16 *)io->dk, (bf16 *)io->dv, io->dg, io->dbeta, io->g != NULL, io->beta != NULL,
-               scale, q, v};
-    lc_bwd_out_kernel<<<(unsigned)d->nch, LC_OUT_THREADS, 0, c->stream>>>(*d, w.gt, a);
+    lf_gates_bwd_kernel<<<(unsigned)d->nch, LC_OUT_THREADS, 0, c->stream>>>(*d, w.gt, pq, nyk, pv, 1, w.dbt, w.st, w.sfin, w.dst, io->dg, io->dbeta, io->g != NULL, io->beta != NULL);
     LAUNCH_CHECK();
     return MN_OK;
 }

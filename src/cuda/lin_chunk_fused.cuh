@@ -315,13 +315,14 @@ __global__ void lf_dqk_kernel(const LcDims d, const LcGates gt, const bf16 *qin,
                               const bf16 *doin, const float *sts, const float *dst, float scale, bf16 *dq, bf16 *dk,
                               float *part);
 __global__ void lf_dqk_delta_kernel(const LcDims d, const LcGates gt, const bf16 *qin, const bf16 *kin, const float *vp,
-                                    const bf16 *doin, const float *sts, const float *dst, float scale, float *fdq,
-                                    float *fdk);
+                                    const bf16 *doin, const float *sts, const float *dst, float scale, bf16 *dq,
+                                    float *part, float *fdk);
 __global__ void lf_utb_kernel(const LcDims d, const LcGates gt, const bf16 *kin, const bf16 *vin, const float *dvp,
-                              const float *sts, const float *tt, float *tdu, float *dk, float *dbt);
+                              const float *sts, const float *tt, const float *fdk, bf16 *dko, bf16 *dvo, float *pv,
+                              float *dbt);
 __global__ void lf_gates_bwd_kernel(const LcDims d, const LcGates gt, const float *pq, int nq, const float *pv, int nv,
-                                    const float *st, const float *sfin, const float *dst, float *dg, float *dbeta,
-                                    int has_g, int has_beta);
+                                    const float *dbt, const float *st, const float *sfin, const float *dst, float *dg,
+                                    float *dbeta, int has_g, int has_beta);
 
 // The fused path's host side (lin_chunk_fused.cu): whether it takes a call, and its forward and
 // backward.

@@ -97,14 +97,14 @@ static __device__ __forceinline__ void lf_as(float acc[8][4], const bf16 *A, con
 // LF_DQK_SMEM bytes.
 //
 // DELTA = 1: V' is the delta rule's (vp: float32 [nch][C][Dv], split hi + lo into one more tile: three
-// products where it enters), no beta in the scores, lambda alone on V' dS; out: dQs (unscaled) and
-// dK before the UT transform's terms, float32 chunk major [nch][C][Dk] (fdq, fdk; every row), no
-// shares. Dynamic shared memory LF_DQK_SMEM + (DELTA) LF_LO(LF_TK) * 2 bytes.
+// products where it enters), no beta in the scores, lambda alone on V' dS; out: dq and part as GLA's,
+// and dK before the UT transform's terms, float32 chunk major [nch][C][Dk] (fdk; every row), which
+// lf_utb_kernel completes. Dynamic shared memory LF_DQK_SMEM + (DELTA) LF_LO(LF_TK) * 2 bytes.
 // DELTA (0 or 1, a constant at each call, folded by the inlining): the delta rule's variant.
 static __device__ __forceinline__ void lf_dqk_body(const LcDims d, const LcGates gt, const bf16 *qin, const bf16 *kin,
                                                    const bf16 *vin, const float *vp, const bf16 *doin,
                                                    const float *sts, const float *dst, float scale, bf16 *dq,
-                                                   bf16 *dk, float *part, float *fdq, float *fdk, const int DELTA) {
+                                                   bf16 *dk, float *part, float *fdk, const int DELTA) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
     bf16 *Do = (bf16 *)lf_dsmem, *Vt = Do + LF_TK, *Sh = Vt + LF_TK, *Sl = Sh + LF_TSV, *Kc = Sl + LF_LO(LF_TSV),
          *Qc = Kc + LF_TO;
@@ -141,22 +141,13 @@ static __device__ __forceinline__ void lf_dqk_body(const LcDims d, const LcGates
             att[n][e] = j <= i ? (DELTA ? 1.0f : beta[j]) * expf(b[i] - b[j]) * att[n][e] : 0.0f;
         }
     lf_pv(acc, att, Kc, 0, w, c0, Dk);  // + P1 K
-    if (DELTA) {
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
-                if (col < Dk) fdq[(ch * LF_C + i) * Dk + col] = acc[n][e];
-            }
-    }
     float rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int i = 16 * w + lr + 8 * (e >> 1), cl = 8 * n + lc + (e & 1), col = c0 + cl;
-            if (DELTA || t0 + i >= d.T || col >= Dk) continue;
+            if (t0 + i >= d.T || col >= Dk) continue;
             float x = scale * acc[n][e];
             rs[e >> 1] = fmaf(ld(Qc, (size_t)i * LF_LDO + cl), x, rs[e >> 1]);
             st(dq, lc_tok(d, p, t0 + i) * Dk + col, x);
@@ -164,7 +155,7 @@ static __device__ __forceinline__ void lf_dqk_body(const LcDims d, const LcGates
     red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
     red[(16 * w + lr + 8) * 4 + (lane & 3)] = rs[1];
     lf_sync();  // S read: dS takes its tiles
-    if (!DELTA && threadIdx.x < LF_C) {
+    if (threadIdx.x < LF_C) {
         const float *rr = red + threadIdx.x * 4;
         part[(ch * LF_C + threadIdx.x) * gridDim.y + blockIdx.y] = (rr[0] + rr[1]) + (rr[2] + rr[3]);
     }
@@ -205,15 +196,15 @@ __global__ void __launch_bounds__(LF_THREADS) lf_dqk_kernel(const LcDims d, cons
                                                            const bf16 *kin, const bf16 *vin, const bf16 *doin,
                                                            const float *sts, const float *dst, float scale,
                                                            bf16 *dq, bf16 *dk, float *part) {
-    lf_dqk_body(d, gt, qin, kin, vin, NULL, doin, sts, dst, scale, dq, dk, part, NULL, NULL, 0);
+    lf_dqk_body(d, gt, qin, kin, vin, NULL, doin, sts, dst, scale, dq, dk, part, NULL, 0);
 }
 
 __global__ void __launch_bounds__(LF_THREADS) lf_dqk_delta_kernel(const LcDims d, const LcGates gt,
                                                                  const bf16 *qin, const bf16 *kin,
                                                                  const float *vp, const bf16 *doin,
                                                                  const float *sts, const float *dst, float scale,
-                                                                 float *fdq, float *fdk) {
-    lf_dqk_body(d, gt, qin, kin, NULL, vp, doin, sts, dst, scale, NULL, NULL, NULL, fdq, fdk, 1);
+                                                                 bf16 *dq, float *part, float *fdk) {
+    lf_dqk_body(d, gt, qin, kin, NULL, vp, doin, sts, dst, scale, dq, NULL, part, fdk, 1);
 }
 
 // acc (the warp's 16 rows x 64 columns) += A X: A [64][lda] bf16 (hi, and lo Al or NULL), rows 16 w..,
@@ -281,15 +272,18 @@ static __device__ __forceinline__ void lf_st_frag(const float a[8][4], float s, 
 // (the entry state, float32, column slices split hi + lo), Tt (float32 [nch][C][C], transposed and
 // split), k and v bf16 as given:
 //     dW = -dV' S (shared memory, hi + lo),  Tt^T dW: dK += diag(beta gamma) Tt^T dW,
-//     Tt^T dU (out tdu, float32 [nch][C][Dv]),  dTt = dU (diag(beta) V)^T + dW (diag(beta gamma) K)^T,
+//     Tt^T dU: dv = diag(beta) Tt^T dU (bf16 [B,T,H,Dv]) and pv_t = v_t . (Tt^T dU)_t (float32 [nch][C]),
+//     dTt = dU (diag(beta) V)^T + dW (diag(beta gamma) K)^T,
 //     dA = -Tt^T dTt Tt^T (strictly lower),  D = diag(beta) dA (.) Gamma,  dK += D K + D^T K,
 //     dbeta = rowsum(Tt^T dU (.) V) + gamma rowsum(Tt^T dW (.) K) + rowsum(dA (.) Gamma (.) K K^T)
-// (dbt, float32 [nch][C]); dK (float32 [nch][C][Dk], every row) read, added to and written. Dynamic
+// (dbt, float32 [nch][C]); dK's first terms fdk (float32 [nch][C][Dk], lf_dqk_delta_kernel's) read and
+// the whole dK written (bf16 [B,T,H,Dk]): the token gradients leave the chunk kernels final. Dynamic
 // shared memory LF_UTB_SMEM bytes: dV', dW hi + lo and V, K ([64][LF_LDK] each), Tt^T hi + lo, and
 // a region that holds S's column slice, then dTt / Tt^T dTt / D and D^T (hi + lo, [64][LF_LDO]).
 __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, const LcGates gt, const bf16 *kin,
                                                            const bf16 *vin, const float *dvp, const float *sts,
-                                                           const float *tt, float *tdu, float *dk, float *dbt) {
+                                                           const float *tt, const float *fdk, bf16 *dko, bf16 *dvo,
+                                                           float *pv, float *dbt) {
     extern __shared__ __align__(16) unsigned char lf_dsmem[];
     bf16 *Uh = (bf16 *)lf_dsmem, *Ul = Uh + LF_TK, *Wh = Ul + LF_LO(LF_TK), *Wl = Wh + LF_TK, *Vt = Wl + LF_LO(LF_TK),
          *Kt = Vt + LF_TK, *Sh = Kt + LF_TK, *Sl = Sh + LF_TSV, *Th = Sh + LF_TSR, *Tl = Th + LF_TO;
@@ -297,6 +291,7 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
     float *red = (float *)(Tl + LF_LO(LF_TO));
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, Dk = d.Dk, Dv = d.Dv, lr = lane >> 2, lc = 2 * (lane & 3);
     const size_t ch = blockIdx.x, r = ch * LF_C;
+    const int p = (int)(ch / d.N), t0 = (int)(ch % d.N) * LF_C;
     const float *b = gt.b + r;
     const LfSrc us = {dvp, NULL, 0, Dv};
     lf_load(d, lf_src_d(vin, Dv), ch, 0, Dv, Vt, LF_LDK, LF_UNR);  // (copies in flight during lf_load2)
@@ -318,7 +313,7 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
         lf_st_frag(acc, -1.0f, Wh + c0, Wl + c0, LF_LDK, Dk - c0, 0);
     }
     lf_sync();
-    for (int c0 = 0; c0 < Dv; c0 += LF_RO) {  // Tt^T dU out; dbeta's first term
+    for (int c0 = 0; c0 < Dv; c0 += LF_RO) {  // Tt^T dU: dv; dbeta's first term
         lf_zero(acc);
         lf_mm(acc, Th, Tl, LF_LDO, Uh + c0, Ul + c0, LF_LDK, LF_C, Dv - c0);
 #pragma unroll
@@ -328,8 +323,15 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
                 int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
                 if (col >= Dv) continue;
                 rs[e >> 1] = fmaf(ld(Vt, (size_t)i * LF_LDK + col), acc[n][e], rs[e >> 1]);
-                tdu[(r + i) * Dv + col] = acc[n][e];
+                if (t0 + i < d.T) st(dvo, lc_tok(d, p, t0 + i) * Dv + col, gt.beta[r + i] * acc[n][e]);
             }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {  // v . Tt^T dU, the row's four lanes joined (the first term alone so far)
+        float x = rs[h];
+        x += __shfl_xor_sync(0xffffffffu, x, 1);
+        x += __shfl_xor_sync(0xffffffffu, x, 2);
+        if ((lane & 3) == 0) pv[r + 16 * w + lr + 8 * h] = x;
     }
     // dTt = (dU V^T) diag(beta) + (dW K^T) diag(beta gamma)
     lf_abt(att, Uh, Ul, Vt, NULL, Dv, 0, 3);
@@ -382,7 +384,7 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
-                if (col < Dk) dk[(r + i) * Dk + col] += acc[n][e];
+                if (col < Dk && t0 + i < d.T) st(dko, lc_tok(d, p, t0 + i) * Dk + col, fdk[(r + i) * Dk + col] + acc[n][e]);
             }
     }
     red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
@@ -395,13 +397,14 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
 }
 
 // The backward's per-token gate gradients of one chunk (one block of LC_OUT_THREADS), fused path:
-// from the slices' shares pq (q . dq, nq of them a token) and pv (v . dV', nv), dbeta = v . dV' and
+// from the slices' shares pq (q . dq, nq of them a token) and pv (v . dV', nv; the delta rule's:
+// v . Tt^T dU, one), dbeta = v . dV' (the delta rule's: dbt, lf_utb_kernel's) and
 // dg_t = <dS_end, S_end> + sum_{t' >= t} (q . dq - beta v . dV')_t' (in double: the terms cancel).
 __global__ void __launch_bounds__(LC_OUT_THREADS) lf_gates_bwd_kernel(const LcDims d, const LcGates gt,
                                                                       const float *pq, int nq, const float *pv,
-                                                                      int nv, const float *st, const float *sfin,
-                                                                      const float *dst, float *dg, float *dbeta,
-                                                                      int has_g, int has_beta) {
+                                                                      int nv, const float *dbt, const float *st,
+                                                                      const float *sfin, const float *dst, float *dg,
+                                                                      float *dbeta, int has_g, int has_beta) {
     __shared__ double dG[LC_CMAX], red[LC_OUT_THREADS];
     __shared__ float dbs[LC_CMAX];
     const int tid = threadIdx.x;
@@ -412,13 +415,21 @@ __global__ void __launch_bounds__(LC_OUT_THREADS) lf_gates_bwd_kernel(const LcDi
         for (int i = 0; i < nq; i++) qd += pq[(r + tid) * nq + i];
         for (int i = 0; i < nv; i++) vd += pv[(r + tid) * nv + i];
         dG[tid] = (double)qd - (double)gt.beta[r + tid] * vd;
-        dbs[tid] = vd;
+        dbs[tid] = dbt ? dbt[r + tid] : vd;
     }
-    if (dg && has_g) {  // <dS_end, S_end>
-        const float *se = c + 1 < d.N ? st + (ch + 1) * d.ss : sfin + (size_t)p * d.ss, *dse = dst + ch * d.ss;
-        double s = 0;
-        for (size_t e = tid; e < d.ss; e += blockDim.x) s += (double)se[e] * dse[e];
-        red[tid] = s;
+    if (dg && has_g) {  // <dS_end, S_end>: 16-byte loads, four unrolled (ss = Dv Dk, a multiple of 256)
+        const float4 *x4 = (const float4 *)(c + 1 < d.N ? st + (ch + 1) * d.ss : sfin + (size_t)p * d.ss),
+                     *y4 = (const float4 *)(dst + ch * d.ss);
+        double s[4] = {0, 0, 0, 0};
+#pragma unroll 4
+        for (size_t e = tid; e < d.ss / 4; e += blockDim.x) {
+            const float4 x = x4[e], y = y4[e];
+            s[0] += (double)x.x * y.x;
+            s[1] += (double)x.y * y.y;
+            s[2] += (double)x.z * y.z;
+            s[3] += (double)x.w * y.w;
+        }
+        red[tid] = (s[0] + s[1]) + (s[2] + s[3]);
     }
     lf_sync();
     if (tid == 0 && dg) {

@@ -49,6 +49,14 @@ static inline float atomicAdd(float *p, float v) {
 }
 #include "mma_emu.h"
 static float emu_xch[32][32];
+static inline float __shfl_xor_sync(unsigned, float v, int o) {  // through the warp's barrier
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    emu_xch[w][lane] = v;
+    pthread_barrier_wait(&emu_warp_bar[w]);
+    float r = emu_xch[w][lane ^ o];
+    pthread_barrier_wait(&emu_warp_bar[w]);
+    return r;
+}
 static inline float warp_sum(float v) {  // __shfl_xor_sync's butterfly through the warp's barrier
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     for (int o = 16; o > 0; o >>= 1) {
