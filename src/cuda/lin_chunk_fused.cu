@@ -228,13 +228,14 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
             mma3(o[2 * dp + 1], ph, pl, bh[2], bh[3], bl[2], bl[3]);
         }
     }
+    if (!BWD)
 #pragma unroll
-    for (int n = 0; n < 8; n++)
+        for (int n = 0; n < 8; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
-            if (!BWD && t0 + i < d.T && col < Dv) st(out, lc_tok(d, p, t0 + i) * Dv + col, o[n][e]);
-        }
+            for (int h = 0; h < 2; h++) {
+                int i = 16 * w + lr + 8 * h, col = c0 + 8 * n + lc;
+                if (t0 + i < d.T && col < Dv) lf_st_pair(out, lc_tok(d, p, t0 + i) * Dv + col, o[n][2 * h], o[n][2 * h + 1]);
+            }
     if (BWD == 2)
 #pragma unroll
         for (int n = 0; n < 8; n++)
@@ -248,12 +249,14 @@ static __device__ __forceinline__ void lf_out_body(const LcDims d, const LcGates
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
+        for (int h = 0; h < 2; h++) {
+            int i = 16 * w + lr + 8 * h, col = c0 + 8 * n + lc;
             if (t0 + i >= d.T || col >= Dv) continue;
-            size_t o_ = lc_tok(d, p, t0 + i) * Dv + col;
-            rs[e >> 1] = fmaf(ld(vin, o_), o[n][e], rs[e >> 1]);
-            st(out, o_, gt.beta[ch * LF_C + i] * o[n][e]);
+            const size_t o_ = lc_tok(d, p, t0 + i) * Dv + col;
+            const float bt = gt.beta[ch * LF_C + i];
+            rs[h] = fmaf(ld(vin, o_), o[n][2 * h], rs[h]);
+            rs[h] = fmaf(ld(vin, o_ + 1), o[n][2 * h + 1], rs[h]);
+            lf_st_pair(out, o_, bt * o[n][2 * h], bt * o[n][2 * h + 1]);
         }
     red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
     red[(16 * w + lr + 8) * 4 + (lane & 3)] = rs[1];

@@ -145,12 +145,13 @@ static __device__ __forceinline__ void lf_dqk_body(const LcDims d, const LcGates
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int i = 16 * w + lr + 8 * (e >> 1), cl = 8 * n + lc + (e & 1), col = c0 + cl;
+        for (int h = 0; h < 2; h++) {
+            int i = 16 * w + lr + 8 * h, cl = 8 * n + lc, col = c0 + cl;
             if (t0 + i >= d.T || col >= Dk) continue;
-            float x = scale * acc[n][e];
-            rs[e >> 1] = fmaf(ld(Qc, (size_t)i * LF_LDO + cl), x, rs[e >> 1]);
-            st(dq, lc_tok(d, p, t0 + i) * Dk + col, x);
+            const float x0 = scale * acc[n][2 * h], x1 = scale * acc[n][2 * h + 1];
+            rs[h] = fmaf(ld(Qc, (size_t)i * LF_LDO + cl), x0, rs[h]);
+            rs[h] = fmaf(ld(Qc, (size_t)i * LF_LDO + cl + 1), x1, rs[h]);
+            lf_st_pair(dq, lc_tok(d, p, t0 + i) * Dk + col, x0, x1);
         }
     red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];
     red[(16 * w + lr + 8) * 4 + (lane & 3)] = rs[1];
@@ -185,10 +186,11 @@ static __device__ __forceinline__ void lf_dqk_body(const LcDims d, const LcGates
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
-            if (DELTA && col < Dk) fdk[(ch * LF_C + i) * Dk + col] = acc[n][e];
-            if (!DELTA && t0 + i < d.T && col < Dk) st(dk, lc_tok(d, p, t0 + i) * Dk + col, acc[n][e]);
+        for (int h = 0; h < 2; h++) {
+            int i = 16 * w + lr + 8 * h, col = c0 + 8 * n + lc;
+            if (col >= Dk) continue;
+            if (DELTA) *(float2 *)(fdk + (ch * LF_C + i) * Dk + col) = make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
+            else if (t0 + i < d.T) lf_st_pair(dk, lc_tok(d, p, t0 + i) * Dk + col, acc[n][2 * h], acc[n][2 * h + 1]);
         }
 }
 
@@ -319,11 +321,13 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
+            for (int h = 0; h < 2; h++) {
+                int i = 16 * w + lr + 8 * h, col = c0 + 8 * n + lc;
                 if (col >= Dv) continue;
-                rs[e >> 1] = fmaf(ld(Vt, (size_t)i * LF_LDK + col), acc[n][e], rs[e >> 1]);
-                if (t0 + i < d.T) st(dvo, lc_tok(d, p, t0 + i) * Dv + col, gt.beta[r + i] * acc[n][e]);
+                rs[h] = fmaf(ld(Vt, (size_t)i * LF_LDK + col), acc[n][2 * h], rs[h]);
+                rs[h] = fmaf(ld(Vt, (size_t)i * LF_LDK + col + 1), acc[n][2 * h + 1], rs[h]);
+                const float bt = gt.beta[r + i];
+                if (t0 + i < d.T) lf_st_pair(dvo, lc_tok(d, p, t0 + i) * Dv + col, bt * acc[n][2 * h], bt * acc[n][2 * h + 1]);
             }
     }
 #pragma unroll
@@ -382,9 +386,11 @@ __global__ void __launch_bounds__(LF_THREADS) lf_utb_kernel(const LcDims d, cons
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = 16 * w + lr + 8 * (e >> 1), col = c0 + 8 * n + lc + (e & 1);
-                if (col < Dk && t0 + i < d.T) st(dko, lc_tok(d, p, t0 + i) * Dk + col, fdk[(r + i) * Dk + col] + acc[n][e]);
+            for (int h = 0; h < 2; h++) {
+                int i = 16 * w + lr + 8 * h, col = c0 + 8 * n + lc;
+                if (col >= Dk || t0 + i >= d.T) continue;
+                const float2 f = *(const float2 *)(fdk + (r + i) * Dk + col);
+                lf_st_pair(dko, lc_tok(d, p, t0 + i) * Dk + col, f.x + acc[n][2 * h], f.y + acc[n][2 * h + 1]);
             }
     }
     red[(16 * w + lr) * 4 + (lane & 3)] = rs[0];

@@ -69,6 +69,8 @@ static inline float warp_sum(float v) {  // __shfl_xor_sync's butterfly through 
     return v;
 }
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+struct float2 { float x, y; };
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 uint32_t emu_mx[32][32][6];
 const void *emu_px[32][32];
 
