@@ -73,24 +73,30 @@ __device__ __forceinline__ size_t lc_tok(const LcDims d, int p, int t) {
     return ((size_t)(p / d.H) * d.T + t) * d.H + (size_t)(p % d.H);
 }
 
-// The token gradients out of chunk-major float32, one block per chunk (lin_chunk.c's last loop):
-// dq = scale dQs, dk, dv (GLA: beta dV'; delta: beta Tt^T dU), dbeta (GLA: v . dV'), and
-// dg_t = <dS_end, S_end> + sum_{t' >= t} (qs . dqs - v . dv)_t' (in double: the terms cancel).
-// (qs, v NULL: q and v read as the call gives them, qb, vb: the fused delta backward.)
-typedef struct {
-    const float *qs, *dqs, *v, *dvp, *tdu, *dk, *dbt, *st, *sfin, *dst;
-    bf16 *dq, *dko, *dv;
-    float *dg, *dbeta;
-    int has_g, has_beta;
-    float scale;
-    const bf16 *qb, *vb;
-} LcOut;
+// This thread's share of <x, y> over n floats, the block's threads striding (dg's term <dS_end,
+// S_end>: two states a chunk, most of the gate kernels' bytes), in double (dg's terms cancel). Where n
+// is a multiple of 4 (x, y then 16-byte aligned: states n floats apart in aligned buffers), 16-byte
+// loads four at a time: one load after another left a third of the memory's rate.
+__device__ __forceinline__ double lc_dot_share(const float *x, const float *y, size_t n) {
+    double s[4] = {0, 0, 0, 0};
+    if (n % 4 == 0) {
+        const float4 *x4 = (const float4 *)x, *y4 = (const float4 *)y;
+#pragma unroll 4
+        for (size_t e = threadIdx.x; e < n / 4; e += blockDim.x) {
+            const float4 a = x4[e], b = y4[e];
+            s[0] += (double)a.x * b.x;
+            s[1] += (double)a.y * b.y;
+            s[2] += (double)a.z * b.z;
+            s[3] += (double)a.w * b.w;
+        }
+    } else {
+        for (size_t e = threadIdx.x; e < n; e += blockDim.x) s[0] += (double)x[e] * y[e];
+    }
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
 
 // The gates of every chunk (lin_chunk.cu), both paths.
 __global__ void lc_gates_kernel(const LcDims d, const float *g, const float *beta, const LcGates gt);
-// The token gradients out of the chunk-major float32 buffers (lin_chunk_cublas.cu): the cuBLAS
-// path's last kernel, and the fused delta rule's.
-__global__ void lc_bwd_out_kernel(const LcDims d, const LcGates gt, const LcOut a);
 
 // The cuBLAS path's forward and backward (lin_chunk_cublas.cu).
 int lc_forward(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float scale, const MnLinFwd *io);

@@ -161,9 +161,19 @@ static __global__ void lc_delta_comb_kernel(const LcDims d, const LcGates gt, co
     }
 }
 
-// (LcOut: lin_chunk.cuh.)
-__global__ void __launch_bounds__(LC_OUT_THREADS) lc_bwd_out_kernel(const LcDims d, const LcGates gt,
-                                                                    const LcOut a) {
+// The cuBLAS path's token gradients out of chunk-major float32, one block per chunk (lin_chunk.c's last
+// loop): dq = scale dQs, dk, dv (GLA: beta dV'; delta: beta Tt^T dU), dbeta (GLA: v . dV'), and
+// dg_t = <dS_end, S_end> + sum_{t' >= t} (qs . dqs - v . dv)_t' (in double: the terms cancel).
+typedef struct {
+    const float *qs, *dqs, *v, *dvp, *tdu, *dk, *dbt, *st, *sfin, *dst;
+    bf16 *dq, *dko, *dv;
+    float *dg, *dbeta;
+    int has_g, has_beta;
+    float scale;
+} LcOut;
+
+static __global__ void __launch_bounds__(LC_OUT_THREADS) lc_bwd_out_kernel(const LcDims d, const LcGates gt,
+                                                                           const LcOut a) {
     __shared__ double dG[LC_CMAX], red[LC_OUT_THREADS];
     __shared__ float dbs[LC_CMAX];
     int C = d.C, Dk = d.Dk, Dv = d.Dv, tid = threadIdx.x;
@@ -175,12 +185,10 @@ __global__ void __launch_bounds__(LC_OUT_THREADS) lc_bwd_out_kernel(const LcDims
     for (int t = tid >> 5, lane = tid & 31; t < n; t += blockDim.x >> 5) {
         size_t row = r + t;
         const float *dqs = a.dqs + row * Dk, *dvs = dvsrc + row * Dv, *dvp = a.dvp + row * Dv;
-        const size_t tk = lc_tok(d, p, t0 + t);
         float qd = 0.0f, vd = 0.0f, vp = 0.0f;
-        for (int j = lane; j < Dk; j += 32)
-            qd = fmaf(a.qs ? a.qs[row * Dk + j] : a.scale * ld(a.qb, tk * Dk + j), dqs[j], qd);
+        for (int j = lane; j < Dk; j += 32) qd = fmaf(a.qs[row * Dk + j], dqs[j], qd);
         for (int j = lane; j < Dv; j += 32) {
-            float vt = a.v ? a.v[row * Dv + j] : ld(a.vb, tk * Dv + j);
+            float vt = a.v[row * Dv + j];
             vd = fmaf(vt, dvs[j], vd);
             vp = fmaf(vt, dvp[j], vp);
         }
@@ -192,24 +200,9 @@ __global__ void __launch_bounds__(LC_OUT_THREADS) lc_bwd_out_kernel(const LcDims
             dbs[t] = a.tdu ? a.dbt[row] : vp;
         }
     }
-    if (a.dg && a.has_g) {  // <dS_end, S_end>: two states a chunk, most of the kernel's bytes
-        const float *se = c + 1 < d.N ? a.st + (ch + 1) * d.ss : a.sfin + (size_t)p * d.ss, *dse = a.dst + ch * d.ss;
-        double s[4] = {0, 0, 0, 0};
-        if (d.ss % 4 == 0) {  // 16-byte loads, four unrolled (the states are ss floats apart in aligned buffers):
-                              // a thread's loads one after another left a third of the memory's rate
-            const float4 *x4 = (const float4 *)se, *y4 = (const float4 *)dse;
-#pragma unroll 4
-            for (size_t e = tid; e < d.ss / 4; e += blockDim.x) {
-                const float4 x = x4[e], y = y4[e];
-                s[0] += (double)x.x * y.x;
-                s[1] += (double)x.y * y.y;
-                s[2] += (double)x.z * y.z;
-                s[3] += (double)x.w * y.w;
-            }
-        } else {
-            for (size_t e = tid; e < d.ss; e += blockDim.x) s[0] += (double)se[e] * dse[e];
-        }
-        red[tid] = (s[0] + s[1]) + (s[2] + s[3]);
+    if (a.dg && a.has_g) {  // <dS_end, S_end>
+        const float *se = c + 1 < d.N ? a.st + (ch + 1) * d.ss : a.sfin + (size_t)p * d.ss;
+        red[tid] = lc_dot_share(se, a.dst + ch * d.ss, d.ss);
     }
     __syncthreads();
     if (tid == 0 && a.dg) {
@@ -436,7 +429,7 @@ int lc_backward(const Backend *be, CudaCtx *c, const LcDims *d, int delta, float
     }
     LcOut a = {w.qs, w.dqs, w.v, w.dvp, delta ? w.tdu : NULL, w.dk, w.dbt, w.st, w.sfin, w.dst,
                (bf16 *)io->dq, (bf16 *)io->dk, (bf16 *)io->dv, io->dg, io->dbeta, io->g != NULL, io->beta != NULL,
-               scale, NULL, NULL};
+               scale};
     lc_bwd_out_kernel<<<(unsigned)d->nch, LC_OUT_THREADS, 0, c->stream>>>(*d, w.gt, a);
     LAUNCH_CHECK();
     return MN_OK;

@@ -423,20 +423,8 @@ __global__ void __launch_bounds__(LC_OUT_THREADS) lf_gates_bwd_kernel(const LcDi
         dG[tid] = (double)qd - (double)gt.beta[r + tid] * vd;
         dbs[tid] = dbt ? dbt[r + tid] : vd;
     }
-    if (dg && has_g) {  // <dS_end, S_end>: 16-byte loads, four unrolled (ss = Dv Dk, a multiple of 256)
-        const float4 *x4 = (const float4 *)(c + 1 < d.N ? st + (ch + 1) * d.ss : sfin + (size_t)p * d.ss),
-                     *y4 = (const float4 *)(dst + ch * d.ss);
-        double s[4] = {0, 0, 0, 0};
-#pragma unroll 4
-        for (size_t e = tid; e < d.ss / 4; e += blockDim.x) {
-            const float4 x = x4[e], y = y4[e];
-            s[0] += (double)x.x * y.x;
-            s[1] += (double)x.y * y.y;
-            s[2] += (double)x.z * y.z;
-            s[3] += (double)x.w * y.w;
-        }
-        red[tid] = (s[0] + s[1]) + (s[2] + s[3]);
-    }
+    if (dg && has_g)  // <dS_end, S_end>
+        red[tid] = lc_dot_share(c + 1 < d.N ? st + (ch + 1) * d.ss : sfin + (size_t)p * d.ss, dst + ch * d.ss, d.ss);
     lf_sync();
     if (tid == 0 && dg) {
         double acc = 0;
