@@ -273,6 +273,7 @@ typedef struct {
 struct Backend {
     const char *name;
     void *ctx;  // backend-private (cuda: stream, cuBLAS handles)
+    int runs;   // copies of a model whose ops it serves at once (core/runs.h: R); 0 (a plain backend): one
 
     // --- memory ---------------------------------------------------------------
     size_t (*elem_size)(const Backend *be, MemKind kind);  // bytes per element (for views into a slab)

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/runs.h"
 #include "mixer.h"
 
 const MixerOps *const mixer_all[] = {&mixer_mesa, &mixer_mamba2, &mixer_gla, &mixer_deltanet, &mixer_gdn,
@@ -162,7 +163,7 @@ void mixer_bufs_free(const Backend *be, const MixerBuf *b, int n) {
 
 int mixer_bufs_alloc(const Backend *be, const MixerBuf *b, int n, size_t N) {
     for (int i = 0; i < n; i++) {
-        size_t count = b[i].per_token * N + b[i].fixed;
+        size_t count = b[i].per_token * N + b[i].fixed * (size_t)backend_runs(be);  // (fixed: a run's, core/runs.h)
         if (!(*b[i].p = be->alloc(be, count ? count : 1, b[i].kind))) {
             mixer_bufs_free(be, b, n);
             return MN_ERR_NOMEM;

@@ -166,7 +166,8 @@ int mixer_supports(const Mixer *m, int status);
 // The layer's sizes (one sequence of one token; heads and head sizes from the config), for supports().
 MnSeqDims mixer_layer_dims(const Mixer *m);
 
-// A table of activation buffers: where each goes, its elements per token (and fixed ones besides),
+// A table of activation buffers: where each goes, its elements per token (and fixed ones besides:
+// derived from parameters alone, so one set a run where the backend serves several, core/runs.h),
 // its kind. Allocated for N tokens (all or none: NULL + MN_ERR_NOMEM after freeing the others),
 // freed (pointers set to NULL), or counted in bytes per token (the fixed elements left out).
 typedef struct {

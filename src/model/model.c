@@ -136,19 +136,32 @@ static double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 // The weights and their gradients against what the backend can still give.
 static int check_params_fit(const Model *m) {
     const Backend *be = m->be;
-    double need = (double)m->total * (double)(be->elem_size(be, MEM_PARAM) + be->elem_size(be, MEM_F32));
+    double need = (double)m->runs * (double)m->total * (double)(be->elem_size(be, MEM_PARAM) + be->elem_size(be, MEM_F32));
     size_t avail = be->mem_available ? be->mem_available(be) : SIZE_MAX;
     if (avail == SIZE_MAX || need <= (double)avail) return MN_OK;
     return mn_error(MN_ERR_NOMEM,
-                    "model: %zu parameters need about %.0f bytes (%.2f GiB) for the weights and their gradients, but "
-                    "%zu bytes (%.2f GiB) are available on backend '%s'",
-                    m->count, need, gib(need), avail, gib((double)avail), be->name);
+                    "model: %d x %zu parameters need about %.0f bytes (%.2f GiB) for the weights and their gradients, "
+                    "but %zu bytes (%.2f GiB) are available on backend '%s'",
+                    m->runs, m->count, need, gib(need), avail, gib((double)avail), be->name);
 }
 
-int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
+int model_create(Model **out, const ModelConfig *cfg, const Backend *be) { return model_create_runs(out, cfg, be, 1); }
+
+int model_create_runs(Model **out, const ModelConfig *cfg, const Backend *be, int runs) {
     MN_TRY(usable_config(cfg));
+    if (runs < 1) return mn_error(MN_ERR_ARG, "model: %d runs (at least 1)", runs);
     Model *m = calloc(1, sizeof *m);
     if (!m) return mn_error(MN_ERR_NOMEM, "out of memory");
+    m->runs = runs;
+    if (runs > 1) {  // the ops go through the backend that tells the runs apart
+        int st = (m->rb = malloc(sizeof *m->rb)) ? runs_backend_init(m->rb, be, runs) : mn_error(MN_ERR_NOMEM, "out of memory");
+        if (st) {
+            free(m->rb);
+            free(m);
+            return st;
+        }
+        be = &m->rb->be;
+    }
     m->cfg = *cfg;
     config_normalize(&m->cfg);  // what the model does not read stays out of its saved config
     m->be = be;
@@ -198,8 +211,8 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         m->count += m->specs[i].numel;
     }
     if ((st = check_params_fit(m))) goto fail;
-    m->params = be->alloc(be, m->total, MEM_PARAM);
-    m->grads = be->alloc(be, m->total, MEM_F32);  // float32 gradients on every backend
+    m->params = be->alloc(be, (size_t)runs * m->total, MEM_PARAM);
+    m->grads = be->alloc(be, (size_t)runs * m->total, MEM_F32);  // float32 gradients on every backend
     m->p = calloc((size_t)m->nparams, sizeof(void *));
     m->g = calloc((size_t)m->nparams, sizeof(void *));
     if (!m->params || !m->grads || !m->p || !m->g) {
@@ -210,6 +223,9 @@ int model_create(Model **out, const ModelConfig *cfg, const Backend *be) {
         m->p[i] = at(m, m->params, m->specs[i].offset, MEM_PARAM);
         m->g[i] = at(m, m->grads, m->specs[i].offset, MEM_F32);
     }
+    if (m->rb)
+        runs_backend_slabs(m->rb, m->params, m->total * be->elem_size(be, MEM_PARAM), m->grads,
+                           m->total * be->elem_size(be, MEM_F32));
     for (int l = 0; l < cfg->n_layers; l++) {
         m->mixers[l].w = m->p + m->blocks[l].first;
         m->mixers[l].dw = m->g + m->blocks[l].first;
@@ -265,6 +281,7 @@ void model_free(Model *m) {
     free(m->mixers);
     free(m->blocks);
     free(m->specs);
+    free(m->rb);  // (last: the frees above went through it)
     free(m);
 }
 
@@ -289,7 +306,10 @@ static double slstm_bias(const ParamSpec *s, size_t e, int L) {
     return 5 - 12 * pow(Dh > 1 ? j / (double)(Dh - 1) : 0, 0.3 + 1.3 * r);
 }
 
-int model_init_params(Model *m, uint64_t seed) {
+// Run r's tensor i (its slab r total elements past run 0's).
+static void *run_param(const Model *m, int i, int r) { return at(m, m->p[i], (size_t)r * m->total, MEM_PARAM); }
+
+static int init_run(Model *m, int run, uint64_t seed) {
     enum { CHUNK = 1 << 20 };
     double *buf = malloc(sizeof(double) * CHUNK);
     if (!buf) return mn_error(MN_ERR_NOMEM, "out of memory");
@@ -321,11 +341,21 @@ int model_init_params(Model *m, uint64_t seed) {
                 }
                 }
             }
-            st = m->be->upload(m->be, at(m, m->p[i], off, MEM_PARAM), buf, n, MEM_PARAM);
+            st = m->be->upload(m->be, at(m, run_param(m, i, run), off, MEM_PARAM), buf, n, MEM_PARAM);
         }
     }
     free(buf);
     return st;
+}
+
+int model_init_params_runs(Model *m, const uint64_t *seeds) {
+    for (int r = 0; r < m->runs; r++) MN_TRY(init_run(m, r, seeds[r]));
+    return MN_OK;
+}
+
+int model_init_params(Model *m, uint64_t seed) {
+    for (int r = 0; r < m->runs; r++) MN_TRY(init_run(m, r, seed));
+    return MN_OK;
 }
 
 // Bytes per token of every activation buffer: the model's (model_buffers), each block's mixer's
@@ -597,7 +627,7 @@ int model_backward(Model *m) {
 }
 
 int model_zero_grad(Model *m) {
-    m->be->zero(m->be, m->grads, m->total, MEM_F32);
+    m->be->zero(m->be, m->grads, (size_t)m->runs * m->total, MEM_F32);
     return MN_OK;
 }
 
@@ -607,6 +637,8 @@ int model_losses(const Model *m, float *out) {
 
 int model_reset_state(Model *m, int B) {
     if (B <= 0) return mn_error(MN_ERR_ARG, "model_reset_state: B = %d must be > 0", B);
+    if (m->runs > 1)
+        return mn_error(MN_ERR_ARG, "model: a model of %d runs trains and scores; it does not decode", m->runs);
     if (m->ae.on)
         return mn_error(MN_ERR_ARG, "model: the autoencoder head decodes a whole sequence from its last position; it "
                                     "has no token-by-token decoding");

@@ -12,6 +12,7 @@
 #define MN_MODEL_H
 
 #include "core/backend.h"
+#include "core/runs.h"
 #include "mixers/mixer.h"
 #include "model/config.h"
 #include "model/ffn.h"
@@ -43,14 +44,17 @@ typedef struct {
 
 typedef struct {
     ModelConfig cfg;
-    const Backend *be;
+    const Backend *be;       // the backend its ops go to (with runs > 1: rb's, in front of the one given)
+    int runs;                // copies trained side by side as one batch (model_create_runs; core/runs.h), >= 1
+    RunsBackend *rb;         // with runs > 1: the backend that serves them, else NULL
     ParamSpec *specs;        // [nparams]
     int nparams;
-    size_t count;            // number of parameters
-    size_t total;            // slab length: every tensor starts at a multiple of 8 elements (the padding stays zero)
-    void *params;            // slab of `total` parameters (MEM_PARAM)
-    void *grads;             // slab of `total` gradients (MEM_F32)
-    void **p, **g;           // per-tensor views into the slabs
+    size_t count;            // number of parameters (of one run)
+    size_t total;            // slab length of one run: every tensor starts at a multiple of 8 elements (the
+                             // padding stays zero)
+    void *params;            // [runs, total] parameters (MEM_PARAM), run r's slab at r total
+    void *grads;             // [runs, total] gradients (MEM_F32)
+    void **p, **g;           // per-tensor views into run 0's slabs (the others' at r total further)
     int embed, head, norm_f; // indices of the backbone tensors (head = embed when tied)
     BlockParams *blocks;     // [n_layers]
     Mixer *mixers;           // [n_layers]
@@ -96,7 +100,12 @@ typedef struct {
 } Model;
 
 int model_create(Model **out, const ModelConfig *cfg, const Backend *be);
-
+// `runs` copies of the model trained side by side as one batch (a sweep's runs of one architecture):
+// a batch of B sequences holds the runs' B / runs each, run after run, and every run computes what
+// it computes alone (core/runs.h). The optimizer and the training step take per-run learning rates,
+// decays, gradient weights and sums (optim.h, step.h). runs = 1: model_create. Such a model trains
+// and scores; it does not decode (model_reset_state refuses it).
+int model_create_runs(Model **out, const ModelConfig *cfg, const Backend *be, int runs);
 // The autoencoder head (model/autoencoder.c), for model.c: its tensors, declared after the blocks
 // (ae->on set from the config); its activations for N tokens (ae_free: none); the forward from the
 // residual stream leaving the last block to m->logits [N, V]; the backward from dloss/dlogits (in
@@ -116,8 +125,10 @@ int model_uses_cg(const ModelConfig *c);
 // Floats of decoding state that grow with every token (attention's key/value cache), per sequence.
 size_t model_state_floats_per_token(const ModelConfig *c);
 void model_free(Model *m);
-// Random initialisation of the spec (backbone-and-training.md), from a seed.
+// Random initialisation of the spec (backbone-and-training.md), from a seed (every run from the same).
 int model_init_params(Model *m, uint64_t seed);
+// Run r from seeds[r], r < m->runs: what model_init_params(seeds[r]) gives a model of one run.
+int model_init_params_runs(Model *m, const uint64_t *seeds);
 // The index of the tensor named `name`, or -1.
 int model_find_param(const Model *m, const char *name);
 

@@ -29,18 +29,19 @@ int adamw_init(AdamW *o, const Model *model) {
     o->step = 0;
     o->m = o->v = o->decay = o->sched = o->stats = NULL;
     // refused before allocating, as the model's own buffers are (model.h: model_check_batch)
-    double need = 2.0 * (double)model->total * (double)be->elem_size(be, MEM_F32);
+    size_t n = (size_t)model->runs * model->total;
+    double need = 2.0 * (double)n * (double)be->elem_size(be, MEM_F32);
     size_t avail = be->mem_available ? be->mem_available(be) : SIZE_MAX;
     if (avail != SIZE_MAX && need > (double)avail)
         return mn_error(MN_ERR_NOMEM,
                         "optimizer: the AdamW moments of %zu parameters need about %.0f bytes (%.2f GiB), but %zu bytes "
                         "(%.2f GiB) are available on backend '%s'",
                         model->count, need, need / 1073741824.0, avail, (double)avail / 1073741824.0, be->name);
-    o->m = be->alloc(be, model->total, MEM_F32);
-    o->v = be->alloc(be, model->total, MEM_F32);
+    o->m = be->alloc(be, n, MEM_F32);
+    o->v = be->alloc(be, n, MEM_F32);
     o->decay = be->alloc(be, (model->total + 255) / 256, MEM_I32);
-    o->sched = be->alloc(be, 2, MEM_F32);
-    o->stats = be->alloc(be, 2, MEM_F64);
+    o->sched = be->alloc(be, 2 * (size_t)model->runs, MEM_F32);
+    o->stats = be->alloc(be, 2 * (size_t)model->runs, MEM_F64);
     int st = !o->m || !o->v || !o->decay || !o->sched || !o->stats ? MN_ERR_NOMEM : upload_decay_mask(o, model);
     if (st) adamw_free(o, model);
     return st;
@@ -54,30 +55,75 @@ void adamw_free(AdamW *o, const Model *model) {
     }
 }
 
-int adamw_stage(AdamW *o, const Model *model, float lr) {
-    float sched[2] = {lr, (float)(o->step + 1)};
+int adamw_stage_runs(AdamW *o, const Model *model, const float *lrs) {
     if (o->step + 1 > (1 << 24)) return mn_error(MN_ERR_ARG, "optimizer: step %d is past float's exact integers", o->step + 1);
-    MN_TRY(model->be->upload_f32(model->be, o->sched, sched, 2, MEM_F32));
+    float *sched = malloc(sizeof(float) * 2 * (size_t)model->runs);
+    if (!sched) return mn_error(MN_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < model->runs; r++) sched[2 * r] = lrs[r], sched[2 * r + 1] = (float)(o->step + 1);
+    int st = model->be->upload_f32(model->be, o->sched, sched, 2 * (size_t)model->runs, MEM_F32);
+    free(sched);
+    MN_TRY(st);
     o->step++;
     return MN_OK;
 }
 
+int adamw_stage(AdamW *o, const Model *model, float lr) {
+    float one[1] = {lr}, *lrs = model->runs > 1 ? malloc(sizeof(float) * (size_t)model->runs) : one;
+    if (!lrs) return mn_error(MN_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < model->runs; r++) lrs[r] = lr;
+    int st = adamw_stage_runs(o, model, lrs);
+    if (lrs != one) free(lrs);
+    return st;
+}
+
+// `elems` elements of kind k past p.
+static void *past(const Backend *be, void *p, size_t elems, MemKind k) { return (char *)p + elems * be->elem_size(be, k); }
+
 int adamw_queue(const AdamW *o, Model *model) {
     const Backend *be = model->be;
-    MN_TRY(be->sumsq(be, o->stats, model->grads, model->total));
-    AdamwOpts opts = {o->beta1, o->beta2, o->eps, o->weight_decay, o->clip};
-    AdamwIo io = {model->params, model->grads, o->m, o->v, model->total, o->decay, o->sched, o->stats};
-    return be->adamw(be, &opts, &io);
+    size_t n = model->total;
+    for (int r = 0; r < model->runs; r++) {  // each run: its own norm, clip, learning rate and decay
+        void *g = past(be, model->grads, r * n, MEM_F32), *stats = past(be, o->stats, 2 * (size_t)r, MEM_F64);
+        MN_TRY(be->sumsq(be, stats, g, n));
+        AdamwOpts opts = {o->beta1, o->beta2, o->eps, o->wds ? o->wds[r] : o->weight_decay, o->clip};
+        AdamwIo io = {past(be, model->params, r * n, MEM_PARAM), g, past(be, o->m, r * n, MEM_F32),
+                      past(be, o->v, r * n, MEM_F32), n, o->decay, past(be, o->sched, 2 * (size_t)r, MEM_F32), stats};
+        MN_TRY(be->adamw(be, &opts, &io));
+    }
+    return MN_OK;
+}
+
+int adamw_result_runs(AdamW *o, const Model *model, double *norms, int *refused) {
+    double *stats = malloc(sizeof(double) * 2 * (size_t)model->runs);
+    if (!stats) return mn_error(MN_ERR_NOMEM, "out of memory");
+    int st = model->be->download(model->be, stats, o->stats, 2 * (size_t)model->runs, MEM_F64);
+    for (int r = 0; r < model->runs && !st; r++) {
+        if (norms) norms[r] = sqrt(stats[2 * r]);
+        refused[r] = stats[2 * r + 1] != 0;
+    }
+    free(stats);
+    return st;
 }
 
 int adamw_result(AdamW *o, const Model *model, double *grad_norm) {
-    double stats[2];
-    MN_TRY(model->be->download(model->be, stats, o->stats, 2, MEM_F64));
-    double norm = sqrt(stats[0]);
+    double one_norm[1];
+    int one_refused[1];
+    int R = model->runs;
+    double *norms = R > 1 ? malloc(sizeof(double) * (size_t)R) : one_norm;
+    int *refused = R > 1 ? malloc(sizeof(int) * (size_t)R) : one_refused;
+    int st = !norms || !refused ? mn_error(MN_ERR_NOMEM, "out of memory") : adamw_result_runs(o, model, norms, refused);
+    int bad = -1;
+    for (int r = 0; r < R && !st; r++)
+        if (refused[r] && bad < 0) bad = r;
+    double norm = st ? NAN : norms[bad < 0 ? 0 : bad];
+    if (norms != one_norm) free(norms);
+    if (refused != one_refused) free(refused);
+    MN_TRY(st);
     if (grad_norm) *grad_norm = norm;
-    if (stats[1] != 0) {
+    if (bad >= 0) {
         o->step--;  // not taken
-        return mn_error(MN_ERR_NUMERIC, "step %d: gradient norm is %g: refusing the update", o->step + 1, norm);
+        return mn_error(MN_ERR_NUMERIC, "step %d: gradient norm is %g%s: refusing the update", o->step + 1, norm,
+                        R > 1 ? " in one of the runs" : "");
     }
     return MN_OK;
 }

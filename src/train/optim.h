@@ -16,24 +16,36 @@
 
 typedef struct {
     float beta1, beta2, eps, weight_decay;  // (0.9, 0.95, 1e-8, 0.1)
-    float clip;                             // global gradient-norm clip (1; 0: none)
+    const float *wds;                       // a model of several runs: [runs] each run's weight decay (NULL:
+                                            // weight_decay for all); read when an update is queued
+    float clip;                             // global gradient-norm clip (1; 0: none), each run's own norm
     int step;                               // updates done
-    void *m, *v;                            // [total] MEM_F32 moments, laid out like the parameter slab
-    void *decay;                            // MEM_I32 mask of the elements that decay (AdamwIo.decay)
-    void *sched;                            // [2] MEM_F32: the staged update's learning rate and step
-    void *stats;                            // [2] MEM_F64: the last update's gradient sum of squares, refused flag
+    void *m, *v;                            // [runs, total] MEM_F32 moments, laid out like the parameter slab
+    void *decay;                            // MEM_I32 mask of the elements that decay (AdamwIo.decay; one
+                                            // run's slab, the same for every run)
+    void *sched;                            // [runs, 2] MEM_F32: the staged update's learning rate and step
+    void *stats;                            // [runs, 2] MEM_F64: the last update's gradient sum of squares,
+                                            // refused flag
 } AdamW;
 
 int adamw_init(AdamW *o, const Model *model);
 void adamw_free(AdamW *o, const Model *model);
 // One update in three parts, so that the middle one can be recorded (train/step.h):
-// the learning rate and the step number (o->step + 1, counted now) to the backend, queued;
+// the learning rate and the step number (o->step + 1, counted now) to the backend, queued (every
+// run at lr; adamw_stage_runs: run r at lrs[r]);
 int adamw_stage(AdamW *o, const Model *model, float lr);
-// the backend's ops: ||g|| of the accumulated gradients, clipping to o->clip, the update (no wait);
+int adamw_stage_runs(AdamW *o, const Model *model, const float *lrs);
+// the backend's ops: ||g|| of the accumulated gradients, clipping to o->clip, the update (no wait),
+// each run's of its own slab;
 int adamw_queue(const AdamW *o, Model *model);
 // the stats read back (one wait): the norm into *grad_norm (may be NULL); a non-finite norm,
 // whose update the backend skipped, is MN_ERR_NUMERIC naming the step, and o->step goes back.
+// (A model of several runs: run 0's norm, and any run's refusal is the error.)
 int adamw_result(AdamW *o, const Model *model, double *grad_norm);
+// A model of several runs: each run's norm (norms [runs], may be NULL) and whether its update was
+// refused (refused [runs]); the others' updates were made, so o->step stays (a refused run is the
+// caller's to stop).
+int adamw_result_runs(AdamW *o, const Model *model, double *norms, int *refused);
 // The three in a row.
 int adamw_step(AdamW *o, Model *model, float lr, double *grad_norm);
 

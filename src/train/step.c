@@ -12,8 +12,8 @@ int train_step_init(TrainStep *s, Model *m, AdamW *opt) {
     s->opt = opt;
     const char *env = getenv("MESANET_TRAIN_GRAPHS");  // "0": eager steps (for comparisons)
     s->record = !(env && !strcmp(env, "0"));
-    s->weight = m->be->alloc(m->be, 1, MEM_F32);
-    s->loss = m->be->alloc(m->be, 1, MEM_F64);
+    s->weight = m->be->alloc(m->be, (size_t)m->runs, MEM_F32);
+    s->loss = m->be->alloc(m->be, (size_t)m->runs, MEM_F64);
     if (!s->weight || !s->loss) {
         train_step_free(s);
         return MN_ERR_NOMEM;
@@ -60,7 +60,7 @@ static int step_ops(void *arg) {
     const Backend *be = m->be;
     size_t N = (size_t)s->B * s->T, e = be->elem_size(be, MEM_I32);
     MN_TRY(model_zero_grad(m));
-    be->zero(be, s->loss, 1, MEM_F64);
+    be->zero(be, s->loss, (size_t)m->runs, MEM_F64);
     for (int a = 0; a < s->accum; a++)
         MN_TRY(model_train_ops(m, (char *)s->tokens + a * N * e, (char *)s->targets + a * N * e, s->weight, s->loss));
     return adamw_queue(s->opt, m);
@@ -84,8 +84,8 @@ static int run_step(TrainStep *s) {
     return recorded_run(&s->rec, be, step_ops, s);
 }
 
-int train_step_queue(TrainStep *s, const int32_t *tokens, const int32_t *targets, int B, int T, int accum, float weight,
-                     float lr) {
+int train_step_queue_runs(TrainStep *s, const int32_t *tokens, const int32_t *targets, int B, int T, int accum,
+                          const float *weights, const float *lrs) {
     Model *m = s->m;
     const Backend *be = m->be;
     if (s->queued) return mn_error(MN_ERR_ARG, "train step: the last step's results were not read");
@@ -93,13 +93,15 @@ int train_step_queue(TrainStep *s, const int32_t *tokens, const int32_t *targets
     if (B <= 0 || T <= 0 || (double)B * T * accum > INT_MAX)
         return mn_error(MN_ERR_ARG, "train step: %d micro-batches of %d x %d tokens, at most %d tokens", accum, B, T,
                         INT_MAX);
+    if (B % m->runs)
+        return mn_error(MN_ERR_ARG, "train step: %d sequences for %d runs (the same number each)", B, m->runs);
     size_t N = (size_t)B * T;
     for (int a = 0; a < accum; a++) MN_TRY(model_train_begin(m, tokens + a * N, targets + a * N, B, T));
     if (B != s->B || T != s->T || accum != s->accum) MN_TRY(alloc_batch(s, B, T, accum));
     MN_TRY(be->upload_i32(be, s->tokens, tokens, N * accum));
     MN_TRY(be->upload_i32(be, s->targets, targets, N * accum));
-    MN_TRY(be->upload_f32(be, s->weight, &weight, 1, MEM_F32));
-    MN_TRY(adamw_stage(s->opt, m, lr));
+    MN_TRY(be->upload_f32(be, s->weight, weights, (size_t)m->runs, MEM_F32));
+    MN_TRY(adamw_stage_runs(s->opt, m, lrs));
     int st = run_step(s);
     if (st) {
         s->opt->step--;  // not taken
@@ -109,11 +111,29 @@ int train_step_queue(TrainStep *s, const int32_t *tokens, const int32_t *targets
     return MN_OK;
 }
 
+int train_step_queue(TrainStep *s, const int32_t *tokens, const int32_t *targets, int B, int T, int accum, float weight,
+                     float lr) {
+    int R = s->m->runs;
+    float one[2] = {weight, lr}, *w = R > 1 ? malloc(sizeof(float) * 2 * (size_t)R) : one;
+    if (!w) return mn_error(MN_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < R; r++) w[r] = weight, w[R + r] = lr;
+    int st = train_step_queue_runs(s, tokens, targets, B, T, accum, w, w + R);
+    if (w != one) free(w);
+    return st;
+}
+
+int train_step_result_runs(TrainStep *s, double *loss_sums, double *grad_norms, int *refused) {
+    if (!s->queued) return mn_error(MN_ERR_ARG, "train step: no step queued");
+    s->queued = 0;
+    if (loss_sums) MN_TRY(s->m->be->download(s->m->be, loss_sums, s->loss, (size_t)s->m->runs, MEM_F64));
+    return adamw_result_runs(s->opt, s->m, grad_norms, refused);
+}
+
 int train_step_result(TrainStep *s, double *loss_sum, double *grad_norm) {
     if (!s->queued) return mn_error(MN_ERR_ARG, "train step: no step queued");
     s->queued = 0;
     double loss;
-    MN_TRY(s->m->be->download(s->m->be, &loss, s->loss, 1, MEM_F64));
+    MN_TRY(s->m->be->download(s->m->be, &loss, s->loss, 1, MEM_F64));  // (run 0's)
     if (loss_sum) *loss_sum = loss;
     return adamw_result(s->opt, s->m, grad_norm);
 }

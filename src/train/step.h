@@ -25,8 +25,8 @@ typedef struct {
                               // the environment sets MESANET_TRAIN_GRAPHS=0)
     int B, T, accum;          // the shape the batch buffers hold (0: none yet)
     void *tokens, *targets;   // [accum, B*T] MEM_I32: the step's micro-batches
-    void *weight;             // [1] MEM_F32: the gradient's weight (1 / the step's scored tokens)
-    void *loss;               // [1] MEM_F64: the step's loss sum
+    void *weight;             // [runs] MEM_F32: the gradient's weight (1 / the step's scored tokens), a run's
+    void *loss;               // [runs] MEM_F64: the step's loss sum, a run's
     Recorded rec;             // the recorded step (core/backend.h)
     unsigned rec_gen;         // the model's activation buffers (Model.act_gen) and solver it holds
     MnSolver rec_solver;
@@ -43,6 +43,13 @@ int train_step_queue(TrainStep *s, const int32_t *tokens, const int32_t *targets
 // Waits for the queued step: its loss sum and gradient norm (either may be NULL). A non-finite
 // norm (the update was skipped) is MN_ERR_NUMERIC naming the step.
 int train_step_result(TrainStep *s, double *loss_sum, double *grad_norm);
+// A model of several runs (model_create_runs): B counts every run's sequences (B / runs each, the
+// runs' batches one after the other in each micro-batch), and each run has its own gradient weight
+// and learning rate (weights, lrs [runs]); the results are each run's loss sum and gradient norm
+// (either may be NULL) and whether its update was refused (refused [runs]: the run's to stop).
+int train_step_queue_runs(TrainStep *s, const int32_t *tokens, const int32_t *targets, int B, int T, int accum,
+                          const float *weights, const float *lrs);
+int train_step_result_runs(TrainStep *s, double *loss_sums, double *grad_norms, int *refused);
 // Both.
 int train_step(TrainStep *s, const int32_t *tokens, const int32_t *targets, int B, int T, int accum, float weight,
                float lr, double *loss_sum, double *grad_norm);

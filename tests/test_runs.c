@@ -1,0 +1,176 @@
+// A model of several runs trained as one batch (model_create_runs, core/runs.h) against the same
+// runs trained alone: each run's loss, gradient norm, weights and AdamW moments after a few steps,
+// bit for bit, on the CPU for every case of the mixer battery (every mixer and its variants, the
+// patterns) and the autoencoder head, and on the reference for a few; the runs differ in seed, data,
+// learning rate and weight decay, and their updates are clipped. Then what the runs backend refuses.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/registry.h"
+#include "core/common.h"
+#include "core/runs.h"
+#include "mixer_case.h"
+#include "model/model.h"
+#include "test.h"
+#include "train/optim.h"
+#include "train/step.h"
+
+enum { R = 3, BR = 2, T = 13, STEPS = 3, ACCUM_MAX = 2 };
+static const McSizes sizes = {23, 16, 2, 8, 24, 24};
+static const float lrs[R] = {3e-3f, 2e-2f, 8e-3f}, wds[R] = {0, 0.1f, 0.05f};
+static const uint64_t seeds[R] = {5, 9, 5};  // two runs from one seed: a grid's usual case
+
+// Step k's micro-batches of run r (host [accum][BR * T]), some targets not scored; their count.
+static int batch(int r, int k, int32_t *tok, int32_t *tgt) {
+    int accum = k == 1 ? 2 : 1;
+    MnRng g;
+    mn_rng_seed(&g, 1000 * (uint64_t)r + (uint64_t)k);
+    for (int i = 0; i < accum * BR * T; i++) {
+        tok[i] = (int32_t)(mn_rng_uniform(&g) * sizes.vocab) % sizes.vocab;
+        tgt[i] = (i + r) % 5 == 2 ? -1 : (int32_t)(mn_rng_uniform(&g) * sizes.vocab) % sizes.vocab;
+    }
+    return accum;
+}
+
+static float weight_of(const int32_t *tgt, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += tgt[i] >= 0;
+    return (float)(1.0 / s);
+}
+
+static AdamW opt(Model *m, float wd, const float *per_run) {
+    // a clip that the first steps' norms exceed, so that clipped updates are compared
+    AdamW o = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = wd, .wds = per_run, .clip = 0.3f};
+    if (adamw_init(&o, m)) die("%s", mn_last_error());
+    return o;
+}
+
+// Trains R runs alone and together for STEPS steps; 0 where every number agrees bit for bit.
+static int compare(const Backend *be, const ModelConfig *c, const char *name) {
+    enum { NB = ACCUM_MAX * BR * T };
+    int bad = 0, clipped = 0;
+    double loss[STEPS][R], norm[STEPS][R];
+    Model *solo[R];
+    AdamW os[R];
+    for (int r = 0; r < R; r++) {
+        solo[r] = mc_make(c, be);
+        if (model_init_params(solo[r], seeds[r])) die("%s", mn_last_error());
+        os[r] = opt(solo[r], wds[r], NULL);
+        TrainStep ts;
+        if (train_step_init(&ts, solo[r], &os[r])) die("%s", mn_last_error());
+        for (int k = 0; k < STEPS; k++) {
+            int32_t tok[NB], tgt[NB];
+            int accum = batch(r, k, tok, tgt);
+            if (train_step(&ts, tok, tgt, BR, T, accum, weight_of(tgt, accum * BR * T), lrs[r], &loss[k][r], &norm[k][r]))
+                die("%s alone, run %d step %d: %s", name, r, k, mn_last_error());
+            clipped += norm[k][r] > os[r].clip;
+        }
+        train_step_free(&ts);
+    }
+    Model *g = NULL;
+    if (model_create_runs(&g, c, be, R) || model_init_params_runs(g, seeds)) die("%s: %s", name, mn_last_error());
+    AdamW og = opt(g, 0, wds);
+    TrainStep ts;
+    if (train_step_init(&ts, g, &og)) die("%s", mn_last_error());
+    for (int k = 0; k < STEPS; k++) {
+        int32_t tok[R][NB], tgt[R][NB], all_tok[R * NB], all_tgt[R * NB];
+        float w[R];
+        int accum = 1;
+        for (int r = 0; r < R; r++) accum = batch(r, k, tok[r], tgt[r]), w[r] = weight_of(tgt[r], accum * BR * T);
+        for (int a = 0; a < accum; a++)  // micro-batch a: each run's a-th, run after run
+            for (int r = 0; r < R; r++) {
+                size_t at = ((size_t)a * R + r) * BR * T, from = (size_t)a * BR * T;
+                memcpy(all_tok + at, tok[r] + from, sizeof(int32_t) * BR * T);
+                memcpy(all_tgt + at, tgt[r] + from, sizeof(int32_t) * BR * T);
+            }
+        double l[R], n[R];
+        int refused[R];
+        if (train_step_queue_runs(&ts, all_tok, all_tgt, R * BR, T, accum, w, lrs) ||
+            train_step_result_runs(&ts, l, n, refused))
+            die("%s together, step %d: %s", name, k, mn_last_error());
+        for (int r = 0; r < R; r++)
+            if (l[r] != loss[k][r] || n[r] != norm[k][r] || refused[r]) {
+                bad++;
+                test_fail(__FILE__, __LINE__, "%s %s step %d run %d: loss %.17g vs %.17g alone, norm %.17g vs %.17g%s",
+                          be->name, name, k, r, l[r], loss[k][r], n[r], norm[k][r], refused[r] ? ", refused" : "");
+            }
+    }
+    size_t e = be->elem_size(be, MEM_F32), bytes = g->total * e;
+    for (int r = 0; r < R; r++) {
+        int same = !memcmp((char *)g->params + r * bytes, solo[r]->params, bytes) &&
+                   !memcmp((char *)og.m + r * bytes, os[r].m, bytes) && !memcmp((char *)og.v + r * bytes, os[r].v, bytes);
+        if (!same) bad++, test_fail(__FILE__, __LINE__, "%s %s run %d: weights or moments differ from the run alone", be->name, name, r);
+    }
+    if (!clipped) bad++, test_fail(__FILE__, __LINE__, "%s %s: no update was clipped (the test means to compare clipped ones)", be->name, name);
+    train_step_free(&ts);
+    adamw_free(&og, g);
+    model_free(g);
+    for (int r = 0; r < R; r++) adamw_free(&os[r], solo[r]), model_free(solo[r]);
+    return bad;
+}
+
+TEST(runs_train_as_they_do_alone_cpu) {
+    McCase cases[256];
+    int n = mc_cases(cases, 256), failed = 0;
+    for (int i = 0; i < n; i++) {
+        char name[160];
+        mc_case_name(&cases[i], name, sizeof name);
+        ModelConfig c = mc_case_config(&cases[i], &sizes, 2);
+        failed += compare(backend_cpu(), &c, name) > 0;
+    }
+    ModelConfig ae = mc_case_config(&cases[0], &sizes, 2);  // the autoencoder head (MAD's compression)
+    snprintf(ae.mixer, sizeof ae.mixer, "gdn,mha");
+    snprintf(ae.head, sizeof ae.head, "autoencoder");
+    ae.tie_embeddings = 0, ae.logit_cap = 0, ae.gate_bound = 0;
+    failed += compare(backend_cpu(), &ae, "autoencoder gdn,mha") > 0;
+    test_note("%d cases and the autoencoder head: %d runs x %d steps together as alone, %d differ", n, R, STEPS, failed);
+}
+
+TEST(runs_train_as_they_do_alone_ref) {
+    McCase cases[256];
+    int n = mc_cases(cases, 256), done = 0;
+    const char *want[] = {"mesa", "gdn", "hawk", "mlstm", "slstm-block", "mha"};
+    for (size_t w = 0; w < sizeof want / sizeof want[0]; w++)
+        for (int i = 0; i < n; i++)
+            if (!strcmp(cases[i].mixer, want[w])) {  // the first case of each
+                ModelConfig c = mc_case_config(&cases[i], &sizes, 2);
+                compare(backend_ref(), &c, want[w]);
+                done++;
+                break;
+            }
+    CHECK(done == (int)(sizeof want / sizeof want[0]), "%d of the mixers found in the battery", done);
+}
+
+TEST(runs_backend_refusals) {
+    const Backend *cpu = backend_cpu();
+    RunsBackend rb;
+    CHECK(runs_backend_init(&rb, cpu, 1) == MN_ERR_ARG && strstr(mn_last_error(), "at least 2"), "one run: %s",
+          mn_last_error());
+    CHECK(!runs_backend_init(&rb, cpu, 2), "%s", mn_last_error());
+    float *p = cpu->alloc(cpu, 8, MEM_PARAM), *gr = cpu->alloc(cpu, 8, MEM_F32), *w = cpu->alloc(cpu, 4, MEM_PARAM);
+    float *x = cpu->alloc(cpu, 12, MEM_ACT), *y = cpu->alloc(cpu, 12, MEM_ACT);
+    if (!p || !gr || !w || !x || !y) die("out of memory");
+    runs_backend_slabs(&rb, p, 4 * sizeof(float), gr, 4 * sizeof(float));
+    const Backend *be = &rb.be;
+    CHECK(backend_runs(be) == 2 && backend_runs(cpu) == 1, "runs %d, %d", backend_runs(be), backend_runs(cpu));
+    // a weight outside the slabs: refused, never shared by the runs
+    int st = be->linear_fwd(be, y, x, w, NULL, 6, 2, 2);
+    CHECK(st == MN_ERR_UNSUPPORTED && strstr(mn_last_error(), "linear_fwd") && strstr(mn_last_error(), "outside"),
+          "a weight outside the slabs: %d %s", st, mn_last_error());
+    // rows that do not split evenly over the runs
+    st = be->linear_fwd(be, y, x, p, NULL, 3, 2, 2);
+    CHECK(st == MN_ERR_ARG && strstr(mn_last_error(), "3 rows") && strstr(mn_last_error(), "2 runs"), "odd rows: %s",
+          mn_last_error());
+    // a model of runs does not decode
+    McCase cases[256];
+    mc_cases(cases, 256);
+    ModelConfig c = mc_case_config(&cases[0], &sizes, 1);
+    Model *m = NULL;
+    CHECK(!model_create_runs(&m, &c, cpu, 2), "%s", mn_last_error());
+    CHECK(model_reset_state(m, 2) == MN_ERR_ARG && strstr(mn_last_error(), "does not decode"), "decoding: %s",
+          mn_last_error());
+    CHECK(model_create_runs(&(Model *){NULL}, &c, cpu, 0) == MN_ERR_ARG, "zero runs accepted");
+    model_free(m);
+    cpu->free(cpu, p), cpu->free(cpu, gr), cpu->free(cpu, w), cpu->free(cpu, x), cpu->free(cpu, y);
+}
