@@ -11,6 +11,8 @@
 #include "core/common.h"
 #include "core/runs.h"
 #include "mixer_case.h"
+#include "synth/run.h"
+#include "tmpdir.h"
 #include "model/model.h"
 #include "test.h"
 #include "train/optim.h"
@@ -173,4 +175,70 @@ TEST(runs_backend_refusals) {
     CHECK(model_create_runs(&(Model *){NULL}, &c, cpu, 0) == MN_ERR_ARG, "zero runs accepted");
     model_free(m);
     cpu->free(cpu, p), cpu->free(cpu, gr), cpu->free(cpu, w), cpu->free(cpu, x), cpu->free(cpu, y);
+}
+
+// ------------------------------------------------------------------ a sweep's grid (synth_run_grid)
+
+// The fields of a result that a grid must reproduce (its seconds are the grid's).
+static int same_result(const SynthRunResult *a, const SynthRunResult *b) {
+    return a->metric == b->metric && a->steps == b->steps && a->epochs == b->epochs &&
+           a->stopped_early == b->stopped_early && a->final_loss == b->final_loss && a->cut_short == b->cut_short &&
+           ((isnan(a->tvd) && isnan(b->tvd)) || a->tvd == b->tvd);
+}
+
+// n runs of task `name` (quick settings, `steps` steps, early stop at stop_acc) alone, then as a
+// grid; with stop_at > 0 the grid is cut there (its states saved) and taken up again.
+static void grid_vs_alone(const char *name, const char *mixer, int steps, float stop_acc, int stop_at) {
+    enum { NG = 3 };
+    const SynthTask *t = synth_find_any(name);
+    if (!t) die("no task %s", name);
+    SynthProtocol p;
+    synth_protocol(t, 1, &p);
+    p.max_steps = steps, p.epochs = 1000, p.stop_acc = stop_acc;
+    SynthSettings s;
+    if (synth_grid(t, 0, &s, NULL, 0)) die("%s", mn_last_error());
+    synth_quick_settings(t, &s);
+    const Backend *cpu = backend_cpu();
+    SynthGridRun g[NG] = {{.lr = 3e-3f, .wd = 0, .seed = 4}, {.lr = 1e-2f, .wd = 0.1f, .seed = 4}, {.lr = 5e-3f, .wd = 0.05f, .seed = 7}};
+    SynthRunResult alone[NG];
+    for (int r = 0; r < NG; r++)
+        if (synth_run(t, &s, &p, mixer, g[r].lr, g[r].wd, g[r].seed, cpu, NULL, &alone[r])) die("%s", mn_last_error());
+    TmpDir d;
+    tmp_make(&d);
+    char dirs[NG][300];
+    for (int r = 0; r < NG && stop_at; r++) {
+        snprintf(dirs[r], sizeof dirs[r], "%s/run%d", d.dir, r);
+        g[r].resume = (SynthResume){.state_dir = dirs[r], .stop_at = stop_at};
+    }
+    CHECK(!synth_run_grid(t, &s, &p, mixer, g, NG, cpu), "%s", mn_last_error());
+    if (stop_at) {
+        for (int r = 0; r < NG; r++)
+            CHECK(g[r].status || g[r].result.cut_short || g[r].result.stopped_early, "%s %s run %d not cut at step %d", name,
+                  mixer, r, stop_at);
+        for (int r = 0; r < NG; r++) g[r].resume.stop_at = 0;
+        CHECK(!synth_run_grid(t, &s, &p, mixer, g, NG, cpu), "%s", mn_last_error());
+    }
+    int early = 0;
+    for (int r = 0; r < NG; r++) early += alone[r].stopped_early;
+    CHECK(!(stop_acc > 0) || early > 0, "%s %s: no run stopped early (the case means to compare early stops)", name, mixer);
+    test_note("%s %s: %d runs as a grid%s, %d stopped early (steps %d, %d, %d): the same results as alone", name, mixer,
+              NG, stop_at ? " cut and taken up again" : "", early, alone[0].steps, alone[1].steps, alone[2].steps);
+    for (int r = 0; r < NG; r++) {
+        CHECK(!g[r].status, "%s %s run %d: %s", name, mixer, r, g[r].error);
+        SynthRunResult *a = &alone[r], *b = &g[r].result;
+        if (stop_at && a->stopped_early && a->steps <= stop_at) continue;  // it ended before the cut: not run again
+        CHECK(same_result(b, a), "%s %s run %d: grid metric %.17g steps %d epochs %d early %d loss %.17g; alone %.17g %d %d %d %.17g",
+              name, mixer, r, b->metric, b->steps, b->epochs, b->stopped_early, b->final_loss, a->metric, a->steps,
+              a->epochs, a->stopped_early, a->final_loss);
+    }
+    tmp_remove(&d);
+}
+
+TEST(synth_grid_trains_as_runs_alone) {
+    grid_vs_alone("mqar", "gdn", 24, 0, 0);
+    grid_vs_alone("mad-memorization", "mesa", 20, 0, 0);
+    grid_vs_alone("mad-compression", "mha", 12, 0, 0);  // the autoencoder head
+    grid_vs_alone("regbench", "hawk", 10, 0, 0);       // the TVD
+    grid_vs_alone("mad-recall", "gla", 60, 0.15f, 0);  // early stops at steps 16, 32 and 48
+    grid_vs_alone("mqar", "mlstm", 24, 0, 9);          // cut at step 9, taken up again
 }

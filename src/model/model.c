@@ -306,6 +306,16 @@ static double slstm_bias(const ParamSpec *s, size_t e, int L) {
     return 5 - 12 * pow(Dh > 1 ? j / (double)(Dh - 1) : 0, 0.3 + 1.3 * r);
 }
 
+Model model_run_view(const Model *m, int r) {
+    Model v = *m;
+    v.be = m->rb ? m->rb->in : m->be;
+    v.runs = 1, v.rb = NULL;
+    v.params = at(m, m->params, (size_t)r * m->total, MEM_PARAM);
+    v.grads = at(m, m->grads, (size_t)r * m->total, MEM_F32);
+    v.p = v.g = NULL;  // (per-tensor views are run 0's: a view's readers go by specs' offsets)
+    return v;
+}
+
 // Run r's tensor i (its slab r total elements past run 0's).
 static void *run_param(const Model *m, int i, int r) { return at(m, m->p[i], (size_t)r * m->total, MEM_PARAM); }
 

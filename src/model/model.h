@@ -125,6 +125,10 @@ int model_uses_cg(const ModelConfig *c);
 // Floats of decoding state that grow with every token (attention's key/value cache), per sequence.
 size_t model_state_floats_per_token(const ModelConfig *c);
 void model_free(Model *m);
+// Run r of a model of several runs seen as a model of one, for what reads or writes one run's weights
+// (checkpoints; a copy into a model of one): its slabs and the backend behind the runs'. Its other
+// parts are the whole model's: neither train nor free it.
+Model model_run_view(const Model *m, int r);
 // Random initialisation of the spec (backbone-and-training.md), from a seed (every run from the same).
 int model_init_params(Model *m, uint64_t seed);
 // Run r from seeds[r], r < m->runs: what model_init_params(seeds[r]) gives a model of one run.

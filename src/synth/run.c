@@ -511,6 +511,256 @@ int synth_run_resumable(const SynthTask *t, const SynthSettings *s, const SynthP
 }
 
 // ---------------------------------------------------------------------------
+// Runs of one architecture as one model (synth_run_grid)
+
+// A run's part of a grid: its data, schedule and where it stands.
+typedef struct {
+    Examples ex;
+    int have_ex;
+    Feed feed;
+    LrSchedule sched;
+    int active;       // still training
+    double scored;    // tokens its current batch scores
+    int64_t pos;      // its data position after the current batch
+    TrainState saved; // its saved state (step, data position, seconds so far)
+    double metric;    // its test metric (NAN: none yet)
+} GridPart;
+
+static void grid_fail(SynthGridRun *g, GridPart *part, int st) {
+    g->status = st;
+    snprintf(g->error, sizeof g->error, "%s", mn_last_error());
+    part->active = 0;
+}
+
+// Every run alone, in turn (runs saved at different steps).
+static void grid_one_by_one(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer,
+                            SynthGridRun *runs, int n, const Backend *be) {
+    for (int r = 0; r < n; r++) {
+        SynthGridRun *g = &runs[r];
+        g->status = synth_run_resumable(t, s, p, mixer, g->lr, g->wd, g->seed, be, NULL,
+                                        g->resume.state_dir ? &g->resume : NULL, &g->result);
+        if (g->status) snprintf(g->error, sizeof g->error, "%s", mn_last_error());
+    }
+}
+
+// Run r's test metric (and TVD): its weights copied into a model of one, scored as synth_run scores.
+static int grid_score(const SynthTask *t, const SynthSettings *s, Model *m, Model **solo, int r, GridPart *part,
+                      double *tvd) {
+    const Backend *in = m->rb ? m->rb->in : m->be;
+    if (!*solo) MN_TRY(model_create(solo, &m->cfg, in));
+    Model view = model_run_view(m, r);
+    in->copy(in, (*solo)->params, view.params, m->total, MEM_PARAM);
+    return score(t, s, *solo, &part->ex, &part->metric, tvd);
+}
+
+// Saves run r's state where synth_run_resumable would save it alone.
+static int grid_save(Model *m, const AdamW *o, int r, const SynthGridRun *g, const GridPart *part, int step, int B,
+                     int T, double since) {
+    Model view = model_run_view(m, r);
+    AdamW ov = adamw_run_view(o, m, r);
+    TrainState ts = {.step = step, .epoch = (uint64_t)part->feed.epochs, .index = (uint64_t)part->pos, .seed = g->seed,
+                     .tokens = (double)step * B * T, .elapsed = part->saved.elapsed + since};
+    MN_TRY(mn_mkdirs(g->resume.state_dir));
+    return checkpoint_save(g->resume.state_dir, &view, &ov, &ts);
+}
+
+// A run that ended: its metric, steps and time; its saved state removed.
+static void grid_end(SynthGridRun *g, GridPart *part, int step, double since) {
+    SynthRunResult *r = &g->result;
+    r->metric = part->metric;
+    r->steps = step;
+    r->seconds = part->saved.elapsed + since;
+    part->active = 0;
+    int st = g->resume.state_dir ? remove_run_state(g->resume.state_dir) : MN_OK;
+    if (st) grid_fail(g, part, st);
+}
+
+int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer,
+                   SynthGridRun *runs, int n, const Backend *be) {
+    if (n < 1) return mn_error(MN_ERR_ARG, "synth: a grid of %d runs", n);
+    for (int r = 0; r < n; r++) {
+        memset(&runs[r].result, 0, sizeof runs[r].result);
+        runs[r].result.tvd = NAN, runs[r].status = MN_OK, runs[r].error[0] = 0;
+    }
+    if (n == 1) {
+        grid_one_by_one(t, s, p, mixer, runs, n, be);
+        return MN_OK;
+    }
+    ModelConfig cfg;
+    int V, T, st = synth_task_supported(t);
+    if (!st) st = synth_model_config(t, s, p, mixer, &cfg);
+    if (!st) st = synth_shape(t, s, SYNTH_TRAIN, &V, &T);
+    int64_t ntrain = synth_split_size(s, SYNTH_TRAIN);
+    if (!st && ntrain < 1) st = mn_error(MN_ERR_ARG, "synth: task %s has no training examples", t->name);
+    int B = p->batch < ntrain ? p->batch : (int)ntrain;
+    int64_t total = ntrain > 0 ? ntrain / B * p->epochs : 0;
+    if (p->max_steps > 0 && total > p->max_steps) total = p->max_steps;
+    if (total > 1000000000) total = 1000000000;
+    const SynthResume *rs0 = &runs[0].resume;
+
+    double t0 = mn_now();
+    size_t nb = (size_t)n * B * T;
+    GridPart *part = calloc((size_t)n, sizeof *part);
+    int32_t *in = calloc(nb ? nb : 1, sizeof(int32_t)), *tg = calloc(nb ? nb : 1, sizeof(int32_t));
+    float *w = calloc((size_t)n * 3, sizeof(float)), *lrs = w + n, *wds = w + 2 * n;
+    double *loss = calloc((size_t)n * 2, sizeof(double)), *norm = loss + n;
+    int *refused = calloc((size_t)n, sizeof(int));
+    uint64_t *seeds = calloc((size_t)n, sizeof(uint64_t));
+    if (!st && (!part || !in || !tg || !w || !loss || !refused || !seeds)) st = mn_error(MN_ERR_NOMEM, "synth: out of memory");
+    Model *m = NULL, *solo = NULL;
+    AdamW opt = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wds = wds, .clip = p->clip};
+    int have_opt = 0, have_ts = 0;
+    TrainStep ts = {0};
+    for (int r = 0; r < n && !st; r++) {
+        SynthGridRun *g = &runs[r];
+        wds[r] = g->wd, seeds[r] = synth_mix(g->seed ^ 0x5157ull);
+        part[r].metric = NAN, part[r].active = 1, part[r].saved.seed = g->seed;
+        part[r].sched = (LrSchedule){g->lr, (int)(p->warmup_frac * (float)total), (int)total, p->lr_final};
+        st = examples_open(&part[r].ex, t, s, g->seed), part[r].have_ex = 1;
+        Feed *f = &part[r].feed;
+        if (!st && !(f->order = malloc(sizeof(int64_t) * (size_t)ntrain))) st = mn_error(MN_ERR_NOMEM, "synth: out of memory");
+        if (st) break;
+        f->n = ntrain, f->pos = ntrain;
+        mn_rng_seed(&f->rng, synth_mix(g->seed + 77));
+        for (int64_t i = 0; i < ntrain; i++) f->order[i] = i;
+    }
+    if (!st) st = model_create_runs(&m, &cfg, be, n);
+    if (!st) {
+        MemNeeds needs = {"synth", 2 * sizeof(int32_t) * (size_t)T, 0, 1};
+        st = model_check_batch(m, n * B, T, &needs);
+    }
+    if (!st) st = model_init_params_runs(m, seeds);
+    if (!st) st = adamw_init(&opt, m), have_opt = !st;
+    // the saved states: every run's at one step, or the runs go one by one
+    int step0 = -1, mixed = 0;
+    for (int r = 0; r < n && !st; r++) {
+        const char *dir = runs[r].resume.state_dir;
+        int found = 0;
+        if (dir) st = checkpoint_find(dir, &found);
+        if (!st && found) {
+            Model view = model_run_view(m, r);
+            AdamW ov = adamw_run_view(&opt, m, r);
+            st = load_run_state(dir, &view, &ov, &part[r].saved);
+        }
+        int at = found ? part[r].saved.step : 0;
+        mixed |= step0 >= 0 && at != step0;
+        step0 = at;
+    }
+    if (!st && mixed) {
+        st = -1;  // (below: each run alone)
+    }
+    int64_t step = step0 > 0 ? step0 : 0;
+    if (!st) {
+        opt.step = (int)step;
+        for (int r = 0; r < n; r++)
+            if (step > 0) {  // the data order where the saved run was: its epochs' shuffles again
+                GridPart *q = &part[r];
+                runs[r].result.resumed_at = (int)step;
+                for (uint64_t e = 0; e < q->saved.epoch; e++) shuffle_order(q->feed.order, ntrain, &q->feed.rng);
+                q->feed.epochs = runs[r].result.epochs = (int)q->saved.epoch, q->feed.pos = (int64_t)q->saved.index;
+            }
+        st = train_step_init(&ts, m, &opt), have_ts = !st;
+    }
+    double t_saved = t0;
+    int cut = 0;
+    for (;;) {
+        int any = 0;
+        for (int r = 0; r < n; r++) any |= part[r].active;
+        if (st || !any || step >= total) break;
+        for (int r = 0; r < n; r++) {  // each active run's batch; an idle one keeps its last at weight 0
+            GridPart *q = &part[r];
+            w[r] = 0, lrs[r] = 0;
+            if (!q->active) continue;
+            int e = feed_next(&q->feed, &q->ex, B, T, in + (size_t)r * B * T, tg + (size_t)r * B * T, &q->scored);
+            if (e) {
+                grid_fail(&runs[r], q, e);
+                continue;
+            }
+            q->pos = q->feed.pos;
+            runs[r].result.epochs = q->feed.epochs;
+            w[r] = (float)(1.0 / q->scored), lrs[r] = lr_at(&q->sched, (int)step);
+        }
+        if ((st = train_step_queue_runs(&ts, in, tg, n * B, T, 1, w, lrs))) break;
+        if ((st = train_step_result_runs(&ts, loss, norm, refused))) break;
+        step++;
+        for (int r = 0; r < n; r++) {
+            GridPart *q = &part[r];
+            SynthGridRun *g = &runs[r];
+            if (!q->active) continue;
+            if (refused[r]) {
+                grid_fail(g, q, mn_error(MN_ERR_NUMERIC, "synth: step %lld: gradient norm is %g: refusing the update",
+                                         (long long)step, norm[r]));
+                continue;
+            }
+            g->result.final_loss = loss[r] / q->scored;
+            if (!isfinite(g->result.final_loss)) {
+                grid_fail(g, q, mn_error(MN_ERR_NUMERIC, "synth: loss is %g at step %lld", g->result.final_loss, (long long)step));
+                continue;
+            }
+            int epoch_end = q->pos + B > ntrain || step == total;
+            if (p->stop_acc > 0 && epoch_end && step < total) {
+                int e = grid_score(t, s, m, &solo, r, q, &g->result.tvd);
+                if (e) {
+                    grid_fail(g, q, e);
+                    continue;
+                }
+                if (q->metric >= p->stop_acc) {
+                    g->result.stopped_early = 1;
+                    grid_end(g, q, (int)step, mn_now() - t0);
+                    continue;
+                }
+                q->metric = NAN;
+            }
+        }
+        if (step == total) continue;
+        double now = mn_now();
+        cut = (rs0->deadline > 0 && now >= rs0->deadline) || (rs0->stop_at > 0 && step >= rs0->stop_at);
+        int save = cut || (rs0->save_every > 0 && now - t_saved >= rs0->save_every);
+        for (int r = 0; r < n && save; r++)  // the states, as a kill would find them
+            if (part[r].active && runs[r].resume.state_dir) {
+                int e = grid_save(m, &opt, r, &runs[r], &part[r], (int)step, B, T, now - t0);
+                if (e) grid_fail(&runs[r], &part[r], e);
+            }
+        if (save) t_saved = mn_now();
+        if (cut) {
+            for (int r = 0; r < n; r++)
+                if (part[r].active) {
+                    runs[r].result.cut_short = 1, runs[r].result.metric = NAN, runs[r].result.steps = (int)step;
+                    runs[r].result.seconds = part[r].saved.elapsed + (mn_now() - t0);
+                    part[r].active = 0;
+                }
+            break;
+        }
+    }
+    for (int r = 0; r < n && !st; r++) {  // the runs that trained to the end
+        GridPart *q = &part[r];
+        if (!q->active) continue;
+        int e = isnan(q->metric) ? grid_score(t, s, m, &solo, r, q, &runs[r].result.tvd) : MN_OK;
+        if (e) grid_fail(&runs[r], q, e);
+        else grid_end(&runs[r], q, (int)step, mn_now() - t0);
+    }
+    if (st > 0) {
+        char why[MN_ERROR_MAX];
+        snprintf(why, sizeof why, "%s", mn_last_error());
+        for (int r = 0; r < n; r++) runs[r].status = st, snprintf(runs[r].error, sizeof runs[r].error, "synth: %s", why);
+    }
+    if (have_ts) train_step_free(&ts);
+    if (have_opt) adamw_free(&opt, m);
+    if (solo) model_free(solo);
+    if (m) model_free(m);
+    for (int r = 0; part && r < n; r++) {
+        if (part[r].have_ex) examples_close(&part[r].ex);
+        free(part[r].feed.order);
+    }
+    free(part), free(in), free(tg), free(w), free(loss), free(refused), free(seeds);
+    if (st < 0) {  // saved at different steps: each alone
+        grid_one_by_one(t, s, p, mixer, runs, n, be);
+        st = MN_OK;
+    }
+    return st > 0 ? runs[0].status : MN_OK;
+}
+
+// ---------------------------------------------------------------------------
 // Published numbers
 
 const char *const synth_published_source =

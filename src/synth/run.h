@@ -92,6 +92,27 @@ int synth_run_resumable(const SynthTask *t, const SynthSettings *s, const SynthP
                         float lr, float wd, uint64_t seed, const Backend *be, FILE *log, const SynthResume *rs,
                         SynthRunResult *r);
 
+// One run of a grid (synth_run_grid): what it trains with, and how it went.
+typedef struct {
+    float lr, wd;
+    uint64_t seed;             // its data and initialisation
+    SynthResume resume;        // where it saves and resumes (state_dir NULL: neither); the grid stops at
+                               // the first run's deadline or stop_at
+    SynthRunResult result;
+    int status;                // MN_OK, or its error (a non-finite loss or gradient): the others go on
+    char error[MN_ERROR_MAX];  // its message
+} SynthGridRun;
+
+// n runs of one task, setting, protocol and mixer (a learning-rate and weight-decay grid, seeds)
+// trained together as one model of n runs (model_create_runs): each with its own data, schedule,
+// early stop, saved state and result, the same numbers as synth_run_resumable gives it alone (bit
+// for bit on the CPU; tests/test_synth_run.c). A run that stops early idles (learning rate 0) while
+// the others go on; its seconds are the grid's until then. Runs saved part-way at different steps
+// cannot share the step count: they are trained one after the other instead. Returns an error only
+// when the grid cannot be made (then every run has it as its status).
+int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer,
+                   SynthGridRun *runs, int n, const Backend *be);
+
 // RegBench (src/synth/regbench.h) as a task of the table's form: "regbench", seq_len the longest
 // string, n_train / n_test the automata (grid: n_train 1K .. 40K), scored by greedy validity
 // accuracy (rb_metrics_greedy). synth_run alone makes its examples (synth_make cannot).

@@ -93,6 +93,16 @@ int adamw_queue(const AdamW *o, Model *model) {
     return MN_OK;
 }
 
+AdamW adamw_run_view(const AdamW *o, const Model *model, int r) {
+    AdamW v = *o;
+    const Backend *be = model->be;
+    v.m = past(be, o->m, (size_t)r * model->total, MEM_F32);
+    v.v = past(be, o->v, (size_t)r * model->total, MEM_F32);
+    v.wds = NULL;
+    v.weight_decay = o->wds ? o->wds[r] : o->weight_decay;
+    return v;
+}
+
 int adamw_result_runs(AdamW *o, const Model *model, double *norms, int *refused) {
     double *stats = malloc(sizeof(double) * 2 * (size_t)model->runs);
     if (!stats) return mn_error(MN_ERR_NOMEM, "out of memory");

@@ -46,6 +46,9 @@ int adamw_result(AdamW *o, const Model *model, double *grad_norm);
 // refused (refused [runs]); the others' updates were made, so o->step stays (a refused run is the
 // caller's to stop).
 int adamw_result_runs(AdamW *o, const Model *model, double *norms, int *refused);
+// Run r's moments of a model of several runs, as an optimizer of one (for its checkpoints; neither
+// step nor free it).
+AdamW adamw_run_view(const AdamW *o, const Model *model, int r);
 // The three in a row.
 int adamw_step(AdamW *o, Model *model, float lr, double *grad_norm);
 
