@@ -110,6 +110,22 @@ static void state_dir_of(const char *out, const Row *r, char *buf, size_t cap) {
     snprintf(buf, cap, "%s/.state/%s-%016llx", out, name, (unsigned long long)h);
 }
 
+// --grid: consecutive runs of one task, setting and mixer (the plan's order: their lr, wd and seeds
+// follow each other) in grids of at most `most` (SynthJob.grid set on each grid's first run).
+static void set_grids(SynthJob *todo, int n, int most) {
+    for (int i = 0; i < n;) {
+        const Row *a = &((const PlanRow *)todo[i].user)->row;
+        int g = 1;
+        while (i + g < n && g < most) {
+            const Row *b = &((const PlanRow *)todo[i + g].user)->row;
+            if (strcmp(a->task, b->task) || strcmp(a->setting, b->setting) || strcmp(a->mixer, b->mixer)) break;
+            g++;
+        }
+        todo[i].grid = g;
+        i += g;
+    }
+}
+
 // --parallel's progress and records, on the tool's own thread as runs start and end.
 typedef struct {
     Rows *rows;
@@ -231,7 +247,7 @@ static void print_tasks(FILE *f) {
 int cmd_synth(int argc, char **argv) {
     const char *mixers_arg = NULL, *settings = "baseline", *backend = "cpu", *out = "runs/synth";
     int quick = 0, report = 0, seed = 0, stop_after = 0, dim = 0, epochs = 0, max_steps = 0, batch = 0, jobs = 1, run_index = 0;
-    int gpus = 0, parallel = 1, seeds = 1, stop_at = 0;
+    int gpus = 0, parallel = 1, seeds = 1, stop_at = 0, grid = 1;
     float time_limit = 0;
     double t_start = mn_now();
     Option opts[] = {
@@ -255,6 +271,9 @@ int cmd_synth(int argc, char **argv) {
          MAX_JOBS},
         {"parallel", OPT_INT, &parallel, "runs at once in this process, each on its own thread (cuda: its own stream, "
                                          "so that the runs' kernels run side by side)", 1, SYNTH_MAX_PARALLEL},
+        {"grid", OPT_INT, &grid, "runs of one task, setting and mixer (their learning rates, decays, seeds) trained "
+                                 "together as one model of that many runs at most, each as it trains alone (1: each "
+                                 "alone; with --parallel, a grid a thread)", 1, SYNTH_MAX_PARALLEL},
         {"gpus", OPT_INT, &gpus, "GPUs the --jobs or --parallel runs share out (cuda; 0: all on the first device the "
                                  "tool sees)", 0, SYNTH_MAX_PARALLEL},
         {"seeds", OPT_INT, &seeds, "seeds per setting (seed, seed+1, ...): tables average the best run of each", 1, 1000},
@@ -284,6 +303,8 @@ int cmd_synth(int argc, char **argv) {
     if (strcmp(settings, "baseline") && strcmp(settings, "full"))
         cmd_fail(CMD, "--settings must be baseline or full, got '%s'", settings);
     if (jobs > 1 && parallel > 1) cmd_fail(CMD, "--jobs and --parallel: one or the other (processes or threads)");
+    if (jobs > 1 && grid > 1) cmd_fail(CMD, "--jobs and --grid: a grid trains in this process (use --parallel)");
+    int pooled = parallel > 1 || grid > 1;  // the runs go to synth_run_parallel
     if (jobs > 1 && (time_limit > 0 || stop_at > 0))
         cmd_fail(CMD, "--time-limit and --stop-at stop runs part-way in this process: with --parallel or one run at a "
                       "time, not --jobs");
@@ -400,6 +421,9 @@ int cmd_synth(int argc, char **argv) {
     for (int i = 0; i < ntasks; i++)
         printf("synth: %s: %s; width %d, %d block%s, batch %d\n", tasks[i]->name, prot[i].source, prot[i].dim,
                prot[i].n_layers, plural_s(prot[i].n_layers), prot[i].batch);
+    if (grid > 1)
+        printf("synth: the runs of a task, setting and mixer train in grids of up to %d, each grid one model of runs\n",
+               grid);
     if (quick) printf("synth: --quick shrinks every setting (labels name the grid's settings, not the sizes run)\n");
     fflush(stdout);
     if (jobs > 1 && !run_index && !report) jobs_catch_signals();
@@ -437,7 +461,7 @@ int cmd_synth(int argc, char **argv) {
                         nplan++;
                     }
         }
-    if (parallel > 1) todo = xcalloc((size_t)total, sizeof *todo);
+    if (pooled) todo = xcalloc((size_t)total, sizeof *todo);
 
     int done = 0, ran = 0, skipped = 0, finished = 0, njob = 0, missing = 0, free_gpu = -1, cut = 0, unstarted = 0;
     double spent = 0;
@@ -460,12 +484,12 @@ int cmd_synth(int argc, char **argv) {
             missing++;
             continue;
         }
-        if (time_limit > 0 && !report && mn_now() >= t_start + 60.0 * time_limit && parallel == 1) {
+        if (time_limit > 0 && !report && mn_now() >= t_start + 60.0 * time_limit && !pooled) {
             unstarted++;  // --time-limit: no run starts after it
             continue;
         }
         ran++;
-        if (parallel > 1) {  // trained below, all at once
+        if (pooled) {  // trained below, all at once
             todo[ntodo++] = plan[q];
             continue;
         }
@@ -505,7 +529,8 @@ int cmd_synth(int argc, char **argv) {
         finished++, spent += got.seconds;
         print_done(&got, gi, total, NAN);
     }
-    if (ntodo) {  // --parallel: every run left at once, recorded as each ends
+    if (ntodo && grid > 1) set_grids(todo, ntodo, grid);
+    if (ntodo) {  // --parallel, --grid: every run left at once, recorded as each ends
         ParSweep ps = {.rows = &rows, .out = out, .total = total, .todo = ntodo, .seeds = seeds, .gpus = gpus,
                        .t0 = mn_now()};
         SynthEvents ev = {par_started, par_ended, &ps};

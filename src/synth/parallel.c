@@ -36,6 +36,32 @@ static void post(Pool *p, int event) {
     pthread_mutex_unlock(&p->mu);
 }
 
+// Runs [i, i + g) as one grid (synth_run_grid) on this thread: each started and ended as a run is.
+static void run_grid(Pool *p, int i, int g, const Backend *be, int device, const char *open_error) {
+    SynthJob *j = &p->runs[i];
+    int late = j->resume.deadline > 0 && mn_now() >= j->resume.deadline;
+    for (int k = 0; k < g; k++) {
+        j[k].device = device, j[k].not_started = late;
+        post(p, i + k);
+    }
+    SynthGridRun *runs = late ? NULL : calloc((size_t)g, sizeof *runs);
+    if (!late && (!be || !runs)) {
+        for (int k = 0; k < g; k++) {
+            j[k].status = !be ? MN_ERR_UNSUPPORTED : MN_ERR_NOMEM;
+            snprintf(j[k].error, sizeof j[k].error, "%s", !be ? open_error : "synth: out of memory");
+        }
+    } else if (!late) {
+        for (int k = 0; k < g; k++) runs[k] = (SynthGridRun){.lr = j[k].lr, .wd = j[k].wd, .seed = j[k].seed, .resume = j[k].resume};
+        synth_run_grid(j->task, &j->settings, j->protocol, j->mixer, runs, g, be);
+        for (int k = 0; k < g; k++) {
+            j[k].result = runs[k].result, j[k].status = runs[k].status;
+            snprintf(j[k].error, sizeof j[k].error, "%s", runs[k].error);
+        }
+    }
+    free(runs);
+    for (int k = 0; k < g; k++) post(p, -1 - (i + k));
+}
+
 // A thread of the pool: its backend instance, then runs until none is left.
 static void *worker(void *arg) {
     Worker *w = arg;
@@ -49,9 +75,15 @@ static void *worker(void *arg) {
     if (!be) snprintf(open_error, sizeof open_error, "%s", mn_last_error());
     for (;;) {
         pthread_mutex_lock(&p->mu);
-        int i = p->next < p->n ? p->next++ : -1;
+        int i = p->next < p->n ? p->next : -1;
+        int g = i >= 0 && p->runs[i].grid > 1 ? p->runs[i].grid : 1;
+        if (i >= 0) p->next = i + g < p->n ? i + g : p->n;
         pthread_mutex_unlock(&p->mu);
         if (i < 0) break;
+        if (g > 1) {
+            run_grid(p, i, g < p->n - i ? g : p->n - i, be, device, open_error);
+            continue;
+        }
         SynthJob *r = &p->runs[i];
         r->device = device;
         r->not_started = r->resume.deadline > 0 && mn_now() >= r->resume.deadline;

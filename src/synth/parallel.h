@@ -25,6 +25,8 @@ typedef struct {
     float lr, wd;
     uint64_t seed;
     SynthResume resume;  // where it saves and resumes, when it stops (state_dir NULL: neither)
+    int grid;            // > 1: this run and the grid - 1 after it (the same task, setting, protocol and
+                         // mixer) train together as one model of runs (synth_run_grid) on one thread
     void *user;          // the caller's, untouched
     // how it went
     SynthRunResult result;
@@ -42,7 +44,8 @@ typedef struct {
     void *arg;
 } SynthEvents;
 
-// Trains jobs[0..n) (synth_run_resumable, no per-epoch log) up to at_once at a time on as many threads,
+// Trains jobs[0..n) (synth_run_resumable, no per-epoch log; a grid's runs synth_run_grid, as one) up to at_once
+// at a time on as many threads,
 // each with its own instance of the backend named `backend` (thread k on device k mod gpus; gpus
 // 0 or 1: device 0) and `threads` OpenMP threads of its own. A run whose deadline has passed when
 // its turn comes is not started (not_started; no started event, an ended one). Returns when every
