@@ -7,6 +7,7 @@
  *               out what a run spends once (start-up, model set-up, the final test)
  *   processes   P runs as P processes (`--jobs P`): the path that shares the GPU by time slices
  *   parallel N  N runs in one process, each on its own thread and CUDA stream (`--parallel N`)
+ *   grid N      N runs as one model of N runs (`--grid N`, core/runs.h): one batch, one stream
  *
  * N runs are the first N of the task's (lr, wd) grid (MAD's: 6 settings) times as many seeds as it
  * takes (--seeds, --stop-after N).
@@ -34,7 +35,7 @@
 
 #define CMD "bench sweep"
 
-enum { MAX_MIXERS = 16, MAX_WAYS = 8 };
+enum { MAX_MIXERS = 16, MAX_WAYS = 12 };
 
 // Runs `mesanet synth ARGS...` (a NULL-ended list) with its output into log; the wall time, *cpu
 // the processor time it and its children took (user + system).
@@ -84,9 +85,9 @@ static long long steps_in(const char *dir) {
 }
 
 typedef struct {
-    const char *name;  // in the table: alone, processes, parallel
+    const char *name;  // in the table: alone, processes, parallel, grid
     int runs;          // runs in the sweep
-    int jobs, parallel, seeds;
+    int jobs, parallel, seeds, grid;
 } Way;
 
 // One sweep of a mixer: the wall time, *nsteps its runs' steps (steps: per run).
@@ -95,7 +96,7 @@ static int quick;
 
 static double sweep(const char *task, const char *mixer, const Way *w, int steps, const char *dir, long long *nsteps,
                     double *cpu) {
-    char out[4096], log[4200], st[32], jobs[32], par[32], seeds[32];
+    char out[4096], log[4200], st[32], jobs[32], par[32], seeds[32], grid[32];
     snprintf(out, sizeof out, "%s/%s-%s%d-%d", dir, mixer, w->name, w->runs, steps);
     if (mn_mkdirs(out)) cmd_fail(CMD, "%s: %s", out, mn_last_error());
     snprintf(log, sizeof log, "%s/log.txt", out);
@@ -106,11 +107,12 @@ static double sweep(const char *task, const char *mixer, const Way *w, int steps
     snprintf(jobs, sizeof jobs, "%d", w->jobs);
     snprintf(par, sizeof par, "%d", w->parallel);
     snprintf(seeds, sizeof seeds, "%d", w->seeds);
+    snprintf(grid, sizeof grid, "%d", w->grid > 1 ? w->grid : 1);
     char *args[32] = {"mesanet", "synth", (char *)task, "--mixers", (char *)mixer, "--backend", (char *)backend,
-                      "--max-steps", st, "--out", out, "--jobs", jobs, "--parallel", par, "--seeds", seeds};
+                      "--max-steps", st, "--out", out, "--jobs", jobs, "--parallel", par, "--seeds", seeds, "--grid", grid};
     char runs[32];
     snprintf(runs, sizeof runs, "%d", w->runs);
-    int n = 17;
+    int n = 19;
     if (quick) args[n++] = "--quick";
     args[n++] = "--stop-after", args[n++] = runs;
     args[n] = NULL;
@@ -122,13 +124,14 @@ static double sweep(const char *task, const char *mixer, const Way *w, int steps
 
 int bench_sweep(int argc, char **argv) {
     const char *mixers_arg = "mesa,gdn,deltanet,gla,mamba2,mha,swa,hawk,mlstm,longhorn", *task = "mad-fuzzy-recall";
-    const char *out = "runs/bench-sweep", *ways_arg = "1,6,36";
+    const char *out = "runs/bench-sweep", *ways_arg = "1,6,36", *grids_arg = "6,36";
     int steps = 300, processes = 6;
     Option opts[] = {
         {"mixers", OPT_STRING, &mixers_arg, "comma list of mixers (as synth --mixers takes them)"},
         {"task", OPT_STRING, &task, "the synthetic task whose baseline setting and protocol the runs train"},
         {"steps", OPT_INT, &steps, "steps a run (alone: also twice this, for the marginal step time)", 10, 1000000},
         {"parallel", OPT_STRING, &ways_arg, "comma list of runs at once in one process (1: alone)"},
+        {"grids", OPT_STRING, &grids_arg, "comma list of runs trained as one model of runs (--grid; \"\": none)"},
         {"processes", OPT_INT, &processes, "runs as processes at once (0: none)", 0, 64},
         {"out", OPT_STRING, &out, "directory of the sweeps' folders, sweep.csv and sweep.svg"},
         {"backend", OPT_STRING, &backend, "cuda (or cpu, to try the benchmark itself)"},
@@ -148,6 +151,13 @@ int bench_sweep(int argc, char **argv) {
         int seeds = (counts[i] + prot.nlr - 1) / prot.nlr;
         if (counts[i] > SYNTH_MAX_PARALLEL) cmd_fail(CMD, "--parallel: %d runs, at most %d", counts[i], SYNTH_MAX_PARALLEL);
         ways[nways++] = (Way){counts[i] == 1 ? "alone" : "parallel", counts[i], 1, counts[i], seeds};
+    }
+    int grids[MAX_WAYS - 2], ngrids = *grids_arg ? bench_parse_ints(grids_arg, grids, MAX_WAYS - 2) : 0;
+    if (ngrids < 0 || ngrids + ncounts > MAX_WAYS - 1)
+        cmd_fail(CMD, "--grids '%s': expected a comma list of at most %d positive integers", grids_arg, MAX_WAYS - 1 - ncounts);
+    for (int i = 0; i < ngrids; i++) {
+        if (grids[i] > SYNTH_MAX_PARALLEL) cmd_fail(CMD, "--grids: %d runs, at most %d", grids[i], SYNTH_MAX_PARALLEL);
+        ways[nways++] = (Way){"grid", grids[i], 1, 1, (grids[i] + prot.nlr - 1) / prot.nlr, grids[i]};
     }
     if (processes) ways[nways++] = (Way){"processes", processes, processes, 1, (processes + prot.nlr - 1) / prot.nlr};
     char list[1024], *mixers[MAX_MIXERS];
