@@ -241,4 +241,14 @@ TEST(synth_grid_trains_as_runs_alone) {
     grid_vs_alone("regbench", "hawk", 10, 0, 0);       // the TVD
     grid_vs_alone("mad-recall", "gla", 60, 0.15f, 0);  // early stops at steps 16, 32 and 48
     grid_vs_alone("mqar", "mlstm", 24, 0, 9);          // cut at step 9, taken up again
+    // a grid that cannot be made: every run has the error
+    const SynthTask *t = synth_find_any("mqar");
+    SynthProtocol p;
+    synth_protocol(t, 1, &p);
+    SynthSettings s;
+    if (synth_grid(t, 0, &s, NULL, 0)) die("%s", mn_last_error());
+    SynthGridRun g[2] = {{.lr = 1e-3f}, {.lr = 2e-3f}};
+    int st = synth_run_grid(t, &s, &p, "nonsense", g, 2, backend_cpu());
+    CHECK(st == MN_ERR_ARG && g[0].status == MN_ERR_ARG && g[1].status == MN_ERR_ARG && strstr(g[1].error, "nonsense"),
+          "an unknown mixer: %d %d %d '%s'", st, g[0].status, g[1].status, g[1].error);
 }

@@ -587,13 +587,14 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
         return MN_OK;
     }
     ModelConfig cfg;
-    int V, T, st = synth_task_supported(t);
+    int V = 0, T = 0, st = synth_task_supported(t);
     if (!st) st = synth_model_config(t, s, p, mixer, &cfg);
     if (!st) st = synth_shape(t, s, SYNTH_TRAIN, &V, &T);
     int64_t ntrain = synth_split_size(s, SYNTH_TRAIN);
     if (!st && ntrain < 1) st = mn_error(MN_ERR_ARG, "synth: task %s has no training examples", t->name);
     int B = p->batch < ntrain ? p->batch : (int)ntrain;
-    int64_t total = ntrain > 0 ? ntrain / B * p->epochs : 0;
+    int64_t total = ntrain > 0 && B > 0 ? ntrain / B * p->epochs : 0;
+    if (st) B = T = 0, ntrain = 0;  // (nothing is allocated for a grid that cannot be made)
     if (p->max_steps > 0 && total > p->max_steps) total = p->max_steps;
     if (total > 1000000000) total = 1000000000;
     const SynthResume *rs0 = &runs[0].resume;
