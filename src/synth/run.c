@@ -520,8 +520,9 @@ typedef struct {
     Feed feed;
     LrSchedule sched;
     int active;       // still training
-    double scored;    // tokens its current batch scores
-    int64_t pos;      // its data position after the current batch
+    double scored[2]; // tokens each of its two batches (the step's, the next) scores
+    int64_t pos[2];   // its data position after each
+    int epochs[2];    // and its epochs begun
     TrainState saved; // its saved state (step, data position, seconds so far)
     double metric;    // its test metric (NAN: none yet)
 } GridPart;
@@ -553,12 +554,26 @@ static int grid_score(const SynthTask *t, const SynthSettings *s, Model *m, Mode
     return score(t, s, *solo, &part->ex, &part->metric, tvd);
 }
 
-// Saves run r's state where synth_run_resumable would save it alone.
-static int grid_save(Model *m, const AdamW *o, int r, const SynthGridRun *g, const GridPart *part, int step, int B,
-                     int T, double since) {
+// Batch `which` (of the two) of every active run, from its own data; a run whose data fails ends with
+// that error (as it would alone).
+static void grid_feed(SynthGridRun *runs, GridPart *part, int n, int which, int32_t *in, int32_t *tg, size_t nb, int B,
+                      int T) {
+    for (int r = 0; r < n; r++) {
+        GridPart *q = &part[r];
+        if (!q->active) continue;
+        size_t at = which * nb + (size_t)r * B * T;
+        int e = feed_next(&q->feed, &q->ex, B, T, in + at, tg + at, &q->scored[which]);
+        if (e) grid_fail(&runs[r], q, e);
+        q->pos[which] = q->feed.pos, q->epochs[which] = q->feed.epochs;
+    }
+}
+
+// Saves run r's state where synth_run_resumable would save it alone (`cur`: the batch of the step just taken).
+static int grid_save(Model *m, const AdamW *o, int r, const SynthGridRun *g, const GridPart *part, int cur, int step,
+                     int B, int T, double since) {
     Model view = model_run_view(m, r);
     AdamW ov = adamw_run_view(o, m, r);
-    TrainState ts = {.step = step, .epoch = (uint64_t)part->feed.epochs, .index = (uint64_t)part->pos, .seed = g->seed,
+    TrainState ts = {.step = step, .epoch = (uint64_t)part->epochs[cur], .index = (uint64_t)part->pos[cur], .seed = g->seed,
                      .tokens = (double)step * B * T, .elapsed = part->saved.elapsed + since};
     MN_TRY(mn_mkdirs(g->resume.state_dir));
     return checkpoint_save(g->resume.state_dir, &view, &ov, &ts);
@@ -600,9 +615,9 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
     const SynthResume *rs0 = &runs[0].resume;
 
     double t0 = mn_now();
-    size_t nb = (size_t)n * B * T;
+    size_t nb = (size_t)n * B * T;  // two batches of every run's: the step's, and the next, made while it runs
     GridPart *part = calloc((size_t)n, sizeof *part);
-    int32_t *in = calloc(nb ? nb : 1, sizeof(int32_t)), *tg = calloc(nb ? nb : 1, sizeof(int32_t));
+    int32_t *in = calloc(2 * nb + 1, sizeof(int32_t)), *tg = calloc(2 * nb + 1, sizeof(int32_t));
     float *w = calloc((size_t)n * 3, sizeof(float)), *lrs = w + n, *wds = w + 2 * n;
     double *loss = calloc((size_t)n * 2, sizeof(double)), *norm = loss + n;
     int *refused = calloc((size_t)n, sizeof(int));
@@ -663,25 +678,20 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
         st = train_step_init(&ts, m, &opt), have_ts = !st;
     }
     double t_saved = t0;
-    int cut = 0;
+    int cut = 0, cur = 0, have_next = 0;
     for (;;) {
         int any = 0;
         for (int r = 0; r < n; r++) any |= part[r].active;
         if (st || !any || step >= total) break;
-        for (int r = 0; r < n; r++) {  // each active run's batch; an idle one keeps its last at weight 0
+        if (!have_next) grid_feed(runs, part, n, cur, in, tg, nb, B, T);
+        have_next = 0;
+        for (int r = 0; r < n; r++) {  // an idle run keeps its last batch, at weight 0 and learning rate 0
             GridPart *q = &part[r];
-            w[r] = 0, lrs[r] = 0;
-            if (!q->active) continue;
-            int e = feed_next(&q->feed, &q->ex, B, T, in + (size_t)r * B * T, tg + (size_t)r * B * T, &q->scored);
-            if (e) {
-                grid_fail(&runs[r], q, e);
-                continue;
-            }
-            q->pos = q->feed.pos;
-            runs[r].result.epochs = q->feed.epochs;
-            w[r] = (float)(1.0 / q->scored), lrs[r] = lr_at(&q->sched, (int)step);
+            w[r] = q->active ? (float)(1.0 / q->scored[cur]) : 0, lrs[r] = q->active ? lr_at(&q->sched, (int)step) : 0;
+            if (q->active) runs[r].result.epochs = q->epochs[cur];
         }
-        if ((st = train_step_queue_runs(&ts, in, tg, n * B, T, 1, w, lrs))) break;
+        if ((st = train_step_queue_runs(&ts, in + cur * nb, tg + cur * nb, n * B, T, 1, w, lrs))) break;
+        if (step + 1 < total) grid_feed(runs, part, n, cur ^ 1, in, tg, nb, B, T), have_next = 1;
         if ((st = train_step_result_runs(&ts, loss, norm, refused))) break;
         step++;
         for (int r = 0; r < n; r++) {
@@ -693,12 +703,12 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
                                          (long long)step, norm[r]));
                 continue;
             }
-            g->result.final_loss = loss[r] / q->scored;
+            g->result.final_loss = loss[r] / q->scored[cur];
             if (!isfinite(g->result.final_loss)) {
                 grid_fail(g, q, mn_error(MN_ERR_NUMERIC, "synth: loss is %g at step %lld", g->result.final_loss, (long long)step));
                 continue;
             }
-            int epoch_end = q->pos + B > ntrain || step == total;
+            int epoch_end = q->pos[cur] + B > ntrain || step == total;
             if (p->stop_acc > 0 && epoch_end && step < total) {
                 int e = grid_score(t, s, m, &solo, r, q, &g->result.tvd);
                 if (e) {
@@ -713,13 +723,13 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
                 q->metric = NAN;
             }
         }
-        if (step == total) continue;
+        if (step == total) break;
         double now = mn_now();
         cut = (rs0->deadline > 0 && now >= rs0->deadline) || (rs0->stop_at > 0 && step >= rs0->stop_at);
         int save = cut || (rs0->save_every > 0 && now - t_saved >= rs0->save_every);
         for (int r = 0; r < n && save; r++)  // the states, as a kill would find them
             if (part[r].active && runs[r].resume.state_dir) {
-                int e = grid_save(m, &opt, r, &runs[r], &part[r], (int)step, B, T, now - t0);
+                int e = grid_save(m, &opt, r, &runs[r], &part[r], cur, (int)step, B, T, now - t0);
                 if (e) grid_fail(&runs[r], &part[r], e);
             }
         if (save) t_saved = mn_now();
@@ -732,6 +742,7 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
                 }
             break;
         }
+        cur ^= have_next;
     }
     for (int r = 0; r < n && !st; r++) {  // the runs that trained to the end
         GridPart *q = &part[r];
