@@ -10,11 +10,14 @@
 #   scripts/gpu_protocols.sh parity     parity, with and without negative eigenvalues
 #   scripts/gpu_protocols.sh niah       S-NIAH by context length
 #
+# GRID=N (default 1: each run alone) trains the (lr, wd) runs of a task, setting and mixer as one model
+# of up to N runs (synth --grid; then 12 grids a GPU at once, not 12 runs).
 # Results and tables (synth --report) go to bench/results/<table>-protocol/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 table=${1:?"usage: scripts/gpu_protocols.sh mad|regbench|mqar|parity|niah"}
 minutes=${MINUTES:-9}
+grid=${GRID:-1}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 [ "$gpus" -ge 1 ] || { echo "gpu_protocols.sh: no GPU (nvidia-smi -L lists none)" >&2; exit 1; }
 all=mesa,gdn,deltanet,gla,mamba2,mha,swa,hawk,mlstm,longhorn,hawk+mesa,gdn+swa
@@ -28,6 +31,6 @@ case "$table" in
 esac
 out=bench/results/$table-protocol
 build/mesanet synth "$task" --mixers "$mixers" --settings "$settings" --backend cuda --gpus "$gpus" \
-    --parallel $((12 * gpus)) --time-limit "$minutes" --out "$out"
+    --parallel $((12 * gpus)) --grid "$grid" --time-limit "$minutes" --out "$out"
 build/mesanet synth "$task" --mixers "$mixers" --settings "$settings" --report --out "$out" > "$out/report.txt"
 echo "gpu_protocols.sh: $(grep -c . "$out/results.csv") lines in $out/results.csv; tables in $out/report.txt"
