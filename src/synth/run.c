@@ -284,8 +284,12 @@ static void softmax_rows(const float *logits, int n, int V, float *probs) {
     }
 }
 
-// The test metric into *out; RegBench: the mean TVD into *tvd (NAN for the other tasks).
-static int score(const SynthTask *t, const SynthSettings *s, Model *m, Examples *ex, double *out, double *tvd) {
+// The test metric of R runs of a model (R = m->runs; a model of one: R = 1) into out[r], RegBench's
+// mean TVD into tvd[r] (NAN for the other tasks; tvd may be NULL), for the runs r with want[r] (NULL:
+// every run), each on its own test examples ex[r]: one forward a batch of every run's examples.
+static int score_runs(const SynthTask *t, const SynthSettings *s, Model *m, Examples *const *ex, const int *want,
+                      double *out, double *tvd) {
+    const int R = m->runs;
     int V, T;
     MN_TRY(synth_shape(t, s, SYNTH_TEST, &V, &T));
     int64_t n = synth_split_size(s, SYNTH_TEST);
@@ -293,38 +297,65 @@ static int score(const SynthTask *t, const SynthSettings *s, Model *m, Examples 
     int B = (int)(((size_t)1 << 24) / (per ? per : 1));  // at most 64 MB of logits at a time
     if (B < 1) B = 1;
     if (B > 256) B = 256;
+    B = B / R > 0 ? B / R : 1;  // a run's share
     if (B > n) B = (int)n;
-    int32_t *in = malloc(sizeof(int32_t) * (size_t)B * T), *tg = malloc(sizeof(int32_t) * (size_t)B * T);
-    int32_t *pred = malloc(sizeof(int32_t) * (size_t)B * T);
-    float *logits = malloc(sizeof(float) * (size_t)B * per);
+    size_t rows = (size_t)R * B;
+    int32_t *in = calloc(rows * T, sizeof(int32_t)), *tg = malloc(sizeof(int32_t) * rows * T);
+    int32_t *pred = malloc(sizeof(int32_t) * rows * T);
+    float *logits = malloc(sizeof(float) * rows * per);
     int st = (!in || !tg || !pred || !logits) ? mn_error(MN_ERR_NOMEM, "synth: out of memory scoring") : MN_OK;
     int rb = t == &synth_task_regbench;
-    int *lens = malloc(sizeof(int) * (size_t)B);
+    int *lens = malloc(sizeof(int) * rows);
     if (!lens && !st) st = mn_error(MN_ERR_NOMEM, "synth: out of memory scoring");
     float *probs = rb ? malloc(sizeof(float) * per) : NULL;
     if (rb && !probs && !st) st = mn_error(MN_ERR_NOMEM, "synth: out of memory scoring");
     if (rb && V != RB_VOCAB && !st) st = mn_error(MN_ERR_ARG, "regbench: vocabulary %d, expected %d", V, RB_VOCAB);
-    SynthMeter meter = {0};
-    RbMetrics rbm = {0};
+    SynthMeter *meter = calloc((size_t)R, sizeof *meter);
+    RbMetrics *rbm = calloc((size_t)R, sizeof *rbm);
+    if ((!meter || !rbm) && !st) st = mn_error(MN_ERR_NOMEM, "synth: out of memory scoring");
     for (int64_t first = 0; !st && first < n; first += B) {
         int b = (int)(n - first < B ? n - first : B);
-        for (int i = 0; i < b && !st; i++)
-            st = examples_get(ex, SYNTH_TEST, first + i, T, in + (size_t)i * T, tg + (size_t)i * T, &lens[i]);
-        if (!st) st = model_forward(m, in, NULL, b, T, 0, NULL);
-        if (!st) st = predict(m, b * T, logits, pred);
-        if (!st && !rb) synth_meter_add(t, &meter, pred, tg, b, T, V);
-        for (int i = 0; i < b && !st && rb; i++) {
-            st = examples_get(ex, SYNTH_TEST, first + i, T, in, tg, &lens[i]);  // ex->tok: the example
-            if (!st) st = rb_metrics_greedy(&rbm, &ex->dfa[SYNTH_TEST][first + i], ex->tok, lens[i], pred + (size_t)i * T);
-            if (!st && lens[i] > 1) {
-                softmax_rows(logits + (size_t)i * per, lens[i] - 1, V, probs);
-                st = rb_metrics_tvd(&rbm, &ex->dfa[SYNTH_TEST][first + i], ex->tok, lens[i], probs);
+        for (int r = 0; r < R && !st; r++)  // run r's examples in rows [r b, (r+1) b); a run not scored: token 0
+            for (int i = 0; i < b && !st; i++) {
+                size_t at = ((size_t)r * b + i) * T;
+                if (want && !want[r]) memset(in + at, 0, sizeof(int32_t) * T);
+                else st = examples_get(ex[r], SYNTH_TEST, first + i, T, in + at, tg + at, &lens[r * b + i]);
+            }
+        if (!st) st = model_forward(m, in, NULL, R * b, T, 0, NULL);
+        if (!st) st = predict(m, R * b * T, logits, pred);
+        for (int r = 0; r < R && !st; r++) {
+            if (want && !want[r]) continue;
+            const size_t r0 = (size_t)r * b;
+            if (!rb) synth_meter_add(t, &meter[r], pred + r0 * T, tg + r0 * T, b, T, V);
+            for (int i = 0; i < b && !st && rb; i++) {
+                st = examples_get(ex[r], SYNTH_TEST, first + i, T, in, tg, &lens[r0 + i]);  // ex->tok: the example
+                if (!st)
+                    st = rb_metrics_greedy(&rbm[r], &ex[r]->dfa[SYNTH_TEST][first + i], ex[r]->tok, lens[r0 + i],
+                                           pred + (r0 + i) * T);
+                if (!st && lens[r0 + i] > 1) {
+                    softmax_rows(logits + (r0 + i) * per, lens[r0 + i] - 1, V, probs);
+                    st = rb_metrics_tvd(&rbm[r], &ex[r]->dfa[SYNTH_TEST][first + i], ex[r]->tok, lens[r0 + i], probs);
+                }
             }
         }
     }
-    free(in), free(tg), free(pred), free(logits), free(lens), free(probs);
-    *out = rb ? rb_metrics_accuracy(&rbm) : synth_meter_value(&meter);
-    if (tvd) *tvd = rb && rbm.n_tvd > 0 ? rb_metrics_tvd_mean(&rbm) : NAN;
+    for (int r = 0; r < R && !st; r++) {
+        if (want && !want[r]) continue;
+        out[r] = rb ? rb_metrics_accuracy(&rbm[r]) : synth_meter_value(&meter[r]);
+        if (tvd) tvd[r] = rb && rbm[r].n_tvd > 0 ? rb_metrics_tvd_mean(&rbm[r]) : NAN;
+    }
+    free(in), free(tg), free(pred), free(logits), free(lens), free(probs), free(meter), free(rbm);
+    return st;
+}
+
+// The test metric of a model of one run into *out; RegBench: the mean TVD into *tvd (NAN for the
+// other tasks).
+static int score(const SynthTask *t, const SynthSettings *s, Model *m, Examples *ex, double *out, double *tvd) {
+    Examples *one[1] = {ex};
+    double o = NAN, v = NAN;
+    int st = score_runs(t, s, m, one, NULL, &o, &v);
+    *out = o;
+    if (tvd) *tvd = v;
     return st;
 }
 
@@ -544,14 +575,15 @@ static void grid_one_by_one(const SynthTask *t, const SynthSettings *s, const Sy
     }
 }
 
-// Run r's test metric (and TVD): its weights copied into a model of one, scored as synth_run scores.
-static int grid_score(const SynthTask *t, const SynthSettings *s, Model *m, Model **solo, int r, GridPart *part,
-                      double *tvd) {
-    const Backend *in = m->rb ? m->rb->in : m->be;
-    if (!*solo) MN_TRY(model_create(solo, &m->cfg, in));
-    Model view = model_run_view(m, r);
-    in->copy(in, (*solo)->params, view.params, m->total, MEM_PARAM);
-    return score(t, s, *solo, &part->ex, &part->metric, tvd);
+// The test metrics (and TVDs) of the runs marked in want, all at once (score_runs); a failure ends them.
+static void grid_score(const SynthTask *t, const SynthSettings *s, Model *m, SynthGridRun *runs, GridPart *part,
+                       Examples **exs, const int *want, double *metric, double *tvd) {
+    int st = score_runs(t, s, m, exs, want, metric, tvd);
+    for (int r = 0; r < m->runs; r++)
+        if (want[r]) {
+            if (st) grid_fail(&runs[r], &part[r], st);
+            else part[r].metric = metric[r], runs[r].result.tvd = tvd[r];
+        }
 }
 
 // Batch `which` (of the two) of every active run, from its own data; a run whose data fails ends with
@@ -622,8 +654,12 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
     double *loss = calloc((size_t)n * 2, sizeof(double)), *norm = loss + n;
     int *refused = calloc((size_t)n, sizeof(int));
     uint64_t *seeds = calloc((size_t)n, sizeof(uint64_t));
-    if (!st && (!part || !in || !tg || !w || !loss || !refused || !seeds)) st = mn_error(MN_ERR_NOMEM, "synth: out of memory");
-    Model *m = NULL, *solo = NULL;
+    int *want = calloc((size_t)n, sizeof(int));          // the runs to score
+    double *smetric = calloc((size_t)n * 2, sizeof(double)), *stvd = smetric ? smetric + n : NULL;
+    Examples **exs = calloc((size_t)n, sizeof *exs);      // each run's test examples
+    if (!st && (!part || !in || !tg || !w || !loss || !refused || !seeds || !want || !smetric || !exs))
+        st = mn_error(MN_ERR_NOMEM, "synth: out of memory");
+    Model *m = NULL;
     AdamW opt = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wds = wds, .clip = p->clip};
     int have_opt = 0, have_ts = 0;
     TrainStep ts = {0};
@@ -632,7 +668,7 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
         wds[r] = g->wd, seeds[r] = synth_mix(g->seed ^ 0x5157ull);
         part[r].metric = NAN, part[r].active = 1, part[r].saved.seed = g->seed;
         part[r].sched = (LrSchedule){g->lr, (int)(p->warmup_frac * (float)total), (int)total, p->lr_final};
-        st = examples_open(&part[r].ex, t, s, g->seed), part[r].have_ex = 1;
+        st = examples_open(&part[r].ex, t, s, g->seed), part[r].have_ex = 1, exs[r] = &part[r].ex;
         Feed *f = &part[r].feed;
         if (!st && !(f->order = malloc(sizeof(int64_t) * (size_t)ntrain))) st = mn_error(MN_ERR_NOMEM, "synth: out of memory");
         if (st) break;
@@ -694,9 +730,11 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
         if (step + 1 < total) grid_feed(runs, part, n, cur ^ 1, in, tg, nb, B, T), have_next = 1;
         if ((st = train_step_result_runs(&ts, loss, norm, refused))) break;
         step++;
+        int nwant = 0;
         for (int r = 0; r < n; r++) {
             GridPart *q = &part[r];
             SynthGridRun *g = &runs[r];
+            want[r] = 0;
             if (!q->active) continue;
             if (refused[r]) {
                 grid_fail(g, q, mn_error(MN_ERR_NUMERIC, "synth: step %lld: gradient norm is %g: refusing the update",
@@ -709,18 +747,19 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
                 continue;
             }
             int epoch_end = q->pos[cur] + B > ntrain || step == total;
-            if (p->stop_acc > 0 && epoch_end && step < total) {
-                int e = grid_score(t, s, m, &solo, r, q, &g->result.tvd);
-                if (e) {
-                    grid_fail(g, q, e);
-                    continue;
+            want[r] = p->stop_acc > 0 && epoch_end && step < total;
+            nwant += want[r];
+        }
+        if (nwant) {  // the runs at an epoch's end, scored together: those at stop_acc end
+            grid_score(t, s, m, runs, part, exs, want, smetric, stvd);
+            for (int r = 0; r < n; r++) {
+                if (!want[r] || !part[r].active) continue;
+                if (part[r].metric >= p->stop_acc) {
+                    runs[r].result.stopped_early = 1;
+                    grid_end(&runs[r], &part[r], (int)step, mn_now() - t0);
+                } else {
+                    part[r].metric = NAN;
                 }
-                if (q->metric >= p->stop_acc) {
-                    g->result.stopped_early = 1;
-                    grid_end(g, q, (int)step, mn_now() - t0);
-                    continue;
-                }
-                q->metric = NAN;
             }
         }
         if (step == total) break;
@@ -744,13 +783,11 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
         }
         cur ^= have_next;
     }
-    for (int r = 0; r < n && !st; r++) {  // the runs that trained to the end
-        GridPart *q = &part[r];
-        if (!q->active) continue;
-        int e = isnan(q->metric) ? grid_score(t, s, m, &solo, r, q, &runs[r].result.tvd) : MN_OK;
-        if (e) grid_fail(&runs[r], q, e);
-        else grid_end(&runs[r], q, (int)step, mn_now() - t0);
-    }
+    int nwant = 0;  // the runs that trained to the end, scored together
+    for (int r = 0; r < n && !st; r++) nwant += want[r] = part[r].active && isnan(part[r].metric);
+    if (!st && nwant) grid_score(t, s, m, runs, part, exs, want, smetric, stvd);
+    for (int r = 0; r < n && !st; r++)
+        if (part[r].active) grid_end(&runs[r], &part[r], (int)step, mn_now() - t0);
     if (st > 0) {
         char why[MN_ERROR_MAX];
         snprintf(why, sizeof why, "%s", mn_last_error());
@@ -758,13 +795,12 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
     }
     if (have_ts) train_step_free(&ts);
     if (have_opt) adamw_free(&opt, m);
-    if (solo) model_free(solo);
     if (m) model_free(m);
     for (int r = 0; part && r < n; r++) {
         if (part[r].have_ex) examples_close(&part[r].ex);
         free(part[r].feed.order);
     }
-    free(part), free(in), free(tg), free(w), free(loss), free(refused), free(seeds);
+    free(part), free(in), free(tg), free(w), free(loss), free(refused), free(seeds), free(want), free(smetric), free(exs);
     if (st < 0) {  // saved at different steps: each alone
         grid_one_by_one(t, s, p, mixer, runs, n, be);
         st = MN_OK;
