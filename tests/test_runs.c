@@ -49,7 +49,7 @@ static AdamW opt(Model *m, float wd, const float *per_run) {
 }
 
 // Trains R runs alone and together for STEPS steps; 0 where every number agrees bit for bit.
-static int compare(const Backend *be, const ModelConfig *c, const char *name) {
+static int compare(const Backend *be, const ModelConfig *c, const char *name, int batched) {
     enum { NB = ACCUM_MAX * BR * T };
     int bad = 0, clipped = 0;
     double loss[STEPS][R], norm[STEPS][R];
@@ -72,6 +72,7 @@ static int compare(const Backend *be, const ModelConfig *c, const char *name) {
     }
     Model *g = NULL;
     if (model_create_runs(&g, c, be, R) || model_init_params_runs(g, seeds)) die("%s: %s", name, mn_last_error());
+    g->rb->batched = batched;  // the projections through Backend.linear_runs_* (where the backend has them)
     AdamW og = opt(g, 0, wds);
     TrainStep ts;
     if (train_step_init(&ts, g, &og)) die("%s", mn_last_error());
@@ -119,14 +120,15 @@ TEST(runs_train_as_they_do_alone_cpu) {
         char name[160];
         mc_case_name(&cases[i], name, sizeof name);
         ModelConfig c = mc_case_config(&cases[i], &sizes, 2);
-        failed += compare(backend_cpu(), &c, name) > 0;
+        for (int batched = 0; batched < 2; batched++) failed += compare(backend_cpu(), &c, name, batched) > 0;
     }
     ModelConfig ae = mc_case_config(&cases[0], &sizes, 2);  // the autoencoder head (MAD's compression)
     snprintf(ae.mixer, sizeof ae.mixer, "gdn,mha");
     snprintf(ae.head, sizeof ae.head, "autoencoder");
     ae.tie_embeddings = 0, ae.logit_cap = 0, ae.gate_bound = 0;
-    failed += compare(backend_cpu(), &ae, "autoencoder gdn,mha") > 0;
-    test_note("%d cases and the autoencoder head: %d runs x %d steps together as alone, %d differ", n, R, STEPS, failed);
+    for (int batched = 0; batched < 2; batched++) failed += compare(backend_cpu(), &ae, "autoencoder gdn,mha", batched) > 0;
+    test_note("%d cases and the autoencoder head, projections a run at a time and batched (linear_runs_*): %d runs x %d "
+              "steps together as alone, %d differ", n, R, STEPS, failed);
 }
 
 TEST(runs_train_as_they_do_alone_ref) {
@@ -137,7 +139,7 @@ TEST(runs_train_as_they_do_alone_ref) {
         for (int i = 0; i < n; i++)
             if (!strcmp(cases[i].mixer, want[w])) {  // the first case of each
                 ModelConfig c = mc_case_config(&cases[i], &sizes, 2);
-                compare(backend_ref(), &c, want[w]);
+                compare(backend_ref(), &c, want[w], 1);  // (the reference has no linear_runs_*: a run at a time)
                 done++;
                 break;
             }

@@ -310,6 +310,16 @@ struct Backend {
     // dx[N,nin] (=, or += with accum; NULL: skipped) = dy W;  dw += dy^T x;  dbias += sum_n dy
     int (*linear_bwd)(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x,
                       const void *w, int N, int nin, int nout, int accum);
+    // R products of one shape at once (a model of several runs, core/runs.h): for r < R,
+    //   y_r[n,nout] = x_r W_r^T + b_r,   x_r = x + r n nin, y_r = y + r n nout (the runs' rows one
+    //   after the other), W_r = w + r ws, b_r = bias + r ws (run r's tensor ws elements after run 0's),
+    // and the backward of each, dW_r and db_r ws elements apart in the gradient slab. Optional (NULL:
+    // linear_fwd / linear_bwd once a run): one batched product where one run's is too small to fill
+    // the device.
+    int (*linear_runs_fwd)(const Backend *be, void *y, const void *x, const void *w, const void *bias, int R, int n,
+                           int nin, int nout, size_t ws);
+    int (*linear_runs_bwd)(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x,
+                           const void *w, int R, int n, int nin, int nout, size_t ws, int accum);
 
     // --- normalisation and activations ----------------------------------------------
     // RMSNorm over groups of `group` features of each row of D (group divides D):

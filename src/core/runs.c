@@ -5,6 +5,7 @@
  */
 #include "runs.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -42,6 +43,9 @@ static int tensors_ok(const RunsBackend *rb, const char *op, int n, const void *
         MN_TRY(tensors_ok(rb, op, (int)(sizeof ps_ / sizeof ps_[0]), ps_));       \
     } while (0)
 
+// Elements between two runs' copies of a tensor: one run's slab (the same count in both slabs).
+static size_t run_elems(const RunsBackend *rb) { return rb->params_run / rb->in->elem_size(rb->in, MEM_PARAM); }
+
 // A run's share of n rows (n a multiple of R).
 static int share(const RunsBackend *rb, const char *op, long long n, int *out) {
     *out = 0;
@@ -58,6 +62,8 @@ static int r_linear_fwd(const Backend *be, void *y, const void *x, const void *w
     int n;
     MN_TRY(share(rb, "linear_fwd", N, &n));
     TENSORS("linear_fwd", w, bias);
+    if (rb->batched && rb->in->linear_runs_fwd)
+        return rb->in->linear_runs_fwd(rb->in, y, x, w, bias, rb->R, n, nin, nout, run_elems(rb));
     for (int r = 0; r < rb->R; r++)
         MN_TRY(rb->in->linear_fwd(rb->in, off(rb, y, (size_t)r * n * nout, MEM_ACT), off(rb, x, (size_t)r * n * nin, MEM_ACT),
                                   tensor(rb, w, r), tensor(rb, bias, r), n, nin, nout));
@@ -70,6 +76,8 @@ static int r_linear_bwd(const Backend *be, void *dx, void *dw, void *dbias, cons
     int n;
     MN_TRY(share(rb, "linear_bwd", N, &n));
     TENSORS("linear_bwd", dw, dbias, w);
+    if (rb->batched && rb->in->linear_runs_bwd)
+        return rb->in->linear_runs_bwd(rb->in, dx, dw, dbias, dy, x, w, rb->R, n, nin, nout, run_elems(rb), accum);
     for (int r = 0; r < rb->R; r++)
         MN_TRY(rb->in->linear_bwd(rb->in, off(rb, dx, (size_t)r * n * nin, MEM_ACT), tensor(rb, dw, r), tensor(rb, dbias, r),
                                   off(rb, dy, (size_t)r * n * nout, MEM_ACT), off(rb, x, (size_t)r * n * nin, MEM_ACT),
@@ -474,9 +482,12 @@ int runs_backend_init(RunsBackend *rb, const Backend *in, int R) {
     rb->be = *in;  // every op not wrapped below goes to `in` as it is (its ctx, its name)
     rb->in = in;
     rb->R = R;
+    const char *env = getenv("MESANET_RUNS_BATCHED");
+    rb->batched = env && !strcmp(env, "1");
     Backend *b = &rb->be;
     b->runs = R;
     b->linear_fwd = r_linear_fwd, b->linear_bwd = r_linear_bwd;
+    b->linear_runs_fwd = NULL, b->linear_runs_bwd = NULL;  // (in's, called with in's own rows and tensors above)
     b->rmsnorm_fwd = r_rmsnorm_fwd, b->rmsnorm_bwd = r_rmsnorm_bwd;
     if (in->layernorm_fwd) b->layernorm_fwd = r_layernorm_fwd, b->layernorm_bwd = r_layernorm_bwd;
     if (in->headwise_fwd) b->headwise_fwd = r_headwise_fwd, b->headwise_bwd = r_headwise_bwd;

@@ -33,6 +33,8 @@ typedef struct {
     size_t params_run;
     const char *grads;        // run 0's gradient slab, likewise
     size_t grads_run;
+    int batched;              // projections as one batched product (in->linear_runs_*) where in has it: set
+                              // from MESANET_RUNS_BATCHED ("1"); 0: once a run (what the CPU tests check)
     MesaOps mesa;             // the sub-tables, with their parameter-reading ops wrapped
     LinOps lin;
     ScanOps scan;

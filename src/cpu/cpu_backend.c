@@ -100,6 +100,25 @@ static int c_linear_bwd(const Backend *be, void *dx, void *dw, void *db_, const 
     return MN_OK;
 }
 
+// R products of one shape (Backend.linear_runs_*): a product a run, in order (OpenBLAS 0.3.21 has no
+// batched sgemm), so each run's numbers are those of linear_fwd / linear_bwd alone.
+static int c_linear_runs_fwd(const Backend *be, void *y, const void *x, const void *w, const void *b, int R, int n,
+                             int nin, int nout, size_t ws) {
+    for (int r = 0; r < R; r++)
+        MN_TRY(c_linear_fwd(be, (float *)y + (size_t)r * n * nout, (const float *)x + (size_t)r * n * nin,
+                            (const float *)w + r * ws, b ? (const float *)b + r * ws : NULL, n, nin, nout));
+    return MN_OK;
+}
+
+static int c_linear_runs_bwd(const Backend *be, void *dx, void *dw, void *db, const void *dy, const void *x,
+                             const void *w, int R, int n, int nin, int nout, size_t ws, int accum) {
+    for (int r = 0; r < R; r++)
+        MN_TRY(c_linear_bwd(be, dx ? (float *)dx + (size_t)r * n * nin : NULL, dw ? (float *)dw + r * ws : NULL,
+                            db ? (float *)db + r * ws : NULL, (const float *)dy + (size_t)r * n * nout,
+                            (const float *)x + (size_t)r * n * nin, (const float *)w + r * ws, n, nin, nout, accum));
+    return MN_OK;
+}
+
 static int c_rmsnorm_fwd(const Backend *be, void *y_, void *rstd_, const void *x_, const void *w_, int N, int D,
                          int group, int wlen, float eps) {
     float *y = y_, *rstd = rstd_;
@@ -944,7 +963,8 @@ static const Backend cpu_backend = {
     .upload = c_upload, .download = c_download, .upload_f32 = c_upload_f32, .download_f32 = c_download_f32,
     .upload_i32 = host_upload_i32, .download_i32 = host_download_i32, .tally_i32 = host_tally_i32,
     .sync = c_sync, .mem_available = host_mem_available_op,
-    .linear_fwd = c_linear_fwd, .linear_bwd = c_linear_bwd,
+    .linear_fwd = c_linear_fwd, .linear_bwd = c_linear_bwd, .linear_runs_fwd = c_linear_runs_fwd,
+    .linear_runs_bwd = c_linear_runs_bwd,
     .rmsnorm_fwd = c_rmsnorm_fwd, .rmsnorm_bwd = c_rmsnorm_bwd,
     .layernorm_fwd = c_layernorm_fwd, .layernorm_bwd = c_layernorm_bwd,
     .l2norm_fwd = c_l2norm_fwd, .l2norm_bwd = c_l2norm_bwd,

@@ -275,6 +275,8 @@ static void fill_table(Backend *bp, CudaCtx *c) {
     b.mem_available = g_mem_available;
     b.linear_fwd = g_linear_fwd;
     b.linear_bwd = g_linear_bwd;
+    b.linear_runs_fwd = g_linear_runs_fwd;
+    b.linear_runs_bwd = g_linear_runs_bwd;
     b.rmsnorm_fwd = g_rmsnorm_fwd;
     b.rmsnorm_bwd = g_rmsnorm_bwd;
     b.l2norm_fwd = g_l2norm_fwd;

@@ -126,6 +126,53 @@ int g_linear_fwd(const Backend *be, void *y, const void *x, const void *w, const
     return MN_OK;
 }
 
+// y_r[n,O] += b_r (run r's bias ws elements after run 0's), over the runs' rows one after the other.
+__global__ void add_bias_runs_kernel(bf16 *y, const float *b, int R, int n, int O, size_t ws) {
+    const size_t per = (size_t)n * O;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)R * per; i += (size_t)gridDim.x * blockDim.x)
+        st(y, i, ld(y, i) + b[(i / per) * ws + i % O]);
+}
+
+// Backend.linear_runs_fwd: the R products of g_linear_fwd as one strided batch (the weights' bf16
+// copies follow the masters element for element, so run r's is ws elements after run 0's too).
+int g_linear_runs_fwd(const Backend *be, void *y, const void *x, const void *w, const void *bias, int R, int n, int nin,
+                      int nout, size_t ws) {
+    CudaCtx *c = cuda_ctx(be);
+    const bf16 *wb = cuda_param_bf16(w);
+    if (!wb) return mn_error(MN_ERR_ARG, "cuda linear: the weight is not a parameter allocation");
+    float one = 1, zero = 0;
+    CUBLAS_TRY(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, nout, n, nin, &one, wb, CUDA_R_16BF, nin,
+                                          (long long)ws, x, CUDA_R_16BF, nin, (long long)n * nin, &zero, y, CUDA_R_16BF,
+                                          nout, (long long)n * nout, R, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias) {
+        add_bias_runs_kernel<<<grid_for((size_t)R * n * nout, 256), 256, 0, c->stream>>>((bf16 *)y, (const float *)bias,
+                                                                                         R, n, nout, ws);
+        LAUNCH_CHECK();
+    }
+    return MN_OK;
+}
+
+// Backend.linear_runs_bwd: g_linear_bwd's products as strided batches; the bias gradients a run at a time.
+int g_linear_runs_bwd(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x, const void *w,
+                      int R, int n, int nin, int nout, size_t ws, int accum) {
+    CudaCtx *c = cuda_ctx(be);
+    const bf16 *wb = cuda_param_bf16(w);
+    if (!wb) return mn_error(MN_ERR_ARG, "cuda linear: the weight is not a parameter allocation");
+    float one = 1, beta_dx = accum ? 1.0f : 0.0f;
+    if (dx)
+        CUBLAS_TRY(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, nin, n, nout, &one, wb, CUDA_R_16BF, nin,
+                                              (long long)ws, dy, CUDA_R_16BF, nout, (long long)n * nout, &beta_dx, dx,
+                                              CUDA_R_16BF, nin, (long long)n * nin, R, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT));
+    if (dw)
+        CUBLAS_TRY(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, nin, nout, n, &one, x, CUDA_R_16BF, nin,
+                                              (long long)n * nin, dy, CUDA_R_16BF, nout, (long long)n * nout, &one, dw,
+                                              CUDA_R_32F, nin, (long long)ws, R, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    for (int r = 0; dbias && r < R; r++)
+        MN_TRY(colsum(be, (float *)dbias + r * ws, (const bf16 *)dy + (size_t)r * n * nout, NULL, NULL, n, nout, 1));
+    return MN_OK;
+}
+
 int g_linear_bwd(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x, const void *w,
                  int N, int nin, int nout, int accum) {
     CudaCtx *c = cuda_ctx(be);

@@ -129,6 +129,10 @@ int g_sync(const Backend *be);
 
 // dense layers (cuda_linear.cu)
 int g_linear_fwd(const Backend *be, void *y, const void *x, const void *w, const void *bias, int N, int nin, int nout);
+int g_linear_runs_fwd(const Backend *be, void *y, const void *x, const void *w, const void *bias, int R, int n, int nin,
+                      int nout, size_t ws);
+int g_linear_runs_bwd(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x, const void *w,
+                      int R, int n, int nin, int nout, size_t ws, int accum);
 int g_linear_bwd(const Backend *be, void *dx, void *dw, void *dbias, const void *dy, const void *x, const void *w,
                  int N, int nin, int nout, int accum);
 int g_bias_fwd(const Backend *be, void *y, const void *b, int N, int C);

@@ -1,6 +1,7 @@
 // Runs trained as one model of runs (model_create_runs, core/runs.h) on the GPU against the same runs
 // trained alone: the MAD model (width 128, 2 blocks, 128 tokens), 4 runs of different seeds, data,
-// learning rates and weight decays, 3 steps.
+// learning rates and weight decays, 3 steps; the projections a run at a time, then as strided
+// batches (Backend.linear_runs_*, whose cuBLAS algorithm may differ from the single products').
 //
 // What may differ from the runs alone: every op that reads a parameter runs once a run on that run's
 // rows, as alone, so the products with weights are the same calls; the parameter-free kernels (the
@@ -49,7 +50,7 @@ static double rel_l2(const float *a, const float *b, size_t n) {
     return sqrt(d / (s > 0 ? s : 1));
 }
 
-static void grid_vs_alone(const Backend *G, const char *mixer) {
+static void grid_vs_alone(const Backend *G, const char *mixer, int batched) {
     ModelConfig c = mad_config(mixer);
     double loss[R][STEPS];
     float *w[R] = {0}, *wg = NULL;
@@ -77,6 +78,7 @@ static void grid_vs_alone(const Backend *G, const char *mixer) {
     if (model_create_runs(&g, &c, G, R) || model_init_params_runs(g, seeds) || adamw_init(&o, g) ||
         train_step_init(&ts, g, &o))
         die("%s as one model: %s", mixer, mn_last_error());
+    g->rb->batched = batched;  // the projections as strided batches (Backend.linear_runs_*), or a run at a time
     static int32_t all_tok[R * BR * T], all_tgt[R * BR * T];
     float wt[R];
     double worst_loss = 0;
@@ -108,8 +110,9 @@ static void grid_vs_alone(const Backend *G, const char *mixer) {
         free(w[r]);
     }
     CHECK(worst_w <= 1e-4, "%s: weights after %d steps %.3g relative (L2) from the runs alone", mixer, STEPS, worst_w);
-    test_note("%-5s %d runs as one model: first losses %.2g, weights after %d steps %.2g relative from alone (%s)", mixer,
-              R, worst_loss, STEPS, worst_w, identical ? "bit for bit" : "not bit for bit");
+    test_note("%-8s %d runs as one model (projections %s): first losses %.2g, weights after %d steps %.2g relative from "
+              "alone (%s)", mixer, R, batched ? "batched" : "a run at a time", worst_loss, STEPS, worst_w,
+              identical ? "bit for bit" : "not bit for bit");
     free(wg);
     train_step_free(&ts), adamw_free(&o, g), model_free(g);
 }
@@ -121,5 +124,6 @@ TEST(cuda_runs_train_as_they_do_alone) {
         return;
     }
     const char *mixers[] = {"gdn", "mha", "hawk", "swa", "mlstm", "mesa", "gla", "longhorn"};
-    for (size_t i = 0; i < sizeof mixers / sizeof mixers[0]; i++) grid_vs_alone(G, mixers[i]);
+    for (int batched = 0; batched < 2; batched++)
+        for (size_t i = 0; i < sizeof mixers / sizeof mixers[0]; i++) grid_vs_alone(G, mixers[i], batched);
 }
