@@ -11,6 +11,8 @@
 #ifndef MESANET_H
 #define MESANET_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -83,6 +85,8 @@ typedef struct {
     float *hT;            // [B,H,Dk,Dk] final H, or NULL (may alias h0)
     float *gT;            // [B,H,Dv,Dk] final G, or NULL (may alias g0)
     int *steps;           // [B,T,H] CG steps used per system, or NULL
+    int lambda_seqs;      // 0: lambda [H,Dk] serves every sequence; > 0 (dividing B): each group of that many
+                          // sequences has its own, lambda [B/lambda_seqs, H, Dk] (the runs of a model of several)
 } MnMesaFwd;
 
 typedef struct {
@@ -94,10 +98,20 @@ typedef struct {
     const float *dgT;     // [B,H,Dv,Dk] dL/dG_T, or NULL
     float *dq, *dk, *dv;  // gradients, same shapes as the inputs (overwritten)
     float *dg, *dbeta;    // [B,T,H]
-    float *dlambda;       // [H,Dk], summed over the batch
+    float *dlambda;       // [H,Dk], summed over the batch (lambda's shape: summed over each group)
     float *dh0, *dg0;     // [B,H,Dk,Dk], [B,H,Dv,Dk], or NULL
     int *steps;           // [B,T,H] CG steps of the backward solve, or NULL
+    int lambda_seqs;      // as MnMesaFwd's
 } MnMesaBwd;
+
+// Where the ridge of sequence b and head h begins in lambda (and dlambda): row (b / lambda_seqs, h)
+// of [B / lambda_seqs, H, Dk], or row h of [H, Dk] where lambda_seqs is 0; and lambda's length.
+static inline size_t mn_mesa_lambda_at(int lambda_seqs, int H, int Dk, int b, int h) {
+    return ((size_t)(lambda_seqs > 0 ? b / lambda_seqs : 0) * (size_t)H + (size_t)h) * (size_t)Dk;
+}
+static inline size_t mn_mesa_lambda_len(const MnSeqDims *d, int lambda_seqs) {
+    return (size_t)(lambda_seqs > 0 ? d->B / lambda_seqs : 1) * (size_t)d->H * (size_t)d->Dk;
+}
 
 // Forward and backward (implicit differentiation: a second CG solve with the
 // same matrices; spec section 4). dh0 is the gradient with respect to H_0 as a

@@ -175,6 +175,16 @@ TEST(runs_backend_refusals) {
     CHECK(model_reset_state(m, 2) == MN_ERR_ARG && strstr(mn_last_error(), "does not decode"), "decoding: %s",
           mn_last_error());
     CHECK(model_create_runs(&(Model *){NULL}, &c, cpu, 0) == MN_ERR_ARG, "zero runs accepted");
+    // the Mesa core's ridge a group of sequences: groups that do not split the batch are refused
+    MnSeqDims d = {4, 3, 1, 2, 2};
+    float buf[96] = {0}, lam[4] = {1, 1, 1, 1};  // q = k = v, g, beta (zero): [0, 24); o, x: [24, 48), [48, 72)
+    MnSolver sv = mn_solver_default();
+    MnMesaFwd f = {.q = buf, .k = buf, .v = buf, .g = buf, .beta = buf, .lambda = lam, .o = buf + 24, .x = buf + 48,
+                   .lambda_seqs = 3};
+    st = mn_mesa_forward(&d, &sv, &f);
+    CHECK(st == MN_ERR_ARG && strstr(mn_last_error(), "lambda_seqs = 3"), "lambda_seqs 3 of 4: %d %s", st, mn_last_error());
+    f.lambda_seqs = 2;  // two rows of [1, 2]
+    CHECK(!mn_mesa_forward(&d, &sv, &f), "lambda_seqs 2 of 4: %s", mn_last_error());
     model_free(m);
     cpu->free(cpu, p), cpu->free(cpu, gr), cpu->free(cpu, w), cpu->free(cpu, x), cpu->free(cpu, y);
 }

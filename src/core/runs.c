@@ -284,7 +284,8 @@ static int r_sum_f32(const Backend *be, void *sum, const void *x, size_t n) {
     return MN_OK;
 }
 
-// --- the Mesa layer: its ridge is per run, so its core runs once a run --------------------------------
+// --- the Mesa layer: its ridge is per run: the core once a run, or (batched) once over every run's
+// sequences with a ridge row a run (MnMesaFwd.lambda_seqs) ----------------------------------------------
 
 // lambda = softplus(p) + lo: y (the mixer's [R, n] buffer) from each run's p
 static int r_softplus_fwd(const Backend *be, void *y, const void *p, size_t n, float lo) {
@@ -318,6 +319,11 @@ static int r_mesa_fwd(const Backend *be, const MnSeqDims *d, const MnSolver *s, 
     const RunsBackend *rb = rbk(be);
     int b;
     MN_TRY(share(rb, "mesa fwd", d->B, &b));
+    if (rb->batched) {  // every run's sequences in one call, each run's b with its own ridge row
+        MnMesaFwd all = *io;
+        all.lambda_seqs = b;
+        return rb->in->mesa->fwd(rb->in, d, s, &all);
+    }
     MnSeqDims dr = *d;
     dr.B = b;
     MesaSeq z = mesa_seq(d);
@@ -342,6 +348,11 @@ static int r_mesa_bwd(const Backend *be, const MnSeqDims *d, const MnSolver *s, 
     const RunsBackend *rb = rbk(be);
     int b;
     MN_TRY(share(rb, "mesa bwd", d->B, &b));
+    if (rb->batched) {
+        MnMesaBwd all = *io;
+        all.lambda_seqs = b;
+        return rb->in->mesa->bwd(rb->in, d, s, &all);
+    }
     MnSeqDims dr = *d;
     dr.B = b;
     MesaSeq z = mesa_seq(d);

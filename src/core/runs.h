@@ -33,8 +33,9 @@ typedef struct {
     size_t params_run;
     const char *grads;        // run 0's gradient slab, likewise
     size_t grads_run;
-    int batched;              // projections as one batched product (in->linear_runs_*) where in has it: set
-                              // from MESANET_RUNS_BATCHED ("1"); 0: once a run (what the CPU tests check)
+    int batched;              // 1: the projections as one batched product (in->linear_runs_*, where in has it)
+                              // and the Mesa core once over every run's sequences (a ridge row a run); 0: both
+                              // once a run. From MESANET_RUNS_BATCHED ("1"); the tests take both
     MesaOps mesa;             // the sub-tables, with their parameter-reading ops wrapped
     LinOps lin;
     ScanOps scan;

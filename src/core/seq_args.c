@@ -20,6 +20,12 @@ int seq_check_dims(const MnSeqDims *d) {
     return MN_OK;
 }
 
+int seq_check_groups(const MnSeqDims *d, int n, const char *what) {
+    if (n < 0 || (n > 0 && d->B % n))
+        return mn_error(MN_ERR_ARG, "%s = %d: 0, or a divisor of the %d sequences", what, n, d->B);
+    return MN_OK;
+}
+
 int seq_check_solver(const MnSolver *s) {
     if (!s) return mn_error(MN_ERR_ARG, "mesa: solver is NULL");
     if (s->max_steps < 0) return mn_error(MN_ERR_ARG, "mesa: solver max_steps must be >= 0, got %d", s->max_steps);

@@ -40,8 +40,11 @@ static int check_finite(const char *fn, const char *name, const float *x, size_t
     return MN_OK;
 }
 
-static int check_lambda(const char *fn, const MnSeqDims *d, const float *lambda) {
-    for (size_t i = 0; i < (size_t)d->H * d->Dk; i++)
+static int check_lambda(const char *fn, const MnSeqDims *d, const float *lambda, int lambda_seqs) {
+    char what[96];
+    snprintf(what, sizeof what, "%s: lambda_seqs", fn);
+    MN_TRY(seq_check_groups(d, lambda_seqs, what));
+    for (size_t i = 0; i < mn_mesa_lambda_len(d, lambda_seqs); i++)
         if (!(lambda[i] > 0))
             return mn_error(MN_ERR_ARG, "%s: lambda[%zu] = %g, must be > 0 (H + Lambda must be positive definite)", fn,
                             i, (double)lambda[i]);
@@ -115,7 +118,7 @@ int mn_mesa_forward(const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io) 
     MN_TRY(require(io->o, fn, "o"));
     MN_TRY(require(io->x, fn, "x"));
     if (s->init == MN_CG_INIT_GIVEN) MN_TRY(require(io->x0, fn, "x0 (initial guess MN_CG_INIT_GIVEN)"));
-    MN_TRY(check_lambda(fn, d, io->lambda));
+    MN_TRY(check_lambda(fn, d, io->lambda, io->lambda_seqs));
     if (s->check) MN_TRY(check_inputs(fn, d, io->q, io->k, io->v, io->g, io->beta, io->h0, io->g0));
 
     int C = s->chunk ? s->chunk : default_chunk(d);
@@ -144,7 +147,7 @@ int mn_mesa_backward(const MnSeqDims *d, const MnSolver *s, const MnMesaBwd *io)
                {io->lambda, "lambda"}, {io->x, "x"}, {io->o, "o"}, {io->dout, "dout"}, {io->dq, "dq"},
                {io->dk, "dk"},     {io->dv, "dv"}, {io->dg, "dg"}, {io->dbeta, "dbeta"}, {io->dlambda, "dlambda"}};
     for (size_t i = 0; i < sizeof req / sizeof req[0]; i++) MN_TRY(require(req[i].p, fn, req[i].name));
-    MN_TRY(check_lambda(fn, d, io->lambda));
+    MN_TRY(check_lambda(fn, d, io->lambda, io->lambda_seqs));
     Counts c = counts(d);
     if (s->check) {
         MN_TRY(check_inputs(fn, d, io->q, io->k, io->v, io->g, io->beta, io->h0, io->g0));
@@ -161,9 +164,11 @@ int mn_mesa_backward(const MnSeqDims *d, const MnSolver *s, const MnMesaBwd *io)
     MesaRun r = {s, NULL, io, form, NULL, d->Dk};
     MN_TRY(cpu_for_pairs(d, C, per, (size_t)npairs * d->Dk, &r.parts, bwd_pair, &r));
     float *parts = r.parts;
-    memset(io->dlambda, 0, sizeof(float) * (size_t)d->H * d->Dk);
-    for (int bh = 0; bh < npairs; bh++)
-        for (int i = 0; i < d->Dk; i++) io->dlambda[(size_t)(bh % d->H) * d->Dk + i] += parts[(size_t)bh * d->Dk + i];
+    memset(io->dlambda, 0, sizeof(float) * mn_mesa_lambda_len(d, io->lambda_seqs));
+    for (int bh = 0; bh < npairs; bh++) {  // (a group's pairs in order: as the group alone sums them)
+        float *dl = io->dlambda + mn_mesa_lambda_at(io->lambda_seqs, d->H, d->Dk, bh / d->H, bh % d->H);
+        for (int i = 0; i < d->Dk; i++) dl[i] += parts[(size_t)bh * d->Dk + i];
+    }
     if (s->check) {
         MN_TRY(check_finite(fn, "dq", io->dq, c.nqk));
         MN_TRY(check_finite(fn, "dk", io->dk, c.nqk));

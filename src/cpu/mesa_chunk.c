@@ -151,7 +151,7 @@ void mesa_chunk_forward(const SeqPair *p, const MnSolver *s, const MnMesaFwd *io
     float *h = chunk_init(&c, work, p->C, dk, dv), *g = h + (size_t)dk * dk;
     mesa_load_states(h, g, io->h0, io->g0, bh, dk, dv);
     c.hc = h;
-    c.lambda = io->lambda + (size_t)p->h * dk;
+    c.lambda = io->lambda + mn_mesa_lambda_at(io->lambda_seqs, p->H, dk, bh / p->H, p->h);
     for (int t0 = 0; t0 < p->T; t0 += p->C) {
         int n = mn_min(p->C, p->T - t0);
         load_chunk(&c, p, t0, n, io->k, io->v, io->g, io->beta);
@@ -191,7 +191,7 @@ void mesa_chunk_backward(const SeqPair *p, const MnSolver *s, const MnMesaBwd *i
     float *states = chunk_init(&c, work, C, dk, dv);       // entry states of every chunk, and the final ones
     float *gbar = states + (size_t)(nchunks + 1) * (hh + gg), *hn = gbar + gg;  // adjoints at the chunk's end
     float *db_all = hn + hh;                               // [T] gradient wrt the cumulative log decay
-    c.lambda = io->lambda + (size_t)p->h * dk;
+    c.lambda = io->lambda + mn_mesa_lambda_at(io->lambda_seqs, p->H, dk, bh / p->H, p->h);
 
     // Recompute the chunk-entry states (cheaper than storing them in the forward).
     mesa_load_states(states, states + hh, io->h0, io->g0, bh, dk, dv);

@@ -61,7 +61,7 @@ void mesa_rec_forward(const SeqPair *p, const MnSolver *s, const MnMesaFwd *io, 
     CgWork cg;
     cg_work_init(&cg, diag + dk, 1, dk);
     mesa_load_states(h, g, io->h0, io->g0, bh, dk, dv);
-    const float *lambda = io->lambda + (size_t)p->h * dk;
+    const float *lambda = io->lambda + mn_mesa_lambda_at(io->lambda_seqs, p->H, dk, bh / p->H, p->h);
     for (int t = 0; t < p->T; t++) {
         size_t ti = pair_tok(p, t);
         update_states(h, g, io->k + ti * dk, io->v + ti * dv, expf(io->g[ti]), io->beta[ti], dk, dv);
@@ -92,7 +92,7 @@ void mesa_rec_backward(const SeqPair *p, const MnSolver *s, const MnMesaBwd *io,
     float *diag = r2 + D, *db = diag + D + cg_work_floats(1, dk);
     CgWork cg;
     cg_work_init(&cg, diag + D, 1, dk);
-    const float *lambda = io->lambda + (size_t)p->h * dk;
+    const float *lambda = io->lambda + mn_mesa_lambda_at(io->lambda_seqs, p->H, dk, bh / p->H, p->h);
     MnSolver s2 = *s;
     if (s2.init == MN_CG_INIT_GIVEN) s2.init = MN_CG_INIT_ZERO;  // the given guesses were for the forward
 

@@ -195,13 +195,14 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
     grid_wait();
     extern __shared__ float sm[];
     Smem s = carve(sm, &g);
-    int c = g.nchunks - 1 - blockIdx.y, pair = g.pair0 + blockIdx.x, t0 = c * CH, h = pair % g.H, nc = NTILES(DP);
+    int c = g.nchunks - 1 - blockIdx.y, pair = g.pair0 + blockIdx.x, t0 = c * CH, nc = NTILES(DP);
     size_t hh = (size_t)g.Dk * g.Dk, hg = hh + (size_t)g.Dv * g.Dk;
     const float *st_in = states + ((size_t)pair * (g.nchunks + 1) + c) * hg;
     chunk_fetch(s.b, s.beta, NULL, glog, gbeta, NULL, &g, pair, t0);
     rhs_stage(&s, dout, v, k, st_in + hh, vec, &g, pair, t0);
     l2_prefetch(st_in, hh * sizeof(float));  // CG's state, fetched while the right-hand side is computed
-    for (int i = threadIdx.x; i < DP; i += NT) s.lam[i] = i < g.Dk ? lambda[(size_t)h * g.Dk + i] : 1.0f;
+    const size_t lat = lam_index(&g, pair);
+    for (int i = threadIdx.x; i < DP; i += NT) s.lam[i] = i < g.Dk ? lambda[lat + i] : 1.0f;
     chunk_put(s.b);
     __syncthreads();
     chunk_consts(&s, &g);
@@ -256,7 +257,7 @@ static __global__ void __launch_bounds__(NT, CHUNK_BLOCKS) cg_backward_kernel(bf
         }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < g.Dk; i += NT) atomicAdd(&dlambda[(size_t)h * g.Dk + i], s.red[i]);
+    for (int i = threadIdx.x; i < g.Dk; i += NT) atomicAdd(&dlambda[lat + i], s.red[i]);
 }
 
 // Shared memory of grads_kernel: fp16 operands, each times a power of two

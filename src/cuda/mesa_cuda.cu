@@ -112,7 +112,14 @@ typedef struct {
     int max_steps, precond, init;
     float tol2;  // squared stopping tolerance (at least the rounding floor)
     int pair0;   // the launch's first (b, h) pair: the grid's pair index counts on from it (Part)
+    int lam_seqs;  // sequences sharing a ridge row (MnMesaFwd.lambda_seqs; 0: all)
 } Geo;
+
+// Where a pair's ridge begins in lambda and dlambda (include/mesanet.h's mn_mesa_lambda_at).
+static __device__ __forceinline__ size_t lam_index(const Geo *g, int pair) {
+    int b = pair / g->H, h = pair % g->H;
+    return ((size_t)(g->lam_seqs > 0 ? b / g->lam_seqs : 0) * g->H + h) * g->Dk;
+}
 
 static __device__ __forceinline__ size_t tok_index(const Geo *g, int pair, int t) {
     int b = pair / g->H, h = pair % g->H;
@@ -361,6 +368,8 @@ extern "C" int MESA_NAME(cuda_mesa_fwd)(const Backend *be, const MnSeqDims *d, c
         return mn_error(MN_ERR_ARG, "cuda mesa forward: a required tensor is NULL");
     Geo g = {0};
     MN_TRY(make_geo(&g, d, s));
+    MN_TRY(seq_check_groups(d, io->lambda_seqs, "cuda mesa: lambda_seqs"));
+    g.lam_seqs = io->lambda_seqs;
     CudaCtx *c = cuda_ctx(be);
     int *steps = io->steps;  // a device buffer (MEM_I32), or NULL
     if (d->T == 1) {  // decoding: the recurrent kernel, wide blocks when they all fit in one wave
@@ -409,6 +418,8 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnSeqDims *d, c
         return mn_error(MN_ERR_ARG, "cuda mesa backward: a required tensor is NULL");
     Geo g = {0};
     MN_TRY(make_geo(&g, d, s));
+    MN_TRY(seq_check_groups(d, io->lambda_seqs, "cuda mesa: lambda_seqs"));
+    g.lam_seqs = io->lambda_seqs;
     if (g.init == MN_CG_INIT_GIVEN) g.init = MN_CG_INIT_ZERO;  // the given guesses were for the forward
     CudaCtx *c = cuda_ctx(be);
     size_t pairs = (size_t)d->B * d->H, ntok = (size_t)d->B * d->T * d->H;
@@ -423,7 +434,7 @@ extern "C" int MESA_NAME(cuda_mesa_bwd)(const Backend *be, const MnSeqDims *d, c
     w.terms = w.y + ny;
     w.db = w.terms + ntok;
     w.db_final = io->dhT || io->dgT ? w.db + ntok : NULL;  // (without final-state gradients the term is 0)
-    CU_TRY(cudaMemsetAsync(io->dlambda, 0, sizeof(float) * (size_t)d->H * d->Dk, c->stream));
+    CU_TRY(cudaMemsetAsync(io->dlambda, 0, sizeof(float) * mn_mesa_lambda_len(d, io->lambda_seqs), c->stream));
     size_t smem = sizeof(float) * smem_floats(), gsmem = grads_smem(&g);
     MN_TRY(set_smem((const void *)cg_backward_kernel, smem, c));
     MN_TRY(set_smem((const void *)grads_kernel, gsmem, c));

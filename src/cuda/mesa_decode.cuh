@@ -88,7 +88,7 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
                                             Geo g, int nt, int stage_g) {
     assume_threads(nt);  // (nt a constant at both kernels)
     extern __shared__ float sm[];
-    int pair = blockIdx.x, h = pair % g.H, dk = g.Dk, dv = g.Dv, tid = threadIdx.x, own = tid < dk;
+    int pair = blockIdx.x, dk = g.Dk, dv = g.Dv, tid = threadIdx.x, own = tid < dk;
     size_t hh = (size_t)dk * dk, gg = (size_t)dv * dk;
     float *Hs = sm, *Gs = Hs + decode_pad4(hh), *ps = Gs + (stage_g ? decode_pad4(gg) : 0), *ks = ps + decode_pad4(dk);
     float *vs = ks + dk, *part = vs + dv, *red = part + 4 * 128, *red_op = red + 64;
@@ -100,7 +100,7 @@ static __device__ __forceinline__ void decode_body(bf16 *o, bf16 *x_out, int *st
     if (stage_g && gin) copy_async_f32(Gs, gin, (int)gg, nt);
     cp_async_commit();
     float gamma = __expf(glog[ti]), beta = gbeta[ti];
-    float qi = own ? ld(q, ti * dk + tid) : 0.0f, lam = own ? lambda[(size_t)h * dk + tid] : 0.0f;
+    float qi = own ? ld(q, ti * dk + tid) : 0.0f, lam = own ? lambda[lam_index(&g, pair) + tid] : 0.0f;
     for (int j = tid; j < dk; j += nt) ks[j] = ld(k, ti * dk + j);
     for (int i = tid; i < dv; i += nt) vs[i] = beta * ld(v, ti * dv + i);
     cp_async_wait1();  // H has arrived (G may still be on its way)

@@ -241,7 +241,7 @@ static __device__ __forceinline__ void chunk_fetch(float *b, float *beta, float 
     if (threadIdx.x < 32) fetch_decays_async(b, beta, g_log, g_beta, g, pair, t0);
     int i = threadIdx.x;
     if (lam && i < DP) {
-        if (i < g->Dk) cp_async4(lam + i, lambda + (size_t)(pair % g->H) * g->Dk + i, 4);
+        if (i < g->Dk) cp_async4(lam + i, lambda + lam_index(g, pair) + i, 4);
         else lam[i] = 1.0f;
     }
     cp_async_commit();

@@ -127,6 +127,7 @@ int ref_mesa_forward(const MnSeqDims *d, const MnSolver *solver, const MesaFwd64
     MN_TRY(seq_check_dims(d));
     if (!io->q || !io->k || !io->v || !io->g || !io->beta || !io->lambda || !io->o || !io->x)
         return mn_error(MN_ERR_ARG, "mesa reference forward: a required tensor is NULL");
+    MN_TRY(seq_check_groups(d, io->lambda_seqs, "mesa reference forward: lambda_seqs"));
     int dk = d->Dk, dv = d->Dv;
     size_t hh = (size_t)dk * dk, gg = (size_t)dv * dk;
     double *hs = malloc(sizeof(double) * (2 * hh + gg));
@@ -140,7 +141,8 @@ int ref_mesa_forward(const MnSeqDims *d, const MnSolver *solver, const MesaFwd64
                 size_t i = tok(d, b, t, h);
                 update_states(hs, gs, io->k + i * dk, io->v + i * dv, exp(io->g[i]), io->beta[i], dk, dv);
                 const double *x0 = io->x0 ? io->x0 + i * dk : NULL;
-                status = solve(hs, io->lambda + (size_t)h * dk, dk, io->q + i * dk, x0, solver, io->x + i * dk,
+                status = solve(hs, io->lambda + mn_mesa_lambda_at(io->lambda_seqs, d->H, dk, b, h), dk, io->q + i * dk, x0,
+                               solver, io->x + i * dk,
                                io->steps ? io->steps + i : NULL, work);
                 matvec(gs, dv, dk, io->x + i * dk, io->o + i * dv);
             }
@@ -156,6 +158,7 @@ int ref_mesa_backward(const MnSeqDims *d, const MnSolver *solver, const MesaBwd6
     if (!io->q || !io->k || !io->v || !io->g || !io->beta || !io->lambda || !io->x || !io->o || !io->dout ||
         !io->dq || !io->dk || !io->dv || !io->dg || !io->dbeta || !io->dlambda)
         return mn_error(MN_ERR_ARG, "mesa reference backward: a required tensor is NULL");
+    MN_TRY(seq_check_groups(d, io->lambda_seqs, "mesa reference backward: lambda_seqs"));
     int T = d->T, dk = d->Dk, dv = d->Dv;
     size_t hh = (size_t)dk * dk, gg = (size_t)dv * dk;
     // Every state H_t, G_t of one sequence and head, then the adjoints and scratch.
@@ -168,7 +171,7 @@ int ref_mesa_backward(const MnSeqDims *d, const MnSolver *solver, const MesaBwd6
         free(hist);
         return mn_error(MN_ERR_NOMEM, "out of memory");
     }
-    memset(io->dlambda, 0, sizeof(double) * (size_t)d->H * dk);
+    memset(io->dlambda, 0, sizeof(double) * mn_mesa_lambda_len(d, io->lambda_seqs));
     int status = MN_OK;
     for (int b = 0; b < d->B && !status; b++)
         for (int h = 0; h < d->H && !status; h++) {
@@ -181,7 +184,8 @@ int ref_mesa_backward(const MnSeqDims *d, const MnSolver *solver, const MesaBwd6
             }
             for (size_t e = 0; e < hh; e++) hbar[e] = io->dhT ? io->dhT[head(d, b, h) * hh + e] : 0;
             for (size_t e = 0; e < gg; e++) gbar[e] = io->dgT ? io->dgT[head(d, b, h) * gg + e] : 0;
-            const double *lam = io->lambda + (size_t)h * dk;
+            const size_t lat = mn_mesa_lambda_at(io->lambda_seqs, d->H, dk, b, h);
+            const double *lam = io->lambda + lat;
             for (int t = T - 1; t >= 0 && !status; t--) {
                 size_t i = tok(d, b, t, h);
                 const double *ht = hist + (size_t)t * (hh + gg), *gt = ht + hh;
@@ -214,7 +218,7 @@ int ref_mesa_backward(const MnSeqDims *d, const MnSolver *solver, const MesaBwd6
                 for (int c = 0; c < dk; c++) {
                     io->dk[i * dk + c] = beta * (qv[c] + r1[c] + r2[c]);
                     io->dq[i * dk + c] = y[c];
-                    io->dlambda[(size_t)h * dk + c] -= y[c] * x[c];
+                    io->dlambda[lat + c] -= y[c] * x[c];
                 }
                 double dbeta = dot(v, pv, dv) + dot(k, r1, dk);
                 io->dbeta[i] = dbeta;

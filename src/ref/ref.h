@@ -31,11 +31,13 @@ typedef struct {
     const double *q, *k, *v, *g, *beta, *lambda, *h0, *g0, *x0;
     double *o, *x, *hT, *gT;
     int *steps;
+    int lambda_seqs;  // as MnMesaFwd's
 } MesaFwd64;
 
 typedef struct {
     const double *q, *k, *v, *g, *beta, *lambda, *h0, *g0, *x, *o, *dout, *dhT, *dgT;
     double *dq, *dk, *dv, *dg, *dbeta, *dlambda, *dh0, *dg0;
+    int lambda_seqs;  // as MnMesaBwd's
 } MesaBwd64;
 
 // solver == NULL: exact solve by Cholesky per token (the reference of the

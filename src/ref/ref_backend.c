@@ -539,7 +539,8 @@ static int r_gdn_gate_bwd(const Backend *be, void *da_, void *dA_log_, void *ddt
 
 static int r_mesa_fwd(const Backend *be, const MnSeqDims *d, const MnSolver *s, const MnMesaFwd *io) {
     MesaFwd64 f = {D64(io->q), D64(io->k), D64(io->v), D64(io->g), D64(io->beta), D64(io->lambda), D64(io->h0),
-                   D64(io->g0), D64(io->x0), W64(io->o), W64(io->x), W64(io->hT), W64(io->gT), io->steps};
+                   D64(io->g0), D64(io->x0), W64(io->o), W64(io->x), W64(io->hT), W64(io->gT), io->steps,
+                   io->lambda_seqs};
     return ref_mesa_forward(d, NULL, &f);
 }
 
@@ -547,7 +548,7 @@ static int r_mesa_bwd(const Backend *be, const MnSeqDims *d, const MnSolver *s, 
     MesaBwd64 b = {D64(io->q),    D64(io->k),    D64(io->v),    D64(io->g),     D64(io->beta),  D64(io->lambda),
                    D64(io->h0),   D64(io->g0),   D64(io->x),    D64(io->o),     D64(io->dout),  D64(io->dhT),
                    D64(io->dgT),  W64(io->dq),   W64(io->dk),   W64(io->dv),    W64(io->dg),    W64(io->dbeta),
-                   W64(io->dlambda), W64(io->dh0), W64(io->dg0)};
+                   W64(io->dlambda), W64(io->dh0), W64(io->dg0), io->lambda_seqs};
     if (io->steps) memset(io->steps, 0, sizeof(int) * (size_t)d->B * d->T * d->H);
     return ref_mesa_backward(d, NULL, &b);
 }
