@@ -95,6 +95,25 @@ __device__ __forceinline__ double lc_dot_share(const float *x, const float *y, s
     return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
+// The end of both paths' gate kernels (a block a chunk: its n tokens from t0 of sequence-head p),
+// after a barrier: dg_t = <dS_end, S_end> + sum_{t' >= t} dG_t' (the dot's shares of the block's
+// threads in red, where has_g), summed in double by one thread in a fixed order, and dbeta_t =
+// dbs_t; 0 where the forward had no such gate.
+__device__ __forceinline__ void lc_gates_store(const LcDims d, int p, int t0, int n, const double *dG, const float *dbs,
+                                               const double *red, float *dg, float *dbeta, int has_g, int has_beta) {
+    __syncthreads();
+    if (threadIdx.x == 0 && dg) {
+        double acc = 0;
+        if (has_g)
+            for (int i = 0; i < (int)blockDim.x; i++) acc += red[i];
+        for (int t = n - 1; t >= 0; t--) {
+            acc += dG[t];
+            dg[lc_tok(d, p, t0 + t)] = has_g ? (float)acc : 0.0f;
+        }
+    }
+    if (dbeta && (int)threadIdx.x < n) dbeta[lc_tok(d, p, t0 + (int)threadIdx.x)] = has_beta ? dbs[threadIdx.x] : 0.0f;
+}
+
 // The gates of every chunk (lin_chunk.cu), both paths.
 __global__ void lc_gates_kernel(const LcDims d, const float *g, const float *beta, const LcGates gt);
 

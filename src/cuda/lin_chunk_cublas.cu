@@ -204,17 +204,7 @@ static __global__ void __launch_bounds__(LC_OUT_THREADS) lc_bwd_out_kernel(const
         const float *se = c + 1 < d.N ? a.st + (ch + 1) * d.ss : a.sfin + (size_t)p * d.ss;
         red[tid] = lc_dot_share(se, a.dst + ch * d.ss, d.ss);
     }
-    __syncthreads();
-    if (tid == 0 && a.dg) {
-        double acc = 0;
-        if (a.has_g)
-            for (int i = 0; i < (int)blockDim.x; i++) acc += red[i];
-        for (int t = n - 1; t >= 0; t--) {
-            acc += dG[t];
-            a.dg[lc_tok(d, p, t0 + t)] = a.has_g ? (float)acc : 0.0f;
-        }
-    }
-    if (a.dbeta && tid < n) a.dbeta[lc_tok(d, p, t0 + tid)] = a.has_beta ? dbs[tid] : 0.0f;
+    lc_gates_store(d, p, t0, n, dG, dbs, red, a.dg, a.dbeta, a.has_g, a.has_beta);
     for (int e = tid; e < n * Dk; e += blockDim.x) {
         int t = e / Dk, j = e - t * Dk;
         size_t o = lc_tok(d, p, t0 + t) * Dk + j;

@@ -425,15 +425,5 @@ __global__ void __launch_bounds__(LC_OUT_THREADS) lf_gates_bwd_kernel(const LcDi
     }
     if (dg && has_g)  // <dS_end, S_end>
         red[tid] = lc_dot_share(c + 1 < d.N ? st + (ch + 1) * d.ss : sfin + (size_t)p * d.ss, dst + ch * d.ss, d.ss);
-    lf_sync();
-    if (tid == 0 && dg) {
-        double acc = 0;
-        if (has_g)
-            for (int i = 0; i < (int)blockDim.x; i++) acc += red[i];
-        for (int t = n - 1; t >= 0; t--) {
-            acc += dG[t];
-            dg[lc_tok(d, p, t0 + t)] = has_g ? (float)acc : 0.0f;
-        }
-    }
-    if (dbeta && tid < n) dbeta[lc_tok(d, p, t0 + tid)] = has_beta ? dbs[tid] : 0.0f;
+    lc_gates_store(d, p, t0, n, dG, dbs, red, dg, dbeta, has_g, has_beta);  // (no copies in flight: a plain barrier)
 }
