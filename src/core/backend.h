@@ -222,7 +222,15 @@ typedef struct {
     int B, T, C;  // sequences, tokens, channels
     int N;        // state slots per channel: 1 (RG-LRU), d_state (Longhorn)
     int reset;    // SCAN_RGLRU: t = 0 starts every sequence (see above); 0: it continues the given state
+    int w_seqs;   // 0: w and skip serve every sequence; > 0 (dividing B): each group of that many sequences
+                  // has its own, w_stride elements after the group before's (dw and dskip likewise): the runs
+    size_t w_stride;  //   of a model of several (core/runs.h)
 } ScanDims;
+
+// Where sequence b's w and skip (and dw, dskip) begin: its group's (ScanDims.w_seqs), or 0.
+static inline size_t scan_w_at(const ScanDims *d, int b) {
+    return d->w_seqs > 0 ? (size_t)(b / d->w_seqs) * d->w_stride : 0;
+}
 
 typedef struct {
     const void *x;       // [B,T,C] MEM_ACT: the input

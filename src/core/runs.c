@@ -405,13 +405,25 @@ static int r_gdn_gate_bwd(const Backend *be, void *da, void *dA_log, void *ddt_b
     return MN_OK;
 }
 
-// --- the diagonal scans (per-channel parameters) and the sLSTM (its recurrent kernel): once a run ------
+// --- the diagonal scans (per-channel parameters: once a run, or batched with a group a run) and the
+// sLSTM (its recurrent kernel): once a run -----------------------------------------------------------
+
+// Batched: every run's sequences in one call, each run's b with its own w and skip (ScanDims.w_seqs).
+static ScanDims scan_all(const RunsBackend *rb, const ScanDims *d, int b) {
+    ScanDims all = *d;
+    all.w_seqs = b, all.w_stride = run_elems(rb);
+    return all;
+}
 
 static int r_scan_fwd(const Backend *be, const ScanDims *d, const ScanFwd *io) {
     const RunsBackend *rb = rbk(be);
     int b;
     MN_TRY(share(rb, "scan fwd", d->B, &b));
     TENSORS("scan fwd", io->w, io->skip);
+    if (rb->batched) {
+        ScanDims all = scan_all(rb, d, b);
+        return rb->in->scan->fwd(rb->in, &all, io);
+    }
     ScanDims dr = *d;
     dr.B = b;
     size_t xc = (size_t)b * d->T * d->C, kn = (size_t)b * d->T * d->N, st = (size_t)b * d->C * d->N;
@@ -431,6 +443,10 @@ static int r_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io) {
     int b;
     MN_TRY(share(rb, "scan bwd", d->B, &b));
     TENSORS("scan bwd", io->w, io->skip, io->dw, io->dskip);
+    if (rb->batched) {
+        ScanDims all = scan_all(rb, d, b);
+        return rb->in->scan->bwd(rb->in, &all, io);
+    }
     ScanDims dr = *d;
     dr.B = b;
     size_t xc = (size_t)b * d->T * d->C, kn = (size_t)b * d->T * d->N;

@@ -33,9 +33,10 @@ typedef struct {
     size_t params_run;
     const char *grads;        // run 0's gradient slab, likewise
     size_t grads_run;
-    int batched;              // 1: the projections as one batched product (in->linear_runs_*, where in has it)
-                              // and the Mesa core once over every run's sequences (a ridge row a run); 0: both
-                              // once a run. From MESANET_RUNS_BATCHED ("1"); the tests take both
+    int batched;              // 1: the projections as one batched product (in->linear_runs_*, where in has it),
+                              // the Mesa core and the scans once over every run's sequences (their parameters
+                              // a run: lambda_seqs, w_seqs); 0: all once a run. From MESANET_RUNS_BATCHED
+                              // ("1"); the tests take both
     MesaOps mesa;             // the sub-tables, with their parameter-reading ops wrapped
     LinOps lin;
     ScanOps scan;

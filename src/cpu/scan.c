@@ -113,10 +113,11 @@ static void scatter(float *restrict dst, const float *restrict tile, const ScanD
 static inline float sigmoidf_(float x) { return 1 / (1 + expf(-x)); }
 
 // The block's parameters: w, skip (zero-padded) and the RG-LRU's softplus(w), sigmoid(w).
-static void load_params(Tile *t, const Job *jb, int c0, int cw) {
+static void load_params(Tile *t, const Job *jb, int b, int c0, int cw) {
+    const size_t wo = scan_w_at(jb->d, b) + (size_t)c0;  // sequence b's group's
     for (int c = 0; c < CB; c++) {
-        t->w[c] = c < cw ? jb->w[c0 + c] : 0;
-        t->skip[c] = c < cw && jb->skip ? jb->skip[c0 + c] : 0;
+        t->w[c] = c < cw ? jb->w[wo + c] : 0;
+        t->skip[c] = c < cw && jb->skip ? jb->skip[wo + c] : 0;
     }
     for (int c = 0; c < CB; c++) {
         float w = t->w[c];
@@ -208,7 +209,7 @@ static void fwd_task(const Job *jb, int task, float *work) {
     task_block(jb, task, &b, &c0, &cw);
     Tile t;
     carve(&t, work, N, 0);
-    load_params(&t, jb, c0, cw);
+    load_params(&t, jb, b, c0, cw);
     size_t st = (size_t)N * CB;
     memset(t.h, 0, sizeof(float) * st);
     if (jb->s0)
@@ -341,7 +342,7 @@ static void bwd_task(const Job *jb, int task, float *work) {
     task_block(jb, task, &b, &c0, &cw);
     Tile t;
     carve(&t, work, N, jb->nchunks);
-    load_params(&t, jb, c0, cw);
+    load_params(&t, jb, b, c0, cw);
     size_t st = (size_t)N * CB;
     // the states at the chunks' starts, from zero
     memset(t.bnd, 0, sizeof(float) * st);
@@ -430,14 +431,18 @@ static int c_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io) {
     // the sums over sequences, then over channel blocks, in order
     float *dw = io->dw, *dskip = io->dskip, *dk = io->dk, *dq = io->dq;
     const float *k = io->k;
-    for (int c = 0; c < C; c++) {
-        double sw = 0, ss = 0;
-        for (int b = 0; b < B; b++) {
-            sw += jb.dwp[(size_t)b * C + c];
-            ss += jb.dskp[(size_t)b * C + c];
+    const int per = d->w_seqs > 0 ? d->w_seqs : B;  // a group's sequences, summed in order into its dw, dskip
+    for (int b0 = 0; b0 < B; b0 += per) {
+        const size_t wo = scan_w_at(d, b0);
+        for (int c = 0; c < C; c++) {
+            double sw = 0, ss = 0;
+            for (int b = b0; b < b0 + per; b++) {
+                sw += jb.dwp[(size_t)b * C + c];
+                ss += jb.dskp[(size_t)b * C + c];
+            }
+            dw[wo + c] += (float)sw;
+            if (lh) dskip[wo + c] += (float)ss;
         }
-        dw[c] += (float)sw;
-        if (lh) dskip[c] += (float)ss;
     }
     if (!lh) return MN_OK;
     size_t stride = 2 * (size_t)N + 1;

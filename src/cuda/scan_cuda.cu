@@ -72,9 +72,16 @@ typedef struct {
     int spc, nch, nsl;  // stages a chunk, chunks, state slots in the summaries (1 or SC_N)
     int am1;            // sa holds A - 1 (RG-LRU: kept exact for slow channels), else A
     int reset;
+    int wseq;        // sequences sharing w and skip (ScanDims.w_seqs; 0: all), a group's wstride after the last's
+    size_t wstride;
     int vec;     // channel rows by 16-byte cp.async (C % 8 == 0 and aligned pointers)
     int kqvec;   // k, q rows by cp.async (N == 16, aligned)
 } ScanK;
+
+// Where sequence b's w and skip begin (its group's: ScanDims.w_seqs).
+static __device__ __forceinline__ size_t sc_w(const ScanK *k, int b) {
+    return k->wseq > 0 ? (size_t)(b / k->wseq) * k->wstride : 0;
+}
 
 // Shared memory of a Longhorn stage: the channel inputs [nin][SC_L][SC_CT] bf16, then k, q
 // [2][SC_L][SC_N] bf16, then the checkpoint [ns][SC_CT] float (the backward).
@@ -264,7 +271,7 @@ static __global__ void __launch_bounds__(RG_T, RG_MINB) rg_sum_kernel(const Scan
     if (!rg_place<V>(&k, L, &b, &s, &c, &t0, &n)) return;
     float coef[V], h[V], Am1[V], cl[V];
 #pragma unroll
-    for (int j = 0; j < V; j++) coef[j] = -8.0f * softplusf_(k.w[c + j]), h[j] = Am1[j] = cl[j] = 0.0f;
+    for (int j = 0; j < V; j++) coef[j] = -8.0f * softplusf_(k.w[sc_w(&k, b) + c + j]), h[j] = Am1[j] = cl[j] = 0.0f;
     rg_walk<V, RG_SUM, L>(&k, b, c, t0, n, coef, h, Am1, cl, NULL);
     const size_t e = ((size_t)b * k.nch + s) * k.Cp + c;
 #pragma unroll
@@ -285,7 +292,7 @@ static __global__ void __launch_bounds__(RG_T, RG_MINB) rg_fwd_kernel(const Scan
     float coef[V], h[V];
 #pragma unroll
     for (int j = 0; j < V; j++) {
-        coef[j] = -8.0f * softplusf_(k.w[c + j]);
+        coef[j] = -8.0f * softplusf_(k.w[sc_w(&k, b) + c + j]);
         h[j] = k.sh ? k.sh[((size_t)b * k.nch + s) * k.Cp + c + j] : k.s0 ? k.s0[(size_t)b * k.C + c + j] : 0.0f;
     }
     rg_walk<V, RG_Y, RG_LF>(&k, b, c, t0, n, coef, h, NULL, NULL, NULL);
@@ -305,7 +312,7 @@ static __global__ void __launch_bounds__(RG_T, RG_MINB) rg_bwd_kernel(const Scan
     float coef[V], sw[V], h[V], dhc[V], dw[V], hp[RG_LB][V];
 #pragma unroll
     for (int j = 0; j < V; j++) {
-        const float wc = k.w[c + j];
+        const float wc = k.w[sc_w(&k, b) + c + j];
         coef[j] = -8.0f * softplusf_(wc), sw[j] = sigm_fast(wc);
         h[j] = k.sh ? k.sh[e0 + j] : 0.0f;
         dhc[j] = k.sc ? k.sc[e0 + j] : 0.0f;  // a_{t+1} dh_{t+1}
@@ -448,7 +455,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_sum_kernel(const ScanK k) {
     const int b = blockIdx.z, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
     const int nin = k.dy ? 3 : 2, sb = sc_stage_bytes(nin, 0);
     LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
-    const float wb = on ? k.w[c] : 0.0f;
+    const float wb = on ? k.w[sc_w(&k, b) + c] : 0.0f;
     int s0;
     const int ns = lh_chunk(&k, &s0);
     float S[SC_N], A[SC_N], cl[SC_N];
@@ -516,7 +523,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_fwd_kernel(const ScanK k) {
     const int b = blockIdx.z, c = blockIdx.x * SC_CT + threadIdx.x, on = c < k.C;
     const int sb = sc_stage_bytes(2, 0);
     LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
-    const float wb = on ? k.w[c] : 0.0f, skip = on ? k.skip[c] : 0.0f;
+    const float wb = on ? k.w[sc_w(&k, b) + c] : 0.0f, skip = on ? k.skip[sc_w(&k, b) + c] : 0.0f;
     int s0;
     const int ns = lh_chunk(&k, &s0);
     float S[SC_N];
@@ -591,7 +598,7 @@ static __global__ void __launch_bounds__(SC_CT) lh_bwd_kernel(const ScanK k) {
     LhKq *f = (LhKq *)(sc_smem + SC_ST * sb);
     float *sub = (float *)(f + 1);             // [SC_L / SC_SB][SC_N][SC_CT]: the states every SC_SB tokens
     float *red = sub + SC_L / SC_SB * SC_N * SC_CT;  // [SC_NW][SC_L][SC_RED]: the warps' sums over channels
-    const float wb = on ? k.w[c] : 0.0f, skip = on ? k.skip[c] : 0.0f;
+    const float wb = on ? k.w[sc_w(&k, b) + c] : 0.0f, skip = on ? k.skip[sc_w(&k, b) + c] : 0.0f;
     int s0;
     const int ns = lh_chunk(&k, &s0), se = s0 + ns;  // the chunk's stages, walked from the last
     float dSc[SC_N];  // a_{t+1} dS_{t+1}, from the chunks after this one (sc; zero where NULL)
@@ -781,6 +788,9 @@ static int sc_check(const char *fn, const ScanDims *d, const void *io) {
     if (d->reset != 0 && d->reset != 1) return mn_error(MN_ERR_ARG, "%s: reset must be 0 or 1, got %d", fn, d->reset);
     if (d->reset && d->kind != SCAN_RGLRU)
         return mn_error(MN_ERR_ARG, "%s: reset applies to SCAN_RGLRU only (Longhorn starts from s0 or zero)", fn);
+    if (d->w_seqs < 0 || (d->w_seqs > 0 && (d->B % d->w_seqs || d->w_stride < (size_t)d->C)))
+        return mn_error(MN_ERR_ARG, "%s: w_seqs = %d, w_stride = %zu: 0, or a divisor of the %d sequences with a "
+                                    "stride of at least C = %d", fn, d->w_seqs, d->w_stride, d->B, d->C);
     return cuda_scan_supports(NULL, d);
 }
 
@@ -807,6 +817,7 @@ static ScanK sc_args(const ScanDims *d, const void *x, const void *r, const void
     k.nsl = d->kind == SCAN_LONGHORN ? SC_N : 1;
     k.am1 = d->kind == SCAN_RGLRU;
     k.reset = d->kind == SCAN_RGLRU && d->reset;
+    k.wseq = d->w_seqs, k.wstride = d->w_stride;
     k.vec = d->C % 8 == 0 && aligned16(x) && aligned16(r) && (!i || aligned16(i)) && (!dy || aligned16(dy));
     k.kqvec = d->N == SC_N && (!kk || aligned16(kk)) && (!q || aligned16(q));
     return k;
@@ -934,9 +945,14 @@ extern "C" int cuda_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd
                                   lh_dkq_kernel, (const bf16 *)io->k, (const float *)k.red, (bf16 *)io->dk,
                                   (bf16 *)io->dq, ntok, d->N, k.tiles));
     }
-    Launch l;
-    CU_TRY(cudaLaunchKernelEx(
-        launch_after(&l, c, dim3((unsigned)((d->C + 31) / 32)), 32 * SC_PR, 0, c->stream), sc_param_kernel,
-        (const float *)k.part, (float *)io->dw, lh ? (float *)io->dskip : (float *)NULL, d->B * k.nch, d->C));
+    const int per = d->w_seqs > 0 ? d->w_seqs : d->B;  // the partials of a group's sequences into its dw, dskip
+    for (int b0 = 0; b0 < d->B; b0 += per) {
+        const size_t wo = scan_w_at(d, b0);
+        Launch l;
+        CU_TRY(cudaLaunchKernelEx(
+            launch_after(&l, c, dim3((unsigned)((d->C + 31) / 32)), 32 * SC_PR, 0, c->stream), sc_param_kernel,
+            (const float *)k.part + (size_t)b0 * k.nch * 2 * d->C, (float *)io->dw + wo,
+            lh ? (float *)io->dskip + wo : (float *)NULL, per * k.nch, d->C));
+    }
     return MN_OK;
 }

@@ -45,6 +45,9 @@ int ref_scan_check(const char *fn, const ScanDims *d) {
     if (d->reset != 0 && d->reset != 1) return mn_error(MN_ERR_ARG, "%s: reset must be 0 or 1, got %d", fn, d->reset);
     if (d->reset && d->kind != SCAN_RGLRU)
         return mn_error(MN_ERR_ARG, "%s: reset applies to SCAN_RGLRU only (Longhorn starts from s0 or zero)", fn);
+    if (d->w_seqs < 0 || (d->w_seqs > 0 && (d->B % d->w_seqs || d->w_stride < (size_t)d->C)))
+        return mn_error(MN_ERR_ARG, "%s: w_seqs = %d, w_stride = %zu: 0, or a divisor of the %d sequences with a "
+                                    "stride of at least C = %d", fn, d->w_seqs, d->w_stride, d->B, d->C);
     return MN_OK;
 }
 
@@ -89,7 +92,8 @@ static void rglru_gates(double rt, double w, int first, double *a, double *m) {
 // sequence's outputs; hs (if not NULL) [T,C,N] receives every state.
 static void fwd_seq(const ScanDims *d, const ScanFwd *io, int b, double *h, double *y, double *hs) {
     int T = d->T, C = d->C, N = d->N;
-    const double *w = io->w, *skip = io->skip;
+    const double *w = (const double *)io->w + scan_w_at(d, b);
+    const double *skip = io->skip ? (const double *)io->skip + scan_w_at(d, b) : NULL;
     for (int t = 0; t < T; t++) {
         size_t row = ((size_t)b * T + t) * C;
         const double *x = (const double *)io->x + row, *r = (const double *)io->r + row;
@@ -157,7 +161,7 @@ int ref_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io) {
     MN_TRY(ref_scan_check_bwd("scan_bwd", d, io));
     int T = d->T, C = d->C, N = d->N;
     size_t cn = (size_t)C * N;
-    const double *w = io->w, *skip = io->skip, *dy = io->dy;
+    const double *dy = io->dy;
     // hs [T+1][C][N]: the zero state (never written), then every step's; g [C][N]: the running
     // state of the recomputed forward, then a_{t+1} dS_{t+1}
     double *hs = mn_calloc((size_t)(T + 2) * cn, sizeof(double));
@@ -165,6 +169,8 @@ int ref_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io) {
     double *g = hs + (size_t)(T + 1) * cn;
     ScanFwd f = {io->x, io->r, io->i, io->k, io->q, io->w, io->skip, NULL, NULL, NULL};
     for (int b = 0; b < d->B; b++) {
+        const size_t wo = scan_w_at(d, b);  // the sequence's group's w, skip, dw, dskip
+        const double *w = (const double *)io->w + wo, *skip = io->skip ? (const double *)io->skip + wo : NULL;
         memset(g, 0, sizeof(double) * cn);
         fwd_seq(d, &f, b, g, NULL, hs + cn);
         memset(g, 0, sizeof(double) * cn);
@@ -175,7 +181,7 @@ int ref_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io) {
             double *dx = (double *)io->dx + row, *dr = (double *)io->dr + row;
             if (d->kind == SCAN_RGLRU) {
                 const double *it = (const double *)io->i + row;
-                double *di = (double *)io->di + row, *dw = io->dw;
+                double *di = (double *)io->di + row, *dw = (double *)io->dw + wo;
                 for (int c = 0; c < C; c++)
                     g[c] = rglru_back(dyt[c] + g[c], hp[c], x[c], r[c], it[c], w[c], d->reset && t == 0, dx + c,
                                       dr + c, di + c, dw + c);
@@ -183,7 +189,8 @@ int ref_scan_bwd(const Backend *be, const ScanDims *d, const ScanBwd *io) {
             }
             size_t kr = ((size_t)b * T + t) * N;
             const double *k = (const double *)io->k + kr, *q = (const double *)io->q + kr;
-            double *dk = (double *)io->dk + kr, *dq = (double *)io->dq + kr, *dw = io->dw, *dskip = io->dskip;
+            double *dk = (double *)io->dk + kr, *dq = (double *)io->dq + kr, *dw = (double *)io->dw + wo;
+            double *dskip = (double *)io->dskip + wo;
             double kappa = 0, dkappa = 0;
             for (int j = 0; j < N; j++) {
                 kappa += k[j] * k[j];

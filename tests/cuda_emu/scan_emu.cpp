@@ -263,6 +263,61 @@ static void run_case(ScanKind kind, int B, int T, int C, int N, int reset, int a
     if (lh) check(tag, "dskip", relf(dskip, p.dskip, C), 1e-4);
 }
 
+// G groups of `per` sequences, each group with its own w and skip ws = C + 3 elements apart
+// (ScanDims.w_seqs: the runs of a model of several), against each group alone: the same bits.
+static void run_groups(ScanKind kind, int G, int per, int T, int C, int N) {
+    char tag[96];
+    snprintf(tag, sizeof tag, "%s %d groups of %d, T%d C%d N%d", kind == SCAN_RGLRU ? "rglru" : "longhorn", G, per, T,
+             C, N);
+    const int B = G * per, lh = kind == SCAN_LONGHORN, ws = C + 3;
+    Prob p;
+    prob_init(&p, kind, B, T, C, N, !lh, 4321 + (unsigned long long)T);
+    const size_t n = (size_t)B * T * C, nk = (size_t)B * T * N, ns = (size_t)B * C * N;
+    bf16 *x = to_bf(p.x, n), *r = to_bf(p.r, n), *dy = to_bf(p.dy, n);
+    bf16 *ib = lh ? NULL : to_bf(p.i, n), *kb = lh ? to_bf(p.k, nk) : NULL, *qb = lh ? to_bf(p.q, nk) : NULL;
+    float *w = (float *)calloc((size_t)G * ws, 4), *skip = (float *)calloc((size_t)G * ws, 4);
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < C; c++) w[g * ws + c] = (float)(p.w[c] + 0.3 * g), skip[g * ws + c] = (float)(p.skip ? p.skip[c] - 0.2 * g : 0);
+    float *s0 = to_f(p.s0, ns);
+    bf16 *y[2] = {nan_bf(n), nan_bf(n)}, *dx[2] = {nan_bf(n), nan_bf(n)}, *dr[2] = {nan_bf(n), nan_bf(n)};
+    bf16 *di[2] = {lh ? NULL : nan_bf(n), lh ? NULL : nan_bf(n)}, *dk[2] = {lh ? nan_bf(nk) : NULL, lh ? nan_bf(nk) : NULL};
+    bf16 *dq[2] = {lh ? nan_bf(nk) : NULL, lh ? nan_bf(nk) : NULL};
+    float *sT[2] = {nan_f(ns), nan_f(ns)}, *dw[2], *dsk[2];
+    for (int v = 0; v < 2; v++) {
+        dw[v] = (float *)calloc((size_t)G * ws, 4), dsk[v] = (float *)calloc((size_t)G * ws, 4);
+    }
+    ScanDims all = p.d;
+    all.w_seqs = per, all.w_stride = (size_t)ws;
+    ScanFwd f = {x, r, ib, kb, qb, w, lh ? skip : NULL, s0, y[0], sT[0]};
+    ScanBwd b = {x, r, ib, kb, qb, w, lh ? skip : NULL, dy, dx[0], dr[0], di[0], dk[0], dq[0], dw[0], lh ? dsk[0] : NULL};
+    if (cuda_scan_fwd(NULL, &all, &f) || cuda_scan_bwd(NULL, &all, &b)) {
+        printf("%s: grouped call failed: %s\n", tag, mn_last_error());
+        fails++;
+        return;
+    }
+    ScanDims one = p.d;
+    one.B = per;
+    for (int g = 0; g < G; g++) {  // each group alone, its rows and its w, skip
+        const size_t o = (size_t)g * per * T * C, ok = (size_t)g * per * T * N, os = (size_t)g * per * C * N;
+        ScanFwd f1 = {x + o, r + o, ib ? ib + o : NULL, kb ? kb + ok : NULL, qb ? qb + ok : NULL, w + g * ws,
+                      lh ? skip + g * ws : NULL, s0 + os, y[1] + o, sT[1] + os};
+        ScanBwd b1 = {x + o, r + o, ib ? ib + o : NULL, kb ? kb + ok : NULL, qb ? qb + ok : NULL, w + g * ws,
+                      lh ? skip + g * ws : NULL, dy + o, dx[1] + o, dr[1] + o, di[1] ? di[1] + o : NULL,
+                      dk[1] ? dk[1] + ok : NULL, dq[1] ? dq[1] + ok : NULL, dw[1] + g * ws, lh ? dsk[1] + g * ws : NULL};
+        if (cuda_scan_fwd(NULL, &one, &f1) || cuda_scan_bwd(NULL, &one, &b1)) {
+            printf("%s: group %d alone failed: %s\n", tag, g, mn_last_error());
+            fails++;
+            return;
+        }
+    }
+    int same = !memcmp(y[0], y[1], 2 * n) && !memcmp(sT[0], sT[1], 4 * ns) && !memcmp(dx[0], dx[1], 2 * n) &&
+               !memcmp(dr[0], dr[1], 2 * n) && (lh || !memcmp(di[0], di[1], 2 * n)) &&
+               (!lh || (!memcmp(dk[0], dk[1], 2 * nk) && !memcmp(dq[0], dq[1], 2 * nk))) &&
+               !memcmp(dw[0], dw[1], 4 * (size_t)G * ws) && !memcmp(dsk[0], dsk[1], 4 * (size_t)G * ws);
+    fails += !same;
+    printf("%-40s grouped as alone: %s\n", tag, same ? "the same bits" : "DIFFERENT  FAIL");
+}
+
 int main(void) {
     const char *only = getenv("EMU_ONLY");
     int idx = 0;
@@ -283,6 +338,8 @@ int main(void) {
     CASE(run_case(SCAN_LONGHORN, 1, 300, 40, 16, 0, 0)); // chunks of 128 tokens: two and a partial one
     CASE(run_case(SCAN_LONGHORN, 2, 129, 24, 5, 0, 1));  // a chunk and one token; sT aliasing s0
     CASE(run_case(SCAN_RGLRU, 2, 96, 16, 1, 0, 1));      // three 32-token chunks exactly; sT aliasing s0
+    CASE(run_groups(SCAN_RGLRU, 3, 2, 70, 72, 1));       // w a group of sequences (the runs of a model)
+    CASE(run_groups(SCAN_LONGHORN, 2, 2, 40, 40, 16));   // and skip
     printf(fails ? "FAILED: %d\n" : "all passed\n", fails);
     return fails != 0;
 }
