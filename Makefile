@@ -32,8 +32,11 @@ ARCH    := $(if $(filter 1,$(NATIVE)),-march=native,)
 # a message naming it, which is the behaviour we want anyway.
 # -ffp-contract=fast: ISO C mode turns FMA contraction off; the numerics are tested with
 # tolerances that allow it, and without it the CPU loops run at half speed.
+# -Wpointer-arith: arithmetic on a void pointer (a buffer's opaque pointer plus elements) counts
+# bytes in GNU C, not elements; refused, so an offset is always taken on a typed pointer.
 CFLAGS  += -std=c11 $(OPT) $(ARCH) -ffp-contract=fast -fopenmp -D_DEFAULT_SOURCE \
-           -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Iinclude -Isrc -I. -MMD -MP
+           -Wall -Wextra -Wpointer-arith -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Iinclude -Isrc \
+           -I. -MMD -MP
 # gcc and clang (CC=clang) both build it, warnings as errors; clang has no -Wformat-truncation, and
 # its -fopenmp needs LLVM's OpenMP runtime (Debian: libomp-dev, scripts/install-deps.sh --clang).
 CC_IS_CLANG := $(if $(shell $(CC) --version 2>/dev/null | grep -i clang),1,0)
