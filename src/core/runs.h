@@ -19,6 +19,11 @@
  * write or read them take run r's at r times their size. Any other pointer where an op expects a
  * parameter is refused, naming the op: a new op that reads parameters is wrapped here or refused,
  * never silently shared between runs.
+ *
+ * Batched (RunsBackend.batched): the projections go to the inner backend's linear_runs_* (one
+ * batched product), and the Mesa core and the scans run once over every run's sequences with their
+ * parameters a group of sequences (MnMesaFwd.lambda_seqs, ScanDims.w_seqs); the same numbers on the
+ * CPU (tested both ways).
  */
 #ifndef MN_CORE_RUNS_H
 #define MN_CORE_RUNS_H
