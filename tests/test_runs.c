@@ -253,6 +253,36 @@ TEST(synth_grid_trains_as_runs_alone) {
     grid_vs_alone("regbench", "hawk", 10, 0, 0);       // the TVD
     grid_vs_alone("mad-recall", "gla", 60, 0.15f, 0);  // early stops at steps 16, 32 and 48
     grid_vs_alone("mqar", "mlstm", 24, 0, 9);          // cut at step 9, taken up again
+    // one run saved part-way alone, the others fresh: steps differ, so the grid trains them one by one
+    {
+        const SynthTask *tq = synth_find_any("mqar");
+        SynthProtocol pq;
+        synth_protocol(tq, 1, &pq);
+        pq.max_steps = 16;
+        SynthSettings sq;
+        if (synth_grid(tq, 0, &sq, NULL, 0)) die("%s", mn_last_error());
+        synth_quick_settings(tq, &sq);
+        TmpDir d;
+        tmp_make(&d);
+        char dirs[2][300];
+        SynthGridRun g2[2] = {{.lr = 3e-3f, .seed = 4}, {.lr = 1e-2f, .seed = 5}};
+        SynthRunResult alone[2], cut;
+        for (int r = 0; r < 2; r++) {
+            snprintf(dirs[r], sizeof dirs[r], "%s/run%d", d.dir, r);
+            g2[r].resume.state_dir = dirs[r];
+            if (synth_run(tq, &sq, &pq, "gdn", g2[r].lr, 0, g2[r].seed, backend_cpu(), NULL, &alone[r])) die("%s", mn_last_error());
+        }
+        SynthResume cut_at = {.state_dir = dirs[0], .stop_at = 5};
+        CHECK(!synth_run_resumable(tq, &sq, &pq, "gdn", g2[0].lr, 0, g2[0].seed, backend_cpu(), NULL, &cut_at, &cut) &&
+                  cut.cut_short,
+              "run 0 not cut: %s", mn_last_error());
+        CHECK(!synth_run_grid(tq, &sq, &pq, "gdn", g2, 2, backend_cpu()), "%s", mn_last_error());
+        for (int r = 0; r < 2; r++)
+            CHECK(!g2[r].status && same_result(&g2[r].result, &alone[r]) && g2[r].result.resumed_at == (r ? 0 : 5),
+                  "saved at different steps, run %d: %s; metric %g vs %g alone, resumed at %d", r, g2[r].error,
+                  g2[r].result.metric, alone[r].metric, g2[r].result.resumed_at);
+        tmp_remove(&d);
+    }
     // a grid that cannot be made: every run has the error
     const SynthTask *t = synth_find_any("mqar");
     SynthProtocol p;

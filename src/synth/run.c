@@ -397,6 +397,44 @@ static int feed_next(Feed *f, Examples *ex, int B, int T, int32_t *in, int32_t *
     }
 }
 
+// The data order's start: the examples in order (shuffled as each epoch begins), from the run's seed.
+static int feed_open(Feed *f, int64_t ntrain, uint64_t seed) {
+    *f = (Feed){.order = malloc(sizeof(int64_t) * (size_t)ntrain), .n = ntrain, .pos = ntrain};
+    if (!f->order) return mn_error(MN_ERR_NOMEM, "synth: out of memory");
+    mn_rng_seed(&f->rng, synth_mix(seed + 77));
+    for (int64_t i = 0; i < ntrain; i++) f->order[i] = i;
+    return MN_OK;
+}
+
+// The data order where a saved run was: its epochs' shuffles again, then its position.
+static void feed_resume(Feed *f, const TrainState *saved) {
+    for (uint64_t e = 0; e < saved->epoch; e++) shuffle_order(f->order, f->n, &f->rng);
+    f->epochs = (int)saved->epoch, f->pos = (int64_t)saved->index;
+}
+
+// A run's shape by its protocol: the model, the training sequences' length T, the training
+// examples, the batch B and the steps in all.
+typedef struct {
+    ModelConfig cfg;
+    int T, B;
+    int64_t ntrain, total;
+} RunPlan;
+
+static int run_plan(const SynthTask *t, const SynthSettings *s, const SynthProtocol *p, const char *mixer,
+                    RunPlan *rp) {
+    int V;
+    MN_TRY(synth_task_supported(t));
+    MN_TRY(synth_model_config(t, s, p, mixer, &rp->cfg));
+    MN_TRY(synth_shape(t, s, SYNTH_TRAIN, &V, &rp->T));
+    rp->ntrain = synth_split_size(s, SYNTH_TRAIN);
+    if (rp->ntrain < 1) return mn_error(MN_ERR_ARG, "synth: task %s has no training examples", t->name);
+    rp->B = p->batch < rp->ntrain ? p->batch : (int)rp->ntrain;
+    rp->total = rp->ntrain / rp->B * p->epochs;
+    if (p->max_steps > 0 && rp->total > p->max_steps) rp->total = p->max_steps;
+    if (rp->total > 1000000000) rp->total = 1000000000;
+    return MN_OK;
+}
+
 // Takes up the state saved in dir: weights, AdamW's moments and the training state into *ts.
 static int load_run_state(const char *dir, Model *m, AdamW *opt, TrainState *ts) {
     char ck[4096], path[4200];
@@ -423,18 +461,10 @@ int synth_run_resumable(const SynthTask *t, const SynthSettings *s, const SynthP
                         SynthRunResult *r) {
     memset(r, 0, sizeof *r);
     r->tvd = NAN;
-    MN_TRY(synth_task_supported(t));
-    ModelConfig cfg;
-    MN_TRY(synth_model_config(t, s, p, mixer, &cfg));
-    int V, T;
-    MN_TRY(synth_shape(t, s, SYNTH_TRAIN, &V, &T));
-    int64_t ntrain = synth_split_size(s, SYNTH_TRAIN);
-    if (ntrain < 1) return mn_error(MN_ERR_ARG, "synth: task %s has no training examples", t->name);
-    int B = p->batch < ntrain ? p->batch : (int)ntrain;
-    int64_t per_epoch = ntrain / B;
-    int64_t total = per_epoch * p->epochs;
-    if (p->max_steps > 0 && total > p->max_steps) total = p->max_steps;
-    if (total > 1000000000) total = 1000000000;
+    RunPlan rp;
+    MN_TRY(run_plan(t, s, p, mixer, &rp));
+    const int T = rp.T, B = rp.B;
+    const int64_t ntrain = rp.ntrain, total = rp.total;
     const char *dir = rs ? rs->state_dir : NULL;
 
     double t0 = mn_now();
@@ -444,14 +474,15 @@ int synth_run_resumable(const SynthTask *t, const SynthSettings *s, const SynthP
     size_t nb = (size_t)B * T;
     int32_t *in[2] = {malloc(sizeof(int32_t) * nb), malloc(sizeof(int32_t) * nb)};
     int32_t *tg[2] = {malloc(sizeof(int32_t) * nb), malloc(sizeof(int32_t) * nb)};
-    Feed feed = {.order = malloc(sizeof(int64_t) * (size_t)ntrain), .n = ntrain, .pos = ntrain};
-    int st = (!in[0] || !in[1] || !tg[0] || !tg[1] || !feed.order) ? mn_error(MN_ERR_NOMEM, "synth: out of memory") : MN_OK;
+    Feed feed = {0};
+    int st = (!in[0] || !in[1] || !tg[0] || !tg[1]) ? mn_error(MN_ERR_NOMEM, "synth: out of memory") : MN_OK;
+    if (!st) st = feed_open(&feed, ntrain, seed);
     int have_opt = 0, found = 0;
     Examples ex;
     int have_ex = 0;
     TrainState saved = {.seed = seed};
     if (!st) st = examples_open(&ex, t, s, seed), have_ex = 1;
-    if (!st) st = model_create(&m, &cfg, be);
+    if (!st) st = model_create(&m, &rp.cfg, be);
     if (!st) {  // a batch that cannot fit is refused before its buffers are allocated
         MemNeeds needs = {"synth", 2 * sizeof(int32_t) * (size_t)T, 0, 1};
         st = model_check_batch(m, B, T, &needs);
@@ -463,13 +494,11 @@ int synth_run_resumable(const SynthTask *t, const SynthSettings *s, const SynthP
     TrainStep ts = {0};
     if (!st) st = train_step_init(&ts, m, &opt);
     LrSchedule sched = {lr, (int)(p->warmup_frac * (float)total), (int)total, p->lr_final};
-    mn_rng_seed(&feed.rng, synth_mix(seed + 77));
-    for (int64_t i = 0; i < ntrain && !st; i++) feed.order[i] = i;
     int64_t step = 0;
-    if (found) {  // the data order where the saved run was: its epochs' shuffles again
+    if (!st && found) {
         step = saved.step, r->resumed_at = saved.step;
-        for (uint64_t e = 0; e < saved.epoch; e++) shuffle_order(feed.order, ntrain, &feed.rng);
-        feed.epochs = r->epochs = (int)saved.epoch, feed.pos = (int64_t)saved.index;
+        feed_resume(&feed, &saved);
+        r->epochs = feed.epochs;
     }
     double metric = NAN, t_log = t0, t_saved = t0, scored[2];
     int cur = 0, have_next = 0;
@@ -633,17 +662,11 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
         grid_one_by_one(t, s, p, mixer, runs, n, be);
         return MN_OK;
     }
-    ModelConfig cfg;
-    int V = 0, T = 0, st = synth_task_supported(t);
-    if (!st) st = synth_model_config(t, s, p, mixer, &cfg);
-    if (!st) st = synth_shape(t, s, SYNTH_TRAIN, &V, &T);
-    int64_t ntrain = synth_split_size(s, SYNTH_TRAIN);
-    if (!st && ntrain < 1) st = mn_error(MN_ERR_ARG, "synth: task %s has no training examples", t->name);
-    int B = p->batch < ntrain ? p->batch : (int)ntrain;
-    int64_t total = ntrain > 0 && B > 0 ? ntrain / B * p->epochs : 0;
-    if (st) B = T = 0, ntrain = 0;  // (nothing is allocated for a grid that cannot be made)
-    if (p->max_steps > 0 && total > p->max_steps) total = p->max_steps;
-    if (total > 1000000000) total = 1000000000;
+    RunPlan rp = {0};
+    int st = run_plan(t, s, p, mixer, &rp);
+    if (st) rp.T = rp.B = 0, rp.ntrain = rp.total = 0;  // (nothing is allocated for a grid that cannot be made)
+    const int T = rp.T, B = rp.B;
+    const int64_t ntrain = rp.ntrain, total = rp.total;
     const SynthResume *rs0 = &runs[0].resume;
 
     double t0 = mn_now();
@@ -669,14 +692,9 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
         part[r].metric = NAN, part[r].active = 1, part[r].saved.seed = g->seed;
         part[r].sched = (LrSchedule){g->lr, (int)(p->warmup_frac * (float)total), (int)total, p->lr_final};
         st = examples_open(&part[r].ex, t, s, g->seed), part[r].have_ex = 1, exs[r] = &part[r].ex;
-        Feed *f = &part[r].feed;
-        if (!st && !(f->order = malloc(sizeof(int64_t) * (size_t)ntrain))) st = mn_error(MN_ERR_NOMEM, "synth: out of memory");
-        if (st) break;
-        f->n = ntrain, f->pos = ntrain;
-        mn_rng_seed(&f->rng, synth_mix(g->seed + 77));
-        for (int64_t i = 0; i < ntrain; i++) f->order[i] = i;
+        if (!st) st = feed_open(&part[r].feed, ntrain, g->seed);
     }
-    if (!st) st = model_create_runs(&m, &cfg, be, n);
+    if (!st) st = model_create_runs(&m, &rp.cfg, be, n);
     if (!st) {
         MemNeeds needs = {"synth", 2 * sizeof(int32_t) * (size_t)T, 0, 1};
         st = model_check_batch(m, n * B, T, &needs);
@@ -698,19 +716,14 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
         mixed |= step0 >= 0 && at != step0;
         step0 = at;
     }
-    if (!st && mixed) {
-        st = -1;  // (below: each run alone)
-    }
+    const int alone = !st && mixed;  // (then each run alone, below, from its own state)
     int64_t step = step0 > 0 ? step0 : 0;
-    if (!st) {
+    if (!st && !alone) {
         opt.step = (int)step;
-        for (int r = 0; r < n; r++)
-            if (step > 0) {  // the data order where the saved run was: its epochs' shuffles again
-                GridPart *q = &part[r];
-                runs[r].result.resumed_at = (int)step;
-                for (uint64_t e = 0; e < q->saved.epoch; e++) shuffle_order(q->feed.order, ntrain, &q->feed.rng);
-                q->feed.epochs = runs[r].result.epochs = (int)q->saved.epoch, q->feed.pos = (int64_t)q->saved.index;
-            }
+        for (int r = 0; r < n && step > 0; r++) {
+            feed_resume(&part[r].feed, &part[r].saved);
+            runs[r].result.resumed_at = (int)step, runs[r].result.epochs = part[r].feed.epochs;
+        }
         st = train_step_init(&ts, m, &opt), have_ts = !st;
     }
     double t_saved = t0;
@@ -718,7 +731,7 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
     for (;;) {
         int any = 0;
         for (int r = 0; r < n; r++) any |= part[r].active;
-        if (st || !any || step >= total) break;
+        if (st || alone || !any || step >= total) break;
         if (!have_next) grid_feed(runs, part, n, cur, in, tg, nb, B, T);
         have_next = 0;
         for (int r = 0; r < n; r++) {  // an idle run keeps its last batch, at weight 0 and learning rate 0
@@ -784,11 +797,11 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
         cur ^= have_next;
     }
     int nwant = 0;  // the runs that trained to the end, scored together
-    for (int r = 0; r < n && !st; r++) nwant += want[r] = part[r].active && isnan(part[r].metric);
-    if (!st && nwant) grid_score(t, s, m, runs, part, exs, want, smetric, stvd);
-    for (int r = 0; r < n && !st; r++)
+    for (int r = 0; r < n && !st && !alone; r++) nwant += want[r] = part[r].active && isnan(part[r].metric);
+    if (nwant) grid_score(t, s, m, runs, part, exs, want, smetric, stvd);
+    for (int r = 0; r < n && !st && !alone; r++)
         if (part[r].active) grid_end(&runs[r], &part[r], (int)step, mn_now() - t0);
-    if (st > 0) {
+    if (st) {
         char why[MN_ERROR_MAX];
         snprintf(why, sizeof why, "%s", mn_last_error());
         for (int r = 0; r < n; r++) runs[r].status = st, snprintf(runs[r].error, sizeof runs[r].error, "synth: %s", why);
@@ -801,11 +814,8 @@ int synth_run_grid(const SynthTask *t, const SynthSettings *s, const SynthProtoc
         free(part[r].feed.order);
     }
     free(part), free(in), free(tg), free(w), free(loss), free(refused), free(seeds), free(want), free(smetric), free(exs);
-    if (st < 0) {  // saved at different steps: each alone
-        grid_one_by_one(t, s, p, mixer, runs, n, be);
-        st = MN_OK;
-    }
-    return st > 0 ? runs[0].status : MN_OK;
+    if (alone) grid_one_by_one(t, s, p, mixer, runs, n, be);  // saved at different steps
+    return st;
 }
 
 // ---------------------------------------------------------------------------
