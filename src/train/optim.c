@@ -28,6 +28,7 @@ int adamw_init(AdamW *o, const Model *model) {
     const Backend *be = model->be;
     o->step = 0;
     o->m = o->v = o->decay = o->sched = o->stats = NULL;
+    o->hsched = NULL, o->hstats = NULL;
     // refused before allocating, as the model's own buffers are (model.h: model_check_batch)
     size_t n = (size_t)model->runs * model->total;
     double need = 2.0 * (double)n * (double)be->elem_size(be, MEM_F32);
@@ -42,7 +43,11 @@ int adamw_init(AdamW *o, const Model *model) {
     o->decay = be->alloc(be, (model->total + 255) / 256, MEM_I32);
     o->sched = be->alloc(be, 2 * (size_t)model->runs, MEM_F32);
     o->stats = be->alloc(be, 2 * (size_t)model->runs, MEM_F64);
-    int st = !o->m || !o->v || !o->decay || !o->sched || !o->stats ? MN_ERR_NOMEM : upload_decay_mask(o, model);
+    o->hsched = malloc(sizeof(float) * 2 * (size_t)model->runs);
+    o->hstats = malloc(sizeof(double) * 2 * (size_t)model->runs);
+    int st = !o->m || !o->v || !o->decay || !o->sched || !o->stats ? MN_ERR_NOMEM
+             : !o->hsched || !o->hstats                             ? mn_error(MN_ERR_NOMEM, "out of memory")
+                                                                    : upload_decay_mask(o, model);
     if (st) adamw_free(o, model);
     return st;
 }
@@ -53,28 +58,22 @@ void adamw_free(AdamW *o, const Model *model) {
         if (*bufs[i]) model->be->free(model->be, *bufs[i]);
         *bufs[i] = NULL;
     }
+    free(o->hsched), free(o->hstats);
+    o->hsched = NULL, o->hstats = NULL;
 }
 
-int adamw_stage_runs(AdamW *o, const Model *model, const float *lrs) {
+// The learning rates (lrs[r], or lr for every run where lrs is NULL) and the step to the backend.
+static int stage(AdamW *o, const Model *model, const float *lrs, float lr) {
     if (o->step + 1 > (1 << 24)) return mn_error(MN_ERR_ARG, "optimizer: step %d is past float's exact integers", o->step + 1);
-    float *sched = malloc(sizeof(float) * 2 * (size_t)model->runs);
-    if (!sched) return mn_error(MN_ERR_NOMEM, "out of memory");
-    for (int r = 0; r < model->runs; r++) sched[2 * r] = lrs[r], sched[2 * r + 1] = (float)(o->step + 1);
-    int st = model->be->upload_f32(model->be, o->sched, sched, 2 * (size_t)model->runs, MEM_F32);
-    free(sched);
-    MN_TRY(st);
+    for (int r = 0; r < model->runs; r++) o->hsched[2 * r] = lrs ? lrs[r] : lr, o->hsched[2 * r + 1] = (float)(o->step + 1);
+    MN_TRY(model->be->upload_f32(model->be, o->sched, o->hsched, 2 * (size_t)model->runs, MEM_F32));
     o->step++;
     return MN_OK;
 }
 
-int adamw_stage(AdamW *o, const Model *model, float lr) {
-    float one[1] = {lr}, *lrs = model->runs > 1 ? malloc(sizeof(float) * (size_t)model->runs) : one;
-    if (!lrs) return mn_error(MN_ERR_NOMEM, "out of memory");
-    for (int r = 0; r < model->runs; r++) lrs[r] = lr;
-    int st = adamw_stage_runs(o, model, lrs);
-    if (lrs != one) free(lrs);
-    return st;
-}
+int adamw_stage(AdamW *o, const Model *model, float lr) { return stage(o, model, NULL, lr); }
+
+int adamw_stage_runs(AdamW *o, const Model *model, const float *lrs) { return stage(o, model, lrs, 0); }
 
 // `elems` elements of kind k past p.
 static void *past(const Backend *be, void *p, size_t elems, MemKind k) { return (char *)p + elems * be->elem_size(be, k); }
@@ -104,36 +103,25 @@ AdamW adamw_run_view(const AdamW *o, const Model *model, int r) {
 }
 
 int adamw_result_runs(AdamW *o, const Model *model, double *norms, int *refused) {
-    double *stats = malloc(sizeof(double) * 2 * (size_t)model->runs);
-    if (!stats) return mn_error(MN_ERR_NOMEM, "out of memory");
-    int st = model->be->download(model->be, stats, o->stats, 2 * (size_t)model->runs, MEM_F64);
-    for (int r = 0; r < model->runs && !st; r++) {
-        if (norms) norms[r] = sqrt(stats[2 * r]);
-        refused[r] = stats[2 * r + 1] != 0;
+    MN_TRY(model->be->download(model->be, o->hstats, o->stats, 2 * (size_t)model->runs, MEM_F64));
+    for (int r = 0; r < model->runs; r++) {
+        if (norms) norms[r] = sqrt(o->hstats[2 * r]);
+        refused[r] = o->hstats[2 * r + 1] != 0;
     }
-    free(stats);
-    return st;
+    return MN_OK;
 }
 
 int adamw_result(AdamW *o, const Model *model, double *grad_norm) {
-    double one_norm[1];
-    int one_refused[1];
-    int R = model->runs;
-    double *norms = R > 1 ? malloc(sizeof(double) * (size_t)R) : one_norm;
-    int *refused = R > 1 ? malloc(sizeof(int) * (size_t)R) : one_refused;
-    int st = !norms || !refused ? mn_error(MN_ERR_NOMEM, "out of memory") : adamw_result_runs(o, model, norms, refused);
-    int bad = -1;
-    for (int r = 0; r < R && !st; r++)
-        if (refused[r] && bad < 0) bad = r;
-    double norm = st ? NAN : norms[bad < 0 ? 0 : bad];
-    if (norms != one_norm) free(norms);
-    if (refused != one_refused) free(refused);
-    MN_TRY(st);
+    MN_TRY(model->be->download(model->be, o->hstats, o->stats, 2 * (size_t)model->runs, MEM_F64));
+    int bad = 0;  // the first run refused, or run 0
+    while (bad < model->runs && o->hstats[2 * bad + 1] == 0) bad++;
+    int refused = bad < model->runs;
+    double norm = sqrt(o->hstats[2 * (refused ? bad : 0)]);
     if (grad_norm) *grad_norm = norm;
-    if (bad >= 0) {
+    if (refused) {
         o->step--;  // not taken
         return mn_error(MN_ERR_NUMERIC, "step %d: gradient norm is %g%s: refusing the update", o->step + 1, norm,
-                        R > 1 ? " in one of the runs" : "");
+                        model->runs > 1 ? " in one of the runs" : "");
     }
     return MN_OK;
 }

@@ -26,6 +26,8 @@ typedef struct {
     void *sched;                            // [runs, 2] MEM_F32: the staged update's learning rate and step
     void *stats;                            // [runs, 2] MEM_F64: the last update's gradient sum of squares,
                                             // refused flag
+    float *hsched;                          // host [runs, 2] and [runs, 2]: sched and stats on their way to
+    double *hstats;                         //   and from the backend (adamw_init allocates them)
 } AdamW;
 
 int adamw_init(AdamW *o, const Model *model);

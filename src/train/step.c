@@ -14,7 +14,8 @@ int train_step_init(TrainStep *s, Model *m, AdamW *opt) {
     s->record = !(env && !strcmp(env, "0"));
     s->weight = m->be->alloc(m->be, (size_t)m->runs, MEM_F32);
     s->loss = m->be->alloc(m->be, (size_t)m->runs, MEM_F64);
-    if (!s->weight || !s->loss) {
+    s->hweight = malloc(sizeof(float) * (size_t)m->runs);
+    if (!s->weight || !s->loss || !s->hweight) {
         train_step_free(s);
         return MN_ERR_NOMEM;
     }
@@ -37,6 +38,8 @@ void train_step_free(TrainStep *s) {
     if (s->weight) be->free(be, s->weight);
     if (s->loss) be->free(be, s->loss);
     s->weight = s->loss = NULL;
+    free(s->hweight);
+    s->hweight = NULL;
 }
 
 static int alloc_batch(TrainStep *s, int B, int T, int accum) {
@@ -84,8 +87,10 @@ static int run_step(TrainStep *s) {
     return recorded_run(&s->rec, be, step_ops, s);
 }
 
-int train_step_queue_runs(TrainStep *s, const int32_t *tokens, const int32_t *targets, int B, int T, int accum,
-                          const float *weights, const float *lrs) {
+// A step's uploads and ops: every run's gradient weight weights[r] and learning rate lrs[r], or (where
+// those are NULL) weight and lr for all.
+static int queue(TrainStep *s, const int32_t *tokens, const int32_t *targets, int B, int T, int accum,
+                 const float *weights, const float *lrs, float weight, float lr) {
     Model *m = s->m;
     const Backend *be = m->be;
     if (s->queued) return mn_error(MN_ERR_ARG, "train step: the last step's results were not read");
@@ -100,8 +105,9 @@ int train_step_queue_runs(TrainStep *s, const int32_t *tokens, const int32_t *ta
     if (B != s->B || T != s->T || accum != s->accum) MN_TRY(alloc_batch(s, B, T, accum));
     MN_TRY(be->upload_i32(be, s->tokens, tokens, N * accum));
     MN_TRY(be->upload_i32(be, s->targets, targets, N * accum));
-    MN_TRY(be->upload_f32(be, s->weight, weights, (size_t)m->runs, MEM_F32));
-    MN_TRY(adamw_stage_runs(s->opt, m, lrs));
+    for (int r = 0; r < m->runs; r++) s->hweight[r] = weights ? weights[r] : weight;
+    MN_TRY(be->upload_f32(be, s->weight, s->hweight, (size_t)m->runs, MEM_F32));
+    MN_TRY(lrs ? adamw_stage_runs(s->opt, m, lrs) : adamw_stage(s->opt, m, lr));
     int st = run_step(s);
     if (st) {
         s->opt->step--;  // not taken
@@ -111,15 +117,14 @@ int train_step_queue_runs(TrainStep *s, const int32_t *tokens, const int32_t *ta
     return MN_OK;
 }
 
+int train_step_queue_runs(TrainStep *s, const int32_t *tokens, const int32_t *targets, int B, int T, int accum,
+                          const float *weights, const float *lrs) {
+    return queue(s, tokens, targets, B, T, accum, weights, lrs, 0, 0);
+}
+
 int train_step_queue(TrainStep *s, const int32_t *tokens, const int32_t *targets, int B, int T, int accum, float weight,
                      float lr) {
-    int R = s->m->runs;
-    float one[2] = {weight, lr}, *w = R > 1 ? malloc(sizeof(float) * 2 * (size_t)R) : one;
-    if (!w) return mn_error(MN_ERR_NOMEM, "out of memory");
-    for (int r = 0; r < R; r++) w[r] = weight, w[R + r] = lr;
-    int st = train_step_queue_runs(s, tokens, targets, B, T, accum, w, w + R);
-    if (w != one) free(w);
-    return st;
+    return queue(s, tokens, targets, B, T, accum, NULL, NULL, weight, lr);
 }
 
 int train_step_result_runs(TrainStep *s, double *loss_sums, double *grad_norms, int *refused) {

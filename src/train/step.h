@@ -27,6 +27,7 @@ typedef struct {
     void *tokens, *targets;   // [accum, B*T] MEM_I32: the step's micro-batches
     void *weight;             // [runs] MEM_F32: the gradient's weight (1 / the step's scored tokens), a run's
     void *loss;               // [runs] MEM_F64: the step's loss sum, a run's
+    float *hweight;           // host [runs]: the weights on their way to `weight`
     Recorded rec;             // the recorded step (core/backend.h)
     unsigned rec_gen;         // the model's activation buffers (Model.act_gen) and solver it holds
     MnSolver rec_solver;
