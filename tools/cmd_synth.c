@@ -403,12 +403,11 @@ int cmd_synth(int argc, char **argv) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int at_once = jobs > parallel ? jobs : parallel;
     int threads = ncpu > at_once ? (int)(ncpu / at_once) : 1;
-    if (report)  // nothing trains: the backend is not the one the runs were trained on
-        printf("synth: %d task%s x %d mixer%s, %s settings, %d run%s; the report of the runs recorded in %s\n", ntasks,
-               plural_s(ntasks), nmix, plural_s(nmix), settings, total, plural_s(total), out);
-    else
-        printf("synth: %d task%s x %d mixer%s, %s settings, %d run%s; %s backend; results in %s\n", ntasks,
-               plural_s(ntasks), nmix, plural_s(nmix), settings, total, plural_s(total), be->name, out);
+    char what[4200];  // a report trains nothing: the backend is not the one the runs were trained on
+    if (report) snprintf(what, sizeof what, "the report of the runs recorded in %s", out);
+    else snprintf(what, sizeof what, "%s backend; results in %s", be->name, out);
+    printf("synth: %d task%s x %d mixer%s, %s settings, %d run%s; %s\n", ntasks, plural_s(ntasks), nmix, plural_s(nmix),
+           settings, total, plural_s(total), what);
     if (jobs > 1 && gpus)
         printf("synth: up to %d runs at once over %d GPU%s, %d thread%s each\n", jobs, gpus, plural_s(gpus), threads,
                plural_s(threads));
